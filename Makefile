@@ -1,0 +1,50 @@
+# Two commands do everything on a fresh machine:
+#   make demo   - set up, then run the simulated cluster with a straggler, live
+#   make test   - set up, then run the whole test suite
+# Also: make bench, make lint, make plugin, make clean.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
+PYTEST_ARGS ?=
+
+.PHONY: all setup plugin demo sim test test-c bench lint clean
+
+all: setup
+
+$(STAMP): pyproject.toml setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# The job-side tests use real PyTorch (CPU build); without it they skip and say so.
+	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch not installed: the PyTorch tests will skip"
+	touch $(STAMP)
+
+# Compile the plugin and place it where `artemis-agent plugin-path` looks.
+plugin:
+	$(MAKE) -C profiler_plugin lib
+	mkdir -p agent/_plugin
+	cp profiler_plugin/build/libnccl-profiler-artemis.so profiler_plugin/build/librccl-profiler-artemis.so profiler_plugin/artemis_ring.h agent/_plugin/
+
+setup: $(STAMP) plugin
+
+demo: setup
+	$(BIN)/artemis demo
+
+test: setup
+	$(MAKE) -C profiler_plugin test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(MAKE) -C profiler_plugin bench
+	$(BIN)/python -m bench
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy agent coordinator protocol sim job
+
+clean:
+	rm -rf $(VENV) agent/_plugin build *.egg-info
+	$(MAKE) -C profiler_plugin clean

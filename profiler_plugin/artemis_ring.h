@@ -1,0 +1,165 @@
+/*
+ * artemis_ring.h: the one source of truth for the shared-memory ring format.
+ *
+ * One ring per (communicator, rank): a file in ARTEMIS_SHM_DIR (default
+ * /dev/shm/artemis) named
+ *     <job>.<commhash as 16 hex digits>.r<rank>.ring
+ * holding an ArtemisRingHeader followed by `capacity` ArtemisSlot entries.
+ *
+ * Writers (the plugin, several threads) claim a slot by fetch_add on
+ * write_index; slot = ticket & (capacity - 1). Each slot is a seqlock: `lock`
+ * is odd while a writer is inside, even when the slot is whole. A writer
+ * enters with a CAS even -> odd (never spins: on failure the record is
+ * dropped and counted in `dropped`), writes the body, then stores lock + 1
+ * with release order. The reader (agent, Python + numpy) copies the slot,
+ * and accepts it only when lock was even and unchanged across the copy, and
+ * the slot's `seq` is the ticket it expected.
+ *
+ * The Python reader mirrors these layouts with a numpy structured dtype; a test
+ * compiles this header and compares sizes and offsets (tests/test_ring_layout.py).
+ */
+#ifndef ARTEMIS_RING_H
+#define ARTEMIS_RING_H
+
+#include <stdint.h>
+
+#define ARTEMIS_RING_MAGIC 0x31474e4952534d41ULL /* "AMSRING1" little-endian */
+#define ARTEMIS_RING_VERSION 1u
+#define ARTEMIS_RING_HEADER_SIZE 512u
+#define ARTEMIS_RING_SLOT_SIZE 64u
+#define ARTEMIS_RING_DEFAULT_SLOTS 8192u
+#define ARTEMIS_RING_MIN_SLOTS 4u
+#define ARTEMIS_RING_MAX_SLOTS (1u << 22)
+#define ARTEMIS_NAME_LEN 64
+
+/* header.clock_kind: what the device timestamps in this ring count. */
+enum {
+    ARTEMIS_CLOCK_HOST = 0,         /* host CLOCK_MONOTONIC ns only (device timing off) */
+    ARTEMIS_CLOCK_DEVICE_NS = 1,    /* NVIDIA %globaltimer ns */
+    ARTEMIS_CLOCK_DEVICE_TICKS = 2, /* RCCL wall_clock64 ticks; ns = ticks * 1e9 / tick_hz */
+};
+
+/* header.flags bits (atomic). */
+enum {
+    ARTEMIS_RING_FINISHED = 1u << 0, /* finalize ran: no more writes will come */
+};
+
+/* slot.kind */
+enum {
+    ARTEMIS_KIND_COLL = 1,
+    ARTEMIS_KIND_P2P = 2,
+    ARTEMIS_KIND_BRIDGE = 3, /* cross-island bridge record, written by artemis.job */
+};
+
+/* slot.state */
+enum {
+    ARTEMIS_STATE_IN_FLIGHT = 1,
+    ARTEMIS_STATE_DONE = 2,
+};
+
+/* slot.clock: which clock start/end of this record are in. */
+enum {
+    ARTEMIS_REC_HOST = 0,   /* host CLOCK_MONOTONIC ns */
+    ARTEMIS_REC_DEVICE = 1, /* device timer, units per header.clock_kind */
+};
+
+/* slot.func codes (the NCCL function names). */
+enum {
+    ARTEMIS_FUNC_UNKNOWN = 0,
+    ARTEMIS_FUNC_ALLREDUCE = 1,
+    ARTEMIS_FUNC_ALLGATHER = 2,
+    ARTEMIS_FUNC_REDUCESCATTER = 3,
+    ARTEMIS_FUNC_BROADCAST = 4,
+    ARTEMIS_FUNC_REDUCE = 5,
+    ARTEMIS_FUNC_ALLTOALL = 6,
+    ARTEMIS_FUNC_GATHER = 7,
+    ARTEMIS_FUNC_SCATTER = 8,
+    ARTEMIS_FUNC_SEND = 9,
+    ARTEMIS_FUNC_RECV = 10,
+    ARTEMIS_FUNC_SENDRECV = 11,
+    ARTEMIS_FUNC_BRIDGE = 12,
+};
+
+/* slot.dtype codes (NCCL datatype names; 0 = unknown). */
+enum {
+    ARTEMIS_DT_UNKNOWN = 0,
+    ARTEMIS_DT_INT8 = 1,
+    ARTEMIS_DT_UINT8 = 2,
+    ARTEMIS_DT_INT32 = 3,
+    ARTEMIS_DT_UINT32 = 4,
+    ARTEMIS_DT_INT64 = 5,
+    ARTEMIS_DT_UINT64 = 6,
+    ARTEMIS_DT_FLOAT16 = 7,
+    ARTEMIS_DT_FLOAT32 = 8,
+    ARTEMIS_DT_FLOAT64 = 9,
+    ARTEMIS_DT_BFLOAT16 = 10,
+    ARTEMIS_DT_FP8E4M3 = 11,
+    ARTEMIS_DT_FP8E5M2 = 12,
+};
+
+/* slot.algo / slot.proto codes (0 = unknown). */
+enum {
+    ARTEMIS_ALGO_UNKNOWN = 0, ARTEMIS_ALGO_TREE = 1, ARTEMIS_ALGO_RING = 2,
+    ARTEMIS_ALGO_COLLNET_DIRECT = 3, ARTEMIS_ALGO_COLLNET_CHAIN = 4,
+    ARTEMIS_ALGO_NVLS = 5, ARTEMIS_ALGO_NVLS_TREE = 6, ARTEMIS_ALGO_PAT = 7,
+};
+enum {
+    ARTEMIS_PROTO_UNKNOWN = 0, ARTEMIS_PROTO_LL = 1, ARTEMIS_PROTO_LL128 = 2,
+    ARTEMIS_PROTO_SIMPLE = 3,
+};
+
+/* 64 bytes, one cache line. */
+typedef struct ArtemisSlot {
+    uint32_t lock;      /* 0: seqlock word (accessed atomically) */
+    uint8_t kind;       /* 4: ARTEMIS_KIND_* */
+    uint8_t func;       /* 5: ARTEMIS_FUNC_* */
+    uint8_t dtype;      /* 6: ARTEMIS_DT_* */
+    uint8_t state;      /* 7: ARTEMIS_STATE_* */
+    uint8_t clock;      /* 8: ARTEMIS_REC_* */
+    uint8_t algo;       /* 9 */
+    uint8_t proto;      /* 10 */
+    uint8_t nchannels;  /* 11: channels the op runs on (KernelCh events expected) */
+    int32_t peer;       /* 12: p2p peer rank, bridge peer island index, else -1 */
+    uint64_t seq;       /* 16: ticket: record number in this ring (slot = seq & (cap-1)) */
+    uint64_t coll_seq;  /* 24: per-communicator collective index (same on every rank);
+                                for p2p/bridge: collectives issued before it */
+    uint64_t bytes;     /* 32: payload bytes (count x type size) */
+    uint64_t enqueue_ns;/* 40: host CLOCK_MONOTONIC when NCCL enqueued the op */
+    uint64_t start;     /* 48: min KernelCh start pTimer (device) or host ns; 0 = not yet */
+    uint64_t end;       /* 56: max KernelChStop pTimer (device) or host ns; 0 = not yet */
+} ArtemisSlot;
+
+/* 512 bytes; write_index sits alone on its own cache line. */
+typedef struct ArtemisRingHeader {
+    uint64_t magic;            /* 0: ARTEMIS_RING_MAGIC */
+    uint32_t version;          /* 8: ARTEMIS_RING_VERSION */
+    uint32_t header_size;      /* 12: ARTEMIS_RING_HEADER_SIZE */
+    uint32_t slot_size;        /* 16: ARTEMIS_RING_SLOT_SIZE */
+    uint32_t capacity;         /* 20: slots, a power of two */
+    int32_t rank;              /* 24 */
+    int32_t nranks;            /* 28 */
+    int32_t nnodes;            /* 32 */
+    int32_t pid;               /* 36: the training process */
+    uint64_t comm_hash;        /* 40 */
+    uint32_t clock_kind;       /* 48: ARTEMIS_CLOCK_* */
+    uint32_t flags;            /* 52: ARTEMIS_RING_* bits (accessed atomically) */
+    uint64_t tick_hz;          /* 56: device ticks per second when clock_kind is TICKS, else 0 */
+    uint64_t created_ns;       /* 64: CLOCK_REALTIME ns at creation */
+    uint64_t finished_ns;      /* 72: CLOCK_REALTIME ns at finalize, 0 while running */
+    uint64_t dropped;          /* 80: records the writer had to drop (accessed atomically) */
+    uint32_t plugin_version;   /* 88: ABI version NCCL loaded us as (4..7), 0 = other writer */
+    uint32_t reserved0;        /* 92 */
+    char job[ARTEMIS_NAME_LEN];       /* 96: job id, NUL-terminated */
+    char comm_name[ARTEMIS_NAME_LEN]; /* 160: communicator name or "" */
+    char host[ARTEMIS_NAME_LEN];      /* 224: hostname of the writer */
+    uint8_t reserved1[32];            /* 288 */
+    uint64_t write_index;      /* 320: next ticket (accessed atomically), own cache line */
+    uint8_t reserved2[ARTEMIS_RING_HEADER_SIZE - 328];
+} ArtemisRingHeader;
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(ArtemisSlot) == ARTEMIS_RING_SLOT_SIZE, "slot size");
+_Static_assert(sizeof(ArtemisRingHeader) == ARTEMIS_RING_HEADER_SIZE, "header size");
+#endif
+
+#endif /* ARTEMIS_RING_H */
