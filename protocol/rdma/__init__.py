@@ -1,0 +1,1 @@
+"""RDMA transport (pyverbs) for the agent-coordinator protocol."""
