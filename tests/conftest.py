@@ -1,0 +1,71 @@
+"""Shared fixtures.
+
+``plugin_lib`` builds the real profiler plugin once per session (incremental
+``make -C profiler_plugin lib``) and hands tests its path; ``fresh_plugin``
+gives each test a private copy of it so the plugin's per-process static state
+(mask, env read at first init) starts clean without spawning a process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = REPO / "profiler_plugin"
+PLUGIN_SO = PLUGIN_DIR / "build" / "libnccl-profiler-artemis.so"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def plugin_lib() -> Path:
+    """The compiled plugin (built now if missing or older than its sources)."""
+    if not (PLUGIN_DIR / "plugin.c").exists():
+        from artemis.agent.plugin_path import plugin_path
+
+        return plugin_path()
+    (PLUGIN_DIR / "build").mkdir(exist_ok=True)
+    # Several test sessions may share this tree: serialise the build.
+    with open(PLUGIN_DIR / "build" / ".build.lock", "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        proc = subprocess.run(
+            ["make", "-s", "-C", str(PLUGIN_DIR), "lib"],
+            capture_output=True,
+            text=True,
+        )
+    if proc.returncode != 0:
+        pytest.fail(f"make -C profiler_plugin lib failed:\n{proc.stdout}\n{proc.stderr}")
+    assert PLUGIN_SO.exists(), f"{PLUGIN_SO} missing after make"
+    return PLUGIN_SO
+
+
+@pytest.fixture
+def fresh_plugin(plugin_lib: Path, tmp_path: Path) -> Path:
+    """A private copy of the plugin: dlopen gives it its own static state."""
+    dst = tmp_path / "plugin" / plugin_lib.name
+    dst.parent.mkdir()
+    shutil.copy2(plugin_lib, dst)
+    return dst
+
+
+@pytest.fixture
+def shm_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private ring folder, exported as ARTEMIS_SHM_DIR for the plugin."""
+    d = tmp_path / "shm"
+    d.mkdir()
+    monkeypatch.setenv("ARTEMIS_SHM_DIR", str(d))
+    monkeypatch.setenv("ARTEMIS_JOB", "testjob")
+    for var in ("ARTEMIS_DISABLE", "ARTEMIS_DEVICE_TIMING", "ARTEMIS_RING_SLOTS"):
+        monkeypatch.delenv(var, raising=False)
+    yield d
+    assert os.path.isdir(d)
