@@ -1,0 +1,198 @@
+"""The lockstep model: what a synchronous job's collectives look like, step by step.
+
+Pure and deterministic for a given scenario and seed. Only the GPUs and the
+training loop are simulated; everything downstream (plugin, rings, agents,
+coordinator) is real.
+
+One step of an island (one communicator per island, as NCCL and RCCL cannot
+share one):
+  compute_0 -> collective_0 -> compute_1 -> collective_1 ... collective_{C-1}
+A collective starts on a rank when that rank arrives (its kernel launches and
+waits inside for the others) and ends for everyone when the last rank arrives
+plus the transfer time. With two or more islands the island leaders then
+exchange over a bridge (a record in the leader's ring, as a bridge such as
+GPUBridge would write) and every rank waits for it inside a Broadcast on its
+island's communicator, so waiting for the other island is time inside a
+collective, never compute gap.
+
+Each host gets its own device-clock offset: nothing downstream may assume that
+clocks agree across hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from artemis.sim.scenario import COMPUTE_FAULTS, Scenario
+
+TRANSFER_FRAC = 0.10  # share of a healthy step spent transferring in collectives
+BRIDGE_FRAC = 0.03  # bridge exchange per step, relative to step_ms
+BCAST_MS = 0.05  # the island broadcast after the bridge
+LAUNCH_MS = 0.01  # arrival at the broadcast right after the previous collective
+HOST_CLOCK_OFFSET_NS = 1_000_000_000_000  # per host: clocks never agree across hosts
+
+
+@dataclass(frozen=True)
+class CollSpec:
+    func: str
+    bytes: int
+    weight: float  # share of the step's compute that precedes this collective
+    transfer_share: float  # share of the step's transfer time
+
+
+def step_pattern(colls: int) -> tuple[CollSpec, ...]:
+    """A realistic step: all-reduce buckets of different sizes (first bucket largest),
+    preceded by a small all-gather when there are four or more collectives."""
+    specs: list[CollSpec] = []
+    n_ar = colls
+    if colls >= 4:
+        specs.append(CollSpec("AllGather", 4 << 20, 0.05, 0.05))
+        n_ar -= 1
+    sizes = [int(2 ** (26 - min(i, 4))) for i in range(n_ar)]  # 64 MiB, 32 MiB, ...
+    total = float(sum(sizes))
+    rest = 1.0 - sum(s.weight for s in specs)
+    rest_t = 1.0 - sum(s.transfer_share for s in specs)
+    # Backward compute before each bucket decreases along the step.
+    raw_w = np.linspace(1.5, 0.5, n_ar) if n_ar > 1 else np.ones(1)
+    raw_w = raw_w / raw_w.sum() * rest
+    for i, b in enumerate(sizes):
+        specs.append(CollSpec("AllReduce", b, float(raw_w[i]), rest_t * b / total))
+    return tuple(specs)
+
+
+@dataclass
+class WindowTimes:
+    """Everything that happens in one window, in virtual ns per host clock.
+
+    arrive[s, r, k]: device time rank r starts collective k of step s.
+    end[s, r, k]:    device time collective k of step s ends on rank r.
+    bridge[s, i]:    (start, end) of island i's leader bridge record, if islands > 1.
+    """
+
+    window: int
+    steps: range
+    arrive: np.ndarray  # int64 [S, R, K]
+    end: np.ndarray  # int64 [S, R, K]
+    bridge_start: np.ndarray | None  # int64 [S, I]
+    bridge_end: np.ndarray | None  # int64 [S, I]
+    compute_ms: np.ndarray  # float [S, R] compute time per step, for checks
+    hang_rank: int | None = None  # the rank that stops arriving in this window
+    hang_step: int | None = None
+
+
+class LockstepModel:
+    def __init__(self, scenario: Scenario) -> None:
+        self.sc = scenario
+        self.pattern = step_pattern(scenario.collectives_per_step)
+        self.islands = scenario.island_names
+        self.multi = len(self.islands) > 1
+        self.island_of = np.array([self.islands.index(i) for i in scenario.islands])
+        self.leaders = [scenario.island_ranks(i)[0] for i in self.islands]
+        self.rng = np.random.default_rng(scenario.seed)
+        self.host_offset = np.array(
+            [
+                (scenario.host_of(r) + 1) * HOST_CLOCK_OFFSET_NS + 7919 * scenario.host_of(r)
+                for r in range(scenario.ranks)
+            ],
+            dtype=np.int64,
+        )
+        # Virtual time (ns since job start, common reference before host offsets).
+        self.t_ns = 0
+        self.speed = np.array([scenario.speed(r) for r in range(scenario.ranks)])
+
+    @property
+    def colls_per_step(self) -> int:
+        """Collectives per step on each island communicator (with the bridge broadcast)."""
+        return len(self.pattern) + (1 if self.multi else 0)
+
+    def slowdowns(self, window: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """Per-rank compute slowdown, per-island transfer slowdown, bridge slowdown."""
+        sc = self.sc
+        comp = np.zeros(sc.ranks)
+        xfer = np.zeros(len(self.islands))
+        link = 0.0
+        for f in sc.faults:
+            if not f.active(window):
+                continue
+            if f.kind in COMPUTE_FAULTS or f.kind == "island":
+                comp[list(f.ranks)] += f.slowdown
+            elif f.kind == "collective" and f.island is not None:
+                xfer[self.islands.index(f.island)] += f.slowdown
+            elif f.kind == "link":
+                link += f.slowdown
+        return comp, xfer, link
+
+    def hang_at(self, window: int) -> int | None:
+        for f in self.sc.faults:
+            if f.kind == "hang" and f.start_window == window:
+                return f.ranks[0]
+        return None
+
+    def window(self, w: int, samples: np.ndarray | None = None) -> WindowTimes:
+        """Times for window w. `samples` (per rank, per step) scales compute when the
+        job honours a rebalance plan; None = the uniform split."""
+        sc = self.sc
+        S, R, K = sc.window_steps, sc.ranks, self.colls_per_step
+        comp_slow, xfer_slow, link_slow = self.slowdowns(w)
+        uniform = sc.global_batch / sc.ranks
+        share = np.ones(R) if samples is None else np.asarray(samples, float) / uniform
+        base = sc.step_ms / self.speed * (1.0 + comp_slow) * share  # [R]
+        noise = self.rng.standard_normal((S, R))
+        compute = base[None, :] * np.clip(1.0 + sc.noise * noise, 0.2, None)  # [S, R]
+        weights = np.array([p.weight for p in self.pattern])
+        transfer_ms = (
+            sc.step_ms * TRANSFER_FRAC * np.array([p.transfer_share for p in self.pattern])
+        )
+        bridge_ms = sc.step_ms * BRIDGE_FRAC * (1.0 + link_slow)
+
+        arrive = np.zeros((S, R, K), dtype=np.int64)
+        end = np.zeros((S, R, K), dtype=np.int64)
+        nI = len(self.islands)
+        b_start = np.zeros((S, nI), dtype=np.int64) if self.multi else None
+        b_end = np.zeros((S, nI), dtype=np.int64) if self.multi else None
+        members = [np.flatnonzero(self.island_of == i) for i in range(nI)]
+        ms = 1_000_000.0
+        t = float(self.t_ns)
+        for s in range(S):
+            island_end = np.zeros(nI)
+            for i, idx in enumerate(members):
+                ti = t
+                for k in range(len(self.pattern)):
+                    a = ti + compute[s, idx] * weights[k] * ms
+                    e = a.max() + transfer_ms[k] * (1.0 + xfer_slow[i]) * ms
+                    arrive[s, idx, k] = a.astype(np.int64)
+                    end[s, idx, k] = int(e)
+                    ti = e
+                island_end[i] = ti
+            if self.multi:
+                assert b_start is not None and b_end is not None
+                b = island_end.max() + bridge_ms * ms
+                for i, idx in enumerate(members):
+                    b_start[s, i] = int(island_end[i])
+                    b_end[s, i] = int(b)
+                    arrive[s, idx, K - 1] = int(island_end[i] + LAUNCH_MS * ms)
+                    end[s, idx, K - 1] = int(b + BCAST_MS * ms)
+                t = b + BCAST_MS * ms
+            else:
+                t = island_end.max()
+        self.t_ns = int(t)
+        off = self.host_offset
+        arrive += off[None, :, None]
+        end += off[None, :, None]
+        if b_start is not None and b_end is not None:
+            lead_off = off[np.array(self.leaders)]
+            b_start += lead_off[None, :]
+            b_end += lead_off[None, :]
+        steps = range(w * S, (w + 1) * S)
+        return WindowTimes(
+            w,
+            steps,
+            arrive,
+            end,
+            b_start,
+            b_end,
+            compute,
+            hang_rank=self.hang_at(w),
+            hang_step=steps.start if self.hang_at(w) is not None else None,
+        )

@@ -1,0 +1,296 @@
+"""Scenario files: parse and validate the TOML that describes a simulated job.
+
+The schema is DESIGN.md's "Scenario files (sim)". Every error names the file,
+the key and what is allowed; unknown keys are errors, so a typo never silently
+turns a fault off.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+COMPUTE_FAULTS = ("clocks", "thermal", "power", "pcie", "host")
+ISLAND_FAULTS = ("island", "collective")
+FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down")
+REBALANCE_MODES = ("off", "recommend", "apply")
+
+
+class ScenarioError(ValueError):
+    """A scenario file is malformed; the message names the file, key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    ranks: tuple[int, ...]  # ranks the fault touches (all ranks of the island for island kinds)
+    island: str | None
+    start_window: int
+    end_window: int | None  # exclusive; None = to the end
+    slowdown: float
+
+    def active(self, window: int) -> bool:
+        return window >= self.start_window and (self.end_window is None or window < self.end_window)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: str
+    ranks: int
+    ranks_per_host: int
+    islands: tuple[str, ...]
+    classes: tuple[str, ...] | None
+    class_speed: dict[str, float]
+    step_ms: float
+    collectives_per_step: int
+    window_steps: int
+    windows: int
+    noise: float
+    seed: int
+    honours_plans: bool
+    global_batch: int
+    faults: tuple[Fault, ...] = ()
+    detector: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hosts(self) -> int:
+        return math.ceil(self.ranks / self.ranks_per_host)
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.ranks_per_host
+
+    def host_name(self, host: int) -> str:
+        return f"sim-node-{host}"
+
+    @property
+    def island_names(self) -> tuple[str, ...]:
+        """Islands in order of first appearance."""
+        return tuple(dict.fromkeys(self.islands))
+
+    def island_ranks(self, island: str) -> tuple[int, ...]:
+        return tuple(r for r, i in enumerate(self.islands) if i == island)
+
+    def speed(self, rank: int) -> float:
+        """Relative compute speed of a rank's hardware class (1.0 = reference)."""
+        if self.classes is None:
+            return 1.0
+        return self.class_speed.get(self.classes[rank], 1.0)
+
+
+_JOB_KEYS = {
+    "ranks",
+    "ranks_per_host",
+    "islands",
+    "classes",
+    "class_speed",
+    "step_ms",
+    "collectives_per_step",
+    "window_steps",
+    "windows",
+    "noise",
+    "seed",
+    "honours_plans",
+    "global_batch",
+}
+_FAULT_KEYS = {"kind", "rank", "ranks", "island", "start_window", "end_window", "slowdown"}
+_TOP_KEYS = {"job", "fault", "detector"}
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ScenarioError(f"{p}: cannot read scenario file: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{p}: not valid TOML: {e}") from None
+    return parse_scenario(data, str(p))
+
+
+def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenario:
+    def err(key: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"{name}: {key}: {msg}")
+
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise err(
+            ", ".join(sorted(unknown)), f"unknown table; allowed: {', '.join(sorted(_TOP_KEYS))}"
+        )
+    job = data.get("job")
+    if not isinstance(job, dict):
+        raise err("[job]", "missing; a scenario needs a [job] table")
+    unknown = set(job) - _JOB_KEYS
+    if unknown:
+        raise err(
+            "[job]." + sorted(unknown)[0], f"unknown key; allowed: {', '.join(sorted(_JOB_KEYS))}"
+        )
+
+    def integer(key: str, lo: int, default: int | None = None) -> int:
+        v = job.get(key, default)
+        if v is None:
+            raise err(f"[job].{key}", f"required: an integer >= {lo}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise err(f"[job].{key}", f"expected an integer >= {lo}, got {v!r}")
+        return v
+
+    def number(key: str, lo: float, hi: float, default: float | None = None) -> float:
+        v = job.get(key, default)
+        if v is None:
+            raise err(f"[job].{key}", f"required: a number in ({lo}, {hi}]")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
+            raise err(f"[job].{key}", f"expected a number in [{lo}, {hi}], got {v!r}")
+        return float(v)
+
+    ranks = integer("ranks", 2)
+    rph = integer("ranks_per_host", 1)
+    step_ms = number("step_ms", 0.01, 1e6)
+    cps = integer("collectives_per_step", 1)
+    if cps > 32:
+        raise err("[job].collectives_per_step", f"expected at most 32, got {cps}")
+    wsteps = integer("window_steps", 2)
+    windows = integer("windows", 1)
+    noise = number("noise", 0.0, 0.5, 0.0)
+    seed = integer("seed", 0, 0)
+    hp = job.get("honours_plans", True)
+    if not isinstance(hp, bool):
+        raise err("[job].honours_plans", f"expected true or false, got {hp!r}")
+    gb = integer("global_batch", ranks, ranks * 32)
+
+    def per_rank(key: str) -> tuple[str, ...] | None:
+        v = job.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise err(f"[job].{key}", "expected a list of non-empty strings, one per rank")
+        if len(v) != ranks:
+            raise err(f"[job].{key}", f"expected {ranks} entries (one per rank), got {len(v)}")
+        return tuple(v)
+
+    islands = per_rank("islands") or tuple("nvidia" for _ in range(ranks))
+    classes = per_rank("classes")
+    cs_raw = job.get("class_speed", {})
+    if not isinstance(cs_raw, dict):
+        raise err("[job].class_speed", "expected a table of class = relative speed")
+    class_speed: dict[str, float] = {}
+    for k, v in cs_raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v <= 10):
+            raise err(f"[job].class_speed.{k}", f"expected a number in (0, 10], got {v!r}")
+        if classes is None or k not in classes:
+            raise err(f"[job].class_speed.{k}", "names a class that no rank has ([job].classes)")
+        class_speed[k] = float(v)
+
+    faults_raw = data.get("fault", [])
+    if not isinstance(faults_raw, list):
+        raise err("[[fault]]", "expected an array of tables ([[fault]])")
+    faults = tuple(
+        _parse_fault(f, i, name, ranks, islands, windows) for i, f in enumerate(faults_raw)
+    )
+
+    det = data.get("detector", {})
+    if not isinstance(det, dict):
+        raise err("[detector]", "expected a table")
+    if "rebalance" in det and det["rebalance"] not in REBALANCE_MODES:
+        raise err(
+            "[detector].rebalance",
+            f"expected one of {', '.join(REBALANCE_MODES)}, got {det['rebalance']!r}",
+        )
+    return Scenario(
+        path=name,
+        ranks=ranks,
+        ranks_per_host=rph,
+        islands=islands,
+        classes=classes,
+        class_speed=class_speed,
+        step_ms=step_ms,
+        collectives_per_step=cps,
+        window_steps=wsteps,
+        windows=windows,
+        noise=noise,
+        seed=seed,
+        honours_plans=hp,
+        global_batch=gb,
+        faults=faults,
+        detector=dict(det),
+    )
+
+
+def _parse_fault(
+    f: Any, i: int, name: str, ranks: int, islands: tuple[str, ...], windows: int
+) -> Fault:
+    where = f"[[fault]] #{i + 1}"
+
+    def err(key: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"{name}: {where}.{key}: {msg}")
+
+    if not isinstance(f, dict):
+        raise ScenarioError(f"{name}: {where}: expected a table")
+    unknown = set(f) - _FAULT_KEYS
+    if unknown:
+        raise err(sorted(unknown)[0], f"unknown key; allowed: {', '.join(sorted(_FAULT_KEYS))}")
+    kind = f.get("kind")
+    if kind not in FAULT_KINDS:
+        raise err("kind", f"expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+
+    island = f.get("island")
+    targets: tuple[int, ...]
+    if kind in ISLAND_FAULTS:
+        if island is None:
+            raise err("island", f"required for kind {kind!r}: the island it slows")
+        if island not in islands:
+            raise err("island", f"no rank is in island {island!r}; islands: {sorted(set(islands))}")
+        targets = tuple(r for r, x in enumerate(islands) if x == island)
+    elif kind == "link":
+        if len(set(islands)) < 2:
+            raise err("kind", "'link' needs a job with two or more islands ([job].islands)")
+        targets = ()
+    else:
+        if "rank" in f and "ranks" in f:
+            raise err("rank", "give either rank or ranks, not both")
+        if "rank" in f:
+            raw: Any = [f["rank"]]
+        elif "ranks" in f:
+            raw = f["ranks"]
+        else:
+            raise err("rank", f"required for kind {kind!r}: rank = N or ranks = [..]")
+        if not isinstance(raw, list) or not raw:
+            raise err("ranks", "expected a non-empty list of rank numbers")
+        for r in raw:
+            if isinstance(r, bool) or not isinstance(r, int) or not (0 <= r < ranks):
+                raise err("rank", f"expected a rank in [0, {ranks - 1}], got {r!r}")
+        targets = tuple(sorted(set(raw)))
+
+    start = f.get("start_window")
+    if isinstance(start, bool) or not isinstance(start, int) or not (0 <= start < windows):
+        raise err("start_window", f"required: an integer in [0, {windows - 1}], got {start!r}")
+    end = f.get("end_window")
+    if end is not None and (
+        isinstance(end, bool) or not isinstance(end, int) or not (start < end <= windows)
+    ):
+        raise err("end_window", f"expected an integer in ({start}, {windows}], got {end!r}")
+    slowdown = f.get("slowdown", 0.0)
+    if kind not in ("hang", "agent_down"):
+        if "slowdown" not in f:
+            raise err("slowdown", f"required for kind {kind!r}: extra time as a fraction")
+        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)):
+            raise err("slowdown", f"expected a number in (0, 5], got {slowdown!r}")
+        if not (0 < slowdown <= 5):
+            raise err("slowdown", f"expected a number in (0, 5], got {slowdown!r}")
+    return Fault(
+        kind=kind,
+        ranks=targets,
+        island=island,
+        start_window=start,
+        end_window=end,
+        slowdown=float(slowdown),
+    )
