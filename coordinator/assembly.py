@@ -1,0 +1,133 @@
+"""Window assembly: gather every rank's summary of a window, or give up at a deadline.
+
+Pure: the caller passes `now` (a monotonic reading), so the rules are tested
+without clocks. A job's window is complete when every rank the job's agents
+announced has reported it; otherwise, `deadline_s` after its first summary
+arrived, it is released with the absent ranks listed as missing. Summaries that
+arrive after their window was released are counted as late and dropped, so a
+window is scored exactly once. Duplicates (an agent resending after a
+reconnect) are ignored: assembly is idempotent on (job, rank, window).
+
+A rank may take part in several communicators (data, tensor, pipeline
+parallel). The detector judges each rank on one of them: its largest (ties:
+the lowest communicator hash), which in data-parallel training is the one
+whose all-reduce ends every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from artemis.protocol.records import RankWindow
+
+
+@dataclass
+class AssembledWindow:
+    job: str
+    window: int
+    ranks: list[RankWindow]  # sorted by rank
+    missing: list[int]  # expected ranks that did not report in time
+    complete: bool
+
+
+@dataclass
+class _Pending:
+    first_seen: float
+    by_rank: dict[int, RankWindow] = field(default_factory=dict)
+    ready: bool = False  # every expected rank reported
+
+
+class WindowAssembler:
+    def __init__(self, deadline_s: float = 5.0, keep_released: int = 4096) -> None:
+        self.deadline_s = deadline_s
+        self._expected: dict[str, set[int]] = {}
+        self._primary: dict[tuple[str, int], tuple[int, str]] = {}  # (job, rank) -> (-n, comm)
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._released: dict[tuple[str, int], None] = {}  # ordered set, bounded
+        self._keep = keep_released
+        self.late = 0
+        self.duplicates = 0
+
+    def expect(self, job: str, ranks: Iterable[int]) -> None:
+        """Ranks an agent announced for a job; they stay expected for the job's life."""
+        self._expected.setdefault(job, set()).update(ranks)
+
+    def expected(self, job: str) -> set[int]:
+        return set(self._expected.get(job, ()))
+
+    def forget_job(self, job: str) -> None:
+        self._expected.pop(job, None)
+        for k in [k for k in self._pending if k[0] == job]:
+            del self._pending[k]
+
+    def _is_primary(self, w: RankWindow) -> bool:
+        key = (w.job, w.rank)
+        cand = (-w.nranks, w.comm)
+        cur = self._primary.get(key)
+        if cur is None or cand < cur:
+            self._primary[key] = cand
+            return True
+        return cand == cur
+
+    def add(self, w: RankWindow, now: float) -> list[AssembledWindow]:
+        """Add one summary; returns windows that became complete because of it."""
+        if not self._is_primary(w):
+            return []
+        key = (w.job, w.window)
+        if key in self._released:
+            self.late += 1
+            return []
+        self._expected.setdefault(w.job, set()).add(w.rank)
+        p = self._pending.get(key)
+        if p is None:
+            p = self._pending[key] = _Pending(first_seen=now)
+        old = p.by_rank.get(w.rank)
+        if old is not None and old.comm == w.comm:
+            self.duplicates += 1
+            return []
+        p.by_rank[w.rank] = w
+        if set(p.by_rank) >= self._expected[w.job]:
+            p.ready = True
+            return self._drain(w.job, now)
+        return []
+
+    def expire(self, now: float) -> list[AssembledWindow]:
+        """Release windows whose deadline passed (and the ready ones behind them)."""
+        out: list[AssembledWindow] = []
+        for job in sorted({k[0] for k in self._pending}):
+            out.extend(self._drain(job, now))
+        return out
+
+    def _drain(self, job: str, now: float) -> list[AssembledWindow]:
+        # Windows of a job leave in order: the detector's persistence rules count
+        # consecutive windows, so a complete window waits for late earlier ones.
+        out: list[AssembledWindow] = []
+        for key in sorted(k for k in self._pending if k[0] == job):
+            p = self._pending[key]
+            if p.ready:
+                out.append(self._release(key, complete=True))
+            elif now - p.first_seen >= self.deadline_s:
+                out.append(self._release(key, complete=False))
+            else:
+                break
+        return out
+
+    def flush(self) -> list[AssembledWindow]:
+        """Release everything still pending (shutdown)."""
+        keys = sorted(self._pending, key=lambda k: (k[0], k[1]))
+        return [self._release(k, complete=False) for k in keys]
+
+    def _release(self, key: tuple[str, int], complete: bool) -> AssembledWindow:
+        p = self._pending.pop(key)
+        self._released[key] = None
+        while len(self._released) > self._keep:
+            self._released.pop(next(iter(self._released)))
+        job, window = key
+        missing = sorted(self._expected.get(job, set()) - set(p.by_rank))
+        ranks = [p.by_rank[r] for r in sorted(p.by_rank)]
+        return AssembledWindow(job, window, ranks, missing, complete and not missing)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
