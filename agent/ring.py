@@ -194,6 +194,7 @@ HEADER_FIELDS: list[tuple[str, str, int]] = [
 ]
 HEADER_DTYPE = _dtype(HEADER_FIELDS, HEADER_SIZE)
 
+_RAW_SLOT = np.dtype((np.void, SLOT_SIZE))
 _EMPTY = np.zeros(0, dtype=SLOT_DTYPE)
 _NO_TICKETS = np.zeros(0, dtype=np.uint64)
 
@@ -311,6 +312,9 @@ class RingReader:
         self._slots = np.frombuffer(
             self._mm, dtype=SLOT_DTYPE, count=self.capacity, offset=HEADER_SIZE
         )
+        # Slots as opaque 64-byte items: numpy gathers these with one memcpy per
+        # item, ~50x faster than gathering the structured dtype field by field.
+        self._raw = self._slots.view(_RAW_SLOT)
         # A strided view of just the lock words: the seqlock checks copy these
         # without copying whole slots.
         self._locks = self._slots["lock"]
@@ -361,18 +365,23 @@ class RingReader:
     def _snapshot(self, tickets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Seqlock-copy the slots of ``tickets``: (bodies, whole, overwritten).
 
+        bodies are raw 64-byte items (view them as SLOT_DTYPE).
         whole: the copy is a consistent record of that very ticket.
         overwritten: the slot consistently holds a *newer* ticket.
         """
         idx = (tickets & self._mask).astype(np.intp)
+        # Fancy indexing for the strided lock view (ndarray.take would first copy
+        # the whole strided array to a contiguous one); take() for the
+        # contiguous raw slots.
         lock1 = self._locks[idx]
-        body = self._slots[idx]
+        raw = self._raw.take(idx)
         lock2 = self._locks[idx]
+        body = raw.view(SLOT_DTYPE)
         stable = (lock1 == lock2) & ((lock1 & 1) == 0)
         seq = body["seq"]
         whole = stable & (seq == tickets)
         overwritten = stable & (seq > tickets)
-        return body, whole, overwritten
+        return raw, whole, overwritten
 
     def poll(self) -> ReadBatch:
         """Everything that changed since the last poll (see ReadBatch)."""
@@ -398,15 +407,15 @@ class RingReader:
             self._pending = _NO_TICKETS
             return ReadBatch(_EMPTY, _EMPTY, lost, w)
 
-        body, whole, overwritten = self._snapshot(tickets)
-        state = body["state"]
+        raw, whole, overwritten = self._snapshot(tickets)
+        state = raw.view(SLOT_DTYPE)["state"]
         done_m = whole & (state == STATE_DONE)
         fly_m = whole & (state == STATE_IN_FLIGHT)
         lost += int(np.count_nonzero(overwritten))
         # Pending stays sorted because `tickets` is sorted (old pending < frontier).
         self._pending = tickets[~(done_m | overwritten)]
-        done = body[done_m] if not done_m.all() else body
-        return ReadBatch(done, body[fly_m], lost, w)
+        done = raw[done_m] if not done_m.all() else raw
+        return ReadBatch(done.view(SLOT_DTYPE), raw[fly_m].view(SLOT_DTYPE), lost, w)
 
     def last(self, n: int = 256) -> np.ndarray:
         """The most recent ``n`` whole records (done or in flight), in seq order.
@@ -418,9 +427,10 @@ class RingReader:
         if w <= lo:
             return _EMPTY.copy()
         tickets = np.arange(lo, w, dtype=np.uint64)
-        body, whole, _ = self._snapshot(tickets)
-        ok = whole & np.isin(body["state"], (STATE_IN_FLIGHT, STATE_DONE))
-        return body[ok]
+        raw, whole, _ = self._snapshot(tickets)
+        state = raw.view(SLOT_DTYPE)["state"]
+        ok = whole & ((state == STATE_IN_FLIGHT) | (state == STATE_DONE))
+        return raw[ok].view(SLOT_DTYPE)
 
     # -- lifetime ----------------------------------------------------------
 
@@ -429,7 +439,7 @@ class RingReader:
         if mm is None:
             return
         # numpy views hold exports of the mmap; drop them before closing it.
-        for attr in ("_locks", "_slots", "_hdr"):
+        for attr in ("_locks", "_raw", "_slots", "_hdr"):
             if hasattr(self, attr):
                 delattr(self, attr)
         # BufferError: a caller still holds a view into the mapping; it is

@@ -1,0 +1,82 @@
+"""Ring reader throughput: records/s of RingReader.poll on a full ring.
+
+Baseline: a plain numpy copy of the same slot bytes (a contiguous memcpy, the
+floor any reader pays).
+Each row is the median of 7 runs; the ring is written once by the job-side
+bridge writer, and every run polls it with a fresh reader (opened untimed).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from artemis.agent.ring import HEADER_SIZE, SLOT_DTYPE, RingReader
+from artemis.job.ring_writer import BridgeRingWriter
+
+GOAL = 5_000_000  # records/s
+
+
+def _fill(d: Path, cap: int) -> Path:
+    w = BridgeRingWriter(d, "bench", 0xBE7C, 0, 1, cap)
+    for t in range(cap):
+        w.append(peer=1, nbytes=t, start=t, end=t + 1, coll_seq=t)
+    w.close()
+    return w.path
+
+
+def _median_s(fn: Callable[[RingReader], object], path: Path, runs: int) -> float:
+    """Median time of ``fn(reader)``; each run gets a fresh reader, opened untimed."""
+    times = []
+    for _ in range(runs):
+        with RingReader(path) as r:
+            t0 = time.perf_counter()
+            fn(r)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(cap: int, runs: int = 7) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as td:
+        path = _fill(Path(td), cap)
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        body = raw[HEADER_SIZE:]
+        assert body.nbytes == cap * SLOT_DTYPE.itemsize
+
+        def baseline(_: RingReader) -> None:
+            body.copy()
+
+        def full_poll(r: RingReader) -> None:
+            assert len(r.poll().done) == cap
+
+        def last256(r: RingReader) -> None:
+            assert len(r.last(256)) == 256
+
+        base = _median_s(baseline, path, runs)
+        poll = _median_s(full_poll, path, runs)
+        tail = _median_s(last256, path, runs)
+    return {"cap": cap, "base": base, "poll": poll, "last": tail}
+
+
+def main() -> int:
+    rows = [measure(cap) for cap in (4096, 65536, 1 << 20)]
+    print(f"{'records':>9} {'numpy copy':>14} {'poll':>14} {'poll/copy':>10} {'last(256) us':>13}")
+    for r in rows:
+        n = r["cap"]
+        print(
+            f"{int(n):>9} {n / r['base'] / 1e6:>10.1f} M/s {n / r['poll'] / 1e6:>10.1f} M/s"
+            f" {r['poll'] / r['base']:>9.1f}x {r['last'] * 1e6:>13.0f}"
+        )
+    mid = rows[1]
+    rate = mid["cap"] / mid["poll"]
+    print(f"goal >= {GOAL / 1e6:.0f} M records/s on a 64k ring: {rate / 1e6:.1f} M/s", end=" ")
+    print("(met)" if rate >= GOAL else "(NOT met)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
