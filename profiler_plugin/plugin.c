@@ -1,0 +1,529 @@
+/*
+ * plugin.c: the Artemis NCCL/RCCL profiler plugin (ABI v4..v7).
+ *
+ * Hot path (startEvent / stopEvent / recordEventState) rules:
+ *   - no allocation, no locks, no system calls except one clock_gettime per
+ *     Coll/P2p start (plus one at completion when host timing is used);
+ *   - every shared word is a C11 atomic with an explicit memory order;
+ *   - every failure (pool full, slot busy, slot overwritten) drops the record
+ *     and counts it in header.dropped; nothing ever waits or spins.
+ *
+ * Operation handle life cycle (ArtOp.pend is the only synchronisation word):
+ *   claim:   CAS 0 -> CLAIMED|COLL|channel bits (acquire)      [startEvent Coll/P2p]
+ *   stop:    fetch_and ~COLL (acq_rel)                          [stopEvent Coll/P2p]
+ *   channel: fetch_and ~(1 << k) (acq_rel)                     [stopEvent KernelCh k]
+ *   whoever clears the last of COLL|channel bits completes the slot, then
+ *   release-stores pend = 0, which returns the handle to the pool.
+ * A bit that is already clear means "already stopped": stop is idempotent.
+ *
+ * Lifetime: contexts, handle pools and ring mappings are never freed or
+ * unmapped (see README "Lifetime"): late callbacks racing with or following
+ * finalize always touch valid memory.
+ */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plugin_internal.h"
+
+#define RLX memory_order_relaxed
+#define ACQ memory_order_acquire
+#define REL memory_order_release
+#define ACQREL memory_order_acq_rel
+
+/* ------------------------------------------------------------------ */
+/* string -> code                                                      */
+
+static const char *const func_names[] = {
+    [ARTEMIS_FUNC_ALLREDUCE] = "AllReduce",   [ARTEMIS_FUNC_ALLGATHER] = "AllGather",
+    [ARTEMIS_FUNC_REDUCESCATTER] = "ReduceScatter", [ARTEMIS_FUNC_BROADCAST] = "Broadcast",
+    [ARTEMIS_FUNC_REDUCE] = "Reduce",         [ARTEMIS_FUNC_ALLTOALL] = "AlltoAll",
+    [ARTEMIS_FUNC_GATHER] = "Gather",         [ARTEMIS_FUNC_SCATTER] = "Scatter",
+    [ARTEMIS_FUNC_SEND] = "Send",             [ARTEMIS_FUNC_RECV] = "Recv",
+    [ARTEMIS_FUNC_SENDRECV] = "SendRecv",
+};
+static const char *const dtype_names[] = {
+    [ARTEMIS_DT_INT8] = "ncclInt8",       [ARTEMIS_DT_UINT8] = "ncclUint8",
+    [ARTEMIS_DT_INT32] = "ncclInt32",     [ARTEMIS_DT_UINT32] = "ncclUint32",
+    [ARTEMIS_DT_INT64] = "ncclInt64",     [ARTEMIS_DT_UINT64] = "ncclUint64",
+    [ARTEMIS_DT_FLOAT16] = "ncclFloat16", [ARTEMIS_DT_FLOAT32] = "ncclFloat32",
+    [ARTEMIS_DT_FLOAT64] = "ncclFloat64", [ARTEMIS_DT_BFLOAT16] = "ncclBfloat16",
+    [ARTEMIS_DT_FP8E4M3] = "ncclFloat8e4m3", [ARTEMIS_DT_FP8E5M2] = "ncclFloat8e5m2",
+};
+static const uint8_t dtype_sizes[] = {
+    [ARTEMIS_DT_INT8] = 1,    [ARTEMIS_DT_UINT8] = 1,   [ARTEMIS_DT_INT32] = 4,
+    [ARTEMIS_DT_UINT32] = 4,  [ARTEMIS_DT_INT64] = 8,   [ARTEMIS_DT_UINT64] = 8,
+    [ARTEMIS_DT_FLOAT16] = 2, [ARTEMIS_DT_FLOAT32] = 4, [ARTEMIS_DT_FLOAT64] = 8,
+    [ARTEMIS_DT_BFLOAT16] = 2, [ARTEMIS_DT_FP8E4M3] = 1, [ARTEMIS_DT_FP8E5M2] = 1,
+};
+static const char *const algo_names[] = {
+    [ARTEMIS_ALGO_TREE] = "TREE", [ARTEMIS_ALGO_RING] = "RING",
+    [ARTEMIS_ALGO_COLLNET_DIRECT] = "COLLNET_DIRECT", [ARTEMIS_ALGO_COLLNET_CHAIN] = "COLLNET_CHAIN",
+    [ARTEMIS_ALGO_NVLS] = "NVLS", [ARTEMIS_ALGO_NVLS_TREE] = "NVLS_TREE", [ARTEMIS_ALGO_PAT] = "PAT",
+};
+static const char *const proto_names[] = {
+    [ARTEMIS_PROTO_LL] = "LL", [ARTEMIS_PROTO_LL128] = "LL128", [ARTEMIS_PROTO_SIMPLE] = "SIMPLE",
+};
+
+/* The guess (from length and one or two characters) is confirmed by one strcmp. */
+static inline uint8_t confirm(const char *s, const char *const *names, uint8_t code) {
+    return (code && !strcmp(s, names[code])) ? code : 0;
+}
+
+uint8_t art_func_code(const char *s) {
+    if (!s) return 0;
+    uint8_t c = 0;
+    switch (strlen(s)) {
+    case 4: c = s[0] == 'S' ? ARTEMIS_FUNC_SEND : ARTEMIS_FUNC_RECV; break;
+    case 6: c = s[0] == 'R' ? ARTEMIS_FUNC_REDUCE : ARTEMIS_FUNC_GATHER; break;
+    case 7: c = ARTEMIS_FUNC_SCATTER; break;
+    case 8: c = s[0] == 'A' ? ARTEMIS_FUNC_ALLTOALL : ARTEMIS_FUNC_SENDRECV; break;
+    case 9:
+        c = s[0] == 'B' ? ARTEMIS_FUNC_BROADCAST
+            : s[3] == 'R' ? ARTEMIS_FUNC_ALLREDUCE : ARTEMIS_FUNC_ALLGATHER;
+        break;
+    case 13: c = ARTEMIS_FUNC_REDUCESCATTER; break;
+    default: return 0;
+    }
+    return confirm(s, func_names, c);
+}
+
+uint8_t art_dtype_code(const char *s) {
+    if (!s) return 0;
+    uint8_t c = 0;
+    switch (strlen(s)) {
+    case 8: c = ARTEMIS_DT_INT8; break;
+    case 9:
+        c = s[4] == 'U' ? ARTEMIS_DT_UINT8 : s[7] == '3' ? ARTEMIS_DT_INT32 : ARTEMIS_DT_INT64;
+        break;
+    case 10: c = s[8] == '3' ? ARTEMIS_DT_UINT32 : ARTEMIS_DT_UINT64; break;
+    case 11:
+        c = s[9] == '1' ? ARTEMIS_DT_FLOAT16 : s[9] == '3' ? ARTEMIS_DT_FLOAT32 : ARTEMIS_DT_FLOAT64;
+        break;
+    case 12: c = ARTEMIS_DT_BFLOAT16; break;
+    case 14: c = s[11] == '4' ? ARTEMIS_DT_FP8E4M3 : ARTEMIS_DT_FP8E5M2; break;
+    default: return 0;
+    }
+    return confirm(s, dtype_names, c);
+}
+
+uint8_t art_algo_code(const char *s) {
+    if (!s) return 0;
+    uint8_t c = 0;
+    switch (strlen(s)) {
+    case 3: c = ARTEMIS_ALGO_PAT; break;
+    case 4: c = s[0] == 'T' ? ARTEMIS_ALGO_TREE : s[0] == 'R' ? ARTEMIS_ALGO_RING : ARTEMIS_ALGO_NVLS; break;
+    case 9: c = ARTEMIS_ALGO_NVLS_TREE; break;
+    case 13: c = ARTEMIS_ALGO_COLLNET_CHAIN; break;
+    case 14: c = ARTEMIS_ALGO_COLLNET_DIRECT; break;
+    default: return 0;
+    }
+    return confirm(s, algo_names, c);
+}
+
+uint8_t art_proto_code(const char *s) {
+    if (!s) return 0;
+    uint8_t c = 0;
+    switch (strlen(s)) {
+    case 2: c = ARTEMIS_PROTO_LL; break;
+    case 5: c = ARTEMIS_PROTO_LL128; break;
+    case 6: c = ARTEMIS_PROTO_SIMPLE; break;
+    default: return 0;
+    }
+    return confirm(s, proto_names, c);
+}
+
+uint32_t art_dtype_size(uint8_t code) {
+    return code < sizeof dtype_sizes ? dtype_sizes[code] : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* slot access: the body fields are plain in artemis_ring.h; we access  */
+/* them as same-size atomics (lock-free, naturally aligned).            */
+
+#define A32(p) ((_Atomic uint32_t *)(void *)(p))
+#define A64(p) ((_Atomic uint64_t *)(void *)(p))
+
+/* Seqlock entry: CAS even -> odd (acquire), then a release fence so that no
+ * body store can become visible before the odd lock value. Never spins. */
+static inline int seq_enter(ArtemisSlot *s, uint32_t *odd) {
+    uint32_t v = atomic_load_explicit(A32(&s->lock), RLX);
+    if (v & 1u) return 0;
+    if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
+    atomic_thread_fence(REL);
+    *odd = v + 1u;
+    return 1;
+}
+
+/* Seqlock exit: release store of the next even value. */
+static inline void seq_leave(ArtemisSlot *s, uint32_t odd) {
+    atomic_store_explicit(A32(&s->lock), odd + 1u, REL);
+}
+
+static inline void count_drop(ArtCtx *ctx) {
+    atomic_fetch_add_explicit(A64(&ctx->hdr->dropped), 1, RLX);
+}
+
+static inline uint32_t pack4(uint8_t kind, uint8_t func, uint8_t dtype, uint8_t state) {
+    uint8_t b[4] = {kind, func, dtype, state};
+    uint32_t v;
+    memcpy(&v, b, sizeof v);
+    return v;
+}
+
+static inline uint64_t pack8(uint8_t clock, uint8_t algo, uint8_t proto, uint8_t nch, int32_t peer) {
+    struct { uint8_t b[4]; int32_t peer; } x = {{clock, algo, proto, nch}, peer};
+    uint64_t v;
+    memcpy(&v, &x, sizeof v);
+    return v;
+}
+
+/* offsets of state (in w4) and clock (in w8) as bytes */
+static inline uint32_t with_state(uint32_t w4, uint8_t state) {
+    uint8_t b[4];
+    memcpy(b, &w4, 4);
+    b[3] = state;
+    memcpy(&w4, b, 4);
+    return w4;
+}
+static inline uint64_t with_clock(uint64_t w8, uint8_t clock) {
+    uint8_t b[8];
+    memcpy(b, &w8, 8);
+    b[0] = clock;
+    memcpy(&w8, b, 8);
+    return w8;
+}
+
+/* ------------------------------------------------------------------ */
+/* static dummy handles for API-level events: never recycled, stop no-op */
+
+typedef struct { uint64_t tag; } ArtDummy;
+static ArtDummy dummy_group_api = {ART_TAG_GROUPAPI};
+static ArtDummy dummy_coll_api = {ART_TAG_COLLAPI};
+static ArtDummy dummy_p2p_api = {ART_TAG_P2PAPI};
+static ArtDummy dummy_group = {ART_TAG_GROUP};
+static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
+
+/* ------------------------------------------------------------------ */
+/* operations                                                           */
+
+static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend) {
+    uint32_t n = ctx->nops;
+    uint32_t h = atomic_load_explicit(&ctx->hint, RLX);
+    uint32_t probes = n < ART_CLAIM_PROBES ? n : ART_CLAIM_PROBES;
+    for (uint32_t i = 0; i < probes; i++) {
+        uint32_t idx = (h + i) & (n - 1u);
+        ArtOp *op = &ctx->ops[idx];
+        uint64_t e = atomic_load_explicit(&op->pend, RLX);
+        if (e == 0 && atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) {
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+    }
+    return NULL;
+}
+
+static inline void op_release(ArtOp *op) { atomic_store_explicit(&op->pend, 0, REL); }
+
+static void op_complete(ArtOp *op) {
+    ArtCtx *ctx = op->ctx;
+    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
+    uint64_t start = UINT64_MAX, end = 0;
+    uint8_t clock = ARTEMIS_REC_DEVICE;
+    if (nch) {
+        uint32_t started = atomic_load_explicit(&op->nstarted, RLX);
+        if (started > nch) started = nch;
+        for (uint32_t k = 0; k < started; k++) {
+            uint64_t s = atomic_load_explicit(&op->ch[k].start, RLX);
+            uint64_t e = atomic_load_explicit(&op->ch[k].stop, RLX);
+            if (s && s < start) start = s;
+            if (e > end) end = e;
+        }
+    }
+    if (!nch || start == UINT64_MAX || end == 0) {
+        /* host timing: configured, no channels, or KernelCh without timers */
+        if (nch && !atomic_load_explicit(&ctx->timer_seen, RLX))
+            atomic_store_explicit(&ctx->no_timer, 1u, RLX);
+        start = op->host_start;
+        end = art_now_mono();
+        clock = ARTEMIS_REC_HOST;
+    } else if (!atomic_load_explicit(&ctx->timer_seen, RLX)) {
+        atomic_store_explicit(&ctx->timer_seen, 1u, RLX);
+    }
+
+    ArtemisSlot *s = op->slot;
+    uint32_t odd;
+    if (atomic_load_explicit(A64(&s->seq), RLX) != op->ticket || !seq_enter(s, &odd)) {
+        count_drop(ctx);
+    } else if (atomic_load_explicit(A64(&s->seq), RLX) != op->ticket) {
+        seq_leave(s, odd); /* overwritten meanwhile: leave it unchanged */
+        count_drop(ctx);
+    } else {
+        atomic_store_explicit(A32(&s->kind), with_state(op->w4, ARTEMIS_STATE_DONE), RLX);
+        atomic_store_explicit(A64(&s->clock), with_clock(op->w8, clock), RLX);
+        atomic_store_explicit(A64(&s->start), start, RLX);
+        atomic_store_explicit(A64(&s->end), end, RLX);
+        seq_leave(s, odd);
+    }
+    op_release(op);
+}
+
+static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
+                            const char *dtype, size_t count, uint8_t nChannels, const char *algo,
+                            const char *proto, int peer) {
+    if (!ctx || ctx->tag != ART_TAG_CTX) return;
+    uint64_t cseq = kind == ARTEMIS_KIND_COLL
+                        ? atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX)
+                        : atomic_load_explicit(&ctx->coll_count, RLX);
+    if (atomic_load_explicit(&ctx->finished, RLX)) return;
+
+    uint32_t nch = 0;
+    if (ctx->device_timing && nChannels && !atomic_load_explicit(&ctx->no_timer, RLX))
+        nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
+    ArtOp *op = op_claim(ctx, ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u));
+    if (!op) {
+        count_drop(ctx);
+        return;
+    }
+    uint64_t now = art_now_mono();
+    uint8_t fc = art_func_code(func), dc = art_dtype_code(dtype);
+    uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
+    uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
+    uint64_t w8 = pack8(ARTEMIS_REC_HOST, art_algo_code(algo), art_proto_code(proto), nChannels,
+                        (int32_t)peer);
+    atomic_store_explicit(&op->nstarted, 0, RLX);
+    atomic_store_explicit(&op->nch, nch, RLX);
+    op->host_start = now;
+    op->w4 = w4;
+    op->w8 = w8;
+
+    uint64_t ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+    ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
+    uint32_t odd;
+    if (!seq_enter(s, &odd)) {
+        op_release(op);
+        count_drop(ctx);
+        return;
+    }
+    if (atomic_load_explicit(A64(&s->seq), RLX) > ticket) {
+        /* a later ticket already owns this slot (tiny ring): keep it */
+        seq_leave(s, odd);
+        op_release(op);
+        count_drop(ctx);
+        return;
+    }
+    atomic_store_explicit(A32(&s->kind), w4, RLX);
+    atomic_store_explicit(A64(&s->clock), w8, RLX);
+    atomic_store_explicit(A64(&s->seq), ticket, RLX);
+    atomic_store_explicit(A64(&s->coll_seq), cseq, RLX);
+    atomic_store_explicit(A64(&s->bytes), bytes, RLX);
+    atomic_store_explicit(A64(&s->enqueue_ns), now, RLX);
+    atomic_store_explicit(A64(&s->start), 0, RLX);
+    atomic_store_explicit(A64(&s->end), 0, RLX);
+    seq_leave(s, odd);
+    op->slot = s;
+    op->ticket = ticket;
+    *eHandle = op;
+}
+
+static inline void op_stop(ArtOp *op) {
+    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~ART_PEND_COLL, ACQREL);
+    if (!(old & ART_PEND_COLL)) return; /* already stopped (or a free handle) */
+    if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op);
+}
+
+static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
+    if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
+    ArtOp *op = (ArtOp *)parent;
+    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
+    if (!nch) return; /* host-timed operation */
+    uint32_t k = atomic_fetch_add_explicit(&op->nstarted, 1, RLX);
+    if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
+    ArtCh *ch = &op->ch[k];
+    atomic_store_explicit(&ch->start, pTimer, RLX);
+    atomic_store_explicit(&ch->stop, 0, RLX);
+    *eHandle = ch;
+}
+
+static inline void kch_stop(ArtCh *ch) {
+    ArtOp *op = ch->op;
+    uint64_t bit = 1ULL << (uint32_t)(ch - op->ch);
+    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bit, ACQREL);
+    if (!(old & bit)) return; /* already stopped */
+    if ((old & ART_PEND_WORK & ~bit) == 0) op_complete(op);
+}
+
+/* ------------------------------------------------------------------ */
+/* entry points                                                         */
+
+/* One startEvent per descriptor version; the union arms we read have the
+ * same offsets in v4..v7 (v5+ only append members). */
+#define ART_DEFINE_START(N)                                                                    \
+    static ncclResult_t art_start_v##N(void *context, void **eHandle,                          \
+                                       ncclProfilerEventDescr_v##N##_t *d) {                   \
+        if (!eHandle) return ncclSuccess;                                                      \
+        *eHandle = NULL;                                                                       \
+        if (!d) return ncclSuccess;                                                            \
+        switch ((uint64_t)d->type) {                                                           \
+        case ncclProfileColl:                                                                  \
+            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
+                     d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
+                     d->coll.proto, -1);                                                       \
+            break;                                                                             \
+        case ncclProfileP2p:                                                                   \
+            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
+                     d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
+            break;                                                                             \
+        case ncclProfileKernelCh: kch_start(eHandle, d->parentObj, d->kernelCh.pTimer); break; \
+        case ncclProfileGroupApi: *eHandle = &dummy_group_api; break;                          \
+        case ncclProfileCollApi: *eHandle = &dummy_coll_api; break;                            \
+        case ncclProfileP2pApi: *eHandle = &dummy_p2p_api; break;                              \
+        case ncclProfileGroup: *eHandle = &dummy_group; break;                                 \
+        case ncclProfileKernelLaunch: *eHandle = &dummy_klaunch; break;                        \
+        default: break;                                                                        \
+        }                                                                                      \
+        return ncclSuccess;                                                                    \
+    }
+
+ART_DEFINE_START(4)
+ART_DEFINE_START(5)
+ART_DEFINE_START(6)
+ART_DEFINE_START(7)
+
+static ncclResult_t art_stop(void *eHandle) {
+    if (!eHandle) return ncclSuccess;
+    uint64_t tag = *(const uint64_t *)eHandle;
+    if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
+    else if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle);
+    return ncclSuccess;
+}
+
+static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
+                               ncclProfilerEventStateArgs_t *args) {
+    if (!eHandle || !args || eState != ncclProfilerKernelChStop) return ncclSuccess;
+    if (*(const uint64_t *)eHandle != ART_TAG_KCH) return ncclSuccess;
+    atomic_store_explicit(&((ArtCh *)eHandle)->stop, args->kernelCh.pTimer, RLX);
+    return ncclSuccess;
+}
+
+static ncclResult_t art_finalize(void *context) {
+    ArtCtx *ctx = (ArtCtx *)context;
+    if (!ctx || ctx->tag != ART_TAG_CTX) return ncclSuccess;
+    if (atomic_exchange_explicit(&ctx->finished, 1u, ACQREL) == 0) {
+        atomic_store_explicit(A64(&ctx->hdr->finished_ns), art_now_real(), RLX);
+        atomic_fetch_or_explicit(A32(&ctx->hdr->flags), (uint32_t)ARTEMIS_RING_FINISHED, REL);
+    }
+    /* Nothing is freed or unmapped: see README "Lifetime". */
+    return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ */
+/* init                                                                 */
+
+ART_EXPORT ncclProfiler_v6_t ncclProfiler_v6;
+
+/* 1 when the file that holds our code is named like an RCCL plugin. */
+static int loaded_by_rccl(void) {
+    Dl_info info;
+    if (!dladdr((void *)&ncclProfiler_v6, &info) || !info.dli_fname) return 0;
+    const char *base = strrchr(info.dli_fname, '/');
+    base = base ? base + 1 : info.dli_fname;
+    return strstr(base, "rccl") != NULL;
+}
+
+static void set_mask(int *mask, int value) {
+    if (mask) atomic_store_explicit((_Atomic int *)(void *)mask, value, RLX);
+}
+
+static ncclResult_t art_init(void **context, int *mask, const char *comm_name, uint64_t comm_hash,
+                             int nnodes, int nranks, int rank, ncclDebugLogger_t logfn,
+                             uint32_t version) {
+    if (context) *context = NULL;
+    char err[512];
+    ArtConfig cfg;
+    if (art_config_load(&cfg, loaded_by_rccl(), err, sizeof err) != 0) {
+        set_mask(mask, 0);
+        art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
+                err, (unsigned long long)comm_hash, rank);
+        return ncclSuccess;
+    }
+    if (cfg.disabled) {
+        set_mask(mask, 0);
+        return ncclSuccess;
+    }
+    set_mask(mask, ncclProfileColl | ncclProfileP2p | (cfg.device_timing ? ncclProfileKernelCh : 0));
+    if (!context) {
+        art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: init without a context pointer; disabled");
+        return ncclSuccess;
+    }
+
+    ArtCtx *ctx = NULL;
+    ArtOp *ops = NULL;
+    if (posix_memalign((void **)&ctx, ART_CACHELINE, sizeof *ctx) != 0 ||
+        posix_memalign((void **)&ops, ART_CACHELINE, (size_t)ART_OP_POOL * sizeof *ops) != 0) {
+        free(ctx);
+        art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: out of memory; disabled for comm %016llx rank %d",
+                (unsigned long long)comm_hash, rank);
+        return ncclSuccess;
+    }
+    memset(ctx, 0, sizeof *ctx);
+    memset(ops, 0, (size_t)ART_OP_POOL * sizeof *ops);
+    ctx->tag = ART_TAG_CTX;
+    ctx->ops = ops;
+    ctx->nops = ART_OP_POOL;
+    ctx->device_timing = cfg.device_timing;
+    ctx->rank = rank;
+    ctx->plugin_version = version;
+    for (uint32_t i = 0; i < ART_OP_POOL; i++) {
+        ops[i].tag = ART_TAG_OP;
+        ops[i].ctx = ctx;
+        for (uint32_t k = 0; k < ART_MAX_CH; k++) {
+            ops[i].ch[k].tag = ART_TAG_KCH;
+            ops[i].ch[k].op = &ops[i];
+        }
+    }
+    if (art_ring_create(ctx, &cfg, comm_hash, comm_name, nnodes, nranks, rank, version, err,
+                        sizeof err) != 0) {
+        free(ops);
+        free(ctx);
+        art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
+                err, (unsigned long long)comm_hash, rank);
+        return ncclSuccess;
+    }
+    art_log(logfn, NCCL_LOG_INFO, "Artemis profiler v%u: ring %s (%u slots, clock %s)", version,
+            ctx->path, cfg.slots,
+            cfg.clock_kind == ARTEMIS_CLOCK_HOST ? "host"
+            : cfg.clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? "device ticks" : "device ns");
+    *context = ctx;
+    return ncclSuccess;
+}
+
+static ncclResult_t art_init_v4(void **context, int *mask, const char *comm_name,
+                                uint64_t comm_hash, int nnodes, int nranks, int rank,
+                                ncclDebugLogger_t logfn) {
+    return art_init(context, mask, comm_name, comm_hash, nnodes, nranks, rank, logfn, 4);
+}
+
+#define ART_DEFINE_INIT(N)                                                                     \
+    static ncclResult_t art_init_v##N(void **context, uint64_t comm_id, int *mask,             \
+                                      const char *comm_name, int nnodes, int nranks, int rank, \
+                                      ncclDebugLogger_t logfn) {                               \
+        return art_init(context, mask, comm_name, comm_id, nnodes, nranks, rank, logfn, N);    \
+    }
+ART_DEFINE_INIT(5)
+ART_DEFINE_INIT(6)
+ART_DEFINE_INIT(7)
+
+/* The four exported symbols: non-const globals with default visibility. */
+ART_EXPORT ncclProfiler_v7_t ncclProfiler_v7 = {
+    "Artemis", art_init_v7, art_start_v7, art_stop, art_record, art_finalize,
+};
+ART_EXPORT ncclProfiler_v6_t ncclProfiler_v6 = {
+    "Artemis", art_init_v6, art_start_v6, art_stop, art_record, art_finalize,
+};
+ART_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
+    "Artemis", art_init_v5, art_start_v5, art_stop, art_record, art_finalize,
+};
+ART_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
+    "Artemis", art_init_v4, art_start_v4, art_stop, art_record, art_finalize,
+};

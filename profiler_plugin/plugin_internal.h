@@ -1,0 +1,112 @@
+/*
+ * plugin_internal.h: private types shared by plugin.c and ring.c.
+ * Nothing here is part of the ring contract (that is artemis_ring.h).
+ */
+#ifndef ARTEMIS_PLUGIN_INTERNAL_H
+#define ARTEMIS_PLUGIN_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "artemis_ring.h"
+#include "nccl_profiler_abi.h"
+
+#define ART_HIDDEN __attribute__((visibility("hidden")))
+#define ART_EXPORT __attribute__((visibility("default")))
+
+/* 64-bit type tags: the first word of every handle we give NCCL. */
+#define ART_TAG_CTX 0x415254435458ULL            /* "ARTCTX" */
+#define ART_TAG_OP 0x41525430500000ULL           /* Coll / P2p operation */
+#define ART_TAG_KCH 0x4152544b4348ULL            /* KernelCh */
+#define ART_TAG_GROUPAPI 0x41525447415049ULL     /* static dummies below */
+#define ART_TAG_COLLAPI 0x41525443415049ULL
+#define ART_TAG_P2PAPI 0x41525450415049ULL
+#define ART_TAG_GROUP 0x41525447525000ULL
+#define ART_TAG_KLAUNCH 0x4152544b4c4e00ULL
+
+/* Channels tracked per operation (one bit each in ArtOp.pend). */
+#define ART_MAX_CH 62
+#define ART_PEND_CLAIMED (1ULL << 63) /* handle in use */
+#define ART_PEND_COLL (1ULL << 62)    /* Coll/P2p stopEvent not seen yet */
+#define ART_PEND_WORK (ART_PEND_COLL | ((1ULL << ART_MAX_CH) - 1))
+
+/* Operations in flight per context (pool size, a power of two). */
+#define ART_OP_POOL 512u
+#define ART_CLAIM_PROBES 128u
+
+#define ART_CACHELINE 64
+
+struct ArtOp;
+
+typedef struct ArtCh {
+    uint64_t tag; /* ART_TAG_KCH */
+    struct ArtOp *op;
+    _Atomic uint64_t start; /* device start pTimer (0 = none) */
+    _Atomic uint64_t stop;  /* device stop pTimer (0 = none) */
+} ArtCh;
+
+typedef struct ArtOp {
+    uint64_t tag; /* ART_TAG_OP */
+    struct ArtCtx *ctx;
+    _Atomic uint64_t pend;      /* CLAIMED | COLL | channel bits still pending */
+    _Atomic uint32_t nstarted;  /* KernelCh events claimed so far */
+    _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
+    ArtemisSlot *slot;
+    uint64_t ticket;
+    uint64_t host_start;        /* CLOCK_MONOTONIC at start */
+    uint32_t w4;                /* slot bytes 4..7 (kind func dtype state) */
+    uint32_t pad;
+    uint64_t w8;                /* slot bytes 8..15 (clock algo proto nchannels peer) */
+    ArtCh ch[ART_MAX_CH];
+} ArtOp;
+
+typedef struct ArtConfig {
+    int disabled;          /* ARTEMIS_DISABLE=1 */
+    int device_timing;     /* 1: KernelCh timing, 0: host only */
+    uint32_t clock_kind;   /* ARTEMIS_CLOCK_* */
+    uint64_t tick_hz;
+    uint32_t slots;        /* power of two, clamped */
+    char dir[256];
+    char job[ARTEMIS_NAME_LEN];
+} ArtConfig;
+
+typedef struct ArtCtx {
+    uint64_t tag; /* ART_TAG_CTX */
+    ArtemisRingHeader *hdr;
+    ArtemisSlot *slots;
+    uint64_t slot_mask;
+    ArtOp *ops;
+    uint32_t nops;
+    int device_timing;
+    int rank;
+    uint32_t plugin_version;
+    _Atomic uint32_t finished;  /* finalize ran */
+    _Atomic uint32_t no_timer;  /* KernelCh never carried timers: use host timing */
+    _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
+    char path[512];
+    /* written on the hot path by several threads: own cache lines */
+    _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
+    _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
+    char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
+} ArtCtx;
+
+/* ring.c */
+ART_HIDDEN uint64_t art_now_mono(void);
+ART_HIDDEN uint64_t art_now_real(void);
+ART_HIDDEN void art_log(ncclDebugLogger_t logfn, ncclDebugLogLevel level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* 0 on success; on failure writes one message into err and returns -1. */
+ART_HIDDEN int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen);
+ART_HIDDEN int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash,
+                               const char *comm_name, int nnodes, int nranks, int rank,
+                               uint32_t plugin_version, char *err, size_t errlen);
+
+/* plugin.c: string -> code tables (also used by tests through the ring values) */
+ART_HIDDEN uint8_t art_func_code(const char *s);
+ART_HIDDEN uint8_t art_dtype_code(const char *s);
+ART_HIDDEN uint8_t art_algo_code(const char *s);
+ART_HIDDEN uint8_t art_proto_code(const char *s);
+ART_HIDDEN uint32_t art_dtype_size(uint8_t code);
+
+#endif /* ARTEMIS_PLUGIN_INTERNAL_H */

@@ -1,0 +1,252 @@
+/*
+ * ring.c: configuration from the environment, logging, and atomic creation
+ * of one shared-memory ring file per (communicator, rank).
+ * Runs only at init (allocation and system calls are fine here).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "plugin_internal.h"
+
+uint64_t art_now_mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t art_now_real(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void art_log(ncclDebugLogger_t logfn, ncclDebugLogLevel level, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (logfn) {
+        logfn(level, NCCL_LOG_SUBSYS_INIT | NCCL_LOG_SUBSYS_PROFILE, __FILE__, __LINE__, "%s", msg);
+    } else if (level <= NCCL_LOG_WARN) {
+        fprintf(stderr, "%s\n", msg); /* no NCCL logger: warnings only, on stderr */
+    }
+}
+
+/* Parses a decimal unsigned integer; the whole string must be digits. */
+static int parse_u64(const char *s, uint64_t *out) {
+    if (!s || !*s) return -1;
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        uint64_t d = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* 1 / 0 for a boolean env value, -1 if not a boolean. */
+static int parse_bool(const char *s) {
+    if (!strcmp(s, "1") || !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on"))
+        return 1;
+    if (!strcmp(s, "0") || !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off"))
+        return 0;
+    return -1;
+}
+
+static const char *env_nonempty(const char *name) {
+    const char *v = getenv(name);
+    return (v && *v) ? v : NULL;
+}
+
+/* Copies src into dst (size n) keeping only [A-Za-z0-9_.-]; others become '_'. */
+static void sanitise(char *dst, size_t n, const char *src) {
+    size_t i = 0;
+    for (; src[i] && i + 1 < n; i++) {
+        char c = src[i];
+        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '.' || c == '-';
+        dst[i] = ok ? c : '_';
+    }
+    dst[i] = '\0';
+}
+
+int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *v;
+    int b;
+
+    if ((v = env_nonempty("ARTEMIS_DISABLE"))) {
+        if ((b = parse_bool(v)) < 0) {
+            snprintf(err, errlen, "bad ARTEMIS_DISABLE='%s' (want 0 or 1)", v);
+            return -1;
+        }
+        cfg->disabled = b;
+    }
+
+    cfg->device_timing = 1;
+    if ((v = env_nonempty("ARTEMIS_DEVICE_TIMING"))) {
+        if ((b = parse_bool(v)) < 0) {
+            snprintf(err, errlen, "bad ARTEMIS_DEVICE_TIMING='%s' (want 0 or 1)", v);
+            return -1;
+        }
+        cfg->device_timing = b;
+    }
+
+    cfg->clock_kind = rccl_loaded ? ARTEMIS_CLOCK_DEVICE_TICKS : ARTEMIS_CLOCK_DEVICE_NS;
+    if ((v = env_nonempty("ARTEMIS_CLOCK"))) {
+        if (!strcasecmp(v, "ns")) cfg->clock_kind = ARTEMIS_CLOCK_DEVICE_NS;
+        else if (!strcasecmp(v, "ticks")) cfg->clock_kind = ARTEMIS_CLOCK_DEVICE_TICKS;
+        else if (!strcasecmp(v, "host")) cfg->clock_kind = ARTEMIS_CLOCK_HOST;
+        else {
+            snprintf(err, errlen, "bad ARTEMIS_CLOCK='%s' (want ns, ticks or host)", v);
+            return -1;
+        }
+    }
+    if (!cfg->device_timing) cfg->clock_kind = ARTEMIS_CLOCK_HOST;
+    if (cfg->clock_kind == ARTEMIS_CLOCK_HOST) cfg->device_timing = 0;
+
+    uint64_t hz = 100000000ull;
+    if ((v = env_nonempty("ARTEMIS_TICK_HZ"))) {
+        if (parse_u64(v, &hz) || hz == 0) {
+            snprintf(err, errlen, "bad ARTEMIS_TICK_HZ='%s' (want a positive integer)", v);
+            return -1;
+        }
+    }
+    cfg->tick_hz = cfg->clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? hz : 0;
+
+    uint64_t slots = ARTEMIS_RING_DEFAULT_SLOTS;
+    if ((v = env_nonempty("ARTEMIS_RING_SLOTS"))) {
+        if (parse_u64(v, &slots) || slots == 0) {
+            snprintf(err, errlen, "bad ARTEMIS_RING_SLOTS='%s' (want a positive integer)", v);
+            return -1;
+        }
+    }
+    if (slots < ARTEMIS_RING_MIN_SLOTS) slots = ARTEMIS_RING_MIN_SLOTS;
+    if (slots > ARTEMIS_RING_MAX_SLOTS) slots = ARTEMIS_RING_MAX_SLOTS;
+    uint32_t p2 = ARTEMIS_RING_MIN_SLOTS;
+    while (p2 < slots) p2 <<= 1;
+    cfg->slots = p2;
+
+    v = env_nonempty("ARTEMIS_SHM_DIR");
+    if (!v) v = "/dev/shm/artemis";
+    if (strlen(v) >= sizeof cfg->dir) {
+        snprintf(err, errlen, "ARTEMIS_SHM_DIR is longer than %zu bytes", sizeof cfg->dir - 1);
+        return -1;
+    }
+    strcpy(cfg->dir, v);
+
+    v = env_nonempty("ARTEMIS_JOB");
+    if (!v) v = env_nonempty("SLURM_JOB_ID");
+    if (!v) v = env_nonempty("TORCHELASTIC_RUN_ID");
+    if (v) sanitise(cfg->job, sizeof cfg->job, v); /* empty job: the caller uses the comm hash */
+    return 0;
+}
+
+/* mkdir -p with mode 0755; 0 on success. */
+static int make_dirs(const char *path) {
+    char buf[256];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char c = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            buf[i] = c;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const char *comm_name,
+                    int nnodes, int nranks, int rank, uint32_t plugin_version, char *err,
+                    size_t errlen) {
+    char job[ARTEMIS_NAME_LEN];
+    if (cfg->job[0]) {
+        memcpy(job, cfg->job, sizeof job);
+    } else {
+        snprintf(job, sizeof job, "%016llx", (unsigned long long)comm_hash);
+    }
+    if (make_dirs(cfg->dir) != 0) {
+        snprintf(err, errlen, "cannot create ring folder %s: %s", cfg->dir, strerror(errno));
+        return -1;
+    }
+    int n = snprintf(ctx->path, sizeof ctx->path, "%s/%s.%016llx.r%d.ring", cfg->dir, job,
+                     (unsigned long long)comm_hash, rank);
+    char tmp[sizeof ctx->path + 16];
+    if (n < 0 || (size_t)n >= sizeof ctx->path) {
+        snprintf(err, errlen, "ring path too long in %s", cfg->dir);
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s/.%s.r%d.XXXXXX", cfg->dir, job, rank);
+
+    size_t bytes = (size_t)ARTEMIS_RING_HEADER_SIZE + (size_t)cfg->slots * ARTEMIS_RING_SLOT_SIZE;
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create a file in %s: %s", cfg->dir, strerror(errno));
+        return -1;
+    }
+    void *mem = MAP_FAILED;
+    const char *what = NULL;
+    if (fchmod(fd, 0644) != 0) what = "fchmod";
+    else if (ftruncate(fd, (off_t)bytes) != 0) what = "ftruncate";
+    else if ((mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        what = "mmap";
+    if (what) {
+        snprintf(err, errlen, "%s of ring %s failed: %s", what, tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    close(fd);
+
+    /* ftruncate gave zeroed pages: only the header needs filling. */
+    ArtemisRingHeader *h = (ArtemisRingHeader *)mem;
+    h->magic = ARTEMIS_RING_MAGIC;
+    h->version = ARTEMIS_RING_VERSION;
+    h->header_size = ARTEMIS_RING_HEADER_SIZE;
+    h->slot_size = ARTEMIS_RING_SLOT_SIZE;
+    h->capacity = cfg->slots;
+    h->rank = rank;
+    h->nranks = nranks;
+    h->nnodes = nnodes;
+    h->pid = (int32_t)getpid();
+    h->comm_hash = comm_hash;
+    h->clock_kind = cfg->clock_kind;
+    h->tick_hz = cfg->tick_hz;
+    h->created_ns = art_now_real();
+    h->plugin_version = plugin_version;
+    memcpy(h->job, job, sizeof h->job);
+    snprintf(h->comm_name, sizeof h->comm_name, "%s", comm_name ? comm_name : "");
+    if (gethostname(h->host, sizeof h->host - 1) != 0) h->host[0] = '\0';
+    h->host[sizeof h->host - 1] = '\0';
+
+    if (rename(tmp, ctx->path) != 0) {
+        snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, ctx->path, strerror(errno));
+        munmap(mem, bytes);
+        unlink(tmp);
+        return -1;
+    }
+    ctx->hdr = h;
+    ctx->slots = (ArtemisSlot *)((char *)mem + ARTEMIS_RING_HEADER_SIZE);
+    ctx->slot_mask = cfg->slots - 1u;
+    return 0;
+}
