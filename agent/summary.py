@@ -1,0 +1,511 @@
+"""Window summaries of one rank's collectives: the agent's pure core.
+
+The ring reader hands over numpy structured arrays of DONE records whose field
+names mirror ``ArtemisSlot`` in ``profiler_plugin/artemis_ring.h`` (``seq``,
+``coll_seq``, ``kind``, ``func``, ``state``, ``clock``, ``peer``, ``bytes``,
+``start``, ``end``, ...). Only the fields named in ``NEEDED_FIELDS`` are read, so
+any array carrying them works (tests build their own).
+
+Steps and windows
+-----------------
+A training step issues the same sequence of collectives on a communicator every
+time (the same bucket sizes in the same order), and every rank issues the same
+sequence, because collectives must match. So the number of collectives per step
+``C`` is the period of the (function, bytes) sequence, inferred by
+``infer_period`` (or set by config, ``colls_per_step``). Window ``w`` covers
+collective indices ``[w*W*C, (w+1)*W*C)`` with ``W`` = window_steps; step ``k``
+covers ``[k*C, (k+1)*C)``. Every rank numbers the same collectives the same way
+with no shared clock: all timings below are differences on the rank's own clock.
+The phase is fixed at coll_seq 0 (a job's start-up collectives shift where a
+"step" starts, but identically on every rank, so comparisons stay fair).
+
+Per window (W steps, times in ms):
+
+* ``gap_ms``: median over steps of the step's compute gap. The gap preceding
+  collective ``i`` is ``start[i] - end[i-1]`` (clipped at 0: collectives that
+  overlap leave no compute time between them); a step's gap is the sum of the
+  gaps preceding each of its C collectives, so it includes the time from the
+  previous step's last collective to this step's first (forward pass, data
+  loading, ...).
+* ``coll_ms``: median per-step sum of ``end - start``.
+* ``step_ms``: median of ``end`` of the step's last collective minus ``end`` of
+  the previous step's last collective.
+
+Medians are taken over the steps whose every needed record is present. When
+records were lost so that no step is whole, ``gap_ms``/``coll_ms`` fall back to
+the sum over the C positions of the per-position median (same value for a
+steady rank); when nothing at all is measurable they are NaN. ``lost`` counts
+the collective indices missing from the window plus losses the reader reported
+(``add_lost``) that no gap in ``coll_seq`` explains (records of other kinds).
+
+A window is emitted once a record ``settle`` collectives past its end has
+arrived (default: one step), so collectives completing slightly out of order are
+not counted as lost. ``take_windows(final=True)`` (or ``flush()``) also emits
+the last, partial window; a window holding no record at all is never emitted
+(the coordinator sees the rank as missing there). The period is locked once
+inferred; until then records are buffered (at most ``_INFER_CAP``).
+
+Clocks: a record's ``clock`` is 0 (host CLOCK_MONOTONIC ns) or 1 (device timer,
+whose unit is the ring header's ``clock_kind``: ns, or ticks at ``tick_hz``).
+A window uses the clock most of its records carry; records on the other clock
+count as present but are left out of the timings. ``clock`` is ``"ticks"`` only
+when device ticks come without a known ``tick_hz``; the ``*_ms`` fields then
+carry ticks / 1e6 and are comparable only among ranks with the same tick rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+import numpy as np
+from artemis.protocol.records import RankProgress, RankWindow
+
+# Mirrors of artemis_ring.h enums used here.
+KIND_COLL = 1
+KIND_P2P = 2
+KIND_BRIDGE = 3
+STATE_IN_FLIGHT = 1
+STATE_DONE = 2
+REC_HOST = 0
+REC_DEVICE = 1
+CLOCK_HOST = 0
+CLOCK_DEVICE_NS = 1
+CLOCK_DEVICE_TICKS = 2
+
+NEEDED_FIELDS = ("coll_seq", "kind", "func", "clock", "peer", "bytes", "start", "end")
+
+# Compact internal copies: only what the summary reads.
+_COLL_DT = np.dtype(
+    [
+        ("coll_seq", "<i8"),
+        ("func", "<i2"),
+        ("clock", "u1"),
+        ("bytes", "<u8"),
+        ("start", "<u8"),
+        ("end", "<u8"),
+    ]
+)
+_BRIDGE_DT = np.dtype(
+    [("coll_seq", "<i8"), ("peer", "<i4"), ("clock", "u1"), ("start", "<u8"), ("end", "<u8")]
+)
+# Records kept while the period is still unknown (an irregular stream must not
+# grow the buffer without bound).
+_INFER_CAP = 16384
+
+
+def infer_period(
+    funcs: np.ndarray,
+    sizes: np.ndarray,
+    max_period: int = 64,
+    min_periods: int = 3,
+    tolerance: float | None = None,
+) -> int | None:
+    """Collectives per step: the smallest period of the (func, bytes) sequence.
+
+    ``funcs[i]``/``sizes[i]`` describe the collective with index ``first + i``;
+    an entry with ``funcs[i] < 0`` is unknown (lost) and takes part in no
+    comparison. Period ``p`` explains the sequence when at most ``tolerance``
+    of the comparisons ``x[i]`` vs ``x[i-p]`` disagree (default
+    ``0.5 / max_period``: any wrong period below a true one of at most
+    ``max_period`` disagrees at least once per true period, so it fails).
+
+    Returns None until there is enough data to rule out every longer period up
+    to ``max_period``: ``len >= max(min_periods * p, p + 2 * max_period)``.
+    A stream of identical collectives has period 1 (each collective is taken as
+    a step) unless the caller configures ``colls_per_step``.
+    """
+    f = np.asarray(funcs, dtype=np.int64)
+    s = np.asarray(sizes, dtype=np.int64)
+    if f.shape != s.shape or f.ndim != 1:
+        raise ValueError("funcs and sizes must be 1-d arrays of the same length")
+    if max_period < 1 or min_periods < 2:
+        raise ValueError("max_period must be >= 1 and min_periods >= 2")
+    tol = 0.5 / max_period if tolerance is None else tolerance
+    n = f.size
+    valid = f >= 0
+    for p in range(1, max_period + 1):
+        if n < max(min_periods * p, p + 2 * max_period):
+            return None  # the requirement only grows with p
+        both = valid[p:] & valid[:-p]
+        m = int(both.sum())
+        if m < (min_periods - 1) * p:
+            continue
+        differ = both & ((f[p:] != f[:-p]) | (s[p:] != s[:-p]))
+        if int(differ.sum()) <= tol * m:
+            return p
+    return None
+
+
+def _as_int(a: np.ndarray, field: str, dtype: str) -> np.ndarray:
+    return np.asarray(a[field]).astype(dtype, copy=False)
+
+
+def _is_done(records: np.ndarray) -> np.ndarray:
+    if records.dtype.names is not None and "state" in records.dtype.names:
+        return np.asarray(records["state"] == STATE_DONE)
+    return np.ones(records.shape[0], dtype=bool)
+
+
+def _median_or_nan(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if x.size else float("nan")
+
+
+def _per_step(values: np.ndarray) -> float:
+    """Median over whole steps of the per-step sum; fallback per-position medians.
+
+    ``values`` is (steps, C) with NaN where a record is missing.
+    """
+    whole = ~np.isnan(values).any(axis=1)
+    if whole.any():
+        return float(np.median(values[whole].sum(axis=1)))
+    cols = ~np.isnan(values).all(axis=0)
+    if values.size == 0 or not cols.all():
+        return float("nan")
+    return float(np.nanmedian(values, axis=0).sum())
+
+
+class WindowSummarizer:
+    """Turns one rank's collective records on one communicator into RankWindows.
+
+    Feed it DONE records as the reader polls them (``feed``), tell it about
+    records the reader lost (``add_lost``), and collect complete windows with
+    ``take_windows``. Telemetry is attached by the daemon (``dataclasses.replace``).
+    """
+
+    def __init__(
+        self,
+        job: str,
+        comm: str,
+        rank: int,
+        nranks: int,
+        host: str,
+        window_steps: int = 50,
+        colls_per_step: int | None = None,
+        *,
+        clock_kind: int = CLOCK_DEVICE_NS,
+        tick_hz: float | None = None,
+        max_period: int = 64,
+        settle: int | None = None,
+        island: str | None = None,
+        hw_class: str | None = None,
+    ) -> None:
+        if window_steps < 1:
+            raise ValueError("window_steps must be >= 1")
+        if colls_per_step is not None and colls_per_step < 1:
+            raise ValueError("colls_per_step must be >= 1")
+        self.job, self.comm, self.rank, self.nranks, self.host = job, comm, rank, nranks, host
+        self.window_steps = window_steps
+        self.clock_kind = clock_kind
+        self.tick_hz = tick_hz if tick_hz else None
+        self.max_period = max_period
+        self.island, self.hw_class = island, hw_class
+        self._settle = settle
+        self._c: int | None = colls_per_step
+        self._recs = np.empty(0, dtype=_COLL_DT)
+        self._bridge = np.empty(0, dtype=_BRIDGE_DT)
+        self._next_window: int | None = None
+        self._floor = 0  # records below this coll_seq belong to emitted windows
+        self._min_seq: int | None = None
+        self._max_seq = -1
+        self._n_seen = 0  # distinct collective records accepted
+        self._reader_lost = 0
+        self._extra_reported = 0
+        self._dirty = False
+        self.late = 0  # records that arrived after their window was emitted
+
+    @property
+    def colls_per_step(self) -> int | None:
+        """Collectives per step: configured, inferred from what was fed, or None yet."""
+        self._infer()
+        return self._c
+
+    def add_lost(self, n: int) -> None:
+        """Records the reader reports lost (overwritten before it read them, or dropped)."""
+        if n > 0:
+            self._reader_lost += int(n)
+
+    def feed(self, records: np.ndarray) -> None:
+        """Add polled records (any kinds, any order); p2p and in-flight ones are ignored."""
+        if records.size == 0:
+            return
+        done = _is_done(records)
+        kind = np.asarray(records["kind"])
+        coll = records[done & (kind == KIND_COLL)]
+        bridge = records[done & (kind == KIND_BRIDGE)]
+        if bridge.size:
+            b = np.empty(bridge.size, dtype=_BRIDGE_DT)
+            b["coll_seq"] = _as_int(bridge, "coll_seq", "<i8")
+            b["peer"] = _as_int(bridge, "peer", "<i4")
+            b["clock"] = bridge["clock"]
+            b["start"], b["end"] = bridge["start"], bridge["end"]
+            b = b[b["coll_seq"] >= self._floor]
+            self._bridge = np.concatenate([self._bridge, b])
+        if coll.size == 0:
+            return
+        c = np.empty(coll.size, dtype=_COLL_DT)
+        c["coll_seq"] = _as_int(coll, "coll_seq", "<i8")
+        c["func"] = _as_int(coll, "func", "<i2")
+        c["clock"] = coll["clock"]
+        c["bytes"], c["start"], c["end"] = coll["bytes"], coll["start"], coll["end"]
+        # The record just below the floor is kept as the "previous" collective of
+        # the next window, so only strictly older ones are late.
+        keep = c["coll_seq"] >= self._floor - 1
+        self.late += int((~keep).sum())
+        c = c[keep]
+        if c.size == 0:
+            return
+        merged = np.concatenate([self._recs, c])
+        seqs, first = np.unique(merged["coll_seq"], return_index=True)  # sorted, deduped
+        self._n_seen += int(seqs.size - self._recs.size)
+        self._recs = merged[first]
+        self._min_seq = int(seqs[0]) if self._min_seq is None else min(self._min_seq, int(seqs[0]))
+        self._max_seq = max(self._max_seq, int(seqs[-1]))
+        if self._c is None and self._recs.size > _INFER_CAP:
+            self._recs = self._recs[-_INFER_CAP:]
+        self._dirty = True
+
+    def _infer(self) -> None:
+        if self._c is not None or not self._dirty or self._recs.size == 0:
+            return
+        self._dirty = False
+        first = int(self._recs["coll_seq"][0])
+        n = int(self._recs["coll_seq"][-1]) - first + 1
+        funcs = np.full(n, -1, dtype=np.int64)
+        sizes = np.zeros(n, dtype=np.int64)
+        idx = self._recs["coll_seq"] - first
+        funcs[idx] = self._recs["func"]
+        sizes[idx] = self._recs["bytes"].astype(np.int64)
+        self._c = infer_period(funcs, sizes, self.max_period)
+
+    def take_windows(self, final: bool = False) -> list[RankWindow]:
+        """Windows complete since the last call; with ``final`` also the partial last one."""
+        self._infer()
+        c = self._c
+        if c is None or self._recs.size == 0 or self._min_seq is None:
+            return []
+        span = self.window_steps * c
+        settle = c if self._settle is None else self._settle
+        if self._next_window is None:
+            self._next_window = max(self._min_seq, 0) // span
+        out: list[RankWindow] = []
+        while True:
+            w = self._next_window
+            lo, hi = w * span, (w + 1) * span
+            if lo > self._max_seq:
+                break
+            if not final and self._max_seq < hi - 1 + settle:
+                break
+            hi_eff = min(hi, self._max_seq + 1)
+            seqs = self._recs["coll_seq"]
+            a, b = np.searchsorted(seqs, [lo - 1, hi_eff])
+            window_recs = self._recs[a:b]
+            n_in = int((window_recs["coll_seq"] >= lo).sum())
+            if n_in:
+                out.append(self._summarize(w, lo, hi_eff, c, window_recs, n_in))
+            self._floor = hi_eff
+            # keep the window's last collective as the next one's "previous"
+            self._recs = self._recs[np.searchsorted(seqs, hi_eff - 1) :]
+            self._bridge = self._bridge[self._bridge["coll_seq"] >= hi_eff]
+            # jump over windows with no records at all (agent restart, big loss)
+            rest = self._recs["coll_seq"][self._recs["coll_seq"] >= hi_eff]
+            self._next_window = max(w + 1, int(rest[0]) // span) if rest.size else w + 1
+        return out
+
+    def flush(self) -> list[RankWindow]:
+        """The ring is finished: every window left, including a partial last one."""
+        return self.take_windows(final=True)
+
+    def _scale(self, clock: int) -> tuple[float, str]:
+        """ms per unit of the given record clock, and its label."""
+        if clock == REC_HOST or self.clock_kind == CLOCK_HOST:
+            return 1e-6, "host"
+        if self.clock_kind == CLOCK_DEVICE_TICKS:
+            if self.tick_hz:
+                return 1e3 / self.tick_hz, "device"
+            return 1e-6, "ticks"
+        return 1e-6, "device"
+
+    def _summarize(
+        self, w: int, lo: int, hi: int, c: int, recs: np.ndarray, n_in: int
+    ) -> RankWindow:
+        inside = recs[recs["coll_seq"] >= lo]
+        clocks = np.bincount(inside["clock"], minlength=2)
+        chosen = int(np.argmax(clocks))
+        scale, label = self._scale(chosen)
+        timed = recs[
+            (recs["clock"] == chosen) & (recs["start"] > 0) & (recs["end"] >= recs["start"])
+        ]
+        steps = -(-(hi - lo) // c)
+        n = steps * c + 1  # position 0 is collective lo-1
+        start = np.full(n, np.nan)
+        end = np.full(n, np.nan)
+        if timed.size:
+            base = min(int(timed["start"].min()), int(timed["end"].min()))
+            pos = timed["coll_seq"] - (lo - 1)
+            # subtract in integers first: device ns since the epoch lose precision as float
+            start[pos] = (timed["start"] - np.uint64(base)).astype(np.float64) * scale
+            end[pos] = (timed["end"] - np.uint64(base)).astype(np.float64) * scale
+        gaps = np.maximum(start[1:] - end[:-1], 0.0).reshape(steps, c)
+        durs = (end[1:] - start[1:]).reshape(steps, c)
+        step_times = np.diff(end[0::c])
+        lost_here = (hi - lo) - n_in
+        # reader losses not explained by any gap in coll_seq seen so far
+        gaps_seen = (self._max_seq - (self._min_seq or 0) + 1) - self._n_seen
+        extra = max(0, self._reader_lost - gaps_seen - self._extra_reported)
+        self._extra_reported += extra
+        return RankWindow(
+            job=self.job,
+            comm=self.comm,
+            rank=self.rank,
+            nranks=self.nranks,
+            host=self.host,
+            window=w,
+            step_lo=lo // c,
+            step_hi=lo // c + steps,
+            coll_lo=lo,
+            coll_hi=hi,
+            gap_ms=_per_step(gaps),
+            coll_ms=_per_step(durs),
+            step_ms=_median_or_nan(step_times),
+            collectives=n_in,
+            bytes=int(inside["bytes"].sum()),
+            lost=int(lost_here + extra),
+            clock=label,
+            island=self.island,
+            hw_class=self.hw_class,
+            **self._bridge_stats(lo, hi, c),
+        )
+
+    def _bridge_stats(self, lo: int, hi: int, c: int) -> dict[str, Any]:
+        b = self._bridge[(self._bridge["coll_seq"] >= lo) & (self._bridge["coll_seq"] < hi)]
+        b = b[(b["start"] > 0) & (b["end"] >= b["start"])]
+        if b.size == 0:
+            return {}
+        scales = np.array([self._scale(REC_HOST)[0], self._scale(REC_DEVICE)[0]])
+        dur = (b["end"] - b["start"]).astype(np.float64) * scales[np.minimum(b["clock"], 1)]
+        step = b["coll_seq"] // c - lo // c
+        per_step = np.bincount(step, weights=dur)
+        has = np.bincount(step) > 0
+        peers = b["peer"][b["peer"] >= 0]
+        peer = int(np.bincount(peers).argmax()) if peers.size else None
+        return {"bridge_ms": float(np.median(per_step[has])), "bridge_peer": peer}
+
+
+class RecentRecords:
+    """The last ``n`` records per key (e.g. (comm, rank)), for hang dumps.
+
+    Records with the same ``seq`` (an in-flight copy, later its DONE copy) are
+    kept once, the most recently added winning.
+    """
+
+    def __init__(self, n: int = 256) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self.n = n
+        self._by_key: dict[Hashable, np.ndarray] = {}
+
+    def add(self, key: Hashable, records: np.ndarray) -> None:
+        if records.size == 0:
+            return
+        old = self._by_key.get(key)
+        allr = records if old is None else np.concatenate([old, records.astype(old.dtype)])
+        # np.unique keeps the first occurrence: reverse so the newest copy wins
+        rev = allr[::-1]
+        _, idx = np.unique(rev["seq"], return_index=True)  # ascending seq
+        self._by_key[key] = rev[idx][-self.n :].copy()
+
+    def get(self, key: Hashable) -> np.ndarray | None:
+        """Records for ``key`` sorted by ``seq`` (None if none were added)."""
+        return self._by_key.get(key)
+
+    def keys(self) -> Iterable[Hashable]:
+        return self._by_key.keys()
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    @staticmethod
+    def to_dicts(records: np.ndarray) -> list[dict[str, Any]]:
+        """Plain Python dicts (JSON / msgpack ready) for a dump."""
+        names = records.dtype.names or ()
+        return [{k: r[k].item() for k in names} for r in records]
+
+
+def ring_position(
+    done: np.ndarray, inflight: np.ndarray, last_done: int = -1
+) -> tuple[int, int | None]:
+    """(last done coll_seq, collective the rank sits in) from polled records.
+
+    Only collectives count. ``last_done`` carries the value from earlier polls;
+    the rank sits in the oldest in-flight collective newer than it.
+    """
+    if done.size:
+        d = done[(np.asarray(done["kind"]) == KIND_COLL) & _is_done(done)]
+        if d.size:
+            last_done = max(last_done, int(d["coll_seq"].max()))
+    sitting: int | None = None
+    if inflight.size:
+        f = inflight["coll_seq"][
+            (np.asarray(inflight["kind"]) == KIND_COLL)
+            & (inflight["coll_seq"].astype(np.int64) > last_done)
+        ]
+        if f.size:
+            sitting = int(f.min())
+    return last_done, sitting
+
+
+class ProgressTracker:
+    """Where one rank stands, from the agent's own monotonic observations.
+
+    ``idle_s`` is the time since anything observed changed (last done, the
+    in-flight collective, or the ring's write index when given); ``inflight_s``
+    the time since the current in-flight collective was first seen.
+    """
+
+    def __init__(self, job: str, comm: str, rank: int, host: str) -> None:
+        self.job, self.comm, self.rank, self.host = job, comm, rank, host
+        self.last_done = -1
+        self._state: tuple[int, int | None, int | None] | None = None
+        self._changed_at = 0.0
+        self._inflight: int | None = None
+        self._inflight_since = 0.0
+
+    def observe(
+        self,
+        now: float,
+        last_done: int,
+        inflight: int | None,
+        finished: bool = False,
+        ring_index: int | None = None,
+    ) -> RankProgress:
+        self.last_done = max(self.last_done, last_done)
+        state = (self.last_done, inflight, ring_index)
+        if state != self._state:
+            self._state, self._changed_at = state, now
+        if inflight != self._inflight:
+            self._inflight, self._inflight_since = inflight, now
+        return RankProgress(
+            job=self.job,
+            comm=self.comm,
+            rank=self.rank,
+            host=self.host,
+            last_done=self.last_done,
+            inflight=inflight,
+            inflight_s=0.0 if inflight is None else max(0.0, now - self._inflight_since),
+            idle_s=max(0.0, now - self._changed_at),
+            finished=finished,
+        )
+
+    def update(
+        self,
+        now: float,
+        done: np.ndarray,
+        inflight: np.ndarray,
+        finished: bool = False,
+        ring_index: int | None = None,
+    ) -> RankProgress:
+        """``observe`` from this poll's DONE and in-flight records."""
+        last, sitting = ring_position(done, inflight, self.last_done)
+        return self.observe(now, last, sitting, finished, ring_index)
