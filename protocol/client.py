@@ -1,0 +1,440 @@
+"""AgentLink: the agent's uplink to the coordinator (asyncio shell over AgentSession).
+
+Callers hand data messages to ``enqueue``/``send``; they go into the Outbox
+(seq assigned there) and are sent whenever a connection is up. The link
+connects, runs the handshake, resends what the coordinator does not have yet,
+applies acks, runs incoming Control through ``on_control`` and acks it, and on
+any loss reconnects with jittered exponential back-off. A refusal (other major
+version, wrong secret) is logged as one clear ERROR and retried with the same
+back-off, so a misconfigured fleet never spins against the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from artemis.protocol.codec import DEFAULT_MAX_FRAME, FrameDecoder, encode
+from artemis.protocol.messages import PROTOCOL_VERSION, Control, Message, ProtocolError
+from artemis.protocol.session import (
+    Acked,
+    AgentIdentity,
+    AgentSession,
+    BadFrame,
+    Close,
+    ControlReceived,
+    Effect,
+    Established,
+    Outbox,
+    PeerError,
+    Refused,
+    Send,
+)
+from artemis.protocol.transport import ChannelClosed, FrameChannel, Transport
+
+log = structlog.get_logger("artemis.protocol.client")
+
+# What on_control may return: True/None = applied, False = refused,
+# (ok, detail) to explain. An exception counts as (False, repr(exc)).
+ControlResult = bool | tuple[bool, str] | None
+ControlHandler = Callable[[Control], Awaitable[ControlResult]]
+
+
+@dataclass
+class LinkStats:
+    connected: bool = False
+    buffered: int = 0  # data messages not yet acked
+    dropped: int = 0  # data messages dropped because the outbox was full
+    reconnects: int = 0  # established connections after the first
+    connect_attempts: int = 0
+    sent_frames: int = 0
+    resent_frames: int = 0  # frames sent again after a reconnect
+    acked_upto: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)
+    last_error: str | None = None
+    peer_version: tuple[int, int] | None = None
+
+
+class _Refusal(Exception):
+    def __init__(self, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
+        self.text = text
+
+
+@dataclass
+class Backoff:
+    """Jittered exponential back-off: attempt n waits uniform(d/2, d), d = min(cap, base * 2**n).
+
+    The lower half-bound guarantees a minimum wait (no spinning); the jitter
+    spreads a fleet of agents reconnecting after a coordinator restart.
+    """
+
+    base: float = 0.2
+    cap: float = 30.0
+    rng: random.Random = field(default_factory=random.Random)
+    attempt: int = 0
+
+    def next_delay(self) -> float:
+        d = min(self.cap, self.base * (2.0 ** min(self.attempt, 62)))
+        self.attempt += 1
+        return self.rng.uniform(d / 2, d)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class AgentLink:
+    """The agent's reconnecting, resending, authenticated uplink."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        address: str,
+        secret: bytes,
+        identity: AgentIdentity,
+        on_control: ControlHandler | None = None,
+        *,
+        outbox_capacity: int = 10_000,
+        outbox_max_bytes: int = 64 * 1024 * 1024,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 30.0,
+        healthy_s: float = 5.0,
+        handshake_timeout: float = 10.0,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        version: tuple[int, int] = PROTOCOL_VERSION,
+        rng: random.Random | None = None,
+        refusal_log_interval_s: float = 60.0,
+    ) -> None:
+        self.transport = transport
+        self.address = address
+        self.identity = identity
+        self.on_control = on_control
+        self.version = version
+        self.max_frame = max_frame
+        self.handshake_timeout = handshake_timeout
+        self.healthy_s = healthy_s
+        self.refusal_log_interval_s = refusal_log_interval_s
+        self.settings: dict[str, Any] = {}
+        self._secret = secret
+        self._outbox = Outbox(
+            outbox_capacity, outbox_max_bytes, version=version, max_frame=max_frame
+        )
+        self._backoff = Backoff(backoff_base, backoff_cap, rng or random.Random())
+        self._stats = LinkStats()
+        self._data = asyncio.Event()  # new data in the outbox
+        self._acked = asyncio.Event()  # pulsed on every ack / drop
+        self._connected = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._dropped_seqs_max = 0  # highest seq ever dropped (for wait_acked)
+        self._dropped_seqs: set[int] = set()
+        self._highest_sent = 0
+        self._established_once = False
+        self._channel: FrameChannel | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_refusal_log: dict[tuple[str, str], float] = {}
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def stats(self) -> LinkStats:
+        s = self._stats
+        s.buffered = self._outbox.buffered
+        s.dropped = self._outbox.dropped
+        s.acked_upto = self._outbox.acked_upto
+        return s
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def enqueue(self, msg: Message) -> int:
+        """Queue a data message (Windows, Heartbeat, Dump); returns its seq.
+
+        Never blocks. Raises ProtocolError("oversize") for a message that
+        cannot fit one frame (split it) and TypeError for non-data messages.
+        """
+        seq, dropped = self._outbox.add(msg)
+        if dropped:
+            self._dropped_seqs.update(dropped)
+            self._dropped_seqs_max = max(self._dropped_seqs_max, dropped[-1])
+            if len(self._dropped_seqs) > 100_000:
+                # Only recent drops matter to waiters; keep the set bounded.
+                self._dropped_seqs = {s for s in self._dropped_seqs if s >= dropped[0]}
+            log.warning(
+                "outbox full, dropped oldest data messages",
+                dropped=len(dropped),
+                dropped_total=self._outbox.dropped,
+                buffered=self._outbox.buffered,
+            )
+            self._acked.set()
+        self._data.set()
+        return seq
+
+    async def send(self, msg: Message, *, wait: bool = False, timeout: float | None = None) -> int:
+        """``enqueue``; with ``wait`` also wait until acked (raises TimeoutError on timeout)."""
+        seq = self.enqueue(msg)
+        if wait and not await self.wait_acked(seq, timeout):
+            raise TimeoutError(f"data message {seq} was dropped before it was acknowledged")
+        return seq
+
+    async def wait_acked(self, seq: int, timeout: float | None = None) -> bool:
+        """True once the coordinator acked ``seq``; False if it was dropped from the outbox."""
+
+        async def _wait() -> bool:
+            while True:
+                if seq in self._dropped_seqs:
+                    return False
+                if self._outbox.acked_upto >= seq:
+                    return True
+                self._acked.clear()
+                await self._acked.wait()
+
+        return await asyncio.wait_for(_wait(), timeout)
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    def start(self) -> asyncio.Task[None]:
+        """Run the link in a background task (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"agent-link-{self.address}")
+        return self._task
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop: first wait up to ``timeout`` for the outbox to be acked, then disconnect."""
+        if self._task is not None and not self._task.done() and self.connected:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._drained(), timeout)
+        self._stop.set()
+        ch = self._channel
+        if ch is not None:
+            await ch.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._outbox.buffered:
+            log.warning("closing with unacknowledged data", buffered=self._outbox.buffered)
+
+    async def _drained(self) -> None:
+        while self._outbox.buffered:
+            self._acked.clear()
+            await self._acked.wait()
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect until ``close()``."""
+        while not self._stop.is_set():
+            self._stats.connect_attempts += 1
+            healthy = False
+            try:
+                ch = await self.transport.connect(self.address)
+            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
+                self._stats.last_error = f"connect to {self.address} failed: {e}"
+                log.debug("connect failed", address=self.address, error=str(e))
+            else:
+                self._channel = ch
+                try:
+                    healthy = await self._serve(ch)
+                except _Refusal as r:
+                    self._refused(r)
+                except ChannelClosed as e:
+                    self._stats.last_error = str(e) or "connection closed"
+                except asyncio.TimeoutError:
+                    self._stats.last_error = "handshake timed out"
+                    log.warning("handshake timed out", address=self.address)
+                finally:
+                    self._connected.clear()
+                    self._stats.connected = False
+                    self._channel = None
+                    await ch.close()
+            if self._stop.is_set():
+                break
+            if healthy:
+                self._backoff.reset()
+            delay = self._backoff.next_delay()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+
+    def _refused(self, r: _Refusal) -> None:
+        self._stats.refusals[r.reason] = self._stats.refusals.get(r.reason, 0) + 1
+        self._stats.last_error = r.text
+        key = (r.reason, r.text)
+        now = time.monotonic()
+        last = self._last_refusal_log.get(key)
+        # One ERROR per distinct refusal per interval: loud once, never a flood.
+        if last is None or now - last >= self.refusal_log_interval_s:
+            self._last_refusal_log[key] = now
+            log.error(
+                "coordinator connection refused",
+                reason=r.reason,
+                detail=r.text,
+                address=self.address,
+                retry="with back-off",
+            )
+
+    async def _serve(self, ch: FrameChannel) -> bool:
+        """One connection: handshake, then traffic until it ends. True if it was healthy."""
+        session = AgentSession(self._secret, self.identity, version=self.version)
+        decoder = FrameDecoder(self.max_frame, version=self.version)
+        await ch.send(encode(session.hello(), version=self.version, max_frame=self.max_frame))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handshake_timeout
+        established: Established | None = None
+        while established is None:
+            frame = await asyncio.wait_for(ch.recv(), max(0.0, deadline - loop.time()))
+            for item in decoder.feed(frame):
+                for eff in session.receive(item):
+                    if isinstance(eff, Established):
+                        established = eff
+                    elif isinstance(eff, Send):
+                        await ch.send(encode(eff.msg, version=self.version))
+                    elif isinstance(eff, Refused):
+                        raise _Refusal(eff.reason, eff.text)
+            if decoder.poisoned:
+                raise _Refusal("protocol", "coordinator sent an oversize frame")
+        return await self._established(ch, session, decoder, established)
+
+    async def _established(
+        self,
+        ch: FrameChannel,
+        session: AgentSession,
+        decoder: FrameDecoder,
+        est: Established,
+    ) -> bool:
+        self._outbox.ack(est.upto)
+        self.settings = est.settings
+        self._stats.peer_version = est.peer_version
+        if self._established_once:
+            self._stats.reconnects += 1
+        self._established_once = True
+        self._stats.connected = True
+        self._connected.set()
+        self._acked.set()
+        log.info(
+            "connected to coordinator",
+            address=self.address,
+            coordinator=est.coordinator_id,
+            peer_version=f"{est.peer_version[0]}.{est.peer_version[1]}",
+            resend=self._outbox.buffered,
+        )
+        started = asyncio.get_running_loop().time()
+        controls: asyncio.Queue[Control] = asyncio.Queue()
+        sender = asyncio.create_task(self._sender(ch))
+        worker = asyncio.create_task(self._control_worker(ch, session, controls))
+        recv: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                recv = asyncio.ensure_future(ch.recv())
+                done, _ = await asyncio.wait({recv, sender}, return_when=asyncio.FIRST_COMPLETED)
+                if recv not in done:
+                    # The sender only ends by raising (channel gone).
+                    sender.result()
+                    break
+                frame = recv.result()
+                for item in decoder.feed(frame):
+                    for eff in session.receive(item):
+                        if not self._apply(eff, controls):
+                            return self._healthy(started)
+                if decoder.poisoned:
+                    return self._healthy(started)
+        except ChannelClosed as e:
+            self._stats.last_error = str(e) or "connection closed"
+            log.warning("lost connection to coordinator", address=self.address, error=str(e))
+        finally:
+            tasks: list[asyncio.Future[Any]] = [sender, worker]
+            if recv is not None:
+                tasks.append(recv)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return self._healthy(started)
+
+    def _healthy(self, started: float) -> bool:
+        return asyncio.get_running_loop().time() - started >= self.healthy_s
+
+    def _apply(self, eff: Effect, controls: asyncio.Queue[Control]) -> bool:
+        """Carry out one effect of an established session; False = close the connection."""
+        if isinstance(eff, Acked):
+            self._outbox.ack(eff.upto)
+            self._acked.set()
+        elif isinstance(eff, ControlReceived):
+            controls.put_nowait(eff.control)
+        elif isinstance(eff, BadFrame):
+            log.warning(
+                "bad frame from coordinator", reason=eff.error.reason, detail=eff.error.text
+            )
+        elif isinstance(eff, PeerError):
+            log.warning("coordinator reported an error", code=eff.error.code, text=eff.error.text)
+        elif isinstance(eff, Refused | Close):
+            self._stats.last_error = eff.text
+            log.warning("coordinator closed the session", reason=eff.reason, detail=eff.text)
+            return False
+        return True
+
+    async def _sender(self, ch: FrameChannel) -> None:
+        next_seq = self._outbox.first_seq
+        while True:
+            self._data.clear()
+            sent_any = False
+            for seq, frame in list(self._outbox.frames_from(next_seq)):
+                await ch.send(frame)
+                self._stats.sent_frames += 1
+                if seq <= self._highest_sent:
+                    self._stats.resent_frames += 1
+                else:
+                    self._highest_sent = seq
+                next_seq = seq + 1
+                sent_any = True
+            if next_seq < self._outbox.first_seq:
+                # Dropped while we were away from the loop: skip the gap.
+                next_seq = self._outbox.first_seq
+            if not sent_any:
+                await self._data.wait()
+
+    async def _control_worker(
+        self, ch: FrameChannel, session: AgentSession, controls: asyncio.Queue[Control]
+    ) -> None:
+        # One at a time and in order: plans and settings must apply in the
+        # order the coordinator sent them.
+        while True:
+            ctl = await controls.get()
+            ok, detail = await self._run_control(ctl)
+            ack = session.control_result(ctl.control_id, ok, detail)
+            await ch.send(encode(ack, version=self.version))
+
+    async def _run_control(self, ctl: Control) -> tuple[bool, str]:
+        if self.on_control is None:
+            return False, "this agent does not accept control messages"
+        try:
+            res = await self.on_control(ctl)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("control handler failed", action=ctl.action, control_id=ctl.control_id)
+            return False, f"{type(e).__name__}: {e}"
+        if res is None:
+            return True, ""
+        if isinstance(res, bool):
+            return res, ""
+        return bool(res[0]), str(res[1])
+
+
+__all__ = [
+    "AgentIdentity",
+    "AgentLink",
+    "Backoff",
+    "ControlHandler",
+    "ControlResult",
+    "LinkStats",
+    "ProtocolError",
+]

@@ -1,0 +1,508 @@
+"""ProtocolServer: the coordinator's ingress (asyncio shell over CoordinatorSession).
+
+One task per connection runs the handshake and then the traffic. Every frame
+is validated by the codec before anything else sees it; a bad frame is
+answered with an Error naming the problem, counted by reason and dropped (a
+poisoned stream is closed), and never reaches the app. Data messages are
+deduplicated on (agent, seq) and acked only after the app's ``on_message``
+returned, so an ack means "the app has it".
+
+If the same agent connects again while its old connection is still open (a
+half-open socket the agent gave up on), the old connection is closed and the
+new one waits for the old handler to finish before it takes data, so one
+agent's messages are never handed over by two tasks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from artemis.protocol.codec import DEFAULT_MAX_FRAME, FrameDecoder, encode
+from artemis.protocol.messages import (
+    PROTOCOL_VERSION,
+    Ack,
+    DataMessage,
+    Error,
+    Message,
+    RankInfo,
+)
+from artemis.protocol.session import (
+    BadFrame,
+    Close,
+    ControlAcked,
+    CoordinatorSession,
+    Deliver,
+    Duplicate,
+    Effect,
+    PeerError,
+    PeerEstablished,
+    Refused,
+    Send,
+    SeqTracker,
+)
+from artemis.protocol.transport import ChannelClosed, FrameChannel, Listener, Transport
+
+log = structlog.get_logger("artemis.protocol.server")
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """An authenticated agent connection, as the app sees it."""
+
+    agent_id: str
+    host: str
+    agent_version: str
+    incarnation: str
+    ranks: tuple[RankInfo, ...]
+    address: str  # transport peer address, for logs
+    version: tuple[int, int]  # the agent's protocol version
+    connected_at: float  # wall-clock time.time() of the handshake
+    conn_id: int  # unique per connection in this server
+
+
+class App(Protocol):
+    """What the server needs from the coordinator.
+
+    Optional extras, called when present: ``on_connect(peer)`` and
+    ``on_control_ack(peer, ack)`` (each may be sync or async).
+    """
+
+    async def on_message(self, peer: PeerInfo, msg: Message) -> None: ...
+
+    def on_disconnect(self, peer: PeerInfo) -> Any: ...
+
+
+@dataclass
+class ProtocolStats:
+    """Plain counters; the coordinator exports them as Prometheus metrics."""
+
+    frames_total: int = 0  # frames received (good or bad)
+    bad_frames_total: dict[str, int] = field(default_factory=dict)  # by reason
+    refused_peers_total: dict[str, int] = field(default_factory=dict)  # by reason
+    connections: int = 0  # open right now
+    connections_total: int = 0  # accepted since start
+    established: int = 0  # authenticated right now
+    reconnects: int = 0  # authenticated connections of an agent seen before
+    delivered_total: int = 0  # data messages handed to the app
+    duplicates_total: int = 0  # resent data already handed over (re-acked, not delivered)
+    app_errors_total: int = 0  # on_message raised (logged; the message counts as handed over)
+    controls_sent_total: int = 0
+    control_acks_total: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["bad_frames_total"] = dict(self.bad_frames_total)
+        d["refused_peers_total"] = dict(self.refused_peers_total)
+        return d
+
+
+class NotConnected(LookupError):
+    """No authenticated connection for that agent right now."""
+
+
+def _bump(d: dict[str, int], key: str) -> None:
+    d[key] = d.get(key, 0) + 1
+
+
+async def _maybe_await(v: Any) -> None:
+    if inspect.isawaitable(v):
+        await v
+
+
+class _Conn:
+    __slots__ = (
+        "ack_event",
+        "ack_upto",
+        "ch",
+        "done",
+        "id",
+        "peer",
+        "send_lock",
+        "session",
+        "superseded",
+    )
+
+    def __init__(self, conn_id: int, ch: FrameChannel, session: CoordinatorSession) -> None:
+        self.id = conn_id
+        self.ch = ch
+        self.session = session
+        self.peer: PeerInfo | None = None
+        self.done = asyncio.Event()
+        self.superseded = False
+        self.send_lock = asyncio.Lock()
+        self.ack_upto = -1
+        self.ack_event = asyncio.Event()
+
+
+class ProtocolServer:
+    """Authenticated, validating, deduplicating ingress for agents."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        address: str,
+        secret: bytes,
+        app: App,
+        *,
+        coordinator_id: str = "coordinator",
+        settings: dict[str, Any] | None = None,
+        tracker: SeqTracker | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        handshake_timeout: float = 10.0,
+        supersede_timeout: float = 10.0,
+        version: tuple[int, int] = PROTOCOL_VERSION,
+    ) -> None:
+        self.transport = transport
+        self.listen_address = address
+        self.app = app
+        self.coordinator_id = coordinator_id
+        self.settings = settings or {}
+        # Pass the same tracker to a new server to keep dedup across a restart
+        # of the listener inside one coordinator process.
+        self.tracker = tracker if tracker is not None else SeqTracker()
+        self.max_frame = max_frame
+        self.handshake_timeout = handshake_timeout
+        self.supersede_timeout = supersede_timeout
+        self.version = version
+        self.stats = ProtocolStats()
+        self._secret = secret
+        self._listener: Listener | None = None
+        self._conns: set[_Conn] = set()
+        self._by_agent: dict[str, _Conn] = {}
+        self._seen_agents: set[str] = set()
+        self._next_conn = 0
+        self._controls: dict[str, tuple[_Conn, asyncio.Future[Ack]]] = {}
+        self._control_done: OrderedDict[str, asyncio.Future[Ack]] = OrderedDict()
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> str:
+        """Listen; returns the bound address (with the real port when 0 was asked)."""
+        self._closing = False
+        self._listener = await self.transport.listen(self.listen_address, self._handle)
+        log.info("protocol server listening", address=self._listener.address)
+        return self._listener.address
+
+    @property
+    def address(self) -> str:
+        if self._listener is None:
+            raise RuntimeError("server is not listening; call start() first")
+        return self._listener.address
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop: close every connection (letting a running ``on_message`` finish), then listen no more.
+
+        Un-acked data stays in the agents' outboxes and is resent to whoever
+        listens next; pending control results fail with ChannelClosed.
+        """
+        self._closing = True
+        conns = list(self._conns)
+        for c in conns:
+            await c.ch.close()
+        if conns:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(c.done.wait() for c in conns)), timeout)
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+        for cid, (_, fut) in list(self._controls.items()):
+            _fail(fut, "server closed before the agent acked")
+            self._finish_control(cid)
+
+    async def __aenter__(self) -> ProtocolServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def peers(self) -> dict[str, PeerInfo]:
+        """Authenticated agents connected right now, by agent_id."""
+        return {a: c.peer for a, c in self._by_agent.items() if c.peer is not None}
+
+    # ------------------------------------------------------------------ control
+
+    async def send_control(
+        self, agent_id: str, action: str, body: dict[str, Any] | None = None
+    ) -> str:
+        """Send a Control to a connected agent; returns its control_id.
+
+        Control is not buffered: if the agent is not connected, NotConnected is
+        raised and the caller decides whether to retry later. The agent's Ack
+        arrives through ``control_result(control_id)`` and, when the app has
+        one, ``app.on_control_ack(peer, ack)``.
+        """
+        conn = self._by_agent.get(agent_id)
+        if conn is None or conn.peer is None:
+            raise NotConnected(f"agent {agent_id!r} is not connected")
+        ctl = conn.session.control(action, body)
+        fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._controls[ctl.control_id] = (conn, fut)
+        try:
+            await self._send(conn, ctl)
+        except ChannelClosed:
+            self._controls.pop(ctl.control_id, None)
+            raise NotConnected(f"agent {agent_id!r} disconnected") from None
+        self.stats.controls_sent_total += 1
+        return ctl.control_id
+
+    async def control_result(self, control_id: str, timeout: float | None = None) -> Ack:
+        """The agent's Ack for a control; raises ChannelClosed if it disconnected first."""
+        entry = self._controls.get(control_id)
+        fut = entry[1] if entry is not None else self._control_done.get(control_id)
+        if fut is None:
+            raise KeyError(f"unknown control_id {control_id!r}")
+        return await asyncio.wait_for(asyncio.shield(fut), timeout)
+
+    def _finish_control(self, control_id: str) -> None:
+        entry = self._controls.pop(control_id, None)
+        if entry is not None:
+            self._control_done[control_id] = entry[1]
+            # Results nobody asked for must not pile up forever.
+            while len(self._control_done) > 1024:
+                _, old = self._control_done.popitem(last=False)
+                if not old.done():
+                    old.cancel()
+
+    # ------------------------------------------------------------------ connections
+
+    async def _send(self, conn: _Conn, msg: Message) -> None:
+        frame = encode(msg, version=self.version, max_frame=self.max_frame)
+        async with conn.send_lock:
+            await conn.ch.send(frame)
+
+    async def _handle(self, ch: FrameChannel) -> None:
+        self._next_conn += 1
+        session = CoordinatorSession(
+            self._secret,
+            self.tracker,
+            coordinator_id=self.coordinator_id,
+            settings=self.settings,
+            version=self.version,
+        )
+        conn = _Conn(self._next_conn, ch, session)
+        decoder = FrameDecoder(self.max_frame, version=self.version)
+        self._conns.add(conn)
+        self.stats.connections += 1
+        self.stats.connections_total += 1
+        acker: asyncio.Task[None] | None = None
+        try:
+            if self._closing:
+                return
+            if not await self._handshake(conn, decoder):
+                return
+            acker = asyncio.create_task(self._acker(conn))
+            await self._traffic(conn, decoder)
+        except ChannelClosed:
+            pass
+        except Exception:
+            log.exception("connection failed", peer=ch.peer, conn=conn.id)
+        finally:
+            trunc = decoder.eof()
+            if trunc is not None:
+                self._count_bad(conn, trunc.reason, trunc.text)
+            if acker is not None:
+                acker.cancel()
+                await asyncio.gather(acker, return_exceptions=True)
+            await self._cleanup(conn)
+
+    async def _handshake(self, conn: _Conn, decoder: FrameDecoder) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handshake_timeout
+        while True:
+            left = deadline - loop.time()
+            try:
+                frame = await asyncio.wait_for(conn.ch.recv(), max(0.0, left))
+            except asyncio.TimeoutError:
+                self._refuse(conn, "timeout", "handshake not finished in time")
+                with contextlib.suppress(ChannelClosed):
+                    err = Error(code="timeout", text="handshake not finished in time", fatal=True)
+                    await self._send(conn, err)
+                return False
+            self.stats.frames_total += 1
+            for item in decoder.feed(frame):
+                for eff in conn.session.receive(item):
+                    if isinstance(eff, Send):
+                        await self._send(conn, eff.msg)
+                    elif isinstance(eff, BadFrame):
+                        self._count_bad(conn, eff.error.reason, eff.error.text)
+                    elif isinstance(eff, Refused):
+                        self._refuse(conn, eff.reason, eff.text)
+                        return False
+                    elif isinstance(eff, PeerEstablished):
+                        await self._established(conn, eff)
+                        return True
+
+    def _refuse(self, conn: _Conn, reason: str, text: str) -> None:
+        _bump(self.stats.refused_peers_total, reason)
+        log.warning("peer refused", peer=conn.ch.peer, reason=reason, detail=text)
+
+    def _count_bad(self, conn: _Conn, reason: str, text: str) -> None:
+        _bump(self.stats.bad_frames_total, reason)
+        agent = conn.peer.agent_id if conn.peer else None
+        log.warning("bad frame", peer=conn.ch.peer, agent=agent, reason=reason, detail=text)
+
+    async def _established(self, conn: _Conn, eff: PeerEstablished) -> None:
+        hello = eff.hello
+        old = self._by_agent.get(hello.agent_id)
+        if old is not None and old is not conn:
+            old.superseded = True
+            log.info("agent reconnected; closing its previous connection", agent=hello.agent_id)
+            with contextlib.suppress(ChannelClosed):
+                await self._send(
+                    old, Error(code="superseded", text="a newer connection replaced this one")
+                )
+            await old.ch.close()
+            try:
+                await asyncio.wait_for(old.done.wait(), self.supersede_timeout)
+            except asyncio.TimeoutError:
+                log.error(
+                    "previous connection still busy in the app; proceeding",
+                    agent=hello.agent_id,
+                )
+        self._by_agent[hello.agent_id] = conn
+        if hello.agent_id in self._seen_agents:
+            self.stats.reconnects += 1
+        self._seen_agents.add(hello.agent_id)
+        conn.peer = PeerInfo(
+            agent_id=hello.agent_id,
+            host=hello.host,
+            agent_version=hello.agent_version,
+            incarnation=hello.incarnation,
+            ranks=hello.ranks,
+            address=conn.ch.peer,
+            version=hello.version,
+            connected_at=time.time(),
+            conn_id=conn.id,
+        )
+        self.stats.established += 1
+        await self._send(conn, conn.session.confirm())
+        log.info(
+            "agent connected",
+            agent=hello.agent_id,
+            host=hello.host,
+            peer=conn.ch.peer,
+            version=f"{hello.version[0]}.{hello.version[1]}",
+            ranks=len(hello.ranks),
+        )
+        on_connect = getattr(self.app, "on_connect", None)
+        if on_connect is not None:
+            await _maybe_await(on_connect(conn.peer))
+
+    async def _traffic(self, conn: _Conn, decoder: FrameDecoder) -> None:
+        while not conn.superseded:
+            frame = await conn.ch.recv()
+            self.stats.frames_total += 1
+            for item in decoder.feed(frame):
+                for eff in conn.session.receive(item):
+                    if not await self._apply(conn, eff):
+                        return
+                    if conn.superseded:
+                        return
+
+    async def _apply(self, conn: _Conn, eff: Effect) -> bool:
+        assert conn.peer is not None
+        if isinstance(eff, Deliver):
+            await self._deliver(conn, eff.msg)
+        elif isinstance(eff, Send):
+            await self._send(conn, eff.msg)
+        elif isinstance(eff, Duplicate):
+            self.stats.duplicates_total += 1
+        elif isinstance(eff, ControlAcked):
+            self._control_acked(conn, eff.ack)
+        elif isinstance(eff, BadFrame):
+            self._count_bad(conn, eff.error.reason, eff.error.text)
+        elif isinstance(eff, PeerError):
+            log.warning(
+                "agent reported an error",
+                agent=conn.peer.agent_id,
+                code=eff.error.code,
+                text=eff.error.text,
+            )
+        elif isinstance(eff, Close | Refused):
+            log.warning("closing connection", agent=conn.peer.agent_id, reason=eff.reason)
+            return False
+        return True
+
+    async def _deliver(self, conn: _Conn, msg: DataMessage) -> None:
+        assert conn.peer is not None
+        try:
+            await self.app.on_message(conn.peer, msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Retrying a message the app chokes on would wedge the agent's
+            # outbox forever; count it, log it, and treat it as handed over.
+            self.stats.app_errors_total += 1
+            log.exception(
+                "app failed on a message", agent=conn.peer.agent_id, type=msg.TYPE, seq=msg.seq
+            )
+        self.stats.delivered_total += 1
+        conn.ack_upto = conn.session.delivered(msg)
+        conn.ack_event.set()
+
+    async def _acker(self, conn: _Conn) -> None:
+        # Acks are coalesced: while one is being written, later deliveries only
+        # raise ``ack_upto``, and the next write covers them all.
+        sent = -1
+        while True:
+            await conn.ack_event.wait()
+            conn.ack_event.clear()
+            if conn.ack_upto > sent:
+                sent = conn.ack_upto
+                await self._send(conn, conn.session.ack(sent))
+
+    def _control_acked(self, conn: _Conn, ack: Ack) -> None:
+        assert conn.peer is not None and ack.control_id is not None
+        self.stats.control_acks_total += 1
+        entry = self._controls.get(ack.control_id)
+        if entry is not None and not entry[1].done():
+            entry[1].set_result(ack)
+            self._finish_control(ack.control_id)
+        cb = getattr(self.app, "on_control_ack", None)
+        if cb is not None:
+            res = cb(conn.peer, ack)
+            if inspect.isawaitable(res):
+                task = asyncio.ensure_future(res)
+                task.add_done_callback(_log_task_error)
+
+    async def _cleanup(self, conn: _Conn) -> None:
+        self._conns.discard(conn)
+        self.stats.connections -= 1
+        await conn.ch.close()
+        for cid, (c, fut) in list(self._controls.items()):
+            if c is conn:
+                _fail(fut, "agent disconnected before acking the control")
+                self._finish_control(cid)
+        peer = conn.peer
+        if peer is not None:
+            self.stats.established -= 1
+            if self._by_agent.get(peer.agent_id) is conn:
+                del self._by_agent[peer.agent_id]
+            log.info("agent disconnected", agent=peer.agent_id, peer=conn.ch.peer)
+            try:
+                await _maybe_await(self.app.on_disconnect(peer))
+            except Exception:
+                log.exception("app on_disconnect failed", agent=peer.agent_id)
+        conn.done.set()
+
+
+def _fail(fut: asyncio.Future[Ack], text: str) -> None:
+    if not fut.done():
+        fut.set_exception(ChannelClosed(text))
+        # Mark it retrieved: nobody may ever ask for this result, and asyncio
+        # would log the exception at garbage collection otherwise.
+        fut.exception()
+
+
+def _log_task_error(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("app callback failed", error=repr(task.exception()))
