@@ -130,16 +130,20 @@ class LockstepModel:
         return None
 
     def window(self, w: int, samples: np.ndarray | None = None) -> WindowTimes:
-        """Times for window w. `samples` (per rank, per step) scales compute when the
-        job honours a rebalance plan; None = the uniform split."""
+        """Times for window w. `samples` ([steps, ranks] or [ranks]) scales compute
+        when the job honours a rebalance plan; None = the uniform split."""
         sc = self.sc
         S, R, K = sc.window_steps, sc.ranks, self.colls_per_step
         comp_slow, xfer_slow, link_slow = self.slowdowns(w)
         uniform = sc.global_batch / sc.ranks
-        share = np.ones(R) if samples is None else np.asarray(samples, float) / uniform
-        base = sc.step_ms / self.speed * (1.0 + comp_slow) * share  # [R]
+        share = (
+            np.ones((S, R))
+            if samples is None
+            else np.broadcast_to(np.asarray(samples, float) / uniform, (S, R))
+        )
+        base = sc.step_ms / self.speed * (1.0 + comp_slow)  # [R]
         noise = self.rng.standard_normal((S, R))
-        compute = base[None, :] * np.clip(1.0 + sc.noise * noise, 0.2, None)  # [S, R]
+        compute = base[None, :] * share * np.clip(1.0 + sc.noise * noise, 0.2, None)  # [S, R]
         weights = np.array([p.weight for p in self.pattern])
         transfer_ms = (
             sc.step_ms * TRANSFER_FRAC * np.array([p.transfer_share for p in self.pattern])

@@ -1,0 +1,50 @@
+"""The coordinator's settings: TOML file (deploy/coordinator.toml documents every key), then flags.
+
+The `[detector]` table holds the detector's tunables (thresholds, hardware
+classes, rebalance mode and bounds); they are validated by
+`artemis.coordinator.settings.Settings` and can be changed while running with
+`artemis-coordinator set KEY VALUE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from artemis.protocol.tomlfile import ConfigError
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    cert: str = ""  # server certificate
+    key: str = ""
+    ca: str = ""  # CA to verify agents' client certificates (mutual TLS), optional
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    listen: str = "0.0.0.0:7470"
+    metrics_port: int = 9464  # 0 = no metrics server
+    metrics_addr: str = "0.0.0.0"
+    jsonl: str = "findings.jsonl"
+    plans_jsonl: str = "plans.jsonl"
+    secret_file: str = "/etc/artemis/secret"
+    control_socket: str = "/run/artemis/coordinator.sock"  # for `artemis-coordinator set`
+    transport: str = "tcp"  # tcp | rdma
+    assembly_deadline_s: float = 5.0  # a window is scored without the ranks absent this long
+    tick_s: float = 0.25
+    dump_wait_s: float = 5.0  # how long a hang finding waits for the agents' dumps
+    log_json: bool = False
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    detector: dict[str, Any] = field(default_factory=dict)
+
+    def validated(self) -> CoordinatorConfig:
+        if self.transport not in ("tcp", "rdma"):
+            raise ConfigError(f"transport: expected 'tcp' or 'rdma', got {self.transport!r}")
+        if ":" not in self.listen:
+            raise ConfigError(f"listen: expected HOST:PORT, got {self.listen!r}")
+        if not (0 <= self.metrics_port < 65536):
+            raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
+        if self.assembly_deadline_s <= 0:
+            raise ConfigError("assembly_deadline_s must be > 0")
+        return self

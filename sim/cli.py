@@ -1,0 +1,151 @@
+"""`artemis`: run the simulated cluster (`artemis sim`) or watch it live (`artemis demo`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from artemis.sim.scenario import ScenarioError
+
+app = typer.Typer(
+    help=(
+        "Artemis on a simulated cluster: real plugin, agents and coordinator, simulated GPUs.\n\n"
+        "  artemis demo                      the flagship job live (a straggler appears at "
+        "window 16)\n"
+        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+
+
+def _setup_logs(json_logs: bool = False) -> None:
+    from artemis.protocol.logs import setup_logging
+
+    setup_logging(json_logs=json_logs)
+
+
+@app.command()
+def sim(
+    scenario: Annotated[Path, typer.Option(help="Scenario TOML file (see docs/DESIGN.md).")],
+    jsonl: Annotated[Path, typer.Option(help="Where the findings JSONL goes.")],
+    plans_jsonl: Annotated[
+        Path | None, typer.Option(help="Where rebalance plan events go (JSONL).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
+    ] = None,
+    speed: Annotated[
+        str, typer.Option(help="virtual: as fast as the pipeline allows; realtime: true step time.")
+    ] = "virtual",
+    rebalance: Annotated[
+        str | None, typer.Option(help="Override [detector].rebalance: off|recommend|apply.")
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Keep shm dirs, configs and logs here (default: a temp dir).")
+    ] = None,
+    timeout_s: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 300.0,
+) -> None:
+    """Run a whole simulated cluster for one scenario; exit 0 when the run completed."""
+    from artemis.sim.cluster import SimCluster, SimOptions
+
+    _setup_logs()
+    if speed not in ("virtual", "realtime"):
+        raise typer.BadParameter("expected virtual or realtime", param_hint="--speed")
+    if rebalance not in (None, "off", "recommend", "apply"):
+        raise typer.BadParameter("expected off, recommend or apply", param_hint="--rebalance")
+    try:
+        cluster = SimCluster(
+            scenario,
+            SimOptions(
+                jsonl=jsonl,
+                plans_jsonl=plans_jsonl,
+                metrics_port=metrics_port,
+                speed=speed,
+                rebalance=rebalance,
+                workdir=workdir,
+                keep_workdir=workdir is not None,
+                timeout_s=timeout_s,
+            ),
+        )
+    except ScenarioError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    res = cluster.run()
+    typer.echo(
+        f"{'completed' if res.ok else 'FAILED'}: {res.windows_scored} windows scored in "
+        f"{res.elapsed_s:.1f} s; findings in {res.findings}"
+        + (f" ({res.reason})" if res.reason else "")
+    )
+    raise typer.Exit(0 if res.ok else 1)
+
+
+@app.command()
+def demo(
+    scenario: Annotated[Path, typer.Option(help="Scenario to show.")] = SCENARIOS / "flagship.toml",
+    rebalance: Annotated[
+        str, typer.Option(help="off | recommend | apply: let Artemis move work off the straggler.")
+    ] = "off",
+    metrics_port: Annotated[int, typer.Option(help="Prometheus endpoint for Grafana.")] = 9464,
+    window_s: Annotated[float, typer.Option(help="Wall seconds per window of 50 steps.")] = 1.0,
+    out: Annotated[Path, typer.Option(help="Folder for findings and plans.")] = Path("out"),
+) -> None:
+    """The flagship job live: 4 NVIDIA + 4 AMD ranks, rank 2's clocks drop at window 16."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from artemis.sim.cluster import SimCluster, SimContext, SimOptions
+    from artemis.sim.live import LiveState, summary_lines
+
+    _setup_logs()
+    console = Console()
+    out.mkdir(parents=True, exist_ok=True)
+    findings, plans = out / "findings.jsonl", out / "plans.jsonl"
+    state = LiveState(
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        findings_path=findings,
+        plans_path=plans,
+        title=f"Artemis demo: {scenario.name} (rebalance {rebalance})",
+    )
+    live = Live(state.render(), console=console, refresh_per_second=4)
+    last = [0.0]
+
+    def tick(ctx: SimContext) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.25:
+            last[0] = now
+            state.refresh(now - ctx.started)
+            live.update(state.render())
+
+    try:
+        cluster = SimCluster(
+            scenario,
+            SimOptions(
+                jsonl=findings, plans_jsonl=plans, metrics_port=metrics_port, speed="realtime",
+                window_s=window_s, rebalance=rebalance, on_tick=tick, timeout_s=600,
+            ),
+        )
+    except ScenarioError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    console.print(
+        f"Prometheus metrics on http://127.0.0.1:{metrics_port}/metrics; "
+        f"findings -> {findings}"
+    )
+    with live:
+        res = cluster.run()
+        state.refresh(res.elapsed_s)
+        live.update(state.render())
+    console.rule("summary")
+    for line in summary_lines(state.findings, state.plans):
+        console.print(line)
+    console.print(
+        f"{res.windows_scored} windows scored in {res.elapsed_s:.0f} s"
+        + ("" if res.ok else f"; run failed: {res.reason}")
+    )
+    raise typer.Exit(0 if res.ok else 1)

@@ -1,0 +1,320 @@
+"""The simulated cluster: real coordinator, real agents, real plugin, simulated GPUs.
+
+One `artemis-coordinator serve` process, one `artemis-agent run` process per
+simulated host (each with its own shm dir, as on separate machines), and one
+job process per host (sim/hostproc.py) driving the real compiled plugin through
+the NCCL stand-in. Everything talks over loopback TCP with a real shared
+secret. The orchestrator only starts, watches and stops processes; it injects
+`agent_down` faults by killing an agent when the job reaches the fault's
+window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from artemis.sim.hostproc import metric_value
+from artemis.sim.scenario import Scenario, load_scenario
+from artemis.sim.telemetry import write_telemetry
+
+log = structlog.get_logger("artemis.sim")
+
+# Sim defaults for the coordinator, overridable by the scenario's [detector]:
+# in virtual time the run is much shorter than the job it simulates, so hangs
+# are judged with a short floor.
+SIM_DETECTOR_DEFAULTS: dict[str, Any] = {"hang_floor_s": 2.0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if not found:
+        raise RuntimeError(f"{name} not found next to {sys.executable} or on PATH")
+    return found
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+@dataclass
+class SimResult:
+    ok: bool
+    findings: Path
+    plans: Path | None
+    windows_scored: int
+    elapsed_s: float
+    reason: str = ""
+    workdir: Path | None = None
+
+
+@dataclass
+class SimOptions:
+    jsonl: Path
+    plans_jsonl: Path | None = None
+    metrics_port: int | None = None
+    speed: str = "virtual"  # virtual | realtime
+    window_s: float | None = None  # realtime: wall seconds per window (None = true step_ms)
+    rebalance: str | None = None  # override of [detector].rebalance
+    workdir: Path | None = None
+    keep_workdir: bool = False
+    timeout_s: float = 300.0
+    log_dir: Path | None = None
+    on_tick: Callable[[SimContext], None] | None = None
+
+
+@dataclass
+class SimContext:
+    scenario: Scenario
+    metrics_url: str
+    findings: Path
+    plans: Path | None
+    started: float
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    killed_agents: set[int] = field(default_factory=set)
+
+
+class SimCluster:
+    def __init__(self, scenario_path: str | Path, opts: SimOptions) -> None:
+        self.path = Path(scenario_path)
+        self.sc = load_scenario(self.path)
+        self.opts = opts
+        self.job = f"{self.path.stem}-sim"
+
+    def run(self) -> SimResult:
+        opts, sc = self.opts, self.sc
+        own_tmp = opts.workdir is None
+        work = Path(opts.workdir or tempfile.mkdtemp(prefix="artemis-sim-"))
+        work.mkdir(parents=True, exist_ok=True)
+        logs = opts.log_dir or work / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            secret = work / "secret"
+            secret.write_text(secrets.token_hex(32))
+            os.chmod(secret, 0o600)
+            shm = {h: work / "shm" / sc.host_name(h) for h in range(sc.hosts)}
+            for d in shm.values():
+                d.mkdir(parents=True, exist_ok=True)
+            write_telemetry(sc, self.job, shm)
+
+            port = free_port()
+            mport = opts.metrics_port or free_port()
+            det = {**SIM_DETECTOR_DEFAULTS, **sc.detector}
+            if opts.rebalance is not None:
+                det["rebalance"] = opts.rebalance
+            ccfg = work / "coordinator.toml"
+            lines = [
+                f"assembly_deadline_s = {2.0 if opts.speed == 'virtual' else 3.0}",
+                "tick_s = 0.1",
+                f"control_socket = {json.dumps(str(work / 'coordinator.sock'))}",
+                "[detector]",
+                *(f"{k} = {_toml_value(v)}" for k, v in det.items()),
+            ]
+            ccfg.write_text("\n".join(lines) + "\n")
+            opts.jsonl.parent.mkdir(parents=True, exist_ok=True)
+            for p in (opts.jsonl, opts.plans_jsonl):
+                if p is not None and p.exists():
+                    p.unlink()
+            plans = opts.plans_jsonl or work / "plans.jsonl"
+            procs["coordinator"] = self._spawn(
+                [
+                    _bin("artemis-coordinator"), "serve",
+                    "--listen", f"127.0.0.1:{port}",
+                    "--metrics-port", str(mport),
+                    "--jsonl", str(opts.jsonl),
+                    "--plans-jsonl", str(plans),
+                    "--secret-file", str(secret),
+                    "--config", str(ccfg),
+                    "--log-json",
+                ],
+                logs / "coordinator.log",
+            )
+            murl = f"http://127.0.0.1:{mport}/metrics"
+            self._wait_metrics(murl, procs["coordinator"])
+
+            acfg = work / "agent.toml"
+            acfg.write_text(
+                "\n".join(
+                    [
+                        'telemetry = ["simulated"]',
+                        "poll_interval_s = 0.05",
+                        "heartbeat_s = 0.5",
+                        "scan_interval_s = 0.2",
+                        f"window_steps = {sc.window_steps}",
+                        "remove_finished = false",
+                    ]
+                )
+                + "\n"
+            )
+            for h in range(sc.hosts):
+                procs[f"agent-{h}"] = self._spawn(
+                    [
+                        _bin("artemis-agent"), "run",
+                        "--coordinator", f"127.0.0.1:{port}",
+                        "--shm-dir", str(shm[h]),
+                        "--secret-file", str(secret),
+                        "--host", sc.host_name(h),
+                        "--config", str(acfg),
+                        "--log-json",
+                    ],
+                    logs / f"agent-{h}.log",
+                )
+            scale = 1.0
+            if opts.speed == "realtime" and opts.window_s:
+                scale = opts.window_s / (sc.window_steps * sc.step_ms / 1000.0)
+            hang = any(f.kind == "hang" for f in sc.faults)
+            for h in range(sc.hosts):
+                procs[f"host-{h}"] = self._spawn(
+                    [
+                        sys.executable, "-m", "artemis.sim.hostproc",
+                        "--scenario", str(self.path),
+                        "--host", str(h),
+                        "--shm-dir", str(shm[h]),
+                        "--job", self.job,
+                        "--metrics-url", murl,
+                        "--speed", opts.speed,
+                        "--scale", str(scale),
+                        "--findings", str(opts.jsonl),
+                        "--hang-wait-s", "60",
+                    ],
+                    logs / f"host-{h}.log",
+                )
+            ctx = SimContext(sc, murl, opts.jsonl, plans, t0, procs)
+            reason = self._watch(ctx, hang)
+            ok = reason == ""
+            scored = int(metric_value(murl, "straggler_windows_scored_total") or 0)
+            self._stop_all(procs)
+            return SimResult(
+                ok=ok,
+                findings=opts.jsonl,
+                plans=plans,
+                windows_scored=scored,
+                elapsed_s=time.monotonic() - t0,
+                reason=reason,
+                workdir=work,
+            )
+        finally:
+            self._stop_all(procs)
+            if own_tmp and not opts.keep_workdir:
+                shutil.rmtree(work, ignore_errors=True)
+
+    # ------------------------------------------------------------------ helpers
+    def _spawn(self, argv: list[str], logfile: Path) -> subprocess.Popen[bytes]:
+        f = open(logfile, "wb")  # noqa: SIM115 - owned by the child for its life
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+    def _wait_metrics(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"coordinator exited early with code {proc.returncode}")
+            if metric_value(url, "straggler_detector_active") is not None:
+                return
+            time.sleep(0.05)
+        raise RuntimeError("coordinator metrics did not come up within 30 s")
+
+    def _watch(self, ctx: SimContext, hang: bool) -> str:
+        sc, opts = self.sc, self.opts
+        last_window = sc.windows - 1
+        downs = {f.start_window: f for f in sc.faults if f.kind == "agent_down"}
+        end = time.monotonic() + opts.timeout_s
+        hosts_done_at: float | None = None
+        while time.monotonic() < end:
+            if opts.on_tick is not None:
+                opts.on_tick(ctx)
+            lw = metric_value(ctx.metrics_url, "straggler_last_window")
+            cur = int(lw) if lw is not None else -1
+            for start, f in downs.items():
+                for r in f.ranks:
+                    h = sc.host_of(r)
+                    if cur >= start - 1 and h not in ctx.killed_agents:
+                        p = ctx.procs[f"agent-{h}"]
+                        p.send_signal(signal.SIGKILL)
+                        p.wait()
+                        ctx.killed_agents.add(h)
+                        log.info("agent killed (agent_down fault)", host=sc.host_name(h))
+            for name, p in ctx.procs.items():
+                rc = p.poll()
+                if rc is not None and rc != 0 and not name.startswith("agent-"):
+                    return f"{name} exited with code {rc}"
+                if rc is not None and name.startswith("agent-"):
+                    h = int(name.split("-")[1])
+                    if h not in ctx.killed_agents:
+                        return f"{name} exited with code {rc}"
+            hosts_alive = [
+                p for n, p in ctx.procs.items() if n.startswith("host-") and p.poll() is None
+            ]
+            if hang:
+                if _has_kind(ctx.findings, "hang") and not hosts_alive:
+                    return ""
+            elif cur >= last_window:
+                return ""
+            if not hosts_alive:
+                # Every job process finished: give the pipeline time to drain.
+                hosts_done_at = hosts_done_at or time.monotonic()
+                if time.monotonic() - hosts_done_at > 30:
+                    return f"pipeline did not score the last window (reached {cur})"
+            time.sleep(0.1)
+        return f"timed out after {opts.timeout_s:.0f} s"
+
+    def _stop_all(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        # Job processes first, then agents, the coordinator last (it flushes).
+        order = [n for n in procs if n.startswith("host-")]
+        order += [n for n in procs if n.startswith("agent-")]
+        order += [n for n in procs if n == "coordinator"]
+        for n in order:
+            p = procs[n]
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def _has_kind(path: Path, kind: str) -> bool:
+    if not path.exists():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("kind") == kind:
+                return True
+        except json.JSONDecodeError:
+            continue
+    return False

@@ -1,0 +1,261 @@
+"""One simulated host's training processes: drive the real plugin for this host's ranks.
+
+Run as `python -m artemis.sim.hostproc ...` by the orchestrator (sim/cluster.py),
+one process per simulated host. Every host process evaluates the same
+deterministic lockstep model (same scenario, same seed) and emits only its own
+ranks' collectives, through the NCCL stand-in, into the real plugin, whose
+rings land in this host's shm dir for this host's agent to read.
+
+Pacing, in virtual time: before window w the process waits until the
+coordinator has scored window w - LAG (read from its metrics endpoint). That
+keeps every host within a window or two of the coordinator, so a rebalance
+plan (which names a step several windows ahead) always arrives before its
+step, whatever the machine's speed; the records themselves carry only virtual
+time, so a run's data is the same however long the waiting took.
+In real time (the demo), each step takes step_ms x scale of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from artemis.sim.model import LockstepModel
+from artemis.sim.scenario import Scenario, load_scenario
+
+LAG = 1  # windows a host may run ahead of the coordinator's scoring
+CHANNELS = 2
+CHANNEL_SKEW_NS = 800  # channels of one collective start and stop a little apart
+
+
+def comm_hash(job: str, name: str) -> int:
+    """A stable 64-bit communicator hash, the same in every host process."""
+    lo = zlib.crc32(f"{job}/{name}".encode())
+    hi = zlib.crc32(f"{name}/{job}".encode())
+    return (hi << 32) | lo
+
+
+def metric_value(url: str, name: str, timeout: float = 1.0) -> float | None:
+    """One unlabelled sample from a Prometheus exposition, or None."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            try:
+                return float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+class Pacer:
+    def __init__(self, metrics_url: str | None, speed: str, step_wall_s: float) -> None:
+        self.url = metrics_url
+        self.speed = speed
+        self.step_wall_s = step_wall_s
+        self.t0 = time.monotonic()
+        self.steps_done = 0
+
+    def before_window(self, w: int, deadline_s: float = 120.0) -> None:
+        if self.speed != "virtual" or self.url is None or w - LAG - 1 < 0:
+            return
+        need = w - LAG - 1
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            v = metric_value(self.url, "straggler_last_window")
+            if v is not None and v >= need:
+                return
+            time.sleep(0.02)
+        print(f"hostproc: coordinator did not reach window {need} in {deadline_s}s", file=sys.stderr)
+
+    def after_step(self) -> None:
+        self.steps_done += 1
+        if self.speed == "realtime":
+            target = self.t0 + self.steps_done * self.step_wall_s
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+
+def plan_split(shm: Path, job: str, sc: Scenario) -> tuple[int | None, list[int] | None, str | None]:
+    """The plan published on this host: (apply_at_step, samples per rank, id)."""
+    from artemis.job.plan_files import plan_path, read_json
+
+    rec = read_json(plan_path(shm, job))
+    if not isinstance(rec, dict) or "samples" not in rec:
+        return None, None, None
+    samples = [int(x) for x in rec["samples"]]
+    if len(samples) != sc.ranks or sum(samples) != sc.global_batch:
+        return None, None, None
+    return int(rec.get("apply_at_step", 0)), samples, str(rec.get("id"))
+
+
+def run_host(
+    scenario: Path,
+    host: int,
+    shm: Path,
+    job: str,
+    metrics_url: str | None,
+    speed: str,
+    scale: float,
+    findings: Path | None,
+    hang_wait_s: float,
+) -> int:
+    from artemis.agent.plugin_path import plugin_path
+    from artemis.job.ring_writer import BridgeRingWriter
+    from artemis.sim.nccl import NcclStandIn
+
+    sc = load_scenario(scenario)
+    model = LockstepModel(sc)
+    os.environ["ARTEMIS_SHM_DIR"] = str(shm)
+    os.environ["ARTEMIS_JOB"] = job
+    shm.mkdir(parents=True, exist_ok=True)
+    local = [r for r in range(sc.ranks) if sc.host_of(r) == host]
+    nccl = NcclStandIn(str(plugin_path()), version=7)
+    comms: dict[int, Any] = {}
+    for r in local:
+        island = sc.islands[r]
+        members = sc.island_ranks(island)
+        os.environ["RANK"] = str(r)
+        comms[r] = nccl.comm_init(
+            comm_hash(job, island),
+            members.index(r),
+            len(members),
+            nnodes=len({sc.host_of(m) for m in members}),
+            name=f"{island}",
+        )
+    bridges: dict[int, Any] = {}
+    if model.multi:
+        for i, lead in enumerate(model.leaders):
+            if lead in local:
+                bridges[i] = BridgeRingWriter(
+                    shm, job, comm_hash(job, f"bridge/{lead}"), lead, sc.ranks,
+                    host=sc.host_name(host),
+                )
+
+    uniform = sc.global_batch // sc.ranks
+    clients: dict[int, Any] = {}
+    if sc.honours_plans:
+        from artemis.job import RebalanceClient
+
+        for r in local:
+            clients[r] = RebalanceClient(
+                rank=r, world_size=sc.ranks, global_batch=sc.global_batch, job=job, shm_dir=str(shm)
+            )
+
+    step_wall = sc.step_ms / 1000.0 * scale
+    pacer = Pacer(metrics_url, speed, step_wall)
+    K = model.colls_per_step
+    pattern = list(model.pattern) + (
+        [type(model.pattern[0])("Broadcast", 1 << 20, 0.0, 0.0)] if model.multi else []
+    )
+    hung: list[Any] = []
+    try:
+        for w in range(sc.windows):
+            pacer.before_window(w)
+            S = sc.window_steps
+            samples = np.full((S, sc.ranks), float(uniform))
+            if clients:
+                at, split, _pid = plan_split(shm, job, sc)
+                if split is not None and at is not None:
+                    for s in range(S):
+                        if w * S + s >= at:
+                            samples[s] = split
+                    for r, c in clients.items():
+                        for s in range(S):
+                            c.samples_for_step(w * S + s)  # applies and acks the plan
+            wt = model.window(w, samples)
+            for s in range(S):
+                step = w * S + s
+                if wt.hang_step is not None and step == wt.hang_step:
+                    hr = wt.hang_rank
+                    for r in local:
+                        if r == hr:
+                            continue
+                        c = pattern[0]
+                        hung.append(
+                            comms[r].begin_collective(c.func, c.bytes // 4, "ncclFloat32", CHANNELS)
+                        )
+                    _wait_for_hang(findings, hang_wait_s)
+                    return 0
+                for k in range(K):
+                    c = pattern[k]
+                    for r in local:
+                        a = int(wt.arrive[s, r, k])
+                        e = int(wt.end[s, r, k])
+                        kt = [(a + ch * CHANNEL_SKEW_NS, e - (CHANNELS - 1 - ch) * CHANNEL_SKEW_NS)
+                              for ch in range(CHANNELS)]
+                        comms[r].collective(
+                            c.func,
+                            c.bytes if c.func in ("AllGather", "Broadcast") else c.bytes // 4,
+                            "ncclInt8" if c.func in ("AllGather", "Broadcast") else "ncclFloat32",
+                            nchannels=CHANNELS,
+                            kernel_times=kt,
+                        )
+                    if model.multi and k == K - 2:
+                        assert wt.bridge_start is not None and wt.bridge_end is not None
+                        for i, bw in bridges.items():
+                            other = (i + 1) % len(model.islands)
+                            bw.append(
+                                peer=other,
+                                nbytes=16 << 20,
+                                start=int(wt.bridge_start[s, i]),
+                                end=int(wt.bridge_end[s, i]),
+                                coll_seq=step * K + k + 1,
+                            )
+                pacer.after_step()
+        return 0
+    finally:
+        for c in comms.values():
+            c.finalize()
+        for b in bridges.values():
+            b.close(finish=True)
+
+
+def _wait_for_hang(findings: Path | None, wait_s: float) -> None:
+    """A hung job sits in its collective until the coordinator has seen the hang."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if findings is not None and findings.exists():
+            for line in findings.read_text().splitlines():
+                try:
+                    if json.loads(line).get("kind") == "hang":
+                        return
+                except json.JSONDecodeError:
+                    continue
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", required=True, type=Path)
+    ap.add_argument("--host", required=True, type=int)
+    ap.add_argument("--shm-dir", required=True, type=Path)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--metrics-url")
+    ap.add_argument("--speed", choices=("virtual", "realtime"), default="virtual")
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--findings", type=Path)
+    ap.add_argument("--hang-wait-s", type=float, default=60.0)
+    a = ap.parse_args(argv)
+    return run_host(
+        a.scenario, a.host, a.shm_dir, a.job, a.metrics_url, a.speed, a.scale, a.findings,
+        a.hang_wait_s,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
