@@ -1,16 +1,15 @@
 """Shared fixtures.
 
 ``plugin_lib`` builds the real profiler plugin once per session (incremental
-``make -C profiler_plugin lib``) and hands tests its path; ``fresh_plugin``
-gives each test a private copy of it so the plugin's per-process static state
-(mask, env read at first init) starts clean without spawning a process.
+``make -C profiler_plugin lib``) and hands tests its path. The plugin reads its
+ARTEMIS_* environment at every communicator init, so ``shm_dir`` (which sets
+ARTEMIS_SHM_DIR and clears the other knobs) is enough to isolate a test.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,15 +46,6 @@ def plugin_lib() -> Path:
         pytest.fail(f"make -C profiler_plugin lib failed:\n{proc.stdout}\n{proc.stderr}")
     assert PLUGIN_SO.exists(), f"{PLUGIN_SO} missing after make"
     return PLUGIN_SO
-
-
-@pytest.fixture
-def fresh_plugin(plugin_lib: Path, tmp_path: Path) -> Path:
-    """A private copy of the plugin: dlopen gives it its own static state."""
-    dst = tmp_path / "plugin" / plugin_lib.name
-    dst.parent.mkdir()
-    shutil.copy2(plugin_lib, dst)
-    return dst
 
 
 @pytest.fixture

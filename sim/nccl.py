@@ -1,0 +1,777 @@
+"""A stand-in for NCCL's side of the profiler-plugin ABI (ctypes).
+
+Loads the compiled plugin and calls it the way NCCL 2.28+ does (and 2.27 for
+the v4 shape), so the simulator and the tests drive the real plugin through
+its real entry points. The descriptor and state-argument layouts below are
+our own declarations, written from shared/reference/nccl-profiler-abi.md
+§2.4-2.8 (not from the plugin's header, so the two are checked against each
+other); tests/test_nccl_standin.py pins their sizes and offsets.
+
+Event order for one collective (v5+, reference §3.2-3.3):
+
+    GroupApi start, state 23 (NULL args)        user thread, ncclAllReduce()
+      CollApi start / stop                      (parent = GroupApi)
+    GroupApi state 24 (NULL args)               ncclGroupEnd entry
+    Group start                                 (parent NULL, rank 0)
+      Coll start / stop                         (parent = CollApi, parentGroup = Group)
+    Group stop, GroupApi stop
+    KernelCh start (pTimer = start),            per channel, later, proxy thread
+      state 22 (kernelCh.pTimer = stop), stop   (parent = Coll)
+
+v4: no API events, ``type`` is a uint8 and Coll's parent is the Group handle.
+Which events are sent follows NCCL's rule: an event is generated when its own
+bit or a descendant's bit is in the activation mask the plugin set at init.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+from collections.abc import Sequence
+from ctypes import (
+    CFUNCTYPE,
+    Structure,
+    Union,
+    c_bool,
+    c_char_p,
+    c_int,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint32,
+    c_uint64,
+    c_ulong,
+    c_void_p,
+)
+from pathlib import Path
+from typing import Any
+
+# -- event bits and states (reference §2.2, §2.3) ---------------------------
+
+GROUP = 1 << 0
+COLL = 1 << 1
+P2P = 1 << 2
+PROXY_OP = 1 << 3
+PROXY_STEP = 1 << 4
+PROXY_CTRL = 1 << 5
+KERNEL_CH = 1 << 6
+NET_PLUGIN = 1 << 7
+GROUP_API = 1 << 8
+COLL_API = 1 << 9
+P2P_API = 1 << 10
+KERNEL_LAUNCH = 1 << 11
+CE_COLL = 1 << 12
+CE_SYNC = 1 << 13
+CE_BATCH = 1 << 14
+
+STATE_KERNEL_CH_STOP = 22
+STATE_GROUP_START_API_STOP = 23
+STATE_GROUP_END_API_START = 24
+
+_CE = CE_COLL | CE_SYNC | CE_BATCH
+_BELOW_TASK = PROXY_OP | PROXY_STEP | KERNEL_CH | NET_PLUGIN
+# NCCL starts an event when its bit or a descendant's is set (reference §3.2).
+_NEEDS_GROUP_API = (
+    GROUP_API | P2P_API | COLL_API | KERNEL_LAUNCH | GROUP | COLL | P2P | _BELOW_TASK | _CE
+)
+_NEEDS_COLL_API = COLL_API | COLL | _BELOW_TASK | _CE
+_NEEDS_P2P_API = P2P_API | P2P | _BELOW_TASK
+_NEEDS_GROUP = COLL | P2P | _BELOW_TASK
+_NEEDS_COLL = COLL | _BELOW_TASK
+_NEEDS_P2P = P2P | _BELOW_TASK
+
+# Datatype sizes by NCCL name, for the AllGather/Broadcast byte conversion.
+_TYPE_SIZE = {
+    "ncclInt8": 1,
+    "ncclUint8": 1,
+    "ncclInt32": 4,
+    "ncclUint32": 4,
+    "ncclInt64": 8,
+    "ncclUint64": 8,
+    "ncclFloat16": 2,
+    "ncclFloat32": 4,
+    "ncclFloat64": 8,
+    "ncclBfloat16": 2,
+    "ncclFloat8e4m3": 1,
+    "ncclFloat8e5m2": 1,
+}
+
+# -- ABI declarations --------------------------------------------------------
+
+
+class _GroupApi(Structure):
+    _fields_ = [("graphCaptured", c_bool), ("groupDepth", c_int)]
+
+
+class _CollApiV5(Structure):
+    _fields_ = [
+        ("func", c_char_p),
+        ("count", c_size_t),
+        ("datatype", c_char_p),
+        ("root", c_int),
+        ("stream", c_void_p),
+        ("graphCaptured", c_bool),
+    ]
+
+
+class _CollApiV7(Structure):
+    _fields_ = [*_CollApiV5._fields_, ("userTag", c_uint64)]
+
+
+class _P2pApiV5(Structure):
+    _fields_ = [
+        ("func", c_char_p),
+        ("count", c_size_t),
+        ("datatype", c_char_p),
+        ("stream", c_void_p),
+        ("graphCaptured", c_bool),
+    ]
+
+
+class _P2pApiV7(Structure):
+    _fields_ = [*_P2pApiV5._fields_, ("userTag", c_uint64)]
+
+
+class _KernelLaunch(Structure):
+    _fields_ = [("stream", c_void_p)]
+
+
+_COLL_V4: list[Any] = [
+    ("seqNumber", c_uint64),
+    ("func", c_char_p),
+    ("sendBuff", c_void_p),
+    ("recvBuff", c_void_p),
+    ("count", c_size_t),
+    ("root", c_int),
+    ("datatype", c_char_p),
+    ("nChannels", c_uint8),
+    ("nWarps", c_uint8),
+    ("algo", c_char_p),
+    ("proto", c_char_p),
+]
+
+
+class _CollV4(Structure):
+    _fields_ = _COLL_V4
+
+
+class _CollV5(Structure):
+    _fields_ = [*_COLL_V4, ("parentGroup", c_void_p)]
+
+
+class _CollV7(Structure):
+    _fields_ = [
+        *_CollV5._fields_,
+        ("kernelVariant", c_char_p),
+        ("isSymColl", c_bool),
+        ("userTag", c_uint64),
+    ]
+
+
+_P2P_V4: list[Any] = [
+    ("func", c_char_p),
+    ("buff", c_void_p),
+    ("datatype", c_char_p),
+    ("count", c_size_t),
+    ("peer", c_int),
+    ("nChannels", c_uint8),
+]
+
+
+class _P2pV4(Structure):
+    _fields_ = _P2P_V4
+
+
+class _P2pV5(Structure):
+    _fields_ = [*_P2P_V4, ("parentGroup", c_void_p)]
+
+
+class _P2pV7(Structure):
+    _fields_ = [*_P2pV5._fields_, ("userTag", c_uint64)]
+
+
+class _ProxyOp(Structure):
+    _fields_ = [
+        ("pid", c_int),
+        ("channelId", c_uint8),
+        ("peer", c_int),
+        ("nSteps", c_int),
+        ("chunkSize", c_int),
+        ("isSend", c_int),
+    ]
+
+
+class _ProxyStep(Structure):
+    _fields_ = [("step", c_int)]
+
+
+class _KernelCh(Structure):
+    _fields_ = [("channelId", c_uint8), ("pTimer", c_uint64)]
+
+
+class _NetPlugin(Structure):
+    _fields_ = [("id", c_int64), ("data", c_void_p)]
+
+
+_CE_COLL_V6: list[Any] = [
+    ("seqNumber", c_uint64),
+    ("func", c_char_p),
+    ("sendBuff", c_void_p),
+    ("recvBuff", c_void_p),
+    ("count", c_size_t),
+    ("root", c_int),
+    ("datatype", c_char_p),
+    ("syncStrategy", c_char_p),
+    ("intraBatchSync", c_bool),
+    ("batchSize", c_uint32),
+    ("numBatches", c_uint32),
+    ("ceSeqNum", c_uint32),
+    ("stream", c_void_p),
+]
+
+
+class _CeCollV6(Structure):
+    _fields_ = _CE_COLL_V6
+
+
+class _CeCollV7(Structure):
+    _fields_ = [*_CE_COLL_V6, ("userTag", c_uint64)]
+
+
+class _CeCollSync(Structure):
+    _fields_ = [("isComplete", c_bool), ("nRanks", c_int)]
+
+
+class _CeCollBatch(Structure):
+    _fields_ = [("numOps", c_int), ("totalBytes", c_size_t), ("useIntraSync", c_bool)]
+
+
+class _KernelPhase(Structure):
+    _fields_ = [
+        ("channelId", c_uint8),
+        ("phaseId", c_uint8),
+        ("phaseName", c_char_p),
+        ("pTimer", c_uint64),
+    ]
+
+
+class _UnionV4(Union):
+    _fields_ = [
+        ("coll", _CollV4),
+        ("p2p", _P2pV4),
+        ("proxyOp", _ProxyOp),
+        ("proxyStep", _ProxyStep),
+        ("kernelCh", _KernelCh),
+        ("netPlugin", _NetPlugin),
+    ]
+
+
+_ARMS_V5: list[Any] = [
+    ("groupApi", _GroupApi),
+    ("collApi", _CollApiV5),
+    ("p2pApi", _P2pApiV5),
+    ("kernelLaunch", _KernelLaunch),
+    ("coll", _CollV5),
+    ("p2p", _P2pV5),
+    ("proxyOp", _ProxyOp),
+    ("proxyStep", _ProxyStep),
+    ("kernelCh", _KernelCh),
+    ("netPlugin", _NetPlugin),
+]
+
+
+class _UnionV5(Union):
+    _fields_ = _ARMS_V5
+
+
+class _UnionV6(Union):
+    _fields_ = [
+        *_ARMS_V5,
+        ("ceColl", _CeCollV6),
+        ("ceCollSync", _CeCollSync),
+        ("ceCollBatch", _CeCollBatch),
+    ]
+
+
+class _UnionV7(Union):
+    _fields_ = [
+        ("groupApi", _GroupApi),
+        ("collApi", _CollApiV7),
+        ("p2pApi", _P2pApiV7),
+        ("kernelLaunch", _KernelLaunch),
+        ("coll", _CollV7),
+        ("p2p", _P2pV7),
+        ("proxyOp", _ProxyOp),
+        ("proxyStep", _ProxyStep),
+        ("kernelCh", _KernelCh),
+        ("netPlugin", _NetPlugin),
+        ("ceColl", _CeCollV7),
+        ("ceCollSync", _CeCollSync),
+        ("ceCollBatch", _CeCollBatch),
+        ("kernelPhase", _KernelPhase),
+    ]
+
+
+class DescrV4(Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", c_uint8), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV4)]
+
+
+class DescrV5(Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", c_uint64), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV5)]
+
+
+class DescrV6(Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", c_uint64), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV6)]
+
+
+class DescrV7(Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", c_uint64), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV7)]
+
+
+DESCRIPTORS: dict[int, type[Structure]] = {4: DescrV4, 5: DescrV5, 6: DescrV6, 7: DescrV7}
+
+
+class _ArgsProxyStep(Structure):
+    _fields_ = [("transSize", c_size_t)]
+
+
+class _ArgsProxyCtrl(Structure):
+    _fields_ = [("appendedProxyOps", c_int)]
+
+
+class _ArgsNetPlugin(Structure):
+    _fields_ = [("data", c_void_p)]
+
+
+class _ArgsKernelCh(Structure):
+    _fields_ = [("pTimer", c_uint64)]
+
+
+class StateArgs(Union):
+    """ncclProfilerEventStateArgs v4..v7 (8 bytes)."""
+
+    _fields_ = [
+        ("proxyStep", _ArgsProxyStep),
+        ("proxyCtrl", _ArgsProxyCtrl),
+        ("netPlugin", _ArgsNetPlugin),
+        ("kernelCh", _ArgsKernelCh),
+    ]
+
+
+# The variadic logger, seen from the callee: the fixed arguments, then the
+# first integer-class variadic arguments. On x86-64 SysV and Linux aarch64,
+# integer varargs travel exactly like named integer arguments, so declaring
+# them as uint64 slots reads them; float varargs are not supported (shown raw).
+_N_VARARGS = 8
+LOGFN = CFUNCTYPE(None, c_int, c_ulong, c_char_p, c_int, c_char_p, *([c_uint64] * _N_VARARGS))
+# Every pointer argument is passed as an address (int): fastest ctypes conversion.
+_INIT_V5 = CFUNCTYPE(c_int, c_void_p, c_uint64, c_void_p, c_char_p, c_int, c_int, c_int, LOGFN)
+_INIT_V4 = CFUNCTYPE(c_int, c_void_p, c_void_p, c_char_p, c_uint64, c_int, c_int, c_int, LOGFN)
+_START = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p)
+_STOP = CFUNCTYPE(c_int, c_void_p)
+_RECORD = CFUNCTYPE(c_int, c_void_p, c_int, c_void_p)
+_FINALIZE = CFUNCTYPE(c_int, c_void_p)
+
+
+def _plugin_struct(init: Any) -> type[Structure]:
+    class _Plugin(Structure):
+        _fields_ = [
+            ("name", c_char_p),
+            ("init", init),
+            ("startEvent", _START),
+            ("stopEvent", _STOP),
+            ("recordEventState", _RECORD),
+            ("finalize", _FINALIZE),
+        ]
+
+    return _Plugin
+
+
+_PLUGIN_V4 = _plugin_struct(_INIT_V4)
+_PLUGIN_V5 = _plugin_struct(_INIT_V5)
+
+# -- logger --------------------------------------------------------------------
+
+_FMT = re.compile(r"%([-+ #0]*)(\d*)(?:\.(\d+))?(hh|h|ll|l|z|j|t)?([diouxXscp%])")
+_WIDTH_BITS = {"hh": 8, "h": 16, None: 32, "l": 64, "ll": 64, "z": 64, "j": 64, "t": 64}
+
+
+def format_c(fmt: str, args: Sequence[int]) -> str:
+    """printf-style formatting of integer-class arguments (what loggers pass)."""
+    it = iter(args)
+
+    def one(m: re.Match[str]) -> str:
+        flags, width, prec, length, conv = m.groups()
+        if conv == "%":
+            return "%"
+        raw = next(it, 0)
+        if conv == "s":
+            text = ctypes.string_at(raw).decode("utf-8", "replace") if raw else "(null)"
+            if prec is not None:
+                text = text[: int(prec)]
+        elif conv == "c":
+            text = chr(raw & 0xFF)
+        elif conv == "p":
+            text = hex(raw)
+        else:
+            bits = _WIDTH_BITS[length]
+            v = raw & ((1 << bits) - 1)
+            if conv in "di" and v >> (bits - 1):
+                v -= 1 << bits
+            spec = {"o": "o", "x": "x", "X": "X"}.get(conv, "d")
+            text = format(v, spec)
+            if prec is not None:
+                text = text.rjust(int(prec), "0")
+        if width:
+            pad = "0" if "0" in flags and "-" not in flags and conv not in "sc" else " "
+            text = text.ljust(int(width)) if "-" in flags else text.rjust(int(width), pad)
+        return text
+
+    return _FMT.sub(one, fmt)
+
+
+# Callbacks and strings handed to the plugin must outlive every call it may
+# make; the library is never unloaded, so keep them for the process lifetime.
+_KEEP: list[Any] = []
+_STRINGS: dict[str, bytes] = {}
+
+
+def _cstr(s: str) -> bytes:
+    b = _STRINGS.get(s)
+    if b is None:
+        b = _STRINGS[s] = s.encode()
+    return b
+
+
+# -- the stand-in ------------------------------------------------------------
+
+
+class NcclStandIn:
+    """One loaded plugin, as one NCCL library in one process sees it.
+
+    ``mask`` is the process-wide activation mask (one int shared by every
+    communicator, as in NCCL); ``log_lines`` collects what the plugin logged.
+    """
+
+    def __init__(self, lib_path: str | Path, version: int = 7) -> None:
+        if version not in DESCRIPTORS:
+            raise ValueError(f"profiler ABI version {version} is not one of 4, 5, 6, 7")
+        self.version = version
+        self.lib_path = Path(lib_path)
+        self.lib = ctypes.CDLL(str(self.lib_path), mode=ctypes.RTLD_LOCAL)
+        sym = f"ncclProfiler_v{version}"
+        table_type = _PLUGIN_V4 if version == 4 else _PLUGIN_V5
+        try:
+            self._table = table_type.in_dll(self.lib, sym)
+        except ValueError as e:
+            raise OSError(f"{self.lib_path}: does not export {sym}") from e
+        self.name = (self._table.name or b"").decode()
+        self._init = self._table.init
+        self.start_event = self._table.startEvent
+        self.stop_event = self._table.stopEvent
+        self.record_event_state = self._table.recordEventState
+        self.finalize_fn = self._table.finalize
+        self.mask = c_int(0)
+        self.log_lines: list[str] = []
+        self.log_levels: list[int] = []
+        self._logfn = LOGFN(self._log)
+        _KEEP.append(self._logfn)
+        self.comms: list[StandInComm] = []
+
+    def _log(
+        self, level: int, flags: int, file: bytes | None, line: int, fmt: bytes | None, *a: int
+    ) -> None:
+        text = format_c((fmt or b"").decode("utf-8", "replace"), a)
+        self.log_levels.append(level)
+        self.log_lines.append(text)
+
+    def comm_init(
+        self, comm_hash: int, rank: int, nranks: int, nnodes: int = 1, name: str | None = None
+    ) -> StandInComm:
+        """ncclCommInitRank: calls the plugin's init for a new communicator."""
+        ctx = c_void_p(None)
+        cname = _cstr(name) if name is not None else None
+        if self.version == 4:
+            rc = self._init(
+                ctypes.addressof(ctx),
+                ctypes.addressof(self.mask),
+                cname,
+                comm_hash,
+                nnodes,
+                nranks,
+                rank,
+                self._logfn,
+            )
+        else:
+            rc = self._init(
+                ctypes.addressof(ctx),
+                comm_hash,
+                ctypes.addressof(self.mask),
+                cname,
+                nnodes,
+                nranks,
+                rank,
+                self._logfn,
+            )
+        comm = StandInComm(self, ctx.value, comm_hash, rank, nranks, rc)
+        self.comms.append(comm)
+        return comm
+
+    def finalize(self) -> None:
+        """Destroy every communicator (finalize each context once)."""
+        for c in self.comms:
+            c.finalize()
+
+
+class PendingOp:
+    """A collective or p2p op that NCCL enqueued and whose kernel has not finished."""
+
+    __slots__ = ("_comm", "handle", "nchannels")
+
+    def __init__(self, comm: StandInComm, handle: int | None, nchannels: int) -> None:
+        self._comm = comm
+        self.handle = handle
+        self.nchannels = nchannels
+
+    def complete(self, kernel_times: Sequence[tuple[int, int]] | None = None) -> None:
+        """The kernel ran: per channel KernelCh start / state 22 / stop (if the mask asks)."""
+        self._comm._kernel_channels(self.handle, self.nchannels, kernel_times)
+
+
+class StandInComm:
+    """One communicator of one rank: drives the plugin's events for its ops."""
+
+    def __init__(
+        self,
+        nccl: NcclStandIn,
+        context: int | None,
+        comm_hash: int,
+        rank: int,
+        nranks: int,
+        rc: int,
+    ) -> None:
+        self.nccl = nccl
+        self.context = context
+        self.comm_hash = comm_hash
+        self.rank = rank
+        self.nranks = nranks
+        self.init_rc = rc
+        self.finalized = False
+        self._seq: dict[str, int] = {}
+        d = DESCRIPTORS[nccl.version]
+        # One prebuilt descriptor per event kind, reused for every call: NCCL
+        # passes a stack object, so the plugin must copy what it keeps anyway.
+        self._d_group_api = d()
+        self._d_coll_api = d()
+        self._d_p2p_api = d()
+        self._d_group = d()
+        self._d_coll = d()
+        self._d_p2p = d()
+        self._d_kch = d()
+        self._args = StateArgs()
+        self._h = c_void_p(None)
+        self._a_h = ctypes.addressof(self._h)
+        self._a_args = ctypes.addressof(self._args)
+        v = nccl.version
+        self._d_group_api.type = GROUP_API
+        if v != 4:
+            self._d_group_api.groupApi.groupDepth = 1
+        self._d_coll_api.type = COLL_API
+        self._d_p2p_api.type = P2P_API
+        self._d_group.type = GROUP
+        self._d_coll.type = COLL
+        self._d_coll.rank = rank
+        self._d_coll.coll.nWarps = 16
+        self._d_p2p.type = P2P
+        self._d_p2p.rank = rank
+        self._d_kch.type = KERNEL_CH
+        if v == 7:
+            self._d_coll.coll.kernelVariant = _cstr("Default")
+        self._a = {
+            k: ctypes.addressof(getattr(self, f"_d_{k}"))
+            for k in ("group_api", "coll_api", "p2p_api", "group", "coll", "p2p", "kch")
+        }
+
+    # -- raw calls ----------------------------------------------------------
+
+    def _start(self, which: str, parent: int | None) -> int | None:
+        d = getattr(self, f"_d_{which}")
+        d.parentObj = parent
+        self._h.value = None
+        self.nccl.start_event(self.context, self._a_h, self._a[which])
+        return self._h.value
+
+    def _stop(self, handle: int | None) -> None:
+        # NCCL never calls stop/record on a NULL handle (reference §3.7).
+        if handle:
+            self.nccl.stop_event(handle)
+
+    def _record(self, handle: int | None, state: int, args: int | None) -> None:
+        if handle:
+            self.nccl.record_event_state(handle, state, args)
+
+    # -- operations -----------------------------------------------------------
+
+    def begin_collective(
+        self,
+        func: str,
+        count: int,
+        dtype: str,
+        *,
+        nchannels: int = 2,
+        algo: str = "RING",
+        proto: str = "SIMPLE",
+        root: int = 0,
+    ) -> PendingOp:
+        """Everything NCCL does on the host for one collective, up to Group/GroupApi stop."""
+        mask = self.nccl.mask.value
+        v4 = self.nccl.version == 4
+        gapi = capi = group = None
+        if not v4 and mask & _NEEDS_GROUP_API:
+            gapi = self._start("group_api", None)
+            self._record(gapi, STATE_GROUP_START_API_STOP, None)
+        if not v4 and mask & _NEEDS_COLL_API:
+            ca = self._d_coll_api.collApi
+            ca.func = _cstr(func)
+            ca.count = count
+            ca.datatype = _cstr(dtype)
+            ca.root = root
+            capi = self._start("coll_api", gapi)
+            self._stop(capi)
+        if not v4:
+            self._record(gapi, STATE_GROUP_END_API_START, None)
+        if mask & _NEEDS_GROUP:
+            group = self._start("group", None)
+        coll = None
+        if mask & _NEEDS_COLL:
+            seq = self._seq.get(func, 0)
+            self._seq[func] = seq + 1
+            c = self._d_coll.coll
+            c.seqNumber = seq
+            c.func = _cstr(func)
+            # AllGather and Broadcast reach the Coll event as bytes of ncclInt8
+            # (NCCL converts the task in collTaskAppend; reference §2.10).
+            if func in ("AllGather", "Broadcast"):
+                c.count = count * _TYPE_SIZE.get(dtype, 1)
+                c.datatype = _cstr("ncclInt8")
+            else:
+                c.count = count
+                c.datatype = _cstr(dtype)
+            c.root = root
+            c.nChannels = nchannels
+            c.algo = _cstr(algo)
+            c.proto = _cstr(proto)
+            if not v4:
+                c.parentGroup = group
+            coll = self._start("coll", group if v4 else capi)
+            self._stop(coll)
+        self._stop(group)
+        if not v4:
+            self._stop(gapi)
+        return PendingOp(self, coll, nchannels)
+
+    def collective(
+        self,
+        func: str,
+        count: int,
+        dtype: str,
+        nchannels: int = 2,
+        algo: str = "RING",
+        proto: str = "SIMPLE",
+        kernel_times: Sequence[tuple[int, int]] | None = None,
+        root: int = 0,
+    ) -> None:
+        """One whole collective: host events, then its kernel's channel events."""
+        op = self.begin_collective(
+            func, count, dtype, nchannels=nchannels, algo=algo, proto=proto, root=root
+        )
+        op.complete(kernel_times)
+
+    def begin_p2p(
+        self, func: str, count: int, dtype: str, peer: int, *, nchannels: int = 1
+    ) -> PendingOp:
+        """ncclSend / ncclRecv on the host, up to Group/GroupApi stop."""
+        if func not in ("Send", "Recv"):
+            raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
+        mask = self.nccl.mask.value
+        v4 = self.nccl.version == 4
+        gapi = papi = group = None
+        if not v4 and mask & _NEEDS_GROUP_API:
+            gapi = self._start("group_api", None)
+            self._record(gapi, STATE_GROUP_START_API_STOP, None)
+        if not v4 and mask & _NEEDS_P2P_API:
+            pa = self._d_p2p_api.p2pApi
+            pa.func = _cstr(func)
+            pa.count = count
+            pa.datatype = _cstr(dtype)
+            papi = self._start("p2p_api", gapi)
+            self._stop(papi)
+        if not v4:
+            self._record(gapi, STATE_GROUP_END_API_START, None)
+        if mask & _NEEDS_GROUP:
+            group = self._start("group", None)
+        p2p = None
+        if mask & _NEEDS_P2P:
+            p = self._d_p2p.p2p
+            p.func = _cstr(func)
+            p.datatype = _cstr(dtype)
+            p.count = count
+            p.peer = peer
+            p.nChannels = nchannels
+            if not v4:
+                p.parentGroup = group
+            p2p = self._start("p2p", group if v4 else papi)
+            self._stop(p2p)
+        self._stop(group)
+        if not v4:
+            self._stop(gapi)
+        return PendingOp(self, p2p, nchannels)
+
+    def p2p(
+        self,
+        func: str,
+        count: int,
+        dtype: str,
+        peer: int,
+        nchannels: int = 1,
+        kernel_times: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        op = self.begin_p2p(func, count, dtype, peer, nchannels=nchannels)
+        op.complete(kernel_times)
+
+    def _kernel_channels(
+        self, parent: int | None, nchannels: int, kernel_times: Sequence[tuple[int, int]] | None
+    ) -> None:
+        if not self.nccl.mask.value & KERNEL_CH:
+            return
+        if kernel_times is None:
+            # No times given: stamp "now" as a %globaltimer-like epoch-ns clock.
+            now = time.time_ns()
+            kernel_times = [(now, now + 1)] * nchannels
+        elif len(kernel_times) != nchannels:
+            raise ValueError(f"{len(kernel_times)} kernel times for {nchannels} channels")
+        d = self._d_kch
+        kc = d.kernelCh
+        handles = []
+        # The proxy thread sees every channel start before the stops.
+        for ch, (start, _) in enumerate(kernel_times):
+            kc.channelId = ch
+            kc.pTimer = start
+            handles.append(self._start("kch", parent))
+        for h, (_, stop) in zip(handles, kernel_times, strict=True):
+            self._args.kernelCh.pTimer = stop
+            self._record(h, STATE_KERNEL_CH_STOP, self._a_args)
+            self._stop(h)
+
+    def finalize(self) -> None:
+        """ncclCommDestroy: finalize is called once, only for a non-NULL context."""
+        if self.finalized:
+            return
+        self.finalized = True
+        if self.context:
+            self.nccl.finalize_fn(self.context)
