@@ -1,0 +1,244 @@
+"""Why a rank is slow, from its telemetry against its peers': a pure function.
+
+The rules (DETECTOR.md has the table) split causes by what the SM clock does:
+
+- clocks low  -> thermal (thermal throttle reason, or hot vs peers),
+                 power (power-cap reason, or drawing >= 97% of the limit),
+                 clocks (low with no throttle reason: locked / misconfigured);
+- clocks normal -> pcie (link below its max width or generation),
+                   host (CPU contention on the host).
+
+A throttle reason contradicted by normal clocks is not a cause. When two
+causes fit at once, or none, the answer is `unknown` and the text says why.
+Absent telemetry is listed in `missing`; it is never assumed healthy or sick.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from artemis.protocol.records import Telemetry
+
+# SM clock below this fraction of the reference (peers' median, else the GPU's
+# own max clock) counts as low. Boost noise between healthy GPUs stays within ~5%.
+CLOCK_LOW_FRAC = 0.90
+# Hotter than the peers' median by this much (deg C), or this hot when no peer reports.
+TEMP_ABOVE_PEERS_C = 10.0
+TEMP_HOT_C = 85.0
+POWER_CAP_FRAC = 0.97
+# Host contention thresholds.
+STEAL_PCT = 5.0
+PSI_CPU_SOME = 20.0
+LOAD_PER_CPU = 1.0
+CPU_BUSY_PCT = 95.0
+CPU_ABOVE_PEERS_PCT = 25.0
+
+THERMAL_REASONS = ("hw_thermal", "sw_thermal")
+POWER_REASONS = ("sw_power_cap", "hw_power_brake")
+# Reasons that do not explain a slowdown (idle, boost sync) are ignored.
+SLOWING_REASONS = (*THERMAL_REASONS, *POWER_REASONS, "hw_slowdown", "apps_clocks")
+
+# Per-lane throughput by PCIe generation (GB/s after encoding): gen 3 switched
+# to 128b/130b, so lost bandwidth is not a plain ratio of generations.
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125}
+
+# Telemetry the rules read; absent ones are reported as missing.
+DIAG_FIELDS = (
+    "sm_mhz",
+    "temp_c",
+    "power_w",
+    "power_limit_w",
+    "throttle",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+    "cpu_pct",
+    "steal_pct",
+    "psi_cpu_some",
+    "load1",
+    "ncpu",
+    "proc_cpu_pct",
+)
+
+
+@dataclass(frozen=True)
+class Cause:
+    kind: str  # thermal | power | clocks | pcie | host | unknown
+    text: str
+    evidence: dict[str, Any]
+    missing: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding's `cause` object: kind, text, evidence (missing goes on the finding)."""
+        return {"kind": self.kind, "text": self.text, "evidence": dict(self.evidence)}
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def pcie_degraded(t: Telemetry) -> float | None:
+    """Fraction of the link's maximum bandwidth lost (0.0 = full link), None if unknown."""
+    width_frac: float | None = None
+    if t.pcie_width is not None and t.pcie_width_max:
+        width_frac = min(1.0, t.pcie_width / t.pcie_width_max)
+    gen_frac: float | None = None
+    if t.pcie_gen is not None and t.pcie_gen_max:
+        now = PCIE_LANE_GBS.get(int(t.pcie_gen))
+        top = PCIE_LANE_GBS.get(int(t.pcie_gen_max))
+        if now is not None and top:
+            gen_frac = min(1.0, now / top)
+    if width_frac is None and gen_frac is None:
+        return None
+    return round(
+        1.0
+        - (width_frac if width_frac is not None else 1.0)
+        * (gen_frac if gen_frac is not None else 1.0),
+        4,
+    )
+
+
+def _active(throttle: dict[str, bool] | None, reasons: Sequence[str]) -> list[str]:
+    if not throttle:
+        return []
+    return [r for r in reasons if throttle.get(r)]
+
+
+def _host_signals(t: Telemetry, peers_cpu: float | None) -> list[str]:
+    """Which host contention signals fire, in words."""
+    out = []
+    if t.steal_pct is not None and t.steal_pct >= STEAL_PCT:
+        out.append(f"CPU steal {t.steal_pct:.0f}%")
+    if t.psi_cpu_some is not None and t.psi_cpu_some >= PSI_CPU_SOME:
+        out.append(f"CPU pressure {t.psi_cpu_some:.0f}%")
+    if t.load1 is not None and t.ncpu and t.load1 / t.ncpu >= LOAD_PER_CPU:
+        out.append(f"load {t.load1 / t.ncpu:.2f} per CPU")
+    if t.cpu_pct is not None:
+        if t.cpu_pct >= CPU_BUSY_PCT:
+            out.append(f"host CPU {t.cpu_pct:.0f}% busy")
+        elif peers_cpu is not None and t.cpu_pct - peers_cpu >= CPU_ABOVE_PEERS_PCT:
+            out.append(f"host CPU {t.cpu_pct:.0f}% busy vs {peers_cpu:.0f}% on its peers")
+    if t.proc_cpu_pct is not None and t.proc_cpu_pct >= CPU_BUSY_PCT:
+        out.append(f"the rank's process at {t.proc_cpu_pct:.0f}% of a core")
+    return out
+
+
+def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
+    """The most likely cause of a rank's slowness; `unknown` (saying why) when unsure."""
+    t = rank_tel
+    missing = sorted({name for name in DIAG_FIELDS if getattr(t, name) is None} | set(t.missing))
+
+    peers_sm = _median([p.sm_mhz for p in peer_tels])
+    peers_temp = _median([p.temp_c for p in peer_tels])
+    peers_cpu = _median([p.cpu_pct for p in peer_tels])
+    ref_sm, ref_name = (peers_sm, "its peers") if peers_sm else (t.sm_mhz_max, "its max")
+
+    clocks_low: bool | None = None
+    if t.sm_mhz is not None and ref_sm:
+        clocks_low = t.sm_mhz < CLOCK_LOW_FRAC * ref_sm
+    power_frac = t.power_w / t.power_limit_w if t.power_w is not None and t.power_limit_w else None
+    hot: bool | None = None
+    if t.temp_c is not None:
+        hot = (
+            t.temp_c >= peers_temp + TEMP_ABOVE_PEERS_C
+            if peers_temp is not None
+            else t.temp_c >= TEMP_HOT_C
+        )
+    thermal_why = _active(t.throttle, THERMAL_REASONS)
+    power_why = _active(t.throttle, POWER_REASONS)
+    slowing = _active(t.throttle, SLOWING_REASONS)
+    pcie = pcie_degraded(t)
+    host = _host_signals(t, peers_cpu)
+
+    evidence: dict[str, Any] = {
+        "sm_mhz": _r(t.sm_mhz),
+        "peers_sm_mhz": _r(peers_sm),
+        "temp_c": _r(t.temp_c),
+        "peers_temp_c": _r(peers_temp),
+        "power_frac": None if power_frac is None else round(power_frac, 3),
+        "throttle": {r: True for r in _active(t.throttle, (*SLOWING_REASONS, "sync_boost"))},
+        "pcie_degraded": pcie,
+    }
+    clk = (
+        f"SM {t.sm_mhz:.0f} MHz vs {ref_sm:.0f} MHz on {ref_name}"
+        if t.sm_mhz is not None and ref_sm
+        else "SM clock not reported"
+    )
+
+    fits: dict[str, str] = {}
+    if clocks_low is not False:
+        if thermal_why:
+            fits["thermal"] = f"thermal throttling ({', '.join(thermal_why)}; {clk})"
+        elif clocks_low and hot:
+            fits["thermal"] = f"running hot ({t.temp_c:.0f} C vs {_fmt(peers_temp)} C) with {clk}"
+        if power_why:
+            fits["power"] = f"power capped ({', '.join(power_why)}; {clk})"
+        elif clocks_low and power_frac is not None and power_frac >= POWER_CAP_FRAC:
+            fits["power"] = f"drawing {power_frac:.0%} of its power limit with {clk}"
+    if clocks_low and not fits:
+        known_ok = t.throttle is not None or (hot is False and power_frac is not None)
+        if known_ok and not (set(slowing) - {"apps_clocks"}):
+            fits["clocks"] = (
+                f"clocks low ({clk}), no throttle reason: locked clocks or a misconfigured GPU"
+            )
+    if clocks_low is not True:
+        if pcie is not None and pcie > 0:
+            fits["pcie"] = (
+                f"PCIe link below its maximum (gen {t.pcie_gen}/{t.pcie_gen_max}, "
+                f"x{t.pcie_width}/x{t.pcie_width_max}: {pcie:.0%} of bandwidth lost)"
+            )
+        if host:
+            fits["host"] = f"host CPU contention ({'; '.join(host)}) with GPU clocks normal"
+    if host or "host" in fits:
+        evidence.update(
+            cpu_pct=_r(t.cpu_pct),
+            peers_cpu_pct=_r(peers_cpu),
+            steal_pct=_r(t.steal_pct),
+            psi_cpu_some=_r(t.psi_cpu_some),
+            load_per_cpu=None if t.load1 is None or not t.ncpu else round(t.load1 / t.ncpu, 2),
+            proc_cpu_pct=_r(t.proc_cpu_pct),
+        )
+
+    if len(fits) == 1:
+        ((kind, text),) = fits.items()
+        if clocks_low is None:
+            text += " (clocks could not be compared: SM clock or a reference missing)"
+        return Cause(kind, text, evidence, missing)
+    if len(fits) > 1:
+        text = "two causes fit at once: " + "; and ".join(f"{k}: {v}" for k, v in fits.items())
+        return Cause("unknown", text, evidence, missing)
+    return Cause("unknown", _why_unknown(t, clocks_low, clk, slowing, missing), evidence, missing)
+
+
+def _why_unknown(
+    t: Telemetry, clocks_low: bool | None, clk: str, slowing: list[str], missing: list[str]
+) -> str:
+    if all(getattr(t, name) is None for name in DIAG_FIELDS):
+        return "no telemetry for this rank: cause cannot be told"
+    if clocks_low is False and slowing:
+        return (
+            f"throttle reason reported ({', '.join(slowing)}) but clocks normal ({clk}): "
+            "contradictory, and no PCIe or host problem found"
+        )
+    if clocks_low and slowing:
+        return f"clocks low ({clk}) with throttle reason {', '.join(slowing)}, which no rule maps"
+    if clocks_low:
+        return f"clocks low ({clk}) but no throttle, temperature or power data to tell why"
+    gaps = ", ".join(missing) if missing else "none"
+    return (
+        f"nothing in the telemetry explains it ({clk}; no throttle, PCIe or host "
+        f"contention found); missing: {gaps}"
+    )
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 1)
+
+
+def _fmt(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0f}"

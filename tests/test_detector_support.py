@@ -1,0 +1,63 @@
+"""Builders shared by the detector-core tests (no tests here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from artemis.protocol.records import RankWindow, Telemetry
+
+WINDOW_STEPS = 50
+
+
+def make_window(
+    window: int,
+    gap: Sequence[float],
+    *,
+    coll: Sequence[float] | None = None,
+    step: Sequence[float] | None = None,
+    islands: Sequence[str | None] | None = None,
+    classes: Sequence[str | None] | None = None,
+    ranks: Sequence[int] | None = None,
+    hosts: Sequence[str] | None = None,
+    bridge: dict[int, tuple[float, int]] | None = None,
+    telemetry: dict[int, Telemetry] | None = None,
+    nranks: int | None = None,
+    job: str = "job1",
+) -> list[RankWindow]:
+    """RankWindow records of one window; per-rank arrays are aligned with `ranks`."""
+    g = np.asarray(gap, dtype=float)
+    n = g.size
+    rk = list(range(n)) if ranks is None else [int(x) for x in ranks]
+    c = np.full(n, 10.0) if coll is None else np.asarray(coll, dtype=float)
+    st = (np.nanmax(g) + c.min()) * np.ones(n) if step is None else np.asarray(step, dtype=float)
+    out = []
+    for i in range(n):
+        b = (bridge or {}).get(rk[i])
+        out.append(
+            RankWindow(
+                job=job,
+                comm="00000000000000aa",
+                rank=rk[i],
+                nranks=nranks if nranks is not None else n,
+                host=hosts[i] if hosts is not None else f"node-{rk[i] // 4}",
+                window=window,
+                step_lo=window * WINDOW_STEPS,
+                step_hi=(window + 1) * WINDOW_STEPS,
+                coll_lo=0,
+                coll_hi=0,
+                gap_ms=float(g[i]),
+                coll_ms=float(c[i]),
+                step_ms=float(st[i]),
+                collectives=4 * WINDOW_STEPS,
+                bytes=0,
+                lost=0,
+                clock="device",
+                island=islands[i] if islands is not None else None,
+                hw_class=classes[i] if classes is not None else None,
+                bridge_ms=None if b is None else b[0],
+                bridge_peer=None if b is None else b[1],
+                telemetry=(telemetry or {}).get(rk[i], Telemetry()),
+            )
+        )
+    return out
