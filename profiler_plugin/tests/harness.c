@@ -1,0 +1,1094 @@
+/*
+ * harness.c: multi-threaded self-checking test of the Artemis profiler plugin.
+ *
+ * Built together with plugin.c and ring.c under ASan+UBSan and under TSan
+ * (see the Makefile). User-like threads issue the NCCL 2.28+ event sequence
+ * for collectives and p2p ops; proxy-like threads issue KernelCh events for
+ * them (channels of one op go to different threads, before or after the Coll
+ * stop); a reader thread reads the rings concurrently with the seqlock
+ * protocol. Every field of a record is derived from (rank, coll_seq), so any
+ * torn record that the reader accepted would fail the check.
+ *
+ * Exit status: 0 when every check passed, 1 otherwise.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../artemis_ring.h"
+#include "../nccl_profiler_abi.h"
+
+extern ncclProfiler_v4_t ncclProfiler_v4;
+extern ncclProfiler_v5_t ncclProfiler_v5;
+extern ncclProfiler_v6_t ncclProfiler_v6;
+extern ncclProfiler_v7_t ncclProfiler_v7;
+
+#define A32(p) ((_Atomic uint32_t *)(void *)(p))
+#define A64(p) ((_Atomic uint64_t *)(void *)(p))
+#define RLX memory_order_relaxed
+
+static _Atomic int failures;
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            if (atomic_fetch_add(&failures, 1) < 20) {                          \
+                fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+                fprintf(stderr, __VA_ARGS__);                                   \
+                fprintf(stderr, "\n");                                          \
+            }                                                                   \
+        }                                                                       \
+    } while (0)
+
+static char g_root[256];
+static _Atomic int g_log_lines;
+static _Atomic int g_warn_lines;
+
+static void test_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+                        const char *fmt, ...) {
+    (void)flags; (void)file; (void)line;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&g_log_lines, 1);
+    if (level == NCCL_LOG_WARN) atomic_fetch_add(&g_warn_lines, 1);
+    if (getenv("HARNESS_VERBOSE")) fprintf(stderr, "[log %d] %s\n", (int)level, buf);
+}
+
+/* Contexts are kept here for the life of the process (the plugin never frees them). */
+static void *g_keep[256];
+static _Atomic int g_nkeep;
+static void keep(void *p) {
+    int i = atomic_fetch_add(&g_nkeep, 1);
+    if (i < 256) g_keep[i] = p;
+}
+
+/* ------------------------------------------------------------------ */
+/* the self-describing workload                                         */
+
+#define T_COLL 1000000000000ull
+#define T_P2P 5000000000000ull
+
+static const char *const FUNCS[] = {"AllReduce", "AllGather", "ReduceScatter", "Broadcast"};
+static const uint8_t FUNC_CODES[] = {ARTEMIS_FUNC_ALLREDUCE, ARTEMIS_FUNC_ALLGATHER,
+                                     ARTEMIS_FUNC_REDUCESCATTER, ARTEMIS_FUNC_BROADCAST};
+static const char *const DTS[] = {"ncclFloat32", "ncclBfloat16", "ncclFloat64"};
+static const uint8_t DT_CODES[] = {ARTEMIS_DT_FLOAT32, ARTEMIS_DT_BFLOAT16, ARTEMIS_DT_FLOAT64};
+static const uint64_t DT_SIZES[] = {4, 2, 8};
+static const char *const ALGOS[] = {"RING", "TREE", "NVLS"};
+static const uint8_t ALGO_CODES[] = {ARTEMIS_ALGO_RING, ARTEMIS_ALGO_TREE, ARTEMIS_ALGO_NVLS};
+static const char *const PROTOS[] = {"SIMPLE", "LL", "LL128"};
+static const uint8_t PROTO_CODES[] = {ARTEMIS_PROTO_SIMPLE, ARTEMIS_PROTO_LL, ARTEMIS_PROTO_LL128};
+
+typedef struct {
+    uint8_t kind, func, dtype, algo, proto, nch;
+    int32_t peer;
+    uint64_t bytes;
+    const char *func_s, *dtype_s, *algo_s, *proto_s;
+    size_t count;
+} Expect;
+
+static int is_p2p(uint64_t i) { return i % 7 == 3; }
+
+static void expect_coll(uint64_t c, int rank, Expect *e) {
+    memset(e, 0, sizeof *e);
+    e->kind = ARTEMIS_KIND_COLL;
+    unsigned f = (unsigned)(c % 4);
+    e->func = FUNC_CODES[f];
+    e->func_s = FUNCS[f];
+    e->count = 16 * (c + 1) + (uint64_t)rank;
+    if (f == 1 || f == 3) { /* AllGather / Broadcast: NCCL reports bytes as ncclInt8 */
+        e->dtype = ARTEMIS_DT_INT8;
+        e->dtype_s = "ncclInt8";
+        e->bytes = e->count;
+    } else {
+        unsigned d = (unsigned)(c % 3);
+        e->dtype = DT_CODES[d];
+        e->dtype_s = DTS[d];
+        e->bytes = e->count * DT_SIZES[d];
+    }
+    e->algo = ALGO_CODES[c % 3];
+    e->algo_s = ALGOS[c % 3];
+    e->proto = PROTO_CODES[(c / 3) % 3];
+    e->proto_s = PROTOS[(c / 3) % 3];
+    e->nch = (c % 5 == 4) ? 0 : (uint8_t)(1 + (c * 7) % 8);
+    e->peer = -1;
+}
+
+static void expect_p2p(uint64_t c, int rank, int nranks, Expect *e) {
+    memset(e, 0, sizeof *e);
+    e->kind = ARTEMIS_KIND_P2P;
+    e->func = (c % 2) ? ARTEMIS_FUNC_SEND : ARTEMIS_FUNC_RECV;
+    e->func_s = (c % 2) ? "Send" : "Recv";
+    e->dtype = ARTEMIS_DT_FLOAT16;
+    e->dtype_s = "ncclFloat16";
+    e->count = 8 * (c + 1) + (uint64_t)rank;
+    e->bytes = e->count * 2;
+    e->nch = (uint8_t)(1 + c % 2);
+    e->peer = (rank + 1) % nranks;
+}
+
+static uint64_t tstart(int kind, uint64_t c, int rank, unsigned k) {
+    return (kind == ARTEMIS_KIND_COLL ? T_COLL : T_P2P) + c * 1000000ull + (uint64_t)rank * 1000ull +
+           10ull * k + 5ull;
+}
+static uint64_t tstop(int kind, uint64_t c, int rank, unsigned k) {
+    return tstart(kind, c, rank, k) + 500ull + k;
+}
+
+/* ------------------------------------------------------------------ */
+/* ring reading (the agent's protocol)                                  */
+
+typedef struct {
+    uint32_t lock;
+    uint8_t kind, func, dtype, state, clock, algo, proto, nchannels;
+    int32_t peer;
+    uint64_t seq, coll_seq, bytes, enqueue_ns, start, end;
+} Rec;
+
+/* 1: a whole record copied; 0: torn / being written. */
+static int read_slot(const ArtemisSlot *s, Rec *r) {
+    uint32_t l1 = atomic_load_explicit(A32(&s->lock), memory_order_acquire);
+    if (l1 & 1u) return 0;
+    uint32_t w4 = atomic_load_explicit(A32(&s->kind), RLX);
+    uint64_t w8 = atomic_load_explicit(A64(&s->clock), RLX);
+    r->seq = atomic_load_explicit(A64(&s->seq), RLX);
+    r->coll_seq = atomic_load_explicit(A64(&s->coll_seq), RLX);
+    r->bytes = atomic_load_explicit(A64(&s->bytes), RLX);
+    r->enqueue_ns = atomic_load_explicit(A64(&s->enqueue_ns), RLX);
+    r->start = atomic_load_explicit(A64(&s->start), RLX);
+    r->end = atomic_load_explicit(A64(&s->end), RLX);
+    atomic_thread_fence(memory_order_acquire);
+    uint32_t l2 = atomic_load_explicit(A32(&s->lock), RLX);
+    if (l1 != l2) return 0;
+    uint8_t b[8];
+    memcpy(b, &w4, 4);
+    r->kind = b[0]; r->func = b[1]; r->dtype = b[2]; r->state = b[3];
+    memcpy(b, &w8, 8);
+    r->clock = b[0]; r->algo = b[1]; r->proto = b[2]; r->nchannels = b[3];
+    memcpy(&r->peer, b + 4, 4);
+    r->lock = l1;
+    return 1;
+}
+
+typedef struct {
+    const ArtemisRingHeader *hdr;
+    const ArtemisSlot *slots;
+    size_t bytes;
+    int device;   /* expected device timing for ops with channels */
+} Ring;
+
+static int map_ring(const char *path, Ring *r) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) { close(fd); return -1; }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return -1;
+    r->hdr = m;
+    r->slots = (const ArtemisSlot *)((const char *)m + ARTEMIS_RING_HEADER_SIZE);
+    r->bytes = (size_t)st.st_size;
+    return 0;
+}
+
+/* Checks one accepted record against the workload model. Returns 1 if DONE. */
+static int check_rec(const Ring *ring, const Rec *r, uint64_t slot_idx, const char *where) {
+    const ArtemisRingHeader *h = ring->hdr;
+    if (r->lock == 0 && r->seq == 0 && r->state == 0) return 0; /* never written */
+    CHECK((r->seq & (h->capacity - 1u)) == slot_idx, "%s: seq %llu in slot %llu", where,
+          (unsigned long long)r->seq, (unsigned long long)slot_idx);
+    Expect e;
+    if (r->kind == ARTEMIS_KIND_COLL) expect_coll(r->coll_seq, h->rank, &e);
+    else if (r->kind == ARTEMIS_KIND_P2P) expect_p2p(r->coll_seq, h->rank, h->nranks, &e);
+    else {
+        CHECK(0, "%s: bad kind %u", where, r->kind);
+        return 0;
+    }
+    CHECK(r->func == e.func && r->dtype == e.dtype && r->bytes == e.bytes && r->peer == e.peer &&
+              r->nchannels == e.nch,
+          "%s: fields of seq %llu coll_seq %llu: func %u/%u dtype %u/%u bytes %llu/%llu peer %d/%d nch %u/%u",
+          where, (unsigned long long)r->seq, (unsigned long long)r->coll_seq, r->func, e.func,
+          r->dtype, e.dtype, (unsigned long long)r->bytes, (unsigned long long)e.bytes, r->peer,
+          e.peer, r->nchannels, e.nch);
+    if (r->kind == ARTEMIS_KIND_COLL)
+        CHECK(r->algo == e.algo && r->proto == e.proto, "%s: algo/proto %u %u", where, r->algo, r->proto);
+    else
+        CHECK(r->algo == 0 && r->proto == 0, "%s: p2p algo/proto %u %u", where, r->algo, r->proto);
+    CHECK(r->enqueue_ns != 0, "%s: enqueue_ns 0", where);
+    if (r->state == ARTEMIS_STATE_IN_FLIGHT) {
+        CHECK(r->start == 0 && r->end == 0 && r->clock == 0, "%s: in-flight with times", where);
+        return 0;
+    }
+    CHECK(r->state == ARTEMIS_STATE_DONE, "%s: state %u", where, r->state);
+    if (ring->device && e.nch) {
+        CHECK(r->clock == ARTEMIS_REC_DEVICE, "%s: clock %u for seq %llu", where, r->clock,
+              (unsigned long long)r->seq);
+        CHECK(r->start == tstart(e.kind, r->coll_seq, h->rank, 0) &&
+                  r->end == tstop(e.kind, r->coll_seq, h->rank, e.nch - 1u),
+              "%s: device times %llu %llu of coll_seq %llu", where, (unsigned long long)r->start,
+              (unsigned long long)r->end, (unsigned long long)r->coll_seq);
+    } else {
+        CHECK(r->clock == ARTEMIS_REC_HOST, "%s: clock %u (host expected)", where, r->clock);
+        CHECK(r->start == r->enqueue_ns && r->end >= r->start, "%s: host times", where);
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* multi-threaded scenario                                              */
+
+typedef struct Comm Comm;
+typedef struct {
+    void *(*start)(Comm *, void **, int type, void *parent, const Expect *, uint64_t ptimer);
+} Drv;
+
+struct Comm {
+    int version;      /* 4..7 */
+    void *ctx;
+    int rank, nranks;
+    uint64_t hash;
+    uint64_t nops;    /* ops to issue */
+    _Atomic int outstanding;
+    unsigned seed;
+    Ring ring;
+    char path[512];
+};
+
+/* Builds a descriptor of the comm's version and calls its startEvent. */
+static void *start_ev(Comm *cm, int type, void *parent, const Expect *e, uint64_t ptimer,
+                      int channel) {
+    void *h = (void *)0x1; /* must be overwritten */
+    if (cm->version == 4) {
+        ncclProfilerEventDescr_v4_t d;
+        memset(&d, 0, sizeof d);
+        d.type = (uint8_t)type;
+        d.parentObj = parent;
+        d.rank = cm->rank;
+        if (type == ncclProfileColl) {
+            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
+            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
+        } else if (type == ncclProfileP2p) {
+            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
+            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
+        } else if (type == ncclProfileKernelCh) {
+            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
+        }
+        ncclProfiler_v4.startEvent(cm->ctx, &h, &d);
+    } else if (cm->version == 7) {
+        ncclProfilerEventDescr_v7_t d;
+        memset(&d, 0, sizeof d);
+        d.type = (uint64_t)type;
+        d.parentObj = parent;
+        d.rank = cm->rank;
+        if (type == ncclProfileColl) {
+            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
+            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
+            d.coll.userTag = 77;
+        } else if (type == ncclProfileP2p) {
+            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
+            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
+        } else if (type == ncclProfileKernelCh) {
+            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
+        } else if (type == ncclProfileCollApi && e) {
+            d.collApi.func = e->func_s; d.collApi.count = e->count; d.collApi.datatype = e->dtype_s;
+        } else if (type == ncclProfileGroupApi) {
+            d.groupApi.groupDepth = 1;
+        }
+        ncclProfiler_v7.startEvent(cm->ctx, &h, &d);
+    } else {
+        ncclProfilerEventDescr_v6_t d; /* v5 has the same layout for the arms we use */
+        memset(&d, 0, sizeof d);
+        d.type = (uint64_t)type;
+        d.parentObj = parent;
+        d.rank = cm->rank;
+        if (type == ncclProfileColl) {
+            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
+            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
+        } else if (type == ncclProfileP2p) {
+            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
+            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
+        } else if (type == ncclProfileKernelCh) {
+            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
+        } else if (type == ncclProfileCollApi && e) {
+            d.collApi.func = e->func_s; d.collApi.count = e->count; d.collApi.datatype = e->dtype_s;
+        }
+        if (cm->version == 5)
+            ncclProfiler_v5.startEvent(cm->ctx, &h, (ncclProfilerEventDescr_v5_t *)(void *)&d);
+        else
+            ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
+    }
+    CHECK(h != (void *)0x1, "startEvent did not write *eHandle (type %d)", type);
+    return h;
+}
+
+static void stop_ev(void *h) { ncclProfiler_v6.stopEvent(h); }
+static void record_ev(void *h, int state, ncclProfilerEventStateArgs_t *a) {
+    ncclProfiler_v6.recordEventState(h, (ncclProfilerEventState_t)state, a);
+}
+
+/* proxy work: one item per channel */
+typedef struct OpWork {
+    Comm *cm;
+    void *handle;
+    int kind;
+    uint64_t c;
+    unsigned nch;
+    _Atomic unsigned left;
+} OpWork;
+typedef struct { OpWork *w; unsigned ch; } Item;
+
+#define QCAP 65536
+static Item g_q[QCAP];
+static unsigned g_qh, g_qt;
+static int g_qdone;
+static pthread_mutex_t g_qm = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_qc = PTHREAD_COND_INITIALIZER;
+
+static void q_push(OpWork *w, unsigned ch) {
+    pthread_mutex_lock(&g_qm);
+    g_q[g_qt++ % QCAP] = (Item){w, ch};
+    pthread_cond_signal(&g_qc);
+    pthread_mutex_unlock(&g_qm);
+}
+
+static void *proxy_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&g_qm);
+        while (g_qh == g_qt && !g_qdone) pthread_cond_wait(&g_qc, &g_qm);
+        if (g_qh == g_qt && g_qdone) {
+            pthread_mutex_unlock(&g_qm);
+            return NULL;
+        }
+        Item it = g_q[g_qh++ % QCAP];
+        pthread_mutex_unlock(&g_qm);
+        OpWork *w = it.w;
+        Comm *cm = w->cm;
+        void *kh = start_ev(cm, ncclProfileKernelCh, w->handle, NULL,
+                            tstart(w->kind, w->c, cm->rank, it.ch), (int)it.ch);
+        if (w->handle && cm->ring.device) CHECK(kh != NULL, "KernelCh handle NULL");
+        ncclProfilerEventStateArgs_t a;
+        a.kernelCh.pTimer = tstop(w->kind, w->c, cm->rank, it.ch);
+        record_ev(kh, ncclProfilerKernelChStop, &a);
+        stop_ev(kh);
+        if (atomic_fetch_sub(&w->left, 1) == 1) {
+            atomic_fetch_sub(&cm->outstanding, 1);
+            free(w);
+        }
+    }
+}
+
+static int g_max_outstanding = 200;
+static int g_expect_drops;
+
+static void *user_main(void *arg) {
+    Comm *cm = arg;
+    uint64_t c = 0;
+    for (uint64_t i = 0; i < cm->nops; i++) {
+        while (atomic_load(&cm->outstanding) >= g_max_outstanding) sched_yield();
+        Expect e;
+        int p2p = is_p2p(i);
+        if (p2p) expect_p2p(c, cm->rank, cm->nranks, &e);
+        else expect_coll(c, cm->rank, &e);
+        void *ga = start_ev(cm, ncclProfileGroupApi, NULL, NULL, 0, 0);
+        record_ev(ga, ncclProfilerGroupStartApiStop, NULL);
+        void *api = start_ev(cm, p2p ? ncclProfileP2pApi : ncclProfileCollApi, ga, &e, 0, 0);
+        stop_ev(api);
+        record_ev(ga, ncclProfilerGroupEndApiStart, NULL);
+        void *grp = start_ev(cm, ncclProfileGroup, NULL, NULL, 0, 0);
+        void *op = start_ev(cm, p2p ? ncclProfileP2p : ncclProfileColl, cm->version == 4 ? grp : api,
+                            &e, 0, 0);
+        if (!g_expect_drops) CHECK(op != NULL, "op handle NULL at i=%llu", (unsigned long long)i);
+        OpWork *w = NULL;
+        int early = (rand_r(&cm->seed) & 3) == 0; /* channels may run before Coll stop */
+        if (e.nch && op) {
+            w = calloc(1, sizeof *w);
+            w->cm = cm; w->handle = op; w->kind = e.kind; w->c = c; w->nch = e.nch;
+            atomic_store(&w->left, e.nch);
+            atomic_fetch_add(&cm->outstanding, 1);
+            if (early)
+                for (unsigned k = 0; k < e.nch; k++) q_push(w, k);
+        }
+        stop_ev(op);
+        if (w && !early)
+            for (unsigned k = 0; k < e.nch; k++) q_push(w, k);
+        stop_ev(grp);
+        stop_ev(ga);
+        if (!p2p) c++;
+    }
+    return NULL;
+}
+
+static Comm *g_comms[8];
+static int g_ncomms;
+static _Atomic int g_reader_stop;
+static _Atomic long g_accepted_done, g_accepted_inflight, g_rejected;
+
+static void *reader_main(void *arg) {
+    (void)arg;
+    while (!atomic_load(&g_reader_stop)) {
+        for (int ci = 0; ci < g_ncomms; ci++) {
+            Ring *rg = &g_comms[ci]->ring;
+            uint32_t cap = rg->hdr->capacity;
+            for (uint32_t s = 0; s < cap; s++) {
+                Rec r;
+                if (!read_slot(&rg->slots[s], &r)) {
+                    atomic_fetch_add_explicit(&g_rejected, 1, RLX);
+                    continue;
+                }
+                if (check_rec(rg, &r, s, "reader"))
+                    atomic_fetch_add_explicit(&g_accepted_done, 1, RLX);
+                else
+                    atomic_fetch_add_explicit(&g_accepted_inflight, 1, RLX);
+            }
+        }
+    }
+    return NULL;
+}
+
+static void ring_path(char *out, size_t n, const char *dir, const char *job, uint64_t hash, int rank) {
+    snprintf(out, n, "%s/%s.%016llx.r%d.ring", dir, job, (unsigned long long)hash, rank);
+}
+
+static void *init_comm(int version, uint64_t hash, const char *name, int nnodes, int nranks,
+                       int rank, int *mask) {
+    void *ctx = (void *)0x1;
+    ncclResult_t rc;
+    if (version == 4)
+        rc = ncclProfiler_v4.init(&ctx, mask, name, hash, nnodes, nranks, rank, test_logger);
+    else if (version == 5)
+        rc = ncclProfiler_v5.init(&ctx, hash, mask, name, nnodes, nranks, rank, test_logger);
+    else if (version == 6)
+        rc = ncclProfiler_v6.init(&ctx, hash, mask, name, nnodes, nranks, rank, test_logger);
+    else
+        rc = ncclProfiler_v7.init(&ctx, hash, mask, name, nnodes, nranks, rank, test_logger);
+    CHECK(rc == ncclSuccess, "init rc %d", rc);
+    CHECK(ctx != (void *)0x1, "init did not write *context");
+    if (ctx) keep(ctx);
+    return ctx;
+}
+
+static int finalize_ctx(int version, void *ctx) {
+    switch (version) {
+    case 4: return ncclProfiler_v4.finalize(ctx);
+    case 5: return ncclProfiler_v5.finalize(ctx);
+    case 6: return ncclProfiler_v6.finalize(ctx);
+    default: return ncclProfiler_v7.finalize(ctx);
+    }
+}
+
+/* Runs ncomm communicators (versions[]) with nproxy proxy threads. */
+static void run_scenario(const char *label, int ncomm, const int *versions, uint64_t nops,
+                         int nproxy, const char *slots, int device, int expect_drops) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/%s", g_root, label);
+    setenv("ARTEMIS_SHM_DIR", dir, 1);
+    setenv("ARTEMIS_JOB", "job", 1);
+    if (slots) setenv("ARTEMIS_RING_SLOTS", slots, 1);
+    else unsetenv("ARTEMIS_RING_SLOTS");
+    setenv("ARTEMIS_DEVICE_TIMING", device ? "1" : "0", 1);
+
+    g_ncomms = ncomm;
+    g_expect_drops = expect_drops;
+    for (int i = 0; i < ncomm; i++) {
+        Comm *cm = calloc(1, sizeof *cm);
+        keep(cm);
+        cm->version = versions[i];
+        cm->rank = i % 4;
+        cm->nranks = 4;
+        cm->hash = 0xabc0000000000000ull + (uint64_t)i * 0x1111ull;
+        cm->nops = nops;
+        cm->seed = (unsigned)(i * 7919 + 1);
+        int mask = -1;
+        cm->ctx = init_comm(cm->version, cm->hash, "harness", 2, cm->nranks, cm->rank, &mask);
+        CHECK(cm->ctx != NULL, "%s: init failed", label);
+        CHECK(mask == (device ? 70 : 6), "%s: mask %d", label, mask);
+        ring_path(cm->path, sizeof cm->path, dir, "job", cm->hash, cm->rank);
+        if (map_ring(cm->path, &cm->ring) != 0) {
+            CHECK(0, "%s: cannot map %s", label, cm->path);
+            return;
+        }
+        cm->ring.device = device;
+        const ArtemisRingHeader *h = cm->ring.hdr;
+        CHECK(h->magic == ARTEMIS_RING_MAGIC && h->version == ARTEMIS_RING_VERSION &&
+                  h->header_size == ARTEMIS_RING_HEADER_SIZE && h->slot_size == ARTEMIS_RING_SLOT_SIZE,
+              "%s: header constants", label);
+        CHECK(h->rank == cm->rank && h->nranks == 4 && h->nnodes == 2 && h->comm_hash == cm->hash &&
+                  h->pid == (int32_t)getpid() && (uint32_t)h->plugin_version == (uint32_t)cm->version,
+              "%s: header identity", label);
+        CHECK(h->clock_kind == (uint32_t)(device ? ARTEMIS_CLOCK_DEVICE_NS : ARTEMIS_CLOCK_HOST),
+              "%s: clock kind %u", label, h->clock_kind);
+        CHECK(!strcmp(h->job, "job") && !strcmp(h->comm_name, "harness") && h->created_ns > 0,
+              "%s: header names", label);
+        g_comms[i] = cm;
+    }
+
+    g_qh = g_qt = 0;
+    g_qdone = 0;
+    atomic_store(&g_reader_stop, 0);
+    atomic_store(&g_accepted_done, 0);
+    atomic_store(&g_accepted_inflight, 0);
+    atomic_store(&g_rejected, 0);
+    pthread_t users[8], proxies[8], reader;
+    pthread_create(&reader, NULL, reader_main, NULL);
+    for (int p = 0; p < nproxy; p++) pthread_create(&proxies[p], NULL, proxy_main, NULL);
+    for (int i = 0; i < ncomm; i++) pthread_create(&users[i], NULL, user_main, g_comms[i]);
+    for (int i = 0; i < ncomm; i++) pthread_join(users[i], NULL);
+    pthread_mutex_lock(&g_qm);
+    g_qdone = 1;
+    pthread_cond_broadcast(&g_qc);
+    pthread_mutex_unlock(&g_qm);
+    for (int p = 0; p < nproxy; p++) pthread_join(proxies[p], NULL);
+    atomic_store(&g_reader_stop, 1);
+    pthread_join(reader, NULL);
+
+    long total_done = 0;
+    for (int i = 0; i < ncomm; i++) {
+        Comm *cm = g_comms[i];
+        const ArtemisRingHeader *h = cm->ring.hdr;
+        CHECK(finalize_ctx(cm->version, cm->ctx) == ncclSuccess, "finalize");
+        uint32_t flags = atomic_load(A32(&h->flags));
+        CHECK((flags & ARTEMIS_RING_FINISHED) && h->finished_ns >= h->created_ns,
+              "%s: finished flag/time", label);
+        uint64_t W = atomic_load(A64(&h->write_index));
+        uint64_t dropped = atomic_load(A64(&h->dropped));
+        CHECK(W == cm->nops, "%s: write_index %llu != ops %llu", label, (unsigned long long)W,
+              (unsigned long long)cm->nops);
+        uint32_t cap = h->capacity;
+        uint64_t done = 0, inflight = 0;
+        for (uint32_t s = 0; s < cap; s++) {
+            Rec r;
+            CHECK(read_slot(&cm->ring.slots[s], &r), "%s: slot %u locked at rest", label, s);
+            if (check_rec(&cm->ring, &r, s, label)) done++;
+            else if (r.state) inflight++;
+        }
+        if (!expect_drops) {
+            CHECK(dropped == 0, "%s: dropped %llu", label, (unsigned long long)dropped);
+            uint64_t want = W < cap ? W : cap;
+            CHECK(done == want && inflight == 0, "%s: %llu done / %llu in flight, want %llu done",
+                  label, (unsigned long long)done, (unsigned long long)inflight,
+                  (unsigned long long)want);
+        } else {
+            CHECK(dropped > 0 && dropped <= W, "%s: dropped %llu of %llu", label,
+                  (unsigned long long)dropped, (unsigned long long)W);
+            CHECK(inflight <= cap, "%s: in flight", label);
+        }
+        total_done += (long)done;
+        printf("  %-10s comm %d v%d: %llu ops, %u slots, dropped %llu, final done %llu\n", label, i,
+               cm->version, (unsigned long long)W, cap, (unsigned long long)dropped,
+               (unsigned long long)done);
+    }
+    printf("  %-10s reader: %ld done + %ld in-flight records accepted and verified, %ld torn/busy rejected\n",
+           label, atomic_load(&g_accepted_done), atomic_load(&g_accepted_inflight),
+           atomic_load(&g_rejected));
+    CHECK(atomic_load(&g_accepted_done) > 0, "%s: reader accepted nothing", label);
+    (void)total_done;
+}
+
+/* ------------------------------------------------------------------ */
+/* single-threaded failure paths                                        */
+
+static int count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.' || (e->d_name[1] && e->d_name[1] != '.' && e->d_name[1] != '\0'))
+            n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static void set_dir(const char *label, char *dir, size_t n) {
+    snprintf(dir, n, "%s/%s", g_root, label);
+    setenv("ARTEMIS_SHM_DIR", dir, 1);
+}
+
+static void clear_env(void) {
+    const char *vars[] = {"ARTEMIS_JOB", "ARTEMIS_SHM_DIR", "ARTEMIS_RING_SLOTS",
+                          "ARTEMIS_DEVICE_TIMING", "ARTEMIS_DISABLE", "ARTEMIS_CLOCK",
+                          "ARTEMIS_TICK_HZ", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+/* A one-comm fixture used by the single-threaded tests. */
+static Comm *fixture(const char *label, int version, uint64_t hash) {
+    char dir[300];
+    set_dir(label, dir, sizeof dir);
+    setenv("ARTEMIS_JOB", "fx", 1);
+    Comm *cm = calloc(1, sizeof *cm);
+    keep(cm);
+    cm->version = version;
+    cm->rank = 1;
+    cm->nranks = 2;
+    cm->hash = hash;
+    int mask = 0;
+    cm->ctx = init_comm(version, hash, NULL, 1, 2, 1, &mask);
+    CHECK(cm->ctx, "%s: fixture init", label);
+    ring_path(cm->path, sizeof cm->path, dir, "fx", hash, 1);
+    CHECK(map_ring(cm->path, &cm->ring) == 0, "%s: map %s", label, cm->path);
+    cm->ring.device = getenv("ARTEMIS_DEVICE_TIMING") == NULL;
+    return cm;
+}
+
+static Rec slot_rec(Comm *cm, uint64_t ticket) {
+    Rec r;
+    memset(&r, 0, sizeof r);
+    CHECK(read_slot(&cm->ring.slots[ticket & (cm->ring.hdr->capacity - 1u)], &r), "slot busy");
+    return r;
+}
+
+static void coll_expect(uint64_t c, Expect *e, uint8_t nch) {
+    expect_coll(c, 1, e);
+    e->nch = nch;
+}
+
+/* A done collective of rank 1 with nch timed channels (the single-threaded tests). */
+static int check_done(const Rec *r, uint64_t c, unsigned nch, const char *where) {
+    Expect e;
+    expect_coll(c, 1, &e);
+    int ok = r->state == ARTEMIS_STATE_DONE && r->clock == ARTEMIS_REC_DEVICE && r->coll_seq == c &&
+             r->func == e.func && r->dtype == e.dtype && r->bytes == e.bytes && r->nchannels == nch &&
+             r->start == tstart(ARTEMIS_KIND_COLL, c, 1, 0) &&
+             r->end == tstop(ARTEMIS_KIND_COLL, c, 1, nch - 1u);
+    CHECK(ok, "%s: state %u clock %u coll_seq %llu start %llu end %llu", where, r->state, r->clock,
+          (unsigned long long)r->coll_seq, (unsigned long long)r->start, (unsigned long long)r->end);
+    return ok;
+}
+
+static void test_failures(void) {
+    char dir[300];
+    int mask;
+    void *ctx;
+
+    /* unwritable ring folder: one WARN line, NULL context, success, normal mask */
+    clear_env();
+    setenv("ARTEMIS_SHM_DIR", "/dev/null/artemis", 1);
+    atomic_store(&g_log_lines, 0);
+    mask = -1;
+    ctx = init_comm(6, 0x11, "x", 1, 1, 0, &mask);
+    CHECK(ctx == NULL && atomic_load(&g_log_lines) == 1 && mask == 70,
+          "unwritable dir: ctx %p lines %d mask %d", ctx, atomic_load(&g_log_lines), mask);
+    /* the same with logfn NULL (stderr) must not crash */
+    ctx = (void *)0x1;
+    fprintf(stderr, "  (expected warning on stderr follows)\n");
+    ncclProfiler_v6.init(&ctx, 0x12, &mask, NULL, 1, 1, 0, NULL);
+    CHECK(ctx == NULL, "NULL logfn");
+
+    /* ARTEMIS_DISABLE=1: nothing at all */
+    clear_env();
+    set_dir("disabled", dir, sizeof dir);
+    setenv("ARTEMIS_DISABLE", "1", 1);
+    atomic_store(&g_log_lines, 0);
+    mask = -1;
+    ctx = init_comm(7, 0x13, "x", 1, 1, 0, &mask);
+    CHECK(ctx == NULL && mask == 0 && atomic_load(&g_log_lines) == 0 && count_files(dir) <= 0,
+          "disable: ctx %p mask %d lines %d", ctx, mask, atomic_load(&g_log_lines));
+
+    /* bad values: one WARN line each, plugin off */
+    const char *bad[][2] = {{"ARTEMIS_RING_SLOTS", "abc"}, {"ARTEMIS_RING_SLOTS", "-4"},
+                            {"ARTEMIS_DEVICE_TIMING", "maybe"}, {"ARTEMIS_CLOCK", "sundial"},
+                            {"ARTEMIS_TICK_HZ", "0"}, {"ARTEMIS_DISABLE", "2"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        clear_env();
+        set_dir("badenv", dir, sizeof dir);
+        setenv(bad[i][0], bad[i][1], 1);
+        atomic_store(&g_log_lines, 0);
+        mask = -1;
+        ctx = init_comm(6, 0x14, "x", 1, 1, 0, &mask);
+        CHECK(ctx == NULL && atomic_load(&g_log_lines) == 1 && mask == 0, "bad %s=%s", bad[i][0],
+              bad[i][1]);
+    }
+    CHECK(count_files(dir) <= 0, "bad env created files");
+
+    /* NULL arguments everywhere */
+    clear_env();
+    set_dir("nulls", dir, sizeof dir);
+    CHECK(ncclProfiler_v6.init(NULL, 1, &mask, "x", 1, 1, 0, test_logger) == ncclSuccess, "init NULL ctx");
+    ctx = NULL;
+    CHECK(ncclProfiler_v6.init(&ctx, 2, NULL, "x", 1, 1, 0, test_logger) == ncclSuccess, "init NULL mask");
+    if (ctx) keep(ctx);
+    CHECK(ctx != NULL, "init with NULL mask still profiles");
+    ncclProfilerEventDescr_v6_t d;
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileColl;
+    d.coll.func = "AllReduce";
+    d.coll.datatype = "ncclFloat32";
+    d.coll.count = 1;
+    d.coll.nChannels = 1;
+    void *h = (void *)0x1;
+    CHECK(ncclProfiler_v6.startEvent(NULL, &h, &d) == ncclSuccess && h == NULL, "NULL context");
+    h = (void *)0x1;
+    CHECK(ncclProfiler_v6.startEvent(ctx, &h, NULL) == ncclSuccess && h == NULL, "NULL descr");
+    CHECK(ncclProfiler_v6.startEvent(ctx, NULL, &d) == ncclSuccess, "NULL eHandle");
+    CHECK(ncclProfiler_v6.stopEvent(NULL) == ncclSuccess, "stop NULL");
+    ncclProfilerEventStateArgs_t a = {.kernelCh = {5}};
+    CHECK(ncclProfiler_v6.recordEventState(NULL, ncclProfilerKernelChStop, &a) == ncclSuccess, "record NULL");
+    CHECK(ncclProfiler_v6.finalize(NULL) == ncclSuccess, "finalize NULL");
+    /* KernelCh with NULL or foreign parents is ignored */
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileKernelCh;
+    d.kernelCh.pTimer = 9;
+    h = (void *)0x1;
+    ncclProfiler_v6.startEvent(ctx, &h, &d);
+    CHECK(h == NULL, "KernelCh without parent");
+    d.type = ncclProfileCollApi;
+    void *api = NULL;
+    ncclProfiler_v6.startEvent(ctx, &api, &d);
+    CHECK(api != NULL, "CollApi dummy");
+    d.type = ncclProfileKernelCh;
+    d.parentObj = api;
+    h = (void *)0x1;
+    ncclProfiler_v6.startEvent(ctx, &h, &d);
+    CHECK(h == NULL, "KernelCh with CollApi parent");
+    /* stale CollApi handles: stop and record any number of times */
+    for (int i = 0; i < 3; i++) {
+        ncclProfiler_v6.stopEvent(api);
+        ncclProfiler_v6.recordEventState(api, ncclProfilerKernelChStop, &a);
+        ncclProfiler_v6.recordEventState(api, ncclProfilerGroupEndApiStart, NULL);
+    }
+    /* unknown event types get NULL */
+    d.type = ncclProfileProxyOp;
+    h = (void *)0x1;
+    ncclProfiler_v6.startEvent(ctx, &h, &d);
+    CHECK(h == NULL, "ProxyOp not tracked");
+    d.type = ncclProfileCeColl;
+    h = (void *)0x1;
+    ncclProfiler_v6.startEvent(ctx, &h, &d);
+    CHECK(h == NULL, "CeColl not tracked");
+
+    /* double stop, KernelCh record with NULL args, stop order variations */
+    clear_env();
+    Comm *cm = fixture("doublestop", 6, 0x21);
+    Expect e;
+    coll_expect(0, &e, 2);
+    void *op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    void *k0 = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, 0, 1, 0), 0);
+    void *k1 = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, 0, 1, 1), 1);
+    void *k2 = start_ev(cm, ncclProfileKernelCh, op, NULL, 1, 2);
+    CHECK(op && k0 && k1 && !k2, "extra KernelCh beyond nChannels gets NULL");
+    stop_ev(op);
+    stop_ev(op); /* duplicate */
+    ncclProfiler_v6.recordEventState(k0, ncclProfilerKernelChStop, NULL); /* NULL args */
+    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
+    record_ev(k0, ncclProfilerKernelChStop, &a);
+    stop_ev(k0);
+    stop_ev(k0); /* duplicate: must not complete the op early */
+    Rec r = slot_rec(cm, 0);
+    CHECK(r.state == ARTEMIS_STATE_IN_FLIGHT, "double stop completed early");
+    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
+    record_ev(k1, ncclProfilerKernelChStop, &a);
+    stop_ev(k1);
+    r = slot_rec(cm, 0);
+    check_done(&r, 0, 2, "double stop record");
+    stop_ev(k1);
+    stop_ev(op);
+    CHECK(cm->ring.hdr->dropped == 0, "double stop dropped");
+
+    /* KernelCh stops before Coll stop */
+    coll_expect(1, &e, 1);
+    op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    k0 = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, 1, 1, 0), 0);
+    a.kernelCh.pTimer = tstop(1, 1, 1, 0);
+    record_ev(k0, ncclProfilerKernelChStop, &a);
+    stop_ev(k0);
+    CHECK(slot_rec(cm, 1).state == ARTEMIS_STATE_IN_FLIGHT, "completed before Coll stop");
+    stop_ev(op);
+    r = slot_rec(cm, 1);
+    check_done(&r, 1, 1, "channel-first record");
+
+    /* unknown strings: codes 0, bytes = count */
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileColl;
+    d.coll.func = "PutSignal";
+    d.coll.datatype = "Unknown";
+    d.coll.algo = "Unknown";
+    d.coll.proto = NULL;
+    d.coll.count = 12345;
+    ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
+    ncclProfiler_v6.stopEvent(h);
+    r = slot_rec(cm, 2);
+    CHECK(r.func == 0 && r.dtype == 0 && r.algo == 0 && r.proto == 0 && r.bytes == 12345 &&
+              r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST && r.coll_seq == 2,
+          "unknown strings");
+    /* every NCCL string maps to its code */
+    const char *fn[] = {"AllGather", "AllReduce", "AlltoAll", "Broadcast", "Gather", "Recv",
+                        "Reduce", "ReduceScatter", "Scatter", "SendRecv", "Send"};
+    const uint8_t fc[] = {2, 1, 6, 4, 7, 10, 5, 3, 8, 11, 9};
+    const char *dn[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64",
+                        "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64",
+                        "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2"};
+    const uint64_t dsz[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+    const char *an[] = {"TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT"};
+    const char *pn[] = {"LL", "LL128", "SIMPLE"};
+    uint64_t t = 3;
+    for (unsigned i = 0; i < 12; i++, t++) {
+        memset(&d, 0, sizeof d);
+        d.type = ncclProfileColl;
+        d.coll.func = fn[i % 11];
+        d.coll.datatype = dn[i];
+        d.coll.algo = an[i % 7];
+        d.coll.proto = pn[i % 3];
+        d.coll.count = 10;
+        ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
+        ncclProfiler_v6.stopEvent(h);
+        r = slot_rec(cm, t);
+        CHECK(r.func == fc[i % 11] && r.dtype == i + 1 && r.bytes == 10 * dsz[i] &&
+                  r.algo == i % 7 + 1 && r.proto == i % 3 + 1,
+              "string codes %u: func %u dtype %u algo %u proto %u bytes %llu", i, r.func, r.dtype,
+              r.algo, r.proto, (unsigned long long)r.bytes);
+    }
+
+    /* more than ART_MAX_CH channels: the first 62 time the op */
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileColl;
+    d.coll.func = "AllReduce";
+    d.coll.datatype = "ncclInt8";
+    d.coll.count = 1;
+    d.coll.nChannels = 64;
+    ncclProfiler_v6.startEvent(cm->ctx, &op, &d);
+    int got = 0;
+    for (int k = 0; k < 64; k++) {
+        void *kh = start_ev(cm, ncclProfileKernelCh, op, NULL, 1000 + (uint64_t)k, k);
+        if (kh) got++;
+        a.kernelCh.pTimer = 2000 + (uint64_t)k;
+        record_ev(kh, ncclProfilerKernelChStop, &a);
+        stop_ev(kh);
+    }
+    stop_ev(op);
+    r = slot_rec(cm, t);
+    CHECK(got == 62 && r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_DEVICE &&
+              r.start == 1000 && r.end == 2061 && r.nchannels == 64,
+          "64 channels: got %d start %llu end %llu", got, (unsigned long long)r.start,
+          (unsigned long long)r.end);
+    t++;
+
+    /* pool exhaustion: NULL handles, counted */
+    uint64_t before = cm->ring.hdr->dropped;
+    static void *held[600];
+    int nulls = 0;
+    coll_expect(100, &e, 1);
+    for (int i = 0; i < 600; i++) {
+        held[i] = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+        nulls += held[i] == NULL;
+    }
+    CHECK(nulls == 600 - 512 && cm->ring.hdr->dropped - before == (uint64_t)nulls,
+          "pool exhaustion: %d NULL, dropped %llu", nulls,
+          (unsigned long long)(cm->ring.hdr->dropped - before));
+    for (int i = 0; i < 600; i++) stop_ev(held[i]); /* host-complete with no timer later */
+    for (int i = 0; i < 600; i++) {
+        void *kh = start_ev(cm, ncclProfileKernelCh, held[i], NULL, 0, 0); /* no timer */
+        record_ev(kh, ncclProfilerKernelChStop, NULL);
+        stop_ev(kh);
+    }
+    h = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    CHECK(h != NULL, "pool usable again after completions");
+    stop_ev(h);
+
+    /* KernelCh never carries a timer: host timing, then host mode for the context */
+    Comm *nt = fixture("notimer", 7, 0x22);
+    coll_expect(0, &e, 2);
+    op = start_ev(nt, ncclProfileColl, NULL, &e, 0, 0);
+    stop_ev(op);
+    for (int k = 0; k < 2; k++) {
+        void *kh = start_ev(nt, ncclProfileKernelCh, op, NULL, 0, k);
+        a.kernelCh.pTimer = 0;
+        record_ev(kh, ncclProfilerKernelChStop, &a);
+        stop_ev(kh);
+    }
+    r = slot_rec(nt, 0);
+    CHECK(r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST && r.start == r.enqueue_ns &&
+              r.end >= r.start,
+          "no-timer record");
+    coll_expect(1, &e, 2);
+    op = start_ev(nt, ncclProfileColl, NULL, &e, 0, 0);
+    void *kh = start_ev(nt, ncclProfileKernelCh, op, NULL, 0, 0);
+    CHECK(kh == NULL, "no-timer context ignores KernelCh");
+    stop_ev(op);
+    r = slot_rec(nt, 1);
+    CHECK(r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST, "no-timer host mode");
+
+    /* events after finalize */
+    Comm *fin = fixture("finalize", 6, 0x23);
+    coll_expect(0, &e, 2);
+    op = start_ev(fin, ncclProfileColl, NULL, &e, 0, 0);
+    k0 = start_ev(fin, ncclProfileKernelCh, op, NULL, tstart(1, 0, 1, 0), 0);
+    CHECK(ncclProfiler_v6.finalize(fin->ctx) == ncclSuccess, "finalize");
+    CHECK(ncclProfiler_v6.finalize(fin->ctx) == ncclSuccess, "finalize twice");
+    CHECK((fin->ring.hdr->flags & ARTEMIS_RING_FINISHED) && fin->ring.hdr->finished_ns > 0,
+          "finished flag");
+    uint64_t fns = fin->ring.hdr->finished_ns;
+    stop_ev(op);
+    k1 = start_ev(fin, ncclProfileKernelCh, op, NULL, tstart(1, 0, 1, 1), 1);
+    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
+    record_ev(k0, ncclProfilerKernelChStop, &a);
+    stop_ev(k0);
+    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
+    record_ev(k1, ncclProfilerKernelChStop, &a);
+    stop_ev(k1);
+    h = start_ev(fin, ncclProfileColl, NULL, &e, 0, 0);
+    CHECK(h == NULL, "start after finalize");
+    stop_ev(h);
+    CHECK(fin->ring.hdr->finished_ns == fns && fin->ring.hdr->write_index == 1, "finalize state");
+    CHECK(access(fin->path, F_OK) == 0, "ring kept after finalize");
+    r = slot_rec(fin, 0);
+    check_done(&r, 0, 2, "late completion");
+
+    /* v4 and v5 tables */
+    Comm *v4 = fixture("v4", 4, 0x24);
+    Comm *v5 = fixture("v5", 5, 0x25);
+    Comm *vs[2] = {v4, v5};
+    for (int v = 0; v < 2; v++) {
+        Comm *x = vs[v];
+        for (uint64_t c = 0; c < 3; c++) {
+            expect_coll(c, 1, &e);
+            void *g = start_ev(x, ncclProfileGroup, NULL, NULL, 0, 0);
+            op = start_ev(x, ncclProfileColl, g, &e, 0, 0);
+            stop_ev(op);
+            for (unsigned k = 0; k < e.nch; k++) {
+                kh = start_ev(x, ncclProfileKernelCh, op, NULL, tstart(1, c, 1, k), (int)k);
+                a.kernelCh.pTimer = tstop(1, c, 1, k);
+                record_ev(kh, ncclProfilerKernelChStop, &a);
+                stop_ev(kh);
+            }
+            stop_ev(g);
+            r = slot_rec(x, c);
+            CHECK(check_rec(&x->ring, &r, c, v ? "v5" : "v4") == 1, "v%d record %llu", 4 + v,
+                  (unsigned long long)c);
+        }
+        expect_p2p(3, 1, 2, &e);
+        op = start_ev(x, ncclProfileP2p, NULL, &e, 0, 0);
+        stop_ev(op);
+        for (unsigned k = 0; k < e.nch; k++) {
+            kh = start_ev(x, ncclProfileKernelCh, op, NULL, tstart(2, 3, 1, k), (int)k);
+            a.kernelCh.pTimer = tstop(2, 3, 1, k);
+            record_ev(kh, ncclProfilerKernelChStop, &a);
+            stop_ev(kh);
+        }
+        r = slot_rec(x, 3);
+        CHECK(check_rec(&x->ring, &r, 3, "p2p") == 1 && r.coll_seq == 3 && r.peer == 0,
+              "v%d p2p record", 4 + v);
+        CHECK(x->ring.hdr->plugin_version == (uint32_t)x->version, "plugin_version");
+    }
+
+    /* naming, clock kinds, slots rounding, stale ring replaced */
+    clear_env();
+    set_dir("naming", dir, sizeof dir);
+    setenv("ARTEMIS_JOB", "my job/1", 1);
+    setenv("ARTEMIS_RING_SLOTS", "1000", 1);
+    setenv("ARTEMIS_CLOCK", "ticks", 1);
+    setenv("ARTEMIS_TICK_HZ", "25000000", 1);
+    mask = 0;
+    ctx = init_comm(6, 0xfeedULL, "a-very-long-communicator-name-that-does-not-fit-in-sixty-four-bytes-at-all", 1, 8, 3, &mask);
+    char p[512];
+    ring_path(p, sizeof p, dir, "my_job_1", 0xfeedULL, 3);
+    Ring rg;
+    CHECK(ctx && map_ring(p, &rg) == 0, "sanitised job name %s", p);
+    if (ctx && rg.hdr) {
+        CHECK(rg.hdr->capacity == 1024 && rg.hdr->clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS &&
+                  rg.hdr->tick_hz == 25000000 && strlen(rg.hdr->comm_name) == 63 &&
+                  !strcmp(rg.hdr->job, "my_job_1") && rg.hdr->host[0] && mask == 70,
+              "naming header");
+        /* stale ring from an earlier process is replaced atomically */
+        void *ctx2 = init_comm(6, 0xfeedULL, "b", 1, 8, 3, &mask);
+        Ring rg2;
+        CHECK(ctx2 && map_ring(p, &rg2) == 0 && !strcmp(rg2.hdr->comm_name, "b"), "stale replaced");
+        CHECK(!strcmp(rg.hdr->comm_name, rg.hdr->comm_name), "old mapping still valid");
+    }
+    unsetenv("ARTEMIS_JOB");
+    setenv("SLURM_JOB_ID", "4242", 1);
+    setenv("TORCHELASTIC_RUN_ID", "te", 1);
+    setenv("ARTEMIS_RING_SLOTS", "1", 1);
+    setenv("ARTEMIS_CLOCK", "host", 1);
+    ctx = init_comm(6, 0xbeefULL, NULL, 1, 8, 0, &mask);
+    ring_path(p, sizeof p, dir, "4242", 0xbeefULL, 0);
+    CHECK(ctx && map_ring(p, &rg) == 0 && rg.hdr->capacity == ARTEMIS_RING_MIN_SLOTS &&
+              rg.hdr->clock_kind == ARTEMIS_CLOCK_HOST && rg.hdr->tick_hz == 0 && mask == 6,
+          "slurm job, host clock");
+    unsetenv("SLURM_JOB_ID");
+    setenv("ARTEMIS_RING_SLOTS", "99999999", 1);
+    unsetenv("ARTEMIS_CLOCK");
+    ctx = init_comm(5, 0xcafeULL, NULL, 1, 8, 0, &mask);
+    ring_path(p, sizeof p, dir, "te", 0xcafeULL, 0);
+    CHECK(ctx && map_ring(p, &rg) == 0 && rg.hdr->capacity == ARTEMIS_RING_MAX_SLOTS &&
+              rg.hdr->clock_kind == ARTEMIS_CLOCK_DEVICE_NS && mask == 70,
+          "torchelastic job, max slots");
+    unsetenv("TORCHELASTIC_RUN_ID");
+    unsetenv("ARTEMIS_RING_SLOTS");
+    ctx = init_comm(5, 0xd00dULL, NULL, 1, 8, 0, &mask);
+    ring_path(p, sizeof p, dir, "000000000000d00d", 0xd00dULL, 0);
+    CHECK(ctx && access(p, F_OK) == 0, "hash job name");
+    clear_env();
+}
+
+/* concurrent init of many comms (NCCL async init threads) */
+static void *init_thread(void *arg) {
+    uintptr_t i = (uintptr_t)arg;
+    int mask = 0;
+    void *ctx = init_comm(6, 0x5000 + i, "conc", 1, 16, (int)i, &mask);
+    CHECK(ctx && mask == 70, "concurrent init %lu", (unsigned long)i);
+    if (ctx) {
+        ncclProfiler_v6.finalize(ctx);
+    }
+    return NULL;
+}
+
+static void test_concurrent_init(void) {
+    char dir[300];
+    clear_env();
+    set_dir("concinit", dir, sizeof dir);
+    setenv("ARTEMIS_RING_SLOTS", "64", 1);
+    pthread_t th[8];
+    for (uintptr_t i = 0; i < 8; i++) pthread_create(&th[i], NULL, init_thread, (void *)i);
+    for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
+    CHECK(count_files(dir) == 8, "8 rings, got %d", count_files(dir));
+    clear_env();
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    uint64_t scale = argc > 1 ? strtoull(argv[1], NULL, 10) : 20000;
+    snprintf(g_root, sizeof g_root, "/tmp/artemis-harness-XXXXXX");
+    if (!mkdtemp(g_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    printf("artemis plugin harness (root %s, %llu ops per comm)\n", g_root, (unsigned long long)scale);
+
+    test_failures();
+    printf("  failure paths done\n");
+    test_concurrent_init();
+    printf("  concurrent init done\n");
+
+    clear_env();
+    int one6[] = {6};
+    run_scenario("one", 1, one6, scale, 3, NULL, 1, 0);
+    int multi[] = {6, 7, 6};
+    run_scenario("multi", 3, multi, scale, 3, NULL, 1, 0);
+    int host5[] = {5, 4};
+    run_scenario("host", 2, host5, scale / 2, 2, "1024", 0, 0);
+    clear_env();
+    int tiny[] = {7, 6};
+    run_scenario("tiny", 2, tiny, scale / 2, 3, "4", 1, 1);
+
+    int f = atomic_load(&failures);
+    if (f) printf("FAILED: %d check(s)\n", f);
+    else printf("PASSED\n");
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", g_root);
+    return f ? 1 : 0;
+}
