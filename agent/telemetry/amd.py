@@ -1,0 +1,236 @@
+"""AMD GPU signals through AMD SMI (the ``amdsmi`` Python package of ROCm).
+
+Honest status: written from the amdsmi Python API documentation (ROCm 6.x /
+7.x) and never run against a real AMD GPU in this project: no machine here has
+one. The pure helpers (``pcie_gen_from_speed``, ``throttle_from_violation``,
+``gpu_from_environ_amd``, ``num``) are tested; the calls into amdsmi are not.
+
+``amdsmi`` is imported lazily; without it, a driver or a GPU, ``available()``
+is ``(False, reason)`` and ``sample`` returns nothing, so every GPU field is
+reported missing. Each field is read on its own; a call that fails or answers
+"N/A" (amdsmi's marker for unsupported values) leaves its field absent.
+
+Fields and where they come from:
+
+* ``gpu_model``: ``amdsmi_get_gpu_asic_info(h)["market_name"]``.
+* ``sm_mhz`` / ``sm_mhz_max``: ``amdsmi_get_clock_info(h, AmdSmiClkType.GFX)``
+  keys ``clk`` (``cur_clk`` in older releases) / ``max_clk``; ``mem_mhz`` the
+  same with ``AmdSmiClkType.MEM``.
+* ``temp_c``: ``amdsmi_get_temp_metric`` of the HOTSPOT (junction) sensor, the
+  one throttling follows, else EDGE (MI300 has no edge sensor).
+* ``power_w``: ``amdsmi_get_power_info``: ``socket_power``, else
+  ``current_socket_power`` (MI300+), else ``average_socket_power`` (W).
+* ``power_limit_w``: ``amdsmi_get_power_cap_info(h)["power_cap"]`` (µW).
+* ``throttle``: ``amdsmi_get_violation_status`` (MI300+, ROCm 6.4+): the
+  ``active_*`` flags map onto our reasons (``throttle_from_violation``). The raw
+  ``throttle_status`` bitmask of gpu_metrics has ASIC-specific meanings and is
+  not interpreted; on older GPUs ``throttle`` is therefore missing.
+* PCIe: ``amdsmi_get_pcie_info``: ``pcie_metric.pcie_width`` /
+  ``pcie_speed`` (MT/s, turned into a generation) and ``pcie_static``
+  ``max_pcie_width`` / ``max_pcie_interface_version`` (else ``max_pcie_speed``).
+
+The rank's GPU: ``target.gpu_index`` (position in
+``amdsmi_get_processor_handles()``), else the GPU whose
+``amdsmi_get_gpu_process_list`` holds the rank's pid (dicts with ``pid`` in
+current releases; process handles resolved with ``amdsmi_get_gpu_process_info``
+in older ones), else ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` /
+``CUDA_VISIBLE_DEVICES`` with ``LOCAL_RANK`` from ``/proc/<pid>/environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from artemis.agent.telemetry.base import RankTarget
+from artemis.agent.telemetry.nvml import gpu_from_environ, read_environ
+
+# PCIe transfer rate per lane (MT/s) of each generation.
+_GEN_BY_MTS = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
+_UINT_MAX = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
+
+# amdsmi violation flags -> our throttle reasons (several map onto one)
+VIOLATION_REASONS: dict[str, str] = {
+    "active_ppt_pwr": "sw_power_cap",  # package power tracking limit
+    "active_socket_thrm": "sw_thermal",  # firmware thermal limit of the socket
+    "active_prochot_thrm": "hw_thermal",  # PROCHOT asserted by hardware
+    "active_vr_thrm": "hw_thermal",  # voltage regulator too hot
+    "active_hbm_thrm": "hw_thermal",  # HBM too hot
+}
+
+
+def num(v: Any) -> float | None:
+    """A number amdsmi reported, or None for "N/A", sentinels and non-numbers."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int) and v in _UINT_MAX:
+        return None
+    return float(v)
+
+
+def pcie_gen_from_speed(speed: Any) -> int | None:
+    """PCIe generation from a per-lane speed in MT/s (or GT/s when below 100)."""
+    s = num(speed)
+    if s is None or s <= 0:
+        return None
+    mts = s * 1000 if s < 100 else s
+    best = min(_GEN_BY_MTS, key=lambda k: abs(k - mts))
+    return _GEN_BY_MTS[best] if abs(best - mts) <= 0.1 * best else None
+
+
+def throttle_from_violation(status: Mapping[str, Any]) -> dict[str, bool] | None:
+    """Our throttle reasons from amdsmi_get_violation_status (None if no flag is known)."""
+    out: dict[str, bool] = {}
+    for key, reason in VIOLATION_REASONS.items():
+        v = status.get(key)
+        if isinstance(v, bool) or (isinstance(v, int) and v not in _UINT_MAX):
+            out[reason] = out.get(reason, False) or bool(v)
+    return out or None
+
+
+def gpu_from_environ_amd(env: Mapping[str, str]) -> int | str | None:
+    """Device index (or UUID) from ROCm's visibility variables and LOCAL_RANK."""
+    for var in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        if var in env:
+            return gpu_from_environ({"CUDA_VISIBLE_DEVICES": env[var], **_local(env)})
+    return gpu_from_environ(_local(env))
+
+
+def _local(env: Mapping[str, str]) -> dict[str, str]:
+    return {"LOCAL_RANK": env["LOCAL_RANK"]} if "LOCAL_RANK" in env else {}
+
+
+def _try(fn: Callable[..., Any] | None, *args: Any) -> Any:
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception:  # AmdSmiLibraryException (not supported, no permission): absent
+        return None
+
+
+class AmdSmiSource:
+    """AMD GPU clocks, temperature, power, throttle flags and PCIe link via amdsmi."""
+
+    name = "amdsmi"
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        self.root = root
+        self._smi: Any = None
+        self._handles: list[Any] = []
+        self._state: tuple[bool, str] | None = None
+        self._pid_gpu: dict[int, int] = {}
+
+    def available(self) -> tuple[bool, str]:
+        """(True, "") when amdsmi works and sees a GPU, else (False, why)."""
+        if self._state is None:
+            self._state = self._init()
+        return self._state
+
+    def _init(self) -> tuple[bool, str]:
+        try:
+            import amdsmi
+        except ImportError as exc:
+            return False, f"amdsmi is not installed (it ships with ROCm): {exc}"
+        try:
+            flags = getattr(amdsmi, "AmdSmiInitFlags", None)
+            if flags is not None and hasattr(flags, "INIT_AMD_GPUS"):
+                amdsmi.amdsmi_init(flags.INIT_AMD_GPUS)
+            else:
+                amdsmi.amdsmi_init()
+            handles = list(amdsmi.amdsmi_get_processor_handles())
+        except Exception as exc:
+            return False, f"AMD SMI failed to initialise (no amdgpu driver?): {exc}"
+        if not handles:
+            return False, "AMD SMI sees no AMD GPU"
+        self._smi, self._handles = amdsmi, handles
+        return True, ""
+
+    def close(self) -> None:
+        if self._smi is not None:
+            _try(self._smi.amdsmi_shut_down)
+            self._smi, self._handles, self._state = None, [], None
+
+    def _pids(self, h: Any) -> set[int]:
+        smi = self._smi
+        procs = _try(smi.amdsmi_get_gpu_process_list, h) or []
+        pids: set[int] = set()
+        for p in procs:
+            info = p if isinstance(p, Mapping) else _try(smi.amdsmi_get_gpu_process_info, h, p)
+            if isinstance(info, Mapping) and isinstance(info.get("pid"), int):
+                pids.add(info["pid"])
+        return pids
+
+    def gpu_index(self, target: RankTarget) -> int | None:
+        if target.gpu_index is not None:
+            return target.gpu_index
+        if target.pid is None or not self.available()[0]:
+            return None
+        pid = target.pid
+        if pid not in self._pid_gpu:
+            found = next((i for i, h in enumerate(self._handles) if pid in self._pids(h)), None)
+            if found is None:
+                entry = gpu_from_environ_amd(read_environ(pid, self.root))
+                found = entry if isinstance(entry, int) else None
+            if found is None:
+                return None
+            self._pid_gpu[pid] = found
+        return self._pid_gpu[pid]
+
+    def sample(self, target: RankTarget) -> dict[str, object]:
+        if not self.available()[0]:
+            return {}
+        idx = self.gpu_index(target)
+        if idx is None or not 0 <= idx < len(self._handles):
+            return {}
+        smi, h = self._smi, self._handles[idx]
+        out: dict[str, object] = {"vendor": "amd", "gpu_index": idx}
+        asic = _try(smi.amdsmi_get_gpu_asic_info, h)
+        if isinstance(asic, Mapping) and isinstance(asic.get("market_name"), str):
+            out["gpu_model"] = asic["market_name"]
+        clk_t = getattr(smi, "AmdSmiClkType", None)
+        if clk_t is not None:
+            gfx = _try(smi.amdsmi_get_clock_info, h, clk_t.GFX)
+            if isinstance(gfx, Mapping):
+                out["sm_mhz"] = num(gfx.get("clk", gfx.get("cur_clk")))
+                out["sm_mhz_max"] = num(gfx.get("max_clk"))
+            mem = _try(smi.amdsmi_get_clock_info, h, clk_t.MEM)
+            if isinstance(mem, Mapping):
+                out["mem_mhz"] = num(mem.get("clk", mem.get("cur_clk")))
+        ttype = getattr(smi, "AmdSmiTemperatureType", None)
+        tmetric = getattr(smi, "AmdSmiTemperatureMetric", None)
+        if ttype is not None and tmetric is not None:
+            for sensor in ("HOTSPOT", "EDGE"):
+                if hasattr(ttype, sensor):
+                    t = num(
+                        _try(smi.amdsmi_get_temp_metric, h, getattr(ttype, sensor), tmetric.CURRENT)
+                    )
+                    if t is not None:
+                        out["temp_c"] = t
+                        break
+        power = _try(smi.amdsmi_get_power_info, h)
+        if isinstance(power, Mapping):
+            for key in ("socket_power", "current_socket_power", "average_socket_power"):
+                w = num(power.get(key))
+                if w is not None:
+                    out["power_w"] = w
+                    break
+        cap = _try(getattr(smi, "amdsmi_get_power_cap_info", None), h)
+        if isinstance(cap, Mapping) and num(cap.get("power_cap")) is not None:
+            out["power_limit_w"] = float(cap["power_cap"]) / 1e6
+        viol = _try(getattr(smi, "amdsmi_get_violation_status", None), h)
+        if isinstance(viol, Mapping):
+            out["throttle"] = throttle_from_violation(viol)
+        pcie = _try(smi.amdsmi_get_pcie_info, h)
+        if isinstance(pcie, Mapping):
+            metric = pcie.get("pcie_metric") or {}
+            static = pcie.get("pcie_static") or {}
+            out["pcie_width"] = num(metric.get("pcie_width"))
+            out["pcie_gen"] = pcie_gen_from_speed(metric.get("pcie_speed"))
+            out["pcie_width_max"] = num(static.get("max_pcie_width"))
+            gen_max = num(static.get("max_pcie_interface_version"))
+            out["pcie_gen_max"] = (
+                int(gen_max) if gen_max else pcie_gen_from_speed(static.get("max_pcie_speed"))
+            )
+        return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,164 @@
+"""The narrow interface every telemetry source implements, and how samples merge.
+
+A source answers ``sample(target)`` with a partial dict of the fields it can
+measure (names from ``records.GPU_FIELDS`` / ``records.HOST_FIELDS``); a field it
+cannot measure is simply absent, never guessed. ``collect`` merges the partial
+dicts of all sources into one ``Telemetry`` and lists every expected field that
+nobody supplied in ``missing``. A source that raises is logged once and
+contributes nothing, so its fields end up missing (unless another source has
+them).
+
+The daemon samples a few times per window; ``TelemetryAccumulator`` turns those
+samples into the window's values: numeric fields averaged, throttle reasons
+ORed (a reason active in any sample was active in the window), PCIe link
+gen/width the lowest seen (a link that dropped for part of the window shows),
+identity fields (strings, gpu_index, ncpu) the last seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, runtime_checkable
+
+from artemis.protocol.records import GPU_FIELDS, HOST_FIELDS, THROTTLE_REASONS, Telemetry
+
+log = logging.getLogger("artemis.agent.telemetry")
+
+ALL_FIELDS: tuple[str, ...] = GPU_FIELDS + HOST_FIELDS
+_INT_FIELDS = frozenset(
+    {"gpu_index", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "ncpu"}
+)
+_STR_FIELDS = frozenset({"vendor", "gpu_model"})
+_LAST_FIELDS = _STR_FIELDS | {"gpu_index", "ncpu"}
+_MIN_FIELDS = frozenset({"pcie_gen", "pcie_width"})
+_TELEMETRY_FIELDS = frozenset(f.name for f in fields(Telemetry)) - {"missing"}
+
+
+@dataclass(frozen=True, slots=True)
+class RankTarget:
+    """What a source samples for: one rank's process (and GPU, when known) in a window."""
+
+    rank: int
+    pid: int | None = None  # the training process (ring header pid)
+    gpu_index: int | None = None  # device index on the host, if already known
+    window: int = 0
+
+
+@runtime_checkable
+class TelemetrySource(Protocol):
+    """A source of GPU or host signals for one rank."""
+
+    name: str
+
+    def sample(self, target: RankTarget) -> dict[str, object]:
+        """Fields this source measured now; absent keys are fields it cannot measure."""
+        ...
+
+
+def clean(sample: Mapping[str, object]) -> dict[str, Any]:
+    """Keep known fields with usable values, in the types ``Telemetry`` declares.
+
+    Unknown keys, None, NaN and values of the wrong kind are dropped (so they
+    end up missing rather than wrong). Throttle dicts keep only known reasons.
+    """
+    out: dict[str, Any] = {}
+    for k, v in sample.items():
+        if k not in _TELEMETRY_FIELDS or v is None:
+            continue
+        if k == "throttle":
+            if isinstance(v, Mapping):
+                out[k] = {r: bool(b) for r, b in v.items() if r in THROTTLE_REASONS}
+        elif k in _STR_FIELDS:
+            if isinstance(v, str) and v:
+                out[k] = v
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        elif k in _INT_FIELDS:
+            out[k] = int(v)
+        elif math.isfinite(float(v)):
+            out[k] = float(v)
+    return out
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(source: str, exc: BaseException) -> None:
+    key = (source, f"{type(exc).__name__}: {exc}")
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("telemetry source %s failed (%s); its fields are reported missing", *key)
+
+
+def merge(
+    samples: Iterable[Mapping[str, object]], expected: Iterable[str] = ALL_FIELDS
+) -> Telemetry:
+    """One Telemetry from partial samples; the first sample to supply a field wins."""
+    merged: dict[str, Any] = {}
+    for s in samples:
+        for k, v in clean(s).items():
+            merged.setdefault(k, v)
+    missing = tuple(f for f in expected if f not in merged)
+    return Telemetry(**merged, missing=missing)
+
+
+def collect(
+    sources: Iterable[TelemetrySource],
+    target: RankTarget,
+    expected: Iterable[str] = ALL_FIELDS,
+) -> Telemetry:
+    """Sample every source for ``target`` and merge (earlier sources win conflicts)."""
+    samples: list[Mapping[str, object]] = []
+    for src in sources:
+        try:
+            samples.append(src.sample(target))
+        except Exception as exc:  # a broken source must not stop the others
+            _warn_once(getattr(src, "name", type(src).__name__), exc)
+    return merge(samples, expected)
+
+
+class TelemetryAccumulator:
+    """Averages the samples the daemon takes during one window into its Telemetry."""
+
+    def __init__(self, expected: Iterable[str] = ALL_FIELDS) -> None:
+        self.expected = tuple(expected)
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+        self._sums: dict[str, float] = {}
+        self._n: dict[str, int] = {}
+        self._last: dict[str, Any] = {}
+        self._min: dict[str, int] = {}
+        self._throttle: dict[str, bool] | None = None
+
+    def add(self, sample: Telemetry | Mapping[str, object]) -> None:
+        d = sample.to_dict() if isinstance(sample, Telemetry) else sample
+        self.count += 1
+        for k, v in clean(d).items():
+            if k == "throttle":
+                acc = self._throttle if self._throttle is not None else {}
+                for r, b in v.items():
+                    acc[r] = acc.get(r, False) or b
+                self._throttle = acc
+            elif k in _LAST_FIELDS:
+                self._last[k] = v
+            elif k in _MIN_FIELDS:
+                self._min[k] = min(self._min.get(k, v), v)
+            else:
+                self._sums[k] = self._sums.get(k, 0.0) + float(v)
+                self._n[k] = self._n.get(k, 0) + 1
+
+    def result(self) -> Telemetry:
+        """The window's Telemetry; fields no sample had are missing."""
+        out: dict[str, Any] = dict(self._last)
+        out.update(self._min)
+        for k, total in self._sums.items():
+            avg = total / self._n[k]
+            out[k] = round(avg) if k in _INT_FIELDS else avg
+        if self._throttle is not None:
+            out["throttle"] = dict(self._throttle)
+        return merge([out], self.expected)

@@ -1,0 +1,147 @@
+"""Host signals from /proc, read under a ``root`` folder so tests use fixture trees.
+
+* ``cpu_pct``, ``steal_pct``, ``iowait_pct``: from the ``cpu`` line of
+  ``/proc/stat`` (user nice system idle iowait irq softirq steal ...), as the
+  change since the previous sample over the change of the total. Busy =
+  user + nice + system + irq + softirq (guest time is already inside user);
+  steal and iowait are reported on their own. The source reads /proc/stat once
+  when built, so the first sample already has a delta; a sample with no tick
+  elapsed reports these fields missing.
+* ``psi_cpu_some``: ``some avg10`` of ``/proc/pressure/cpu`` (absent on kernels
+  without PSI: missing).
+* ``load1``: first field of ``/proc/loadavg``.
+* ``ncpu``: the ``cpuN`` lines of ``/proc/stat`` (online CPUs).
+* ``proc_cpu_pct``: the rank process's utime + stime (fields 14 and 15 of
+  ``/proc/<pid>/stat``, in clock ticks, ``SC_CLK_TCK``) since the previous
+  sample for that pid, over the elapsed monotonic time, as % of one core. The
+  first sample of a pid only primes it (missing).
+
+A file that is absent or unreadable leaves its fields missing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from artemis.agent.telemetry.base import RankTarget
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def parse_stat(text: str) -> tuple[list[int] | None, int]:
+    """(aggregate cpu counters, number of cpuN lines) from /proc/stat text."""
+    agg: list[int] | None = None
+    ncpu = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "cpu":
+            agg = [int(x) for x in parts[1:]]
+        elif parts[0].startswith("cpu") and parts[0][3:].isdigit():
+            ncpu += 1
+    return agg, ncpu
+
+
+def cpu_shares(prev: list[int], cur: list[int]) -> dict[str, float] | None:
+    """cpu/steal/iowait % between two /proc/stat cpu lines; None if no tick elapsed."""
+    width = min(len(prev), len(cur), 8)  # user..steal; guest is counted in user
+    d = [cur[i] - prev[i] for i in range(width)] + [0] * (8 - width)
+    total = sum(d)
+    if total <= 0:
+        return None
+    user, nice, system, _idle, iowait, irq, softirq, steal = d
+    return {
+        "cpu_pct": 100.0 * (user + nice + system + irq + softirq) / total,
+        "steal_pct": 100.0 * steal / total,
+        "iowait_pct": 100.0 * iowait / total,
+    }
+
+
+def parse_psi_some_avg10(text: str) -> float | None:
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "some":
+            for kv in parts[1:]:
+                k, _, v = kv.partition("=")
+                if k == "avg10":
+                    return float(v)
+    return None
+
+
+def parse_pid_cpu_ticks(text: str) -> int | None:
+    """utime + stime from /proc/<pid>/stat (the name may hold spaces and parens)."""
+    rest = text[text.rfind(")") + 1 :].split()
+    # rest[0] is field 3 (state); utime and stime are fields 14 and 15
+    if len(rest) < 13:
+        return None
+    return int(rest[11]) + int(rest[12])
+
+
+class HostSource:
+    """Host CPU, pressure, load and the rank process's own CPU use."""
+
+    name = "host"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "/",
+        clock: Callable[[], float] = time.monotonic,
+        clk_tck: int | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self._clock = clock
+        self._clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
+        self._prev_stat: list[int] | None = None
+        self._prev_pid: dict[int, tuple[float, int]] = {}
+        text = _read(self.root / "proc/stat")
+        if text is not None:
+            self._prev_stat = parse_stat(text)[0]
+
+    def sample(self, target: RankTarget) -> dict[str, object]:
+        out: dict[str, object] = {}
+        text = _read(self.root / "proc/stat")
+        if text is not None:
+            agg, ncpu = parse_stat(text)
+            if ncpu:
+                out["ncpu"] = ncpu
+            if agg is not None:
+                if self._prev_stat is not None:
+                    shares = cpu_shares(self._prev_stat, agg)
+                    if shares is not None:
+                        out.update(shares)
+                self._prev_stat = agg
+        psi = _read(self.root / "proc/pressure/cpu")
+        if psi is not None:
+            v = parse_psi_some_avg10(psi)
+            if v is not None:
+                out["psi_cpu_some"] = v
+        load = _read(self.root / "proc/loadavg")
+        if load is not None and load.split():
+            out["load1"] = float(load.split()[0])
+        if target.pid is not None:
+            pct = self._proc_cpu(target.pid)
+            if pct is not None:
+                out["proc_cpu_pct"] = pct
+        return out
+
+    def _proc_cpu(self, pid: int) -> float | None:
+        text = _read(self.root / f"proc/{pid}/stat")
+        now = self._clock()
+        ticks = parse_pid_cpu_ticks(text) if text is not None else None
+        if ticks is None:
+            self._prev_pid.pop(pid, None)
+            return None
+        prev = self._prev_pid.get(pid)
+        self._prev_pid[pid] = (now, ticks)
+        if prev is None or now <= prev[0] or ticks < prev[1]:
+            return None  # first sight of this pid (or a new process under the same pid)
+        return 100.0 * (ticks - prev[1]) / self._clk_tck / (now - prev[0])
