@@ -592,28 +592,59 @@ class StandInComm:
         self._d_kch.type = KERNEL_CH
         if v == 7:
             self._d_coll.coll.kernelVariant = _cstr("Default")
-        self._a = {
-            k: ctypes.addressof(getattr(self, f"_d_{k}"))
+        self._desc = {
+            k: (getattr(self, f"_d_{k}"), ctypes.addressof(getattr(self, f"_d_{k}")))
             for k in ("group_api", "coll_api", "p2p_api", "group", "coll", "p2p", "kch")
         }
+        self._coll_key: tuple[str, int, str, int, str, str, int] | None = None
+        self._v4 = v == 4
+        self._start_fn = nccl.start_event
+        self._stop_fn = nccl.stop_event
+        self._record_fn = nccl.record_event_state
 
     # -- raw calls ----------------------------------------------------------
 
     def _start(self, which: str, parent: int | None) -> int | None:
-        d = getattr(self, f"_d_{which}")
-        d.parentObj = parent
+        """startEvent with the prebuilt descriptor ``which``; returns the handle."""
+        d, addr = self._desc[which]
+        if d.parentObj != parent:
+            d.parentObj = parent
         self._h.value = None
-        self.nccl.start_event(self.context, self._a_h, self._a[which])
+        self._start_fn(self.context, self._a_h, addr)
         return self._h.value
 
     def _stop(self, handle: int | None) -> None:
         # NCCL never calls stop/record on a NULL handle (reference §3.7).
         if handle:
-            self.nccl.stop_event(handle)
+            self._stop_fn(handle)
 
     def _record(self, handle: int | None, state: int, args: int | None) -> None:
         if handle:
-            self.nccl.record_event_state(handle, state, args)
+            self._record_fn(handle, state, args)
+
+    def _set_coll(self, key: tuple[str, int, str, int, str, str, int]) -> None:
+        """Fill the Coll descriptor (string fields only when they change)."""
+        func, count, dtype, nchannels, algo, proto, root = key
+        c = self._d_coll.coll
+        # AllGather and Broadcast reach the Coll event as bytes of ncclInt8
+        # (NCCL converts the task in collTaskAppend; reference §2.10).
+        if func in ("AllGather", "Broadcast"):
+            c.count = count * _TYPE_SIZE.get(dtype, 1)
+            c.datatype = _cstr("ncclInt8")
+        else:
+            c.count = count
+            c.datatype = _cstr(dtype)
+        c.func = _cstr(func)
+        c.root = root
+        c.nChannels = nchannels
+        c.algo = _cstr(algo)
+        c.proto = _cstr(proto)
+        ca = self._d_coll_api.collApi
+        ca.func = _cstr(func)
+        ca.count = count
+        ca.datatype = _cstr(dtype)
+        ca.root = root
+        self._coll_key = key
 
     # -- operations -----------------------------------------------------------
 
@@ -630,42 +661,26 @@ class StandInComm:
     ) -> PendingOp:
         """Everything NCCL does on the host for one collective, up to Group/GroupApi stop."""
         mask = self.nccl.mask.value
-        v4 = self.nccl.version == 4
-        gapi = capi = group = None
+        v4 = self._v4
+        key = (func, count, dtype, nchannels, algo, proto, root)
+        if key != self._coll_key:
+            self._set_coll(key)
+        gapi = capi = group = coll = None
         if not v4 and mask & _NEEDS_GROUP_API:
             gapi = self._start("group_api", None)
             self._record(gapi, STATE_GROUP_START_API_STOP, None)
         if not v4 and mask & _NEEDS_COLL_API:
-            ca = self._d_coll_api.collApi
-            ca.func = _cstr(func)
-            ca.count = count
-            ca.datatype = _cstr(dtype)
-            ca.root = root
             capi = self._start("coll_api", gapi)
             self._stop(capi)
         if not v4:
             self._record(gapi, STATE_GROUP_END_API_START, None)
         if mask & _NEEDS_GROUP:
             group = self._start("group", None)
-        coll = None
         if mask & _NEEDS_COLL:
             seq = self._seq.get(func, 0)
             self._seq[func] = seq + 1
             c = self._d_coll.coll
             c.seqNumber = seq
-            c.func = _cstr(func)
-            # AllGather and Broadcast reach the Coll event as bytes of ncclInt8
-            # (NCCL converts the task in collTaskAppend; reference §2.10).
-            if func in ("AllGather", "Broadcast"):
-                c.count = count * _TYPE_SIZE.get(dtype, 1)
-                c.datatype = _cstr("ncclInt8")
-            else:
-                c.count = count
-                c.datatype = _cstr(dtype)
-            c.root = root
-            c.nChannels = nchannels
-            c.algo = _cstr(algo)
-            c.proto = _cstr(proto)
             if not v4:
                 c.parentGroup = group
             coll = self._start("coll", group if v4 else capi)
@@ -755,8 +770,7 @@ class StandInComm:
             kernel_times = [(now, now + 1)] * nchannels
         elif len(kernel_times) != nchannels:
             raise ValueError(f"{len(kernel_times)} kernel times for {nchannels} channels")
-        d = self._d_kch
-        kc = d.kernelCh
+        kc = self._d_kch.kernelCh
         handles = []
         # The proxy thread sees every channel start before the stops.
         for ch, (start, _) in enumerate(kernel_times):
