@@ -639,11 +639,12 @@ class StandInComm:
         c.nChannels = nchannels
         c.algo = _cstr(algo)
         c.proto = _cstr(proto)
-        ca = self._d_coll_api.collApi
-        ca.func = _cstr(func)
-        ca.count = count
-        ca.datatype = _cstr(dtype)
-        ca.root = root
+        if not self._v4:  # v4 has no API events
+            ca = self._d_coll_api.collApi
+            ca.func = _cstr(func)
+            ca.count = count
+            ca.datatype = _cstr(dtype)
+            ca.root = root
         self._coll_key = key
 
     # -- operations -----------------------------------------------------------
