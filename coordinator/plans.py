@@ -1,0 +1,121 @@
+"""Outputs of the rebalance policy: the plans file (JSONL) and the plan metrics.
+
+The plans file (``--plans-jsonl``) gets one JSON object per line at every change
+of a plan's status, flushed at once so an operator tailing it sees each change
+as it happens and a crash loses nothing already reported. Field names are the
+DESIGN contract ("Rebalance plans"), produced by ``PlanEvent.to_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from .policy import STATUSES, PlanEvent
+
+
+class PlansWriter:
+    """Appends plan events to a JSONL file, one line per status change, flushed per line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] | None = self.path.open("a", encoding="utf-8")
+        # The coordinator may write from its event loop and a shutdown hook alike;
+        # one lock keeps lines whole.
+        self._lock = threading.Lock()
+        self.lines = 0
+
+    def write(self, event: PlanEvent | dict[str, Any]) -> None:
+        rec = event.to_dict() if isinstance(event, PlanEvent) else dict(event)
+        line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+        with self._lock:
+            if self._fh is None:
+                raise ValueError(f"plans file {self.path} is closed")
+            self._fh.write(line)
+            self._fh.flush()
+            self.lines += 1
+
+    def write_all(self, events: list[PlanEvent]) -> None:
+        for e in events:
+            self.write(e)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __enter__(self) -> PlansWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class PlanMetrics:
+    """Prometheus series for rebalance plans, registered on one registry."""
+
+    plans: Counter  # straggler_plans_total{status}
+    throughput: Gauge  # straggler_throughput_samples_per_second{phase}
+    escalations: Counter  # straggler_plan_escalations_total
+    active: Gauge  # straggler_plan_active: 1 while the job runs on an uneven split
+
+    def observe(self, event: PlanEvent) -> None:
+        self.plans.labels(status=event.status).inc()
+        if event.throughput_before is not None:
+            self.throughput.labels(phase="before").set(event.throughput_before)
+        if event.throughput_after is not None:
+            self.throughput.labels(phase="after").set(event.throughput_after)
+        if event.escalate:
+            self.escalations.inc()
+        if event.status == "verified":
+            self.active.set(0.0 if _even(event.after) else 1.0)
+        elif event.status == "rolled_back":
+            self.active.set(0.0 if _even(event.before) else 1.0)
+
+
+def register_plan_metrics(registry: CollectorRegistry) -> PlanMetrics:
+    plans = Counter(
+        "straggler_plans",
+        "Rebalance plan status changes, by status",
+        ["status"],
+        registry=registry,
+    )
+    for s in STATUSES:
+        plans.labels(status=s)  # every status visible at 0 from the start
+    return PlanMetrics(
+        plans=plans,
+        throughput=Gauge(
+            "straggler_throughput_samples_per_second",
+            "Useful throughput (samples/s) measured before and after the latest plan",
+            ["phase"],
+            registry=registry,
+        ),
+        escalations=Counter(
+            "straggler_plan_escalations",
+            "Plans rolled back because throughput did not recover",
+            registry=registry,
+        ),
+        active=Gauge(
+            "straggler_plan_active",
+            "1 while a verified uneven split is in force, else 0",
+            registry=registry,
+        ),
+    )
+
+
+def _even(split: list[int]) -> bool:
+    return max(split) - min(split) <= 1 if split else True
