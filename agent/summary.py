@@ -137,6 +137,24 @@ def infer_period(
     return None
 
 
+_CLOCK_NAMES = {
+    "host": CLOCK_HOST,
+    "device_ns": CLOCK_DEVICE_NS,
+    "device_ticks": CLOCK_DEVICE_TICKS,
+}
+
+
+def _clock_kind(kind: int | str | None, tick_hz: float | None) -> int:
+    """The ring header's clock kind (int or the reader's name); None: ticks iff tick_hz."""
+    if kind is None:
+        return CLOCK_DEVICE_TICKS if tick_hz else CLOCK_DEVICE_NS
+    if isinstance(kind, str):
+        if kind not in _CLOCK_NAMES:
+            raise ValueError(f"unknown clock kind {kind!r}; expected one of {sorted(_CLOCK_NAMES)}")
+        return _CLOCK_NAMES[kind]
+    return int(kind)
+
+
 def _as_int(a: np.ndarray, field: str, dtype: str) -> np.ndarray:
     return np.asarray(a[field]).astype(dtype, copy=False)
 
@@ -184,7 +202,7 @@ class WindowSummarizer:
         window_steps: int = 50,
         colls_per_step: int | None = None,
         *,
-        clock_kind: int = CLOCK_DEVICE_NS,
+        clock_kind: int | str | None = None,
         tick_hz: float | None = None,
         max_period: int = 64,
         settle: int | None = None,
@@ -197,8 +215,8 @@ class WindowSummarizer:
             raise ValueError("colls_per_step must be >= 1")
         self.job, self.comm, self.rank, self.nranks, self.host = job, comm, rank, nranks, host
         self.window_steps = window_steps
-        self.clock_kind = clock_kind
         self.tick_hz = tick_hz if tick_hz else None
+        self.clock_kind = _clock_kind(clock_kind, self.tick_hz)
         self.max_period = max_period
         self.island, self.hw_class = island, hw_class
         self._settle = settle
@@ -460,8 +478,9 @@ class ProgressTracker:
     """Where one rank stands, from the agent's own monotonic observations.
 
     ``idle_s`` is the time since anything observed changed (last done, the
-    in-flight collective, or the ring's write index when given); ``inflight_s``
-    the time since the current in-flight collective was first seen.
+    in-flight collective, the ring's write index when given, or ``changed=True``
+    from the caller, e.g. any record polled); ``inflight_s`` the time since the
+    current in-flight collective was first seen.
     """
 
     def __init__(self, job: str, comm: str, rank: int, host: str) -> None:
@@ -471,22 +490,26 @@ class ProgressTracker:
         self._changed_at = 0.0
         self._inflight: int | None = None
         self._inflight_since = 0.0
+        self._current = RankProgress(job, comm, rank, host, -1, None, 0.0, 0.0)
 
     def observe(
         self,
         now: float,
-        last_done: int,
+        last_done: int | None,
         inflight: int | None,
         finished: bool = False,
         ring_index: int | None = None,
+        changed: bool = False,
     ) -> RankProgress:
-        self.last_done = max(self.last_done, last_done)
+        """Record one observation; ``last_done`` None means no collective completed now."""
+        if last_done is not None:
+            self.last_done = max(self.last_done, last_done)
         state = (self.last_done, inflight, ring_index)
-        if state != self._state:
+        if changed or state != self._state:
             self._state, self._changed_at = state, now
         if inflight != self._inflight:
             self._inflight, self._inflight_since = inflight, now
-        return RankProgress(
+        self._current = RankProgress(
             job=self.job,
             comm=self.comm,
             rank=self.rank,
@@ -497,6 +520,11 @@ class ProgressTracker:
             idle_s=max(0.0, now - self._changed_at),
             finished=finished,
         )
+        return self._current
+
+    def current(self) -> RankProgress:
+        """The progress computed at the last observation."""
+        return self._current
 
     def update(
         self,

@@ -381,6 +381,9 @@ def test_device_ticks_are_converted_with_tick_hz() -> None:
     w = feed_in_polls(s, rec[0], 100)[0]
     assert w.clock == "device"
     assert w.gap_ms == pytest.approx(expected_gap_ms(compute[0], present, 0, W), abs=1e-6)
+    # the reader's header names the clock by string; tick_hz alone implies ticks
+    for kw in ({"clock_kind": "device_ticks", "tick_hz": hz}, {"tick_hz": hz}):
+        assert feed_in_polls(summarizer(**kw), rec[0], 100)[0] == w
     s2 = summarizer(clock_kind=CLOCK_DEVICE_TICKS)
     w2 = feed_in_polls(s2, rec[0], 100)[0]
     assert w2.clock == "ticks"
@@ -502,3 +505,14 @@ def test_progress_tracker_times() -> None:
     assert p.idle_s == 0.0
     p = t.update(112.0, _records([12]), _records([13], state=STATE_IN_FLIGHT), ring_index=5)
     assert (p.last_done, p.inflight) == (12, 13)
+
+
+def test_progress_tracker_changed_flag_and_current() -> None:
+    t = ProgressTracker("job", "c", 0, "node-a")
+    assert t.current().last_done == -1 and t.current().inflight is None
+    t.observe(10.0, None, 5)
+    p = t.observe(13.0, None, 5)
+    assert (p.last_done, p.inflight_s, p.idle_s) == (-1, 3.0, 3.0)
+    p = t.observe(14.0, None, 5, changed=True)  # e.g. p2p records polled
+    assert (p.inflight_s, p.idle_s) == (4.0, 0.0)
+    assert t.current() == p

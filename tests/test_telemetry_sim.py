@@ -76,3 +76,14 @@ def test_rewrites_are_picked_up_and_torn_files_keep_the_last_good(tmp_path: Path
         src.sample(RankTarget(rank=5))
     t = collect([src], RankTarget(rank=5))
     assert "sm_mhz" in t.missing and "temp_c" in t.missing
+
+
+def test_the_targets_job_selects_the_file(tmp_path: Path) -> None:
+    write(sim_telemetry_path(tmp_path, "jobA", 0), {"base": {"sm_mhz": 1000}})
+    write(sim_telemetry_path(tmp_path, "jobB", 0), {"base": {"sm_mhz": 2000}})
+    src = SimulatedSource(tmp_path)
+    assert src.sample(RankTarget(rank=0, job="jobA"))["sm_mhz"] == 1000
+    assert src.sample(RankTarget(rank=0, job="jobB"))["sm_mhz"] == 2000
+    assert SimulatedSource(tmp_path, "jobB").sample(RankTarget(rank=0))["sm_mhz"] == 2000
+    with pytest.raises(ValueError, match="needs a job"):
+        src.sample(RankTarget(rank=0))

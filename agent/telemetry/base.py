@@ -45,6 +45,7 @@ class RankTarget:
     pid: int | None = None  # the training process (ring header pid)
     gpu_index: int | None = None  # device index on the host, if already known
     window: int = 0
+    job: str = ""  # the job the rank belongs to (sources keyed by job, e.g. the simulator)
 
 
 @runtime_checkable

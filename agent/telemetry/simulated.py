@@ -66,19 +66,19 @@ class SimulatedSource:
 
     name = "simulated"
 
-    def __init__(self, shm_dir: str | os.PathLike[str], job: str) -> None:
+    def __init__(self, shm_dir: str | os.PathLike[str], job: str | None = None) -> None:
         self.shm_dir = Path(shm_dir)
-        self.job = job
-        self._cache: dict[int, tuple[tuple[int, int], dict[str, Any]]] = {}
+        self.job = job  # default job; a target's own job takes precedence
+        self._cache: dict[tuple[str, int], tuple[tuple[int, int], dict[str, Any]]] = {}
 
-    def _doc(self, rank: int) -> dict[str, Any] | None:
-        path = sim_telemetry_path(self.shm_dir, self.job, rank)
+    def _doc(self, job: str, rank: int) -> dict[str, Any] | None:
+        path = sim_telemetry_path(self.shm_dir, job, rank)
         try:
             st = path.stat()
         except FileNotFoundError:
             return None
         stamp = (st.st_mtime_ns, st.st_size)
-        cached = self._cache.get(rank)
+        cached = self._cache.get((job, rank))
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
@@ -89,9 +89,12 @@ class SimulatedSource:
             if cached is not None:
                 return cached[1]  # a torn write: keep the last good content
             raise ValueError(f"unreadable simulator telemetry {path}: {exc}") from exc
-        self._cache[rank] = (stamp, doc)
+        self._cache[(job, rank)] = (stamp, doc)
         return doc
 
     def sample(self, target: RankTarget) -> dict[str, object]:
-        doc = self._doc(target.rank)
+        job = target.job or self.job
+        if not job:
+            raise ValueError("SimulatedSource needs a job (from the target or the constructor)")
+        doc = self._doc(job, target.rank)
         return {} if doc is None else overlay(doc, target.window)
