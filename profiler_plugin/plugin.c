@@ -216,14 +216,20 @@ static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend) {
         ArtOp *op = &ctx->ops[idx];
         uint64_t e = atomic_load_explicit(&op->pend, RLX);
         if (e == 0 && atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) {
-            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            if (i) atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
             return op;
         }
     }
     return NULL;
 }
 
-static inline void op_release(ArtOp *op) { atomic_store_explicit(&op->pend, 0, REL); }
+/* Returns the handle to the pool and points the hint at it, so the next claim
+ * reuses a handle that is still in this core's cache. */
+static inline void op_release(ArtOp *op) {
+    ArtCtx *ctx = op->ctx;
+    atomic_store_explicit(&op->pend, 0, REL);
+    atomic_store_explicit(&ctx->hint, (uint32_t)(op - ctx->ops), RLX);
+}
 
 static void op_complete(ArtOp *op) {
     ArtCtx *ctx = op->ctx;
@@ -299,6 +305,9 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
 
     uint64_t ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
+    /* The next op will most likely take the next slot: start fetching its line
+     * for writing now, so its seqlock CAS does not wait for memory. */
+    __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
     if (!seq_enter(s, &odd)) {
         op_release(op);
