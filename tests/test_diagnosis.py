@@ -1,0 +1,159 @@
+"""Diagnosis rules, one table row per rule and per ambiguous case."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from artemis.coordinator.diagnosis import DIAG_FIELDS, diagnose, pcie_degraded
+from artemis.protocol.records import Telemetry
+
+# A healthy GPU on a quiet host: every field present.
+HEALTHY = Telemetry(
+    vendor="nvidia",
+    sm_mhz=1530,
+    sm_mhz_max=1980,
+    temp_c=62,
+    power_w=350,
+    power_limit_w=700,
+    throttle={},
+    pcie_gen=5,
+    pcie_gen_max=5,
+    pcie_width=16,
+    pcie_width_max=16,
+    cpu_pct=40,
+    steal_pct=0,
+    iowait_pct=0,
+    psi_cpu_some=1,
+    load1=20,
+    ncpu=64,
+    proc_cpu_pct=60,
+)
+PEERS = [replace(HEALTHY, temp_c=t) for t in (60, 62, 64)]
+
+
+def sick(**kw: object) -> Telemetry:
+    return replace(HEALTHY, **kw)
+
+
+CASES = [
+    ("clocks: low, no reason", sick(sm_mhz=1110), "clocks", "no throttle reason"),
+    (
+        "clocks: locked via apps clocks",
+        sick(sm_mhz=1110, throttle={"apps_clocks": True}),
+        "clocks",
+        "locked",
+    ),
+    (
+        "thermal: reason active",
+        sick(sm_mhz=1200, temp_c=88, throttle={"hw_thermal": True}),
+        "thermal",
+        "hw_thermal",
+    ),
+    ("thermal: hot vs peers, clocks low", sick(sm_mhz=1200, temp_c=80), "thermal", "hot"),
+    (
+        "power: cap reason",
+        sick(sm_mhz=1250, throttle={"sw_power_cap": True}),
+        "power",
+        "sw_power_cap",
+    ),
+    ("power: at the limit, clocks low", sick(sm_mhz=1250, power_w=690), "power", "power limit"),
+    ("pcie: narrow link", sick(pcie_width=8), "pcie", "50%"),
+    ("pcie: lower generation", sick(pcie_gen=4), "pcie", "PCIe"),
+    ("host: steal", sick(steal_pct=12), "host", "steal"),
+    ("host: pressure", sick(psi_cpu_some=45), "host", "pressure"),
+    ("host: load per cpu", sick(load1=150), "host", "load"),
+    ("host: busy vs peers", sick(cpu_pct=80), "host", "vs 40%"),
+    ("host: process saturates a core", sick(proc_cpu_pct=99), "host", "process"),
+    ("nothing fits", HEALTHY, "unknown", "nothing in the telemetry"),
+    (
+        "two causes at once (thermal and power)",
+        sick(sm_mhz=1100, throttle={"hw_thermal": True, "sw_power_cap": True}),
+        "unknown",
+        "two causes",
+    ),
+    (
+        "two causes at once (pcie and host)",
+        sick(pcie_width=8, steal_pct=20),
+        "unknown",
+        "two causes",
+    ),
+    (
+        "throttle reason without low clocks",
+        sick(throttle={"hw_thermal": True}),
+        "unknown",
+        "contradictory",
+    ),
+    (
+        "clocks low and an unmapped reason",
+        sick(sm_mhz=1100, throttle={"hw_slowdown": True}),
+        "unknown",
+        "hw_slowdown",
+    ),
+    ("all telemetry missing", Telemetry(), "unknown", "no telemetry"),
+    (
+        "clocks low, nothing to say why",
+        Telemetry(sm_mhz=1100),
+        "unknown",
+        "no throttle, temperature or power",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "tel", "kind", "words"), CASES, ids=[c[0] for c in CASES])
+def test_rules(name: str, tel: Telemetry, kind: str, words: str) -> None:
+    c = diagnose(tel, PEERS)
+    assert c.kind == kind, c.text
+    assert words in c.text
+
+
+def test_evidence_has_the_design_shape() -> None:
+    c = diagnose(sick(sm_mhz=1110, temp_c=61, power_w=336), PEERS)
+    assert c.kind == "clocks"
+    assert c.evidence == {
+        "sm_mhz": 1110,
+        "peers_sm_mhz": 1530,
+        "temp_c": 61,
+        "peers_temp_c": 62,
+        "power_frac": pytest.approx(336 / 700, abs=1e-3),
+        "throttle": {},
+        "pcie_degraded": 0.0,
+    }
+    assert c.to_json() == {"kind": "clocks", "text": c.text, "evidence": c.evidence}
+    assert "SM 1110 MHz vs 1530 MHz" in c.text
+
+
+def test_host_evidence_added_when_host_is_the_cause() -> None:
+    c = diagnose(sick(steal_pct=12), PEERS)
+    assert c.evidence["steal_pct"] == 12 and c.evidence["peers_cpu_pct"] == 40
+    assert c.evidence["load_per_cpu"] == pytest.approx(20 / 64, abs=0.01)
+
+
+def test_missing_is_listed_never_guessed() -> None:
+    tel = Telemetry(sm_mhz=1530, temp_c=60, missing=("power_w",))
+    c = diagnose(tel, PEERS)
+    expected = sorted(set(DIAG_FIELDS) - {"sm_mhz", "temp_c"})
+    assert c.missing == expected
+    assert c.evidence["power_frac"] is None and c.evidence["pcie_degraded"] is None
+    assert all(f not in c.missing for f in ("sm_mhz", "temp_c"))
+
+
+def test_throttle_reason_counts_when_clocks_are_not_reported() -> None:
+    c = diagnose(Telemetry(throttle={"sw_thermal": True}), [])
+    assert c.kind == "thermal"
+    assert "could not be compared" in c.text
+    assert "sm_mhz" in c.missing
+
+
+def test_without_peers_the_gpu_max_clock_is_the_reference() -> None:
+    c = diagnose(sick(sm_mhz=1500, sm_mhz_max=1980, temp_c=90, throttle={}), [])
+    # 1500 < 0.9 x 1980 and 90 C >= the absolute hot mark: thermal.
+    assert c.kind == "thermal" and "its max" in c.text
+
+
+def test_pcie_fraction_lost() -> None:
+    assert pcie_degraded(sick(pcie_width=8)) == 0.5
+    # Gen 3 -> gen 4 is not a plain halving: 128b/130b on both, ~half.
+    lost = pcie_degraded(sick(pcie_gen=3, pcie_gen_max=4))
+    assert lost == pytest.approx(1 - 0.985 / 1.969, abs=1e-4)
+    assert pcie_degraded(Telemetry()) is None

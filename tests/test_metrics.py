@@ -1,0 +1,98 @@
+"""Metrics: the DESIGN names, values from a window, a real HTTP scrape."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import numpy as np
+import pytest
+from artemis.coordinator.detector import Detector, WindowResult
+from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.settings import Settings
+from prometheus_client import Gauge, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from test_detector_support import WINDOW_STEPS, make_window
+
+ISL = ["nvidia"] * 4 + ["amd"] * 4
+
+
+def windows(n: int, slow_from: int, stop_at: int | None = None) -> list[WindowResult]:
+    det = Detector(Settings(), "job1", 8)
+    out = []
+    for w in range(n):
+        gap = np.full(8, 100.0)
+        if w >= slow_from and (stop_at is None or w < stop_at):
+            gap[2] = 120.0
+        out.append(det.score_window(w, make_window(w, gap, islands=ISL), missing=[]))
+    return out
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text)[(name, tuple(sorted(labels.items())))]
+
+
+def test_observe_and_scrape_over_http() -> None:
+    m = Metrics()
+    extra = Gauge("straggler_extra_test", "registered by another part", registry=m.registry)
+    extra.set(7)
+    results = windows(12, slow_from=3, stop_at=6)
+    for res in results:
+        m.observe_window(res, scoring_seconds=0.002)
+    m.set_active(True)
+    stop = m.serve(0, addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{stop.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        stop()
+    last = results[-1]
+    assert value(text, "straggler_rank_pace_ratio", rank="2", island="nvidia") == last.pace[2]
+    assert value(text, "straggler_step_ms") == last.step_ms
+    assert value(text, "straggler_missing_ranks") == 0
+    assert value(text, "straggler_detector_active") == 1
+    assert value(text, "straggler_last_window") == 11
+    assert value(text, "straggler_windows_scored_total") == 12
+    assert value(text, "straggler_scoring_seconds_count") == 12
+    assert value(text, "straggler_extra_test") == 7
+    # Windows 3, 4 suspect; 5 flagged; 6, 7 ongoing (recovering); 8 cleared.
+    counts: dict[tuple[str, str], int] = {}
+    for res in results:
+        for f in res.findings:
+            counts[(f.kind, f.state)] = counts.get((f.kind, f.state), 0) + 1
+    assert counts == {
+        ("rank", "suspect"): 2,
+        ("rank", "flagged"): 1,
+        ("rank", "ongoing"): 2,
+        ("rank", "cleared"): 1,
+    }
+    for (kind, state), n in counts.items():
+        assert value(text, "straggler_findings_total", kind=kind, state=state) == n
+    assert value(text, "straggler_flagged", kind="rank", subject="2") == 0  # cleared
+    hours = 3 * 20.0 / 1000 * WINDOW_STEPS * 8 / 3600  # windows 3..5, confirmed at 5
+    assert value(text, "straggler_gpu_hours_lost_total") == last.gpu_hours_lost
+    # The ongoing windows 6 and 7 are healthy again: no excess, no cost.
+    assert last.gpu_hours_lost == pytest.approx(hours)
+
+
+def test_flagged_gauge_while_it_lasts_and_missing_count() -> None:
+    m = Metrics()
+    for res in windows(7, slow_from=1):
+        m.observe_window(res, 0.001)
+    text = generate_latest(m.registry).decode()
+    assert value(text, "straggler_flagged", kind="rank", subject="2") == 1
+    det = Detector(Settings(), "job1", 8)
+    res = det.score_window(1, make_window(1, [100.0] * 5, nranks=8), missing=[5, 6, 7])
+    m.observe_window(res, 0.001)
+    text = generate_latest(m.registry).decode()
+    assert value(text, "straggler_missing_ranks") == 3
+    # Ranks that stopped reporting lose their pace series.
+    names = {k for k in samples(text) if k[0] == "straggler_rank_pace_ratio"}
+    assert {dict(k[1])["rank"] for k in names} == {"0", "1", "2", "3", "4"}
