@@ -210,13 +210,12 @@ static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
 static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend) {
     uint32_t n = ctx->nops;
     uint32_t h = atomic_load_explicit(&ctx->hint, RLX);
-    uint32_t probes = n < ART_CLAIM_PROBES ? n : ART_CLAIM_PROBES;
-    for (uint32_t i = 0; i < probes; i++) {
+    for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
         uint64_t e = atomic_load_explicit(&op->pend, RLX);
         if (e == 0 && atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) {
-            if (i) atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
             return op;
         }
     }

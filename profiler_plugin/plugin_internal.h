@@ -33,7 +33,6 @@
 
 /* Operations in flight per context (pool size, a power of two). */
 #define ART_OP_POOL 512u
-#define ART_CLAIM_PROBES 128u
 
 #define ART_CACHELINE 64
 
