@@ -190,3 +190,29 @@ def test_rings_lists_bad_file_and_continues(tmp_path: Path) -> None:
     p = _agent("rings", "--shm-dir", str(tmp_path / "nowhere"))
     assert p.returncode == 2 and "no such ring folder" in p.stderr
     w.close()
+
+
+def test_dump_ring_of_a_plugin_ring(plugin_lib: Path, shm_dir: Path) -> None:
+    from artemis.sim.nccl import NcclStandIn
+
+    n = NcclStandIn(plugin_lib, 7)
+    c = n.comm_init(0xD00D, 2, 4)
+    c.collective("AllReduce", 256, "ncclFloat16", kernel_times=[(700, 800), (650, 820)])
+    c.begin_collective("AllReduce", 256, "ncclFloat16")
+    p = _agent("dump-ring", str(shm_dir / "testjob.000000000000d00d.r2.ring"))
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in p.stdout.splitlines()]
+    assert [
+        (r["seq"], r["coll_seq"], r["func"], r["bytes"], r["state"], r["start_ns"], r["end_ns"])
+        for r in recs
+    ] == [(0, 0, "AllReduce", 512, "done", 650, 820), (1, 1, "AllReduce", 512, "in_flight", 0, 0)]
+    assert recs[0]["clock"] == "device" and recs[0]["rank"] == 2 and recs[0]["nchannels"] == 2
+    p = _agent("rings", "--shm-dir", str(shm_dir), "--json")
+    row = json.loads(p.stdout)
+    assert (row["records"], row["in_flight"], row["finished"], row["plugin_version"]) == (
+        2,
+        1,
+        False,
+        7,
+    )
+    n.finalize()
