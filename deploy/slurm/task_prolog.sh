@@ -13,7 +13,7 @@
 # A job that sets NCCL_PROFILER_PLUGIN itself is left alone.
 
 ARTEMIS_DEFAULT=off                        # on: every job is watched unless ARTEMIS=0
-ARTEMIS_PLUGIN_DIR=/opt/artemis/lib        # where the install put the plugin (see operator guide)
+: "${ARTEMIS_PLUGIN_DIR:=/opt/artemis/lib}" # where the install put the plugin (see operator guide)
 ARTEMIS_SHM_DIR_DEFAULT=/dev/shm/artemis
 # shellcheck disable=SC1091
 [ -r /etc/default/artemis-slurm ] && . /etc/default/artemis-slurm

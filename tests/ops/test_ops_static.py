@@ -1,0 +1,386 @@
+"""Static checks of everything an operator installs: Prometheus config and
+alerting rules (promtool), systemd units (systemd-analyze), sysusers/tmpfiles
+snippets (run against a scratch root), Kubernetes and Grafana files, example
+configs, the job-side scripts, and that every metric the dashboard and the
+rules use is one the coordinator's code defines."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from artemis_ops_helpers import (
+    DASHBOARD,
+    DEPLOY,
+    GRAFANA,
+    K8S,
+    PROM_DIR,
+    RULES,
+    RULES_TEST,
+    SCRAPE_CONFIG,
+    SYSTEMD,
+    console_script,
+    coordinator_metric_names,
+    dashboard_exprs,
+    exposed_names,
+    iter_panels,
+    load_dashboard,
+    load_yaml,
+    load_yaml_all,
+    referenced_metrics,
+    rule_list,
+    tool,
+    variable_queries,
+)
+
+UNITS = ("artemis-agent.service", "artemis-coordinator.service")
+
+
+def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, **kw)  # type: ignore[call-overload]
+
+
+# ---- Prometheus -----------------------------------------------------------
+
+
+def test_promtool_check_config() -> None:
+    r = run([tool("promtool"), "check", "config", str(SCRAPE_CONFIG)])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_promtool_check_rules() -> None:
+    r = run([tool("promtool"), "check", "rules", str(RULES)])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_promtool_test_rules() -> None:
+    r = run([tool("promtool"), "test", "rules", RULES_TEST.name], cwd=PROM_DIR)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+def test_every_alert_is_tested_and_documented() -> None:
+    rules = rule_list()
+    tested = {a["alertname"] for t in load_yaml(RULES_TEST)["tests"] for a in t.get("alert_rule_test", [])}
+    for r in rules:
+        name = r["alert"]
+        assert name in tested, f"{name} has no promtool unit test"
+        assert r["labels"].get("severity") in {"warning", "critical"}, name
+        for key in ("summary", "description", "runbook"):
+            assert r["annotations"].get(key), f"{name}: annotation {key} missing"
+    # Positive cases: every alert fires in at least one test (not only exp_alerts: []).
+    firing = {
+        a["alertname"]
+        for t in load_yaml(RULES_TEST)["tests"]
+        for a in t.get("alert_rule_test", [])
+        if a.get("exp_alerts")
+    }
+    assert {r["alert"] for r in rules} <= firing
+
+
+def test_scrape_config_job_names_match_rules() -> None:
+    jobs = {s["job_name"] for s in load_yaml(SCRAPE_CONFIG)["scrape_configs"]}
+    used = set(re.findall(r'job="([^"]+)"', RULES.read_text()))
+    assert used <= jobs, f"rules use scrape jobs {used - jobs} that prometheus.yml does not define"
+    coord = next(s for s in load_yaml(SCRAPE_CONFIG)["scrape_configs"] if s["job_name"] == "artemis-coordinator")
+    assert all(t.endswith(":9464") for sc in coord["static_configs"] for t in sc["targets"])
+
+
+# ---- metric names against the coordinator ----------------------------------
+
+
+def test_dashboard_and_rules_use_only_metrics_the_coordinator_defines() -> None:
+    dash = load_dashboard()
+    exprs = [e for _, e in dashboard_exprs(dash)]
+    exprs += [sel for _, sel, _ in variable_queries(dash)]
+    exprs += [r["expr"] for r in rule_list()]
+    used = referenced_metrics(exprs)
+    assert used, "no straggler_* metric found in the dashboard and rules"
+    defined = coordinator_metric_names()
+    missing = sorted(n for n in used if n not in exposed_names(defined))
+    assert not missing, (
+        "metrics used by grafana/artemis-dashboard.json or deploy/prometheus/artemis-rules.yml "
+        f"that no file under coordinator/ defines: {missing}\n"
+        f"(defined in coordinator/: {sorted(defined) or 'none yet'})"
+    )
+
+
+# ---- Grafana -------------------------------------------------------------
+
+
+def test_dashboard_structure() -> None:
+    dash = load_dashboard()
+    assert dash["uid"] == "artemis-stragglers"
+    assert dash["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    job_q = variables["job"]["query"]
+    assert re.fullmatch(r"label_values\(straggler_\w+,\s*job\)", job_q["query"] if isinstance(job_q, dict) else job_q)
+
+    ids = set()
+    for p in iter_panels(dash["panels"]):
+        assert p["id"] not in ids, f"duplicate panel id {p['id']}"
+        ids.add(p["id"])
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert p.get("title")
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)), p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}", p["title"]
+            assert t["expr"].strip(), p["title"]
+    for where, expr in dashboard_exprs(dash):
+        for var in re.findall(r"\$(\w+)", expr):
+            assert var.startswith("__") or var in variables, f"{where}: unknown variable ${var}"
+        assert 'job=~"$job"' in expr, f"{where}: not filtered by $job"
+    titles = {p["title"] for p in iter_panels(dash["panels"])}
+    for needed in ("Detector active", "Last window", "Ranks missing", "Flagged now",
+                   "Median step time", "Findings by kind and state", "GPU-hours lost",
+                   "Rebalance plans by status", "Throughput before / after rebalancing"):
+        assert needed in titles, needed
+    assert any(t.startswith("Rank pace over its island") for t in titles)
+
+
+def test_flagged_table_shows_cause_and_cost() -> None:
+    dash = load_dashboard()
+    table = next(p for p in iter_panels(dash["panels"]) if p["type"] == "table")
+    exprs = " ".join(t["expr"] for t in table["targets"])
+    for label in ("kind", "subject", "since", "cause"):
+        assert label in exprs
+    assert "straggler_finding_loss_pct" in exprs and "straggler_finding_excess_ms" in exprs
+    renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"]["renameByName"]
+    assert {"Kind", "Subject", "Since (window)", "Cause", "Cost (% of step)"} <= set(renamed.values())
+
+
+def test_grafana_provisioning() -> None:
+    dashboards = load_yaml(GRAFANA / "provisioning/dashboards/artemis.yaml")
+    assert dashboards["apiVersion"] == 1
+    (prov,) = dashboards["providers"]
+    assert prov["type"] == "file" and prov["options"]["path"].startswith("/")
+    ds = load_yaml(GRAFANA / "provisioning/datasources/prometheus.yaml")
+    assert ds["apiVersion"] == 1
+    assert [d["type"] for d in ds["datasources"]] == ["prometheus"]
+    assert DASHBOARD.stat().st_size > 0
+
+
+# ---- systemd ---------------------------------------------------------------
+
+
+def _unit_copy(tmp_path: Path, unit: str) -> Path:
+    """The unit with ExecStart pointing at the venv's console script, so
+    systemd-analyze can check that the binary exists and is executable."""
+    text = (SYSTEMD / unit).read_text()
+    assert "ExecStart=/opt/artemis/bin/" in text
+    for name in ("artemis-agent", "artemis-coordinator"):
+        text = text.replace(f"/opt/artemis/bin/{name} ", f"{console_script(name)} ")
+    dst = tmp_path / unit
+    dst.write_text(text)
+    return dst
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_systemd_analyze_verify(tmp_path: Path, unit: str) -> None:
+    path = _unit_copy(tmp_path, unit)
+    r = run([tool("systemd-analyze"), "verify", "--man=no", str(path)], cwd=tmp_path)
+    out = (r.stdout + r.stderr).strip()
+    # Any warning (unknown key, bad value, missing binary) is a failure.
+    assert r.returncode == 0 and not out, out
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_systemd_unit_hardening(unit: str) -> None:
+    r = run([tool("systemd-analyze"), "security", "--offline=yes", "--threshold=25",
+             "--no-pager", str(SYSTEMD / unit)])
+    assert r.returncode == 0, f"exposure above 2.5:\n{r.stdout[-3000:]}{r.stderr}"
+    text = (SYSTEMD / unit).read_text()
+    for line in ("User=artemis", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+                 "NoNewPrivileges=yes", "CapabilityBoundingSet=\n", "MemoryDenyWriteExecute=yes",
+                 "Restart=on-failure", "LoadCredential=secret:/etc/artemis/secret"):
+        assert line in text, f"{unit}: {line.strip()} missing"
+    assert not re.search(r"^PrivateDevices=yes", text, re.M)  # would hide the GPUs and /dev/shm
+    name = unit.removesuffix(".service")
+    assert re.search(rf"^ExecStart=\S*/{name} {'run' if 'agent' in name else 'serve'} "
+                     rf"--config /etc/artemis/{name.split('-')[1]}.toml ", text, re.M)
+    assert f"EnvironmentFile=-/etc/default/{name}" in text
+
+
+def test_agent_unit_can_write_rings() -> None:
+    text = (SYSTEMD / "artemis-agent.service").read_text()
+    assert "ReadWritePaths=/dev/shm/artemis" in text
+    assert "DevicePolicy=closed" in text
+    for dev in ("char-nvidia-frontend", "char-kfd", "char-drm"):
+        assert f"DeviceAllow={dev} rw" in text
+
+
+def test_sysusers_and_tmpfiles_create_user_and_ring_folder(tmp_path: Path) -> None:
+    """Run the real systemd-sysusers and systemd-tmpfiles against a scratch root."""
+    root = tmp_path / "root"
+    (root / "etc/sysusers.d").mkdir(parents=True)
+    (root / "etc/tmpfiles.d").mkdir(parents=True)
+    (root / "dev/shm").mkdir(parents=True)
+    (root / "etc/sysusers.d/artemis.conf").write_text((SYSTEMD / "artemis.sysusers.conf").read_text())
+    (root / "etc/tmpfiles.d/artemis.conf").write_text((SYSTEMD / "artemis.tmpfiles.conf").read_text())
+    r = run([tool("systemd-sysusers"), f"--root={root}", "artemis.conf"])
+    assert r.returncode == 0, r.stderr
+    passwd = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
+    assert "artemis" in passwd
+    uid = int(passwd["artemis"][2])
+    assert uid < 1000, "a system user"
+    assert passwd["artemis"][6].endswith("nologin")
+    r = run([tool("systemd-tmpfiles"), f"--root={root}", "--create", "artemis.conf"])
+    assert r.returncode == 0, r.stderr
+    st = (root / "dev/shm/artemis").stat()
+    assert stat.S_ISDIR(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o1777
+    assert st.st_uid == uid
+
+
+# ---- Kubernetes, example configs --------------------------------------------
+
+
+def test_k8s_manifests_parse() -> None:
+    kinds: dict[str, dict] = {}
+    for f in sorted(K8S.glob("*.yaml")):
+        for doc in load_yaml_all(f):
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), f
+            kinds[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    ds = kinds["DaemonSet/artemis-agent"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] and pod["tolerations"]
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert "/dev/shm/artemis" in paths
+    assert any("secret" in v for v in pod["volumes"])
+    agent = pod["containers"][0]
+    assert agent["args"][:2] == ["artemis-agent", "run"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    dep = kinds["Deployment/artemis-coordinator"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["artemis-coordinator", "serve"]
+    svc = kinds["Service/artemis-coordinator"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {7470, 9464}
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    listen = tomllib.loads(kinds["ConfigMap/artemis-coordinator"]["data"]["coordinator.toml"])["listen"]
+    assert int(listen.rsplit(":", 1)[1]) in {p["port"] for p in svc["spec"]["ports"]}
+
+
+def _load_agent(path: Path) -> object:
+    from artemis.agent.config import AgentConfig
+    from artemis.protocol.tomlfile import load_config
+
+    return load_config(AgentConfig, path, {}).validated()
+
+
+def _load_coordinator(path: Path) -> object:
+    from artemis.coordinator.config import CoordinatorConfig
+    from artemis.coordinator.settings import Settings
+    from artemis.protocol.tomlfile import load_config
+
+    cfg = load_config(CoordinatorConfig, path, {}).validated()
+    Settings.from_mapping(cfg.detector)  # thresholds and rebalance keys are valid
+    return cfg
+
+
+def test_example_configs_load_with_the_daemons_loaders() -> None:
+    """deploy/*.toml through the daemons' own loaders: unknown keys or wrong types fail."""
+    agent = tomllib.loads((DEPLOY / "agent.toml").read_text())
+    for key in ("coordinator", "shm_dir", "secret_file", "host", "transport", "log_json",
+                "window_steps", "colls_per_step", "telemetry", "rdma", "tls"):
+        assert key in agent, f"agent.toml does not document {key}"
+    assert {"device", "port", "gid_index"} <= set(agent["rdma"])
+    _load_agent(DEPLOY / "agent.toml")
+    coord = tomllib.loads((DEPLOY / "coordinator.toml").read_text())
+    for key in ("listen", "metrics_port", "jsonl", "plans_jsonl", "secret_file", "detector", "tls"):
+        assert key in coord, f"coordinator.toml does not document {key}"
+    assert coord["metrics_port"] == 9464
+    assert coord["detector"]["rebalance"] in {"off", "recommend", "apply"}
+    _load_coordinator(DEPLOY / "coordinator.toml")
+
+
+def test_k8s_configmaps_load_with_the_daemons_loaders(tmp_path: Path) -> None:
+    loaders = {"agent.toml": _load_agent, "coordinator.toml": _load_coordinator}
+    seen = set()
+    for f in sorted(K8S.glob("*.yaml")):
+        for doc in load_yaml_all(f):
+            if doc["kind"] != "ConfigMap":
+                continue
+            for key, text in doc["data"].items():
+                path = tmp_path / key
+                path.write_text(text)
+                loaders[key](path)
+                seen.add(key)
+    assert seen == set(loaders)
+
+
+@pytest.mark.parametrize("cmd,flags", [
+    (("artemis-agent", "run"), ("--config", "--secret-file", "--coordinator", "--host", "--shm-dir")),
+    (("artemis-coordinator", "serve"), ("--config", "--secret-file", "--listen", "--metrics-port", "--jsonl")),
+])
+def test_cli_accepts_the_flags_the_units_and_manifests_pass(cmd: tuple[str, str], flags: tuple[str, ...]) -> None:
+    r = run([str(console_script(cmd[0])), cmd[1], "--help"], env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, f"{' '.join(cmd)} --help failed:\n{r.stderr[-2000:]}"
+    missing = [f for f in flags if f not in r.stdout]
+    assert not missing, f"{' '.join(cmd)} lacks {missing}"
+
+
+# ---- job-side scripts --------------------------------------------------------
+
+
+SCRIPTS = sorted(DEPLOY.rglob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_scripts_parse_and_are_executable(script: Path) -> None:
+    r = run(["bash", "-n", str(script)])
+    assert r.returncode == 0, r.stderr
+    assert os.access(script, os.X_OK)
+
+
+def _task_prolog(tmp_path: Path, **env: str) -> list[str]:
+    base = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", "ARTEMIS_PLUGIN_DIR": str(tmp_path)}
+    r = run(["bash", str(DEPLOY / "slurm/task_prolog.sh")], env={**base, **env})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_slurm_task_prolog(tmp_path: Path) -> None:
+    amd = os.path.exists("/dev/kfd") and not os.path.exists("/dev/nvidiactl")
+    lib = "librccl-profiler-artemis.so" if amd else "libnccl-profiler-artemis.so"
+    for name in ("libnccl-profiler-artemis.so", "librccl-profiler-artemis.so"):
+        (tmp_path / name).write_bytes(b"")
+    assert _task_prolog(tmp_path) == []  # site default off, job did not opt in
+    assert _task_prolog(tmp_path, ARTEMIS="0") == []
+    out = _task_prolog(tmp_path, ARTEMIS="1")
+    assert out == [
+        f"export NCCL_PROFILER_PLUGIN={tmp_path / lib}",
+        "export ARTEMIS_JOB=4242",
+        "export ARTEMIS_SHM_DIR=/dev/shm/artemis",
+    ]
+    # The job's own plugin wins; a missing plugin leaves the job unwatched.
+    out = _task_prolog(tmp_path, ARTEMIS="1", NCCL_PROFILER_PLUGIN="/x.so")
+    assert [line.split()[0] for line in out] == ["print"]
+    out = _task_prolog(tmp_path / "nowhere", ARTEMIS="1")
+    assert [line.split()[0] for line in out] == ["print"]
+
+
+def test_torchrun_example_sets_plugin_and_job(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "artemis-agent").write_text("#!/bin/sh\necho /opt/x/libnccl-profiler-artemis.so\n")
+    (bin_dir / "torchrun").write_text(
+        '#!/bin/sh\necho "plugin=$NCCL_PROFILER_PLUGIN job=$ARTEMIS_JOB"\necho "args=$*"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_ID": "run7", "NPROC_PER_NODE": "2"}
+    r = run([str(DEPLOY / "torchrun/example.sh"), "train.py", "--lr", "1"], env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("plugin=/opt/x/lib") and lines[0].endswith("-profiler-artemis.so job=run7")
+    assert "--nproc-per-node 2" in lines[1] and lines[1].endswith("train.py --lr 1")
