@@ -169,3 +169,49 @@ def _print_table(folder: Path, rows: list[dict[str, object]]) -> None:
     for row in rows:
         table.add_row(*(str(row[c]) for c in cols))
     Console(width=140).print(table)
+
+
+@app.command("run")
+def run_cmd(
+    config: Annotated[Path | None, typer.Option(help="TOML config (see deploy/agent.toml).")] = None,
+    coordinator: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the coordinator.")
+    ] = None,
+    shm_dir: Annotated[
+        Path | None, typer.Option(help="Where the plugin writes rings (default /dev/shm/artemis).")
+    ] = None,
+    secret_file: Annotated[
+        Path | None, typer.Option(help="Shared secret file (mode 0600), same as the coordinator's.")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Name this node reports (default hostname).")] = None,
+    log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
+) -> None:
+    """Run the node agent: read rings, summarise windows, ship them to the coordinator."""
+    from artemis.agent.config import AgentConfig
+    from artemis.protocol.logs import setup_logging
+    from artemis.protocol.tomlfile import ConfigError, load_config
+
+    try:
+        cfg = load_config(
+            AgentConfig,
+            config,
+            {
+                "coordinator": coordinator,
+                "shm_dir": str(shm_dir) if shm_dir else None,
+                "secret_file": str(secret_file) if secret_file else None,
+                "host": host,
+                "log_json": log_json or None,
+            },
+        ).validated()
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    setup_logging(json_logs=cfg.log_json)
+    from artemis.agent.run_main import main
+    from artemis.protocol.aio import run
+
+    try:
+        run(main(cfg))
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None

@@ -184,7 +184,7 @@ HEADER_FIELDS: list[tuple[str, str, int]] = [
     ("finished_ns", "<u8", 72),
     ("dropped", "<u8", 80),
     ("plugin_version", "<u4", 88),
-    ("reserved0", "<u4", 92),
+    ("global_rank", "<i4", 92),
     ("job", f"S{NAME_LEN}", 96),
     ("comm_name", f"S{NAME_LEN}", 160),
     ("host", f"S{NAME_LEN}", 224),
@@ -220,6 +220,7 @@ class RingHeader:
     finished_ns: int
     dropped: int
     plugin_version: int
+    global_rank: int  # job-wide rank, -1 when the writer did not know it
     comm_name: str
     host: str
     capacity: int
@@ -349,6 +350,7 @@ class RingReader:
             finished_ns=int(h["finished_ns"]),
             dropped=int(h["dropped"]),
             plugin_version=int(h["plugin_version"]),
+            global_rank=int(h["global_rank"]),
             comm_name=_name(bytes(h["comm_name"])),
             host=_name(bytes(h["host"])),
             capacity=self.capacity,

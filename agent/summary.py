@@ -230,7 +230,8 @@ class WindowSummarizer:
         self._n_seen = 0  # distinct collective records accepted
         self._reader_lost = 0
         self._extra_reported = 0
-        self._dirty = False
+        self._pending: list[np.ndarray] = []
+        self._infer_at = 0  # records seen before the next inference attempt
         self.late = 0  # records that arrived after their window was emitted
 
     @property
@@ -250,9 +251,11 @@ class WindowSummarizer:
             return
         done = _is_done(records)
         kind = np.asarray(records["kind"])
-        coll = records[done & (kind == KIND_COLL)]
-        bridge = records[done & (kind == KIND_BRIDGE)]
-        if bridge.size:
+        is_coll = done & (kind == KIND_COLL)
+        is_bridge = done & (kind == KIND_BRIDGE)
+        coll = records if is_coll.all() else records[is_coll]
+        if is_bridge.any():
+            bridge = records[is_bridge]
             b = np.empty(bridge.size, dtype=_BRIDGE_DT)
             b["coll_seq"] = _as_int(bridge, "coll_seq", "<i8")
             b["peer"] = _as_int(bridge, "peer", "<i4")
@@ -274,20 +277,32 @@ class WindowSummarizer:
         c = c[keep]
         if c.size == 0:
             return
-        merged = np.concatenate([self._recs, c])
+        # Merging into the sorted buffer is deferred until a window can be cut:
+        # the agent polls many times per window and each merge sorts the buffer.
+        self._pending.append(c)
+        lo, hi = int(c["coll_seq"].min()), int(c["coll_seq"].max())
+        self._min_seq = lo if self._min_seq is None else min(self._min_seq, lo)
+        self._max_seq = max(self._max_seq, hi)
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        merged = np.concatenate([self._recs, *self._pending])
+        self._pending = []
         seqs, first = np.unique(merged["coll_seq"], return_index=True)  # sorted, deduped
         self._n_seen += int(seqs.size - self._recs.size)
         self._recs = merged[first]
-        self._min_seq = int(seqs[0]) if self._min_seq is None else min(self._min_seq, int(seqs[0]))
-        self._max_seq = max(self._max_seq, int(seqs[-1]))
         if self._c is None and self._recs.size > _INFER_CAP:
             self._recs = self._recs[-_INFER_CAP:]
-        self._dirty = True
 
     def _infer(self) -> None:
-        if self._c is not None or not self._dirty or self._recs.size == 0:
+        if self._c is not None:
             return
-        self._dirty = False
+        self._merge()
+        # an irregular stream is retried at growing intervals, not at every poll
+        if self._recs.size == 0 or self._n_seen < self._infer_at:
+            return
+        self._infer_at = self._n_seen + max(self.max_period, self._n_seen // 8)
         first = int(self._recs["coll_seq"][0])
         n = int(self._recs["coll_seq"][-1]) - first + 1
         funcs = np.full(n, -1, dtype=np.int64)
@@ -301,10 +316,14 @@ class WindowSummarizer:
         """Windows complete since the last call; with ``final`` also the partial last one."""
         self._infer()
         c = self._c
-        if c is None or self._recs.size == 0 or self._min_seq is None:
+        if c is None or self._min_seq is None:
             return []
         span = self.window_steps * c
         settle = c if self._settle is None else self._settle
+        nxt = self._next_window
+        if nxt is not None and not final and self._max_seq < (nxt + 1) * span - 1 + settle:
+            return []  # nothing can be cut yet: skip the merge
+        self._merge()
         if self._next_window is None:
             self._next_window = max(self._min_seq, 0) // span
         out: list[RankWindow] = []

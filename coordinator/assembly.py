@@ -70,6 +70,11 @@ class WindowAssembler:
             return True
         return cand == cur
 
+    def primary_comm(self, job: str, rank: int) -> str | None:
+        """The communicator a rank is judged on (None until it reported a window)."""
+        cur = self._primary.get((job, rank))
+        return None if cur is None else cur[1]
+
     def add(self, w: RankWindow, now: float) -> list[AssembledWindow]:
         """Add one summary; returns windows that became complete because of it."""
         if not self._is_primary(w):

@@ -55,7 +55,7 @@ REC_DEVICE = 1
 CLOCK_KINDS = {"host": 0, "device_ns": 1, "device_ticks": 2}
 
 # Header fields up to plugin_version/reserved0 (offsets 0..96), then 3 names.
-_HEADER_HEAD = struct.Struct("<QIIIIiiiiQIIQQQQII")
+_HEADER_HEAD = struct.Struct("<QIIIIiiiiQIIQQQQIi")
 # Slot body without the lock word: offsets 4..64.
 _SLOT_BODY = struct.Struct("<BBBBBBBBiQQQQQQ")
 _U32 = struct.Struct("<I")
@@ -84,6 +84,7 @@ class BridgeRingWriter:
         tick_hz: int = 0,
         comm_name: str = "bridge",
         host: str | None = None,
+        global_rank: int | None = None,
     ) -> None:
         if capacity < _MIN_SLOTS or capacity > _MAX_SLOTS or capacity & (capacity - 1):
             raise ValueError(
@@ -119,7 +120,7 @@ class BridgeRingWriter:
             0,
             0,
             0,  # plugin_version 0: not written by the NCCL plugin
-            0,
+            rank if global_rank is None else global_rank,
         )
         header[96:160] = _fixed(job)
         header[160:224] = _fixed(comm_name)

@@ -148,7 +148,7 @@ typedef struct ArtemisRingHeader {
     uint64_t finished_ns;      /* 72: CLOCK_REALTIME ns at finalize, 0 while running */
     uint64_t dropped;          /* 80: records the writer had to drop (accessed atomically) */
     uint32_t plugin_version;   /* 88: ABI version NCCL loaded us as (4..7), 0 = other writer */
-    uint32_t reserved0;        /* 92 */
+    int32_t global_rank;       /* 92: job-wide rank (env RANK, else OMPI/SLURM/PMI), -1 unknown */
     char job[ARTEMIS_NAME_LEN];       /* 96: job id, NUL-terminated */
     char comm_name[ARTEMIS_NAME_LEN]; /* 160: communicator name or "" */
     char host[ARTEMIS_NAME_LEN];      /* 224: hostname of the writer */

@@ -81,6 +81,20 @@ static void sanitise(char *dst, size_t n, const char *src) {
     dst[i] = '\0';
 }
 
+/* The job-wide rank of this process, as launchers export it; -1 when unknown.
+ * NCCL tells the plugin only the rank inside each communicator, and a job with
+ * one communicator per vendor island needs the global one to name a rank. */
+static int32_t art_global_rank(void) {
+    static const char *const names[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                        "SLURM_PROCID", "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = env_nonempty(names[i]);
+        uint64_t r;
+        if (v && parse_u64(v, &r) == 0 && r < (1u << 30)) return (int32_t)r;
+    }
+    return -1;
+}
+
 int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen) {
     memset(cfg, 0, sizeof *cfg);
     const char *v;
@@ -234,6 +248,7 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     h->tick_hz = cfg->tick_hz;
     h->created_ns = art_now_real();
     h->plugin_version = plugin_version;
+    h->global_rank = art_global_rank();
     memcpy(h->job, job, sizeof h->job);
     snprintf(h->comm_name, sizeof h->comm_name, "%s", comm_name ? comm_name : "");
     if (gethostname(h->host, sizeof h->host - 1) != 0) h->host[0] = '\0';

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from artemis.sim.scenario import ScenarioError
 
 app = typer.Typer(
@@ -47,7 +46,8 @@ def sim(
         str | None, typer.Option(help="Override [detector].rebalance: off|recommend|apply.")
     ] = None,
     workdir: Annotated[
-        Path | None, typer.Option(help="Keep shm dirs, configs and logs here (default: a temp dir).")
+        Path | None,
+        typer.Option(help="Keep shm dirs, configs and logs here (default: a temp dir)."),
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 300.0,
 ) -> None:
@@ -96,11 +96,10 @@ def demo(
     out: Annotated[Path, typer.Option(help="Folder for findings and plans.")] = Path("out"),
 ) -> None:
     """The flagship job live: 4 NVIDIA + 4 AMD ranks, rank 2's clocks drop at window 16."""
-    from rich.console import Console
-    from rich.live import Live
-
     from artemis.sim.cluster import SimCluster, SimContext, SimOptions
     from artemis.sim.live import LiveState, summary_lines
+    from rich.console import Console
+    from rich.live import Live
 
     _setup_logs()
     console = Console()
@@ -126,16 +125,21 @@ def demo(
         cluster = SimCluster(
             scenario,
             SimOptions(
-                jsonl=findings, plans_jsonl=plans, metrics_port=metrics_port, speed="realtime",
-                window_s=window_s, rebalance=rebalance, on_tick=tick, timeout_s=600,
+                jsonl=findings,
+                plans_jsonl=plans,
+                metrics_port=metrics_port,
+                speed="realtime",
+                window_s=window_s,
+                rebalance=rebalance,
+                on_tick=tick,
+                timeout_s=600,
             ),
         )
     except ScenarioError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     console.print(
-        f"Prometheus metrics on http://127.0.0.1:{metrics_port}/metrics; "
-        f"findings -> {findings}"
+        f"Prometheus metrics on http://127.0.0.1:{metrics_port}/metrics; findings -> {findings}"
     )
     with live:
         res = cluster.run()

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-
 from artemis.sim.hostproc import metric_value
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import write_telemetry
@@ -151,13 +150,20 @@ class SimCluster:
             plans = opts.plans_jsonl or work / "plans.jsonl"
             procs["coordinator"] = self._spawn(
                 [
-                    _bin("artemis-coordinator"), "serve",
-                    "--listen", f"127.0.0.1:{port}",
-                    "--metrics-port", str(mport),
-                    "--jsonl", str(opts.jsonl),
-                    "--plans-jsonl", str(plans),
-                    "--secret-file", str(secret),
-                    "--config", str(ccfg),
+                    _bin("artemis-coordinator"),
+                    "serve",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--metrics-port",
+                    str(mport),
+                    "--jsonl",
+                    str(opts.jsonl),
+                    "--plans-jsonl",
+                    str(plans),
+                    "--secret-file",
+                    str(secret),
+                    "--config",
+                    str(ccfg),
                     "--log-json",
                 ],
                 logs / "coordinator.log",
@@ -182,12 +188,18 @@ class SimCluster:
             for h in range(sc.hosts):
                 procs[f"agent-{h}"] = self._spawn(
                     [
-                        _bin("artemis-agent"), "run",
-                        "--coordinator", f"127.0.0.1:{port}",
-                        "--shm-dir", str(shm[h]),
-                        "--secret-file", str(secret),
-                        "--host", sc.host_name(h),
-                        "--config", str(acfg),
+                        _bin("artemis-agent"),
+                        "run",
+                        "--coordinator",
+                        f"127.0.0.1:{port}",
+                        "--shm-dir",
+                        str(shm[h]),
+                        "--secret-file",
+                        str(secret),
+                        "--host",
+                        sc.host_name(h),
+                        "--config",
+                        str(acfg),
                         "--log-json",
                     ],
                     logs / f"agent-{h}.log",
@@ -199,16 +211,27 @@ class SimCluster:
             for h in range(sc.hosts):
                 procs[f"host-{h}"] = self._spawn(
                     [
-                        sys.executable, "-m", "artemis.sim.hostproc",
-                        "--scenario", str(self.path),
-                        "--host", str(h),
-                        "--shm-dir", str(shm[h]),
-                        "--job", self.job,
-                        "--metrics-url", murl,
-                        "--speed", opts.speed,
-                        "--scale", str(scale),
-                        "--findings", str(opts.jsonl),
-                        "--hang-wait-s", "60",
+                        sys.executable,
+                        "-m",
+                        "artemis.sim.hostproc",
+                        "--scenario",
+                        str(self.path),
+                        "--host",
+                        str(h),
+                        "--shm-dir",
+                        str(shm[h]),
+                        "--job",
+                        self.job,
+                        "--metrics-url",
+                        murl,
+                        "--speed",
+                        opts.speed,
+                        "--scale",
+                        str(scale),
+                        "--findings",
+                        str(opts.jsonl),
+                        "--hang-wait-s",
+                        "60",
                     ],
                     logs / f"host-{h}.log",
                 )

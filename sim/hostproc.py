@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import Scenario, load_scenario
 
@@ -79,7 +78,9 @@ class Pacer:
             if v is not None and v >= need:
                 return
             time.sleep(0.02)
-        print(f"hostproc: coordinator did not reach window {need} in {deadline_s}s", file=sys.stderr)
+        print(
+            f"hostproc: coordinator did not reach window {need} in {deadline_s}s", file=sys.stderr
+        )
 
     def after_step(self) -> None:
         self.steps_done += 1
@@ -90,7 +91,9 @@ class Pacer:
                 time.sleep(delay)
 
 
-def plan_split(shm: Path, job: str, sc: Scenario) -> tuple[int | None, list[int] | None, str | None]:
+def plan_split(
+    shm: Path, job: str, sc: Scenario
+) -> tuple[int | None, list[int] | None, str | None]:
     """The plan published on this host: (apply_at_step, samples per rank, id)."""
     from artemis.job.plan_files import plan_path, read_json
 
@@ -142,7 +145,11 @@ def run_host(
         for i, lead in enumerate(model.leaders):
             if lead in local:
                 bridges[i] = BridgeRingWriter(
-                    shm, job, comm_hash(job, f"bridge/{lead}"), lead, sc.ranks,
+                    shm,
+                    job,
+                    comm_hash(job, f"bridge/{lead}"),
+                    lead,
+                    sc.ranks,
                     host=sc.host_name(host),
                 )
 
@@ -174,7 +181,7 @@ def run_host(
                     for s in range(S):
                         if w * S + s >= at:
                             samples[s] = split
-                    for r, c in clients.items():
+                    for c in clients.values():
                         for s in range(S):
                             c.samples_for_step(w * S + s)  # applies and acks the plan
             wt = model.window(w, samples)
@@ -187,7 +194,9 @@ def run_host(
                             continue
                         c = pattern[0]
                         hung.append(
-                            comms[r].begin_collective(c.func, c.bytes // 4, "ncclFloat32", CHANNELS)
+                            comms[r].begin_collective(
+                                c.func, c.bytes // 4, "ncclFloat32", nchannels=CHANNELS
+                            )
                         )
                     _wait_for_hang(findings, hang_wait_s)
                     return 0
@@ -196,8 +205,10 @@ def run_host(
                     for r in local:
                         a = int(wt.arrive[s, r, k])
                         e = int(wt.end[s, r, k])
-                        kt = [(a + ch * CHANNEL_SKEW_NS, e - (CHANNELS - 1 - ch) * CHANNEL_SKEW_NS)
-                              for ch in range(CHANNELS)]
+                        kt = [
+                            (a + ch * CHANNEL_SKEW_NS, e - (CHANNELS - 1 - ch) * CHANNEL_SKEW_NS)
+                            for ch in range(CHANNELS)
+                        ]
                         comms[r].collective(
                             c.func,
                             c.bytes if c.func in ("AllGather", "Broadcast") else c.bytes // 4,
@@ -252,7 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hang-wait-s", type=float, default=60.0)
     a = ap.parse_args(argv)
     return run_host(
-        a.scenario, a.host, a.shm_dir, a.job, a.metrics_url, a.speed, a.scale, a.findings,
+        a.scenario,
+        a.host,
+        a.shm_dir,
+        a.job,
+        a.metrics_url,
+        a.speed,
+        a.scale,
+        a.findings,
         a.hang_wait_s,
     )
 

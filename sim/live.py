@@ -104,13 +104,19 @@ class LiveState:
             ft.add_column(c)
         for f in self.findings[-12:]:
             cause = (f.get("cause") or {}).get("kind", "") if f.get("cause") else ""
-            cost = f"{f['loss_pct']:.1f}% ({f.get('excess_ms') or 0:.1f} ms/step)" if f.get(
-                "loss_pct"
-            ) is not None else ""
+            cost = (
+                f"{f['loss_pct']:.1f}% ({f.get('excess_ms') or 0:.1f} ms/step)"
+                if f.get("loss_pct") is not None
+                else ""
+            )
             style = "bold red" if f.get("state") == "flagged" else ""
             ft.add_row(
-                str(f.get("window")), f.get("kind", ""), Text(f.get("state", ""), style=style),
-                _subject(f), cause, cost,
+                str(f.get("window")),
+                f.get("kind", ""),
+                Text(f.get("state", ""), style=style),
+                _subject(f),
+                cause,
+                cost,
             )
         parts: list[Any] = [Panel(head), t, ft]
         if self.plans:
@@ -122,8 +128,13 @@ class LiveState:
                 if p.get("throughput_before") and p.get("throughput_after"):
                     thr = f"{p['throughput_before']:.0f} -> {p['throughput_after']:.0f} samples/s"
                 pt.add_row(
-                    str(p.get("window")), str(p.get("id")), str(p.get("status")),
-                    str(p.get("rank")), str(p.get("after")), thr, str(p.get("reason") or ""),
+                    str(p.get("window")),
+                    str(p.get("id")),
+                    str(p.get("status")),
+                    str(p.get("rank")),
+                    str(p.get("after")),
+                    thr,
+                    str(p.get("reason") or ""),
                 )
             parts.append(pt)
         return Group(*parts)
@@ -166,9 +177,11 @@ def summary_lines(findings: list[dict[str, Any]], plans: list[dict[str, Any]]) -
         last = [
             g for g in findings if g.get("kind") == f.get("kind") and _subject(g) == _subject(f)
         ][-1]
-        gh = (last.get("evidence") or {}).get("gpu_hours_lost") if isinstance(
-            last.get("evidence"), dict
-        ) else None
+        gh = (
+            (last.get("evidence") or {}).get("gpu_hours_lost")
+            if isinstance(last.get("evidence"), dict)
+            else None
+        )
         out.append(
             f"{f['kind']} {_subject(f)}: flagged at window {f['window']} (slow since window "
             f"{f.get('since')}), cost {f.get('loss_pct') or 0:.1f}% of each step"

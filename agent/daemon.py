@@ -1,0 +1,433 @@
+"""The node agent: rings in, window summaries out. A thin shell of I/O.
+
+Every `poll_interval_s` it reads each ring incrementally, feeds the pure
+summariser, attaches telemetry to the windows that completed, and hands them to
+the uplink, which keeps them until the coordinator acknowledges them. It
+answers control messages (dump a rank's last 256 collectives, publish a
+rebalance plan for the job, change local settings) as far as the node's policy
+allows, and removes a finished job's rings once everything in them has been
+shipped and acknowledged.
+
+Restart safety: a restarted agent reads every ring from its start again. It is
+a new incarnation (so the coordinator resets its sequence dedup), and the
+coordinator's window assembly is idempotent on (job, rank, window), so nothing
+is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from artemis.agent.config import AgentConfig
+from artemis.agent.plans import clear_plan, publish_plan, read_acks, read_plan
+from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
+from artemis.agent.summary import ProgressTracker, WindowSummarizer, ring_position
+from artemis.agent.telemetry.base import RankTarget, TelemetrySource, collect
+from artemis.protocol.messages import Control, Dump, Heartbeat, RankInfo, Windows
+from artemis.protocol.records import RankProgress, RankWindow
+
+log = structlog.get_logger("artemis.agent")
+
+KIND_COLL, KIND_P2P, KIND_BRIDGE = 1, 2, 3
+DUMP_RECORDS = 256
+BRIDGE_COMM_NAME = "bridge"
+
+
+@dataclass
+class Tracked:
+    """One ring the agent follows."""
+
+    path: Path
+    reader: RingReader
+    header: RingHeader
+    grank: int  # the rank's global rank (header.global_rank, else the communicator rank)
+    summarizer: WindowSummarizer | None  # None for bridge rings (routed to the rank's ring)
+    progress: ProgressTracker
+    is_bridge: bool
+    shipped_seq: int = -1  # uplink seq of the last message carrying this ring's windows
+    drained: bool = False
+    telemetry_cache: dict[str, Any] = field(default_factory=dict)
+
+
+def _global_rank(h: RingHeader) -> int:
+    g = getattr(h, "global_rank", -1)
+    return int(g) if g is not None and g >= 0 else h.rank
+
+
+class Agent:
+    """The agent's state and its per-tick work; `run()` drives it with an uplink."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        sources: list[TelemetrySource],
+        send: Callable[[Any], int],
+        acked_upto: Callable[[], int],
+    ) -> None:
+        self.cfg = cfg
+        self.host = cfg.hostname
+        self.shm = Path(cfg.shm_dir)
+        self.sources = sources
+        self._send = send  # enqueue a data message, returns its seq
+        self._acked_upto = acked_upto
+        self.rings: dict[Path, Tracked] = {}
+        self.bad_rings: dict[Path, str] = {}
+        self.plan_acks_sent: set[tuple[str, str, int]] = set()
+        self.windows_sent = 0
+        self.removed = 0
+
+    # ----------------------------------------------------------------- discovery
+    def scan(self) -> list[Tracked]:
+        """Open rings that appeared since the last scan."""
+        new: list[Tracked] = []
+        try:
+            paths = sorted(self.shm.glob("*.ring"))
+        except OSError as e:
+            log.warning("shm dir unreadable", shm_dir=str(self.shm), error=str(e))
+            return new
+        for p in paths:
+            if p in self.rings or p in self.bad_rings:
+                continue
+            try:
+                reader = RingReader(p)
+                h = reader.header()
+            except (RingError, OSError) as e:
+                # A corrupt ring is reported once and skipped; the others keep flowing.
+                self.bad_rings[p] = str(e)
+                log.error("ring rejected", path=str(p), error=str(e))
+                continue
+            grank = _global_rank(h)
+            is_bridge = h.comm_name == BRIDGE_COMM_NAME
+            summ = None
+            if not is_bridge:
+                summ = WindowSummarizer(
+                    job=h.job,
+                    comm=h.comm,
+                    rank=grank,
+                    nranks=h.nranks,
+                    host=self.host,
+                    window_steps=self.cfg.window_steps,
+                    colls_per_step=self.cfg.colls_per_step or None,
+                    clock_kind=h.clock_kind,
+                    tick_hz=h.tick_hz or None,
+                )
+            t = Tracked(
+                path=p,
+                reader=reader,
+                header=h,
+                grank=grank,
+                summarizer=summ,
+                progress=ProgressTracker(h.job, h.comm, grank, self.host),
+                is_bridge=is_bridge,
+            )
+            self.rings[p] = t
+            new.append(t)
+            log.info("ring found", path=p.name, job=h.job, comm=h.comm, rank=grank)
+        return new
+
+    def rank_infos(self) -> list[RankInfo]:
+        return [
+            RankInfo(
+                job=t.header.job,
+                comm=t.header.comm,
+                rank=t.grank,
+                nranks=t.header.nranks,
+                pid=t.header.pid,
+            )
+            for t in self.rings.values()
+            if not t.is_bridge
+        ]
+
+    def _main_ring(self, job: str, grank: int) -> Tracked | None:
+        best: Tracked | None = None
+        for t in self.rings.values():
+            if t.is_bridge or t.header.job != job or t.grank != grank:
+                continue
+            if best is None or t.header.nranks > best.header.nranks:
+                best = t
+        return best
+
+    # ----------------------------------------------------------------- reading
+    def tick(self, now: float) -> list[RankWindow]:
+        """Read every ring once; return the windows that completed."""
+        out: list[RankWindow] = []
+        for t in list(self.rings.values()):
+            try:
+                batch = t.reader.poll()
+                t.header = t.reader.header()
+            except (RingError, OSError, ValueError) as e:
+                log.error("ring read failed", path=t.path.name, error=str(e))
+                self._drop(t)
+                continue
+            done = batch.done
+            target = t.summarizer
+            if t.is_bridge:
+                main = self._main_ring(t.header.job, t.grank)
+                target = main.summarizer if main else None
+            if target is not None:
+                if batch.lost:
+                    target.add_lost(int(batch.lost))
+                if len(done):
+                    target.feed(done)
+            inflight = batch.in_flight
+            if not t.is_bridge:
+                last, sitting = ring_position(done, inflight, t.progress.last_done)
+                t.progress.observe(
+                    now,
+                    last,
+                    sitting,
+                    finished=t.header.finished,
+                    ring_index=batch.write_index,
+                )
+            t.drained = t.header.finished and not len(inflight)
+        # Windows are taken after every ring was read, so a rank's bridge records
+        # (another ring) are in before its window closes.
+        for t in list(self.rings.values()):
+            if t.summarizer is not None:
+                ws = t.summarizer.take_windows(final=t.drained)
+                if ws:
+                    out.extend(self._with_telemetry(t, ws))
+        return out
+
+    def _with_telemetry(self, t: Tracked, ws: list[RankWindow]) -> list[RankWindow]:
+        res = []
+        for w in ws:
+            tel = collect(
+                self.sources,
+                RankTarget(
+                    rank=w.rank, pid=t.header.pid, gpu_index=None, window=w.window, job=w.job
+                ),
+            )
+            island = self.cfg.island or w.island or tel.vendor
+            hw = w.hw_class or tel.gpu_model
+            samples = self._samples_for(w)
+            res.append(_replace(w, telemetry=tel, island=island, hw_class=hw, samples=samples))
+        return res
+
+    def _samples_for(self, w: RankWindow) -> int | None:
+        """Samples per step the rank ran in this window, when the job told us (it
+        acknowledged the published plan from a step at or before the window)."""
+        plan = read_plan(self.shm, w.job)
+        ack = read_acks(self.shm, w.job).get(w.rank)
+        if plan is None or ack is None or ack[0] != plan.get("id") or ack[1] > w.step_lo:
+            return None
+        samples = plan.get("samples")
+        if not isinstance(samples, list) or w.rank >= len(samples):
+            return None
+        return int(samples[w.rank])
+
+    def progress(self) -> list[RankProgress]:
+        return [t.progress.current() for t in self.rings.values() if not t.is_bridge]
+
+    def plan_acks(self) -> list[dict[str, Any]]:
+        out = []
+        jobs = {t.header.job for t in self.rings.values()}
+        for job in jobs:
+            for rank, (plan_id, step) in read_acks(self.shm, job).items():
+                key = (job, plan_id, rank)
+                if key in self.plan_acks_sent:
+                    continue
+                self.plan_acks_sent.add(key)
+                out.append({"job": job, "plan_id": plan_id, "rank": rank, "step": step})
+        return out
+
+    # ----------------------------------------------------------------- control
+    def on_control(self, msg: Control) -> tuple[bool, str, list[Any]]:
+        """Carry out a control message if local policy allows: (ok, detail, replies)."""
+        pol = self.cfg.policy
+        if msg.action == "dump":
+            if not pol.allow_dumps:
+                return False, "dumps are not allowed by this node's policy", []
+            return self._dump(msg)
+        if msg.action == "plan":
+            if not pol.allow_plans:
+                return False, "plans are not allowed by this node's policy", []
+            job = str(msg.body.get("job", ""))
+            plan = msg.body.get("plan")
+            if not job:
+                return False, "plan control without a job", []
+            if plan is None:
+                clear_plan(self.shm, job)
+                return True, "plan cleared", []
+            publish_plan(self.shm, job, dict(plan))
+            return True, f"plan {plan.get('id')} published", []
+        if msg.action == "settings":
+            if not pol.allow_settings:
+                return False, "settings changes are not allowed by this node's policy", []
+            return self._settings(msg.body)
+        return False, f"unknown action {msg.action!r}", []
+
+    def _dump(self, msg: Control) -> tuple[bool, str, list[Any]]:
+        job = str(msg.body.get("job", ""))
+        ranks = {int(r) for r in msg.body.get("ranks", [])}
+        replies: list[Any] = []
+        for t in self.rings.values():
+            if t.is_bridge or t.header.job != job or (ranks and t.grank not in ranks):
+                continue
+            recs = t.reader.last(DUMP_RECORDS)
+            rows = records_to_dicts(recs, t.header)
+            replies.append(
+                Dump(
+                    job=job,
+                    comm=t.header.comm,
+                    rank=t.grank,
+                    request_id=msg.control_id,
+                    records=tuple(rows),
+                )
+            )
+        if not replies:
+            return False, f"no ring of job {job!r} for ranks {sorted(ranks)} on {self.host}", []
+        return True, f"{len(replies)} dumps", replies
+
+    def _settings(self, body: dict[str, Any]) -> tuple[bool, str, list[Any]]:
+        allowed = {"poll_interval_s": float, "heartbeat_s": float}
+        changes = {}
+        for k, v in body.items():
+            if k not in allowed:
+                return False, f"setting {k!r} is not changeable on the agent", []
+            try:
+                val = allowed[k](v)
+            except (TypeError, ValueError):
+                return False, f"setting {k!r}: bad value {v!r}", []
+            if val <= 0:
+                return False, f"setting {k!r} must be > 0", []
+            changes[k] = val
+        import dataclasses
+
+        self.cfg = dataclasses.replace(self.cfg, **changes)
+        return True, "settings applied: " + ", ".join(f"{k}={v}" for k, v in changes.items()), []
+
+    # ----------------------------------------------------------------- cleanup
+    def cleanup(self) -> None:
+        """Remove rings of finished jobs once all their windows are acknowledged."""
+        if not self.cfg.remove_finished:
+            return
+        acked = self._acked_upto()
+        for t in list(self.rings.values()):
+            if not t.header.finished or t.reader.pending():
+                continue
+            if t.shipped_seq > acked:
+                continue
+            self._drop(t)
+            try:
+                t.path.unlink()
+                self.removed += 1
+                log.info("finished ring removed", path=t.path.name)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("cannot remove finished ring", path=t.path.name, error=str(e))
+
+    def _drop(self, t: Tracked) -> None:
+        self.rings.pop(t.path, None)
+        t.reader.close()
+
+    def ship(self, windows: list[RankWindow]) -> None:
+        if not windows:
+            return
+        seq = self._send(Windows(host=self.host, windows=tuple(windows)))
+        self.windows_sent += len(windows)
+        keys = {(w.job, w.comm, w.rank) for w in windows}
+        for t in self.rings.values():
+            if (t.header.job, t.header.comm, t.grank) in keys:
+                t.shipped_seq = seq
+
+    def close(self) -> None:
+        for t in list(self.rings.values()):
+            t.reader.close()
+        self.rings.clear()
+
+
+def _replace(w: RankWindow, **kw: Any) -> RankWindow:
+    import dataclasses
+
+    return dataclasses.replace(w, **kw)
+
+
+def incarnation() -> str:
+    """A new one per agent process: the coordinator resets its seq dedup for it."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+async def run_agent(
+    cfg: AgentConfig,
+    transport: Any,
+    secret: bytes,
+    sources: list[TelemetrySource],
+    stop: asyncio.Event,
+) -> None:
+    """Drive an Agent with an AgentLink uplink until `stop` is set."""
+    from artemis.protocol.client import AgentIdentity, AgentLink
+
+    holder: dict[str, Any] = {}
+
+    def send(msg: Any) -> int:
+        return int(holder["link"].enqueue(msg))
+
+    def acked() -> int:
+        return int(holder["link"].stats.acked_upto)
+
+    agent = Agent(cfg, sources, send, acked)
+    agent.scan()
+
+    async def on_control(msg: Control) -> tuple[bool, str]:
+        ok, detail, replies = agent.on_control(msg)
+        for r in replies:
+            holder["link"].enqueue(r)
+        (log.info if ok else log.warning)("control", action=msg.action, ok=ok, detail=detail)
+        return ok, detail
+
+    identity = AgentIdentity(
+        agent_id=f"{agent.host}",
+        host=agent.host,
+        agent_version=AGENT_VERSION,
+        ranks=tuple(agent.rank_infos()),
+        incarnation=incarnation(),
+    )
+    link = AgentLink(
+        transport, cfg.coordinator, secret, identity, on_control, outbox_capacity=cfg.buffer_max
+    )
+    holder["link"] = link
+    link_task = link.start()
+    last_scan = last_hb = time.monotonic()
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            if now - last_scan >= cfg.scan_interval_s:
+                agent.scan()
+                last_scan = now
+            agent.ship(agent.tick(now))
+            if now - last_hb >= agent.cfg.heartbeat_s:
+                st = link.stats
+                link.enqueue(
+                    Heartbeat(
+                        progress=tuple(agent.progress()),
+                        buffered=st.buffered,
+                        dropped=st.dropped,
+                        plan_acks=tuple(agent.plan_acks()),
+                    )
+                )
+                last_hb = now
+                agent.cleanup()
+            if link_task.done():
+                link_task.result()
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), agent.cfg.poll_interval_s)
+    finally:
+        # Ship what the rings still hold, then give the uplink a moment to flush.
+        agent.ship(agent.tick(time.monotonic()))
+        await link.close(timeout=5.0)
+        agent.close()
+
+
+AGENT_VERSION = "0.1.0"

@@ -1,0 +1,145 @@
+"""`artemis-coordinator`: serve agents, score windows, write findings; change settings live."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from artemis.protocol.tomlfile import ConfigError
+
+app = typer.Typer(
+    help=(
+        "The Artemis coordinator: one per job or cluster. Agents connect to it; it scores "
+        "every rank against its island's other ranks and its own history, and writes findings "
+        "(JSONL, the `straggler` logger, Prometheus straggler_* metrics).\n\n"
+        "  artemis-coordinator serve --config /etc/artemis/coordinator.toml\n"
+        "  artemis-coordinator set suspect_ratio 1.15      (while it runs)\n"
+        "  artemis-coordinator settings                    (show the live settings)"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None, typer.Option(help="TOML config (see deploy/coordinator.toml).")
+    ] = None,
+    listen: Annotated[str | None, typer.Option(help="HOST:PORT agents connect to.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Prometheus /metrics port (0 = off).")
+    ] = None,
+    jsonl: Annotated[Path | None, typer.Option(help="Findings, one JSON object per line.")] = None,
+    plans_jsonl: Annotated[Path | None, typer.Option(help="Rebalance plan events (JSONL).")] = None,
+    secret_file: Annotated[
+        Path | None, typer.Option(help="Shared secret (mode 0600) agents authenticate with.")
+    ] = None,
+    control_socket: Annotated[
+        Path | None, typer.Option(help="Unix socket for `artemis-coordinator set`.")
+    ] = None,
+    log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
+) -> None:
+    """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
+    from artemis.coordinator.config import CoordinatorConfig
+    from artemis.protocol.logs import setup_logging
+    from artemis.protocol.tomlfile import load_config
+
+    try:
+        cfg = load_config(
+            CoordinatorConfig,
+            config,
+            {
+                "listen": listen,
+                "metrics_port": metrics_port,
+                "jsonl": str(jsonl) if jsonl else None,
+                "plans_jsonl": str(plans_jsonl) if plans_jsonl else None,
+                "secret_file": str(secret_file) if secret_file else None,
+                "control_socket": str(control_socket) if control_socket else None,
+                "log_json": log_json or None,
+            },
+        ).validated()
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    setup_logging(json_logs=cfg.log_json)
+    from artemis.coordinator.server_main import run_coordinator
+    from artemis.protocol.aio import run
+
+    try:
+        run(run_coordinator(cfg))
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        try:
+            s.connect(str(sock_path))
+        except OSError as e:
+            typer.echo(
+                f"error: cannot reach the coordinator at {sock_path}: {e.strerror or e} "
+                "(is it running? see control_socket in its config)",
+                err=True,
+            )
+            raise typer.Exit(2) from None
+        s.sendall(json.dumps(req).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    reply: dict[str, Any] = json.loads(buf or b"{}")
+    return reply
+
+
+@app.command("set")
+def set_(
+    key: Annotated[str, typer.Argument(help="Setting name, e.g. suspect_ratio, rebalance.")],
+    value: Annotated[str, typer.Argument(help="New value, e.g. 1.15 or apply.")],
+    socket_path: Annotated[
+        Path, typer.Option("--socket", help="The coordinator's control socket.")
+    ] = Path("/run/artemis/coordinator.sock"),
+) -> None:
+    """Change a detector setting of the running coordinator, without a restart."""
+    reply = _ask(socket_path, {"cmd": "set", "key": key, "value": value})
+    if not reply.get("ok"):
+        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{key} = {reply['settings'][key]}")
+
+
+@app.command()
+def settings(
+    socket_path: Annotated[
+        Path, typer.Option("--socket", help="The coordinator's control socket.")
+    ] = Path("/run/artemis/coordinator.sock"),
+) -> None:
+    """Print the running coordinator's settings (TOML-like)."""
+    reply = _ask(socket_path, {"cmd": "get"})
+    for k, v in reply.get("settings", {}).items():
+        typer.echo(f"{k} = {json.dumps(v)}")
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+def prepare_socket_path(path: str) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(p)

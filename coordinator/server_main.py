@@ -1,0 +1,175 @@
+"""Wiring of the coordinator process: outputs, metrics, transport, control socket, ticks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from typing import Any
+
+import structlog
+from artemis.coordinator.cli import install_signal_handlers, prepare_socket_path
+from artemis.coordinator.config import CoordinatorConfig
+from artemis.coordinator.findings import FindingsWriter
+from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.plans import PlansWriter
+from artemis.coordinator.service import Coordinator
+from artemis.coordinator.settings import Settings, SettingsError
+from artemis.protocol.auth import load_secret
+from artemis.protocol.server import ProtocolServer
+from artemis.protocol.tomlfile import ConfigError
+
+log = structlog.get_logger("artemis.coordinator")
+
+
+def make_transport(cfg: CoordinatorConfig) -> Any:
+    from artemis.protocol.tcp import TcpTransport, server_ssl_context
+
+    ssl_ctx = None
+    if cfg.tls.cert:
+        ssl_ctx = server_ssl_context(cfg.tls.cert, cfg.tls.key, cfg.tls.ca or None)
+    if cfg.transport == "rdma":
+        from artemis.protocol.rdma.transport import make_transport as rdma_transport
+
+        return rdma_transport({"transport": "rdma", "fallback_tcp": True}, server_ssl=ssl_ctx)
+    return TcpTransport(server_ssl=ssl_ctx)
+
+
+def register_protocol_metrics(registry: Any, server: ProtocolServer) -> None:
+    """Expose the server's plain counters through a collector read at scrape time."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Collector:
+        def collect(self) -> Any:
+            st = server.stats.snapshot()
+            c = CounterMetricFamily("straggler_protocol_frames", "Frames received", labels=[])
+            c.add_metric([], st["frames_total"])
+            yield c
+            b = CounterMetricFamily(
+                "straggler_protocol_bad_frames", "Bad frames by reason", labels=["reason"]
+            )
+            for k, v in st["bad_frames_total"].items():
+                b.add_metric([k], v)
+            yield b
+            r = CounterMetricFamily(
+                "straggler_protocol_refused_peers", "Refused peers by reason", labels=["reason"]
+            )
+            for k, v in st["refused_peers_total"].items():
+                r.add_metric([k], v)
+            yield r
+            g = GaugeMetricFamily("straggler_agents_connected", "Authenticated agents connected")
+            g.add_metric([], st["established"])
+            yield g
+            d = CounterMetricFamily(
+                "straggler_protocol_duplicates", "Resent data messages already delivered"
+            )
+            d.add_metric([], st["duplicates_total"])
+            yield d
+
+        def describe(self) -> Any:
+            return []
+
+    registry.register(_Collector())
+
+
+async def run_coordinator(cfg: CoordinatorConfig) -> None:
+    try:
+        settings = Settings.from_mapping(cfg.detector)
+    except SettingsError as e:
+        raise ConfigError(f"[detector]: {e}") from None
+    try:
+        secret = load_secret(cfg.secret_file)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    metrics = Metrics()
+    coord = Coordinator(
+        settings,
+        FindingsWriter(cfg.jsonl),
+        PlansWriter(cfg.plans_jsonl),
+        metrics,
+        deadline_s=cfg.assembly_deadline_s,
+        dump_wait_s=cfg.dump_wait_s,
+    )
+    server = ProtocolServer(
+        make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()
+    )
+    coord.server = server
+    register_protocol_metrics(metrics.registry, server)
+    metrics.set_active(False)
+    mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr) if cfg.metrics_port else None
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    address = await server.start()
+    metrics.set_active(True)
+    ctl = await _control_server(cfg.control_socket, coord)
+    log.info(
+        "coordinator serving",
+        listen=address,
+        metrics_port=cfg.metrics_port,
+        findings=cfg.jsonl,
+        plans=cfg.plans_jsonl,
+        control_socket=cfg.control_socket,
+    )
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            try:
+                await coord.tick()
+            except Exception:  # one bad tick must not stop the coordinator
+                log.exception("tick failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), cfg.tick_s)
+
+    tick_task = asyncio.create_task(ticker())
+    try:
+        await stop.wait()
+    finally:
+        log.info("coordinator stopping: flushing outputs")
+        tick_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tick_task
+        await server.close()
+        coord.flush()
+        metrics.set_active(False)
+        if ctl is not None:
+            ctl.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(cfg.control_socket)
+        if mserver is not None:
+            mserver.stop()
+        log.info("coordinator stopped")
+
+
+async def _control_server(path: str, coord: Coordinator) -> asyncio.base_events.Server | None:
+    """`artemis-coordinator set KEY VALUE` talks to this unix socket (owner-only)."""
+    if not path:
+        return None
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await reader.readline()
+            try:
+                req = json.loads(line or b"{}")
+                if req.get("cmd") == "set":
+                    s = coord.set_setting(str(req["key"]), str(req["value"]))
+                    reply: dict[str, Any] = {"ok": True, "settings": s.to_dict()}
+                elif req.get("cmd") == "get":
+                    reply = {"ok": True, "settings": coord.settings.to_dict()}
+                else:
+                    reply = {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
+            except (SettingsError, KeyError, ValueError, TypeError) as e:
+                reply = {"ok": False, "error": str(e)}
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    try:
+        prepare_socket_path(path)
+        srv = await asyncio.start_unix_server(handle, path=path)
+        os.chmod(path, 0o600)
+    except OSError as e:
+        log.warning("control socket unavailable: `set` will not work", path=path, error=str(e))
+        return None
+    return srv
