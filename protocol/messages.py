@@ -590,7 +590,7 @@ def _post_ack(kw: dict[str, Any], path: str) -> None:
     if kw["upto"] is None and kw["control_id"] is None:
         raise ProtocolError(
             "invalid",
-            f"{path}: needs upto or control_id (or both)",
+            f"{path}.upto: missing; an ack needs upto or control_id (or both)",
             msg_type="ack",
             field=f"{path}.upto",
         )
