@@ -128,7 +128,7 @@ class WeightedAllreduce:
         self.weight = self.client.grad_weight(step)
         return self.weight
 
-    def __call__(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    def hook(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         import torch.distributed as dist
 
         buf = bucket.buffer()
@@ -140,9 +140,22 @@ class WeightedAllreduce:
 def install_weighted_allreduce(
     ddp_model: Any, client: RebalanceClient, group: Any = None
 ) -> WeightedAllreduce:
-    hook = WeightedAllreduce(client, group)
+    import torch
+    import torch.distributed as dist
+
+    w = WeightedAllreduce(client, group)
+
+    def hook(state: Any, bucket: Any) -> Any:
+        return w.hook(state, bucket)
+
+    # DDP checks the hook's annotations against the real classes; with postponed
+    # (string) annotations that check fails, so give it the objects it compares with.
+    hook.__annotations__ = {
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     ddp_model.register_comm_hook(None, hook)
-    return hook
+    return w
 
 
 def global_mean_loss(
