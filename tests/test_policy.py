@@ -429,3 +429,71 @@ def test_settings_validation_and_from_settings() -> None:
         6,
     )
     assert ps.window_steps == 20
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nranks=st.integers(2, 8),
+    per_rank=st.integers(2, 40),
+    extra=st.integers(0, 7),
+    slow=st.integers(0, 7),
+    slowdown=st.floats(1.15, 4.0),
+    frac=st.sampled_from([0.1, 0.25, 0.5]),
+    min_samples=st.integers(1, 3),
+)
+def test_policy_plans_keep_the_batch_and_bounds(
+    nranks: int,
+    per_rank: int,
+    extra: int,
+    slow: int,
+    slowdown: float,
+    frac: float,
+    min_samples: int,
+) -> None:
+    gb = nranks * max(per_rank, min_samples) + extra % nranks
+    pol = _policy(nranks=nranks, gb=gb, max_shift_frac=frac, min_samples=min_samples)
+    job = Job(pol, nranks=nranks, gb=gb)
+    job.run(5)
+    job.speed[slow % nranks] = 1000.0 / slowdown
+    job.run(25)
+    lo, hi = split_bounds(gb, nranks, frac, min_samples)
+    for e in job.events:
+        for split in (e.before, e.after):
+            assert sum(split) == gb and len(split) == nranks
+            assert all(isinstance(n, int) and n >= 1 for n in split)
+        if e.status in ("recommended", "applied", "verified") and e.after != uniform_split(
+            gb, nranks
+        ):
+            assert all(lo <= n <= hi for n in e.after)
+            assert e.rank == slow % nranks
+            assert e.after[e.rank] <= min(e.before)  # the slow rank never gains
+    assert sum(job.split) == gb
+    # nothing is verified without having been applied first
+    seen: dict[str, list[str]] = {}
+    for e in job.events:
+        seen.setdefault(e.id, []).append(e.status)
+    for sts in seen.values():
+        if "verified" in sts or "rolled_back" in sts:
+            assert sts.index("applied") < len(sts) - 1
+
+
+def test_late_acks_are_reported_and_verification_waits_for_them() -> None:
+    pol = _policy()
+    gaps = {0: 32.0, 1: 32.0, 2: 45.0, 3: 32.0}
+    s = dict.fromkeys(range(4), 32)
+    evs = [e for w in range(3) for e in pol.on_window(w, [("rank", "flagged", 2)], gaps, 50.0, s)]
+    plan = evs[0]
+    assert plan.apply_at_step == 250
+    assert [pol.on_ack(plan.id, r, 250) for r in (0, 1, 2)] == [[], [], []]
+    applied = pol.on_ack(plan.id, 3, 300)
+    assert _statuses(applied) == ["applied"]
+    assert "ranks [3] switched after step 250 (at 300)" in applied[0].reason
+    assert pol.split == plan.after
+    fast = {r: 1000.0 * plan.after[r] / (1000.0 if r != 2 else 32 / 0.045) for r in range(4)}
+    after = dict(enumerate(plan.after))
+    out = []
+    for w in range(3, 9):  # windows 6, 7, 8 start at or after step 300
+        out += pol.on_window(w, [], fast if w >= 6 else gaps, max(fast.values()) + 5, after)
+        if w < 8:
+            assert out == []
+    assert _statuses(out) == ["verified"]
