@@ -676,7 +676,10 @@ def _flagged(findings: Iterable[Any]) -> dict[int, dict[str, Any]]:
                 getattr(f, "state", None),
                 getattr(f, "rank", None),
             )
-            if hasattr(f, "to_dict"):
+            # The detector's Finding has to_json (exactly the DESIGN keys, JSON-safe).
+            if hasattr(f, "to_json"):
+                d = dict(f.to_json())
+            elif hasattr(f, "to_dict"):
                 d = dict(f.to_dict())
             elif dataclasses.is_dataclass(f) and not isinstance(f, type):
                 d = dataclasses.asdict(f)

@@ -238,7 +238,19 @@ def test_finding_objects_and_dicts_are_accepted() -> None:
         rank: int
         ratio: float = 1.4
 
+    class J:  # shaped like the detector's Finding: serialised by to_json
+        kind, state, rank = "degraded", "ongoing", 2
+
+        def to_json(self) -> dict[str, object]:
+            return {"kind": self.kind, "state": self.state, "rank": self.rank, "z": 9.5}
+
     gaps = {0: 32.0, 1: 32.0, 2: 45.0, 3: 32.0}
+    pol = _policy()
+    pol.on_window(0, [{"kind": "rank", "state": "ongoing", "rank": 2}], gaps, 50.0)
+    pol.on_window(1, [F("rank", "flagged", 2)], gaps, 50.0)
+    evs = pol.on_window(2, [J()], gaps, 50.0)
+    assert _statuses(evs) == ["recommended"]
+    assert evs[0].finding == {"kind": "degraded", "state": "ongoing", "rank": 2, "z": 9.5}
     pol = _policy()
     pol.on_window(0, [F("rank", "flagged", 2)], gaps, 50.0)
     pol.on_window(1, [{"kind": "rank", "state": "ongoing", "rank": 2}], gaps, 50.0)
