@@ -247,6 +247,11 @@ class RdmaStream:
         self._close_wanted = True
         return self._pump()
 
+    def shutdown(self) -> None:
+        """Local teardown (the QP is being destroyed): CLOSED unless already FAILED."""
+        if self.state is not ConnState.FAILED:
+            self.state = ConnState.CLOSED
+
     def fail(self, reason: str) -> None:
         """Move to FAILED (idempotent; the first reason is kept)."""
         if self.state is not ConnState.FAILED:
