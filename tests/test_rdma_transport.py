@@ -112,10 +112,9 @@ def test_frames_round_trip_both_ways_with_auth() -> None:
 def test_orderly_close_delivers_everything_then_closed() -> None:
     frames = frames_of([10, 5000, 0, 70000] * 5)
     received: list[bytes] = []
-    done = asyncio.Event
 
     async def main() -> None:
-        finished = done()
+        finished = asyncio.Event()
 
         async def sink(ch: FrameChannel) -> None:
             try:
