@@ -35,7 +35,7 @@ INSTALL_HINT = "run tests/setup/install-prometheus.sh (make test does)"
 # run outside Grafana.
 GRAFANA_SUBST = {
     "$__rate_interval": "5s",
-    "$__interval": "2s",
+    "$__interval": "5s",
     "$__range": "5m",
     "${datasource}": "",
 }
