@@ -66,9 +66,9 @@ def make_transport(cfg: AgentConfig) -> Any:
                 "device": cfg.rdma.device or None,
                 "port": cfg.rdma.port,
                 "gid_index": cfg.rdma.gid_index,
+                "secret_file": cfg.secret_file,
                 "fallback_tcp": cfg.rdma.fallback_tcp,
-            },
-            client_ssl=ssl_ctx,
+            }
         )
     return TcpTransport(client_ssl=ssl_ctx)
 

@@ -22,6 +22,14 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class RdmaConfig:
+    device: str = ""  # e.g. "mlx5_0"; "" = first device
+    port: int = 1
+    gid_index: int = 0
+    fallback_tcp: bool = True  # no pyverbs or no device: listen on TCP and say so once
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     listen: str = "0.0.0.0:7470"
     metrics_port: int = 9464  # 0 = no metrics server
@@ -36,6 +44,7 @@ class CoordinatorConfig:
     dump_wait_s: float = 5.0  # how long a hang finding waits for the agents' dumps
     log_json: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
+    rdma: RdmaConfig = field(default_factory=RdmaConfig)
     detector: dict[str, Any] = field(default_factory=dict)
 
     def validated(self) -> CoordinatorConfig:

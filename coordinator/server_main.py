@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -32,7 +33,16 @@ def make_transport(cfg: CoordinatorConfig) -> Any:
     if cfg.transport == "rdma":
         from artemis.protocol.rdma.transport import make_transport as rdma_transport
 
-        return rdma_transport({"transport": "rdma", "fallback_tcp": True}, server_ssl=ssl_ctx)
+        return rdma_transport(
+            {
+                "transport": "rdma",
+                "device": cfg.rdma.device or None,
+                "port": cfg.rdma.port,
+                "gid_index": cfg.rdma.gid_index,
+                "secret_file": cfg.secret_file,
+                "fallback_tcp": cfg.rdma.fallback_tcp,
+            }
+        )
     return TcpTransport(server_ssl=ssl_ctx)
 
 
@@ -82,6 +92,10 @@ async def run_coordinator(cfg: CoordinatorConfig) -> None:
         secret = load_secret(cfg.secret_file)
     except (OSError, ValueError) as e:
         raise ConfigError(str(e)) from None
+    for out in (cfg.jsonl, cfg.plans_jsonl):
+        # The outputs exist from the start, empty while nothing was found.
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).touch()
     metrics = Metrics()
     coord = Coordinator(
         settings,

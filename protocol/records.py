@@ -99,8 +99,8 @@ class RankWindow:
 
     job: str
     comm: str  # communicator hash, 16 hex digits
-    rank: int
-    nranks: int
+    rank: int  # job-wide rank (the ring header's global_rank, else the communicator rank)
+    nranks: int  # size of the communicator this summary comes from
     host: str
     window: int
     step_lo: int  # first step of the window

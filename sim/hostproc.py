@@ -68,14 +68,20 @@ class Pacer:
         self.t0 = time.monotonic()
         self.steps_done = 0
 
-    def before_window(self, w: int, deadline_s: float = 120.0) -> None:
-        if self.speed != "virtual" or self.url is None or w - LAG - 1 < 0:
+    def before_window(self, w: int, start_free: int = 0, deadline_s: float = 120.0) -> None:
+        """Wait until the coordinator scored window w - LAG - 1. The first `start_free`
+        windows run unpaced: the agents infer each step's collectives from the pattern
+        and need a few hundred collectives before they can close a first window."""
+        if self.speed != "virtual" or self.url is None or w < start_free:
             return
         need = w - LAG - 1
+        if need < 0:
+            return
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
+            scored = metric_value(self.url, "straggler_windows_scored_total")
             v = metric_value(self.url, "straggler_last_window")
-            if v is not None and v >= need:
+            if scored and v is not None and v >= need:
                 return
             time.sleep(0.02)
         print(
@@ -171,8 +177,11 @@ def run_host(
     )
     hung: list[Any] = []
     try:
+        # Enough whole windows for step inference (the agent needs >= 3 periods
+        # and 2 x its 64-collective search span) before pacing starts.
+        start_free = -(-(3 * 64 + 2 * K) // (sc.window_steps * K)) + 1
         for w in range(sc.windows):
-            pacer.before_window(w)
+            pacer.before_window(w, start_free)
             S = sc.window_steps
             samples = np.full((S, sc.ranks), float(uniform))
             if clients:
