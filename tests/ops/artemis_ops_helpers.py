@@ -4,6 +4,7 @@ code, and process handling that never leaves anything running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -99,7 +100,9 @@ def dashboard_exprs(dash: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-LABEL_VALUES_RE = re.compile(r"^label_values\((?:(?P<sel>.+),\s*)?(?P<label>[a-zA-Z_][a-zA-Z0-9_]*)\)$")
+LABEL_VALUES_RE = re.compile(
+    r"^label_values\((?:(?P<sel>.+),\s*)?(?P<label>[a-zA-Z_][a-zA-Z0-9_]*)\)$"
+)
 
 
 def variable_queries(dash: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -171,10 +174,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=timeout)
 
 

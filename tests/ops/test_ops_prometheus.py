@@ -95,26 +95,35 @@ MUST_STAY_QUIET = {"ArtemisHang", "ArtemisCoordinatorDown"}
 # ("these names stay"): tolerated, anything else fails.
 FIXED_NAME_LINTS = (
     re.compile(r"^straggler_step_ms metric names should not contain abbreviated units$"),
-    re.compile(r'^straggler_gpu_hours_lost_(total|created) use base unit "seconds" instead of "hours"$'),
+    re.compile(
+        r'^straggler_gpu_hours_lost_(total|created) use base unit "seconds" instead of "hours"$'
+    ),
 )
 
 
 def _sim_or_skip() -> Path:
     artemis = console_script("artemis")
-    r = subprocess.run([str(artemis), "sim", "--help"], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    r = subprocess.run(
+        [str(artemis), "sim", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     if r.returncode != 0:
         text = r.stdout + r.stderr
         if "No such command" in text or "ModuleNotFoundError" in text or "ImportError" in text:
             pytest.skip(f"`artemis sim` does not exist yet: {text.strip().splitlines()[-1]}")
         pytest.fail(f"artemis sim --help failed:\n{text[-2000:]}")
-    missing = [f for f in ("--scenario", "--jsonl", "--metrics-port", "--speed") if f not in r.stdout]
+    missing = [
+        f for f in ("--scenario", "--jsonl", "--metrics-port", "--speed") if f not in r.stdout
+    ]
     assert not missing, f"artemis sim lacks {missing}"
     return artemis
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback)
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read()
 
 
@@ -129,7 +138,9 @@ class Prom:
         try:
             body = json.loads(_get(f"{self.url}/api/v1/query?{q}"))
         except urllib.error.HTTPError as e:
-            raise AssertionError(f"Prometheus rejected {expr!r}: {e.read().decode()[:500]}") from None
+            raise AssertionError(
+                f"Prometheus rejected {expr!r}: {e.read().decode()[:500]}"
+            ) from None
         assert body["status"] == "success", body
         return body["data"]["result"]
 
@@ -145,20 +156,35 @@ def prometheus(tmp_path: Path, sim_port: int) -> Iterator[Prom]:
     binary = tool("prometheus")
     deploy = load_yaml(SCRAPE_CONFIG)
     job = next(s for s in deploy["scrape_configs"] if s["job_name"] == JOB)
-    job = {**job, "scrape_interval": "1s", "scrape_timeout": "1s",
-           "static_configs": [{"targets": [f"127.0.0.1:{sim_port}"]}]}
-    cfg = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-           "rule_files": [str(RULES)], "scrape_configs": [job]}
+    job = {
+        **job,
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "static_configs": [{"targets": [f"127.0.0.1:{sim_port}"]}],
+    }
+    cfg = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [job],
+    }
     cfg_path = tmp_path / "prometheus.yml"
     cfg_path.write_text(json.dumps(cfg))  # JSON is YAML
     port = free_port()
     log = tmp_path / "prometheus.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [binary, f"--config.file={cfg_path}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-             "--storage.tsdb.retention.time=1h"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                binary,
+                f"--config.file={cfg_path}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -184,11 +210,28 @@ def sim(tmp_path: Path, sim_port: int) -> Iterator[tuple[subprocess.Popen[bytes]
     log = tmp_path / "sim.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(artemis), "sim", "--scenario", str(scenario), "--jsonl", str(tmp_path / "findings.jsonl"),
-             "--plans-jsonl", str(tmp_path / "plans.jsonl"), "--metrics-port", str(sim_port),
-             "--speed", "realtime", "--timeout-s", str(int(DEADLINE_S) + 30),
-             "--workdir", str(tmp_path / "work")],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(artemis),
+                "sim",
+                "--scenario",
+                str(scenario),
+                "--jsonl",
+                str(tmp_path / "findings.jsonl"),
+                "--plans-jsonl",
+                str(tmp_path / "plans.jsonl"),
+                "--metrics-port",
+                str(sim_port),
+                "--speed",
+                "realtime",
+                "--timeout-s",
+                str(int(DEADLINE_S) + 30),
+                "--workdir",
+                str(tmp_path / "work"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         yield proc, log
     finally:
@@ -247,14 +290,16 @@ def test_prometheus_scrapes_coordinator_and_every_query_has_data(
         for name, expr in quiet.items() if coordinator_up else ():
             got = prometheus.query(expr)
             # (a match after the sim has ended, e.g. up == 0, does not count)
-            assert not got or proc.poll() is not None, \
+            assert not got or proc.poll() is not None, (
                 f"alert {name} matched during a healthy coordinator run: {got}"
+            )
         if coordinator_up and exposition and all(c.seen for c in checks):
             break
         pending = [f"{c.what}: {c.expr}" for c in checks if not c.seen]
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(
-                "no data from Prometheus for:\n  " + "\n  ".join(pending)
+                "no data from Prometheus for:\n  "
+                + "\n  ".join(pending)
                 + f"\n(sim {'exited ' + str(proc.returncode) if proc.poll() is not None else 'still running'};"
                 f" sim log tail:\n{tail(sim_log, 1500)})"
             )
@@ -262,7 +307,9 @@ def test_prometheus_scrapes_coordinator_and_every_query_has_data(
 
     # The straggler alert names the rank, the island's cause and the finding's window.
     flagged = next(c for c in checks if c.what == "alert ArtemisStragglerFlagged").results
-    assert any(r["metric"].get("kind") == "rank" and r["metric"].get("subject") == "1" for r in flagged), flagged
+    assert any(
+        r["metric"].get("kind") == "rank" and r["metric"].get("subject") == "1" for r in flagged
+    ), flagged
     with_cause = [r for r in flagged if "cause" in r["metric"]]
     assert with_cause, f"straggler_finding_info did not join: {flagged}"
     assert {r["metric"]["cause"] for r in with_cause} == {"clocks"}, with_cause
@@ -275,21 +322,31 @@ def test_prometheus_scrapes_coordinator_and_every_query_has_data(
         prometheus.query(expr)  # valid PromQL (raises otherwise)
         for metric in referenced_metrics([expr]) & EVENT_DRIVEN:
             family = metric
-            assert family in declared or family.removesuffix("_total") in declared, \
+            assert family in declared or family.removesuffix("_total") in declared, (
                 f"{where}: {metric} not declared in the coordinator's /metrics"
+            )
 
     # All alert rules load and evaluate.
     rules_api = json.loads(_get(f"{prometheus.url}/api/v1/rules"))["data"]["groups"]
     states = {r["name"]: r for g in rules_api for r in g["rules"]}
     assert set(states) == set(rules)
     for name, r in states.items():
-        assert r["health"] in ("ok", "unknown") and not r.get("lastError"), (name, r.get("lastError"))
+        assert r["health"] in ("ok", "unknown") and not r.get("lastError"), (
+            name,
+            r.get("lastError"),
+        )
 
     # The exposition passes promtool's linter, except for the names DESIGN fixes.
-    r = subprocess.run([tool("promtool"), "check", "metrics"], input=exposition,
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [tool("promtool"), "check", "metrics"],
+        input=exposition,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     problems = [
-        line for line in (r.stdout + r.stderr).splitlines()
+        line
+        for line in (r.stdout + r.stderr).splitlines()
         if line.strip() and not any(p.match(line.strip()) for p in FIXED_NAME_LINTS)
     ]
     assert not problems, "promtool check metrics:\n" + "\n".join(problems)

@@ -10,7 +10,7 @@ import os
 import re
 import stat
 import subprocess
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,11 @@ from artemis_ops_helpers import (
     tool,
     variable_queries,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 UNITS = ("artemis-agent.service", "artemis-coordinator.service")
 
@@ -66,7 +71,9 @@ def test_promtool_test_rules() -> None:
 
 def test_every_alert_is_tested_and_documented() -> None:
     rules = rule_list()
-    tested = {a["alertname"] for t in load_yaml(RULES_TEST)["tests"] for a in t.get("alert_rule_test", [])}
+    tested = {
+        a["alertname"] for t in load_yaml(RULES_TEST)["tests"] for a in t.get("alert_rule_test", [])
+    }
     for r in rules:
         name = r["alert"]
         assert name in tested, f"{name} has no promtool unit test"
@@ -87,7 +94,11 @@ def test_scrape_config_job_names_match_rules() -> None:
     jobs = {s["job_name"] for s in load_yaml(SCRAPE_CONFIG)["scrape_configs"]}
     used = set(re.findall(r'job="([^"]+)"', RULES.read_text()))
     assert used <= jobs, f"rules use scrape jobs {used - jobs} that prometheus.yml does not define"
-    coord = next(s for s in load_yaml(SCRAPE_CONFIG)["scrape_configs"] if s["job_name"] == "artemis-coordinator")
+    coord = next(
+        s
+        for s in load_yaml(SCRAPE_CONFIG)["scrape_configs"]
+        if s["job_name"] == "artemis-coordinator"
+    )
     assert all(t.endswith(":9464") for sc in coord["static_configs"] for t in sc["targets"])
 
 
@@ -121,14 +132,17 @@ def test_dashboard_structure() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     job_q = variables["job"]["query"]
-    assert re.fullmatch(r"label_values\(straggler_\w+,\s*job\)", job_q["query"] if isinstance(job_q, dict) else job_q)
+    assert re.fullmatch(
+        r"label_values\(straggler_\w+,\s*job\)",
+        job_q["query"] if isinstance(job_q, dict) else job_q,
+    )
 
     ids = set()
     for p in iter_panels(dash["panels"]):
         assert p["id"] not in ids, f"duplicate panel id {p['id']}"
         ids.add(p["id"])
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         assert p.get("title")
         if p["type"] == "row":
             continue
@@ -143,9 +157,17 @@ def test_dashboard_structure() -> None:
             assert var.startswith("__") or var in variables, f"{where}: unknown variable ${var}"
         assert 'job=~"$job"' in expr, f"{where}: not filtered by $job"
     titles = {p["title"] for p in iter_panels(dash["panels"])}
-    for needed in ("Detector active", "Last window", "Ranks missing", "Flagged now",
-                   "Median step time", "Findings by kind and state", "GPU-hours lost",
-                   "Rebalance plans by status", "Throughput before / after rebalancing"):
+    for needed in (
+        "Detector active",
+        "Last window",
+        "Ranks missing",
+        "Flagged now",
+        "Median step time",
+        "Findings by kind and state",
+        "GPU-hours lost",
+        "Rebalance plans by status",
+        "Throughput before / after rebalancing",
+    ):
         assert needed in titles, needed
     assert any(t.startswith("Rank pace over its island") for t in titles)
 
@@ -157,8 +179,12 @@ def test_flagged_table_shows_cause_and_cost() -> None:
     for label in ("kind", "subject", "since", "cause"):
         assert label in exprs
     assert "straggler_finding_loss_pct" in exprs and "straggler_finding_excess_ms" in exprs
-    renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"]["renameByName"]
-    assert {"Kind", "Subject", "Since (window)", "Cause", "Cost (% of step)"} <= set(renamed.values())
+    renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"][
+        "renameByName"
+    ]
+    assert {"Kind", "Subject", "Since (window)", "Cause", "Cost (% of step)"} <= set(
+        renamed.values()
+    )
 
 
 def test_grafana_provisioning() -> None:
@@ -198,18 +224,38 @@ def test_systemd_analyze_verify(tmp_path: Path, unit: str) -> None:
 
 @pytest.mark.parametrize("unit", UNITS)
 def test_systemd_unit_hardening(unit: str) -> None:
-    r = run([tool("systemd-analyze"), "security", "--offline=yes", "--threshold=25",
-             "--no-pager", str(SYSTEMD / unit)])
+    r = run(
+        [
+            tool("systemd-analyze"),
+            "security",
+            "--offline=yes",
+            "--threshold=25",
+            "--no-pager",
+            str(SYSTEMD / unit),
+        ]
+    )
     assert r.returncode == 0, f"exposure above 2.5:\n{r.stdout[-3000:]}{r.stderr}"
     text = (SYSTEMD / unit).read_text()
-    for line in ("User=artemis", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
-                 "NoNewPrivileges=yes", "CapabilityBoundingSet=\n", "MemoryDenyWriteExecute=yes",
-                 "Restart=on-failure", "LoadCredential=secret:/etc/artemis/secret"):
+    for line in (
+        "User=artemis",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=\n",
+        "MemoryDenyWriteExecute=yes",
+        "Restart=on-failure",
+        "LoadCredential=secret:/etc/artemis/secret",
+    ):
         assert line in text, f"{unit}: {line.strip()} missing"
     assert not re.search(r"^PrivateDevices=yes", text, re.M)  # would hide the GPUs and /dev/shm
     name = unit.removesuffix(".service")
-    assert re.search(rf"^ExecStart=\S*/{name} {'run' if 'agent' in name else 'serve'} "
-                     rf"--config /etc/artemis/{name.split('-')[1]}.toml ", text, re.M)
+    assert re.search(
+        rf"^ExecStart=\S*/{name} {'run' if 'agent' in name else 'serve'} "
+        rf"--config /etc/artemis/{name.split('-')[1]}.toml ",
+        text,
+        re.M,
+    )
     assert f"EnvironmentFile=-/etc/default/{name}" in text
 
 
@@ -227,11 +273,18 @@ def test_sysusers_and_tmpfiles_create_user_and_ring_folder(tmp_path: Path) -> No
     (root / "etc/sysusers.d").mkdir(parents=True)
     (root / "etc/tmpfiles.d").mkdir(parents=True)
     (root / "dev/shm").mkdir(parents=True)
-    (root / "etc/sysusers.d/artemis.conf").write_text((SYSTEMD / "artemis.sysusers.conf").read_text())
-    (root / "etc/tmpfiles.d/artemis.conf").write_text((SYSTEMD / "artemis.tmpfiles.conf").read_text())
+    (root / "etc/sysusers.d/artemis.conf").write_text(
+        (SYSTEMD / "artemis.sysusers.conf").read_text()
+    )
+    (root / "etc/tmpfiles.d/artemis.conf").write_text(
+        (SYSTEMD / "artemis.tmpfiles.conf").read_text()
+    )
     r = run([tool("systemd-sysusers"), f"--root={root}", "artemis.conf"])
     assert r.returncode == 0, r.stderr
-    passwd = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
+    passwd = {
+        line.split(":")[0]: line.split(":")
+        for line in (root / "etc/passwd").read_text().splitlines()
+    }
     assert "artemis" in passwd
     uid = int(passwd["artemis"][2])
     assert uid < 1000, "a system user"
@@ -261,13 +314,21 @@ def test_k8s_manifests_parse() -> None:
     assert any("secret" in v for v in pod["volumes"])
     agent = pod["containers"][0]
     assert agent["args"][:2] == ["artemis-agent", "run"]
-    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        ds["spec"]["selector"]["matchLabels"].items()
+        <= ds["spec"]["template"]["metadata"]["labels"].items()
+    )
     dep = kinds["Deployment/artemis-coordinator"]
-    assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["artemis-coordinator", "serve"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:2] == [
+        "artemis-coordinator",
+        "serve",
+    ]
     svc = kinds["Service/artemis-coordinator"]
     assert {p["port"] for p in svc["spec"]["ports"]} == {7470, 9464}
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
-    listen = tomllib.loads(kinds["ConfigMap/artemis-coordinator"]["data"]["coordinator.toml"])["listen"]
+    listen = tomllib.loads(kinds["ConfigMap/artemis-coordinator"]["data"]["coordinator.toml"])[
+        "listen"
+    ]
     assert int(listen.rsplit(":", 1)[1]) in {p["port"] for p in svc["spec"]["ports"]}
 
 
@@ -291,8 +352,19 @@ def _load_coordinator(path: Path) -> object:
 def test_example_configs_load_with_the_daemons_loaders() -> None:
     """deploy/*.toml through the daemons' own loaders: unknown keys or wrong types fail."""
     agent = tomllib.loads((DEPLOY / "agent.toml").read_text())
-    for key in ("coordinator", "shm_dir", "secret_file", "host", "transport", "log_json",
-                "window_steps", "colls_per_step", "telemetry", "rdma", "tls"):
+    for key in (
+        "coordinator",
+        "shm_dir",
+        "secret_file",
+        "host",
+        "transport",
+        "log_json",
+        "window_steps",
+        "colls_per_step",
+        "telemetry",
+        "rdma",
+        "tls",
+    ):
         assert key in agent, f"agent.toml does not document {key}"
     assert {"device", "port", "gid_index"} <= set(agent["rdma"])
     _load_agent(DEPLOY / "agent.toml")
@@ -319,11 +391,22 @@ def test_k8s_configmaps_load_with_the_daemons_loaders(tmp_path: Path) -> None:
     assert seen == set(loaders)
 
 
-@pytest.mark.parametrize("cmd,flags", [
-    (("artemis-agent", "run"), ("--config", "--secret-file", "--coordinator", "--host", "--shm-dir")),
-    (("artemis-coordinator", "serve"), ("--config", "--secret-file", "--listen", "--metrics-port", "--jsonl")),
-])
-def test_cli_accepts_the_flags_the_units_and_manifests_pass(cmd: tuple[str, str], flags: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "cmd,flags",
+    [
+        (
+            ("artemis-agent", "run"),
+            ("--config", "--secret-file", "--coordinator", "--host", "--shm-dir"),
+        ),
+        (
+            ("artemis-coordinator", "serve"),
+            ("--config", "--secret-file", "--listen", "--metrics-port", "--jsonl"),
+        ),
+    ],
+)
+def test_cli_accepts_the_flags_the_units_and_manifests_pass(
+    cmd: tuple[str, str], flags: tuple[str, ...]
+) -> None:
     r = run([str(console_script(cmd[0])), cmd[1], "--help"], env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, f"{' '.join(cmd)} --help failed:\n{r.stderr[-2000:]}"
     missing = [f for f in flags if f not in r.stdout]
@@ -375,12 +458,15 @@ def test_torchrun_example_sets_plugin_and_job(tmp_path: Path) -> None:
     bin_dir.mkdir()
     (bin_dir / "artemis-agent").write_text("#!/bin/sh\necho /opt/x/libnccl-profiler-artemis.so\n")
     (bin_dir / "torchrun").write_text(
-        '#!/bin/sh\necho "plugin=$NCCL_PROFILER_PLUGIN job=$ARTEMIS_JOB"\necho "args=$*"\n')
+        '#!/bin/sh\necho "plugin=$NCCL_PROFILER_PLUGIN job=$ARTEMIS_JOB"\necho "args=$*"\n'
+    )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_ID": "run7", "NPROC_PER_NODE": "2"}
     r = run([str(DEPLOY / "torchrun/example.sh"), "train.py", "--lr", "1"], env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("plugin=/opt/x/lib") and lines[0].endswith("-profiler-artemis.so job=run7")
+    assert lines[0].startswith("plugin=/opt/x/lib") and lines[0].endswith(
+        "-profiler-artemis.so job=run7"
+    )
     assert "--nproc-per-node 2" in lines[1] and lines[1].endswith("train.py --lr 1")
