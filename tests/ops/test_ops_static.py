@@ -245,7 +245,6 @@ def test_systemd_unit_hardening(unit: str) -> None:
         "CapabilityBoundingSet=\n",
         "MemoryDenyWriteExecute=yes",
         "Restart=on-failure",
-        "LoadCredential=secret:/etc/artemis/secret",
     ):
         assert line in text, f"{unit}: {line.strip()} missing"
     assert not re.search(r"^PrivateDevices=yes", text, re.M)  # would hide the GPUs and /dev/shm
