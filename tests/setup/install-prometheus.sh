@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install Prometheus and promtool (Debian's `prometheus` package) for the ops
-# tests, when they are not already on PATH. Idempotent and quiet; meant for CI
+# tests, when they are not already on PATH (and systemd's offline tools). Idempotent and quiet; meant for CI
 # running as root on Debian/Ubuntu. The tests start their own server on
 # loopback with a temporary storage dir, so the packaged service must not run:
 # a policy-rc.d keeps the maintainer scripts from starting it, and if it was
@@ -8,7 +8,17 @@
 # disabled.
 set -euo pipefail
 
-if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+# The ops tests also run systemd-analyze, systemd-sysusers and systemd-tmpfiles
+# (package systemd) against unit files; they never need systemd running.
+PKGS=""
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    PKGS="prometheus"
+fi
+if ! command -v systemd-analyze >/dev/null 2>&1 || ! command -v systemd-tmpfiles >/dev/null 2>&1 \
+        || ! command -v systemd-sysusers >/dev/null 2>&1; then
+    PKGS="$PKGS systemd"
+fi
+if [ -z "$PKGS" ]; then
     exit 0
 fi
 
@@ -38,7 +48,8 @@ trap cleanup EXIT
 export DEBIAN_FRONTEND=noninteractive
 LOG=$(mktemp)
 if ! { $SUDO apt-get update -qq && \
-       $SUDO apt-get install -y -qq --no-install-recommends prometheus; } >"$LOG" 2>&1; then
+       # shellcheck disable=SC2086
+       $SUDO apt-get install -y -qq --no-install-recommends $PKGS; } >"$LOG" 2>&1; then
     cat "$LOG" >&2
     rm -f "$LOG"
     echo "install-prometheus.sh: apt-get failed (log above)" >&2
@@ -58,3 +69,4 @@ fi
 
 command -v promtool >/dev/null
 command -v prometheus >/dev/null
+command -v systemd-analyze >/dev/null
