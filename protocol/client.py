@@ -218,8 +218,9 @@ class AgentLink:
             await ch.close()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # gather, not "suppress(CancelledError)": a cancellation of close()
+            # itself must still propagate to our caller.
+            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         if self._outbox.buffered:
             log.warning("closing with unacknowledged data", buffered=self._outbox.buffered)

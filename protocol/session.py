@@ -465,11 +465,14 @@ class CoordinatorSession:
         self._seq += 1
         return self._seq
 
-    def _refuse(self, reason: str, text: str, tell_peer: str | None = None) -> list[Effect]:
+    def _refuse(
+        self, reason: str, text: str, tell_peer: str | None = None, code: str | None = None
+    ) -> list[Effect]:
         self.state = "closed"
         out: list[Effect] = []
         if tell_peer is not None:
-            out.append(Send(Error(seq=self._next(), code=reason, text=tell_peer, fatal=True)))
+            err = Error(seq=self._next(), code=code or reason, text=tell_peer, fatal=True)
+            out.append(Send(err))
         out.append(Refused(reason, text))
         return out
 
@@ -543,7 +546,7 @@ class CoordinatorSession:
                 return [BadFrame(e), *self._refuse("version", text, text)]
             return [
                 BadFrame(e),
-                *self._refuse("protocol", f"bad frame before auth: {e.text}", e.text),
+                *self._refuse("protocol", f"bad frame before auth: {e.text}", e.text, e.reason),
             ]
         tell = Send(Error(seq=self._next(), code=e.reason, text=e.text, fatal=e.fatal))
         if e.fatal:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +34,16 @@ def arun(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
     """Run one test coroutine with an overall limit, so a hang fails instead of blocking."""
 
     async def limited() -> T:
-        return await asyncio.wait_for(coro, timeout)
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            # Say where everything was stuck before giving up on it.
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.print_stack(limit=8, file=sys.stderr)
+            task.cancel()
+            raise AssertionError(f"test coroutine did not finish within {timeout} s")
+        return task.result()
 
     return asyncio.run(limited())
 
