@@ -205,8 +205,7 @@ class ProtocolServer:
         """
         self._closing = True
         conns = list(self._conns)
-        for c in conns:
-            await c.ch.close()
+        await asyncio.gather(*(c.ch.close() for c in conns), return_exceptions=True)
         if conns:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(c.done.wait() for c in conns)), timeout)
@@ -398,14 +397,16 @@ class ProtocolServer:
             await _maybe_await(on_connect(conn.peer))
 
     async def _traffic(self, conn: _Conn, decoder: FrameDecoder) -> None:
-        while not conn.superseded:
+        # Stop at once when closing or superseded: frames still buffered here
+        # are not acked, so the agent resends them to whoever serves it next.
+        while not (conn.superseded or self._closing):
             frame = await conn.ch.recv()
             self.stats.frames_total += 1
             for item in decoder.feed(frame):
                 for eff in conn.session.receive(item):
                     if not await self._apply(conn, eff):
                         return
-                    if conn.superseded:
+                    if conn.superseded or self._closing:
                         return
 
     async def _apply(self, conn: _Conn, eff: Effect) -> bool:
