@@ -547,11 +547,6 @@ _RANK_PROGRESS_SPECS: tuple[Spec, ...] = (
 rank_progress_check = _Record(_RANK_PROGRESS_SPECS, RankProgress)
 
 
-def _post_rank_info(kw: dict[str, Any], path: str) -> None:
-    # Job-wide rank vs the communicator's size: no ordering between them.
-    return None
-
-
 _RANK_INFO_SPECS: tuple[Spec, ...] = (
     Spec("job", _name),
     Spec("comm", _name),
@@ -563,7 +558,9 @@ _RANK_INFO_SPECS: tuple[Spec, ...] = (
     _opt("gpu_model", _opt_name),
 )
 
-rank_info_check = _Record(_RANK_INFO_SPECS, RankInfo, _post_rank_info)
+# RankInfo.rank is the job-wide rank and nranks the communicator's size, so
+# there is no ordering between them to check (same for RankWindow).
+rank_info_check = _Record(_RANK_INFO_SPECS, RankInfo)
 
 
 def rank_window_from_dict(d: Mapping[str, Any], path: str = "rank_window") -> RankWindow:

@@ -47,7 +47,7 @@ FAST = {"backoff_base": 0.02, "backoff_cap": 0.2, "healthy_s": 0.0}
 def link(addr: str, i: int, secret: bytes = SECRET, **kw: object) -> AgentLink:
     ident = AgentIdentity(f"agent-{i}", f"node-{i}", "0.1.0")
     opts = {**FAST, **kw}
-    return AgentLink(TcpTransport(), addr, secret, ident, **opts)  # type: ignore[arg-type]
+    return AgentLink(TcpTransport(), addr, secret, ident, **opts)
 
 
 def data(i: int, host: str = "node-a") -> Message:
@@ -262,8 +262,10 @@ def test_wrong_secret_refused_and_counted() -> None:
         with structlog.testing.capture_logs() as logs:
             bad.start()
             await wait_until(
-                lambda: bad.stats.refusals.get("auth", 0) >= 2
-                and srv.stats.refused_peers_total.get("auth", 0) >= 2,
+                lambda: (
+                    bad.stats.refusals.get("auth", 0) >= 2
+                    and srv.stats.refused_peers_total.get("auth", 0) >= 2
+                ),
                 what="2 refusals seen by both sides",
             )
         assert not bad.connected and bad.stats.buffered == 1
@@ -456,7 +458,7 @@ def test_tls_transport_delivers(tmp_path: Path) -> None:
         async with ProtocolServer(st, "127.0.0.1:0", SECRET, app) as srv:
             ct = TcpTransport(client_ssl=client_ssl_context(ca=cert), server_hostname="localhost")
             ident = AgentIdentity("tls-agent", "node-t", "0.1.0")
-            lk = AgentLink(ct, srv.address, SECRET, ident, **FAST)  # type: ignore[arg-type]
+            lk = AgentLink(ct, srv.address, SECRET, ident, **FAST)
             lk.start()
             for _ in range(5):
                 lk.enqueue(windows_msg(8))
