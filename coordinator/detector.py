@@ -465,6 +465,15 @@ class Detector:
         medians = np.array([np.median(gap[isl_id == k]) for k in range(n_isl)])
         maxgap = np.array([gap[isl_id == k].max() for k in range(n_isl)])
         drifts: dict[int, float] = {}
+        # Islands on separate communicators meet at a bridge between their leaders;
+        # an island that arrives first waits there for the others, inside a
+        # collective. Its leader's bridge time over the quickest leader's is that
+        # wait, and is taken off the island's transfer time as well.
+        bridge_of: dict[int, float] = {}
+        for x, k in zip(recs, isl_id.tolist(), strict=True):
+            if x.bridge_ms is not None and math.isfinite(x.bridge_ms) and x.bridge_ms >= 0:
+                bridge_of[k] = min(bridge_of.get(k, math.inf), float(x.bridge_ms))
+        bridge_min = min(bridge_of.values()) if len(bridge_of) > 1 else None
         for k in range(n_isl):
             name = str(isl_names[k])
             members = isl_id == k
@@ -502,6 +511,8 @@ class Detector:
             others = np.delete(maxgap, k)
             wait = np.maximum(0.0, others.max() - gap[members]) if others.size else 0.0
             transfer = float(np.min(np.maximum(0.0, coll[members] - wait)))
+            if bridge_min is not None and k in bridge_of:
+                transfer = max(0.0, transfer - (bridge_of[k] - bridge_min))
             state, cratio, excess, track = self._subject_step(
                 "collective", name, transfer, s.collective_ratio, ctx
             )

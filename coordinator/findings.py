@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
-KINDS = ("rank", "degraded", "island", "link", "collective", "hang")
+# `missing` (ranks that stopped reporting: their agent or node is gone) is an
+# addition to DESIGN.md's kinds, documented in docs/DESIGN.md.
+KINDS = ("rank", "degraded", "island", "link", "collective", "hang", "missing")
 STATES = ("suspect", "flagged", "ongoing", "cleared")
 CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "unknown")
 
@@ -82,7 +84,7 @@ class Finding:
         """What the finding is about, as one label (metrics, logs)."""
         if self.kind in ("rank", "degraded") and self.rank is not None:
             return str(self.rank)
-        if self.kind == "hang":
+        if self.kind in ("hang", "missing"):
             return ",".join(str(r) for r in self.ranks)
         return self.island or ""
 
@@ -123,6 +125,7 @@ def flag_message(f: Finding) -> str:
         "collective": f"collectives of island {f.island}",
         "link": f"link {f.island}",
         "hang": f"hang: ranks {f.subject} behind",
+        "missing": f"ranks {f.subject} stopped reporting",
     }[f.kind]
     parts = [f"straggler {f.kind}: {who}"]
     if f.hosts:

@@ -21,11 +21,12 @@ def setup_logging(json_logs: bool = False, level: str = "INFO") -> None:
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
     ]
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer()
+    renderers: list[structlog.types.Processor] = (
+        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
         if json_logs
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     )
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
@@ -37,7 +38,7 @@ def setup_logging(json_logs: bool = False, level: str = "INFO") -> None:
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
         )
     )
     root = logging.getLogger()
