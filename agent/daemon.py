@@ -28,10 +28,11 @@ from typing import Any
 
 import structlog
 from artemis.agent.config import AgentConfig
-from artemis.agent.plans import clear_plan, publish_plan, read_acks, read_plan
+from artemis.agent.plans import clear_plan, publish_plan, read_ack_records, read_acks
 from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
 from artemis.agent.summary import ProgressTracker, WindowSummarizer, ring_position
 from artemis.agent.telemetry.base import RankTarget, TelemetrySource, collect
+from artemis.job.rebalance import UNIFORM_PLAN_ID
 from artemis.protocol.messages import Control, Dump, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow
 
@@ -214,16 +215,15 @@ class Agent:
         return res
 
     def _samples_for(self, w: RankWindow) -> int | None:
-        """Samples per step the rank ran in this window, when the job told us (it
-        acknowledged the published plan from a step at or before the window)."""
-        plan = read_plan(self.shm, w.job)
-        ack = read_acks(self.shm, w.job).get(w.rank)
-        if plan is None or ack is None or ack[0] != plan.get("id") or ack[1] > w.step_lo:
+        """Samples per step the rank ran in this window, when the job said so (its
+        latest ack names the split it switched to and from which step)."""
+        rec = read_ack_records(self.shm, w.job).get(w.rank)
+        if rec is None:
             return None
-        samples = plan.get("samples")
-        if not isinstance(samples, list) or w.rank >= len(samples):
+        step, samples = rec.get("step"), rec.get("samples")
+        if not isinstance(step, int) or not isinstance(samples, int) or step > w.step_lo:
             return None
-        return int(samples[w.rank])
+        return samples
 
     def progress(self) -> list[RankProgress]:
         return [t.progress.current() for t in self.rings.values() if not t.is_bridge]
@@ -234,7 +234,7 @@ class Agent:
         for job in jobs:
             for rank, (plan_id, step) in read_acks(self.shm, job).items():
                 key = (job, plan_id, rank)
-                if key in self.plan_acks_sent:
+                if plan_id == UNIFORM_PLAN_ID or key in self.plan_acks_sent:
                     continue
                 self.plan_acks_sent.add(key)
                 out.append({"job": job, "plan_id": plan_id, "rank": rank, "step": step})
@@ -406,14 +406,17 @@ async def run_agent(
                 agent.scan()
                 last_scan = now
             agent.ship(agent.tick(now))
-            if now - last_hb >= agent.cfg.heartbeat_s:
+            # A job's plan acks go out at once: the coordinator waits a bounded
+            # number of windows for them before it withdraws the plan.
+            acks = agent.plan_acks()
+            if acks or now - last_hb >= agent.cfg.heartbeat_s:
                 st = link.stats
                 link.enqueue(
                     Heartbeat(
                         progress=tuple(agent.progress()),
                         buffered=st.buffered,
                         dropped=st.dropped,
-                        plan_acks=tuple(agent.plan_acks()),
+                        plan_acks=tuple(acks),
                     )
                 )
                 last_hb = now

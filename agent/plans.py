@@ -27,6 +27,7 @@ __all__ = [
     "PlanFormatError",
     "clear_plan",
     "publish_plan",
+    "read_ack_records",
     "read_acks",
     "read_plan",
 ]
@@ -87,6 +88,24 @@ def clear_plan(
 def read_plan(shm_dir: str | Path, job: str) -> dict[str, Any] | None:
     rec = read_json(plan_path(shm_dir, job))
     return None if rec is None else dict(rec)
+
+
+def read_ack_records(shm_dir: str | Path, job: str) -> dict[int, dict[str, Any]]:
+    """Every rank's latest ack record on this node (id, step, samples, global_batch)."""
+    check_job(job)
+    prefix = f"{job}.plan-ack.r"
+    out: dict[int, dict[str, Any]] = {}
+    for p in Path(shm_dir).glob(f"{prefix}*.json"):
+        tail = p.name[len(prefix) : -len(".json")]
+        if not tail.isdigit():
+            continue
+        try:
+            rec = read_json(p)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rec, dict) and rec.get("rank") == int(tail):
+            out[int(tail)] = rec
+    return out
 
 
 def read_acks(shm_dir: str | Path, job: str) -> dict[int, tuple[str, int]]:

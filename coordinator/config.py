@@ -42,6 +42,9 @@ class CoordinatorConfig:
     assembly_deadline_s: float = 5.0  # a window is scored without the ranks absent this long
     tick_s: float = 0.25
     dump_wait_s: float = 5.0  # how long a hang finding waits for the agents' dumps
+    # Samples per step over all ranks, for jobs that do not report it through
+    # artemis.job (0 = learn it from the job; such jobs then get no plans).
+    global_batch: int = 0
     log_json: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
     rdma: RdmaConfig = field(default_factory=RdmaConfig)

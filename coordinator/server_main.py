@@ -104,6 +104,7 @@ async def run_coordinator(cfg: CoordinatorConfig) -> None:
         metrics,
         deadline_s=cfg.assembly_deadline_s,
         dump_wait_s=cfg.dump_wait_s,
+        global_batch=cfg.global_batch or None,
     )
     server = ProtocolServer(
         make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()

@@ -68,8 +68,10 @@ class Coordinator:
         *,
         deadline_s: float = 5.0,
         dump_wait_s: float = 5.0,
+        global_batch: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.global_batch = global_batch
         self.settings = settings
         self.findings = findings
         self.plans = plans
@@ -172,7 +174,7 @@ class Coordinator:
             js.policy = RebalancePolicy(
                 PolicySettings.from_settings(self.settings, window_steps=max(1, ws)),
                 nranks,
-                None,
+                self.global_batch,
             )
         t0 = time.perf_counter()
         res = js.detector.score_window(aw.window, aw.ranks, aw.missing)

@@ -65,6 +65,9 @@ class _Entry:
     sizes: tuple[int, ...]
 
 
+UNIFORM_PLAN_ID = "uniform"  # the ack id for the split a job starts with
+
+
 class RebalanceClient:
     """This rank's view of the rebalance plan, per step.
 
@@ -106,6 +109,10 @@ class RebalanceClient:
         self._known: set[str] = set()  # plan ids read (used or refused)
         self._acked: set[str] = set()
         self._warned: set[str] = set()
+        # Say at once how many samples this rank runs (the uniform split): the
+        # agent reports it with every window, which is how the coordinator learns
+        # the global batch and measures useful throughput before any plan.
+        self._ack(self._sched[0])
 
     # ------------------------------------------------------------------ per step
 
@@ -196,15 +203,17 @@ class RebalanceClient:
         self._sched = [*keep, _Entry(start, pid, sizes)][-_KEEP:]
 
     def _ack(self, e: _Entry) -> None:
-        self._acked.add(e.plan_id or "")
+        pid = e.plan_id or UNIFORM_PLAN_ID
+        self._acked.add(pid)
         if self.job is None:
             return
         rec = {
             "version": 1,
-            "id": e.plan_id,
+            "id": pid,
             "rank": self.rank,
             "step": e.start,
             "samples": e.sizes[self.rank],
+            "global_batch": self.global_batch,
         }
         try:
             write_json_atomic(ack_path(self.shm_dir, self.job, self.rank), rec)

@@ -138,6 +138,8 @@ class SimCluster:
             lines = [
                 f"assembly_deadline_s = {2.0 if opts.speed == 'virtual' else 3.0}",
                 "tick_s = 0.1",
+                'metrics_addr = "127.0.0.1"',
+                f"global_batch = {sc.global_batch}",
                 f"control_socket = {json.dumps(str(work / 'coordinator.sock'))}",
                 "[detector]",
                 *(f"{k} = {_toml_value(v)}" for k, v in det.items()),

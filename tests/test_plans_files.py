@@ -7,7 +7,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from artemis.agent.plans import AckWatcher, clear_plan, publish_plan, read_acks, read_plan
+from artemis.agent.plans import (
+    AckWatcher,
+    clear_plan,
+    publish_plan,
+    read_ack_records,
+    read_acks,
+    read_plan,
+)
 from artemis.coordinator.plans import PlansWriter, register_plan_metrics
 from artemis.coordinator.policy import PlanEvent
 from artemis.job import PlanFormatError, RebalanceClient
@@ -102,7 +109,9 @@ def test_client_uniform_without_plan_or_job(
     assert [c.split_for_step(s) for s in (0, 1000)] == [[4, 3, 3], [4, 3, 3]]
     c2 = _client(tmp_path, 2)  # a job id, but nothing published
     assert c2.samples_for_step(0) == 8 and c2.grad_weight(5) == 1.0
-    assert list(tmp_path.iterdir()) == []  # no ack for a plan that does not exist
+    # No plan: the only ack is the job's declaration of its starting (uniform) split.
+    assert read_acks(tmp_path, JOB) == {2: ("uniform", 0)}
+    assert read_ack_records(tmp_path, JOB)[2]["samples"] == 8
 
 
 def test_client_switches_at_apply_step_and_acks_once(tmp_path: Path) -> None:
@@ -112,7 +121,8 @@ def test_client_switches_at_apply_step_and_acks_once(tmp_path: Path) -> None:
     publish_plan(tmp_path, JOB, {"id": "p1", "apply_at_step": 10, "samples": [9, 9, 6, 8]})
     for s in range(5, 10):
         assert [c.samples_for_step(s) for c in clients] == [8, 8, 8, 8]
-    assert read_acks(tmp_path, JOB) == {}  # not applied yet: no ack
+    # not applied yet: only the starting split is acknowledged
+    assert read_acks(tmp_path, JOB) == {r: ("uniform", 0) for r in range(4)}
     for s in range(10, 20):
         assert [c.samples_for_step(s) for c in clients] == [9, 9, 6, 8]
         assert sum(c.grad_weight(s) for c in clients) == pytest.approx(4.0)
@@ -156,7 +166,7 @@ def test_client_ignores_plans_for_another_shape_and_bad_files(
     plan_path(tmp_path, JOB).write_text("{not json")
     assert c.split_for_step(2) == [8, 8, 8, 8]
     assert "ignoring plan" in caplog.text
-    assert read_acks(tmp_path, JOB) == {}
+    assert read_acks(tmp_path, JOB) == {0: ("uniform", 0)}  # the ignored plans: no ack
 
 
 def test_ack_watcher_reports_each_ack_once(tmp_path: Path) -> None:
@@ -164,6 +174,7 @@ def test_ack_watcher_reports_each_ack_once(tmp_path: Path) -> None:
     assert w.poll() == []
     publish_plan(tmp_path, JOB, {"id": "p1", "apply_at_step": 2, "samples": [7, 9]})
     a, b = _client(tmp_path, 0, 2, 16), _client(tmp_path, 1, 2, 16)
+    assert w.poll() == [(0, "uniform", 0), (1, "uniform", 0)]  # starting splits
     a.samples_for_step(2)
     assert w.poll() == [(0, "p1", 2)]
     b.samples_for_step(3)  # b reads the plan only at step 3: late, switches at 3
