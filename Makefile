@@ -33,6 +33,7 @@ demo: setup
 	$(BIN)/artemis demo
 
 test: setup
+	bash tests/setup/install-prometheus.sh
 	$(MAKE) -C profiler_plugin test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from artemis.coordinator.detector import WindowResult
+from artemis.coordinator.findings import Finding
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 # Scoring a window takes well under a second; buckets from 100 us to 2.5 s.
@@ -66,6 +67,27 @@ class Metrics:
         self.last_window = Gauge(
             "straggler_last_window", "Index of the last window scored", registry=reg
         )
+        # The flagged-now view (Grafana table, alerts): one series per finding
+        # while it is flagged or ongoing, removed when it clears.
+        self.finding_info = Gauge(
+            "straggler_finding_info",
+            "1 while a finding is flagged or ongoing; labels say what, since when and why",
+            ["kind", "subject", "since", "cause"],
+            registry=reg,
+        )
+        self.finding_loss = Gauge(
+            "straggler_finding_loss_pct",
+            "Share of each step the finding costs (%), while it lasts",
+            ["kind", "subject"],
+            registry=reg,
+        )
+        self.finding_excess = Gauge(
+            "straggler_finding_excess_ms",
+            "Extra time per step the finding costs (ms), while it lasts",
+            ["kind", "subject"],
+            registry=reg,
+        )
+        self._info_labels: dict[tuple[str, str], tuple[str, str, str, str]] = {}
         self._pace_labels: dict[str, set[tuple[str, str]]] = {}
         self._hours_seen: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -80,12 +102,7 @@ class Metrics:
             for r, v in result.pace.items():
                 self.pace.labels(str(r), result.islands.get(r, "")).set(v)
             self._pace_labels[result.job] = labels
-            for f in result.findings:
-                self.findings.labels(f.kind, f.state).inc()
-                if f.state in ("flagged", "ongoing"):
-                    self.flagged.labels(f.kind, f.subject).set(1)
-                elif f.state == "cleared":
-                    self.flagged.labels(f.kind, f.subject).set(0)
+            self._observe_findings(result.findings)
             if result.step_ms == result.step_ms:  # not NaN
                 self.step_ms.set(result.step_ms)
             self.missing.set(len(result.missing))
@@ -97,6 +114,41 @@ class Metrics:
             self.windows.inc()
             self.scoring.observe(max(0.0, scoring_seconds))
             self.last_window.set(result.window)
+
+    def observe_findings(self, findings: list[Finding]) -> None:
+        """Findings that come outside a window's scoring (hangs, missing ranks)."""
+        with self._lock:
+            self._observe_findings(findings)
+
+    def _observe_findings(self, findings: list[Finding]) -> None:
+        for f in findings:
+            self.findings.labels(f.kind, f.state).inc()
+            key = (f.kind, f.subject)
+            if f.state in ("flagged", "ongoing"):
+                self.flagged.labels(f.kind, f.subject).set(1)
+                cause = (f.cause or {}).get("kind", "") if f.cause else ""
+                labels = (f.kind, f.subject, str(f.since if f.since is not None else ""), cause)
+                old = self._info_labels.get(key)
+                if old is not None and old != labels:
+                    with contextlib.suppress(KeyError):
+                        self.finding_info.remove(*old)
+                self.finding_info.labels(*labels).set(1)
+                self._info_labels[key] = labels
+                if f.loss_pct is not None and f.loss_pct == f.loss_pct:
+                    self.finding_loss.labels(*key).set(f.loss_pct)
+                if f.excess_ms is not None and f.excess_ms == f.excess_ms:
+                    self.finding_excess.labels(*key).set(f.excess_ms)
+            elif f.state == "cleared":
+                self.flagged.labels(f.kind, f.subject).set(0)
+                old = self._info_labels.pop(key, None)
+                for g, lab in (
+                    (self.finding_info, old),
+                    (self.finding_loss, key),
+                    (self.finding_excess, key),
+                ):
+                    if lab is not None:
+                        with contextlib.suppress(KeyError):
+                            g.remove(*lab)
 
     def set_active(self, active: bool) -> None:
         self.active.set(1 if active else 0)

@@ -18,8 +18,11 @@ from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
+from artemis.protocol.messages import REASONS
 from artemis.protocol.server import ProtocolServer
 from artemis.protocol.tomlfile import ConfigError
+
+REFUSAL_REASONS = ("auth", "protocol", "timeout", "version")
 
 log = structlog.get_logger("artemis.coordinator")
 
@@ -56,16 +59,20 @@ def register_protocol_metrics(registry: Any, server: ProtocolServer) -> None:
             c = CounterMetricFamily("straggler_protocol_frames", "Frames received", labels=[])
             c.add_metric([], st["frames_total"])
             yield c
+            # Every known reason is exported from the start (at 0), so rates and
+            # alerts have a series before the first bad frame arrives.
             b = CounterMetricFamily(
                 "straggler_protocol_bad_frames", "Bad frames by reason", labels=["reason"]
             )
-            for k, v in st["bad_frames_total"].items():
+            bad = {**dict.fromkeys(REASONS, 0), **st["bad_frames_total"]}
+            for k, v in sorted(bad.items()):
                 b.add_metric([k], v)
             yield b
             r = CounterMetricFamily(
                 "straggler_protocol_refused_peers", "Refused peers by reason", labels=["reason"]
             )
-            for k, v in st["refused_peers_total"].items():
+            refused = {**dict.fromkeys(REFUSAL_REASONS, 0), **st["refused_peers_total"]}
+            for k, v in sorted(refused.items()):
                 r.add_metric([k], v)
             yield r
             g = GaugeMetricFamily("straggler_agents_connected", "Authenticated agents connected")

@@ -331,8 +331,7 @@ class Coordinator:
             islands=islands,
         )
         self.findings.write([f])
-        self.metrics.findings.labels("hang", f.state).inc()
-        self.metrics.flagged.labels("hang", f.subject).set(1)
+        self.metrics.observe_findings([f])
 
     def _dump(self, d: Dump) -> None:
         self.dump_dir.mkdir(parents=True, exist_ok=True)
