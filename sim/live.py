@@ -99,22 +99,31 @@ class LiveState:
             f"GPU-hours lost {lost:.3f}  " if lost is not None else "",
             (f"missing ranks {int(missing)}" if missing else "", "red"),
         )
-        ft = Table(title="findings", expand=True)
-        for c in ("window", "kind", "state", "subject", "cause", "cost"):
+        ft = Table(title="findings (latest state of each)", expand=True)
+        for c in ("kind", "subject", "state", "since", "flagged at", "cause", "cost"):
             ft.add_column(c)
-        for f in self.findings[-12:]:
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        flagged_at: dict[tuple[str, str], int] = {}
+        for f in self.findings:
+            key = (f.get("kind", ""), _subject(f))
+            latest[key] = f
+            if f.get("state") == "flagged":
+                flagged_at[key] = int(f.get("window", -1))
+        for key, f in list(latest.items())[-12:]:
             cause = (f.get("cause") or {}).get("kind", "") if f.get("cause") else ""
             cost = (
                 f"{f['loss_pct']:.1f}% ({f.get('excess_ms') or 0:.1f} ms/step)"
                 if f.get("loss_pct") is not None
                 else ""
             )
-            style = "bold red" if f.get("state") == "flagged" else ""
+            state = str(f.get("state", ""))
+            style = "bold red" if state in ("flagged", "ongoing") else ""
             ft.add_row(
-                str(f.get("window")),
-                f.get("kind", ""),
-                Text(f.get("state", ""), style=style),
-                _subject(f),
+                key[0],
+                key[1],
+                Text(state, style=style),
+                str(f.get("since", "")),
+                str(flagged_at.get(key, "")),
                 cause,
                 cost,
             )
@@ -174,19 +183,26 @@ def summary_lines(findings: list[dict[str, Any]], plans: list[dict[str, Any]]) -
         out.append("No straggler was flagged.")
     for f in flagged:
         cause = f.get("cause") or {}
-        last = [
+        same = [
             g for g in findings if g.get("kind") == f.get("kind") and _subject(g) == _subject(f)
-        ][-1]
-        gh = (
-            (last.get("evidence") or {}).get("gpu_hours_lost")
-            if isinstance(last.get("evidence"), dict)
-            else None
-        )
+        ]
+        last = same[-1]
+        ev = last.get("evidence") if isinstance(last.get("evidence"), dict) else {}
+        gh = ev.get("gpu_hours") if ev else None
+        where = ", ".join(x for x in (f.get("island") or "", ",".join(f.get("hosts") or [])) if x)
+        lag = int(f["window"]) - int(f.get("since") if f.get("since") is not None else f["window"])
         out.append(
-            f"{f['kind']} {_subject(f)}: flagged at window {f['window']} (slow since window "
-            f"{f.get('since')}), cost {f.get('loss_pct') or 0:.1f}% of each step"
-            + (f", {gh:.3f} GPU-hours lost" if gh else "")
-            + (f"; cause: {cause.get('kind')}: {cause.get('text')}" if cause else "")
+            f"{f['kind']} finding, {_subject(f)}"
+            + (f" ({where})" if where else "")
+            + f": slow since window {f.get('since')}, flagged at window {f['window']} "
+            f"({lag} windows later)"
+            + (
+                f"; costs {f['loss_pct']:.1f}% of each step ({f.get('excess_ms') or 0:.1f} ms)"
+                if f.get("loss_pct") is not None
+                else ""
+            )
+            + (f"; {gh:.4f} GPU-hours lost by window {last['window']}" if gh else "")
+            + (f"; cause {cause.get('kind')}: {cause.get('text')}" if cause else "")
         )
     for p in plans:
         if p.get("status") in ("verified", "rolled_back"):
