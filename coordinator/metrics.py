@@ -82,8 +82,8 @@ class Metrics:
             registry=reg,
         )
         self.finding_excess = Gauge(
-            "straggler_finding_excess_ms",
-            "Extra time per step the finding costs (ms), while it lasts",
+            "straggler_finding_excess_seconds",
+            "Extra time per step the finding costs (seconds), while it lasts",
             ["kind", "subject"],
             registry=reg,
         )
@@ -137,7 +137,7 @@ class Metrics:
                 if f.loss_pct is not None and f.loss_pct == f.loss_pct:
                     self.finding_loss.labels(*key).set(f.loss_pct)
                 if f.excess_ms is not None and f.excess_ms == f.excess_ms:
-                    self.finding_excess.labels(*key).set(f.excess_ms)
+                    self.finding_excess.labels(*key).set(f.excess_ms / 1000.0)
             elif f.state == "cleared":
                 self.flagged.labels(f.kind, f.subject).set(0)
                 old = self._info_labels.pop(key, None)

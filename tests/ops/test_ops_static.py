@@ -178,7 +178,7 @@ def test_flagged_table_shows_cause_and_cost() -> None:
     exprs = " ".join(t["expr"] for t in table["targets"])
     for label in ("kind", "subject", "since", "cause"):
         assert label in exprs
-    assert "straggler_finding_loss_pct" in exprs and "straggler_finding_excess_ms" in exprs
+    assert "straggler_finding_loss_pct" in exprs and "straggler_finding_excess_seconds" in exprs
     renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"][
         "renameByName"
     ]
