@@ -44,6 +44,7 @@ class AgentConfig:
     poll_interval_s: float = 0.2
     heartbeat_s: float = 2.0
     scan_interval_s: float = 1.0
+    telemetry_interval_s: float = 1.0  # live GPU/host samples, averaged per window
     window_steps: int = 50
     colls_per_step: int = 0  # 0 = infer from the collective pattern
     telemetry: list[str] = field(default_factory=lambda: ["nvml", "amdsmi", "host"])

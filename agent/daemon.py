@@ -31,7 +31,13 @@ from artemis.agent.config import AgentConfig
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records, read_acks
 from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
 from artemis.agent.summary import ProgressTracker, WindowSummarizer, ring_position
-from artemis.agent.telemetry.base import RankTarget, TelemetrySource, collect
+from artemis.agent.telemetry.base import (
+    RankTarget,
+    TelemetryAccumulator,
+    TelemetrySource,
+    collect,
+    merge,
+)
 from artemis.job.rebalance import UNIFORM_PLAN_ID
 from artemis.protocol.messages import Control, Dump, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow
@@ -56,7 +62,8 @@ class Tracked:
     is_bridge: bool
     shipped_seq: int = -1  # uplink seq of the last message carrying this ring's windows
     drained: bool = False
-    telemetry_cache: dict[str, Any] = field(default_factory=dict)
+    # Telemetry sampled during the window being summarised, averaged when it closes.
+    telemetry: TelemetryAccumulator = field(default_factory=TelemetryAccumulator)
 
 
 def _global_rank(h: RingHeader) -> int:
@@ -199,15 +206,35 @@ class Agent:
                     out.extend(self._with_telemetry(t, ws))
         return out
 
+    def sample_telemetry(self) -> None:
+        """Sample the live sources (GPU, host) for every rank; averaged per window."""
+        live = [s for s in self.sources if s.name != "simulated"]
+        if not live:
+            return
+        for t in self.rings.values():
+            if t.summarizer is None:
+                continue
+            target = RankTarget(rank=t.grank, pid=t.header.pid, job=t.header.job)
+            t.telemetry.add(collect(live, target))
+
     def _with_telemetry(self, t: Tracked, ws: list[RankWindow]) -> list[RankWindow]:
+        # The simulator's source is keyed by window; live sources were averaged
+        # over the window by sample_telemetry (or are sampled now if they never were).
+        sim = [s for s in self.sources if s.name == "simulated"]
+        live = [s for s in self.sources if s.name != "simulated"]
+        averaged = t.telemetry.result() if t.telemetry.count else None
+        t.telemetry.reset()
         res = []
         for w in ws:
-            tel = collect(
-                self.sources,
-                RankTarget(
-                    rank=w.rank, pid=t.header.pid, gpu_index=None, window=w.window, job=w.job
-                ),
-            )
+            target = RankTarget(rank=w.rank, pid=t.header.pid, window=w.window, job=w.job)
+            parts = []
+            if sim:
+                parts.append(collect(sim, target).to_dict())
+            if averaged is not None:
+                parts.append(averaged.to_dict())
+            elif live:
+                parts.append(collect(live, target).to_dict())
+            tel = merge(parts)
             island = self.cfg.island or w.island or tel.vendor
             hw = w.hw_class or tel.gpu_model
             samples = self._samples_for(w)
@@ -398,7 +425,7 @@ async def run_agent(
     )
     holder["link"] = link
     link_task = link.start()
-    last_scan = last_hb = time.monotonic()
+    last_scan = last_hb = last_tel = time.monotonic()
     try:
         while not stop.is_set():
             now = time.monotonic()
@@ -406,6 +433,9 @@ async def run_agent(
                 agent.scan()
                 last_scan = now
             agent.ship(agent.tick(now))
+            if now - last_tel >= cfg.telemetry_interval_s:
+                agent.sample_telemetry()
+                last_tel = now
             # A job's plan acks go out at once: the coordinator waits a bounded
             # number of windows for them before it withdraws the plan.
             acks = agent.plan_acks()
