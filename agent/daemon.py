@@ -340,7 +340,7 @@ class Agent:
             return
         acked = self._acked_upto()
         for t in list(self.rings.values()):
-            if not t.header.finished or t.reader.pending():
+            if not t.header.finished or t.reader.pending:
                 continue
             if t.shipped_seq > acked:
                 continue

@@ -147,16 +147,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     "remove_finished",
     [
         pytest.param(False, id="keep-rings"),
-        pytest.param(
-            True,
-            id="remove-finished-rings",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=TypeError,
-                reason="agent/daemon.py Agent.cleanup calls t.reader.pending(), a property "
-                "(int): the agent dies once a job's rings are finished",
-            ),
-        ),
+        pytest.param(True, id="remove-finished-rings"),
     ],
 )
 def test_agent_to_coordinator_over_rdma(
