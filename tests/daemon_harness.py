@@ -88,7 +88,9 @@ def scrape(url: str, timeout: float = 2.0) -> dict[tuple[str, frozenset[tuple[st
     return out
 
 
-def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
+def metric(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
@@ -223,8 +225,10 @@ class Coordinator:
             self.work / "coordinator.log",
         ).start()
         wait_for(
-            lambda: not self.daemon.alive()  # type: ignore[union-attr]
-            or metric(scrape(self.url), "straggler_detector_active") is not None,
+            lambda: (
+                not self.daemon.alive()  # type: ignore[union-attr]
+                or metric(scrape(self.url), "straggler_detector_active") is not None
+            ),
             30,
             "coordinator metrics endpoint",
         )
@@ -307,7 +311,12 @@ def _env(**kv: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-PATTERN = (("AllReduce", 1 << 20), ("AllReduce", 1 << 18), ("AllGather", 1 << 16), ("AllReduce", 4096))
+PATTERN = (
+    ("AllReduce", 1 << 20),
+    ("AllReduce", 1 << 18),
+    ("AllGather", 1 << 16),
+    ("AllReduce", 4096),
+)
 
 
 class LockstepFeeder:
@@ -349,7 +358,9 @@ class LockstepFeeder:
                 arrive = [self.t + self.compute_ns[r][k] for r in range(self.nranks)]
                 end = max(arrive) + self.transfer_ns
                 for r, c in enumerate(self.comms):
-                    c.collective(func, nbytes // 4, "ncclFloat32", 1, kernel_times=[(arrive[r], end)])
+                    c.collective(
+                        func, nbytes // 4, "ncclFloat32", 1, kernel_times=[(arrive[r], end)]
+                    )
                 self.t = end
             self.steps += 1
 
@@ -363,10 +374,13 @@ class LockstepFeeder:
         return sum(self.compute_ns[r]) / 1e6
 
     def step_ms(self) -> float:
-        return sum(
-            max(self.compute_ns[r][k] for r in range(self.nranks)) + self.transfer_ns
-            for k in range(self.colls)
-        ) / 1e6
+        return (
+            sum(
+                max(self.compute_ns[r][k] for r in range(self.nranks)) + self.transfer_ns
+                for k in range(self.colls)
+            )
+            / 1e6
+        )
 
     def peers_gap_ms(self, r: int) -> float:
         return float(statistics.median(self.gap_ms(q) for q in range(self.nranks) if q != r))

@@ -13,11 +13,11 @@ from __future__ import annotations
 import collections
 import math
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from daemon_harness import (
     Coordinator,
     Daemon,
@@ -156,3 +156,166 @@ def test_assembled_windows_equal_what_was_fed(cluster: Any) -> None:
     for f in lines:
         _check_rank_finding(f, c.job)
     assert {f["kind"] for f in c.coord.findings()} == {"rank"}
+
+
+# ---------------------------------------------------------------- b. coordinator killed
+
+
+def _windows(lines: list[dict[str, Any]]) -> collections.Counter[int]:
+    return collections.Counter(f["window"] for f in lines)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="coordinator/assembly.py: after a restart a window is 'complete' once the ranks of "
+    "the agents reconnected so far reported it; the other agents' parts then arrive late and "
+    "are dropped (see the report of this test's author)",
+)
+def test_coordinator_sigkill_and_restart(cluster: Any) -> None:
+    """Windows written while the coordinator is down are kept by the agents, resent to the
+    new coordinator and scored exactly once, with every rank; windows the dead coordinator
+    already scored stay in the findings file once; none is scored twice. What may be lost:
+    windows the dead one had acked but not yet scored (its assembly state dies with it)."""
+    c = cluster(deadline_s=8.0).start()
+    n, kill_after = 14, 5
+    for w in range(kill_after):
+        c.job.write_steps(W_STEPS)
+        if w:
+            c.wait_window(w - 1)
+    c.job.write_steps(W_STEPS)  # window kill_after - 1 closes; it may be in flight at the kill
+    assert c.coord.daemon is not None
+    c.coord.daemon.kill()
+    before = _windows(c.rank_lines())
+    first_after = kill_after  # its records were all written after the kill
+    c.job.write_steps(3 * W_STEPS)
+    # The host of the slow rank reconnects first (the other agent is stopped meanwhile),
+    # as happens whenever the back-off jitter orders them so.
+    other = c.agents[1 - HOST_OF[SLOW]]
+    os.kill(other.pid, signal.SIGSTOP)
+    try:
+        c.coord.start()
+        c.wait_connected(1)
+    finally:
+        os.kill(other.pid, signal.SIGCONT)
+    c.wait_connected(len(c.shm))
+    c.job.write_steps((n - first_after - 3) * W_STEPS)
+    c.job.finish()
+    c.wait_window(n - 1, timeout=60)
+    lines = c.rank_lines()
+    seen = _windows(lines)
+    assert all(v == 1 for v in seen.values()), f"windows reported twice: {seen}"
+    assert all(before[w] == 1 for w in range(1, kill_after - 1)), before
+    # Every window from the first one written after the kill is reported, with all ranks.
+    lost = sorted(set(range(first_after, n)) - set(seen))
+    assert not lost, f"windows written after the kill and never scored: {lost}"
+    for f in lines:
+        if f["window"] >= first_after:
+            _check_rank_finding(f, c.job)
+    assert not [f for f in c.coord.findings() if f["kind"] == "missing"]
+
+
+# ---------------------------------------------------------------- c. agent killed
+
+
+def test_agent_sigkill_and_restart_reads_rings_again_without_double_counting(cluster: Any) -> None:
+    c = cluster(deadline_s=8.0).start()
+    n, kill_after = 10, 4
+    for w in range(kill_after):
+        c.job.write_steps(W_STEPS)
+        if w:
+            c.wait_window(w - 1)
+    h = HOST_OF[SLOW]
+    c.agents[h].kill()
+    c.job.write_steps(W_STEPS)  # window kill_after - 1 closes while that agent is down
+    c.start_agent(h)  # a new incarnation: reads every ring from its start again
+    c.wait_connected(len(c.shm))
+    c.job.write_steps((n - kill_after - 1) * W_STEPS)
+    c.job.finish()
+    c.wait_window(n - 1)
+    # The restarted agent shipped windows 0.. again: the assembly dropped them as late.
+    log = c.agents[h].log_records()
+    found = [r["path"] for r in log if r.get("event") == "ring found"]
+    assert len(found) == 2 * HOST_OF.count(h), found  # every ring opened again by the new one
+    lines = c.rank_lines()
+    assert [f["window"] for f in lines] == list(range(1, n)), _windows(lines)
+    # One detector for the whole run: the flag persists across the agent's restart.
+    assert [f["state"] for f in lines] == ["suspect", "suspect"] + ["flagged"] + ["ongoing"] * (
+        n - 4
+    )
+    for f in lines:
+        _check_rank_finding(f, c.job)
+    assert c.coord.value("straggler_windows_scored_total") == n
+    assert not [f for f in c.coord.findings() if f["kind"] != "rank"]
+
+
+# ---------------------------------------------------------------- d. wrong secret
+
+
+def test_wrong_secret_is_refused_while_a_good_agent_is_served(cluster: Any) -> None:
+    c = cluster()
+    c.coord.start()
+    c.start_agent(0)
+    bad = write_secret(c.tmp / "wrong-secret")
+    c.start_agent(1, secret=bad)
+    c.wait_connected(1)
+
+    def refused() -> dict[str, float]:
+        return metric_by_label(
+            c.coord.samples(), "straggler_protocol_refused_peers_total", "reason"
+        )
+
+    reasons = wait_for(lambda: refused(), 30, "a refused peer counted")
+    assert sum(reasons.values()) >= 1, reasons
+    bad_log = wait_for(
+        lambda: [
+            r
+            for r in c.agents[1].log_records()
+            if r.get("event") == "coordinator connection refused"
+        ],
+        30,
+        "the agent with the wrong secret logs the refusal",
+    )
+    assert bad_log[0]["level"] == "error" and bad_log[0]["reason"] in reasons, bad_log[0]
+    assert c.agents[1].alive()  # it retries with back-off, it does not die
+    # The good agent's ranks are scored meanwhile (only them: the others never got in).
+    n = 4
+    c.job.write_steps(n * W_STEPS)
+    c.job.finish()
+    c.wait_window(n - 1)
+    pace = metric_by_label(c.coord.samples(), "straggler_rank_pace_ratio", "rank")
+    good = [r for r in range(c.job.nranks) if HOST_OF[r] == 0]
+    assert sorted(pace) == [str(r) for r in good]
+    for r in good:
+        peers = sorted(c.job.gap_ms(q) for q in good if q != r)
+        expect = c.job.gap_ms(r) / ((peers[0] + peers[1]) / 2)
+        assert _close(pace[str(r)], expect), (r, pace[str(r)], expect)
+    assert c.coord.value("straggler_agents_connected") == 1
+
+
+# ---------------------------------------------------------------- e. corrupt ring
+
+
+def test_corrupt_ring_is_named_and_skipped(cluster: Any) -> None:
+    c = cluster()
+    junk = c.shm[0] / f"e2ejob.{0xBAD:016x}.r9.ring"
+    junk.write_bytes(bytes(range(256)) * 64)
+    c.start()
+    log = wait_for(
+        lambda: [r for r in c.agents[0].log_records() if r.get("event") == "ring rejected"],
+        30,
+        "the agent rejects the corrupt ring",
+    )
+    assert log[0]["level"] == "error" and log[0]["path"] == str(junk), log[0]
+    assert log[0]["error"]
+    n = 4
+    c.job.write_steps(n * W_STEPS)
+    c.job.finish()
+    c.wait_window(n - 1)
+    pace = metric_by_label(c.coord.samples(), "straggler_rank_pace_ratio", "rank")
+    assert sorted(pace) == [str(r) for r in range(c.job.nranks)]
+    for r in range(c.job.nranks):
+        assert _close(pace[str(r)], c.job.pace(r))
+    assert [f["window"] for f in c.rank_lines()] == list(range(1, n))
+    assert c.agents[0].alive()
+    # Reported once, not at every scan.
+    assert sum(r.get("event") == "ring rejected" for r in c.agents[0].log_records()) == 1
