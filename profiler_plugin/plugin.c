@@ -137,6 +137,42 @@ uint32_t art_dtype_size(uint8_t code) {
     return code < sizeof dtype_sizes ? dtype_sizes[code] : 0;
 }
 
+/* The same lookups through the context's cache, keyed by the pointer.
+ *
+ * NCCL and RCCL pass string literals with static lifetime (the results of
+ * ncclFuncToString, ncclDatatypeToString, ncclAlgoToString and
+ * ncclProtoToString; the Python stand-in keeps its strings for the process
+ * lifetime too), so one pointer always names the same text and its code can
+ * be remembered. An entry is one word, (pointer << 8) | (table << 4) | code,
+ * written with a relaxed store: a thread sees a whole entry or none, and an
+ * entry that names another pointer or table is a miss. A miss does the normal
+ * lookup and overwrites the entry (direct-mapped, so two hot strings that hash
+ * alike only cost slow lookups). Pointers above 2^56 bypass the cache. */
+enum { ART_STR_FUNC = 0, ART_STR_DTYPE = 1, ART_STR_ALGO = 2, ART_STR_PROTO = 3 };
+
+static inline uint8_t str_code_slow(const char *s, uint32_t table) {
+    switch (table) {
+    case ART_STR_FUNC: return art_func_code(s);
+    case ART_STR_DTYPE: return art_dtype_code(s);
+    case ART_STR_ALGO: return art_algo_code(s);
+    default: return art_proto_code(s);
+    }
+}
+
+static inline uint8_t str_code(ArtCtx *ctx, const char *s, uint32_t table) {
+    uint64_t p = (uint64_t)(uintptr_t)s;
+    if (!p) return 0;
+    if (p >> 56) return str_code_slow(s, table);
+    uint64_t key = (p << 8) | ((uint64_t)table << 4);
+    _Atomic uint64_t *e =
+        &ctx->strcache[(key * 0x9E3779B97F4A7C15ULL) >> (64 - ART_STRCACHE_BITS)];
+    uint64_t v = atomic_load_explicit(e, RLX);
+    if ((v & ~(uint64_t)0xf) == key) return (uint8_t)(v & 0xf);
+    uint8_t c = str_code_slow(s, table); /* every code is below 16 */
+    atomic_store_explicit(e, key | c, RLX);
+    return c;
+}
+
 /* ------------------------------------------------------------------ */
 /* slot access: the body fields are plain in artemis_ring.h; we access  */
 /* them as same-size atomics (lock-free, naturally aligned).            */
@@ -291,11 +327,11 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         return;
     }
     uint64_t now = art_now_mono();
-    uint8_t fc = art_func_code(func), dc = art_dtype_code(dtype);
+    uint8_t fc = str_code(ctx, func, ART_STR_FUNC), dc = str_code(ctx, dtype, ART_STR_DTYPE);
     uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
     uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
-    uint64_t w8 = pack8(ARTEMIS_REC_HOST, art_algo_code(algo), art_proto_code(proto), nChannels,
-                        (int32_t)peer);
+    uint64_t w8 = pack8(ARTEMIS_REC_HOST, str_code(ctx, algo, ART_STR_ALGO),
+                        str_code(ctx, proto, ART_STR_PROTO), nChannels, (int32_t)peer);
     atomic_store_explicit(&op->nstarted, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     op->host_start = now;

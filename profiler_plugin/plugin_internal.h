@@ -36,6 +36,10 @@
 
 #define ART_CACHELINE 64
 
+/* Entries of the per-context string -> code cache (a power of two). */
+#define ART_STRCACHE_BITS 4
+#define ART_STRCACHE (1u << ART_STRCACHE_BITS)
+
 struct ArtOp;
 
 typedef struct ArtCh {
@@ -84,6 +88,10 @@ typedef struct ArtCtx {
     _Atomic uint32_t no_timer;  /* KernelCh never carried timers: use host timing */
     _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
     char path[512];
+    /* string -> code cache, keyed by pointer (see str_code in plugin.c); each
+     * entry is one word: (pointer << 8) | (table << 4) | code, 0 = empty.
+     * Written only on a miss, so after warm-up its lines are only read. */
+    _Alignas(ART_CACHELINE) _Atomic uint64_t strcache[ART_STRCACHE];
     /* written on the hot path by several threads: own cache lines */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;

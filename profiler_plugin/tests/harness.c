@@ -835,21 +835,60 @@ static void test_failures(void) {
     const char *an[] = {"TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT"};
     const char *pn[] = {"LL", "LL128", "SIMPLE"};
     uint64_t t = 3;
-    for (unsigned i = 0; i < 12; i++, t++) {
+    /* pass 0 fills the plugin's pointer cache, pass 1 reads codes from it */
+    for (unsigned i = 0; i < 24; i++, t++) {
         memset(&d, 0, sizeof d);
         d.type = ncclProfileColl;
         d.coll.func = fn[i % 11];
-        d.coll.datatype = dn[i];
+        d.coll.datatype = dn[i % 12];
         d.coll.algo = an[i % 7];
         d.coll.proto = pn[i % 3];
         d.coll.count = 10;
         ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
         ncclProfiler_v6.stopEvent(h);
         r = slot_rec(cm, t);
-        CHECK(r.func == fc[i % 11] && r.dtype == i + 1 && r.bytes == 10 * dsz[i] &&
+        CHECK(r.func == fc[i % 11] && r.dtype == i % 12 + 1 && r.bytes == 10 * dsz[i % 12] &&
                   r.algo == i % 7 + 1 && r.proto == i % 3 + 1,
               "string codes %u: func %u dtype %u algo %u proto %u bytes %llu", i, r.func, r.dtype,
               r.algo, r.proto, (unsigned long long)r.bytes);
+    }
+    /* The cache is keyed by pointer and table: one pointer in two tables,
+     * and the same text at other addresses, still map by their own table.
+     * (NCCL's strings are literals: the plugin may assume the text at a
+     * pointer never changes, so each case below uses its own buffers.) */
+    {
+        char fbufs[3][16], dbufs[3][16], abufs[3][16], pbufs[3][16];
+        for (unsigned i = 0; i < 3; i++, t++) {
+            memset(&d, 0, sizeof d);
+            d.type = ncclProfileColl;
+            if (i == 0) {
+                d.coll.func = dn[7]; /* "ncclFloat32" is no func: 0 */
+                d.coll.datatype = dn[7];
+                d.coll.algo = pn[2]; /* "SIMPLE" is no algo: 0 */
+                d.coll.proto = pn[2];
+            } else {
+                char *fbuf = fbufs[i], *dbuf = dbufs[i], *abuf = abufs[i], *pbuf = pbufs[i];
+                snprintf(fbuf, 16, "%s", i == 1 ? "Broadcast" : "Bogus");
+                snprintf(dbuf, 16, "%s", "ncclFloat32");
+                snprintf(abuf, 16, "%s", "RING");
+                snprintf(pbuf, 16, "%s", "LL128");
+                d.coll.func = fbuf;
+                d.coll.datatype = dbuf;
+                d.coll.algo = abuf;
+                d.coll.proto = pbuf;
+            }
+            d.coll.count = 3;
+            ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
+            ncclProfiler_v6.stopEvent(h);
+            r = slot_rec(cm, t);
+            CHECK(i == 0 ? (r.func == 0 && r.dtype == ARTEMIS_DT_FLOAT32 && r.algo == 0 &&
+                            r.proto == ARTEMIS_PROTO_SIMPLE)
+                         : (r.func == (i == 1 ? ARTEMIS_FUNC_BROADCAST : 0) &&
+                            r.dtype == ARTEMIS_DT_FLOAT32 && r.algo == ARTEMIS_ALGO_RING &&
+                            r.proto == ARTEMIS_PROTO_LL128 && r.bytes == 12),
+                  "string cache %u: func %u dtype %u algo %u proto %u", i, r.func, r.dtype, r.algo,
+                  r.proto);
+        }
     }
 
     /* more than ART_MAX_CH channels: the first 62 time the op */
