@@ -173,17 +173,19 @@ def _print_table(folder: Path, rows: list[dict[str, object]]) -> None:
 
 @app.command("run")
 def run_cmd(
-    config: Annotated[Path | None, typer.Option(help="TOML config (see deploy/agent.toml).")] = None,
-    coordinator: Annotated[
-        str | None, typer.Option(help="HOST:PORT of the coordinator.")
+    config: Annotated[
+        Path | None, typer.Option(help="TOML config (see deploy/agent.toml).")
     ] = None,
+    coordinator: Annotated[str | None, typer.Option(help="HOST:PORT of the coordinator.")] = None,
     shm_dir: Annotated[
         Path | None, typer.Option(help="Where the plugin writes rings (default /dev/shm/artemis).")
     ] = None,
     secret_file: Annotated[
         Path | None, typer.Option(help="Shared secret file (mode 0600), same as the coordinator's.")
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Name this node reports (default hostname).")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Name this node reports (default hostname).")
+    ] = None,
     log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
 ) -> None:
     """Run the node agent: read rings, summarise windows, ship them to the coordinator."""

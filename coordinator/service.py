@@ -322,7 +322,7 @@ class Coordinator:
         h = js.hang
         assert h is not None
         h.reported = True
-        islands = {}
+        islands: dict[int, str] = {}
         f = hang_finding(
             h.verdict,
             window=h.window,

@@ -190,7 +190,8 @@ def summary_lines(findings: list[dict[str, Any]], plans: list[dict[str, Any]]) -
         ev = last.get("evidence") if isinstance(last.get("evidence"), dict) else {}
         gh = ev.get("gpu_hours") if ev else None
         where = ", ".join(x for x in (f.get("island") or "", ",".join(f.get("hosts") or [])) if x)
-        lag = int(f["window"]) - int(f.get("since") if f.get("since") is not None else f["window"])
+        since = f.get("since")
+        lag = int(f["window"]) - int(since if since is not None else f["window"])
         out.append(
             f"{f['kind']} finding, {_subject(f)}"
             + (f" ({where})" if where else "")

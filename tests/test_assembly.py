@@ -8,9 +8,23 @@ from artemis.protocol.records import RankWindow
 
 def rw(rank: int, window: int, comm: str = "c0", nranks: int = 3, job: str = "j") -> RankWindow:
     return RankWindow(
-        job=job, comm=comm, rank=rank, nranks=nranks, host="h", window=window,
-        step_lo=window * 10, step_hi=window * 10 + 10, coll_lo=0, coll_hi=0,
-        gap_ms=1.0, coll_ms=1.0, step_ms=2.0, collectives=10, bytes=0, lost=0, clock="device",
+        job=job,
+        comm=comm,
+        rank=rank,
+        nranks=nranks,
+        host="h",
+        window=window,
+        step_lo=window * 10,
+        step_hi=window * 10 + 10,
+        coll_lo=0,
+        coll_hi=0,
+        gap_ms=1.0,
+        coll_ms=1.0,
+        step_ms=2.0,
+        collectives=10,
+        bytes=0,
+        lost=0,
+        clock="device",
     )
 
 

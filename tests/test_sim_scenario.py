@@ -81,7 +81,7 @@ def test_errors_name_the_file_key_and_what_is_allowed(data: dict, needle: str) -
 def test_bad_toml_names_the_file(tmp_path: Path) -> None:
     p = tmp_path / "bad.toml"
     p.write_text("[job\nranks = 2")
-    with pytest.raises(ScenarioError, match="bad.toml: not valid TOML"):
+    with pytest.raises(ScenarioError, match=r"bad\.toml: not valid TOML"):
         load_scenario(p)
 
 
