@@ -337,6 +337,10 @@ _PLAIN_SCALARS = (str, int, float, bool, bytes, type(None))
 
 def _plain(v: Any, depth: int) -> bool:
     t = type(v)
+    if t is float:
+        # NaN and infinities mean nothing in a control body or a dump record, and
+        # NaN would make a message unequal to itself after a round trip.
+        return math.isfinite(v)
     if t in _PLAIN_SCALARS:
         return True
     if depth > 16:
@@ -351,7 +355,7 @@ def _plain(v: Any, depth: int) -> bool:
 def c_map(v: Any, where: str, name: str) -> Any:
     """A free-form map: string keys, plain msgpack values (no ext types), bounded depth."""
     if type(v) is not dict or not _plain(v, 0):
-        raise _fail(where, name, "map with string keys and plain values", v)
+        raise _fail(where, name, "map with string keys and plain, finite values", v)
     return v
 
 
