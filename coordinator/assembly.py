@@ -35,12 +35,20 @@ class AssembledWindow:
 class _Pending:
     first_seen: float
     by_rank: dict[int, RankWindow] = field(default_factory=dict)
-    ready: bool = False  # every expected rank reported
 
 
 class WindowAssembler:
-    def __init__(self, deadline_s: float = 5.0, keep_released: int = 4096) -> None:
+    """`grace_s` (default: the deadline) after the first summary arrives, no window
+    counts as complete: a coordinator that just (re)started knows only the ranks
+    of the agents that reconnected so far, and must not call a window complete
+    before the others had a chance to announce theirs."""
+
+    def __init__(
+        self, deadline_s: float = 5.0, keep_released: int = 4096, grace_s: float | None = None
+    ) -> None:
         self.deadline_s = deadline_s
+        self.grace_s = deadline_s if grace_s is None else grace_s
+        self._born: float | None = None
         self._expected: dict[str, set[int]] = {}
         self._primary: dict[tuple[str, int], tuple[int, str]] = {}  # (job, rank) -> (-n, comm)
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -77,6 +85,8 @@ class WindowAssembler:
 
     def add(self, w: RankWindow, now: float) -> list[AssembledWindow]:
         """Add one summary; returns windows that became complete because of it."""
+        if self._born is None:
+            self._born = now
         if not self._is_primary(w):
             return []
         key = (w.job, w.window)
@@ -92,10 +102,7 @@ class WindowAssembler:
             self.duplicates += 1
             return []
         p.by_rank[w.rank] = w
-        if set(p.by_rank) >= self._expected[w.job]:
-            p.ready = True
-            return self._drain(w.job, now)
-        return []
+        return self._drain(w.job, now)
 
     def expire(self, now: float) -> list[AssembledWindow]:
         """Release windows whose deadline passed (and the ready ones behind them)."""
@@ -108,9 +115,11 @@ class WindowAssembler:
         # Windows of a job leave in order: the detector's persistence rules count
         # consecutive windows, so a complete window waits for late earlier ones.
         out: list[AssembledWindow] = []
+        settled = self._born is not None and now - self._born >= self.grace_s
+        expected = self._expected.get(job, set())
         for key in sorted(k for k in self._pending if k[0] == job):
             p = self._pending[key]
-            if p.ready:
+            if settled and set(p.by_rank) >= expected:
                 out.append(self._release(key, complete=True))
             elif now - p.first_seen >= self.deadline_s:
                 out.append(self._release(key, complete=False))

@@ -165,12 +165,6 @@ def _windows(lines: list[dict[str, Any]]) -> collections.Counter[int]:
     return collections.Counter(f["window"] for f in lines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="coordinator/assembly.py: after a restart a window is 'complete' once the ranks of "
-    "the agents reconnected so far reported it; the other agents' parts then arrive late and "
-    "are dropped (see the report of this test's author)",
-)
 def test_coordinator_sigkill_and_restart(cluster: Any) -> None:
     """Windows written while the coordinator is down are kept by the agents, resent to the
     new coordinator and scored exactly once, with every rank; windows the dead coordinator
