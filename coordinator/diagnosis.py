@@ -34,6 +34,7 @@ STEAL_PCT = 5.0
 PSI_CPU_SOME = 20.0
 LOAD_PER_CPU = 1.0
 CPU_BUSY_PCT = 95.0
+PROC_STARVED_FRAC = 0.75  # the rank's process gets <= 75% of its peers' CPU
 CPU_ABOVE_PEERS_PCT = 25.0
 
 THERMAL_REASONS = ("hw_thermal", "sw_thermal")
@@ -109,7 +110,9 @@ def _active(throttle: dict[str, bool] | None, reasons: Sequence[str]) -> list[st
     return [r for r in reasons if throttle.get(r)]
 
 
-def _host_signals(t: Telemetry, peers_cpu: float | None) -> list[str]:
+def _host_signals(
+    t: Telemetry, peers_cpu: float | None, peers_proc: float | None = None
+) -> list[str]:
     """Which host contention signals fire, in words."""
     out = []
     if t.steal_pct is not None and t.steal_pct >= STEAL_PCT:
@@ -123,8 +126,19 @@ def _host_signals(t: Telemetry, peers_cpu: float | None) -> list[str]:
             out.append(f"host CPU {t.cpu_pct:.0f}% busy")
         elif peers_cpu is not None and t.cpu_pct - peers_cpu >= CPU_ABOVE_PEERS_PCT:
             out.append(f"host CPU {t.cpu_pct:.0f}% busy vs {peers_cpu:.0f}% on its peers")
-    if t.proc_cpu_pct is not None and t.proc_cpu_pct >= CPU_BUSY_PCT:
-        out.append(f"the rank's process at {t.proc_cpu_pct:.0f}% of a core")
+    # A training process keeps about one core busy on every rank (launches,
+    # data loading), so a full core is normal; a process that gets clearly less
+    # CPU than its peers' processes is starved by something else on its host.
+    if (
+        t.proc_cpu_pct is not None
+        and peers_proc is not None
+        and peers_proc > 0
+        and t.proc_cpu_pct <= PROC_STARVED_FRAC * peers_proc
+    ):
+        out.append(
+            f"the rank's process got {t.proc_cpu_pct:.0f}% of a core vs {peers_proc:.0f}% "
+            "on its peers"
+        )
     return out
 
 
@@ -136,6 +150,7 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     peers_sm = _median([p.sm_mhz for p in peer_tels])
     peers_temp = _median([p.temp_c for p in peer_tels])
     peers_cpu = _median([p.cpu_pct for p in peer_tels])
+    peers_proc = _median([p.proc_cpu_pct for p in peer_tels])
     ref_sm, ref_name = (peers_sm, "its peers") if peers_sm else (t.sm_mhz_max, "its max")
 
     clocks_low: bool | None = None
@@ -153,7 +168,7 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     power_why = _active(t.throttle, POWER_REASONS)
     slowing = _active(t.throttle, SLOWING_REASONS)
     pcie = pcie_degraded(t)
-    host = _host_signals(t, peers_cpu)
+    host = _host_signals(t, peers_cpu, peers_proc)
 
     evidence: dict[str, Any] = {
         "sm_mhz": _r(t.sm_mhz),

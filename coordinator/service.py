@@ -133,8 +133,11 @@ class Coordinator:
 
     def flush(self) -> None:
         """Shutdown: score whatever is still pending, close outputs."""
+        # Windows still open at shutdown are partial by nature (ranks sitting in a
+        # collective that never ended, agents not done): score what they hold,
+        # but an absent rank there is not evidence that it went missing.
         for aw in self.assembler.flush():
-            self._score(aw)
+            self._score(aw, final=True)
         for js in self.jobs.values():
             if js.hang is not None and not js.hang.reported:
                 self._report_hang(js)
@@ -164,7 +167,7 @@ class Coordinator:
         cur = self.assembler.primary_comm(p.job, p.rank)
         return cur is None or cur == p.comm
 
-    def _score(self, aw: AssembledWindow) -> None:
+    def _score(self, aw: AssembledWindow, final: bool = False) -> None:
         js = self._job(aw.job)
         expected = self.assembler.expected(aw.job)
         nranks = max([*expected, *(r.rank for r in aw.ranks)], default=-1) + 1
@@ -179,8 +182,8 @@ class Coordinator:
         t0 = time.perf_counter()
         res = js.detector.score_window(aw.window, aw.ranks, aw.missing)
         dt = time.perf_counter() - t0
-        extra = self._missing_findings(js, res)
-        res.findings.extend(extra)
+        if not final:
+            res.findings.extend(self._missing_findings(js, res))
         self.findings.write(res.findings)
         self.metrics.observe_window(res, dt)
         self.metrics.set_active(True)

@@ -66,7 +66,6 @@ FLAG_WITHIN = 3
 DUMP_FIELDS = ("comm", "rank", "seq", "func", "bytes", "start_ns", "end_ns", "clock", "state")
 DUMP_RECORDS = 256  # "the last 256 collectives per rank"
 # A process "near 100% of a core": the simulated base reading of every rank.
-BUSY_CORE_PCT = 95.0
 # REBALANCE.md default bound on a rank's share: +-25% of the uniform split.
 DEFAULT_MAX_SHIFT_FRAC = 0.25
 
@@ -120,22 +119,10 @@ def rank_reading(sc: Scenario, fault: Fault, rank: int) -> dict[str, Any]:
 def accepted_causes(sc: Scenario, fault: Fault, rank: int) -> tuple[set[str], list[str]]:
     """(cause kinds accepted, words an `unknown` cause's text must contain).
 
-    The diagnosis must name the fault's kind, except where the simulated telemetry
-    itself fits two causes. That happens for `pcie`: the PCIe link is degraded and
-    the GPU clocks are normal, but the simulated training process of every rank
-    runs near 100% of a CPU core (sim/telemetry.py base reading, proc_cpu_pct
-    95..105), which the host-contention rule also reads as a sign. Two causes fit
-    at once, so `unknown` naming both is an honest answer; the test accepts it
-    only when the reading this scenario generates really shows both.
+    Every simulated fault shows exactly the telemetry of its own cause
+    (sim/telemetry.py), so the diagnosis must name the fault's kind.
     """
-    kinds = {fault.kind}
-    words: list[str] = []
-    if fault.kind == "pcie":
-        reading = rank_reading(sc, fault, rank)
-        if float(reading.get("proc_cpu_pct") or 0.0) >= BUSY_CORE_PCT:
-            kinds.add("unknown")
-            words = ["pcie", "host"]
-    return kinds, words
+    return {fault.kind}, []
 
 
 # ---------------------------------------------------------------- what counts as injected

@@ -64,7 +64,8 @@ CASES = [
     ("host: pressure", sick(psi_cpu_some=45), "host", "pressure"),
     ("host: load per cpu", sick(load1=150), "host", "load"),
     ("host: busy vs peers", sick(cpu_pct=80), "host", "vs 40%"),
-    ("host: process saturates a core", sick(proc_cpu_pct=99), "host", "process"),
+    ("host: process starved vs its peers", sick(proc_cpu_pct=30), "host", "vs 60% on its peers"),
+    ("a process at a full core is normal", sick(proc_cpu_pct=100), "unknown", "nothing"),
     ("nothing fits", HEALTHY, "unknown", "nothing in the telemetry"),
     (
         "two causes at once (thermal and power)",
