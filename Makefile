@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml setup.py
 plugin:
 	$(MAKE) -C profiler_plugin lib
 	mkdir -p agent/_plugin
-	cp profiler_plugin/build/libnccl-profiler-artemis.so profiler_plugin/build/librccl-profiler-artemis.so profiler_plugin/artemis_ring.h agent/_plugin/
+	# --remove-destination: a new inode, so a process that has the old library
+	# mapped keeps it intact.
+	cp --remove-destination profiler_plugin/build/libnccl-profiler-artemis.so profiler_plugin/build/librccl-profiler-artemis.so profiler_plugin/artemis_ring.h agent/_plugin/
 
 setup: $(STAMP) plugin
 

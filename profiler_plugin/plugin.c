@@ -493,6 +493,8 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     }
     if (cfg.disabled) {
         set_mask(mask, 0);
+        art_log(logfn, NCCL_LOG_INFO, "Artemis profiler: ARTEMIS_DISABLE set; off for comm %016llx rank %d",
+                (unsigned long long)comm_hash, rank);
         return ncclSuccess;
     }
     set_mask(mask, ncclProfileColl | ncclProfileP2p | (cfg.device_timing ? ncclProfileKernelCh : 0));
