@@ -40,6 +40,9 @@ class CoordinatorConfig:
     control_socket: str = "/run/artemis/coordinator.sock"  # for `artemis-coordinator set`
     transport: str = "tcp"  # tcp | rdma
     assembly_deadline_s: float = 5.0  # a window is scored without the ranks absent this long
+    # After (re)start no window counts as complete for this long, so agents that
+    # are still reconnecting can announce their ranks; < 0 = the deadline.
+    assembly_grace_s: float = -1.0
     tick_s: float = 0.25
     dump_wait_s: float = 5.0  # how long a hang finding waits for the agents' dumps
     # Samples per step over all ranks, for jobs that do not report it through

@@ -112,6 +112,7 @@ async def run_coordinator(cfg: CoordinatorConfig) -> None:
         deadline_s=cfg.assembly_deadline_s,
         dump_wait_s=cfg.dump_wait_s,
         global_batch=cfg.global_batch or None,
+        grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
     )
     server = ProtocolServer(
         make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()

@@ -69,6 +69,7 @@ class Coordinator:
         deadline_s: float = 5.0,
         dump_wait_s: float = 5.0,
         global_batch: int | None = None,
+        grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.global_batch = global_batch
@@ -77,7 +78,7 @@ class Coordinator:
         self.plans = plans
         self.metrics = metrics
         self.plan_metrics: PlanMetrics = register_plan_metrics(metrics.registry)
-        self.assembler = WindowAssembler(deadline_s=deadline_s)
+        self.assembler = WindowAssembler(deadline_s=deadline_s, grace_s=grace_s)
         self.dump_wait_s = dump_wait_s
         self.clock = clock
         self.jobs: dict[str, JobState] = {}

@@ -166,6 +166,7 @@ def test_agent_to_coordinator_over_rdma(
         PlansWriter(plans_path),
         metrics,
         deadline_s=30.0,
+        grace_s=0.5,
     )
     coord_f, agent_f = Factory(), Factory()
     server = ProtocolServer(rdma(coord_f, SECRET), "127.0.0.1:0", SECRET, coord)
@@ -200,11 +201,19 @@ def test_agent_to_coordinator_over_rdma(
             remove_finished=remove_finished,
         ).validated()
         stop = asyncio.Event()
+
+        async def ticker() -> None:  # as coordinator/server_main.py drives it
+            while not stop.is_set():
+                await coord.tick()
+                await asyncio.sleep(0.05)
+
+        ticks = asyncio.create_task(ticker())
         agent = asyncio.create_task(run_agent(cfg, rdma(agent_f, SECRET), SECRET, [], stop))
         try:
             await exercise(address, agent)
         finally:
             stop.set()
+            await ticks
             try:
                 await asyncio.wait_for(agent, 15)  # the agent ends cleanly (or raises)
             finally:
