@@ -106,7 +106,8 @@ def _quiet() -> None:
 
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    level = logging.ERROR if os.environ.get("BENCH_INGEST_ERRORS") else logging.CRITICAL
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
     logging.getLogger("straggler").setLevel(logging.CRITICAL)
 
 
@@ -138,6 +139,8 @@ async def _serve(mode: str, agents: int, windows: int, out: Connection) -> None:
                 PlansWriter(Path(tmp) / "plans.jsonl"),
                 Metrics(),
                 deadline_s=60.0,
+                # No grace after start: every rank is announced below, before any window.
+                grace_s=0.0,
             )
             # Every agent of the job announced its ranks (as their hellos do) before
             # the first window: windows are released complete, never by deadline.
@@ -149,7 +152,21 @@ async def _serve(mode: str, agents: int, windows: int, out: Connection) -> None:
             coord.server = server
         address = await server.start()
         out.send(address)
-        await asyncio.wait_for(app.done.wait(), 600)
+        try:
+            await asyncio.wait_for(
+                app.done.wait(), float(os.environ.get("BENCH_INGEST_TIMEOUT", 600))
+            )
+        except asyncio.TimeoutError:
+            js = coord.jobs.get(JOB) if coord is not None else None
+            print(
+                f"bench server stuck: {app.seen}/{app.total} summaries,"
+                f" last window {js.last_window if js else None},"
+                f" pending {coord.assembler.pending if coord else None},"
+                f" stats {server.stats.snapshot()}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise
         assert app.t_first is not None and app.t_done is not None
         out.send(app.t_done - app.t_first)
         await server.close()
