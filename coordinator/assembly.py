@@ -16,6 +16,7 @@ whose all-reduce ends every step.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ class WindowAssembler:
         self._expected: dict[str, set[int]] = {}
         self._primary: dict[tuple[str, int], tuple[int, str]] = {}  # (job, rank) -> (-n, comm)
         self._pending: dict[tuple[str, int], _Pending] = {}
+        self._order: dict[str, list[int]] = {}  # per job: heap of its pending windows
         self._released: dict[tuple[str, int], None] = {}  # ordered set, bounded
         self._keep = keep_released
         self.late = 0
@@ -66,8 +68,8 @@ class WindowAssembler:
 
     def forget_job(self, job: str) -> None:
         self._expected.pop(job, None)
-        for k in [k for k in self._pending if k[0] == job]:
-            del self._pending[k]
+        for w in self._order.pop(job, []):
+            self._pending.pop((job, w), None)
 
     def _is_primary(self, w: RankWindow) -> bool:
         key = (w.job, w.rank)
@@ -93,21 +95,28 @@ class WindowAssembler:
         if key in self._released:
             self.late += 1
             return []
-        self._expected.setdefault(w.job, set()).add(w.rank)
+        expected = self._expected.setdefault(w.job, set())
+        expected.add(w.rank)
         p = self._pending.get(key)
         if p is None:
             p = self._pending[key] = _Pending(first_seen=now)
+            heapq.heappush(self._order.setdefault(w.job, []), w.window)
         old = p.by_rank.get(w.rank)
         if old is not None and old.comm == w.comm:
             self.duplicates += 1
             return []
         p.by_rank[w.rank] = w
-        return self._drain(w.job, now)
+        # Only the job's oldest pending window can leave now, or a window that just
+        # became complete (it then releases the older ones it waited for, if due).
+        # by_rank only holds expected ranks, so counting them tells completeness.
+        if w.window == self._order[w.job][0] or len(p.by_rank) >= len(expected):
+            return self._drain(w.job, now)
+        return []
 
     def expire(self, now: float) -> list[AssembledWindow]:
         """Release windows whose deadline passed (and the ready ones behind them)."""
         out: list[AssembledWindow] = []
-        for job in sorted({k[0] for k in self._pending}):
+        for job in sorted(self._order):
             out.extend(self._drain(job, now))
         return out
 
@@ -116,10 +125,12 @@ class WindowAssembler:
         # consecutive windows, so a complete window waits for late earlier ones.
         out: list[AssembledWindow] = []
         settled = self._born is not None and now - self._born >= self.grace_s
-        expected = self._expected.get(job, set())
-        for key in sorted(k for k in self._pending if k[0] == job):
+        n_expected = len(self._expected.get(job, ()))
+        heap = self._order.get(job, [])
+        while heap:
+            key = (job, heap[0])
             p = self._pending[key]
-            if settled and set(p.by_rank) >= expected:
+            if settled and len(p.by_rank) >= n_expected:
                 out.append(self._release(key, complete=True))
             elif now - p.first_seen >= self.deadline_s:
                 out.append(self._release(key, complete=False))
@@ -134,6 +145,14 @@ class WindowAssembler:
 
     def _release(self, key: tuple[str, int], complete: bool) -> AssembledWindow:
         p = self._pending.pop(key)
+        heap = self._order[key[0]]
+        if heap and heap[0] == key[1]:
+            heapq.heappop(heap)
+        else:  # flush releases out of heap order: rebuild
+            heap.remove(key[1])
+            heapq.heapify(heap)
+        if not heap:
+            del self._order[key[0]]
         self._released[key] = None
         while len(self._released) > self._keep:
             self._released.pop(next(iter(self._released)))

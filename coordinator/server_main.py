@@ -49,7 +49,9 @@ def make_transport(cfg: CoordinatorConfig) -> Any:
     return TcpTransport(server_ssl=ssl_ctx)
 
 
-def register_protocol_metrics(registry: Any, server: ProtocolServer) -> None:
+def register_protocol_metrics(
+    registry: Any, server: ProtocolServer, coord: Coordinator | None = None
+) -> None:
     """Expose the server's plain counters through a collector read at scrape time."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -83,6 +85,20 @@ def register_protocol_metrics(registry: Any, server: ProtocolServer) -> None:
             )
             d.add_metric([], st["duplicates_total"])
             yield d
+            if coord is not None:
+                a = coord.assembler
+                late = CounterMetricFamily(
+                    "straggler_windows_late",
+                    "Rank-window summaries that came after their window was scored (dropped)",
+                )
+                late.add_metric([], a.late)
+                yield late
+                dup = CounterMetricFamily(
+                    "straggler_windows_duplicate",
+                    "Rank-window summaries received twice (an agent resending; ignored)",
+                )
+                dup.add_metric([], a.duplicates)
+                yield dup
 
         def describe(self) -> Any:
             return []
@@ -118,7 +134,7 @@ async def run_coordinator(cfg: CoordinatorConfig) -> None:
         make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()
     )
     coord.server = server
-    register_protocol_metrics(metrics.registry, server)
+    register_protocol_metrics(metrics.registry, server, coord)
     metrics.set_active(False)
     mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr) if cfg.metrics_port else None
     stop = asyncio.Event()
