@@ -56,6 +56,9 @@ class JobState:
     last_window: int = -1
     hang: HangCase | None = None
     missing_since: int | None = None
+    # From whole windows, to place a hang (a collective index) in windows and steps.
+    colls_per_step: int | None = None
+    steps_per_window: int = 0
 
 
 class Coordinator:
@@ -189,6 +192,12 @@ class Coordinator:
         self.metrics.observe_window(res, dt)
         self.metrics.set_active(True)
         js.last_window = max(js.last_window, aw.window)
+        for r in aw.ranks:
+            steps = r.step_hi - r.step_lo
+            if steps > 0 and (r.coll_hi - r.coll_lo) % steps == 0:
+                js.colls_per_step = (r.coll_hi - r.coll_lo) // steps
+                js.steps_per_window = max(steps, js.steps_per_window)
+                break
         if res.step_ms == res.step_ms:
             js.step_ms = res.step_ms
         if js.policy is not None:
@@ -304,7 +313,10 @@ class Coordinator:
             if js.hang is None and len(js.progress) >= 2:
                 v = check_hang(list(js.progress.values()), js.step_ms, self.settings)
                 if v is not None:
-                    js.hang = HangCase(v, max(js.last_window, 0), now, set(js.progress))
+                    window = max(js.last_window, 0)
+                    if js.colls_per_step and js.steps_per_window:
+                        window = v.collective // (js.colls_per_step * js.steps_per_window)
+                    js.hang = HangCase(v, window, now, set(js.progress))
                     log.warning(
                         "hang suspected: requesting dumps",
                         job=js.job,
@@ -327,9 +339,14 @@ class Coordinator:
         assert h is not None
         h.reported = True
         islands: dict[int, str] = {}
+        steps = None
+        if js.colls_per_step:
+            step = h.verdict.collective // js.colls_per_step
+            steps = [step, step + 1]
         f = hang_finding(
             h.verdict,
             window=h.window,
+            steps=steps,
             dumps=[h.dumps[r] for r in sorted(h.dumps)],
             hosts=js.hosts,
             islands=islands,

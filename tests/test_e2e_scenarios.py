@@ -162,6 +162,11 @@ def _check_hang(run: Run, fault: Fault) -> None:
         if f["kind"] == "hang" and (f["rank"] == r or r in f["ranks"]) and f["state"] == "flagged"
     ]
     assert hangs, f"{run.path.name}: no hang finding naming rank {r}: {_summary(run)}"
+    # The rank stops arriving at the first step of its fault's window: the finding
+    # places the hang there.
+    first_step = fault.start_window * sc.window_steps
+    assert hangs[0]["window"] == fault.start_window
+    assert hangs[0]["steps"] == [first_step, first_step + 1]
     dumps = hangs[0]["evidence"]["dumps"]
     assert isinstance(dumps, list) and dumps
     for d in dumps:
