@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, ClassVar, Literal, TypeAlias
 
+from artemis.protocol import _fastcheck
 from artemis.protocol.records import RankProgress, RankWindow, Telemetry
 
 PROTOCOL_VERSION: tuple[int, int] = (1, 0)
@@ -240,8 +241,25 @@ def is_data(msg: Message) -> bool:
 # ProtocolError. ``where`` is the dotted path of the enclosing object
 # ("windows.windows[3].telemetry") and is only formatted on failure, so the
 # happy path costs one call and a couple of type tests per field.
+#
+# That generic walk is the slow, precise path. Each check also registers a
+# "kind" (see _fastcheck.py) from which one straight-line validator per record
+# and message type is generated; decoding runs that first and falls back to the
+# walk only when it refuses something, to name the field and the reason.
 
 Check = Callable[[Any, str, str], Any]
+
+_KINDS: dict[Check, _fastcheck.Kind] = {}
+
+
+def _kind(check: Check, kind: _fastcheck.Kind) -> Check:
+    _KINDS[check] = kind
+    return check
+
+
+def _kind_of(check: Check) -> _fastcheck.Kind:
+    # A check without a registered kind is run as is by the generated code.
+    return _KINDS.get(check) or ("slow", check)
 
 
 def _fail(where: str, name: str, what: str, got: Any) -> ProtocolError:
@@ -265,7 +283,7 @@ def c_str(max_len: int = _NAME_MAX, nonempty: bool = True) -> Check:
             raise _fail(where, name, what, v)
         return v
 
-    return check
+    return _kind(check, ("str", max_len, nonempty))
 
 
 def c_choice(choices: tuple[str, ...]) -> Check:
@@ -277,7 +295,7 @@ def c_choice(choices: tuple[str, ...]) -> Check:
             raise _fail(where, name, what, v)
         return v
 
-    return check
+    return _kind(check, ("choice", allowed))
 
 
 def c_int(lo: int = 0, hi: int = _U63) -> Check:
@@ -288,7 +306,7 @@ def c_int(lo: int = 0, hi: int = _U63) -> Check:
             raise _fail(where, name, what, v)
         return v
 
-    return check
+    return _kind(check, ("int", lo, hi))
 
 
 def c_float(lo: float = 0.0, hi: float = math.inf) -> Check:
@@ -305,13 +323,16 @@ def c_float(lo: float = 0.0, hi: float = math.inf) -> Check:
             return float(v)
         raise _fail(where, name, what, v)
 
-    return check
+    return _kind(check, ("float", lo, hi))
 
 
 def c_bool(v: Any, where: str, name: str) -> Any:
     if type(v) is not bool:
         raise _fail(where, name, "boolean", v)
     return v
+
+
+_kind(c_bool, ("bool",))
 
 
 def c_bytes(lo: int, hi: int) -> Check:
@@ -322,14 +343,14 @@ def c_bytes(lo: int, hi: int) -> Check:
             raise _fail(where, name, what, v)
         return v
 
-    return check
+    return _kind(check, ("bytes", lo, hi))
 
 
 def c_opt(inner: Check) -> Check:
     def check(v: Any, where: str, name: str) -> Any:
         return None if v is None else inner(v, where, name)
 
-    return check
+    return _kind(check, ("opt", _kind_of(inner)))
 
 
 _PLAIN_SCALARS = (str, int, float, bool, bytes, type(None))
@@ -359,6 +380,13 @@ def c_map(v: Any, where: str, name: str) -> Any:
     return v
 
 
+def _map_ok(v: Any) -> bool:
+    return type(v) is dict and _plain(v, 0)
+
+
+_kind(c_map, ("pred", _map_ok))
+
+
 def c_list(inner: Check, max_len: int = _LIST_MAX, min_len: int = 0) -> Check:
     what = f"list of {min_len}..{max_len} entries"
 
@@ -367,7 +395,7 @@ def c_list(inner: Check, max_len: int = _LIST_MAX, min_len: int = 0) -> Check:
             raise _fail(where, name, what, v)
         return tuple(inner(x, where, f"{name}[{i}]") for i, x in enumerate(v))
 
-    return check
+    return _kind(check, ("list", _kind_of(inner), min_len, max_len))
 
 
 def c_throttle(v: Any, where: str, name: str) -> Any:
@@ -376,6 +404,19 @@ def c_throttle(v: Any, where: str, name: str) -> Any:
     ):
         raise _fail(where, name, "map of reason -> boolean", v)
     return v
+
+
+def _throttle_ok(v: Any) -> bool:
+    if type(v) is not dict:
+        return False
+    # A plain loop: a generator under all() costs a frame switch per entry.
+    for k, x in v.items():  # noqa: SIM110
+        if type(k) is not str or len(k) > 64 or type(x) is not bool:
+            return False
+    return True
+
+
+_kind(c_throttle, ("pred", _throttle_ok))
 
 
 _MISSING: Any = object()
@@ -410,21 +451,48 @@ def _build(specs: tuple[Spec, ...], m: Mapping[str, Any], where: str) -> dict[st
 
 
 class _Record:
-    """Check for a nested record: a map rebuilt field by field into ``cls``."""
+    """Check for a nested record: a map rebuilt field by field into ``cls``.
 
-    __slots__ = ("cls", "post", "specs")
+    ``post`` checks across fields on the slow path; ``fast_post`` is the same
+    condition, inverted, for the generated validator (``{field}`` placeholders:
+    true means refuse). ``empty``: the object an empty map stands for, if any.
+    """
+
+    __slots__ = ("cls", "empty", "fast", "post", "specs")
 
     def __init__(
         self,
         specs: tuple[Spec, ...],
         cls: Callable[..., Any],
         post: Callable[[dict[str, Any], str], None] | None = None,
+        *,
+        fast_post: str | None = None,
+        empty: Any = None,
     ) -> None:
+        if (post is None) != (fast_post is None):
+            raise ValueError("post and fast_post go together")
         self.specs = specs
         self.cls = cls
         self.post = post
+        self.empty = empty
+        self.fast: Callable[[Any], Any] = _fastcheck.compile_record(
+            specs,
+            cls,
+            _kind_of,
+            post=fast_post,
+            empty=empty,
+            label=getattr(cls, "__name__", "record"),
+        )
+        _KINDS[self] = ("call", self.fast)
 
     def build(self, v: Any, path: str) -> Any:
+        try:
+            return self.fast(v)
+        except Exception:
+            # Refused (or a fast-path surprise): the precise walk says why.
+            return self.build_slow(v, path)
+
+    def build_slow(self, v: Any, path: str) -> Any:
         if type(v) is not dict:
             raise ProtocolError(
                 "invalid",
@@ -432,6 +500,8 @@ class _Record:
                 msg_type=path.split(".", 1)[0].split("[", 1)[0],
                 field=path,
             )
+        if not v and self.empty is not None:
+            return self.empty
         kw = _build(self.specs, v, path)
         if self.post is not None:
             self.post(kw, path)
@@ -479,24 +549,10 @@ _TELEMETRY_SPECS: tuple[Spec, ...] = (
 )
 
 
-def _telemetry_build(v: Any, path: str) -> Telemetry:
-    if type(v) is not dict:
-        raise ProtocolError(
-            "invalid",
-            f"{path}: expected map, got {type(v).__name__}",
-            msg_type=path.split(".", 1)[0].split("[", 1)[0],
-            field=path,
-        )
-    if not v:
-        return _EMPTY_TELEMETRY
-    return Telemetry(**_build(_TELEMETRY_SPECS, v, path))
-
-
-def _telemetry_map(v: Any, where: str, name: str) -> Any:
-    return _telemetry_build(v, f"{where}.{name}")
-
-
 _EMPTY_TELEMETRY = Telemetry()
+
+# An empty map (a node without telemetry) is the shared empty record.
+telemetry_check = _Record(_TELEMETRY_SPECS, Telemetry, empty=_EMPTY_TELEMETRY)
 
 
 def _post_rank_window(kw: dict[str, Any], path: str) -> None:
@@ -531,10 +587,16 @@ _RANK_WINDOW_SPECS: tuple[Spec, ...] = (
     _opt("samples", _opt_nonneg_int),
     _opt("bridge_ms", _opt_nonneg),
     _opt("bridge_peer", _opt_nonneg_int),
-    Spec("telemetry", _telemetry_map, required=False, factory=Telemetry),
+    # Absent telemetry is the empty record (frozen, all None), shared.
+    Spec("telemetry", telemetry_check, required=False, default=_EMPTY_TELEMETRY),
 )
 
-rank_window_check = _Record(_RANK_WINDOW_SPECS, RankWindow, _post_rank_window)
+rank_window_check = _Record(
+    _RANK_WINDOW_SPECS,
+    RankWindow,
+    _post_rank_window,
+    fast_post="{step_hi} < {step_lo} or {coll_hi} < {coll_lo}",
+)
 
 _RANK_PROGRESS_SPECS: tuple[Spec, ...] = (
     Spec("job", _name),
@@ -569,22 +631,22 @@ rank_info_check = _Record(_RANK_INFO_SPECS, RankInfo)
 
 def rank_window_from_dict(d: Mapping[str, Any], path: str = "rank_window") -> RankWindow:
     """Rebuild a RankWindow from a map with full validation (raises ProtocolError)."""
-    return rank_window_check.build(dict(d), path)
+    return rank_window_check.build(d if type(d) is dict else dict(d), path)
 
 
 def rank_progress_from_dict(d: Mapping[str, Any], path: str = "rank_progress") -> RankProgress:
     """Rebuild a RankProgress from a map with full validation (raises ProtocolError)."""
-    return rank_progress_check.build(dict(d), path)
+    return rank_progress_check.build(d if type(d) is dict else dict(d), path)
 
 
 def rank_info_from_dict(d: Mapping[str, Any], path: str = "rank_info") -> RankInfo:
     """Rebuild a RankInfo from a map with full validation (raises ProtocolError)."""
-    return rank_info_check.build(dict(d), path)
+    return rank_info_check.build(d if type(d) is dict else dict(d), path)
 
 
 def telemetry_from_dict(d: Mapping[str, Any], path: str = "telemetry") -> Telemetry:
     """Rebuild a Telemetry from a map with full validation (raises ProtocolError)."""
-    return _telemetry_build(dict(d), path)
+    return telemetry_check.build(d if type(d) is dict else dict(d), path)
 
 
 def _post_ack(kw: dict[str, Any], path: str) -> None:
@@ -674,6 +736,16 @@ _MESSAGE_SPECS: dict[str, tuple[tuple[Spec, ...], Callable[..., None] | None]] =
 
 _ENVELOPE = ("v", "t", "seq")
 
+# The same condition as _post_ack, for the generated validator (true = refuse).
+_FAST_POSTS: dict[str, str] = {"ack": "{upto} is None and {control_id} is None"}
+
+_FAST_MESSAGES: dict[str, Callable[[Any, int, tuple[int, int]], Message]] = {
+    t: _fastcheck.compile_message(
+        specs, MESSAGE_TYPES[t], _kind_of, post=_FAST_POSTS.get(t), label=t
+    )
+    for t, (specs, _) in _MESSAGE_SPECS.items()
+}
+
 
 def message_from_map(m: Any, version: tuple[int, int] = PROTOCOL_VERSION) -> Message:
     """Validate one decoded frame body and build its typed message (raises ProtocolError)."""
@@ -718,6 +790,10 @@ def message_from_map(m: Any, version: tuple[int, int] = PROTOCOL_VERSION) -> Mes
             msg_type=t,
             field="seq",
         )
+    try:
+        return _FAST_MESSAGES[t](m, seq, peer)
+    except Exception:
+        pass  # refused (or a fast-path surprise): the precise walk below says why
     specs, post = _MESSAGE_SPECS[t]
     kw = _build(specs, m, t)
     if post is not None:
