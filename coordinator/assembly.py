@@ -80,6 +80,21 @@ class WindowAssembler:
             return True
         return cand == cur
 
+    def pending_windows(self) -> list[RankWindow]:
+        """Every summary still being assembled (for the journal)."""
+        return [w for p in self._pending.values() for w in p.by_rank.values()]
+
+    def released_keys(self) -> list[tuple[str, int]]:
+        """The (job, window) keys released most recently (bounded)."""
+        return list(self._released)
+
+    def mark_released(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Windows scored by an earlier life of this coordinator: resends are late."""
+        for k in keys:
+            self._released[k] = None
+        while len(self._released) > self._keep:
+            self._released.pop(next(iter(self._released)))
+
     def primary_comm(self, job: str, rank: int) -> str | None:
         """The communicator a rank is judged on (None until it reported a window)."""
         cur = self._primary.get((job, rank))

@@ -13,6 +13,7 @@ import structlog
 from artemis.coordinator.cli import install_signal_handlers, prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
 from artemis.coordinator.findings import FindingsWriter
+from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
@@ -134,6 +135,8 @@ async def run_coordinator(cfg: CoordinatorConfig) -> None:
         make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()
     )
     coord.server = server
+    # Summaries taken but not scored by an earlier life of this coordinator.
+    coord.restore(AssemblyJournal(Path(cfg.jsonl).with_suffix(".assembly")))
     register_protocol_metrics(metrics.registry, server, coord)
     metrics.set_active(False)
     mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr) if cfg.metrics_port else None

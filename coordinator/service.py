@@ -23,6 +23,7 @@ from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding, FindingsWriter
 from artemis.coordinator.hang import HangVerdict, check_hang, hang_finding
+from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.plans import PlanMetrics, PlansWriter, register_plan_metrics
 from artemis.coordinator.policy import PlanEvent, PolicySettings, RebalancePolicy
@@ -73,8 +74,10 @@ class Coordinator:
         dump_wait_s: float = 5.0,
         global_batch: int | None = None,
         grace_s: float | None = None,
+        journal: AssemblyJournal | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.journal = journal
         self.global_batch = global_batch
         self.settings = settings
         self.findings = findings
@@ -104,6 +107,8 @@ class Coordinator:
     async def on_message(self, peer: PeerInfo, msg: Message) -> None:
         now = self.clock()
         if isinstance(msg, Windows):
+            if self.journal is not None:
+                self.journal.added(msg.windows)  # before the ack: see journal.py
             released: list[AssembledWindow] = []
             for w in msg.windows:
                 js = self._job(w.job)
@@ -147,6 +152,8 @@ class Coordinator:
                 self._report_hang(js)
         self.findings.close()
         self.plans.close()
+        if self.journal is not None:
+            self.journal.close()
 
     # ------------------------------------------------------------------ settings
     def set_setting(self, key: str, value: str) -> Settings:
@@ -171,7 +178,29 @@ class Coordinator:
         cur = self.assembler.primary_comm(p.job, p.rank)
         return cur is None or cur == p.comm
 
+    def restore(self, journal: AssemblyJournal) -> int:
+        """Take back what an earlier life of this coordinator took but never scored."""
+        pending, released = journal.load()
+        self.assembler.mark_released(released)
+        now = self.clock()
+        for w in pending:
+            js = self._job(w.job)
+            js.hosts[w.rank] = w.host
+            for aw in self.assembler.add(w, now):
+                self._score(aw)
+        journal.open(self.assembler.pending_windows(), self.assembler.released_keys())
+        self.journal = journal
+        if pending:
+            log.info("assembly journal replayed", summaries=len(pending))
+        return len(pending)
+
     def _score(self, aw: AssembledWindow, final: bool = False) -> None:
+        self._score_window(aw, final)
+        # Marked scored only once its findings are written.
+        if self.journal is not None and self.journal.released(aw.job, aw.window):
+            self.journal.open(self.assembler.pending_windows(), self.assembler.released_keys())
+
+    def _score_window(self, aw: AssembledWindow, final: bool) -> None:
         js = self._job(aw.job)
         expected = self.assembler.expected(aw.job)
         nranks = max([*expected, *(r.rank for r in aw.ranks)], default=-1) + 1

@@ -1,0 +1,100 @@
+"""The assembly journal: window summaries handed to assembly but not scored yet.
+
+The protocol acks a message once the coordinator took it into window
+assembly, and an acked message is gone from the agent. Without this journal a
+coordinator killed mid-window would lose every summary of the windows it was
+still assembling. With it, each summary is appended here before the ack, each
+scored window gets a release mark, and a restarted coordinator replays what was
+taken but never scored (and remembers what was scored, so a resend is not
+scored twice).
+
+Format: a stream of msgpack objects, `["w", <RankWindow map>]` or
+`["r", job, window]`. Appends are not fsynced: the journal covers a crash of
+the coordinator process (the kernel keeps the written pages), not of the
+machine. A torn tail (the process died inside a write) is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+import msgpack
+import structlog
+from artemis.protocol.messages import ProtocolError, rank_window_from_dict, rank_window_to_map
+from artemis.protocol.records import RankWindow
+
+log = structlog.get_logger("artemis.coordinator")
+
+COMPACT_EVERY = 20_000  # release marks between rewrites of the file
+
+
+class AssemblyJournal:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh: IO[bytes] | None = None
+        self._marks = 0
+
+    def load(self) -> tuple[list[RankWindow], set[tuple[str, int]]]:
+        """(summaries taken but not scored, windows already scored) from the file."""
+        added: list[RankWindow] = []
+        released: set[tuple[str, int]] = set()
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return [], set()
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(data)
+        bad = 0
+        try:
+            for item in unpacker:
+                try:
+                    if item[0] == "w":
+                        added.append(rank_window_from_dict(item[1]))
+                    elif item[0] == "r":
+                        released.add((str(item[1]), int(item[2])))
+                except (ProtocolError, IndexError, KeyError, TypeError, ValueError):
+                    bad += 1
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError):
+            bad += 1  # a torn tail: the process died inside a write
+        if bad:
+            log.warning("assembly journal: unreadable entries skipped", path=str(self.path), n=bad)
+        pending = [w for w in added if (w.job, w.window) not in released]
+        return pending, released
+
+    def open(self, pending: Iterable[RankWindow], released: Iterable[tuple[str, int]] = ()) -> None:
+        """Start a fresh file holding only `pending` and the release marks (compaction),
+        then append to it."""
+        self.close()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            for job, window in released:
+                fh.write(msgpack.packb(["r", job, window]))
+            for w in pending:
+                fh.write(msgpack.packb(["w", rank_window_to_map(w)]))
+        os.replace(tmp, self.path)
+        self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
+        self._marks = 0
+
+    def added(self, windows: Iterable[RankWindow]) -> None:
+        if self._fh is None:
+            return
+        self._fh.write(b"".join(msgpack.packb(["w", rank_window_to_map(w)]) for w in windows))
+        self._fh.flush()
+
+    def released(self, job: str, window: int) -> bool:
+        """Mark a window scored; True when the file is due for compaction."""
+        if self._fh is None:
+            return False
+        self._fh.write(msgpack.packb(["r", job, window]))
+        self._fh.flush()
+        self._marks += 1
+        return self._marks >= COMPACT_EVERY
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

@@ -1,0 +1,117 @@
+"""The assembly journal: what a coordinator took but did not score survives its death."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from artemis.coordinator.findings import FindingsWriter
+from artemis.coordinator.journal import AssemblyJournal
+from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.plans import PlansWriter
+from artemis.coordinator.service import Coordinator
+from artemis.coordinator.settings import Settings
+from artemis.protocol.messages import RankInfo, Windows
+from artemis.protocol.records import RankWindow
+from artemis.protocol.server import PeerInfo
+
+JOB = "jj"
+
+
+def rw(rank: int, window: int) -> RankWindow:
+    gap = 130.0 if rank == 1 else 100.0  # rank 1 is 30% slow
+    return RankWindow(
+        job=JOB,
+        comm="c0",
+        rank=rank,
+        nranks=4,
+        host=f"h{rank // 2}",
+        window=window,
+        step_lo=window * 10,
+        step_hi=window * 10 + 10,
+        coll_lo=window * 40,
+        coll_hi=window * 40 + 40,
+        gap_ms=gap,
+        coll_ms=10.0,
+        step_ms=140.0,
+        collectives=40,
+        bytes=0,
+        lost=0,
+        clock="device",
+    )
+
+
+def peer(host: str) -> PeerInfo:
+    h = int(host[1:])
+    ranks = tuple(RankInfo(JOB, "c0", r, 4) for r in (2 * h, 2 * h + 1))
+    return PeerInfo(host, host, "t", "i", ranks, "127.0.0.1:1", (1, 0), 0.0, 1)
+
+
+def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metrics]:
+    m = Metrics()
+    c = Coordinator(
+        Settings(),
+        FindingsWriter(tmp / "f.jsonl"),
+        PlansWriter(tmp / "p.jsonl"),
+        m,
+        deadline_s=30.0,
+        grace_s=grace_s,
+        clock=lambda: now[0],
+    )
+    c.restore(AssemblyJournal(tmp / "f.assembly"))
+    return c, m
+
+
+def scored(m: Metrics) -> float:
+    return m.registry.get_sample_value("straggler_windows_scored_total") or 0.0
+
+
+def test_windows_half_assembled_at_a_crash_are_scored_after_the_restart(tmp_path: Path) -> None:
+    now = [0.0]
+
+    async def run() -> None:
+        a, ma = make(tmp_path, now, grace_s=0.0)
+        a.on_connect(peer("h0"))
+        a.on_connect(peer("h1"))
+        for w in range(3):  # windows 0-2 from both hosts: scored by the first life
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+            await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, w), rw(3, w))))
+        assert scored(ma) == 3
+        # Window 3: host h0's part arrives and is acked, then the process dies.
+        await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, 3), rw(1, 3))))
+        assert scored(ma) == 3
+        del a  # no flush, no close: as after SIGKILL
+
+        now[0] = 10.0
+        b, mb = make(tmp_path, now, grace_s=1.0)  # the restart replays the journal
+        b.on_connect(peer("h0"))
+        assert b.assembler.pending == 1  # window 3, with h0's two ranks
+        now[0] = 10.5
+        b.on_connect(peer("h1"))  # h1 reconnects within the grace
+        # ...and resends what the dead coordinator never acked (its part of window 3).
+        await b.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, 3), rw(3, 3))))
+        now[0] = 11.5
+        await b.tick()
+        assert scored(mb) == 1
+        # ...and an old resend of a window scored before the crash is late, not rescored.
+        await b.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, 2), rw(3, 2))))
+        assert scored(mb) == 1 and b.assembler.late == 2  # two rank summaries
+        b.flush()
+
+    asyncio.run(run())
+    lines = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
+    w3 = [f for f in lines if f["window"] == 3]
+    # Window 3 was scored once, with all four ranks (rank 1 judged against its peers).
+    assert len(w3) == 1 and w3[0]["rank"] == 1 and w3[0]["basis"] == "peers"
+
+
+def test_a_torn_tail_is_ignored(tmp_path: Path) -> None:
+    j = AssemblyJournal(tmp_path / "x.assembly")
+    j.open([])
+    j.added([rw(0, 0), rw(1, 0)])
+    j.close()
+    with open(tmp_path / "x.assembly", "ab") as fh:
+        fh.write(b"\x92\xa1w\x8f")  # a write cut short
+    pending, released = AssemblyJournal(tmp_path / "x.assembly").load()
+    assert [(w.rank, w.window) for w in pending] == [(0, 0), (1, 0)] and released == set()
