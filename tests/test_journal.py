@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import RankInfo, Windows
-from artemis.protocol.records import RankWindow
+from artemis.protocol.records import RankWindow, Telemetry
 from artemis.protocol.server import PeerInfo
 
 JOB = "jj"
@@ -106,12 +107,14 @@ def test_windows_half_assembled_at_a_crash_are_scored_after_the_restart(tmp_path
     assert len(w3) == 1 and w3[0]["rank"] == 1 and w3[0]["basis"] == "peers"
 
 
-def test_a_torn_tail_is_ignored(tmp_path: Path) -> None:
+def test_summaries_come_back_exactly_and_a_torn_tail_is_ignored(tmp_path: Path) -> None:
+    tel = Telemetry(vendor="amd", sm_mhz=2100.0, throttle={"hw_thermal": True}, missing=("ncpu",))
+    first = dataclasses.replace(rw(0, 0), telemetry=tel, samples=33, bridge_ms=1.5)
     j = AssemblyJournal(tmp_path / "x.assembly")
     j.open([])
-    j.added([rw(0, 0), rw(1, 0)])
+    j.added([first, rw(1, 0)])
     j.close()
     with open(tmp_path / "x.assembly", "ab") as fh:
         fh.write(b"\x92\xa1w\x8f")  # a write cut short
     pending, released = AssemblyJournal(tmp_path / "x.assembly").load()
-    assert [(w.rank, w.window) for w in pending] == [(0, 0), (1, 0)] and released == set()
+    assert pending == [first, rw(1, 0)] and released == set()
