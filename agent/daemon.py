@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import time
@@ -238,7 +239,9 @@ class Agent:
             island = self.cfg.island or w.island or tel.vendor
             hw = w.hw_class or tel.gpu_model
             samples = self._samples_for(w)
-            res.append(_replace(w, telemetry=tel, island=island, hw_class=hw, samples=samples))
+            res.append(
+                dataclasses.replace(w, telemetry=tel, island=island, hw_class=hw, samples=samples)
+            )
         return res
 
     def _samples_for(self, w: RankWindow) -> int | None:
@@ -328,8 +331,6 @@ class Agent:
             if val <= 0:
                 return False, f"setting {k!r} must be > 0", []
             changes[k] = val
-        import dataclasses
-
         self.cfg = dataclasses.replace(self.cfg, **changes)
         return True, "settings applied: " + ", ".join(f"{k}={v}" for k, v in changes.items()), []
 
@@ -372,12 +373,6 @@ class Agent:
         for t in list(self.rings.values()):
             t.reader.close()
         self.rings.clear()
-
-
-def _replace(w: RankWindow, **kw: Any) -> RankWindow:
-    import dataclasses
-
-    return dataclasses.replace(w, **kw)
 
 
 def incarnation() -> str:

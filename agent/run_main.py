@@ -81,7 +81,7 @@ async def main(cfg: AgentConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        with contextlib.suppress(RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     log.info(
         "agent starting",

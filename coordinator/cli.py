@@ -134,7 +134,7 @@ def settings(
 def install_signal_handlers(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        with contextlib.suppress(RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
 
