@@ -196,7 +196,16 @@ class Detector:
         isl_id = isl_id.ravel().astype(np.int64)
         gid, class_of = self._groups(recs, isl_id, len(isl_names))
 
+        # Under a rebalance plan ranks run different sample counts: judge the
+        # compute gap per sample (scaled to the mean split), so a slow rank that a
+        # plan compensates stays flagged until it really recovers; the cost stays
+        # what the job loses now, from the gaps as they are.
+        actual = gap
+        per_sample = _per_sample_scale(recs)
+        if per_sample is not None:
+            gap = gap * per_sample
         sc = scoring.score(gap, gid)
+        sc_cost = sc if per_sample is None else scoring.score(actual, gid)
         step_ms = float(np.median(step))
         steps_in_window = int(np.median(nsteps))
         steps = [min(x.step_lo for x in recs), max(x.step_hi for x in recs)]
@@ -227,9 +236,9 @@ class Detector:
                 continue
             track = self._tracks.setdefault(key, _Track(s.flag_window))
             if kind == "rank":
-                excess = max(0.0, float(gap[i] - sc.loo_median[i]))
+                excess = max(0.0, float(actual[i] - sc_cost.loo_median[i]))
             else:
-                excess = max(0.0, float(gap[i] - base[i])) if base[i] > 0 else 0.0
+                excess = max(0.0, float(actual[i] - base[i])) if base[i] > 0 else 0.0
             state = self._advance(track, window, bad, excess, ctx)
             if track.active or bad:
                 active_rank[i] = True
@@ -265,7 +274,7 @@ class Detector:
             self._rank_count[fr] += 1
             self._samples_version += 1
 
-        findings += self._island_findings(ctx, r, gap, coll, isl_id, isl_names, recs)
+        findings += self._island_findings(ctx, r, actual, coll, isl_id, isl_names, recs)
         findings += self._link_findings(ctx, recs, isl_labels)
         findings.sort(key=lambda f: (KINDS.index(f.kind), f.subject))
 
@@ -404,6 +413,8 @@ class Detector:
             "gap_ms": float(gap[i]),
             "peers": int(sc.group_size[i]) - 1,
         }
+        if recs[i].samples is not None:
+            evidence["samples"] = recs[i].samples
         if kind == "rank":
             evidence["peers_gap_ms"] = _f(sc.loo_median[i])
         else:
@@ -663,3 +674,13 @@ def _f(v: Any) -> float | None:
 
 def _pct(excess: float, step_ms: float) -> float | None:
     return 100.0 * excess / step_ms if step_ms > 0 else None
+
+
+def _per_sample_scale(recs: Sequence[RankWindow]) -> npt.NDArray[np.float64] | None:
+    """mean(samples) / samples per rank when every rank reported its samples and
+    they differ (a rebalance plan is in force); None otherwise."""
+    samples = [x.samples for x in recs]
+    if any(n is None or n <= 0 for n in samples) or len(set(samples)) < 2:
+        return None
+    arr = np.array(samples, dtype=np.float64)
+    return np.asarray(arr.mean() / arr, dtype=np.float64)

@@ -453,6 +453,13 @@ class RebalancePolicy:
             return []
         if any(speeds[r] <= speeds[rank] for r in range(self.nranks) if r != rank):
             return []  # flagged, but not the slowest per sample: more samples won't help it
+        now = self._speeds([w])
+        if now is not None:
+            peers_now = statistics.median(now[r] for r in range(self.nranks) if r != rank)
+            if now[rank] >= peers_now * (1.0 - s.recovered_tolerance):
+                # Still flagged while the finding clears, but its latest window is on
+                # pace again: a new uneven split would only have to be undone.
+                return []
         assert self.global_batch is not None and self._split is not None
         after = proportional_split(speeds, self.global_batch, s.max_shift_frac, s.min_samples)
         ref = self._split
