@@ -58,7 +58,9 @@ class LiveState:
     first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def refresh(self, elapsed_s: float) -> None:
-        self.samples = scrape(self.metrics_url)
+        samples = scrape(self.metrics_url)
+        if samples:  # after the run the coordinator is gone: keep its last view
+            self.samples = samples
         self._fpos = _tail(self.findings_path, self._fpos, self.findings)
         if self.plans_path is not None:
             self._ppos = _tail(self.plans_path, self._ppos, self.plans)
