@@ -40,10 +40,10 @@ in older ones), else ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` /
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget
+from artemis.agent.telemetry.base import RankTarget, call_or_none
 from artemis.agent.telemetry.nvml import gpu_from_environ, read_environ
 
 # PCIe transfer rate per lane (MT/s) of each generation.
@@ -101,15 +101,6 @@ def _local(env: Mapping[str, str]) -> dict[str, str]:
     return {"LOCAL_RANK": env["LOCAL_RANK"]} if "LOCAL_RANK" in env else {}
 
 
-def _try(fn: Callable[..., Any] | None, *args: Any) -> Any:
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except Exception:  # AmdSmiLibraryException (not supported, no permission): absent
-        return None
-
-
 class AmdSmiSource:
     """AMD GPU clocks, temperature, power, throttle flags and PCIe link via amdsmi."""
 
@@ -149,15 +140,17 @@ class AmdSmiSource:
 
     def close(self) -> None:
         if self._smi is not None:
-            _try(self._smi.amdsmi_shut_down)
+            call_or_none(self._smi.amdsmi_shut_down)
             self._smi, self._handles, self._state = None, [], None
 
     def _pids(self, h: Any) -> set[int]:
         smi = self._smi
-        procs = _try(smi.amdsmi_get_gpu_process_list, h) or []
+        procs = call_or_none(smi.amdsmi_get_gpu_process_list, h) or []
         pids: set[int] = set()
         for p in procs:
-            info = p if isinstance(p, Mapping) else _try(smi.amdsmi_get_gpu_process_info, h, p)
+            info = (
+                p if isinstance(p, Mapping) else call_or_none(smi.amdsmi_get_gpu_process_info, h, p)
+            )
             if isinstance(info, Mapping) and isinstance(info.get("pid"), int):
                 pids.add(info["pid"])
         return pids
@@ -186,16 +179,16 @@ class AmdSmiSource:
             return {}
         smi, h = self._smi, self._handles[idx]
         out: dict[str, object] = {"vendor": "amd", "gpu_index": idx}
-        asic = _try(smi.amdsmi_get_gpu_asic_info, h)
+        asic = call_or_none(smi.amdsmi_get_gpu_asic_info, h)
         if isinstance(asic, Mapping) and isinstance(asic.get("market_name"), str):
             out["gpu_model"] = asic["market_name"]
         clk_t = getattr(smi, "AmdSmiClkType", None)
         if clk_t is not None:
-            gfx = _try(smi.amdsmi_get_clock_info, h, clk_t.GFX)
+            gfx = call_or_none(smi.amdsmi_get_clock_info, h, clk_t.GFX)
             if isinstance(gfx, Mapping):
                 out["sm_mhz"] = num(gfx.get("clk", gfx.get("cur_clk")))
                 out["sm_mhz_max"] = num(gfx.get("max_clk"))
-            mem = _try(smi.amdsmi_get_clock_info, h, clk_t.MEM)
+            mem = call_or_none(smi.amdsmi_get_clock_info, h, clk_t.MEM)
             if isinstance(mem, Mapping):
                 out["mem_mhz"] = num(mem.get("clk", mem.get("cur_clk")))
         ttype = getattr(smi, "AmdSmiTemperatureType", None)
@@ -204,25 +197,27 @@ class AmdSmiSource:
             for sensor in ("HOTSPOT", "EDGE"):
                 if hasattr(ttype, sensor):
                     t = num(
-                        _try(smi.amdsmi_get_temp_metric, h, getattr(ttype, sensor), tmetric.CURRENT)
+                        call_or_none(
+                            smi.amdsmi_get_temp_metric, h, getattr(ttype, sensor), tmetric.CURRENT
+                        )
                     )
                     if t is not None:
                         out["temp_c"] = t
                         break
-        power = _try(smi.amdsmi_get_power_info, h)
+        power = call_or_none(smi.amdsmi_get_power_info, h)
         if isinstance(power, Mapping):
             for key in ("socket_power", "current_socket_power", "average_socket_power"):
                 w = num(power.get(key))
                 if w is not None:
                     out["power_w"] = w
                     break
-        cap = _try(getattr(smi, "amdsmi_get_power_cap_info", None), h)
+        cap = call_or_none(getattr(smi, "amdsmi_get_power_cap_info", None), h)
         if isinstance(cap, Mapping) and num(cap.get("power_cap")) is not None:
             out["power_limit_w"] = float(cap["power_cap"]) / 1e6
-        viol = _try(getattr(smi, "amdsmi_get_violation_status", None), h)
+        viol = call_or_none(getattr(smi, "amdsmi_get_violation_status", None), h)
         if isinstance(viol, Mapping):
             out["throttle"] = throttle_from_violation(viol)
-        pcie = _try(smi.amdsmi_get_pcie_info, h)
+        pcie = call_or_none(smi.amdsmi_get_pcie_info, h)
         if isinstance(pcie, Mapping):
             metric = pcie.get("pcie_metric") or {}
             static = pcie.get("pcie_static") or {}

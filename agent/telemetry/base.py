@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
@@ -163,3 +163,15 @@ class TelemetryAccumulator:
         if self._throttle is not None:
             out["throttle"] = dict(self._throttle)
         return merge([out], self.expected)
+
+
+def call_or_none(fn: Callable[..., Any] | None, *args: Any) -> Any:
+    """A hardware library call whose failure means "this field is absent" (not
+    supported, no permission): its result, or None. Used by the NVML and AMD SMI
+    sources so one failing query never costs the others."""
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception:
+        return None

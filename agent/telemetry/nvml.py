@@ -32,11 +32,11 @@ The mapping is cached per pid.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget
+from artemis.agent.telemetry.base import RankTarget, call_or_none
 
 # NVML clock event (formerly "throttle") reason bits, from nvml.h.
 THROTTLE_BITS: dict[int, str] = {
@@ -101,15 +101,6 @@ def read_environ(pid: int, root: str | os.PathLike[str] = "/") -> dict[str, str]
     return out
 
 
-def _try(fn: Callable[..., Any] | None, *args: Any) -> Any:
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except Exception:  # NVMLError_NotSupported and friends: the field is absent
-        return None
-
-
 class NvmlSource:
     """GPU clocks, temperature, power, throttle reasons and PCIe link via NVML."""
 
@@ -147,7 +138,7 @@ class NvmlSource:
 
     def close(self) -> None:
         if self._nv is not None:
-            _try(self._nv.nvmlShutdown)
+            call_or_none(self._nv.nvmlShutdown)
             self._nv = None
             self._state = None
 
@@ -163,8 +154,10 @@ class NvmlSource:
         nv = self._nv
         found: int | None = None
         for i in range(int(nv.nvmlDeviceGetCount())):
-            h = _try(nv.nvmlDeviceGetHandleByIndex, i)
-            procs = _try(nv.nvmlDeviceGetComputeRunningProcesses, h) if h is not None else None
+            h = call_or_none(nv.nvmlDeviceGetHandleByIndex, i)
+            procs = (
+                call_or_none(nv.nvmlDeviceGetComputeRunningProcesses, h) if h is not None else None
+            )
             if procs and any(getattr(p, "pid", None) == pid for p in procs):
                 found = i
                 break
@@ -173,8 +166,8 @@ class NvmlSource:
             if isinstance(entry, int):
                 found = entry
             elif isinstance(entry, str):
-                h = _try(nv.nvmlDeviceGetHandleByUUID, entry)
-                found = _try(nv.nvmlDeviceGetIndex, h) if h is not None else None
+                h = call_or_none(nv.nvmlDeviceGetHandleByUUID, entry)
+                found = call_or_none(nv.nvmlDeviceGetIndex, h) if h is not None else None
         if found is not None:
             self._pid_gpu[pid] = found
         return found
@@ -186,31 +179,31 @@ class NvmlSource:
         if idx is None:
             return {}
         nv = self._nv
-        h = _try(nv.nvmlDeviceGetHandleByIndex, idx)
+        h = call_or_none(nv.nvmlDeviceGetHandleByIndex, idx)
         if h is None:
             return {}
         sm = getattr(nv, "NVML_CLOCK_SM", _NVML_CLOCK_SM)
         mem = getattr(nv, "NVML_CLOCK_MEM", _NVML_CLOCK_MEM)
         out: dict[str, object] = {"vendor": "nvidia", "gpu_index": idx}
-        name = _try(nv.nvmlDeviceGetName, h)
+        name = call_or_none(nv.nvmlDeviceGetName, h)
         if name is not None:
             out["gpu_model"] = name.decode() if isinstance(name, bytes) else str(name)
         reads: dict[str, Any] = {
-            "sm_mhz": _try(nv.nvmlDeviceGetClockInfo, h, sm),
-            "sm_mhz_max": _try(nv.nvmlDeviceGetMaxClockInfo, h, sm),
-            "mem_mhz": _try(nv.nvmlDeviceGetClockInfo, h, mem),
-            "temp_c": _try(
+            "sm_mhz": call_or_none(nv.nvmlDeviceGetClockInfo, h, sm),
+            "sm_mhz_max": call_or_none(nv.nvmlDeviceGetMaxClockInfo, h, sm),
+            "mem_mhz": call_or_none(nv.nvmlDeviceGetClockInfo, h, mem),
+            "temp_c": call_or_none(
                 nv.nvmlDeviceGetTemperature,
                 h,
                 getattr(nv, "NVML_TEMPERATURE_GPU", _NVML_TEMPERATURE_GPU),
             ),
-            "pcie_gen": _try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
-            "pcie_gen_max": _try(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-            "pcie_width": _try(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
-            "pcie_width_max": _try(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+            "pcie_gen": call_or_none(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            "pcie_gen_max": call_or_none(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            "pcie_width": call_or_none(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+            "pcie_width_max": call_or_none(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
         }
-        power = _try(nv.nvmlDeviceGetPowerUsage, h)
-        limit = _try(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        power = call_or_none(nv.nvmlDeviceGetPowerUsage, h)
+        limit = call_or_none(nv.nvmlDeviceGetEnforcedPowerLimit, h)
         reads["power_w"] = None if power is None else power / 1000.0
         reads["power_limit_w"] = None if limit is None else limit / 1000.0
         out.update({k: v for k, v in reads.items() if v is not None})
@@ -221,7 +214,7 @@ class NvmlSource:
         sup = getattr(nv, "nvmlDeviceGetSupportedClocksEventReasons", None) or getattr(
             nv, "nvmlDeviceGetSupportedClocksThrottleReasons", None
         )
-        mask = _try(cur, h)
+        mask = call_or_none(cur, h)
         if mask is not None:
-            out["throttle"] = throttle_from_mask(int(mask), _try(sup, h))
+            out["throttle"] = throttle_from_mask(int(mask), call_or_none(sup, h))
         return out
