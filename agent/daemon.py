@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 from artemis.agent.config import AgentConfig
-from artemis.agent.plans import clear_plan, publish_plan, read_ack_records, read_acks
+from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
 from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
 from artemis.agent.summary import ProgressTracker, WindowSummarizer, ring_position
 from artemis.agent.telemetry.base import (
@@ -91,6 +91,8 @@ class Agent:
         self.rings: dict[Path, Tracked] = {}
         self.bad_rings: dict[Path, str] = {}
         self.plan_acks_sent: set[tuple[str, str, int]] = set()
+        # The job's ack files, read at most once per tick (windows and heartbeats both use them).
+        self._acks: dict[str, dict[int, dict[str, Any]]] = {}
         self.windows_sent = 0
         self.removed = 0
 
@@ -168,6 +170,7 @@ class Agent:
     # ----------------------------------------------------------------- reading
     def tick(self, now: float) -> list[RankWindow]:
         """Read every ring once; return the windows that completed."""
+        self._acks.clear()
         out: list[RankWindow] = []
         for t in list(self.rings.values()):
             try:
@@ -247,7 +250,7 @@ class Agent:
     def _samples_for(self, w: RankWindow) -> int | None:
         """Samples per step the rank ran in this window, when the job said so (its
         latest ack names the split it switched to and from which step)."""
-        rec = read_ack_records(self.shm, w.job).get(w.rank)
+        rec = self._ack_records(w.job).get(w.rank)
         if rec is None:
             return None
         step, samples = rec.get("step"), rec.get("samples")
@@ -258,11 +261,20 @@ class Agent:
     def progress(self) -> list[RankProgress]:
         return [t.progress.current() for t in self.rings.values() if not t.is_bridge]
 
+    def _ack_records(self, job: str) -> dict[int, dict[str, Any]]:
+        recs = self._acks.get(job)
+        if recs is None:
+            recs = self._acks[job] = read_ack_records(self.shm, job)
+        return recs
+
     def plan_acks(self) -> list[dict[str, Any]]:
         out = []
         jobs = {t.header.job for t in self.rings.values()}
         for job in jobs:
-            for rank, (plan_id, step) in read_acks(self.shm, job).items():
+            for rank, rec in self._ack_records(job).items():
+                plan_id, step = rec.get("id"), rec.get("step")
+                if not isinstance(plan_id, str) or not isinstance(step, int):
+                    continue
                 key = (job, plan_id, rank)
                 if plan_id == UNIFORM_PLAN_ID or key in self.plan_acks_sent:
                     continue
