@@ -68,8 +68,7 @@ class Tracked:
 
 
 def _global_rank(h: RingHeader) -> int:
-    g = getattr(h, "global_rank", -1)
-    return int(g) if g is not None and g >= 0 else h.rank
+    return h.global_rank if h.global_rank >= 0 else h.rank
 
 
 class Agent:
@@ -421,7 +420,7 @@ async def run_agent(
         return ok, detail
 
     identity = AgentIdentity(
-        agent_id=f"{agent.host}",
+        agent_id=agent.host,
         host=agent.host,
         agent_version=AGENT_VERSION,
         ranks=tuple(agent.rank_infos()),

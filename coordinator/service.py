@@ -127,7 +127,7 @@ class Coordinator:
                     js.progress[p.rank] = p
             for a in msg.plan_acks:
                 self._plan_ack(a)
-            self._check_hangs(now)
+            # Hangs are checked on the tick, once for all ranks, not per heartbeat.
         elif isinstance(msg, Dump):
             self._dump(msg)
         await self._flush_controls()
