@@ -188,9 +188,16 @@ HEADER_FIELDS: list[tuple[str, str, int]] = [
     ("job", f"S{NAME_LEN}", 96),
     ("comm_name", f"S{NAME_LEN}", 160),
     ("host", f"S{NAME_LEN}", 224),
-    ("reserved1", "V32", 288),
+    ("minor", "<u2", 288),
+    ("slot_minor", "<u2", 290),
+    ("tick_source", "<u4", 292),
+    ("writer_flags", "<u4", 296),
+    ("nccl_version", "<u4", 300),
+    ("tsc_hz", "<u8", 304),
+    ("reserved1", "<u8", 312),
     ("write_index", "<u8", 320),
-    ("reserved2", f"V{HEADER_SIZE - 328}", 328),
+    ("tsc_anchor", "(2,2)<u8", 328),
+    ("reserved2", f"V{HEADER_SIZE - 360}", 360),
 ]
 HEADER_DTYPE = _dtype(HEADER_FIELDS, HEADER_SIZE)
 

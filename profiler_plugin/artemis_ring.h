@@ -24,7 +24,14 @@
 #include <stdint.h>
 
 #define ARTEMIS_RING_MAGIC 0x31474e4952534d41ULL /* "AMSRING1" little-endian */
-#define ARTEMIS_RING_VERSION 1u
+#define ARTEMIS_RING_VERSION 1u /* major: a reader refuses another major */
+/* Minor versions add fields only in space that older writers left zeroed, so
+ * a reader of minor N reads every minor <= N (a rolling upgrade never blinds
+ * jobs that still hold an older plugin). Minor 0 is the original layout. */
+#define ARTEMIS_RING_MINOR 1u
+#define ARTEMIS_SLOT_MINOR_BASE 0u /* 64-byte ArtemisSlot */
+#define ARTEMIS_SLOT_MINOR_CPU 1u  /* 128-byte ArtemisSlotCpu: + process CPU time */
+#define ARTEMIS_RING_SLOT_CPU_SIZE 128u
 #define ARTEMIS_RING_HEADER_SIZE 512u
 #define ARTEMIS_RING_SLOT_SIZE 64u
 #define ARTEMIS_RING_DEFAULT_SLOTS 8192u
@@ -37,6 +44,20 @@ enum {
     ARTEMIS_CLOCK_HOST = 0,         /* host CLOCK_MONOTONIC ns only (device timing off) */
     ARTEMIS_CLOCK_DEVICE_NS = 1,    /* NVIDIA %globaltimer ns */
     ARTEMIS_CLOCK_DEVICE_TICKS = 2, /* RCCL wall_clock64 ticks; ns = ticks * 1e9 / tick_hz */
+};
+
+/* header.tick_source: where tick_hz came from (minor >= 1). */
+enum {
+    ARTEMIS_TICK_SRC_NONE = 0,    /* clock_kind is not TICKS */
+    ARTEMIS_TICK_SRC_DEFAULT = 1, /* the configured default (ARTEMIS_RCCL_TICK_HZ or 100 MHz) */
+    ARTEMIS_TICK_SRC_HIP = 2,     /* hipDeviceAttributeWallClockRate of the device */
+};
+
+/* header.writer_flags bits (minor >= 1), set once at creation. */
+enum {
+    ARTEMIS_WRITER_RCCL = 1u << 0,    /* the process runs RCCL (detected from the process) */
+    ARTEMIS_WRITER_TSC = 1u << 1,     /* host times are TSC ticks: see tsc_hz and tsc_anchor */
+    ARTEMIS_WRITER_BACKEND = 1u << 2, /* written by the artemis torch.distributed backend */
 };
 
 /* header.flags bits (atomic). */
@@ -129,6 +150,16 @@ typedef struct ArtemisSlot {
     uint64_t end;       /* 56: max KernelChStop pTimer (device) or host ns; 0 = not yet */
 } ArtemisSlot;
 
+/* 128 bytes (slot_minor ARTEMIS_SLOT_MINOR_CPU): the base slot, then the
+ * writing process's CPU time (CLOCK_PROCESS_CPUTIME_ID ns) at the record's
+ * start and end, so a reader tells an idle compute gap from a busy one. */
+typedef struct ArtemisSlotCpu {
+    ArtemisSlot base;          /* 0 */
+    uint64_t cpu_start_ns;     /* 64: 0 = not taken */
+    uint64_t cpu_end_ns;       /* 72: 0 = not yet */
+    uint8_t reserved[48];      /* 80 */
+} ArtemisSlotCpu;
+
 /* 512 bytes; write_index sits alone on its own cache line. */
 typedef struct ArtemisRingHeader {
     uint64_t magic;            /* 0: ARTEMIS_RING_MAGIC */
@@ -152,13 +183,24 @@ typedef struct ArtemisRingHeader {
     char job[ARTEMIS_NAME_LEN];       /* 96: job id, NUL-terminated */
     char comm_name[ARTEMIS_NAME_LEN]; /* 160: communicator name or "" */
     char host[ARTEMIS_NAME_LEN];      /* 224: hostname of the writer */
-    uint8_t reserved1[32];            /* 288 */
+    /* minor >= 1 (zero in minor-0 rings): */
+    uint16_t minor;            /* 288: ARTEMIS_RING_MINOR of the writer */
+    uint16_t slot_minor;       /* 290: ARTEMIS_SLOT_MINOR_* of every slot */
+    uint32_t tick_source;      /* 292: ARTEMIS_TICK_SRC_* */
+    uint32_t writer_flags;     /* 296: ARTEMIS_WRITER_* bits */
+    uint32_t nccl_version;     /* 300: ncclGetVersion() code of the process, 0 = unknown */
+    uint64_t tsc_hz;           /* 304: TSC ticks per second when ARTEMIS_WRITER_TSC, else 0 */
+    uint64_t reserved1;        /* 312 */
     uint64_t write_index;      /* 320: next ticket (accessed atomically), own cache line */
-    uint8_t reserved2[ARTEMIS_RING_HEADER_SIZE - 328];
+    /* 328: (tsc, CLOCK_MONOTONIC ns) anchor pairs, [0] at creation and [1] refreshed
+     * by the writer, so a reader converts TSC host times to ns (minor >= 1). */
+    uint64_t tsc_anchor[2][2];
+    uint8_t reserved2[ARTEMIS_RING_HEADER_SIZE - 360];
 } ArtemisRingHeader;
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(ArtemisSlot) == ARTEMIS_RING_SLOT_SIZE, "slot size");
+_Static_assert(sizeof(ArtemisSlotCpu) == ARTEMIS_RING_SLOT_CPU_SIZE, "cpu slot size");
 _Static_assert(sizeof(ArtemisRingHeader) == ARTEMIS_RING_HEADER_SIZE, "header size");
 #endif
 

@@ -248,6 +248,8 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     h->tick_hz = cfg->tick_hz;
     h->created_ns = art_now_real();
     h->plugin_version = plugin_version;
+    h->minor = ARTEMIS_RING_MINOR;
+    h->slot_minor = ARTEMIS_SLOT_MINOR_BASE;
     h->global_rank = art_global_rank();
     memcpy(h->job, job, sizeof h->job);
     snprintf(h->comm_name, sizeof h->comm_name, "%s", comm_name ? comm_name : "");

@@ -90,7 +90,7 @@ def test_every_c_field_is_mirrored(c_layout: dict[str, dict[str, object]]) -> No
         body = re.search(r"typedef struct " + struct + r" \{(.*?)\}", text, re.S)
         assert body is not None
         code = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.S)
-        members = re.findall(r"\b([a-z_0-9]+)(?:\[[^\]]*\])?;", code)
+        members = re.findall(r"\b([a-z_0-9]+)(?:\[[^\]]*\])*;", code)
         assert members == names, struct
 
 

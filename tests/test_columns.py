@@ -1,0 +1,67 @@
+"""WindowColumns round-trips RankWindow records exactly, absent values included."""
+
+from __future__ import annotations
+
+import math
+
+from artemis.protocol.columns import COLUMNS, WindowColumns
+from artemis.protocol.records import RankWindow, Telemetry
+
+
+def _rw(rank: int, **tel: object) -> RankWindow:
+    return RankWindow(
+        job="j",
+        comm="00000000000000aa",
+        rank=rank,
+        nranks=4,
+        host=f"h{rank}",
+        window=3,
+        step_lo=150,
+        step_hi=200,
+        coll_lo=300,
+        coll_hi=400,
+        gap_ms=10.0 + rank,
+        coll_ms=2.0,
+        step_ms=12.5,
+        collectives=100,
+        bytes=1 << 20,
+        lost=0,
+        clock="device",
+        island="nvidia" if rank % 2 else None,
+        samples=32 if rank else None,
+        telemetry=Telemetry(**tel),  # type: ignore[arg-type]
+    )
+
+
+def test_round_trip_keeps_every_value() -> None:
+    recs = [
+        _rw(0),
+        _rw(1, sm_mhz=1410.0, throttle={"hw_thermal": True}, gpu_index=1, missing=("temp_c",)),
+        _rw(2, cpu_pct=55.5, ncpu=64),
+    ]
+    cols = WindowColumns.from_records(recs)
+    assert cols.n == 3 and set(cols.cols) == set(COLUMNS)
+    assert cols.rows() == recs
+    assert math.isnan(cols.floats("tel_sm_mhz")[0])
+    assert cols.take([2, 0]).rows() == [recs[2], recs[0]]
+    both = WindowColumns.concat([cols, WindowColumns.empty(), cols.take([1])])
+    assert both.rows() == [*recs, recs[1]]
+
+
+def test_nan_gap_stays_nan_so_the_detector_can_refuse_it() -> None:
+    bad = _rw(0)
+    object.__setattr__(bad, "gap_ms", math.nan)
+    (back,) = WindowColumns.from_records([bad]).rows()
+    assert math.isnan(back.gap_ms)
+
+
+def test_a_short_column_is_named() -> None:
+    cols = WindowColumns.from_records([_rw(0)])
+    broken = dict(cols.cols)
+    broken["rank"] = broken["rank"][:0]
+    try:
+        WindowColumns(1, broken)
+    except ValueError as e:
+        assert "rank" in str(e)
+    else:
+        raise AssertionError("a short column was accepted")
