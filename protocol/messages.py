@@ -22,6 +22,7 @@ from operator import attrgetter
 from typing import Any, ClassVar, Literal, TypeAlias
 
 from artemis.protocol import _fastcheck
+from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow, Telemetry
 
 PROTOCOL_VERSION: tuple[int, int] = (1, 0)
@@ -159,6 +160,11 @@ class Windows(Message):
     TYPE: ClassVar[str] = "windows"
     host: str
     windows: tuple[RankWindow, ...]
+
+    @property
+    def columns(self) -> WindowColumns:
+        """The summaries as columns: what the coordinator core consumes."""
+        return WindowColumns.from_records(self.windows)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
