@@ -1,8 +1,15 @@
 """Read-only reader of the plugin's shared-memory rings.
 
-The format is defined once, in ``profiler_plugin/artemis_ring.h``; the numpy
-dtypes below mirror it field by field with explicit offsets, and
-``tests/test_ring_layout.py`` compiles the header to prove they agree.
+The format is defined once, in ``profiler_plugin/artemis_ring.h``; its one
+Python mirror is ``artemis.agent.ring_format`` (checked against the header by
+``tests/test_ring_layout.py``).
+
+Versions: the reader refuses another major ``version`` and reads every minor
+(docs/DESIGN.md, "Ring format"). A minor-0 ring, written by a plugin older
+than the versioned fields, reads with those fields zero. The slot layout comes
+from the header's ``slot_minor`` (64-byte base slots or 128-byte CPU slots);
+records come back in that layout's dtype, whose leading fields are always the
+base slot's, so consumers that read base fields by name take either.
 
 Reading follows the seqlock protocol from the header: copy the lock words,
 copy the slot bodies, copy the lock words again, and accept a slot only where
@@ -38,171 +45,36 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+from artemis.agent.ring_format import (
+    ALGO_NAMES,
+    CLOCK_KIND_NAMES,
+    DTYPE_NAMES,
+    FUNC_NAMES,
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    KIND_NAMES,
+    MAX_SLOTS,
+    MIN_SLOTS,
+    PROTO_NAMES,
+    REC_CLOCK_NAMES,
+    REC_DEVICE,
+    RING_FINISHED,
+    RING_MAGIC,
+    RING_MINOR,
+    RING_VERSION,
+    SLOT_LAYOUTS,
+    SLOT_MINOR_BASE,
+    SLOT_SIZE,
+    STATE_DONE,
+    STATE_IN_FLIGHT,
+    STATE_NAMES,
+    TICK_SOURCE_NAMES,
+    WRITER_BACKEND,
+    WRITER_RCCL,
+    WRITER_TSC,
+    comm_hex,
+)
 
-# -- constants mirrored from artemis_ring.h ---------------------------------
-
-RING_MAGIC = 0x31474E4952534D41  # "AMSRING1" little-endian
-RING_VERSION = 1
-HEADER_SIZE = 512
-SLOT_SIZE = 64
-DEFAULT_SLOTS = 8192
-MIN_SLOTS = 4
-MAX_SLOTS = 1 << 22
-NAME_LEN = 64
-
-CLOCK_HOST = 0
-CLOCK_DEVICE_NS = 1
-CLOCK_DEVICE_TICKS = 2
-CLOCK_KIND_NAMES = {
-    CLOCK_HOST: "host",
-    CLOCK_DEVICE_NS: "device_ns",
-    CLOCK_DEVICE_TICKS: "device_ticks",
-}
-
-RING_FINISHED = 1
-
-KIND_COLL = 1
-KIND_P2P = 2
-KIND_BRIDGE = 3
-KIND_NAMES = {KIND_COLL: "coll", KIND_P2P: "p2p", KIND_BRIDGE: "bridge"}
-
-STATE_IN_FLIGHT = 1
-STATE_DONE = 2
-STATE_NAMES = {STATE_IN_FLIGHT: "in_flight", STATE_DONE: "done"}
-
-REC_HOST = 0
-REC_DEVICE = 1
-REC_CLOCK_NAMES = {REC_HOST: "host", REC_DEVICE: "device"}
-
-# Codes -> the names NCCL puts in its descriptors (reference §2.10).
-FUNC_NAMES: dict[int, str] = {
-    0: "Unknown",
-    1: "AllReduce",
-    2: "AllGather",
-    3: "ReduceScatter",
-    4: "Broadcast",
-    5: "Reduce",
-    6: "AlltoAll",
-    7: "Gather",
-    8: "Scatter",
-    9: "Send",
-    10: "Recv",
-    11: "SendRecv",
-    12: "Bridge",
-}
-DTYPE_NAMES: dict[int, str] = {
-    0: "Unknown",
-    1: "ncclInt8",
-    2: "ncclUint8",
-    3: "ncclInt32",
-    4: "ncclUint32",
-    5: "ncclInt64",
-    6: "ncclUint64",
-    7: "ncclFloat16",
-    8: "ncclFloat32",
-    9: "ncclFloat64",
-    10: "ncclBfloat16",
-    11: "ncclFloat8e4m3",
-    12: "ncclFloat8e5m2",
-}
-DTYPE_SIZES: dict[int, int] = {
-    0: 1,
-    1: 1,
-    2: 1,
-    3: 4,
-    4: 4,
-    5: 8,
-    6: 8,
-    7: 2,
-    8: 4,
-    9: 8,
-    10: 2,
-    11: 1,
-    12: 1,
-}
-ALGO_NAMES: dict[int, str] = {
-    0: "Unknown",
-    1: "TREE",
-    2: "RING",
-    3: "COLLNET_DIRECT",
-    4: "COLLNET_CHAIN",
-    5: "NVLS",
-    6: "NVLS_TREE",
-    7: "PAT",
-}
-PROTO_NAMES: dict[int, str] = {0: "Unknown", 1: "LL", 2: "LL128", 3: "SIMPLE"}
-
-# -- numpy mirrors of the C structs -----------------------------------------
-
-
-def _dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype[Any]:
-    return np.dtype(
-        {
-            "names": [f[0] for f in fields],
-            "formats": [f[1] for f in fields],
-            "offsets": [f[2] for f in fields],
-            "itemsize": itemsize,
-        }
-    )
-
-
-SLOT_FIELDS: list[tuple[str, str, int]] = [
-    ("lock", "<u4", 0),
-    ("kind", "u1", 4),
-    ("func", "u1", 5),
-    ("dtype", "u1", 6),
-    ("state", "u1", 7),
-    ("clock", "u1", 8),
-    ("algo", "u1", 9),
-    ("proto", "u1", 10),
-    ("nchannels", "u1", 11),
-    ("peer", "<i4", 12),
-    ("seq", "<u8", 16),
-    ("coll_seq", "<u8", 24),
-    ("bytes", "<u8", 32),
-    ("enqueue_ns", "<u8", 40),
-    ("start", "<u8", 48),
-    ("end", "<u8", 56),
-]
-SLOT_DTYPE = _dtype(SLOT_FIELDS, SLOT_SIZE)
-
-HEADER_FIELDS: list[tuple[str, str, int]] = [
-    ("magic", "<u8", 0),
-    ("version", "<u4", 8),
-    ("header_size", "<u4", 12),
-    ("slot_size", "<u4", 16),
-    ("capacity", "<u4", 20),
-    ("rank", "<i4", 24),
-    ("nranks", "<i4", 28),
-    ("nnodes", "<i4", 32),
-    ("pid", "<i4", 36),
-    ("comm_hash", "<u8", 40),
-    ("clock_kind", "<u4", 48),
-    ("flags", "<u4", 52),
-    ("tick_hz", "<u8", 56),
-    ("created_ns", "<u8", 64),
-    ("finished_ns", "<u8", 72),
-    ("dropped", "<u8", 80),
-    ("plugin_version", "<u4", 88),
-    ("global_rank", "<i4", 92),
-    ("job", f"S{NAME_LEN}", 96),
-    ("comm_name", f"S{NAME_LEN}", 160),
-    ("host", f"S{NAME_LEN}", 224),
-    ("minor", "<u2", 288),
-    ("slot_minor", "<u2", 290),
-    ("tick_source", "<u4", 292),
-    ("writer_flags", "<u4", 296),
-    ("nccl_version", "<u4", 300),
-    ("tsc_hz", "<u8", 304),
-    ("reserved1", "<u8", 312),
-    ("write_index", "<u8", 320),
-    ("tsc_anchor", "(2,2)<u8", 328),
-    ("reserved2", f"V{HEADER_SIZE - 360}", 360),
-]
-HEADER_DTYPE = _dtype(HEADER_FIELDS, HEADER_SIZE)
-
-_RAW_SLOT = np.dtype((np.void, SLOT_SIZE))
-_EMPTY = np.zeros(0, dtype=SLOT_DTYPE)
 _NO_TICKETS = np.zeros(0, dtype=np.uint64)
 
 
@@ -232,6 +104,36 @@ class RingHeader:
     host: str
     capacity: int
     write_index: int
+    # minor >= 1 (0 / "none" / () in minor-0 rings)
+    minor: int = 0
+    slot_minor: int = SLOT_MINOR_BASE
+    slot_size: int = SLOT_SIZE
+    tick_source: str = "none"  # "none" | "default" | "hip" (where tick_hz came from)
+    writer_flags: int = 0  # ARTEMIS_WRITER_* bits
+    nccl_version: int = 0  # ncclGetVersion() code, 0 = unknown
+    tsc_hz: int = 0
+    # (tsc, CLOCK_MONOTONIC ns) pairs: [0] at creation, [1] refreshed by the writer
+    tsc_anchor: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+
+    @property
+    def rccl(self) -> bool:
+        """The writing process runs RCCL."""
+        return bool(self.writer_flags & WRITER_RCCL)
+
+    @property
+    def tsc(self) -> bool:
+        """Host times in this ring are TSC ticks (see tsc_hz, tsc_anchor)."""
+        return bool(self.writer_flags & WRITER_TSC)
+
+    @property
+    def backend(self) -> bool:
+        """Written by the artemis torch.distributed backend, not the NCCL plugin."""
+        return bool(self.writer_flags & WRITER_BACKEND)
+
+    @property
+    def cpu_times(self) -> bool:
+        """Slots carry the process CPU time (``cpu_start_ns``/``cpu_end_ns``)."""
+        return self.slot_minor != SLOT_MINOR_BASE
 
 
 @dataclass(frozen=True)
@@ -243,7 +145,7 @@ class ReadBatch:
     consumed; they come back in ``done`` when they complete). ``lost``: tickets
     resolved as unreadable by this poll (overwritten, torn until they left the
     ring, or dropped by the writer). ``write_index``: the writer's next ticket
-    when the poll began.
+    when the poll began. Both arrays have the ring's slot dtype.
     """
 
     done: np.ndarray
@@ -256,17 +158,8 @@ def _name(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def comm_hex(comm_hash: int) -> str:
-    return f"{comm_hash:016x}"
-
-
-def ring_filename(job: str, comm_hash: int, rank: int) -> str:
-    """The file name the plugin (and the bridge writer) give a ring."""
-    return f"{job}.{comm_hash:016x}.r{rank}.ring"
-
-
-def validate_header(path: Path, size: int, hdr: np.ndarray) -> int:
-    """Check a header against the format; return the capacity or raise RingError."""
+def validate_header(path: Path, size: int, hdr: np.ndarray) -> tuple[int, int]:
+    """Check a header against the format; return (capacity, slot_minor) or raise RingError."""
     magic = int(hdr["magic"])
     if magic != RING_MAGIC:
         raise RingError(f"{path}: bad magic 0x{magic:016x} (not an Artemis ring)")
@@ -275,14 +168,26 @@ def validate_header(path: Path, size: int, hdr: np.ndarray) -> int:
         raise RingError(f"{path}: ring format version {version}, this reader reads {RING_VERSION}")
     if int(hdr["header_size"]) != HEADER_SIZE:
         raise RingError(f"{path}: header_size {int(hdr['header_size'])}, expected {HEADER_SIZE}")
-    if int(hdr["slot_size"]) != SLOT_SIZE:
-        raise RingError(f"{path}: slot_size {int(hdr['slot_size'])}, expected {SLOT_SIZE}")
+    # A newer minor only adds fields in space this reader ignores; the slot
+    # layout it cannot read is refused here, by its slot_minor.
+    slot_minor = int(hdr["slot_minor"])
+    if slot_minor not in SLOT_LAYOUTS:
+        raise RingError(
+            f"{path}: slot_minor {slot_minor} (minor {int(hdr['minor'])}), this reader reads "
+            f"slot minors {sorted(SLOT_LAYOUTS)} (ring minor <= {RING_MINOR})"
+        )
+    slot_size = SLOT_LAYOUTS[slot_minor][0]
+    if int(hdr["slot_size"]) != slot_size:
+        raise RingError(
+            f"{path}: slot_size {int(hdr['slot_size'])}, expected {slot_size} "
+            f"for slot_minor {slot_minor}"
+        )
     cap = int(hdr["capacity"])
     if cap < MIN_SLOTS or cap > MAX_SLOTS or cap & (cap - 1):
         raise RingError(
             f"{path}: capacity {cap} is not a power of two in [{MIN_SLOTS}, {MAX_SLOTS}]"
         )
-    want = HEADER_SIZE + cap * SLOT_SIZE
+    want = HEADER_SIZE + cap * slot_size
     if size != want:
         raise RingError(
             f"{path}: file is {size} bytes, expected {want} for {cap} slots (truncated or corrupt)"
@@ -290,7 +195,7 @@ def validate_header(path: Path, size: int, hdr: np.ndarray) -> int:
     ck = int(hdr["clock_kind"])
     if ck not in CLOCK_KIND_NAMES:
         raise RingError(f"{path}: unknown clock_kind {ck}")
-    return cap
+    return cap, slot_minor
 
 
 class RingReader:
@@ -313,19 +218,21 @@ class RingReader:
             os.close(fd)
         try:
             self._hdr = np.frombuffer(self._mm, dtype=HEADER_DTYPE, count=1)
-            self.capacity = validate_header(self.path, size, self._hdr[0])
+            self.capacity, self.slot_minor = validate_header(self.path, size, self._hdr[0])
         except RingError:
             self.close()
             raise
+        self.slot_size, self.dtype = SLOT_LAYOUTS[self.slot_minor]
         self._slots = np.frombuffer(
-            self._mm, dtype=SLOT_DTYPE, count=self.capacity, offset=HEADER_SIZE
+            self._mm, dtype=self.dtype, count=self.capacity, offset=HEADER_SIZE
         )
-        # Slots as opaque 64-byte items: numpy gathers these with one memcpy per
-        # item, ~50x faster than gathering the structured dtype field by field.
-        self._raw = self._slots.view(_RAW_SLOT)
+        # Slots as opaque fixed-size items: numpy gathers these with one memcpy
+        # per item, ~50x faster than gathering the structured dtype field by field.
+        self._raw = self._slots.view(np.dtype((np.void, self.slot_size)))
         # A strided view of just the lock words: the seqlock checks copy these
         # without copying whole slots.
         self._locks = self._slots["lock"]
+        self._empty = np.zeros(0, dtype=self.dtype)
         self._mask = np.uint64(self.capacity - 1)
         self._frontier = 0 if from_start else self._write_index()
         self._pending = _NO_TICKETS
@@ -338,9 +245,14 @@ class RingReader:
         return int(self._hdr["write_index"][0])
 
     def header(self) -> RingHeader:
-        """The header, with live fields (write_index, flags, dropped) re-read now."""
+        """The header, with live fields (write_index, flags, dropped, tsc_anchor) re-read now."""
         h = self._hdr[0]
         comm_hash = int(h["comm_hash"])
+        # The refreshed anchor pair is two plain loads: a writer between them
+        # can pair a new tsc with an old ns (the plugin's contract says how it
+        # refreshes; a consumer checks that the pair moved forward together).
+        (a0, a1), (b0, b1) = (tuple(int(x) for x in row) for row in h["tsc_anchor"])
+        ts = int(h["tick_source"])
         return RingHeader(
             path=self.path,
             job=_name(bytes(h["job"])),
@@ -362,6 +274,14 @@ class RingReader:
             host=_name(bytes(h["host"])),
             capacity=self.capacity,
             write_index=self._write_index(),
+            minor=int(h["minor"]),
+            slot_minor=self.slot_minor,
+            slot_size=self.slot_size,
+            tick_source=TICK_SOURCE_NAMES.get(ts, f"unknown({ts})"),
+            writer_flags=int(h["writer_flags"]),
+            nccl_version=int(h["nccl_version"]),
+            tsc_hz=int(h["tsc_hz"]),
+            tsc_anchor=((a0, a1), (b0, b1)),
         )
 
     @property
@@ -374,7 +294,7 @@ class RingReader:
     def _snapshot(self, tickets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Seqlock-copy the slots of ``tickets``: (bodies, whole, overwritten).
 
-        bodies are raw 64-byte items (view them as SLOT_DTYPE).
+        bodies are raw slot-size items (view them as ``self.dtype``).
         whole: the copy is a consistent record of that very ticket.
         overwritten: the slot consistently holds a *newer* ticket.
         """
@@ -385,7 +305,7 @@ class RingReader:
         lock1 = self._locks[idx]
         raw = self._raw.take(idx)
         lock2 = self._locks[idx]
-        body = raw.view(SLOT_DTYPE)
+        body = raw.view(self.dtype)
         stable = (lock1 == lock2) & ((lock1 & 1) == 0)
         seq = body["seq"]
         whole = stable & (seq == tickets)
@@ -414,17 +334,17 @@ class RingReader:
         self._frontier = max(self._frontier, w)
         if not len(tickets):
             self._pending = _NO_TICKETS
-            return ReadBatch(_EMPTY, _EMPTY, lost, w)
+            return ReadBatch(self._empty, self._empty, lost, w)
 
         raw, whole, overwritten = self._snapshot(tickets)
-        state = raw.view(SLOT_DTYPE)["state"]
+        state = raw.view(self.dtype)["state"]
         done_m = whole & (state == STATE_DONE)
         fly_m = whole & (state == STATE_IN_FLIGHT)
         lost += int(np.count_nonzero(overwritten))
         # Pending stays sorted because `tickets` is sorted (old pending < frontier).
         self._pending = tickets[~(done_m | overwritten)]
         done = raw[done_m] if not done_m.all() else raw
-        return ReadBatch(done.view(SLOT_DTYPE), raw[fly_m].view(SLOT_DTYPE), lost, w)
+        return ReadBatch(done.view(self.dtype), raw[fly_m].view(self.dtype), lost, w)
 
     def last(self, n: int = 256) -> np.ndarray:
         """The most recent ``n`` whole records (done or in flight), in seq order.
@@ -434,12 +354,12 @@ class RingReader:
         w = self._write_index()
         lo = max(0, w - min(n, self.capacity))
         if w <= lo:
-            return _EMPTY.copy()
+            return self._empty.copy()
         tickets = np.arange(lo, w, dtype=np.uint64)
         raw, whole, _ = self._snapshot(tickets)
-        state = raw.view(SLOT_DTYPE)["state"]
+        state = raw.view(self.dtype)["state"]
         ok = whole & ((state == STATE_IN_FLIGHT) | (state == STATE_DONE))
-        return raw[ok].view(SLOT_DTYPE)
+        return raw[ok].view(self.dtype)
 
     # -- lifetime ----------------------------------------------------------
 
@@ -469,37 +389,59 @@ class RingReader:
         self.close()
 
 
+def cpu_times_ns(records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cpu_start_ns, cpu_end_ns) of polled records as float64, NaN where absent.
+
+    Absent: base slots (the ring has no CPU times) or 0 (not taken / not yet).
+    The values are the writing process's CLOCK_PROCESS_CPUTIME_ID.
+    """
+    names = records.dtype.names or ()
+    if "cpu_start_ns" not in names:
+        nan = np.full(records.shape[0], np.nan)
+        return nan, nan.copy()
+    out = []
+    for f in ("cpu_start_ns", "cpu_end_ns"):
+        v = records[f]
+        out.append(np.where(v > 0, v.astype(np.float64), np.nan))
+    return out[0], out[1]
+
+
 def records_to_dicts(arr: np.ndarray, header: RingHeader) -> list[dict[str, Any]]:
     """Ring records as the JSON objects of ``artemis-agent dump-ring`` and hang dumps.
 
     Device records keep their raw device values in start_ns/end_ns; ``units``
     says whether they count ns or ticks (RCCL wall-clock ticks at tick_hz).
+    Rings with CPU slots add ``cpu_start_ns``/``cpu_end_ns`` (raw, 0 = not
+    taken); base-slot rings leave them out.
     """
     dev_units = "ticks" if header.clock_kind == "device_ticks" else "ns"
+    cpu = "cpu_start_ns" in (arr.dtype.names or ())
     out: list[dict[str, Any]] = []
     for r in arr.tolist():
-        # tolist() yields tuples in SLOT_FIELDS order.
-        (_, kind, func, dt, state, clock, algo, proto, nch, peer, seq, cseq, nb, enq, st, en) = r
-        out.append(
-            {
-                "comm": header.comm,
-                "rank": header.rank,
-                "seq": seq,
-                "coll_seq": cseq,
-                "kind": KIND_NAMES.get(kind, f"unknown({kind})"),
-                "func": FUNC_NAMES.get(func, f"Unknown({func})"),
-                "dtype": DTYPE_NAMES.get(dt, f"Unknown({dt})"),
-                "bytes": nb,
-                "start_ns": st,
-                "end_ns": en,
-                "clock": REC_CLOCK_NAMES.get(clock, f"unknown({clock})"),
-                "units": dev_units if clock == REC_DEVICE else "ns",
-                "state": STATE_NAMES.get(state, f"unknown({state})"),
-                "enqueue_ns": enq,
-                "nchannels": nch,
-                "algo": ALGO_NAMES.get(algo, f"Unknown({algo})"),
-                "proto": PROTO_NAMES.get(proto, f"Unknown({proto})"),
-                "peer": peer,
-            }
-        )
+        # tolist() yields tuples in field order: the base slot's fields come first.
+        base = r[:16]
+        (_, kind, func, dt, state, clock, algo, proto, nch, peer, seq, cseq, nb, enq, st, en) = base
+        d = {
+            "comm": header.comm,
+            "rank": header.rank,
+            "seq": seq,
+            "coll_seq": cseq,
+            "kind": KIND_NAMES.get(kind, f"unknown({kind})"),
+            "func": FUNC_NAMES.get(func, f"Unknown({func})"),
+            "dtype": DTYPE_NAMES.get(dt, f"Unknown({dt})"),
+            "bytes": nb,
+            "start_ns": st,
+            "end_ns": en,
+            "clock": REC_CLOCK_NAMES.get(clock, f"unknown({clock})"),
+            "units": dev_units if clock == REC_DEVICE else "ns",
+            "state": STATE_NAMES.get(state, f"unknown({state})"),
+            "enqueue_ns": enq,
+            "nchannels": nch,
+            "algo": ALGO_NAMES.get(algo, f"Unknown({algo})"),
+            "proto": PROTO_NAMES.get(proto, f"Unknown({proto})"),
+            "peer": peer,
+        }
+        if cpu:
+            d["cpu_start_ns"], d["cpu_end_ns"] = r[16], r[17]
+        out.append(d)
     return out

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from artemis.agent.summary import STATE_DONE, WindowSummarizer
+from artemis.agent.ring_format import STATE_DONE
+from artemis.agent.summary import WindowSummarizer
 
 W, C = 50, 4
 SPAN = W * C

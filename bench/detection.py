@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from artemis.agent.ring import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.agent.summary import WindowSummarizer
 from artemis.coordinator.detector import Detector
 from artemis.coordinator.settings import Settings

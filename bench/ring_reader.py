@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from artemis.agent.ring import HEADER_SIZE, SLOT_DTYPE, RingReader
+from artemis.agent.ring import RingReader
+from artemis.agent.ring_format import HEADER_SIZE, SLOT_DTYPE
 from artemis.job.ring_writer import BridgeRingWriter
 
 GOAL = 5_000_000  # records/s

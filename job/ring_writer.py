@@ -1,9 +1,16 @@
-"""Job-side writer of bridge records into an Artemis ring.
+"""Job-side writer of Artemis rings.
 
 A cross-vendor bridge between island leaders (GPUBridge, or the simulator's
 stand-in) is invisible to NCCL, so the job writes its own ring in the plugin's
 format (``profiler_plugin/artemis_ring.h``) with ``ARTEMIS_KIND_BRIDGE``
-records; the agent reads it like any other ring.
+records (``BridgeRingWriter``); the agent reads it like any other ring.
+``RingWriter`` writes any record kind, in-flight then done, and optionally
+128-byte CPU slots (``cpu_times=True``: the process CPU time at each record's
+start and end), for writers other than the plugin.
+
+The layout comes from ``artemis.agent.ring_format``, which imports only numpy
+and the standard library, so importing this module pulls in no agent machinery.
+It writes ring minor ``RING_MINOR``.
 
 One writer per ring (this object), so a ticket needs no atomics: it is a
 plain counter. Each record still follows the slot seqlock (lock odd, body,
@@ -31,44 +38,36 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-# Layout constants repeated from the C header (the agent's reader holds the
-# numpy mirror; job/ must not import the agent). tests/test_ring_layout.py and
-# tests/test_ring_reader.py check both against the header and each other.
-_MAGIC = 0x31474E4952534D41
-_VERSION = 1
-_HEADER_SIZE = 512
-_SLOT_SIZE = 64
-_NAME_LEN = 64
-_MIN_SLOTS = 4
-_MAX_SLOTS = 1 << 22
-_FINISHED = 1
-_KIND_BRIDGE = 3
-_FUNC_BRIDGE = 12
-_DT_UINT8 = 2
-_STATE_DONE = 2
-_OFF_FLAGS = 52
-_OFF_FINISHED_NS = 72
-_OFF_WRITE_INDEX = 320
+from artemis.agent import ring_format as rf
 
-REC_HOST = 0
-REC_DEVICE = 1
-CLOCK_KINDS = {"host": 0, "device_ns": 1, "device_ticks": 2}
+REC_HOST = rf.REC_HOST
+REC_DEVICE = rf.REC_DEVICE
+CLOCK_KINDS = rf.CLOCK_KINDS
+TICK_SOURCES = {v: k for k, v in rf.TICK_SOURCE_NAMES.items()}
 
-# Header fields up to plugin_version/reserved0 (offsets 0..96), then 3 names.
-_HEADER_HEAD = struct.Struct("<QIIIIiiiiQIIQQQQIi")
-# Slot body without the lock word: offsets 4..64.
-_SLOT_BODY = struct.Struct("<BBBBBBBBiQQQQQQ")
+_HEAD = rf.packer(rf.HEADER_FIELDS, "magic", "global_rank")  # offsets 0..96
+_MINOR = rf.packer(rf.HEADER_FIELDS, "minor", "tsc_hz")  # offsets 288..312
+_BODY = rf.packer(rf.SLOT_FIELDS, "kind", "end")  # the slot without its lock word
+_CPU = rf.packer(rf.SLOT_CPU_FIELDS, "cpu_start_ns", "cpu_end_ns")
+_U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_OFF_FLAGS = rf.header_offset("flags")
+_OFF_FINISHED_NS = rf.header_offset("finished_ns")
+_OFF_WRITE_INDEX = rf.header_offset("write_index")
+_OFF_STATE = rf.slot_offset("state")
+_OFF_END = rf.slot_offset("end")
+_OFF_CPU_START = rf.slot_offset("cpu_start_ns")
+_OFF_CPU_END = rf.slot_offset("cpu_end_ns")
 
 
 def _fixed(name: str) -> bytes:
-    raw = name.encode("utf-8")[: _NAME_LEN - 1]
-    return raw + b"\0" * (_NAME_LEN - len(raw))
+    raw = name.encode("utf-8")[: rf.NAME_LEN - 1]
+    return raw + b"\0" * (rf.NAME_LEN - len(raw))
 
 
-class BridgeRingWriter:
-    """Creates ``<job>.<comm %016x>.r<rank>.ring`` in ``shm_dir`` and appends bridge records."""
+class RingWriter:
+    """Creates ``<job>.<comm %016x>.r<rank>.ring`` in ``shm_dir``; one writer per ring."""
 
     def __init__(
         self,
@@ -77,36 +76,49 @@ class BridgeRingWriter:
         comm_hash: int,
         rank: int,
         nranks: int,
-        capacity: int = 8192,
+        capacity: int = rf.DEFAULT_SLOTS,
         *,
         nnodes: int = 1,
         clock_kind: str = "device_ns",
         tick_hz: int = 0,
-        comm_name: str = "bridge",
+        tick_source: str | None = None,
+        comm_name: str = "",
         host: str | None = None,
         global_rank: int | None = None,
+        cpu_times: bool = False,
+        writer_flags: int = 0,
+        nccl_version: int = 0,
     ) -> None:
-        if capacity < _MIN_SLOTS or capacity > _MAX_SLOTS or capacity & (capacity - 1):
+        if capacity < rf.MIN_SLOTS or capacity > rf.MAX_SLOTS or capacity & (capacity - 1):
             raise ValueError(
-                f"capacity {capacity} is not a power of two in [{_MIN_SLOTS}, {_MAX_SLOTS}]"
+                f"capacity {capacity} is not a power of two in [{rf.MIN_SLOTS}, {rf.MAX_SLOTS}]"
             )
         if clock_kind not in CLOCK_KINDS:
             raise ValueError(f"clock_kind {clock_kind!r} is not one of {sorted(CLOCK_KINDS)}")
+        if tick_source is None:
+            tick_source = "default" if clock_kind == "device_ticks" else "none"
+        if tick_source not in TICK_SOURCES:
+            raise ValueError(f"tick_source {tick_source!r} is not one of {sorted(TICK_SOURCES)}")
+        if writer_flags & rf.WRITER_TSC:
+            raise ValueError("this writer stamps host times in ns; it cannot set WRITER_TSC")
         self.capacity = capacity
+        self.cpu_times = cpu_times
+        self.slot_minor = rf.SLOT_MINOR_CPU if cpu_times else rf.SLOT_MINOR_BASE
+        self.slot_size = rf.SLOT_LAYOUTS[self.slot_minor][0]
         self._mask = capacity - 1
         self._next = 0
         d = Path(shm_dir)
         d.mkdir(parents=True, exist_ok=True)
-        self.path = d / f"{job}.{comm_hash:016x}.r{rank}.ring"
-        size = _HEADER_SIZE + capacity * _SLOT_SIZE
-        header = bytearray(_HEADER_SIZE)
-        _HEADER_HEAD.pack_into(
+        self.path = d / rf.ring_filename(job, comm_hash, rank)
+        size = rf.HEADER_SIZE + capacity * self.slot_size
+        header = bytearray(rf.HEADER_SIZE)
+        _HEAD.pack_into(
             header,
             0,
-            _MAGIC,
-            _VERSION,
-            _HEADER_SIZE,
-            _SLOT_SIZE,
+            rf.RING_MAGIC,
+            rf.RING_VERSION,
+            rf.HEADER_SIZE,
+            self.slot_size,
             capacity,
             rank,
             nranks,
@@ -114,20 +126,34 @@ class BridgeRingWriter:
             os.getpid(),
             comm_hash,
             CLOCK_KINDS[clock_kind],
-            0,
+            0,  # flags
             tick_hz,
             time.time_ns(),
-            0,
-            0,
+            0,  # finished_ns
+            0,  # dropped
             0,  # plugin_version 0: not written by the NCCL plugin
             rank if global_rank is None else global_rank,
         )
-        header[96:160] = _fixed(job)
-        header[160:224] = _fixed(comm_name)
-        header[224:288] = _fixed(host if host is not None else socket.gethostname())
+        for name, text in (
+            ("job", job),
+            ("comm_name", comm_name),
+            ("host", host if host is not None else socket.gethostname()),
+        ):
+            off = rf.header_offset(name)
+            header[off : off + rf.NAME_LEN] = _fixed(text)
+        _MINOR.pack_into(
+            header,
+            rf.header_offset("minor"),
+            rf.RING_MINOR,
+            self.slot_minor,
+            TICK_SOURCES[tick_source],
+            writer_flags,
+            nccl_version,
+            0,  # tsc_hz: host times are ns
+        )
         # Build the whole file under a temporary name and rename it into place,
         # so a reader scanning the folder never maps a half-made header.
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".bridge-", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".ring-", suffix=".tmp")
         try:
             os.ftruncate(fd, size)
             os.pwrite(fd, bytes(header), 0)
@@ -144,6 +170,147 @@ class BridgeRingWriter:
     def write_index(self) -> int:
         return self._next
 
+    def _slot(self, ticket: int) -> int:
+        return rf.HEADER_SIZE + (ticket & self._mask) * self.slot_size
+
+    def record(
+        self,
+        *,
+        kind: int,
+        func: int,
+        coll_seq: int,
+        nbytes: int,
+        start: int,
+        end: int = 0,
+        state: int = rf.STATE_DONE,
+        dtype: int = 0,
+        clock: int = REC_DEVICE,
+        algo: int = 0,
+        proto: int = 0,
+        nchannels: int = 1,
+        peer: int = -1,
+        enqueue_ns: int = 0,
+        cpu_start_ns: int = 0,
+        cpu_end_ns: int = 0,
+    ) -> int:
+        """Write one record (DONE, or IN_FLIGHT to ``complete`` later); returns its ticket.
+
+        The CPU times are written only to CPU slots (``cpu_times=True``).
+        """
+        t = self._next
+        off = self._slot(t)
+        view = self._view
+        lock = _U32.unpack_from(view, off)[0]
+        # Seqlock: odd while the body is being written, even (+2) when whole.
+        _U32.pack_into(view, off, lock + 1)
+        _BODY.pack_into(
+            view,
+            off + 4,
+            kind,
+            func,
+            dtype,
+            state,
+            clock,
+            algo,
+            proto,
+            nchannels,
+            peer,
+            t,
+            coll_seq,
+            nbytes,
+            enqueue_ns,
+            start,
+            end,
+        )
+        if self.cpu_times:
+            _CPU.pack_into(view, off + _OFF_CPU_START, cpu_start_ns, cpu_end_ns)
+        _U32.pack_into(view, off, lock + 2)
+        # Publish the ticket after the slot is whole: a reader that sees the
+        # new write_index finds the record (or an odd lock it retries).
+        self._next = t + 1
+        _U64.pack_into(view, _OFF_WRITE_INDEX, t + 1)
+        return t
+
+    def complete(self, ticket: int, *, end: int, cpu_end_ns: int = 0) -> bool:
+        """Mark an IN_FLIGHT record DONE with its end; False when the ring wrapped past it."""
+        if not 0 <= ticket < self._next:
+            raise ValueError(f"ticket {ticket} was never written (write_index {self._next})")
+        if ticket < self._next - self.capacity:
+            return False
+        off = self._slot(ticket)
+        view = self._view
+        lock = _U32.unpack_from(view, off)[0]
+        _U32.pack_into(view, off, lock + 1)
+        _U8.pack_into(view, off + _OFF_STATE, rf.STATE_DONE)
+        _U64.pack_into(view, off + _OFF_END, end)
+        if self.cpu_times:
+            _U64.pack_into(view, off + _OFF_CPU_END, cpu_end_ns)
+        _U32.pack_into(view, off, lock + 2)
+        return True
+
+    def finish(self) -> None:
+        """Mark the ring FINISHED: no more records will come."""
+        if self._mm.closed:
+            return
+        _U64.pack_into(self._view, _OFF_FINISHED_NS, time.time_ns())
+        flags = _U32.unpack_from(self._view, _OFF_FLAGS)[0]
+        _U32.pack_into(self._view, _OFF_FLAGS, flags | rf.RING_FINISHED)
+
+    def close(self, *, finish: bool = True) -> None:
+        if self._mm.closed:
+            return
+        if finish:
+            self.finish()
+        self._view.release()
+        self._mm.close()
+
+    def __enter__(self) -> RingWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class BridgeRingWriter(RingWriter):
+    """A ring of ``ARTEMIS_KIND_BRIDGE`` records (comm_name "bridge": the agent routes
+    them to the rank's main ring)."""
+
+    def __init__(
+        self,
+        shm_dir: str | os.PathLike[str],
+        job: str,
+        comm_hash: int,
+        rank: int,
+        nranks: int,
+        capacity: int = rf.DEFAULT_SLOTS,
+        *,
+        nnodes: int = 1,
+        clock_kind: str = "device_ns",
+        tick_hz: int = 0,
+        comm_name: str = "bridge",
+        host: str | None = None,
+        global_rank: int | None = None,
+    ) -> None:
+        super().__init__(
+            shm_dir,
+            job,
+            comm_hash,
+            rank,
+            nranks,
+            capacity,
+            nnodes=nnodes,
+            clock_kind=clock_kind,
+            tick_hz=tick_hz,
+            comm_name=comm_name,
+            host=host,
+            global_rank=global_rank,
+        )
+
     def append(
         self,
         *,
@@ -156,61 +323,15 @@ class BridgeRingWriter:
         enqueue_ns: int = 0,
     ) -> int:
         """Append one DONE bridge record; returns its ticket (seq)."""
-        t = self._next
-        off = _HEADER_SIZE + (t & self._mask) * _SLOT_SIZE
-        view = self._view
-        lock = _U32.unpack_from(view, off)[0]
-        # Seqlock: odd while the body is being written, even (+2) when whole.
-        _U32.pack_into(view, off, lock + 1)
-        _SLOT_BODY.pack_into(
-            view,
-            off + 4,
-            _KIND_BRIDGE,
-            _FUNC_BRIDGE,
-            _DT_UINT8,
-            _STATE_DONE,
-            clock,
-            0,
-            0,
-            1,
-            peer,
-            t,
-            coll_seq,
-            nbytes,
-            enqueue_ns,
-            start,
-            end,
+        return self.record(
+            kind=rf.KIND_BRIDGE,
+            func=rf.FUNC_BRIDGE,
+            dtype=rf.DT_UINT8,
+            clock=clock,
+            peer=peer,
+            coll_seq=coll_seq,
+            nbytes=nbytes,
+            enqueue_ns=enqueue_ns,
+            start=start,
+            end=end,
         )
-        _U32.pack_into(view, off, lock + 2)
-        # Publish the ticket after the slot is whole: a reader that sees the
-        # new write_index finds the record (or an odd lock it retries).
-        self._next = t + 1
-        _U64.pack_into(view, _OFF_WRITE_INDEX, t + 1)
-        return t
-
-    def finish(self) -> None:
-        """Mark the ring FINISHED: no more records will come."""
-        if self._mm.closed:
-            return
-        _U64.pack_into(self._view, _OFF_FINISHED_NS, time.time_ns())
-        flags = _U32.unpack_from(self._view, _OFF_FLAGS)[0]
-        _U32.pack_into(self._view, _OFF_FLAGS, flags | _FINISHED)
-
-    def close(self, *, finish: bool = True) -> None:
-        if self._mm.closed:
-            return
-        if finish:
-            self.finish()
-        self._view.release()
-        self._mm.close()
-
-    def __enter__(self) -> BridgeRingWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

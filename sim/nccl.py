@@ -47,6 +47,8 @@ from ctypes import (
 from pathlib import Path
 from typing import Any
 
+from artemis.agent.ring_format import DTYPE_SIZE_BY_NAME
+
 # -- event bits and states (reference §2.2, §2.3) ---------------------------
 
 GROUP = 1 << 0
@@ -80,22 +82,6 @@ _NEEDS_P2P_API = P2P_API | P2P | _BELOW_TASK
 _NEEDS_GROUP = COLL | P2P | _BELOW_TASK
 _NEEDS_COLL = COLL | _BELOW_TASK
 _NEEDS_P2P = P2P | _BELOW_TASK
-
-# Datatype sizes by NCCL name, for the AllGather/Broadcast byte conversion.
-_TYPE_SIZE = {
-    "ncclInt8": 1,
-    "ncclUint8": 1,
-    "ncclInt32": 4,
-    "ncclUint32": 4,
-    "ncclInt64": 8,
-    "ncclUint64": 8,
-    "ncclFloat16": 2,
-    "ncclFloat32": 4,
-    "ncclFloat64": 8,
-    "ncclBfloat16": 2,
-    "ncclFloat8e4m3": 1,
-    "ncclFloat8e5m2": 1,
-}
 
 # -- ABI declarations --------------------------------------------------------
 
@@ -629,7 +615,7 @@ class StandInComm:
         # AllGather and Broadcast reach the Coll event as bytes of ncclInt8
         # (NCCL converts the task in collTaskAppend; reference §2.10).
         if func in ("AllGather", "Broadcast"):
-            c.count = count * _TYPE_SIZE.get(dtype, 1)
+            c.count = count * DTYPE_SIZE_BY_NAME.get(dtype, 1)
             c.datatype = _cstr("ncclInt8")
         else:
             c.count = count

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.agent import ring
+from artemis.agent import ring_format as rf
 from artemis.job.ring_writer import REC_HOST, BridgeRingWriter
 
 AGENT = str(Path(sys.executable).parent / "artemis-agent")
@@ -39,12 +39,12 @@ def _set_in_flight(path: Path, ticket: int) -> None:
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, 0)
     os.close(fd)
-    hdr = np.frombuffer(mm, dtype=ring.HEADER_DTYPE, count=1)
-    slots = np.frombuffer(mm, dtype=ring.SLOT_DTYPE, offset=ring.HEADER_SIZE)
+    hdr = np.frombuffer(mm, dtype=rf.HEADER_DTYPE, count=1)
+    slots = np.frombuffer(mm, dtype=rf.SLOT_DTYPE, offset=rf.HEADER_SIZE)
     s = slots[ticket % len(slots)]
     s["lock"] += 1
     s["seq"] = ticket
-    s["state"] = ring.STATE_IN_FLIGHT
+    s["state"] = rf.STATE_IN_FLIGHT
     s["end"] = 0
     s["lock"] += 1
     hdr["write_index"] = max(int(hdr["write_index"][0]), ticket + 1)

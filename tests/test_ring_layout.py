@@ -1,21 +1,23 @@
-"""The numpy mirrors of the ring structs match the C header byte for byte."""
+"""The Python ring format (artemis.agent.ring_format) matches the C header byte for byte."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from artemis.agent import ring
-from artemis.job import ring_writer
+from artemis.agent import ring_format as rf
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = REPO / "profiler_plugin" / "artemis_ring.h"
 
-_SLOT = [f[0] for f in ring.SLOT_FIELDS]
-_HDR = [f[0] for f in ring.HEADER_FIELDS]
+_SLOT = [f[0] for f in rf.SLOT_FIELDS]
+_HDR = [f[0] for f in rf.HEADER_FIELDS]
+# ArtemisSlotCpu nests the base slot as `base`; the dtype flattens it.
+_CPU_C = ["base", *(f[0] for f in rf.SLOT_CPU_EXTRA)]
 
 
 def _c_source() -> str:
@@ -28,8 +30,11 @@ def _c_source() -> str:
         "int main(void) {",
         '  printf("size ArtemisSlot %zu\\n", sizeof(ArtemisSlot));',
         '  printf("size ArtemisRingHeader %zu\\n", sizeof(ArtemisRingHeader));',
+        '  printf("size ArtemisSlotCpu %zu\\n", sizeof(ArtemisSlotCpu));',
     ]
     lines += [f"  F(ArtemisSlot, {n})" for n in _SLOT]
+    lines += [f"  F(ArtemisSlotCpu, {n})" for n in _CPU_C]
+    lines += [f"  F(ArtemisSlotCpu, base.{n})" for n in _SLOT]
     lines += [f"  F(ArtemisRingHeader, {n})" for n in _HDR]
     text = HEADER.read_text()
     consts = re.findall(r"\b(ARTEMIS_[A-Z0-9_]+)\s*=", text)
@@ -73,20 +78,39 @@ def _np_layout(dt: object) -> dict[str, tuple[int, int]]:
 
 
 def test_slot_layout(c_layout: dict[str, dict[str, object]]) -> None:
-    assert c_layout["size"]["ArtemisSlot"] == ring.SLOT_DTYPE.itemsize == ring.SLOT_SIZE
-    assert c_layout["ArtemisSlot"] == _np_layout(ring.SLOT_DTYPE)
+    assert c_layout["size"]["ArtemisSlot"] == rf.SLOT_DTYPE.itemsize == rf.SLOT_SIZE
+    assert c_layout["ArtemisSlot"] == _np_layout(rf.SLOT_DTYPE)
+
+
+def test_cpu_slot_layout(c_layout: dict[str, dict[str, object]]) -> None:
+    c = c_layout["ArtemisSlotCpu"]
+    assert c_layout["size"]["ArtemisSlotCpu"] == rf.SLOT_CPU_DTYPE.itemsize == rf.SLOT_CPU_SIZE
+    # The base slot is its prefix, field for field.
+    assert c["base"] == (0, rf.SLOT_SIZE)
+    assert {n: c[f"base.{n}"] for n in _SLOT} == _np_layout(rf.SLOT_DTYPE)
+    flat = {n: v for n, v in c.items() if n != "base" and not n.startswith("base.")}
+    flat.update({n: c[f"base.{n}"] for n in _SLOT})
+    assert flat == _np_layout(rf.SLOT_CPU_DTYPE)
+    assert {
+        c_layout["const"]["ARTEMIS_SLOT_MINOR_BASE"]: (rf.SLOT_SIZE, rf.SLOT_DTYPE),
+        c_layout["const"]["ARTEMIS_SLOT_MINOR_CPU"]: (rf.SLOT_CPU_SIZE, rf.SLOT_CPU_DTYPE),
+    } == rf.SLOT_LAYOUTS
 
 
 def test_header_layout(c_layout: dict[str, dict[str, object]]) -> None:
-    assert c_layout["size"]["ArtemisRingHeader"] == ring.HEADER_DTYPE.itemsize
-    assert c_layout["ArtemisRingHeader"] == _np_layout(ring.HEADER_DTYPE)
+    assert c_layout["size"]["ArtemisRingHeader"] == rf.HEADER_DTYPE.itemsize
+    assert c_layout["ArtemisRingHeader"] == _np_layout(rf.HEADER_DTYPE)
 
 
 def test_every_c_field_is_mirrored(c_layout: dict[str, dict[str, object]]) -> None:
     # A field added to the C structs but not to the dtypes would go unnoticed by
     # the offset comparison above; count the members in the header text instead.
     text = HEADER.read_text()
-    for struct, names in (("ArtemisSlot", _SLOT), ("ArtemisRingHeader", _HDR)):
+    for struct, names in (
+        ("ArtemisSlot", _SLOT),
+        ("ArtemisSlotCpu", _CPU_C),
+        ("ArtemisRingHeader", _HDR),
+    ):
         body = re.search(r"typedef struct " + struct + r" \{(.*?)\}", text, re.S)
         assert body is not None
         code = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.S)
@@ -94,25 +118,36 @@ def test_every_c_field_is_mirrored(c_layout: dict[str, dict[str, object]]) -> No
         assert members == names, struct
 
 
+# C constants whose Python name is not the C name without ARTEMIS_ (and RING_).
+_TABLES = ("ARTEMIS_FUNC_", "ARTEMIS_DT_", "ARTEMIS_ALGO_", "ARTEMIS_PROTO_")
+
+
+def _py_name(c_name: str) -> str:
+    name = c_name.removeprefix("ARTEMIS_")
+    return name if hasattr(rf, name) else name.removeprefix("RING_")
+
+
 def test_constants_match(c_layout: dict[str, dict[str, object]]) -> None:
+    # Every constant of the header has its Python mirror with the same value;
+    # the code tables (func, dtype, algo, proto) are checked as name tables below.
     c = c_layout["const"]
-    assert c["ARTEMIS_RING_MAGIC"] == ring.RING_MAGIC == ring_writer._MAGIC
-    assert c["ARTEMIS_RING_VERSION"] == ring.RING_VERSION == ring_writer._VERSION
-    assert c["ARTEMIS_RING_HEADER_SIZE"] == ring.HEADER_SIZE
-    assert c["ARTEMIS_RING_SLOT_SIZE"] == ring.SLOT_SIZE
-    assert c["ARTEMIS_RING_MIN_SLOTS"] == ring.MIN_SLOTS == ring_writer._MIN_SLOTS
-    assert c["ARTEMIS_RING_MAX_SLOTS"] == ring.MAX_SLOTS == ring_writer._MAX_SLOTS
-    assert c["ARTEMIS_RING_FINISHED"] == ring.RING_FINISHED == ring_writer._FINISHED
-    assert c["ARTEMIS_KIND_BRIDGE"] == ring.KIND_BRIDGE == ring_writer._KIND_BRIDGE
-    assert c["ARTEMIS_FUNC_BRIDGE"] == ring_writer._FUNC_BRIDGE
-    assert c["ARTEMIS_STATE_DONE"] == ring.STATE_DONE == ring_writer._STATE_DONE
-    assert c["ARTEMIS_STATE_IN_FLIGHT"] == ring.STATE_IN_FLIGHT
-    assert c["ARTEMIS_REC_DEVICE"] == ring.REC_DEVICE == ring_writer.REC_DEVICE
-    assert c["ARTEMIS_REC_HOST"] == ring.REC_HOST == ring_writer.REC_HOST
+    checked = 0
+    for cname, value in c.items():
+        if cname.startswith(_TABLES):
+            continue
+        name = _py_name(cname)
+        assert hasattr(rf, name), f"{cname} has no mirror in ring_format"
+        assert getattr(rf, name) == value, cname
+        checked += 1
+    assert checked >= 25  # the regex found the constants at all
+    assert c["ARTEMIS_FUNC_BRIDGE"] == rf.FUNC_BRIDGE
+    assert c["ARTEMIS_DT_UINT8"] == rf.DT_UINT8
     for name, code in (("HOST", 0), ("DEVICE_NS", 1), ("DEVICE_TICKS", 2)):
         assert c[f"ARTEMIS_CLOCK_{name}"] == code
-        assert ring.CLOCK_KIND_NAMES[code] == name.lower()
-        assert ring_writer.CLOCK_KINDS[name.lower()] == code
+        assert rf.CLOCK_KIND_NAMES[code] == name.lower()
+        assert rf.CLOCK_KINDS[name.lower()] == code
+    ticks = _code_table(c, "ARTEMIS_TICK_SRC_")
+    assert {rf.TICK_SOURCE_NAMES[v].upper(): v for v in ticks.values()} == ticks
 
 
 def _code_table(c: dict[str, object], prefix: str) -> dict[str, int]:
@@ -126,20 +161,46 @@ def _code_table(c: dict[str, object], prefix: str) -> dict[str, int]:
 def test_name_tables_cover_every_code(c_layout: dict[str, dict[str, object]]) -> None:
     c = c_layout["const"]
     funcs = _code_table(c, "ARTEMIS_FUNC_")
-    assert sorted(funcs.values()) == sorted(ring.FUNC_NAMES)
+    assert sorted(funcs.values()) == sorted(rf.FUNC_NAMES)
     for cname, code in funcs.items():
-        assert ring.FUNC_NAMES[code].upper() == cname.replace("ALLTOALL", "ALLTOALL")
+        assert rf.FUNC_NAMES[code].upper() == cname
     dts = _code_table(c, "ARTEMIS_DT_")
-    assert sorted(dts.values()) == sorted(ring.DTYPE_NAMES) == sorted(ring.DTYPE_SIZES)
+    assert sorted(dts.values()) == sorted(rf.DTYPE_NAMES) == sorted(rf.DTYPE_SIZES)
     for cname, code in dts.items():
         # NCCL spells the fp8 types ncclFloat8e4m3/e5m2; the C enum says FP8.
-        nccl = ring.DTYPE_NAMES[code].upper().removeprefix("NCCL").replace("FLOAT8", "FP8")
+        nccl = rf.DTYPE_NAMES[code].upper().removeprefix("NCCL").replace("FLOAT8", "FP8")
         assert nccl == cname
     algos = _code_table(c, "ARTEMIS_ALGO_")
-    assert {ring.ALGO_NAMES[v]: v for v in algos.values()} == {
+    assert {rf.ALGO_NAMES[v]: v for v in algos.values()} == {
         k if k != "UNKNOWN" else "Unknown": v for k, v in algos.items()
     }
     protos = _code_table(c, "ARTEMIS_PROTO_")
-    assert {ring.PROTO_NAMES[v]: v for v in protos.values()} == {
+    assert {rf.PROTO_NAMES[v]: v for v in protos.values()} == {
         k if k != "UNKNOWN" else "Unknown": v for k, v in protos.items()
     }
+
+
+def test_packer_follows_the_field_table() -> None:
+    body = rf.packer(rf.SLOT_FIELDS, "kind", "end")
+    assert body.size == rf.SLOT_SIZE - 4
+    head = rf.packer(rf.HEADER_FIELDS, "magic", "global_rank")
+    assert head.size == rf.header_offset("job")
+    assert rf.packer(rf.HEADER_FIELDS, "minor", "tsc_hz").size == 312 - 288
+    with pytest.raises(ValueError, match="job"):
+        rf.packer(rf.HEADER_FIELDS, "global_rank", "job")
+
+
+def test_job_writer_imports_no_agent_machinery() -> None:
+    # A training script imports artemis.job; the ring format must not drag the
+    # agent (its reader, daemon, telemetry, protocol, structlog) in with it.
+    code = (
+        "import sys, artemis.job.ring_writer\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('artemis.') and not "
+        "m.startswith('artemis.job') and m not in ('artemis.agent', 'artemis.agent.ring_format'))\n"
+        "bad += [m for m in ('structlog', 'msgpack', 'typer') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == ""

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from artemis.agent import ring
-from artemis.agent.ring import RingError, RingReader, records_to_dicts
-from artemis.job.ring_writer import REC_DEVICE, REC_HOST, BridgeRingWriter
+from artemis.agent import ring_format as rf
+from artemis.agent.ring import RingError, RingReader, cpu_times_ns, records_to_dicts
+from artemis.job.ring_writer import REC_DEVICE, REC_HOST, BridgeRingWriter, RingWriter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,10 +32,10 @@ class RawRing:
         fd = os.open(path, os.O_RDWR)
         self.mm = mmap.mmap(fd, 0)  # mmap keeps its own duplicate of fd
         os.close(fd)
-        self.hdr = np.frombuffer(self.mm, dtype=ring.HEADER_DTYPE, count=1)
+        self.hdr = np.frombuffer(self.mm, dtype=rf.HEADER_DTYPE, count=1)
         cap = int(self.hdr["capacity"][0])
         self.cap = cap
-        self.slots = np.frombuffer(self.mm, dtype=ring.SLOT_DTYPE, count=cap, offset=512)
+        self.slots = np.frombuffer(self.mm, dtype=rf.SLOT_DTYPE, count=cap, offset=512)
 
     def claim(self) -> int:
         t = int(self.hdr["write_index"][0])
@@ -48,7 +48,7 @@ class RawRing:
         s = self.slots[t % self.cap]
         lock = int(s["lock"])
         s["lock"] = lock + 1 if lock % 2 == 0 else lock
-        s["kind"] = ring.KIND_COLL
+        s["kind"] = rf.KIND_COLL
         s["func"] = 1
         s["dtype"] = 8
         s["state"] = state
@@ -59,7 +59,7 @@ class RawRing:
         s["coll_seq"] = t
         s["bytes"] = 4 * t
         s["start"] = 1000 + t
-        s["end"] = 2000 + t if state == ring.STATE_DONE else 0
+        s["end"] = 2000 + t if state == rf.STATE_DONE else 0
         if lock_after == "even":
             s["lock"] = int(s["lock"]) + 1
 
@@ -172,18 +172,18 @@ def test_in_flight_reported_then_done_once(tmp_path: Path) -> None:
     raw = RawRing(w.path)
     with RingReader(w.path) as r:
         t0 = raw.claim()
-        raw.write(t0, ring.STATE_IN_FLIGHT)
+        raw.write(t0, rf.STATE_IN_FLIGHT)
         b = r.poll()
         assert len(b.done) == 0 and b.in_flight["seq"].tolist() == [0]
         assert b.in_flight["end"].tolist() == [0]
         # A hang: ticket 0 stays in flight while later records complete; they
         # are returned at once, not held behind it.
         for _ in range(5):
-            raw.write(raw.claim(), ring.STATE_DONE)
+            raw.write(raw.claim(), rf.STATE_DONE)
         b = r.poll()
         assert b.done["seq"].tolist() == [1, 2, 3, 4, 5]
         assert b.in_flight["seq"].tolist() == [0] and r.pending == 1
-        raw.write(t0, ring.STATE_DONE)
+        raw.write(t0, rf.STATE_DONE)
         b = r.poll()
         assert b.done["seq"].tolist() == [0] and b.done["end"].tolist() == [2000]
         assert len(b.in_flight) == 0 and r.pending == 0
@@ -197,12 +197,12 @@ def test_hang_through_wrap_is_lost_and_pending_bounded(tmp_path: Path) -> None:
     raw = RawRing(w.path)
     with RingReader(w.path) as r:
         t0 = raw.claim()
-        raw.write(t0, ring.STATE_IN_FLIGHT)
+        raw.write(t0, rf.STATE_IN_FLIGHT)
         r.poll()
         lost = 0
         for _ in range(10):
             for _ in range(3):
-                raw.write(raw.claim(), ring.STATE_DONE)
+                raw.write(raw.claim(), rf.STATE_DONE)
             b = r.poll()
             lost += b.lost
             assert r.pending <= 8
@@ -217,10 +217,10 @@ def test_torn_slot_never_accepted(tmp_path: Path) -> None:
     with RingReader(w.path) as r:
         # Writer inside the slot (odd lock): full body, still rejected.
         t = raw.claim()
-        raw.write(t, ring.STATE_DONE, lock_after="odd")
+        raw.write(t, rf.STATE_DONE, lock_after="odd")
         # Writer claimed a ticket but the slot holds a stale ticket's body.
         t1 = raw.claim()
-        raw.write(t1, ring.STATE_DONE, seq=t1 + 100)
+        raw.write(t1, rf.STATE_DONE, seq=t1 + 100)
         b = r.poll()
         assert len(b.done) == 0 and len(b.in_flight) == 0 and r.pending == 1
         assert b.lost == 1  # a slot holding a newer ticket: t1 was overwritten
@@ -236,13 +236,13 @@ def test_torn_slot_that_never_heals_is_lost(tmp_path: Path) -> None:
     w = _writer(tmp_path, 4)
     raw = RawRing(w.path)
     with RingReader(w.path) as r:
-        raw.write(raw.claim(), ring.STATE_DONE, lock_after="odd")
+        raw.write(raw.claim(), rf.STATE_DONE, lock_after="odd")
         assert r.poll().lost == 0 and r.pending == 1
         total_lost = 0
         seen: list[int] = []
         for _ in range(3):
             for _ in range(2):
-                raw.write(raw.claim(), ring.STATE_DONE)
+                raw.write(raw.claim(), rf.STATE_DONE)
             b = r.poll()
             total_lost += b.lost
             seen += b.done["seq"].tolist()
@@ -259,20 +259,23 @@ def _stress_writer(path: str, n: int) -> None:
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, 0)
     os.close(fd)
-    cap = struct.unpack_from("<I", mm, 20)[0]
+    size, cap = struct.unpack_from("<II", mm, 16)
     for t in range(n):
-        off = 512 + (t % cap) * 64
+        off = 512 + (t % cap) * size
         lock = struct.unpack_from("<I", mm, off)[0]
         struct.pack_into("<I", mm, off, lock + 1)
         struct.pack_into("<BBBBBBBBiQQ", mm, off + 4, 3, 12, 2, 2, 1, 0, 0, 1, 1, t, t)
         struct.pack_into("<QQQQ", mm, off + 32, 7 * t, 0, 3 * t, 3 * t + 1)
+        if size == 128:  # CPU slot: its CPU times too
+            struct.pack_into("<QQ", mm, off + 64, 5 * t, 5 * t + 2)
         struct.pack_into("<I", mm, off, lock + 2)
         struct.pack_into("<Q", mm, 320, t + 1)
     mm.close()
 
 
-def test_concurrent_writer_no_torn_record_accepted(tmp_path: Path) -> None:
-    w = _writer(tmp_path, 16)
+@pytest.mark.parametrize("cpu", [False, True], ids=["base-slots", "cpu-slots"])
+def test_concurrent_writer_no_torn_record_accepted(tmp_path: Path, cpu: bool) -> None:
+    w = RingWriter(tmp_path, "job1", COMM, 3, 8, 16, cpu_times=cpu)
     n = 40_000
     proc = mp.get_context("fork").Process(target=_stress_writer, args=(str(w.path), n))
     with RingReader(w.path) as r:
@@ -297,6 +300,8 @@ def test_concurrent_writer_no_torn_record_accepted(tmp_path: Path) -> None:
     assert (got["bytes"] == 7 * seq).all()
     assert (got["start"] == 3 * seq).all() and (got["end"] == 3 * seq + 1).all()
     assert (np.diff(seq.astype(np.int64)) > 0).all()
+    if cpu:
+        assert (got["cpu_start_ns"] == 5 * seq).all() and (got["cpu_end_ns"] == 5 * seq + 2).all()
     assert len(got) + lost == n and r.pending == 0
     w.close()
 
@@ -333,7 +338,7 @@ def test_last_returns_recent_and_leaves_cursor(tmp_path: Path) -> None:
     raw = RawRing(w.path)
     _append(w, 20)
     t = raw.claim()
-    raw.write(t, ring.STATE_IN_FLIGHT)
+    raw.write(t, rf.STATE_IN_FLIGHT)
     with RingReader(w.path) as r:
         last = r.last(5)
         assert last["seq"].tolist() == [16, 17, 18, 19, 20]
@@ -430,6 +435,195 @@ def test_writer_rejects_bad_arguments(tmp_path: Path) -> None:
 
 def test_writer_file_name_and_no_temp_left(tmp_path: Path) -> None:
     w = BridgeRingWriter(tmp_path, "jobX", 0xAB, 5, 8, 4)
-    assert w.path.name == ring.ring_filename("jobX", 0xAB, 5) == "jobX.00000000000000ab.r5.ring"
+    assert w.path.name == rf.ring_filename("jobX", 0xAB, 5) == "jobX.00000000000000ab.r5.ring"
     assert sorted(p.name for p in tmp_path.iterdir()) == [w.path.name]
     w.close()
+
+
+# -- format versions ------------------------------------------------------------
+
+
+def _write_minor0_ring(path: Path, cap: int, records: list[tuple[int, int, int, int]]) -> None:
+    """A ring exactly as a minor-0 writer (plugin or job writer before the versioned
+    fields) made it: layout frozen here, independent of ring_format, and every
+    byte from offset 288 on zero except write_index. records: (coll_seq, bytes, start, end)."""
+    buf = bytearray(512 + cap * 64)
+    struct.pack_into(
+        "<QIIIIiiiiQIIQQQQIi",
+        buf,
+        0,
+        0x31474E4952534D41,
+        1,
+        512,
+        64,
+        cap,
+        2,
+        4,
+        1,
+        4242,
+        COMM,
+        1,  # device_ns
+        0,
+        0,
+        123,
+        0,
+        0,
+        5,  # plugin_version: NCCL loaded it as v5
+        6,
+    )
+    buf[96:101] = b"oldjb"
+    buf[224:229] = b"hostO"
+    for t, (cseq, nb, start, end) in enumerate(records):
+        off = 512 + (t % cap) * 64
+        lock = struct.unpack_from("<I", buf, off)[0]
+        struct.pack_into("<I", buf, off, lock + 2)
+        struct.pack_into(
+            "<BBBBBBBBiQQQQQQ", buf, off + 4, 1, 1, 8, 2, 1, 2, 3, 2, -1, t, cseq, nb, 0, start, end
+        )
+    struct.pack_into("<Q", buf, 320, len(records))
+    path.write_bytes(bytes(buf))
+
+
+def test_minor0_ring_still_read(tmp_path: Path) -> None:
+    # A rolling upgrade: a job still holding the old plugin keeps being read.
+    p = tmp_path / "oldjb.0123456789abcdef.r2.ring"
+    recs = [(i, 4096, 1000 * i, 1000 * i + 400) for i in range(12)]
+    _write_minor0_ring(p, 8, recs)
+    with RingReader(p) as r:
+        h = r.header()
+        assert (h.job, h.host, h.rank, h.global_rank, h.pid, h.plugin_version) == (
+            "oldjb",
+            "hostO",
+            2,
+            6,
+            4242,
+            5,
+        )
+        assert (h.minor, h.slot_minor, h.slot_size, h.tick_source) == (0, 0, 64, "none")
+        assert (h.writer_flags, h.nccl_version, h.tsc_hz) == (0, 0, 0)
+        assert h.tsc_anchor == ((0, 0), (0, 0)) and not (h.rccl or h.tsc or h.cpu_times)
+        b = r.poll()
+        assert b.done.dtype == rf.SLOT_DTYPE and b.lost == 4
+        assert b.done["coll_seq"].tolist() == list(range(4, 12))
+        assert b.done["end"].tolist() == [1000 * i + 400 for i in range(4, 12)]
+        start, end = cpu_times_ns(b.done)
+        assert np.isnan(start).all() and np.isnan(end).all() and len(start) == 8
+        d = records_to_dicts(b.done[:1], h)[0]
+        assert (d["func"], d["algo"], d["proto"], d["nchannels"]) == (
+            "AllReduce",
+            "RING",
+            "SIMPLE",
+            2,
+        )
+        assert "cpu_start_ns" not in d
+
+
+def test_minor1_header_fields(tmp_path: Path) -> None:
+    w = RingWriter(
+        tmp_path,
+        "j",
+        COMM,
+        0,
+        2,
+        8,
+        clock_kind="device_ticks",
+        tick_hz=100_000_000,
+        writer_flags=rf.WRITER_RCCL | rf.WRITER_BACKEND,
+        nccl_version=22803,
+    )
+    with RingReader(w.path) as r:
+        h = r.header()
+    assert (h.minor, h.slot_minor, h.slot_size) == (rf.RING_MINOR, 0, 64)
+    assert (h.tick_source, h.nccl_version, h.writer_flags) == ("default", 22803, 5)
+    assert h.rccl and h.backend and not h.tsc and not h.cpu_times
+    w.close()
+    with pytest.raises(ValueError, match="WRITER_TSC"):
+        RingWriter(tmp_path, "k", COMM, 0, 2, 8, writer_flags=rf.WRITER_TSC)
+    with pytest.raises(ValueError, match="tick_source"):
+        RingWriter(tmp_path, "k", COMM, 0, 2, 8, tick_source="sundial")
+
+
+def test_cpu_slots_round_trip(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path, "j", COMM, 1, 2, 8, cpu_times=True, clock_kind="host")
+    assert w.path.stat().st_size == 512 + 8 * 128
+    t0 = w.record(
+        kind=rf.KIND_COLL,
+        func=rf.FUNC_CODES["AllReduce"],
+        coll_seq=0,
+        nbytes=64,
+        start=10,
+        end=20,
+        clock=REC_HOST,
+        cpu_start_ns=5_000,
+        cpu_end_ns=7_000,
+    )
+    t1 = w.record(
+        kind=rf.KIND_COLL,
+        func=rf.FUNC_CODES["AllReduce"],
+        coll_seq=1,
+        nbytes=64,
+        start=30,
+        state=rf.STATE_IN_FLIGHT,
+        clock=REC_HOST,
+        cpu_start_ns=9_000,
+    )
+    with RingReader(w.path) as r:
+        h = r.header()
+        assert (h.slot_minor, h.slot_size, h.cpu_times) == (rf.SLOT_MINOR_CPU, 128, True)
+        b = r.poll()
+        assert b.done.dtype == rf.SLOT_CPU_DTYPE
+        assert b.done["seq"].tolist() == [t0] and b.in_flight["seq"].tolist() == [t1]
+        start, end = cpu_times_ns(b.done)
+        assert start.tolist() == [5000.0] and end.tolist() == [7000.0]
+        fs, fe = cpu_times_ns(b.in_flight)
+        assert fs.tolist() == [9000.0] and np.isnan(fe).all()  # not yet
+        d = records_to_dicts(b.done, h)[0]
+        assert (d["cpu_start_ns"], d["cpu_end_ns"], d["end_ns"], d["func"]) == (
+            5000,
+            7000,
+            20,
+            "AllReduce",
+        )
+        assert w.complete(t1, end=44, cpu_end_ns=9_500)
+        b = r.poll()
+        assert b.done["seq"].tolist() == [t1] and b.done["end"].tolist() == [44]
+        assert cpu_times_ns(b.done)[1].tolist() == [9500.0]
+        assert len(b.in_flight) == 0 and r.pending == 0
+        # Wrap: 128-byte slots index and lose exactly like 64-byte ones.
+        for i in range(20):
+            w.record(kind=rf.KIND_COLL, func=1, coll_seq=2 + i, nbytes=1, start=1, end=2)
+        b = r.poll()
+        assert b.done["seq"].tolist() == list(range(14, 22)) and b.lost == 12
+        assert not w.complete(t1, end=50)  # long overwritten
+    with pytest.raises(ValueError, match="never written"):
+        w.complete(99, end=1)
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (lambda b: struct.pack_into("<H", b, 290, 7), "slot_minor 7"),
+        (
+            lambda b: struct.pack_into("<H", b, 290, 1),
+            "slot_size 64, expected 128 for slot_minor 1",
+        ),
+    ],
+)
+def test_unknown_slot_layout_rejected(tmp_path: Path, patch: Any, message: str) -> None:
+    path, raw = _ring_bytes(tmp_path)
+    patch(raw)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RingError, match=message):
+        RingReader(path)
+
+
+def test_newer_minor_with_known_slots_is_read(tmp_path: Path) -> None:
+    # A later minor adds header fields in zeroed space: this reader ignores them.
+    path, raw = _ring_bytes(tmp_path)
+    struct.pack_into("<H", raw, 288, rf.RING_MINOR + 1)
+    raw[400:408] = b"newfield"
+    path.write_bytes(bytes(raw))
+    with RingReader(path) as r:
+        assert r.header().minor == rf.RING_MINOR + 1
+        assert len(r.poll().done) == 3

@@ -1,0 +1,275 @@
+"""The shared-memory ring format in Python: the one mirror of ``profiler_plugin/artemis_ring.h``.
+
+Every Python reader and writer of rings takes the layout from here: the agent's
+reader (``artemis.agent.ring``), the summariser, the daemon, the job-side
+writer (``artemis.job.ring_writer``) and the simulator. ``tests/test_ring_layout.py``
+compiles the C header and checks every constant, offset and size below against it.
+
+This module imports nothing but numpy and the standard library, so a training
+script that imports ``artemis.job`` gets the format without the agent's
+machinery (``artemis.agent/__init__`` is empty; ``tests/test_ring_layout.py``
+checks that importing the job-side writer loads no other ``artemis.agent`` module).
+
+Versions (docs/DESIGN.md, "Ring format"): ``version`` is the major; a reader
+refuses another major. ``minor`` grows when fields are added in space older
+writers left zeroed, so every minor reads as the newest with those fields zero;
+minor-0 rings (plugins before the field existed) carry 0 there. ``slot_minor``
+names the slot layout: 0 is the 64-byte ``ArtemisSlot``, 1 the 128-byte
+``ArtemisSlotCpu`` (the base slot, then process CPU time). The base slot is a
+prefix of every slot layout.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+# -- constants (#define in the header) ----------------------------------------
+
+RING_MAGIC = 0x31474E4952534D41  # "AMSRING1" little-endian
+RING_VERSION = 1  # major
+RING_MINOR = 1  # the newest minor this code reads and writes
+SLOT_MINOR_BASE = 0
+SLOT_MINOR_CPU = 1
+HEADER_SIZE = 512
+SLOT_SIZE = 64
+SLOT_CPU_SIZE = 128
+DEFAULT_SLOTS = 8192
+MIN_SLOTS = 4
+MAX_SLOTS = 1 << 22
+NAME_LEN = 64
+
+# -- enums --------------------------------------------------------------------
+
+CLOCK_HOST = 0
+CLOCK_DEVICE_NS = 1
+CLOCK_DEVICE_TICKS = 2
+CLOCK_KIND_NAMES = {
+    CLOCK_HOST: "host",
+    CLOCK_DEVICE_NS: "device_ns",
+    CLOCK_DEVICE_TICKS: "device_ticks",
+}
+CLOCK_KINDS = {v: k for k, v in CLOCK_KIND_NAMES.items()}
+
+TICK_SRC_NONE = 0
+TICK_SRC_DEFAULT = 1
+TICK_SRC_HIP = 2
+TICK_SOURCE_NAMES = {TICK_SRC_NONE: "none", TICK_SRC_DEFAULT: "default", TICK_SRC_HIP: "hip"}
+
+WRITER_RCCL = 1 << 0
+WRITER_TSC = 1 << 1
+WRITER_BACKEND = 1 << 2
+
+RING_FINISHED = 1 << 0
+
+KIND_COLL = 1
+KIND_P2P = 2
+KIND_BRIDGE = 3
+KIND_NAMES = {KIND_COLL: "coll", KIND_P2P: "p2p", KIND_BRIDGE: "bridge"}
+
+STATE_IN_FLIGHT = 1
+STATE_DONE = 2
+STATE_NAMES = {STATE_IN_FLIGHT: "in_flight", STATE_DONE: "done"}
+
+REC_HOST = 0
+REC_DEVICE = 1
+REC_CLOCK_NAMES = {REC_HOST: "host", REC_DEVICE: "device"}
+
+# Codes -> the names NCCL puts in its descriptors.
+FUNC_NAMES: dict[int, str] = {
+    0: "Unknown",
+    1: "AllReduce",
+    2: "AllGather",
+    3: "ReduceScatter",
+    4: "Broadcast",
+    5: "Reduce",
+    6: "AlltoAll",
+    7: "Gather",
+    8: "Scatter",
+    9: "Send",
+    10: "Recv",
+    11: "SendRecv",
+    12: "Bridge",
+}
+FUNC_CODES = {v: k for k, v in FUNC_NAMES.items()}
+FUNC_BRIDGE = FUNC_CODES["Bridge"]
+
+DTYPE_NAMES: dict[int, str] = {
+    0: "Unknown",
+    1: "ncclInt8",
+    2: "ncclUint8",
+    3: "ncclInt32",
+    4: "ncclUint32",
+    5: "ncclInt64",
+    6: "ncclUint64",
+    7: "ncclFloat16",
+    8: "ncclFloat32",
+    9: "ncclFloat64",
+    10: "ncclBfloat16",
+    11: "ncclFloat8e4m3",
+    12: "ncclFloat8e5m2",
+}
+DTYPE_CODES = {v: k for k, v in DTYPE_NAMES.items()}
+DT_UINT8 = DTYPE_CODES["ncclUint8"]
+DTYPE_SIZES: dict[int, int] = {
+    0: 1,
+    1: 1,
+    2: 1,
+    3: 4,
+    4: 4,
+    5: 8,
+    6: 8,
+    7: 2,
+    8: 4,
+    9: 8,
+    10: 2,
+    11: 1,
+    12: 1,
+}
+# Element size by NCCL datatype name (what a Coll descriptor carries).
+DTYPE_SIZE_BY_NAME = {DTYPE_NAMES[c]: s for c, s in DTYPE_SIZES.items() if c}
+
+ALGO_NAMES: dict[int, str] = {
+    0: "Unknown",
+    1: "TREE",
+    2: "RING",
+    3: "COLLNET_DIRECT",
+    4: "COLLNET_CHAIN",
+    5: "NVLS",
+    6: "NVLS_TREE",
+    7: "PAT",
+}
+PROTO_NAMES: dict[int, str] = {0: "Unknown", 1: "LL", 2: "LL128", 3: "SIMPLE"}
+
+# -- structs: (name, numpy format, offset), in the header's member order --------
+
+Fields = list[tuple[str, str, int]]
+
+SLOT_FIELDS: Fields = [
+    ("lock", "<u4", 0),
+    ("kind", "u1", 4),
+    ("func", "u1", 5),
+    ("dtype", "u1", 6),
+    ("state", "u1", 7),
+    ("clock", "u1", 8),
+    ("algo", "u1", 9),
+    ("proto", "u1", 10),
+    ("nchannels", "u1", 11),
+    ("peer", "<i4", 12),
+    ("seq", "<u8", 16),
+    ("coll_seq", "<u8", 24),
+    ("bytes", "<u8", 32),
+    ("enqueue_ns", "<u8", 40),
+    ("start", "<u8", 48),
+    ("end", "<u8", 56),
+]
+# ArtemisSlotCpu: ``base`` (an ArtemisSlot) flattened, then the CPU times.
+SLOT_CPU_EXTRA: Fields = [
+    ("cpu_start_ns", "<u8", 64),
+    ("cpu_end_ns", "<u8", 72),
+    ("reserved", f"V{SLOT_CPU_SIZE - 80}", 80),
+]
+SLOT_CPU_FIELDS: Fields = SLOT_FIELDS + SLOT_CPU_EXTRA
+
+HEADER_FIELDS: Fields = [
+    ("magic", "<u8", 0),
+    ("version", "<u4", 8),
+    ("header_size", "<u4", 12),
+    ("slot_size", "<u4", 16),
+    ("capacity", "<u4", 20),
+    ("rank", "<i4", 24),
+    ("nranks", "<i4", 28),
+    ("nnodes", "<i4", 32),
+    ("pid", "<i4", 36),
+    ("comm_hash", "<u8", 40),
+    ("clock_kind", "<u4", 48),
+    ("flags", "<u4", 52),
+    ("tick_hz", "<u8", 56),
+    ("created_ns", "<u8", 64),
+    ("finished_ns", "<u8", 72),
+    ("dropped", "<u8", 80),
+    ("plugin_version", "<u4", 88),
+    ("global_rank", "<i4", 92),
+    ("job", f"S{NAME_LEN}", 96),
+    ("comm_name", f"S{NAME_LEN}", 160),
+    ("host", f"S{NAME_LEN}", 224),
+    # minor >= 1; zero in minor-0 rings
+    ("minor", "<u2", 288),
+    ("slot_minor", "<u2", 290),
+    ("tick_source", "<u4", 292),
+    ("writer_flags", "<u4", 296),
+    ("nccl_version", "<u4", 300),
+    ("tsc_hz", "<u8", 304),
+    ("reserved1", "<u8", 312),
+    ("write_index", "<u8", 320),
+    ("tsc_anchor", "(2,2)<u8", 328),
+    ("reserved2", f"V{HEADER_SIZE - 360}", 360),
+]
+
+
+def _dtype(fields: Fields, itemsize: int) -> np.dtype[Any]:
+    return np.dtype(
+        {
+            "names": [f[0] for f in fields],
+            "formats": [f[1] for f in fields],
+            "offsets": [f[2] for f in fields],
+            "itemsize": itemsize,
+        }
+    )
+
+
+SLOT_DTYPE = _dtype(SLOT_FIELDS, SLOT_SIZE)
+SLOT_CPU_DTYPE = _dtype(SLOT_CPU_FIELDS, SLOT_CPU_SIZE)
+HEADER_DTYPE = _dtype(HEADER_FIELDS, HEADER_SIZE)
+
+# slot_minor -> (slot size, dtype). A reader refuses a slot_minor not listed here.
+SLOT_LAYOUTS: dict[int, tuple[int, np.dtype[Any]]] = {
+    SLOT_MINOR_BASE: (SLOT_SIZE, SLOT_DTYPE),
+    SLOT_MINOR_CPU: (SLOT_CPU_SIZE, SLOT_CPU_DTYPE),
+}
+
+_OFFSETS = {n: off for n, _, off in HEADER_FIELDS}
+_SLOT_OFFSETS = {n: off for n, _, off in SLOT_CPU_FIELDS}
+
+
+def header_offset(name: str) -> int:
+    """Byte offset of a header field."""
+    return _OFFSETS[name]
+
+
+def slot_offset(name: str) -> int:
+    """Byte offset of a slot field (CPU-slot fields included)."""
+    return _SLOT_OFFSETS[name]
+
+
+_STRUCT_CODES = {"u1": "B", "<u2": "H", "<u4": "I", "<i4": "i", "<u8": "Q"}
+
+
+def packer(fields: Fields, first: str, last: str) -> struct.Struct:
+    """A ``struct.Struct`` for the contiguous run of scalar fields ``first..last``.
+
+    Derived from the field table (so writers never spell the layout again);
+    packs at the offset of ``first``. Raises ValueError for a gap or a
+    non-scalar field in the run.
+    """
+    names = [f[0] for f in fields]
+    run = fields[names.index(first) : names.index(last) + 1]
+    codes, at = ["<"], run[0][2]
+    for name, fmt, off in run:
+        if off != at or fmt not in _STRUCT_CODES:
+            raise ValueError(f"field {name!r} does not continue a packed scalar run")
+        code = _STRUCT_CODES[fmt]
+        codes.append(code)
+        at += struct.calcsize("<" + code)
+    return struct.Struct("".join(codes))
+
+
+def comm_hex(comm_hash: int) -> str:
+    return f"{comm_hash:016x}"
+
+
+def ring_filename(job: str, comm_hash: int, rank: int) -> str:
+    """The file name the plugin (and the job-side writer) give a ring."""
+    return f"{job}.{comm_hash:016x}.r{rank}.ring"
