@@ -31,7 +31,7 @@ import structlog
 from artemis.agent.config import AgentConfig
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
 from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
-from artemis.agent.summary import ProgressTracker, WindowSummarizer, ring_position
+from artemis.agent.summary import ProgressTracker, WindowSummarizer
 from artemis.agent.telemetry.base import (
     RankTarget,
     TelemetryAccumulator,
@@ -45,7 +45,6 @@ from artemis.protocol.records import RankProgress, RankWindow
 
 log = structlog.get_logger("artemis.agent")
 
-KIND_COLL, KIND_P2P, KIND_BRIDGE = 1, 2, 3
 DUMP_RECORDS = 256
 BRIDGE_COMM_NAME = "bridge"
 
@@ -191,13 +190,8 @@ class Agent:
                     target.feed(done)
             inflight = batch.in_flight
             if not t.is_bridge:
-                last, sitting = ring_position(done, inflight, t.progress.last_done)
-                t.progress.observe(
-                    now,
-                    last,
-                    sitting,
-                    finished=t.header.finished,
-                    ring_index=batch.write_index,
+                t.progress.update(
+                    now, done, inflight, finished=t.header.finished, ring_index=batch.write_index
                 )
             t.drained = t.header.finished and not len(inflight)
         # Windows are taken after every ring was read, so a rank's bridge records

@@ -1,10 +1,10 @@
 """Window summaries of one rank's collectives: the agent's pure core.
 
-The ring reader hands over numpy structured arrays of DONE records whose field
-names mirror ``ArtemisSlot`` in ``profiler_plugin/artemis_ring.h`` (``seq``,
-``coll_seq``, ``kind``, ``func``, ``state``, ``clock``, ``peer``, ``bytes``,
-``start``, ``end``, ...). Only the fields named in ``NEEDED_FIELDS`` are read, so
-any array carrying them works (tests build their own).
+The ring reader hands over numpy structured arrays of DONE records in the ring's
+slot dtype (``artemis.agent.ring_format``: ``seq``, ``coll_seq``, ``kind``,
+``func``, ``state``, ``clock``, ``peer``, ``bytes``, ``start``, ``end``, ...;
+CPU slots add fields). Only the fields named in ``NEEDED_FIELDS`` are read, so
+any array carrying them works.
 
 Steps and windows
 -----------------
@@ -55,23 +55,21 @@ carry ticks / 1e6 and are comparable only among ranks with the same tick rate.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
 from typing import Any
 
 import numpy as np
+from artemis.agent.ring_format import (
+    CLOCK_DEVICE_NS,
+    CLOCK_DEVICE_TICKS,
+    CLOCK_HOST,
+    CLOCK_KINDS,
+    KIND_BRIDGE,
+    KIND_COLL,
+    REC_DEVICE,
+    REC_HOST,
+    STATE_DONE,
+)
 from artemis.protocol.records import RankProgress, RankWindow
-
-# Mirrors of artemis_ring.h enums used here.
-KIND_COLL = 1
-KIND_P2P = 2
-KIND_BRIDGE = 3
-STATE_IN_FLIGHT = 1
-STATE_DONE = 2
-REC_HOST = 0
-REC_DEVICE = 1
-CLOCK_HOST = 0
-CLOCK_DEVICE_NS = 1
-CLOCK_DEVICE_TICKS = 2
 
 NEEDED_FIELDS = ("coll_seq", "kind", "func", "clock", "peer", "bytes", "start", "end")
 
@@ -137,21 +135,14 @@ def infer_period(
     return None
 
 
-_CLOCK_NAMES = {
-    "host": CLOCK_HOST,
-    "device_ns": CLOCK_DEVICE_NS,
-    "device_ticks": CLOCK_DEVICE_TICKS,
-}
-
-
 def _clock_kind(kind: int | str | None, tick_hz: float | None) -> int:
     """The ring header's clock kind (int or the reader's name); None: ticks iff tick_hz."""
     if kind is None:
         return CLOCK_DEVICE_TICKS if tick_hz else CLOCK_DEVICE_NS
     if isinstance(kind, str):
-        if kind not in _CLOCK_NAMES:
-            raise ValueError(f"unknown clock kind {kind!r}; expected one of {sorted(_CLOCK_NAMES)}")
-        return _CLOCK_NAMES[kind]
+        if kind not in CLOCK_KINDS:
+            raise ValueError(f"unknown clock kind {kind!r}; expected one of {sorted(CLOCK_KINDS)}")
+        return CLOCK_KINDS[kind]
     return int(kind)
 
 
@@ -428,46 +419,6 @@ class WindowSummarizer:
         peers = b["peer"][b["peer"] >= 0]
         peer = int(np.bincount(peers).argmax()) if peers.size else None
         return {"bridge_ms": float(np.median(per_step[has])), "bridge_peer": peer}
-
-
-class RecentRecords:
-    """The last ``n`` records per key (e.g. (comm, rank)), for hang dumps.
-
-    Records with the same ``seq`` (an in-flight copy, later its DONE copy) are
-    kept once, the most recently added winning.
-    """
-
-    def __init__(self, n: int = 256) -> None:
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        self.n = n
-        self._by_key: dict[Hashable, np.ndarray] = {}
-
-    def add(self, key: Hashable, records: np.ndarray) -> None:
-        if records.size == 0:
-            return
-        old = self._by_key.get(key)
-        allr = records if old is None else np.concatenate([old, records.astype(old.dtype)])
-        # np.unique keeps the first occurrence: reverse so the newest copy wins
-        rev = allr[::-1]
-        _, idx = np.unique(rev["seq"], return_index=True)  # ascending seq
-        self._by_key[key] = rev[idx][-self.n :].copy()
-
-    def get(self, key: Hashable) -> np.ndarray | None:
-        """Records for ``key`` sorted by ``seq`` (None if none were added)."""
-        return self._by_key.get(key)
-
-    def keys(self) -> Iterable[Hashable]:
-        return self._by_key.keys()
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    @staticmethod
-    def to_dicts(records: np.ndarray) -> list[dict[str, Any]]:
-        """Plain Python dicts (JSON / msgpack ready) for a dump."""
-        names = records.dtype.names or ()
-        return [{k: r[k].item() for k in names} for r in records]
 
 
 def ring_position(

@@ -1,4 +1,4 @@
-"""The agent's window summariser, period inference, recent records and progress.
+"""The agent's window summariser, period inference and progress.
 
 Record streams are simulated here with barrier semantics: every collective ends
 for all ranks at the same moment, ``transfer`` after the last rank arrived, and
@@ -14,12 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from artemis.agent import ring_format as rf
+from artemis.agent.ring_format import CLOCK_DEVICE_TICKS, STATE_DONE, STATE_IN_FLIGHT
 from artemis.agent.summary import (
-    CLOCK_DEVICE_TICKS,
-    STATE_DONE,
-    STATE_IN_FLIGHT,
     ProgressTracker,
-    RecentRecords,
     WindowSummarizer,
     infer_period,
     ring_position,
@@ -28,28 +26,9 @@ from artemis.protocol.records import RankWindow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# Same field names and layout as ArtemisSlot (artemis_ring.h), defined locally.
-SLOT_DT = np.dtype(
-    [
-        ("lock", "<u4"),
-        ("kind", "u1"),
-        ("func", "u1"),
-        ("dtype", "u1"),
-        ("state", "u1"),
-        ("clock", "u1"),
-        ("algo", "u1"),
-        ("proto", "u1"),
-        ("nchannels", "u1"),
-        ("peer", "<i4"),
-        ("seq", "<u8"),
-        ("coll_seq", "<u8"),
-        ("bytes", "<u8"),
-        ("enqueue_ns", "<u8"),
-        ("start", "<u8"),
-        ("end", "<u8"),
-    ]
-)
-assert SLOT_DT.itemsize == 64
+# The reader hands over records in the ring slot dtype; the CPU-slot dtype is a
+# superset (tests below feed both).
+SLOT_DT = rf.SLOT_DTYPE
 
 AR, AG, RS = 1, 2, 3
 MB = 1 << 20
@@ -295,6 +274,21 @@ def test_windows_align_by_coll_seq_across_ranks_and_poll_sizes() -> None:
     assert got[0] == [(0, 0, 50, 0, 200), (1, 50, 100, 200, 400), (2, 100, 130, 400, 520)]
 
 
+def test_cpu_slot_records_give_the_same_windows() -> None:
+    # A ring with 128-byte CPU slots hands over a wider dtype: same windows.
+    rng = np.random.default_rng(4)
+    compute, transfer = _job(rng, 120, nranks=1)
+    rec = simulate(120, PATTERN, compute, transfer, [0])[0]
+    wide = np.zeros(rec.size, dtype=rf.SLOT_CPU_DTYPE)
+    for name in rec.dtype.names or ():
+        wide[name] = rec[name]
+    wide["cpu_start_ns"], wide["cpu_end_ns"] = rec["start"], rec["end"]
+    s1, s2 = summarizer(), summarizer()
+    base = feed_in_polls(s1, rec, 37) + s1.flush()
+    cpu = feed_in_polls(s2, wide, 37) + s2.flush()
+    assert len(base) == 3 and base == cpu
+
+
 def test_window_waits_for_records_past_its_end() -> None:
     rng = np.random.default_rng(5)
     compute, transfer = _job(rng, 60, nranks=1)
@@ -454,7 +448,7 @@ def test_no_window_before_the_period_is_known() -> None:
 
 
 # ---------------------------------------------------------------------------
-# RecentRecords, ring_position, ProgressTracker
+# ring_position, ProgressTracker
 
 
 def _records(seqs: Sequence[int] | range, state: int = STATE_DONE, kind: int = 1) -> np.ndarray:
@@ -464,20 +458,6 @@ def _records(seqs: Sequence[int] | range, state: int = STATE_DONE, kind: int = 1
     r["state"] = state
     r["kind"] = kind
     return r
-
-
-def test_recent_records_keep_the_last_n_and_newest_copy() -> None:
-    rr = RecentRecords(256)
-    for i in range(0, 300, 7):
-        rr.add(("c", 0), _records(range(i, min(i + 7, 300))))
-    rr.add(("c", 0), _records([299], state=STATE_IN_FLIGHT))  # newer copy of 299
-    got = rr.get(("c", 0))
-    assert got is not None
-    assert got["seq"].tolist() == list(range(44, 300))
-    assert got["state"][-1] == STATE_IN_FLIGHT
-    assert rr.get(("c", 1)) is None
-    dumped = RecentRecords.to_dicts(got[-2:])
-    assert dumped[0]["seq"] == 298 and isinstance(dumped[0]["seq"], int)
 
 
 def test_ring_position() -> None:
