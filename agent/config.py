@@ -6,23 +6,9 @@ import socket
 from dataclasses import dataclass, field
 
 from artemis.protocol.tomlfile import ConfigError
+from artemis.protocol.transport import RdmaConfig, TlsConfig
 
 TELEMETRY_SOURCES = ("nvml", "amdsmi", "host", "simulated")
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    ca: str = ""  # CA bundle that signed the coordinator's certificate
-    cert: str = ""  # client certificate (optional: mutual TLS)
-    key: str = ""
-
-
-@dataclass(frozen=True)
-class RdmaConfig:
-    device: str = ""  # e.g. "mlx5_0"; "" = first device
-    port: int = 1
-    gid_index: int = 0
-    fallback_tcp: bool = True  # no pyverbs or no device: use TCP and say so once
 
 
 @dataclass(frozen=True)
@@ -53,7 +39,7 @@ class AgentConfig:
     buffer_max: int = 20000  # messages kept until acknowledged
     remove_finished: bool = True  # remove a finished job's rings once shipped and acked
     log_json: bool = False
-    tls: TlsConfig = field(default_factory=TlsConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)  # ca verifies the coordinator
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 

@@ -17,7 +17,6 @@ is counted twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import secrets
@@ -25,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from artemis.agent.config import AgentConfig
@@ -40,8 +39,13 @@ from artemis.agent.telemetry.base import (
     merge,
 )
 from artemis.job.rebalance import UNIFORM_PLAN_ID
+from artemis.protocol.lifecycle import Lifecycle
 from artemis.protocol.messages import Control, Dump, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow
+from artemis.protocol.transport import Transport
+
+if TYPE_CHECKING:
+    from artemis.protocol.client import AgentLink
 
 log = structlog.get_logger("artemis.agent")
 
@@ -71,7 +75,7 @@ def _global_rank(h: RingHeader) -> int:
 
 
 class Agent:
-    """The agent's state and its per-tick work; `run()` drives it with an uplink."""
+    """The agent's state and its per-tick work; ``AgentDaemon`` drives it with an uplink."""
 
     def __init__(
         self,
@@ -385,82 +389,130 @@ def incarnation() -> str:
     return f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
-async def run_agent(
-    cfg: AgentConfig,
-    transport: Any,
-    secret: bytes,
-    sources: list[TelemetrySource],
-    stop: asyncio.Event,
-) -> None:
-    """Drive an Agent with an AgentLink uplink until `stop` is set."""
-    from artemis.protocol.client import AgentIdentity, AgentLink
+class AgentDaemon(Lifecycle):
+    """The agent process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
 
-    holder: dict[str, Any] = {}
+    startup opens the rings present and starts the uplink (its hello names their
+    ranks); each tick (``on_tick``) rescans, reads every ring, ships completed
+    windows, samples telemetry and sends heartbeats and plan acks; shutdown
+    ships what the rings still hold and gives the uplink up to 5 s to deliver
+    it (none with ``force_exit``). The shell (``artemis.agent.run_main``) owns
+    the signals and the transport.
+    """
 
-    def send(msg: Any) -> int:
-        return int(holder["link"].enqueue(msg))
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        transport: Transport,
+        secret: bytes,
+        sources: list[TelemetrySource],
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.transport = transport
+        self.secret = secret
+        self.sources = sources
+        self.agent: Agent | None = None
+        self.link: AgentLink | None = None
+        self._link_task: asyncio.Task[None] | None = None
+        self._last_scan = self._last_hb = self._last_tel = 0.0
 
-    def acked() -> int:
-        return int(holder["link"].stats.acked_upto)
+    async def serve(self) -> None:
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
 
-    agent = Agent(cfg, sources, send, acked)
-    agent.scan()
+    async def startup(self) -> None:
+        from artemis.protocol.client import AgentIdentity, AgentLink
 
-    async def on_control(msg: Control) -> tuple[bool, str]:
-        ok, detail, replies = agent.on_control(msg)
+        agent = self.agent = Agent(self.cfg, self.sources, self._send, self._acked)
+        agent.scan()
+        identity = AgentIdentity(
+            agent_id=agent.host,
+            host=agent.host,
+            agent_version=AGENT_VERSION,
+            ranks=tuple(agent.rank_infos()),
+            incarnation=incarnation(),
+        )
+        self.link = AgentLink(
+            self.transport,
+            self.cfg.coordinator,
+            self.secret,
+            identity,
+            self._on_control,
+            outbox_capacity=self.cfg.buffer_max,
+        )
+        self._link_task = self.link.start()
+        self._last_scan = self._last_hb = self._last_tel = time.monotonic()
+
+    async def main_loop(self) -> None:
+        assert self.agent is not None and self._link_task is not None
+        while not self.should_exit:
+            self.on_tick(time.monotonic())
+            if self._link_task.done():
+                self._link_task.result()  # the uplink gave up: its error ends the agent
+                return
+            await self.wait_tick(self.agent.cfg.poll_interval_s)
+
+    def on_tick(self, now: float) -> None:
+        agent, link = self.agent, self.link
+        assert agent is not None and link is not None
+        cfg = agent.cfg  # settings controls replace it
+        if now - self._last_scan >= cfg.scan_interval_s:
+            agent.scan()
+            self._last_scan = now
+        agent.ship(agent.tick(now))
+        if now - self._last_tel >= cfg.telemetry_interval_s:
+            agent.sample_telemetry()
+            self._last_tel = now
+        # A job's plan acks go out at once: the coordinator waits a bounded
+        # number of windows for them before it withdraws the plan.
+        acks = agent.plan_acks()
+        if acks or now - self._last_hb >= cfg.heartbeat_s:
+            st = link.stats
+            link.enqueue(
+                Heartbeat(
+                    progress=tuple(agent.progress()),
+                    buffered=st.buffered,
+                    dropped=st.dropped,
+                    plan_acks=tuple(acks),
+                )
+            )
+            self._last_hb = now
+            agent.cleanup()
+
+    async def shutdown(self) -> None:
+        agent, link = self.agent, self.link
+        if agent is None:
+            return
+        try:
+            if link is not None:
+                # Ship what the rings still hold, then give the uplink a moment to flush.
+                agent.ship(agent.tick(time.monotonic()))
+                await link.close(timeout=0.0 if self.force_exit else 5.0)
+        finally:
+            agent.close()
+            self.agent = None
+
+    # -- uplink callbacks ---------------------------------------------------
+
+    def _send(self, msg: Any) -> int:
+        assert self.link is not None
+        return int(self.link.enqueue(msg))
+
+    def _acked(self) -> int:
+        assert self.link is not None
+        return int(self.link.stats.acked_upto)
+
+    async def _on_control(self, msg: Control) -> tuple[bool, str]:
+        assert self.agent is not None and self.link is not None
+        ok, detail, replies = self.agent.on_control(msg)
         for r in replies:
-            holder["link"].enqueue(r)
+            self.link.enqueue(r)
         (log.info if ok else log.warning)("control", action=msg.action, ok=ok, detail=detail)
         return ok, detail
-
-    identity = AgentIdentity(
-        agent_id=agent.host,
-        host=agent.host,
-        agent_version=AGENT_VERSION,
-        ranks=tuple(agent.rank_infos()),
-        incarnation=incarnation(),
-    )
-    link = AgentLink(
-        transport, cfg.coordinator, secret, identity, on_control, outbox_capacity=cfg.buffer_max
-    )
-    holder["link"] = link
-    link_task = link.start()
-    last_scan = last_hb = last_tel = time.monotonic()
-    try:
-        while not stop.is_set():
-            now = time.monotonic()
-            if now - last_scan >= cfg.scan_interval_s:
-                agent.scan()
-                last_scan = now
-            agent.ship(agent.tick(now))
-            if now - last_tel >= cfg.telemetry_interval_s:
-                agent.sample_telemetry()
-                last_tel = now
-            # A job's plan acks go out at once: the coordinator waits a bounded
-            # number of windows for them before it withdraws the plan.
-            acks = agent.plan_acks()
-            if acks or now - last_hb >= agent.cfg.heartbeat_s:
-                st = link.stats
-                link.enqueue(
-                    Heartbeat(
-                        progress=tuple(agent.progress()),
-                        buffered=st.buffered,
-                        dropped=st.dropped,
-                        plan_acks=tuple(acks),
-                    )
-                )
-                last_hb = now
-                agent.cleanup()
-            if link_task.done():
-                link_task.result()
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), agent.cfg.poll_interval_s)
-    finally:
-        # Ship what the rings still hold, then give the uplink a moment to flush.
-        agent.ship(agent.tick(time.monotonic()))
-        await link.close(timeout=5.0)
-        agent.close()
 
 
 AGENT_VERSION = "0.1.0"

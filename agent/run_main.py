@@ -1,18 +1,16 @@
-"""Wiring of the agent process: config, telemetry sources, transport, signals."""
+"""The agent process's shell: config, telemetry sources, transport, signals around ``AgentDaemon``."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-from typing import Any
-
 import structlog
 from artemis.agent.config import AgentConfig
-from artemis.agent.daemon import run_agent
+from artemis.agent.daemon import AgentDaemon
 from artemis.agent.telemetry.base import TelemetrySource
 from artemis.protocol.auth import load_secret
+from artemis.protocol.lifecycle import capture_signals
+from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.tomlfile import ConfigError
+from artemis.protocol.transport import build_transport
 
 log = structlog.get_logger("artemis.agent")
 
@@ -51,44 +49,21 @@ def make_sources(cfg: AgentConfig) -> list[TelemetrySource]:
     return out
 
 
-def make_transport(cfg: AgentConfig) -> Any:
-    from artemis.protocol.tcp import TcpTransport, client_ssl_context
-
-    ssl_ctx = None
-    if cfg.tls.ca or cfg.tls.cert:
-        ssl_ctx = client_ssl_context(cfg.tls.ca or None, cfg.tls.cert or None, cfg.tls.key or None)
-    if cfg.transport == "rdma":
-        from artemis.protocol.rdma.transport import make_transport as rdma_transport
-
-        return rdma_transport(
-            {
-                "transport": "rdma",
-                "device": cfg.rdma.device or None,
-                "port": cfg.rdma.port,
-                "gid_index": cfg.rdma.gid_index,
-                "secret_file": cfg.secret_file,
-                "fallback_tcp": cfg.rdma.fallback_tcp,
-            }
-        )
-    return TcpTransport(client_ssl=ssl_ctx)
-
-
 async def main(cfg: AgentConfig) -> None:
+    """The shell: secret, transport and telemetry from the config, signals, then serve."""
     try:
         secret = load_secret(cfg.secret_file)
-    except (OSError, ValueError) as e:
+        transport = build_transport(cfg, "agent")
+    except (OSError, ValueError, RdmaUnavailable) as e:
         raise ConfigError(str(e)) from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    daemon = AgentDaemon(cfg, transport, secret, make_sources(cfg))
     log.info(
         "agent starting",
         host=cfg.hostname,
         coordinator=cfg.coordinator,
         shm_dir=cfg.shm_dir,
-        transport=cfg.transport,
+        transport=transport.name,
     )
-    await run_agent(cfg, make_transport(cfg), secret, make_sources(cfg), stop)
+    with capture_signals(daemon):
+        await daemon.serve()
     log.info("agent stopped")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 from pathlib import Path
 from typing import Annotated, Any
@@ -70,11 +68,11 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     setup_logging(json_logs=cfg.log_json)
-    from artemis.coordinator.server_main import run_coordinator
+    from artemis.coordinator.server_main import main
     from artemis.protocol.aio import run
 
     try:
-        run(run_coordinator(cfg))
+        run(main(cfg))
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -129,13 +127,6 @@ def settings(
     reply = _ask(socket_path, {"cmd": "get"})
     for k, v in reply.get("settings", {}).items():
         typer.echo(f"{k} = {json.dumps(v)}")
-
-
-def install_signal_handlers(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
 
 
 def prepare_socket_path(path: str) -> None:

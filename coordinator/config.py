@@ -12,21 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from artemis.protocol.tomlfile import ConfigError
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    cert: str = ""  # server certificate
-    key: str = ""
-    ca: str = ""  # CA to verify agents' client certificates (mutual TLS), optional
-
-
-@dataclass(frozen=True)
-class RdmaConfig:
-    device: str = ""  # e.g. "mlx5_0"; "" = first device
-    port: int = 1
-    gid_index: int = 0
-    fallback_tcp: bool = True  # no pyverbs or no device: listen on TCP and say so once
+from artemis.protocol.transport import RdmaConfig, TlsConfig
 
 
 @dataclass(frozen=True)
@@ -49,7 +35,7 @@ class CoordinatorConfig:
     # artemis.job (0 = learn it from the job; such jobs then get no plans).
     global_batch: int = 0
     log_json: bool = False
-    tls: TlsConfig = field(default_factory=TlsConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
     detector: dict[str, Any] = field(default_factory=dict)
 

@@ -1,4 +1,5 @@
-"""Wiring of the coordinator process: outputs, metrics, transport, control socket, ticks."""
+"""The coordinator process: ``CoordinatorServer`` (outputs, metrics, transport, control socket,
+ticks) and its shell ``main`` (signals)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from artemis.coordinator.cli import install_signal_handlers, prepare_socket_path
+from artemis.coordinator.cli import prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
@@ -19,35 +20,16 @@ from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
+from artemis.protocol.lifecycle import Lifecycle, capture_signals
 from artemis.protocol.messages import REASONS
+from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.server import ProtocolServer
 from artemis.protocol.tomlfile import ConfigError
+from artemis.protocol.transport import Transport, build_transport
 
 REFUSAL_REASONS = ("auth", "protocol", "timeout", "version")
 
 log = structlog.get_logger("artemis.coordinator")
-
-
-def make_transport(cfg: CoordinatorConfig) -> Any:
-    from artemis.protocol.tcp import TcpTransport, server_ssl_context
-
-    ssl_ctx = None
-    if cfg.tls.cert:
-        ssl_ctx = server_ssl_context(cfg.tls.cert, cfg.tls.key, cfg.tls.ca or None)
-    if cfg.transport == "rdma":
-        from artemis.protocol.rdma.transport import make_transport as rdma_transport
-
-        return rdma_transport(
-            {
-                "transport": "rdma",
-                "device": cfg.rdma.device or None,
-                "port": cfg.rdma.port,
-                "gid_index": cfg.rdma.gid_index,
-                "secret_file": cfg.secret_file,
-                "fallback_tcp": cfg.rdma.fallback_tcp,
-            }
-        )
-    return TcpTransport(server_ssl=ssl_ctx)
 
 
 def register_protocol_metrics(
@@ -107,80 +89,124 @@ def register_protocol_metrics(
     registry.register(_Collector())
 
 
-async def run_coordinator(cfg: CoordinatorConfig) -> None:
-    try:
-        settings = Settings.from_mapping(cfg.detector)
-    except SettingsError as e:
-        raise ConfigError(f"[detector]: {e}") from None
-    try:
-        secret = load_secret(cfg.secret_file)
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(e)) from None
-    for out in (cfg.jsonl, cfg.plans_jsonl):
-        # The outputs exist from the start, empty while nothing was found.
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).touch()
-    metrics = Metrics()
-    coord = Coordinator(
-        settings,
-        FindingsWriter(cfg.jsonl),
-        PlansWriter(cfg.plans_jsonl),
-        metrics,
-        deadline_s=cfg.assembly_deadline_s,
-        dump_wait_s=cfg.dump_wait_s,
-        global_batch=cfg.global_batch or None,
-        grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
-    )
-    server = ProtocolServer(
-        make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()
-    )
-    coord.server = server
-    # Summaries taken but not scored by an earlier life of this coordinator.
-    coord.restore(AssemblyJournal(Path(cfg.jsonl).with_suffix(".assembly")))
-    register_protocol_metrics(metrics.registry, server, coord)
-    metrics.set_active(False)
-    mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr) if cfg.metrics_port else None
-    stop = asyncio.Event()
-    install_signal_handlers(stop)
-    address = await server.start()
-    metrics.set_active(True)
-    ctl = await _control_server(cfg.control_socket, coord)
-    log.info(
-        "coordinator serving",
-        listen=address,
-        metrics_port=cfg.metrics_port,
-        findings=cfg.jsonl,
-        plans=cfg.plans_jsonl,
-        control_socket=cfg.control_socket,
-    )
+class CoordinatorServer(Lifecycle):
+    """The coordinator process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
 
-    async def ticker() -> None:
-        while not stop.is_set():
-            try:
-                await coord.tick()
-            except Exception:  # one bad tick must not stop the coordinator
-                log.exception("tick failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), cfg.tick_s)
+    startup validates the detector settings and the secret (``ConfigError``
+    before anything is bound), creates the outputs, restores the assembly
+    journal, then serves metrics, the agent listener and the control socket;
+    the main loop runs ``Coordinator.tick`` every ``tick_s`` (a failing tick is
+    logged, not fatal); shutdown closes the listener, flushes every output and
+    removes the control socket. Signals belong to the shell (``main``).
+    ``transport`` replaces the one ``build_transport`` makes from the config.
+    """
 
-    tick_task = asyncio.create_task(ticker())
-    try:
-        await stop.wait()
-    finally:
-        log.info("coordinator stopping: flushing outputs")
-        tick_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await tick_task
-        await server.close()
-        coord.flush()
+    def __init__(self, cfg: CoordinatorConfig, *, transport: Transport | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self._transport = transport
+        self.metrics: Metrics | None = None
+        self.coord: Coordinator | None = None
+        self.server: ProtocolServer | None = None
+        self.address: str | None = None  # where agents connect, once started
+        self.started = asyncio.Event()
+        self._ctl: asyncio.base_events.Server | None = None
+        self._mserver: Any = None
+
+    async def serve(self) -> None:
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+
+    async def startup(self) -> None:
+        cfg = self.cfg
+        try:
+            settings = Settings.from_mapping(cfg.detector)
+        except SettingsError as e:
+            raise ConfigError(f"[detector]: {e}") from None
+        try:
+            secret = load_secret(cfg.secret_file)
+            transport = self._transport or build_transport(cfg, "coordinator")
+        except (OSError, ValueError, RdmaUnavailable) as e:
+            raise ConfigError(str(e)) from None
+        for out in (cfg.jsonl, cfg.plans_jsonl):
+            # The outputs exist from the start, empty while nothing was found.
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).touch()
+        metrics = self.metrics = Metrics()
+        coord = self.coord = Coordinator(
+            settings,
+            FindingsWriter(cfg.jsonl),
+            PlansWriter(cfg.plans_jsonl),
+            metrics,
+            deadline_s=cfg.assembly_deadline_s,
+            dump_wait_s=cfg.dump_wait_s,
+            global_batch=cfg.global_batch or None,
+            grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
+        )
+        server = ProtocolServer(transport, cfg.listen, secret, coord, settings=settings.to_dict())
+        coord.server = server
+        # Summaries taken but not scored by an earlier life of this coordinator.
+        coord.restore(AssemblyJournal(Path(cfg.jsonl).with_suffix(".assembly")))
+        register_protocol_metrics(metrics.registry, server, coord)
         metrics.set_active(False)
-        if ctl is not None:
-            ctl.close()
+        if cfg.metrics_port:
+            self._mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+        self.address = await server.start()
+        self.server = server
+        metrics.set_active(True)
+        self._ctl = await _control_server(cfg.control_socket, coord)
+        log.info(
+            "coordinator serving",
+            listen=self.address,
+            transport=transport.name,
+            metrics_port=cfg.metrics_port,
+            findings=cfg.jsonl,
+            plans=cfg.plans_jsonl,
+            control_socket=cfg.control_socket,
+        )
+        self.started.set()
+
+    async def main_loop(self) -> None:
+        while not self.should_exit:
+            await self.on_tick()
+            await self.wait_tick(self.cfg.tick_s)
+
+    async def on_tick(self) -> None:
+        assert self.coord is not None
+        try:
+            await self.coord.tick()
+        except Exception:  # one bad tick must not stop the coordinator
+            log.exception("tick failed")
+
+    async def shutdown(self) -> None:
+        if self.coord is None:
+            return  # startup refused the config: nothing was opened
+        log.info("coordinator stopping: flushing outputs")
+        if self.server is not None:
+            await self.server.close()
+        self.coord.flush()
+        if self.metrics is not None:
+            self.metrics.set_active(False)
+        if self._ctl is not None:
+            self._ctl.close()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(cfg.control_socket)
-        if mserver is not None:
-            mserver.stop()
+                os.unlink(self.cfg.control_socket)
+            self._ctl = None
+        if self._mserver is not None:
+            self._mserver.stop()
+            self._mserver = None
+        self.coord = None
         log.info("coordinator stopped")
+
+
+async def main(cfg: CoordinatorConfig) -> None:
+    """The shell: signals around ``CoordinatorServer.serve``."""
+    server = CoordinatorServer(cfg)
+    with capture_signals(server):
+        await server.serve()
 
 
 async def _control_server(path: str, coord: Coordinator) -> asyncio.base_events.Server | None:

@@ -5,12 +5,23 @@ length prefix included) between one agent and the coordinator, in order and
 reliably while the connection lives. TCP (``artemis.protocol.tcp``) and RDMA
 (``artemis.protocol.rdma``) both implement this; everything above them (the
 agent uplink, the coordinator server) only sees ``FrameChannel``.
+
+``build_transport(config, role)`` is the one place both daemons get their
+transport from: TCP with the configured TLS, or RDMA, which falls back to TCP
+(keeping that TLS) when ``[rdma] fallback_tcp`` is set and RDMA cannot run.
+``TlsConfig`` and ``RdmaConfig`` are the ``[tls]``/``[rdma]`` tables of both
+daemons' configs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import structlog
+
+log = structlog.get_logger("artemis.protocol.transport")
 
 
 class ChannelClosed(ConnectionError):
@@ -60,3 +71,101 @@ class Transport(Protocol):
     async def connect(self, address: str) -> FrameChannel: ...
 
     async def listen(self, address: str, handler: Handler) -> Listener: ...
+
+
+Role = Literal["agent", "coordinator"]
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """``[tls]``: TLS on TCP (and on RDMA's TCP fallback); all empty = plaintext.
+
+    coordinator: ``cert`` + ``key`` are its certificate; with ``ca``, agents must
+    present a client certificate signed by it (mutual TLS).
+    agent: ``ca`` verifies the coordinator (system CAs when only ``cert`` is
+    set); ``cert`` + ``key`` are its client certificate for mutual TLS.
+    """
+
+    cert: str = ""
+    key: str = ""
+    ca: str = ""
+
+    def enabled(self, role: Role) -> bool:
+        return bool(self.cert) if role == "coordinator" else bool(self.ca or self.cert)
+
+
+@dataclass(frozen=True)
+class RdmaConfig:
+    """``[rdma]``: read only when ``transport = "rdma"``."""
+
+    device: str = ""  # e.g. "mlx5_0"; "" = first device
+    port: int = 1
+    gid_index: int = 0
+    fallback_tcp: bool = True  # no pyverbs or no device: use TCP (with [tls]) and say so once
+
+
+class TransportSettings(Protocol):
+    """What ``build_transport`` reads from a daemon's config."""
+
+    @property
+    def transport(self) -> str: ...  # "tcp" | "rdma"
+
+    @property
+    def secret_file(self) -> str: ...
+
+    @property
+    def tls(self) -> TlsConfig: ...
+
+    @property
+    def rdma(self) -> RdmaConfig: ...
+
+
+def build_transport(config: TransportSettings, role: Role) -> Transport:
+    """The transport a daemon of ``role`` runs on, from its config (see module doc).
+
+    Raises ``RdmaUnavailable`` when RDMA was asked for, cannot run here and
+    ``fallback_tcp`` is off; ``ValueError`` for an unknown transport name.
+    """
+    from artemis.protocol.tcp import TcpTransport, client_ssl_context, server_ssl_context
+
+    tls = config.tls
+
+    def tcp() -> TcpTransport:
+        if not tls.enabled(role):
+            return TcpTransport()
+        try:
+            if role == "coordinator":
+                ctx = server_ssl_context(tls.cert, tls.key, tls.ca or None)
+                return TcpTransport(server_ssl=ctx)
+            ctx = client_ssl_context(tls.ca or None, tls.cert or None, tls.key or None)
+            return TcpTransport(client_ssl=ctx)
+        except OSError as e:  # ssl.SSLError is one; neither names the file
+            files = ", ".join(f"{k} = {v!r}" for k, v in vars(tls).items() if v)
+            raise ValueError(f"[tls] {files}: cannot load: {e}") from None
+
+    if config.transport == "tcp":
+        return tcp()
+    if config.transport != "rdma":
+        raise ValueError(f"transport: expected 'tcp' or 'rdma', got {config.transport!r}")
+    from artemis.protocol.rdma.transport import RdmaUnavailable, make_transport
+
+    r = config.rdma
+    try:
+        rdma = make_transport(
+            {
+                "transport": "rdma",
+                "device": r.device or None,
+                "port": r.port,
+                "gid_index": r.gid_index,
+                "secret_file": config.secret_file,
+            }
+        )
+    except RdmaUnavailable as e:
+        if not r.fallback_tcp:
+            raise
+        log.warning("rdma unavailable, using tcp", reason=str(e), tls=tls.enabled(role))
+        return tcp()
+    if tls.enabled(role):
+        # RDMA frames never pass through TLS; the shared secret still authenticates both ends.
+        log.warning("[tls] applies to TCP only: frames go over RDMA without TLS")
+    return rdma

@@ -2,7 +2,7 @@
 
 Everything is the real thing except the queue pair: the compiled profiler
 plugin driven through the NCCL ABI (sim/nccl.py) writes the rings, the real
-agent (``run_agent``) reads and summarises them and ships windows through its
+agent (``AgentDaemon``) reads and summarises them and ships windows through its
 ``AgentLink`` over ``RdmaTransport``; the coordinator app (``Coordinator`` with
 real findings/plans writers and metrics) sits behind a ``ProtocolServer`` on
 an ``RdmaTransport`` too. Both ends share one event loop because the loopback
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from artemis.agent.config import AgentConfig
-from artemis.agent.daemon import run_agent
+from artemis.agent.daemon import AgentDaemon
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.plans import PlansWriter
@@ -208,11 +208,13 @@ def test_agent_to_coordinator_over_rdma(
                 await asyncio.sleep(0.05)
 
         ticks = asyncio.create_task(ticker())
-        agent = asyncio.create_task(run_agent(cfg, rdma(agent_f, SECRET), SECRET, [], stop))
+        daemon = AgentDaemon(cfg, rdma(agent_f, SECRET), SECRET, [])
+        agent = asyncio.create_task(daemon.serve())
         try:
             await exercise(address, agent)
         finally:
             stop.set()
+            daemon.should_exit = True
             await ticks
             try:
                 await asyncio.wait_for(agent, 15)  # the agent ends cleanly (or raises)

@@ -362,9 +362,9 @@ def test_make_transport_selection() -> None:
         with pytest.raises(RdmaUnavailable, match="fallback_tcp") as err:
             make_transport({"transport": "rdma"})
         assert why in str(err.value)  # the probe's reason reaches the operator
-        from artemis.protocol.tcp import TcpTransport
-
-        assert isinstance(make_transport({"fallback_tcp": True}), TcpTransport)
+        # The fallback to TCP is build_transport's (tests/test_daemon_lifecycle.py).
+        with pytest.raises(RdmaUnavailable):
+            make_transport({"fallback_tcp": True})
     t = make_transport(
         {"device": "x", "port": 2, "gid_index": 3, "buffers": 8, "secret": SECRET},
         adapter_factory=Factory(),

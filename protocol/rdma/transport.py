@@ -572,14 +572,14 @@ class RdmaTransport:
 def make_transport(
     config: Mapping[str, Any], *, adapter_factory: AdapterFactory | None = None
 ) -> Transport:
-    """The transport for ``transport = "rdma"`` in a daemon's config.
+    """The RDMA transport for ``transport = "rdma"`` in a daemon's config.
 
     Keys: device, port, gid_index, buffer_size, buffers, secret (bytes) or
-    secret_file, fallback_tcp. Returns an ``RdmaTransport`` over pyverbs when
-    ``probe()`` finds pyverbs and a device. Otherwise raises ``RdmaUnavailable``
-    with the reason, or with ``fallback_tcp = true`` logs one warning and
-    returns the TCP transport. ``adapter_factory`` overrides the verbs adapter
-    (tests use the loopback one) and skips the probe.
+    secret_file. Returns an ``RdmaTransport`` over pyverbs when ``probe()``
+    finds pyverbs and a device, else raises ``RdmaUnavailable`` with the reason
+    (``artemis.protocol.transport.build_transport`` falls back to TCP from
+    there when the config says so). ``adapter_factory`` overrides the verbs
+    adapter (tests use the loopback one) and skips the probe.
     """
     kind = config.get("transport", "rdma")
     if kind != "rdma":
@@ -592,11 +592,6 @@ def make_transport(
 
         ok, why = probe()
         if not ok:
-            if config.get("fallback_tcp"):
-                log.warning("rdma unavailable, using tcp", reason=why)
-                from artemis.protocol.tcp import TcpTransport
-
-                return TcpTransport()
             raise RdmaUnavailable(
                 f'transport = "rdma" but RDMA cannot run here: {why}. '
                 "Set fallback_tcp = true to use TCP instead."
