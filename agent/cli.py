@@ -147,6 +147,11 @@ def rings(
                 "finished": h.finished,
                 "clock": h.clock_kind,
                 "plugin_version": h.plugin_version,
+                "minor": h.minor,  # ring format minor: 0 = a plugin older than the field
+                "slot_minor": h.slot_minor,
+                "tick_source": h.tick_source,
+                "writer_flags": h.writer_flags,
+                "nccl_version": h.nccl_version,
             }
         )
     if as_json:

@@ -171,6 +171,9 @@ def test_rings_json_and_table(tmp_path: Path) -> None:
     ]
     assert all(r["job"] == "jobA" and r["comm"] == "feedface00000001" for r in rows)
     assert all(r["pid"] == os.getpid() for r in rows)
+    assert all(
+        (r["minor"], r["slot_minor"], r["writer_flags"]) == (rf.RING_MINOR, 0, 0) for r in rows
+    )
     env = dict(os.environ, ARTEMIS_SHM_DIR=str(tmp_path))
     t = _agent("rings", env=env)
     assert t.returncode == 0, t.stderr
@@ -215,4 +218,5 @@ def test_dump_ring_of_a_plugin_ring(plugin_lib: Path, shm_dir: Path) -> None:
         False,
         7,
     )
+    assert (row["minor"], row["slot_minor"]) == (rf.RING_MINOR, 0)  # the plugin writes the newest
     n.finalize()
