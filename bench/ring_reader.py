@@ -3,7 +3,8 @@
 Baseline: a plain numpy copy of the same slot bytes (a contiguous memcpy, the
 floor any reader pays).
 Each row is the median of 7 runs; the ring is written once by the job-side
-bridge writer, and every run polls it with a fresh reader (opened untimed).
+writer, and every run polls it with a fresh reader (opened untimed). The
+"cpu" row is a ring of 128-byte CPU slots (slot_minor 1).
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ from pathlib import Path
 
 import numpy as np
 from artemis.agent.ring import RingReader
-from artemis.agent.ring_format import HEADER_SIZE, SLOT_DTYPE
-from artemis.job.ring_writer import BridgeRingWriter
+from artemis.agent.ring_format import HEADER_SIZE, KIND_COLL
+from artemis.job.ring_writer import BridgeRingWriter, RingWriter
 
 GOAL = 5_000_000  # records/s
 
 
-def _fill(d: Path, cap: int) -> Path:
-    w = BridgeRingWriter(d, "bench", 0xBE7C, 0, 1, cap)
+def _fill(d: Path, cap: int, cpu: bool) -> tuple[Path, int]:
+    w = RingWriter(d, "bench", 0xBE7C, 0, 1, cap, cpu_times=cpu)
     for t in range(cap):
-        w.append(peer=1, nbytes=t, start=t, end=t + 1, coll_seq=t)
+        w.record(kind=KIND_COLL, func=1, nbytes=t, start=t, end=t + 1, coll_seq=t, cpu_end_ns=t)
     w.close()
-    return w.path
+    return w.path, w.slot_size
 
 
 def _median_s(fn: Callable[[RingReader], object], path: Path, runs: int) -> float:
@@ -41,12 +42,12 @@ def _median_s(fn: Callable[[RingReader], object], path: Path, runs: int) -> floa
     return statistics.median(times)
 
 
-def measure(cap: int, runs: int = 7) -> dict[str, float]:
+def measure(cap: int, runs: int = 7, cpu: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as td:
-        path = _fill(Path(td), cap)
+        path, slot_size = _fill(Path(td), cap, cpu)
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         body = raw[HEADER_SIZE:]
-        assert body.nbytes == cap * SLOT_DTYPE.itemsize
+        assert body.nbytes == cap * slot_size
 
         def baseline(_: RingReader) -> None:
             body.copy()
@@ -60,7 +61,7 @@ def measure(cap: int, runs: int = 7) -> dict[str, float]:
         base = _median_s(baseline, path, runs)
         poll = _median_s(full_poll, path, runs)
         tail = _median_s(last256, path, runs)
-    return {"cap": cap, "base": base, "poll": poll, "last": tail}
+    return {"cap": cap, "base": base, "poll": poll, "last": tail, "cpu": cpu}
 
 
 def incremental_poll_us(batch: int = 16, polls: int = 200, runs: int = 5) -> float:
@@ -85,11 +86,13 @@ def incremental_poll_us(batch: int = 16, polls: int = 200, runs: int = 5) -> flo
 
 def main() -> int:
     rows = [measure(cap) for cap in (4096, 65536, 1 << 20)]
-    print(f"{'records':>9} {'numpy copy':>14} {'poll':>14} {'poll/copy':>10} {'last(256) us':>13}")
+    rows.append(measure(65536, cpu=True))
+    print(f"{'records':>13} {'numpy copy':>14} {'poll':>14} {'poll/copy':>10} {'last(256) us':>13}")
     for r in rows:
         n = r["cap"]
+        label = f"{int(n)}{' cpu' if r['cpu'] else ''}"
         print(
-            f"{int(n):>9} {n / r['base'] / 1e6:>10.1f} M/s {n / r['poll'] / 1e6:>10.1f} M/s"
+            f"{label:>13} {n / r['base'] / 1e6:>10.1f} M/s {n / r['poll'] / 1e6:>10.1f} M/s"
             f" {r['poll'] / r['base']:>9.1f}x {r['last'] * 1e6:>13.0f}"
         )
     print(f"steady-state poll finding 16 new records: {incremental_poll_us():.1f} us")
