@@ -144,7 +144,15 @@ class Agent:
             )
             self.rings[p] = t
             new.append(t)
-            log.info("ring found", path=p.name, job=h.job, comm=h.comm, rank=grank)
+            log.info(
+                "ring found",
+                path=p.name,
+                job=h.job,
+                comm=h.comm,
+                rank=grank,
+                minor=h.minor,  # 0: a plugin older than the versioned fields (still read)
+                slot_minor=h.slot_minor,
+            )
         return new
 
     def rank_infos(self) -> list[RankInfo]:

@@ -1,8 +1,9 @@
 """The daemons' lifecycle objects and the one transport factory, in process on loopback.
 
 ``CoordinatorServer`` and ``AgentDaemon`` run for real (TLS over TCP from
-``build_transport``, rings written by the job-side writer, the coordinator's
-outputs on disk) and are stopped through ``handle_exit``, the path a signal
+``build_transport``, rings of three format flavours: a minor-0 ring as an old
+plugin wrote it, minor-1 base slots and CPU slots from the job-side writer; the
+coordinator's outputs on disk) and are stopped through ``handle_exit``, the path a signal
 takes. The RDMA fallback to TCP is tested where RDMA cannot run (no pyverbs
 or no device): it must keep the configured TLS.
 """
@@ -39,6 +40,7 @@ from artemis.protocol.transport import (
     TlsConfig,
     build_transport,
 )
+from ring_minor0 import OldRecord, write_minor0_ring
 
 JOB = "lifejob"
 NRANKS = 4
@@ -120,7 +122,12 @@ def _configs(
 
 
 def _write_job(shm: Path) -> list[Path]:
-    """A finished 4-rank job: rank SLOW computes 30% longer before every collective."""
+    """A finished 4-rank job: rank SLOW computes 30% longer before every collective.
+
+    A rolling upgrade in progress: rank SLOW still holds an old plugin (a
+    minor-0 ring), rank 3 a writer with CPU slots, the others minor-1 base slots.
+    """
+    shm.mkdir(parents=True, exist_ok=True)
     paths = []
     ends = [0] * STEPS
     t = 1_000_000
@@ -128,21 +135,43 @@ def _write_job(shm: Path) -> list[Path]:
         t += int(10e6 * 1.3) + 2_000_000  # slowest arrival + transfer
         ends[i] = t
     for r in range(NRANKS):
-        w = RingWriter(shm, JOB, 0xABC, r, NRANKS, 256, clock_kind="host", comm_name="world")
-        prev = 1_000_000
+        starts, prev = [], 1_000_000
         for i in range(STEPS):
-            start = prev + int(10e6 * (1.3 if r == SLOW else 1.0))
+            starts.append(prev + int(10e6 * (1.3 if r == SLOW else 1.0)))
+            prev = ends[i]
+        if r == SLOW:
+            path = shm / rf.ring_filename(JOB, 0xABC, r)
+            old = [OldRecord(i, 1 << 20, starts[i], ends[i], clock=REC_HOST) for i in range(STEPS)]
+            write_minor0_ring(
+                path,
+                256,
+                old,
+                job=JOB,
+                comm_hash=0xABC,
+                rank=r,
+                nranks=NRANKS,
+                clock_kind=rf.CLOCK_HOST,
+                comm_name="world",
+                finished=True,
+            )
+            paths.append(path)
+            continue
+        w = RingWriter(
+            shm, JOB, 0xABC, r, NRANKS, 256, clock_kind="host", comm_name="world", cpu_times=r == 3
+        )
+        for i in range(STEPS):
             w.record(
                 kind=rf.KIND_COLL,
                 func=rf.FUNC_CODES["AllReduce"],
                 dtype=rf.DTYPE_CODES["ncclFloat32"],
                 coll_seq=i,
                 nbytes=1 << 20,
-                start=start,
+                start=starts[i],
                 end=ends[i],
                 clock=REC_HOST,
+                cpu_start_ns=starts[i] // 2,
+                cpu_end_ns=ends[i] // 2,
             )
-            prev = ends[i]
         w.close()  # marks it finished
         paths.append(w.path)
     return paths
@@ -201,8 +230,10 @@ def test_coordinator_and_agent_serve_and_stop(tmp_path: Path, transport: str) ->
     run(main())
     assert not Path(ccfg.control_socket).exists()
     findings = [json.loads(x) for x in Path(ccfg.jsonl).read_text().splitlines()]
+    # The old plugin's rank was read and judged like the others.
     flagged = {f["rank"] for f in findings if f.get("state") == "flagged"}
     assert flagged == {SLOW}, findings
+    assert not [f for f in findings if f["kind"] == "missing"], findings
 
 
 def _frame(body: bytes) -> bytes:

@@ -17,6 +17,7 @@ from artemis.agent.ring import RingError, RingReader, cpu_times_ns, records_to_d
 from artemis.job.ring_writer import REC_DEVICE, REC_HOST, BridgeRingWriter, RingWriter
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ring_minor0 import OldRecord, write_minor0_ring
 
 COMM = 0x0123456789ABCDEF
 
@@ -443,52 +444,22 @@ def test_writer_file_name_and_no_temp_left(tmp_path: Path) -> None:
 # -- format versions ------------------------------------------------------------
 
 
-def _write_minor0_ring(path: Path, cap: int, records: list[tuple[int, int, int, int]]) -> None:
-    """A ring exactly as a minor-0 writer (plugin or job writer before the versioned
-    fields) made it: layout frozen here, independent of ring_format, and every
-    byte from offset 288 on zero except write_index. records: (coll_seq, bytes, start, end)."""
-    buf = bytearray(512 + cap * 64)
-    struct.pack_into(
-        "<QIIIIiiiiQIIQQQQIi",
-        buf,
-        0,
-        0x31474E4952534D41,
-        1,
-        512,
-        64,
-        cap,
-        2,
-        4,
-        1,
-        4242,
-        COMM,
-        1,  # device_ns
-        0,
-        0,
-        123,
-        0,
-        0,
-        5,  # plugin_version: NCCL loaded it as v5
-        6,
-    )
-    buf[96:101] = b"oldjb"
-    buf[224:229] = b"hostO"
-    for t, (cseq, nb, start, end) in enumerate(records):
-        off = 512 + (t % cap) * 64
-        lock = struct.unpack_from("<I", buf, off)[0]
-        struct.pack_into("<I", buf, off, lock + 2)
-        struct.pack_into(
-            "<BBBBBBBBiQQQQQQ", buf, off + 4, 1, 1, 8, 2, 1, 2, 3, 2, -1, t, cseq, nb, 0, start, end
-        )
-    struct.pack_into("<Q", buf, 320, len(records))
-    path.write_bytes(bytes(buf))
-
-
 def test_minor0_ring_still_read(tmp_path: Path) -> None:
     # A rolling upgrade: a job still holding the old plugin keeps being read.
     p = tmp_path / "oldjb.0123456789abcdef.r2.ring"
-    recs = [(i, 4096, 1000 * i, 1000 * i + 400) for i in range(12)]
-    _write_minor0_ring(p, 8, recs)
+    recs = [OldRecord(i, 4096, 1000 * i, 1000 * i + 400) for i in range(12)]
+    write_minor0_ring(
+        p,
+        8,
+        recs,
+        job="oldjb",
+        comm_hash=COMM,
+        rank=2,
+        nranks=4,
+        global_rank=6,
+        host="hostO",
+        pid=4242,
+    )
     with RingReader(p) as r:
         h = r.header()
         assert (h.job, h.host, h.rank, h.global_rank, h.pid, h.plugin_version) == (
