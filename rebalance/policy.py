@@ -616,7 +616,7 @@ class RebalancePolicy:
             return None  # a rank without data cannot be planned around
         with np.errstate(invalid="ignore", divide="ignore"):
             v = np.where(valid, 1000.0 * n / gap, np.nan)
-        return np.asarray(np.nanmedian(v, axis=0), dtype=np.float64)
+        return _nanmedian0(v, valid.sum(axis=0))
 
     def _median_thr(self, windows: Iterable[_Window]) -> float | None:
         vals = [w.throughput for w in windows if w.throughput is not None]
@@ -910,10 +910,23 @@ def _per_rank(
             if v is not None and 0 <= int(r) < nranks:
                 out[int(r)] = float(v)
         return out
-    arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if isinstance(values, np.ndarray):
+        arr = values.astype(np.float64, copy=True)  # the caller's columns stay untouched
+    else:
+        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     if arr.shape != (nranks,):
         raise ValueError(f"{arr.size} values for {nranks} ranks")
     return arr
+
+
+def _nanmedian0(v: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Median over axis 0 ignoring NaN, every column having ``count`` >= 1 numbers: the
+    middle one, or the mean of the middle two (as ``statistics.median``). np.nanmedian
+    does the same through masked arrays, several times slower for a 100k-rank job."""
+    srt = np.sort(v, axis=0)  # NaN sort last
+    lo = np.take_along_axis(srt, ((count - 1) // 2)[None, :], axis=0)[0]
+    hi = np.take_along_axis(srt, (count // 2)[None, :], axis=0)[0]
+    return np.asarray((lo + hi) / 2.0, dtype=np.float64)
 
 
 def _nan_to_none(a: np.ndarray) -> list[float | None]:

@@ -77,6 +77,8 @@ def proportional_split(
     a, b = 0.0, hi / float(s.min())  # total(a) = n*lo <= G <= n*hi = total(b)
     for _ in range(200):
         m = 0.5 * (a + b)
+        if not a < m < b:
+            break  # a and b are neighbouring floats: no further step changes them
         if float(np.clip(m * s, lo, hi).sum()) < global_batch:
             a = m
         else:
