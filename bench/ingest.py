@@ -122,11 +122,11 @@ def _server(mode: str, agents: int, windows: int, port_out: Connection, cpu: int
 async def _serve(mode: str, agents: int, windows: int, out: Connection) -> None:
     from artemis.coordinator.findings import FindingsWriter
     from artemis.coordinator.metrics import Metrics
-    from artemis.coordinator.plans import PlansWriter
     from artemis.coordinator.service import Coordinator
     from artemis.coordinator.settings import Settings
     from artemis.protocol.server import ProtocolServer
     from artemis.protocol.tcp import TcpTransport
+    from artemis.rebalance.outputs import PlansWriter
 
     nranks = agents * RANKS_PER_AGENT
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:

@@ -16,7 +16,6 @@ from artemis.coordinator.config import CoordinatorConfig
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
@@ -26,6 +25,7 @@ from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.server import ProtocolServer
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import Transport, build_transport
+from artemis.rebalance.outputs import PlansWriter
 
 REFUSAL_REASONS = ("auth", "protocol", "timeout", "version")
 

@@ -25,12 +25,12 @@ from artemis.coordinator.findings import Finding, FindingsWriter
 from artemis.coordinator.hang import HangVerdict, check_hang, hang_finding
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.plans import PlanMetrics, PlansWriter, register_plan_metrics
-from artemis.coordinator.policy import PlanEvent, PolicySettings, RebalancePolicy
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Message, Windows
 from artemis.protocol.records import RankProgress
 from artemis.protocol.server import NotConnected, PeerInfo
+from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
+from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
 
 log = structlog.get_logger("artemis.coordinator")
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from typing import Any
+
+from artemis.rebalance.policy import BOUNDS, bound_problem
 
 
 class SettingsError(ValueError):
@@ -46,7 +49,7 @@ class Settings:
     hang_floor_s: float = 10.0
     hang_step_factor: float = 20.0
     rebalance: str = "off"
-    # Bounds for the rebalance policy (read by the policy, validated here).
+    # Bounds for the rebalance policy (read by the policy, checked against its BOUNDS).
     max_shift_frac: float = 0.25
     min_samples: int = 1
     min_plan_interval_windows: int = 4
@@ -198,10 +201,6 @@ def _choice(choices: tuple[str, ...]) -> _Check:
     return lambda v: "" if v in choices else f"one of {', '.join(choices)}"
 
 
-def _frac(v: float) -> str:
-    return "" if 0.0 < v <= 1.0 else "a fraction in (0, 1]"
-
-
 def _opt_count(v: int | None) -> str:
     return "" if v is None or v >= 1 else "a positive integer or none (= number of ranks)"
 
@@ -225,9 +224,15 @@ _RULES: dict[str, tuple[_Parser, Callable[[Any], str], str]] = {
     "hang_floor_s": (_parse_float, _pos, "a number greater than 0"),
     "hang_step_factor": (_parse_float, _pos, "a number greater than 0"),
     "rebalance": (_parse_choice(REBALANCE, {}), _choice(REBALANCE), "one of off, recommend, apply"),
-    "max_shift_frac": (_parse_float, _frac, "a fraction in (0, 1]"),
-    "min_samples": (_parse_int, _at_least(1), "an integer of at least 1"),
-    "min_plan_interval_windows": (_parse_int, _at_least(0), "an integer of at least 0"),
+    # The policy's bounds, stated once in artemis.rebalance.policy.BOUNDS.
+    **{
+        k: (parse, partial(bound_problem, k), BOUNDS[k].describe())
+        for k, parse in (
+            ("max_shift_frac", _parse_float),
+            ("min_samples", _parse_int),
+            ("min_plan_interval_windows", _parse_int),
+        )
+    },
     "gpu_count": (_parse_opt_int, _opt_count, "a positive integer or none (= number of ranks)"),
 }
 _FLOAT_KEYS = frozenset(

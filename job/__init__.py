@@ -1,11 +1,15 @@
 """artemis.job: what a training script may import. Nothing here imports torch at import time.
 
-Rebalance plans (see coordinator/REBALANCE.md)::
+Rebalance plans (see rebalance/README.md, "The job side")::
 
     from artemis.job import RebalanceClient, install_weighted_allreduce
+
+The rules, files and maths live in ``artemis.rebalance``; this package holds
+only what the training script calls.
 """
 
-from .plan_files import PlanFormatError
+from artemis.rebalance.files import PlanFormatError
+
 from .rebalance import RebalanceClient, rank_slice, uniform_split
 from .torch_helpers import (
     RebalancedBatchSampler,

@@ -30,32 +30,26 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .plan_files import (
+from artemis.rebalance.files import (
     DEFAULT_SHM_DIR,
+    UNIFORM_PLAN_ID,
     PlanFormatError,
     ack_path,
     check_job,
+    make_ack,
     plan_path,
     read_json,
     validate_plan,
     write_json_atomic,
 )
+from artemis.rebalance.split import rank_slice, uniform_split
 
 log = logging.getLogger("artemis.job")
 
 _JOB_ENV = ("ARTEMIS_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 _KEEP = 8  # schedule entries kept: enough for a sampler running a few steps ahead
 
-
-def uniform_split(global_batch: int, world_size: int) -> list[int]:
-    q, r = divmod(global_batch, world_size)
-    return [q + 1 if i < r else q for i in range(world_size)]
-
-
-def rank_slice(sizes: list[int], rank: int) -> tuple[int, int]:
-    """[lo, hi) of ``rank``'s samples inside a global batch split into ``sizes``."""
-    lo = sum(sizes[:rank])
-    return lo, lo + sizes[rank]
+__all__ = ["UNIFORM_PLAN_ID", "RebalanceClient", "rank_slice", "uniform_split"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +57,6 @@ class _Entry:
     start: int  # first step this split is used for
     plan_id: str | None  # None: the uniform split the job started with
     sizes: tuple[int, ...]
-
-
-UNIFORM_PLAN_ID = "uniform"  # the ack id for the split a job starts with
 
 
 class RebalanceClient:
@@ -207,14 +198,7 @@ class RebalanceClient:
         self._acked.add(pid)
         if self.job is None:
             return
-        rec = {
-            "version": 1,
-            "id": pid,
-            "rank": self.rank,
-            "step": e.start,
-            "samples": e.sizes[self.rank],
-            "global_batch": self.global_batch,
-        }
+        rec = make_ack(pid, self.rank, e.start, e.sizes[self.rank], self.global_batch)
         try:
             write_json_atomic(ack_path(self.shm_dir, self.job, self.rank), rec)
         except OSError as err:

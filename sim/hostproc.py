@@ -100,16 +100,23 @@ class Pacer:
 def plan_split(
     shm: Path, job: str, sc: Scenario
 ) -> tuple[int | None, list[int] | None, str | None]:
-    """The plan published on this host: (apply_at_step, samples per rank, id)."""
-    from artemis.job.plan_files import plan_path, read_json
+    """The plan published on this host: (apply_at_step, samples per rank, id).
 
-    rec = read_json(plan_path(shm, job))
-    if not isinstance(rec, dict) or "samples" not in rec:
+    Read through the file contract (``artemis.rebalance.files``); a plan that is
+    malformed or for another shape counts as none, as it does for the job's client.
+    """
+    from artemis.rebalance.files import PlanFormatError, read_plan
+
+    try:
+        rec = read_plan(shm, job)
+    except (PlanFormatError, ValueError, OSError):
         return None, None, None
-    samples = [int(x) for x in rec["samples"]]
-    if len(samples) != sc.ranks or sum(samples) != sc.global_batch:
+    if rec is None:
         return None, None, None
-    return int(rec.get("apply_at_step", 0)), samples, str(rec.get("id"))
+    samples = list(rec["samples"])
+    if len(samples) != sc.ranks or rec["global_batch"] != sc.global_batch:
+        return None, None, None
+    return rec["apply_at_step"], samples, rec["id"]
 
 
 def run_host(
@@ -159,7 +166,9 @@ def run_host(
                     host=sc.host_name(host),
                 )
 
-    uniform = sc.global_batch // sc.ranks
+    from artemis.rebalance.split import uniform_split
+
+    uniform = uniform_split(sc.global_batch, sc.ranks)
     clients: dict[int, Any] = {}
     if sc.honours_plans:
         from artemis.job import RebalanceClient
@@ -183,7 +192,7 @@ def run_host(
         for w in range(sc.windows):
             pacer.before_window(w, start_free)
             S = sc.window_steps
-            samples = np.full((S, sc.ranks), float(uniform))
+            samples = np.tile(np.asarray(uniform, dtype=np.float64), (S, 1))
             if clients:
                 at, split, _pid = plan_split(shm, job, sc)
                 if split is not None and at is not None:

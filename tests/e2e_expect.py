@@ -66,7 +66,7 @@ FLAG_WITHIN = 3
 DUMP_FIELDS = ("comm", "rank", "seq", "func", "bytes", "start_ns", "end_ns", "clock", "state")
 DUMP_RECORDS = 256  # "the last 256 collectives per rank"
 # A process "near 100% of a core": the simulated base reading of every rank.
-# REBALANCE.md default bound on a rank's share: +-25% of the uniform split.
+# rebalance/README.md default bound on a rank's share: +-25% of the uniform split.
 DEFAULT_MAX_SHIFT_FRAC = 0.25
 
 

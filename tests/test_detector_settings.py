@@ -50,7 +50,8 @@ def test_set_parses_strings(key: str, text: str, expected: object) -> None:
         ("hardware_classes", "maybe", "auto, on, off"),
         ("rebalance", "yes", "off, recommend, apply"),
         ("min_island_peers", "1", "at least 2"),
-        ("max_shift_frac", "1.5", "(0, 1]"),
+        ("max_shift_frac", "1.5", "[0, 1)"),
+        ("max_shift_frac", "1.0", "[0, 1)"),  # the policy's bound (rebalance.policy.BOUNDS)
         ("gpu_count", "0", "positive integer"),
         ("hang_floor_s", "-1", "greater than 0"),
     ],

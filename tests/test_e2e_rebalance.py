@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.job.plan_files import ack_path, plan_path
+from artemis.rebalance.files import ack_path, plan_path
 from artemis.sim.cluster import SimCluster, SimOptions
 from artemis.sim.scenario import Fault, Scenario, load_scenario
 from e2e_expect import (

@@ -27,7 +27,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from artemis.agent.plans import publish_plan, read_acks  # noqa: E402
+from artemis.agent.plans import publish_plan  # noqa: E402
 from artemis.job import (  # noqa: E402
     RebalanceClient,
     UnevenBatchSplitter,
@@ -35,12 +35,17 @@ from artemis.job import (  # noqa: E402
     install_weighted_allreduce,
     scale_gradients,
 )
+from artemis.rebalance.files import read_acks  # noqa: E402
 
 WORLD = 3
 GB = 12
 STEPS = 5
 LR = 0.1
 JOIN_TIMEOUT_S = 75.0
+
+
+def _acks(shm: Path, job: str) -> dict[int, tuple[str, int]]:
+    return {r: (a["id"], a["step"]) for r, a in read_acks(shm, job).items()}
 
 
 def _model() -> Any:
@@ -177,9 +182,9 @@ def test_uneven_split_with_weights_matches_uniform(tmp_path: Path) -> None:
     assert res[0]["manual"]["sizes"] == [[4, 4, 4]] + [[5, 4, 3]] * 4
     assert all(res[r]["hook"]["sizes"] == res[0]["hook"]["sizes"] for r in range(WORLD))
     # and every rank acknowledged each plan once, at its step
-    assert read_acks(shm, "hook") == {r: ("p-hook", 2) for r in range(WORLD)}
-    assert read_acks(shm, "loss") == {r: ("p-loss", 0) for r in range(WORLD)}
+    assert _acks(shm, "hook") == {r: ("p-hook", 2) for r in range(WORLD)}
+    assert _acks(shm, "loss") == {r: ("p-loss", 0) for r in range(WORLD)}
     # a job with no plan only declares the split it started with
-    assert read_acks(shm, "none") == {r: ("uniform", 0) for r in range(WORLD)}
+    assert _acks(shm, "none") == {r: ("uniform", 0) for r in range(WORLD)}
     assert not any(p.is_alive() for p in ctx.processes)
     assert os.listdir(tmp_path / "shm")  # the files lived where the agent put them

@@ -10,12 +10,12 @@ from pathlib import Path
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import RankInfo, Windows
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.protocol.server import PeerInfo
+from artemis.rebalance.outputs import PlansWriter
 
 JOB = "jj"
 

@@ -27,7 +27,6 @@ from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import AgentDaemon
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.plans import PlansWriter
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
 from artemis.protocol.client import AgentLink
@@ -37,6 +36,7 @@ from artemis.protocol.rdma.loopback import LoopbackAdapter
 from artemis.protocol.rdma.transport import RdmaTransport
 from artemis.protocol.server import ProtocolServer
 from artemis.protocol.session import AgentIdentity
+from artemis.rebalance.outputs import PlansWriter
 from artemis.sim.nccl import NcclStandIn, StandInComm
 
 SECRET = b"rdma end-to-end shared secret"

@@ -1,4 +1,5 @@
-"""Plan and ack files on a node: the agent's publish/read side and the job's client side."""
+"""Plan and ack files on a node (artemis.rebalance.files): the agent's publish side, the
+job's client side, the one ack reader, and the outputs (plans JSONL, plan metrics)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,18 @@ import threading
 from pathlib import Path
 
 import pytest
-from artemis.agent.plans import (
-    AckWatcher,
-    clear_plan,
-    publish_plan,
-    read_ack_records,
-    read_acks,
-    read_plan,
-)
-from artemis.coordinator.plans import PlansWriter, register_plan_metrics
-from artemis.coordinator.policy import PlanEvent
+from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
 from artemis.job import PlanFormatError, RebalanceClient
-from artemis.job.plan_files import ack_path, plan_path
+from artemis.rebalance.files import ack_path, plan_path, read_acks, read_plan
+from artemis.rebalance.outputs import PlansWriter, register_plan_metrics
+from artemis.rebalance.policy import PlanEvent
 
 JOB = "job-7"
+
+
+def acks(shm: Path, job: str = JOB) -> dict[int, tuple[str, int]]:
+    """rank -> (plan id, step) of every rank's latest ack, through the one ack reader."""
+    return {r: (rec["id"], rec["step"]) for r, rec in read_acks(shm, job).items()}
 
 
 def _client(shm: Path, rank: int, ws: int = 4, gb: int = 32) -> RebalanceClient:
@@ -110,7 +109,7 @@ def test_client_uniform_without_plan_or_job(
     c2 = _client(tmp_path, 2)  # a job id, but nothing published
     assert c2.samples_for_step(0) == 8 and c2.grad_weight(5) == 1.0
     # No plan: the only ack is the job's declaration of its starting (uniform) split.
-    assert read_acks(tmp_path, JOB) == {2: ("uniform", 0)}
+    assert acks(tmp_path) == {2: ("uniform", 0)}
     assert read_ack_records(tmp_path, JOB)[2]["samples"] == 8
 
 
@@ -122,13 +121,13 @@ def test_client_switches_at_apply_step_and_acks_once(tmp_path: Path) -> None:
     for s in range(5, 10):
         assert [c.samples_for_step(s) for c in clients] == [8, 8, 8, 8]
     # not applied yet: only the starting split is acknowledged
-    assert read_acks(tmp_path, JOB) == {r: ("uniform", 0) for r in range(4)}
+    assert acks(tmp_path) == {r: ("uniform", 0) for r in range(4)}
     for s in range(10, 20):
         assert [c.samples_for_step(s) for c in clients] == [9, 9, 6, 8]
         assert sum(c.grad_weight(s) for c in clients) == pytest.approx(4.0)
     assert clients[2].grad_weight(12) == pytest.approx(6 * 4 / 32)
     assert clients[1].slice_for_step(12) == (9, 18)
-    assert read_acks(tmp_path, JOB) == {r: ("p1", 10) for r in range(4)}
+    assert acks(tmp_path) == {r: ("p1", 10) for r in range(4)}
     # acked once: the file is not rewritten on later steps
     mt = ack_path(tmp_path, JOB, 0).stat().st_mtime_ns
     ino = ack_path(tmp_path, JOB, 0).stat().st_ino
@@ -144,7 +143,7 @@ def test_client_switches_at_apply_step_and_acks_once(tmp_path: Path) -> None:
     clear_plan(tmp_path, JOB, plan_id="p1-rollback", apply_at_step=60, nranks=4, global_batch=32)
     assert [c.samples_for_step(59) for c in clients] == [9, 9, 6, 8]
     assert [c.samples_for_step(60) for c in clients] == [8, 8, 8, 8]
-    assert read_acks(tmp_path, JOB) == {r: ("p1-rollback", 60) for r in range(4)}
+    assert acks(tmp_path) == {r: ("p1-rollback", 60) for r in range(4)}
 
 
 def test_late_plan_switches_at_the_step_being_asked(tmp_path: Path) -> None:
@@ -154,7 +153,7 @@ def test_late_plan_switches_at_the_step_being_asked(tmp_path: Path) -> None:
     publish_plan(tmp_path, JOB, {"id": "late", "apply_at_step": 20, "samples": [5, 9, 9, 9]})
     assert c.samples_for_step(25) == 8  # already answered: never changes
     assert c.samples_for_step(30) == 5
-    assert read_acks(tmp_path, JOB) == {0: ("late", 30)}
+    assert acks(tmp_path) == {0: ("late", 30)}
 
 
 def test_client_ignores_plans_for_another_shape_and_bad_files(
@@ -166,22 +165,33 @@ def test_client_ignores_plans_for_another_shape_and_bad_files(
     plan_path(tmp_path, JOB).write_text("{not json")
     assert c.split_for_step(2) == [8, 8, 8, 8]
     assert "ignoring plan" in caplog.text
-    assert read_acks(tmp_path, JOB) == {0: ("uniform", 0)}  # the ignored plans: no ack
+    assert acks(tmp_path) == {0: ("uniform", 0)}  # the ignored plans: no ack
 
 
-def test_ack_watcher_reports_each_ack_once(tmp_path: Path) -> None:
-    w = AckWatcher(tmp_path, JOB)
-    assert w.poll() == []
+def test_ack_reader_skips_what_is_not_an_ack(tmp_path: Path) -> None:
+    assert read_acks(tmp_path, JOB) == {}
     publish_plan(tmp_path, JOB, {"id": "p1", "apply_at_step": 2, "samples": [7, 9]})
     a, b = _client(tmp_path, 0, 2, 16), _client(tmp_path, 1, 2, 16)
-    assert w.poll() == [(0, "uniform", 0), (1, "uniform", 0)]  # starting splits
+    assert acks(tmp_path) == {0: ("uniform", 0), 1: ("uniform", 0)}  # starting splits
     a.samples_for_step(2)
-    assert w.poll() == [(0, "p1", 2)]
     b.samples_for_step(3)  # b reads the plan only at step 3: late, switches at 3
-    assert w.poll() == [(1, "p1", 3)]
-    assert w.poll() == []
-    (tmp_path / f"{JOB}.plan-ack.r9.json").write_text("garbage")  # skipped, no crash
-    assert w.poll() == []
+    assert acks(tmp_path) == {0: ("p1", 2), 1: ("p1", 3)}
+    rec = read_acks(tmp_path, JOB)[0]
+    assert rec == {
+        "version": 1,
+        "id": "p1",
+        "rank": 0,
+        "step": 2,
+        "samples": 7,
+        "global_batch": 16,
+    }
+    assert read_ack_records is read_acks  # the agent reads through the same function
+    (tmp_path / f"{JOB}.plan-ack.r9.json").write_text("garbage")
+    (tmp_path / f"{JOB}.plan-ack.r5.json").write_text(json.dumps({"id": "x", "rank": 4}))
+    (tmp_path / f"{JOB}.plan-ack.r6.json").write_text(json.dumps({"rank": 6, "step": 1}))
+    (tmp_path / f"{JOB}.plan-ack.rx.json").write_text(json.dumps({"id": "x", "rank": 0}))
+    assert acks(tmp_path) == {0: ("p1", 2), 1: ("p1", 3)}  # skipped, no crash
+    assert acks(tmp_path, "other-job") == {}
     clear_plan(tmp_path, JOB)  # job gone: files removed
     assert list(tmp_path.iterdir()) == []
 
@@ -202,6 +212,7 @@ def test_plans_writer_and_metrics(tmp_path: Path) -> None:
         throughput_before=2700.0,
         throughput_after=3100.0,
         reason="recovered",
+        job="job-a",
         control={"action": "plan"},
     )
     out = tmp_path / "sub" / "plans.jsonl"
@@ -226,13 +237,21 @@ def test_plans_writer_and_metrics(tmp_path: Path) -> None:
         "throughput_after",
         "reason",
     }
+    assert recs[0]["job"] == "job-a"  # added key
     assert "control" not in recs[0]
     assert sum(recs[0]["before"]) == sum(recs[0]["after"])
     reg = CollectorRegistry()
     m = register_plan_metrics(reg)
+    m.add_job("job-b")
     m.observe(ev)
     text = generate_latest(reg).decode()
-    assert 'straggler_plans_total{status="verified"} 1.0' in text
-    assert 'straggler_plans_total{status="rolled_back"} 0.0' in text
-    assert 'straggler_throughput_samples_per_second{phase="after"} 3100.0' in text
-    assert "straggler_plan_active 1.0" in text
+    assert 'straggler_plans_total{job="job-a",status="verified"} 1.0' in text
+    assert 'straggler_plans_total{job="job-a",status="rolled_back"} 0.0' in text
+    assert 'straggler_throughput_samples_per_second{job="job-a",phase="after"} 3100.0' in text
+    assert 'straggler_plan_active{job="job-a"} 1.0' in text
+    assert 'straggler_plan_active{job="job-b"} 0.0' in text
+    # one job ending removes its series only
+    m.forget_job("job-a")
+    text = generate_latest(reg).decode()
+    assert 'job="job-a"' not in text
+    assert 'straggler_plans_total{job="job-b",status="verified"} 0.0' in text

@@ -15,10 +15,8 @@ import statistics
 from dataclasses import dataclass, field
 
 import pytest
-from artemis.coordinator.policy import (
-    PlanEvent,
-    PolicySettings,
-    RebalancePolicy,
+from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
+from artemis.rebalance.split import (
     proportional_split,
     split_bounds,
     step_compute_ms,

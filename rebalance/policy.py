@@ -1,0 +1,975 @@
+"""Opt-in rebalancing: move batch work away from a slow rank, verify it helped, undo it if not.
+
+Pure: the policy never reads a clock, a file or a socket. Its caller (the
+per-job core) feeds it one call per assembled window (``on_window``) and one per
+acknowledgement that came back from the job (``on_ack``), and forwards what it
+returns: each ``PlanEvent`` is a line for the plans file, and an event whose
+``control`` is set carries the plan the agents must publish to the job
+(control action ``"plan"``). The rules in prose are in rebalance/README.md; the
+life of one plan is the transition table in ``artemis.rebalance.state``.
+
+Its whole state is plain data (``snapshot``/``restore``), so an applied plan
+stays in force and is still verified after a coordinator restart. Its knobs
+change at run time (``update_settings``, ``set_mode``) and its rank count grows
+(``resize``) without losing what it knows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .split import proportional_split, step_compute_ms, uniform_split
+from .state import STATUS_OF, Plan, PlanState
+
+MODES = ("off", "recommend", "apply")
+STATUSES = ("recommended", "applied", "verified", "rolled_back")
+TRIGGER_KINDS = frozenset({"rank", "degraded"})
+TRIGGER_STATES = frozenset({"flagged", "ongoing"})
+RESTORE_REASON = "rank recovered: uniform split restored"
+SNAPSHOT_VERSION = 1
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The allowed range of one numeric knob: ``lo``/``hi`` (None: unbounded), open or closed."""
+
+    lo: float
+    hi: float | None = None
+    hi_open: bool = False
+    integer: bool = False
+
+    def describe(self) -> str:
+        if self.hi is None:
+            kind = "an integer" if self.integer else "a number"
+            return f"{kind} of at least {self.lo:g}"
+        close = ")" if self.hi_open else "]"
+        return f"a number in [{self.lo:g}, {self.hi:g}{close}"
+
+    def problem(self, value: Any) -> str:
+        """ "" when ``value`` is allowed, else what is allowed (for an error message)."""
+        if isinstance(value, bool):
+            return self.describe()
+        if self.integer:
+            ok = isinstance(value, int) and value >= self.lo
+        else:
+            ok = isinstance(value, (int, float)) and math.isfinite(value) and value >= self.lo
+            if ok and self.hi is not None:
+                ok = value < self.hi if self.hi_open else value <= self.hi
+        return "" if ok else self.describe()
+
+
+# The one statement of the policy's bounds. PolicySettings checks every knob here;
+# the coordinator's Settings checks its copies of max_shift_frac, min_samples and
+# min_plan_interval_windows with ``bound_problem`` too, so both refuse the same values
+# with the same words. max_shift_frac < 1: at 1 a rank's share could fall to zero.
+BOUNDS: dict[str, Bound] = {
+    "max_shift_frac": Bound(0.0, 1.0, hi_open=True),
+    "min_samples": Bound(1, integer=True),
+    "min_plan_interval_windows": Bound(0, integer=True),
+    "window_steps": Bound(1, integer=True),
+    "trigger_windows": Bound(1, integer=True),
+    "speed_windows": Bound(1, integer=True),
+    "lead_windows": Bound(0, integer=True),
+    "ack_timeout_windows": Bound(0, integer=True),
+    "verify_windows": Bound(1, integer=True),
+    "baseline_windows": Bound(1, integer=True),
+    "rollback_backoff_windows": Bound(0, integer=True),
+    "min_expected_gain": Bound(0.0),
+    "verify_min_gain": Bound(0.0),
+    "verify_recover_frac": Bound(0.0),
+    "verify_noise_frac": Bound(0.0),
+    "recovered_tolerance": Bound(0.0, 1.0, hi_open=True),
+}
+
+
+def bound_problem(name: str, value: Any) -> str:
+    """ "" when ``value`` is allowed for knob ``name``, else what is allowed."""
+    return BOUNDS[name].problem(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """Knobs of the policy; the coordinator builds this from its ``Settings``."""
+
+    mode: str = "off"  # off | recommend | apply
+    max_shift_frac: float = 0.25  # a rank may lose or gain at most this fraction of uniform
+    min_samples: int = 1  # no rank gets fewer samples per step than this
+    min_plan_interval_windows: int = 4  # windows between two changes of plan
+    window_steps: int = 50  # steps per window, to place apply_at_step when not told
+    trigger_windows: int = 3  # a finding on the same rank this many windows in a row
+    speed_windows: int = 4  # windows over which per-sample speed is measured
+    lead_windows: int = 2  # apply_at_step lies this many windows past the current one
+    ack_timeout_windows: int = 3  # windows after apply_at_step to wait for every ack
+    verify_windows: int = 3  # whole windows after the switch that verification measures
+    min_expected_gain: float = 0.02  # a plan must promise this much faster steps to be made
+    verify_min_gain: float = 0.02  # relative throughput gain that counts as recovered
+    verify_recover_frac: float = 0.5  # ... or this fraction of the throughput lost to the fault
+    verify_noise_frac: float = 0.005  # ... provided the gain is above this noise floor
+    recovered_tolerance: float = 0.05  # slow rank within this of its peers' speed = recovered
+    baseline_windows: int = 8  # healthy windows whose median throughput is the baseline
+    rollback_backoff_windows: int = 16  # no new plan for a rank this long after a failed one
+    id_prefix: str = ""  # lets a restarted coordinator mint ids the job has not seen
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> PolicySettings:
+        """Build from the coordinator's ``Settings`` (fields rebalance, max_shift_frac,
+        min_samples, min_plan_interval_windows); ``overrides`` set any other knob."""
+        base: dict[str, Any] = {
+            "mode": settings.rebalance,
+            "max_shift_frac": settings.max_shift_frac,
+            "min_samples": settings.min_samples,
+            "min_plan_interval_windows": settings.min_plan_interval_windows,
+        }
+        base.update(overrides)
+        return cls(**base)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first knob outside ``BOUNDS`` (or an unknown mode)."""
+        if self.mode not in MODES:
+            raise ValueError(f"rebalance mode must be one of {MODES}, got {self.mode!r}")
+        for name in BOUNDS:
+            value = getattr(self, name)
+            problem = bound_problem(name, value)
+            if problem:
+                raise ValueError(f"{name}={value!r} is not allowed: expected {problem}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(slots=True)
+class PlanEvent:
+    """One change of a plan's status: one line of the plans file (DESIGN "Rebalance plans")."""
+
+    id: str
+    window: int
+    rank: int  # the slow rank the plan works around
+    finding: dict[str, Any] | None  # the finding that triggered it
+    speeds: list[float]  # measured per-sample speed per rank, samples/s of compute
+    before: list[int]  # samples per rank before the plan
+    after: list[int]  # samples per rank under the plan (same sum as before)
+    apply_at_step: int | None  # the step at which every rank switches (None: not sent)
+    status: str  # recommended | applied | verified | rolled_back
+    throughput_before: float | None = None  # samples/s measured before the plan
+    throughput_after: float | None = None  # samples/s measured under the plan
+    reason: str = ""
+    escalate: bool = False  # the plan failed: the coordinator logs it at WARNING
+    job: str = ""  # the job the plan is for (added key; the seed keys stay)
+    # What the agents must publish to the job now (control action "plan"), if anything.
+    # Not part of the plans file: it is an instruction, the line above is the record.
+    control: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plans-file line (rounded for reading; ``to_state`` keeps the exact values)."""
+        return {
+            "id": self.id,
+            "window": self.window,
+            "rank": self.rank,
+            "finding": self.finding,
+            "speeds": [round(s, 3) for s in self.speeds],
+            "before": list(self.before),
+            "after": list(self.after),
+            "apply_at_step": self.apply_at_step,
+            "status": self.status,
+            "throughput_before": _r(self.throughput_before),
+            "throughput_after": _r(self.throughput_after),
+            "reason": self.reason,
+            "escalate": self.escalate,
+            "job": self.job,
+        }
+
+    def to_state(self) -> dict[str, Any]:
+        """Every field exactly (floats survive JSON), control excluded: for snapshots."""
+        d = dataclasses.asdict(self)
+        d.pop("control")
+        return d
+
+    @classmethod
+    def from_state(cls, d: Mapping[str, Any]) -> PlanEvent:
+        return cls(**{k: v for k, v in d.items() if k != "control"})
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass(slots=True)
+class _Window:
+    window: int
+    step_lo: int
+    step_hi: int
+    gap_ms: np.ndarray  # per rank, float64, NaN where not measured
+    samples: np.ndarray  # per rank, float64 (whole numbers), NaN where not reported
+    throughput: float | None  # samples/s for the whole job
+    flagged: frozenset[int]  # ranks with a rank/degraded finding flagged or ongoing
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "step_lo": self.step_lo,
+            "step_hi": self.step_hi,
+            "gap_ms": _nan_to_none(self.gap_ms),
+            "samples": [None if math.isnan(v) else int(v) for v in self.samples.tolist()],
+            "throughput": self.throughput,
+            "flagged": sorted(self.flagged),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> _Window:
+        return cls(
+            window=int(d["window"]),
+            step_lo=int(d["step_lo"]),
+            step_hi=int(d["step_hi"]),
+            gap_ms=_none_to_nan(d["gap_ms"]),
+            samples=_none_to_nan(d["samples"]),
+            throughput=d["throughput"],
+            flagged=frozenset(int(r) for r in d["flagged"]),
+        )
+
+    def padded(self, nranks: int) -> _Window:
+        extra = nranks - self.gap_ms.size
+        pad = np.full(extra, np.nan)
+        return dataclasses.replace(
+            self,
+            gap_ms=np.concatenate([self.gap_ms, pad]),
+            samples=np.concatenate([self.samples, pad]),
+        )
+
+
+class RebalancePolicy:
+    """Decides, per window, whether to rebalance, and follows each plan to its verdict.
+
+    ``nranks`` is the job's world size; ``global_batch`` the samples per step over
+    all ranks (None: learned from the ``samples`` reported by every rank); ``job``
+    is written into every event.
+
+    At most three plans are live at once, each in its own state: advice
+    (RECOMMENDED, recommend mode), the plan in flight (SENT or APPLIED), and the
+    uneven plan in force (VERIFIED). A plan leaves the policy when it reaches a
+    terminal state.
+    """
+
+    def __init__(
+        self,
+        settings: PolicySettings,
+        nranks: int,
+        global_batch: int | None,
+        *,
+        job: str = "",
+    ) -> None:
+        if nranks < 1:
+            raise ValueError("nranks must be >= 1")
+        self.settings = settings
+        self.nranks = nranks
+        self.global_batch = global_batch
+        self.job = job
+        # A learned global batch is a sum over the ranks known then; it is relearned
+        # when more ranks appear. A configured one is the job's and stays.
+        self._gb_learned = global_batch is None
+        self._mode = settings.mode
+        self._history: deque[_Window] = deque(maxlen=_history_len(settings))
+        self._healthy: deque[float] = deque(maxlen=settings.baseline_windows)
+        self._split: list[int] | None = (
+            uniform_split(global_batch, nranks) if global_batch is not None else None
+        )
+        self._plans: list[Plan] = []  # live plans only, at most one per role
+        # rank -> first window it may be planned for again, after its plan was rolled back;
+        # the backoff doubles with each rollback so a fault that rebalancing cannot fix
+        # does not cycle plan -> rollback forever (each rollback escalates to a human).
+        self._blocked: dict[int, int] = {}
+        self._rollbacks: dict[int, int] = {}
+        self._last_change: int | None = None  # window of the last new plan
+        self._now = -1  # the latest window seen
+        self._seq = 0
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    def active_plan(self) -> PlanEvent | None:
+        """The plan the policy is following (sent, applied or verified), or None."""
+        p = self._pending or self._in_force
+        return None if p is None else dataclasses.replace(p.event, control=None)
+
+    @property
+    def plans(self) -> list[Plan]:
+        """The live plans (copies of nothing: read, do not change)."""
+        return list(self._plans)
+
+    @property
+    def split(self) -> list[int] | None:
+        """Samples per rank the job runs on as far as the policy knows."""
+        return None if self._split is None else list(self._split)
+
+    def set_mode(self, mode: str) -> list[PlanEvent]:
+        """Change mode at run time.
+
+        Leaving ``apply`` undoes what the policy put in place (a plan waiting for
+        its step, or an applied uneven split): outside ``apply`` it can no longer
+        verify, roll back or restore, and an unmanaged uneven split is not safe.
+        """
+        if mode not in MODES:
+            raise ValueError(f"rebalance mode must be one of {MODES}, got {mode!r}")
+        old, self._mode = self._mode, mode
+        self.settings = dataclasses.replace(self.settings, mode=mode)
+        out: list[PlanEvent] = []
+        if old == "apply" and mode != "apply":
+            out.extend(
+                self._revert_all(f"rebalance mode changed to {mode}: previous split restored")
+            )
+        if mode != "recommend" and self._advice is not None:
+            self._end(self._advice)
+        return out
+
+    def update_settings(self, settings: PolicySettings) -> None:
+        """Apply new knobs to the running policy; the next window and plan use them.
+
+        The mode is not taken from ``settings``: change it with ``set_mode``, which
+        returns the events of undoing a plan. Plans already made keep their split
+        and steps; only the next decision sees the new bounds.
+        """
+        settings.validate()
+        self.settings = dataclasses.replace(settings, mode=self._mode)
+        n = _history_len(self.settings)
+        if self._history.maxlen != n:
+            self._history = deque(self._history, maxlen=n)
+        if self._healthy.maxlen != self.settings.baseline_windows:
+            self._healthy = deque(self._healthy, maxlen=self.settings.baseline_windows)
+
+    def resize(self, nranks: int) -> list[PlanEvent]:
+        """The job has ``nranks`` ranks now (more than before): keep what still holds.
+
+        History, baselines, back-offs and plan ids are kept (new ranks start with no
+        measurements). A plan splits the batch over the old rank count, and the
+        job's clients ignore a plan for another world size, so a plan in flight or
+        in force cannot be in force any more: it ends with a ``rolled_back`` event
+        that says so, and, when the global batch is known, a control publishing
+        the uniform split for the new size. A learned global batch is relearned.
+        """
+        if nranks < self.nranks:
+            raise ValueError(
+                f"a job's rank count only grows: {nranks} < {self.nranks} is a new run"
+            )
+        if nranks == self.nranks:
+            return []
+        old = self.nranks
+        reason = (
+            f"the job has {nranks} ranks now (was {old}): this plan splits the batch over "
+            f"{old} ranks, which a job of {nranks} ranks ignores; ended, the job runs its "
+            "uniform split"
+        )
+        pending, in_force = self._pending, self._in_force
+        events: list[PlanEvent] = []
+        for p in (pending, in_force):
+            if p is not None:
+                events.append(self._emit(p, PlanState.ROLLED_BACK, window=self._now, reason=reason))
+        if self._advice is not None:
+            self._end(self._advice)
+        self._plans = []
+        self.nranks = nranks
+        self._history = deque(
+            (w.padded(nranks) for w in self._history), maxlen=self._history.maxlen
+        )
+        if self._gb_learned:
+            self.global_batch = None
+            self._split = None
+            self._healthy.clear()  # measured with a batch that lacked the new ranks
+        else:
+            assert self.global_batch is not None
+            self._split = uniform_split(self.global_batch, nranks)
+            if events and self._history:
+                events[-1].control = self._control(
+                    f"{events[-1].id}-resized", self._split, self._apply_step(self._history[-1])
+                )
+        return events
+
+    def on_window(
+        self,
+        window: int,
+        findings: Iterable[Any],
+        gap_ms: Mapping[int, float | None] | np.ndarray | Sequence[float],
+        step_ms: float | None,
+        samples: Mapping[int, int | None] | np.ndarray | Sequence[float] | None = None,
+        *,
+        step_lo: int | None = None,
+        step_hi: int | None = None,
+    ) -> list[PlanEvent]:
+        """Feed one assembled window; returns the plan events it caused (maybe none).
+
+        ``findings`` are the detector's findings of this window: objects with
+        ``.kind/.state/.rank``, mappings with those keys, or (kind, state, rank)
+        tuples. ``gap_ms`` is each rank's compute gap, as a mapping rank -> ms or
+        an array indexed by rank (NaN: not measured); ``samples`` the samples per
+        step each rank reported, likewise (absent: the split the policy believes
+        in). ``step_lo``/``step_hi`` bound the window's steps (default: window *
+        window_steps, one window long).
+        """
+        ws = self.settings.window_steps
+        lo = window * ws if step_lo is None else step_lo
+        hi = lo + ws if step_hi is None else step_hi
+        self._now = window
+        fmap = _flagged(findings)
+        gap = _per_rank(gap_ms, self.nranks)
+        gap[~(np.isfinite(gap) & (gap > 0))] = np.nan
+        meas = _per_rank(samples if samples is not None else {}, self.nranks)
+        if self.global_batch is None and bool(np.isfinite(meas).all()):
+            self.global_batch = int(meas.sum())
+            self._split = [int(v) for v in meas.tolist()]
+        thr = None
+        if self.global_batch and step_ms is not None and step_ms > 0:
+            thr = self.global_batch / step_ms * 1000.0
+        w = _Window(
+            window=window,
+            step_lo=lo,
+            step_hi=hi,
+            gap_ms=gap,
+            samples=meas,
+            throughput=thr,
+            flagged=frozenset(fmap),
+        )
+        self._history.append(w)
+        if not w.flagged and self._pending is None and self._in_force is None and thr is not None:
+            self._healthy.append(thr)
+        if self._mode == "off" or self.global_batch is None or self._split is None:
+            return []
+        if self.global_batch < self.nranks * self.settings.min_samples:
+            return []  # nothing to move: every rank already holds the minimum
+        out: list[PlanEvent] = []
+        if self._pending is not None:
+            out.extend(self._follow(w))
+        if self._pending is None:
+            out.extend(self._maybe_restore(w))
+        if self._pending is None and not out:
+            out.extend(self._maybe_plan(w, fmap))
+        return out
+
+    def on_ack(self, plan_id: str, rank: int, step: int | None = None) -> list[PlanEvent]:
+        """A rank's job acknowledged switching to ``plan_id`` (at ``step``).
+
+        Returns the ``applied`` event once every rank has acknowledged. Acks of
+        plans that are no longer followed (withdrawn, rolled back) are ignored.
+        """
+        p = self._pending
+        if p is None or p.state is not PlanState.SENT or p.id != plan_id:
+            return []
+        if not 0 <= rank < self.nranks:
+            return []
+        at = p.event.apply_at_step or 0
+        p.acks[rank] = at if step is None else int(step)
+        if len(p.acks) < self.nranks:
+            return []
+        self._split = list(p.event.after)
+        late = sorted(r for r, s in p.acks.items() if s > at)
+        reason = f"acknowledged by all {self.nranks} ranks"
+        if late:
+            reason += f"; ranks {late} switched after step {at} (at {max(p.acks.values())})"
+        return [self._emit(p, PlanState.APPLIED, reason=reason)]
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain JSON-able data (``json.dumps(..., allow_nan=False)``)."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "job": self.job,
+            "settings": self.settings.to_json(),
+            "nranks": self.nranks,
+            "global_batch": self.global_batch,
+            "global_batch_learned": self._gb_learned,
+            "split": self.split,
+            "history": [w.to_json() for w in self._history],
+            "healthy": list(self._healthy),
+            "plans": [{**p.to_json(), "event": p.event.to_state()} for p in self._plans],
+            "blocked": {str(r): w for r, w in sorted(self._blocked.items())},
+            "rollbacks": {str(r): n for r, n in sorted(self._rollbacks.items())},
+            "last_change": self._last_change,
+            "now": self._now,
+            "seq": self._seq,
+        }
+
+    @classmethod
+    def restore(
+        cls, state: Mapping[str, Any], settings: PolicySettings | None = None
+    ) -> RebalancePolicy:
+        """A policy that carries on exactly where ``snapshot`` left off.
+
+        ``settings`` (e.g. the restarted coordinator's) replace the saved knobs,
+        but not the saved mode: a mode change goes through ``set_mode``, whose
+        events the caller must forward.
+        """
+        if state.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"rebalance snapshot version {state.get('version')!r}, expected {SNAPSHOT_VERSION}"
+            )
+        saved = PolicySettings(**state["settings"])
+        use = saved if settings is None else dataclasses.replace(settings, mode=saved.mode)
+        pol = cls(use, int(state["nranks"]), state["global_batch"], job=str(state["job"]))
+        pol._gb_learned = bool(state["global_batch_learned"])
+        pol._split = None if state["split"] is None else [int(x) for x in state["split"]]
+        pol._history.extend(_Window.from_json(w) for w in state["history"])
+        pol._healthy.extend(float(x) for x in state["healthy"])
+        pol._plans = [Plan.from_json(d, PlanEvent.from_state(d["event"])) for d in state["plans"]]
+        pol._blocked = {int(r): int(w) for r, w in state["blocked"].items()}
+        pol._rollbacks = {int(r): int(n) for r, n in state["rollbacks"].items()}
+        pol._last_change = state["last_change"]
+        pol._now = int(state["now"])
+        pol._seq = int(state["seq"])
+        return pol
+
+    # ------------------------------------------------------------------ roles
+
+    def _role(self, *states: PlanState, restore: bool | None = None) -> Plan | None:
+        for p in self._plans:
+            if p.state in states and (restore is None or p.restore == restore):
+                return p
+        return None
+
+    @property
+    def _pending(self) -> Plan | None:
+        """The plan in flight: sent, or applied and being verified."""
+        return self._role(PlanState.SENT, PlanState.APPLIED)
+
+    @property
+    def _in_force(self) -> Plan | None:
+        """The verified uneven plan the job runs on."""
+        return self._role(PlanState.VERIFIED, restore=False)
+
+    @property
+    def _advice(self) -> Plan | None:
+        """The latest plan recommended in recommend mode."""
+        return self._role(PlanState.RECOMMENDED)
+
+    def _start(self, state: PlanState, window: int, ev: PlanEvent, restore: bool = False) -> Plan:
+        p = Plan.new(state, window, ev, restore=restore)
+        self._plans.append(p)
+        return p
+
+    def _end(self, p: Plan) -> None:
+        p.move(PlanState.ENDED, self._now)
+        self._drop(p)
+
+    def _drop(self, p: Plan) -> None:
+        if p.terminal:
+            self._plans = [q for q in self._plans if q is not p]
+
+    def _emit(
+        self, p: Plan, to: PlanState, control: dict[str, Any] | None = None, **changes: Any
+    ) -> PlanEvent:
+        """Move ``p`` to ``to`` and return its event line (with ``control``, if any)."""
+        p.move(to, self._now)
+        status = _status(to)
+        p.event = dataclasses.replace(p.event, control=None, status=status, **changes)
+        self._drop(p)
+        return dataclasses.replace(p.event, control=control)
+
+    # ------------------------------------------------------------------ internals
+
+    def _next_id(self, window: int, rank: int) -> str:
+        self._seq += 1
+        return f"{self.settings.id_prefix}p{self._seq}-w{window}-r{rank}"
+
+    def _control(self, plan_id: str, split: Sequence[int], apply_at_step: int) -> dict[str, Any]:
+        gb = int(sum(split))
+        return {
+            "action": "plan",
+            "id": plan_id,
+            "apply_at_step": int(apply_at_step),
+            "samples": [int(n) for n in split],
+            "global_batch": gb,
+        }
+
+    def _apply_step(self, w: _Window) -> int:
+        return w.step_hi + self.settings.lead_windows * self.settings.window_steps
+
+    def _speeds(self, windows: Sequence[_Window]) -> np.ndarray | None:
+        """Per-sample compute speed per rank (samples/s): median over windows of samples / gap.
+
+        The median, not a pooled ratio, so one window from before a change (the
+        trigger needs 3 slow windows, the speed looks at 4) does not dilute it.
+        """
+        if not windows:
+            return None
+        gap = np.stack([w.gap_ms for w in windows])
+        n = np.stack([w.samples for w in windows])
+        if self._split is not None:
+            n = np.where(np.isnan(n), np.asarray(self._split, dtype=np.float64), n)
+        valid = np.isfinite(gap) & np.isfinite(n) & (n > 0)
+        if not bool(valid.any(axis=0).all()):
+            return None  # a rank without data cannot be planned around
+        with np.errstate(invalid="ignore", divide="ignore"):
+            v = np.where(valid, 1000.0 * n / gap, np.nan)
+        return _nanmedian0(v, valid.sum(axis=0))
+
+    def _median_thr(self, windows: Iterable[_Window]) -> float | None:
+        vals = [w.throughput for w in windows if w.throughput is not None]
+        return float(np.median(vals)) if vals else None
+
+    def _baseline(self) -> float | None:
+        return float(np.median(list(self._healthy))) if self._healthy else None
+
+    def _interval_ok(self, window: int) -> bool:
+        last = self._last_change
+        return last is None or window - last >= self.settings.min_plan_interval_windows
+
+    def _triggered_rank(self) -> int | None:
+        k = self.settings.trigger_windows
+        if len(self._history) < k:
+            return None
+        last = list(self._history)[-k:]
+        if [x.window for x in last] != list(range(last[0].window, last[0].window + k)):
+            return None  # a missing window breaks the run
+        common = frozenset.intersection(*(w.flagged for w in last))
+        if len(common) != 1:
+            # Two ranks flagged together: leave it to the detector's island/host rules.
+            return None
+        return next(iter(common))
+
+    def _maybe_plan(self, w: _Window, fmap: Mapping[int, dict[str, Any]]) -> list[PlanEvent]:
+        s = self.settings
+        rank = self._triggered_rank()
+        if rank is not None and w.window < self._blocked.get(rank, w.window):
+            return []
+        advice = self._advice
+        if rank is None or not self._interval_ok(w.window):
+            if rank is None and advice is not None and not w.flagged:
+                self._end(advice)  # the fault cleared; a new one gets a fresh plan
+            return []
+        if rank >= self.nranks or self.nranks < 2:
+            return []
+        recent = list(self._history)[-s.speed_windows :]
+        speeds = self._speeds(recent)
+        if speeds is None:
+            return []
+        peers = np.delete(speeds, rank)
+        if bool((peers <= speeds[rank]).any()):
+            return []  # flagged, but not the slowest per sample: more samples won't help it
+        now = self._speeds([w])
+        if now is not None:
+            peers_now = float(np.median(np.delete(now, rank)))
+            if now[rank] >= peers_now * (1.0 - s.recovered_tolerance):
+                # Still flagged while the finding clears, but its latest window is on
+                # pace again: a new uneven split would only have to be undone.
+                return []
+        assert self.global_batch is not None and self._split is not None
+        after = proportional_split(speeds, self.global_batch, s.max_shift_frac, s.min_samples)
+        ref = self._split
+        if self._mode == "recommend" and advice is not None:
+            ref = advice.event.after
+        gain = step_compute_ms(ref, speeds) / step_compute_ms(after, speeds) - 1.0
+        if gain < s.min_expected_gain:
+            return []
+        before = list(self._split)
+        pid = self._next_id(w.window, rank)
+        thr_before = self._median_thr(recent)
+        base = self._baseline()
+        lost = (
+            ""
+            if base is None or thr_before is None
+            else (f", {100.0 * (base - thr_before) / base:.1f}% below the healthy baseline")
+        )
+        ev = PlanEvent(
+            id=pid,
+            window=w.window,
+            rank=rank,
+            finding=fmap.get(rank),
+            speeds=[float(x) for x in speeds.tolist()],
+            before=before,
+            after=after,
+            apply_at_step=None,
+            status="recommended",
+            throughput_before=thr_before,
+            reason="",
+            job=self.job,
+        )
+        self._last_change = w.window
+        head = (
+            f"rank {rank} slowest per sample ({speeds[rank]:.1f} samples/s vs peers' median "
+            f"{float(np.median(peers)):.1f}){lost}; predicted {100.0 * gain:.1f}% faster steps"
+        )
+        if self._mode == "recommend":
+            ev.reason = f"{head}; recommend mode: not sent to the job"
+            if advice is not None:
+                self._end(advice)  # superseded by a better one
+            self._start(PlanState.RECOMMENDED, w.window, ev)
+            return [ev]
+        at = self._apply_step(w)
+        ev.apply_at_step = at
+        ev.reason = f"{head}; sent to the job, every rank switches at step {at}"
+        self._start(PlanState.SENT, w.window, ev)
+        return [dataclasses.replace(ev, control=self._control(pid, after, at))]
+
+    def _maybe_restore(self, w: _Window) -> list[PlanEvent]:
+        """Restore the uniform split once the slow rank is as fast per sample as its peers."""
+        act = self._in_force
+        if act is None or self._mode != "apply" or not self._interval_ok(w.window):
+            return []
+        if act.restore_failed:
+            return []  # restoring lost throughput once already; keep the working plan
+        s = self.settings
+        since = [x for x in self._history if x.step_lo >= (act.event.apply_at_step or 0)]
+        if len(since) < s.verify_windows:
+            return []
+        speeds = self._speeds(since[-s.verify_windows :])
+        if speeds is None or self.nranks < 2:
+            return []
+        rank = act.event.rank
+        peers = float(np.median(np.delete(speeds, rank)))
+        if speeds[rank] < (1.0 - s.recovered_tolerance) * peers or rank in w.flagged:
+            return []
+        assert self.global_batch is not None and self._split is not None
+        uniform = uniform_split(self.global_batch, self.nranks)
+        pid = self._next_id(w.window, rank)
+        at = self._apply_step(w)
+        ev = PlanEvent(
+            id=pid,
+            window=w.window,
+            rank=rank,
+            finding=None,
+            speeds=[float(x) for x in speeds.tolist()],
+            before=list(self._split),
+            after=uniform,
+            apply_at_step=at,
+            status="recommended",
+            throughput_before=self._median_thr(since[-s.verify_windows :]),
+            reason=f"{RESTORE_REASON} (sent to the job, every rank switches at step {at})",
+            job=self.job,
+        )
+        self._last_change = w.window
+        self._start(PlanState.SENT, w.window, ev, restore=True)
+        return [dataclasses.replace(ev, control=self._control(pid, uniform, at))]
+
+    def _follow(self, w: _Window) -> list[PlanEvent]:
+        p = self._pending
+        assert p is not None
+        s = self.settings
+        at = p.event.apply_at_step or 0
+        if p.state is PlanState.SENT:
+            if w.step_hi < at + s.ack_timeout_windows * s.window_steps:
+                return []
+            # The job never confirmed: it may not use artemis.job at all, which is a
+            # normal case. Nothing was applied, so nothing may claim a recovery; the
+            # previous split is republished so ranks that did switch come back together.
+            self._back_off(p, w)
+            acked = sorted(p.acks)
+            note = f" (acks from ranks {acked} of {self.nranks})" if acked else ""
+            back = self._withdraw(p, w, "withdrawn")
+            return [
+                self._emit(
+                    p,
+                    PlanState.WITHDRAWN,
+                    control=back,
+                    window=w.window,
+                    reason=(
+                        f"not acknowledged by the job after {w.window - p.event.window} windows"
+                        f"{note}; plan withdrawn, the job keeps its previous split"
+                    ),
+                )
+            ]
+        start = max([at, *p.acks.values()])
+        after_w = [x for x in self._history if x.step_lo >= start]
+        if len(after_w) < s.verify_windows:
+            return []
+        thr_after = self._median_thr(after_w[: s.verify_windows])
+        thr_before = p.event.throughput_before
+        if thr_after is None or thr_before is None or thr_before <= 0:
+            ok, why = False, "throughput could not be measured"
+        elif p.restore:
+            ok = thr_after >= thr_before * (1.0 - s.verify_min_gain)
+            why = f"throughput {_pct(thr_before, thr_after)} ({thr_before:.1f} -> {thr_after:.1f} samples/s)"
+        else:
+            gain = thr_after - thr_before
+            base = self._baseline()
+            lost = None if base is None else base - thr_before
+            ok = gain >= s.verify_min_gain * thr_before or (
+                lost is not None
+                and lost > 0
+                and gain >= s.verify_recover_frac * lost
+                and gain >= s.verify_noise_frac * thr_before
+            )
+            why = f"throughput {_pct(thr_before, thr_after)} ({thr_before:.1f} -> {thr_after:.1f} samples/s"
+            if lost is not None and lost > 0:
+                why += f", {100.0 * gain / lost:.0f}% of the {lost:.1f} samples/s lost"
+            why += ")"
+        old = self._in_force
+        if ok:
+            ev = self._emit(
+                p,
+                PlanState.VERIFIED,
+                window=w.window,
+                throughput_after=thr_after,
+                reason=f"recovered: {why}" if not p.restore else f"{RESTORE_REASON}; {why}",
+            )
+            if old is not None:
+                self._end(old)  # replaced by the refined plan, or by the uniform split
+            if p.restore:
+                self._end(p)  # the uniform split needs no plan in force
+            return [ev]
+        back = self._withdraw(p, w, "rollback")
+        self._split = list(p.event.before)
+        self._last_change = w.window
+        if p.restore:
+            if old is not None:
+                old.restore_failed = True
+        else:
+            self._back_off(p, w)
+        return [
+            self._emit(
+                p,
+                PlanState.ROLLED_BACK,
+                control=back,
+                window=w.window,
+                throughput_after=thr_after,
+                escalate=True,
+                reason=f"did not recover: {why}; previous split restored at step {back['apply_at_step']}",
+            )
+        ]
+
+    def _back_off(self, p: Plan, w: _Window) -> None:
+        """No new plan for this rank for a while (doubling): it failed or was ignored."""
+        if p.restore:
+            return
+        rank = p.event.rank
+        n = self._rollbacks[rank] = self._rollbacks.get(rank, 0) + 1
+        self._blocked[rank] = w.window + self.settings.rollback_backoff_windows * 2 ** (n - 1)
+
+    def _withdraw(self, p: Plan, w: _Window, tag: str) -> dict[str, Any]:
+        """Control that republishes the split in force before ``p``, switching in the future."""
+        return self._control(f"{p.event.id}-{tag}", p.event.before, self._apply_step(w))
+
+    def _revert_all(self, reason: str) -> list[PlanEvent]:
+        """Withdraw the pending plan and undo the applied one: back to the uniform split."""
+        last = self._history[-1] if self._history else None
+        pending, active = self._pending, self._in_force
+        gb = self.global_batch
+        if last is None or gb is None or self._split is None:
+            return []  # no window seen or no batch known: no plan can exist
+        uniform = uniform_split(gb, self.nranks)
+        unsent = pending is not None and pending.state is PlanState.SENT
+        events: list[PlanEvent] = []
+        if pending is not None:
+            events.append(
+                self._emit(pending, PlanState.ROLLED_BACK, window=last.window, reason=reason)
+            )
+        if active is not None:
+            if pending is None or not pending.restore:
+                events.append(
+                    self._emit(active, PlanState.ROLLED_BACK, window=last.window, reason=reason)
+                )
+            else:
+                self._end(active)  # the restore's rollback line covers it: uniform either way
+        if events and (self._split != uniform or unsent):
+            # One control for the lot: every rank goes back to the uniform split together.
+            tag = "withdrawn" if unsent else "reverted"
+            events[-1].control = self._control(
+                f"{events[-1].id}-{tag}", uniform, self._apply_step(last)
+            )
+        self._split = uniform
+        self._last_change = last.window
+        return events
+
+
+def _history_len(s: PolicySettings) -> int:
+    """Windows of history the rules read: the trigger and speed runs, and the windows
+    from a plan's step through its ack timeout and its verification (README "Life of a
+    plan"). Bounded so the policy's memory per rank does not grow with the run."""
+    return max(s.trigger_windows, s.speed_windows, s.verify_windows + s.ack_timeout_windows + 2)
+
+
+def _status(state: PlanState) -> str:
+    st = STATUS_OF[state]
+    if st is None:
+        raise ValueError(f"a plan entering {state.value} writes no plans-file line")
+    return st
+
+
+def _per_rank(
+    values: Mapping[int, Any] | np.ndarray | Sequence[float | None], nranks: int
+) -> np.ndarray:
+    """A float64 array of ``nranks`` from a mapping rank -> value or a sequence (NaN: absent)."""
+    if isinstance(values, Mapping):
+        out = np.full(nranks, np.nan)
+        for r, v in values.items():
+            if v is not None and 0 <= int(r) < nranks:
+                out[int(r)] = float(v)
+        return out
+    if isinstance(values, np.ndarray):
+        arr = values.astype(np.float64, copy=True)  # the caller's columns stay untouched
+    else:
+        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if arr.shape != (nranks,):
+        raise ValueError(f"{arr.size} values for {nranks} ranks")
+    return arr
+
+
+def _nanmedian0(v: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Median over axis 0 ignoring NaN, every column having ``count`` >= 1 numbers: the
+    middle one, or the mean of the middle two (as ``statistics.median``). np.nanmedian
+    does the same through masked arrays, several times slower for a 100k-rank job."""
+    srt = np.sort(v, axis=0)  # NaN sort last
+    lo = np.take_along_axis(srt, ((count - 1) // 2)[None, :], axis=0)[0]
+    hi = np.take_along_axis(srt, (count // 2)[None, :], axis=0)[0]
+    return np.asarray((lo + hi) / 2.0, dtype=np.float64)
+
+
+def _nan_to_none(a: np.ndarray) -> list[float | None]:
+    return [None if math.isnan(v) else v for v in a.tolist()]
+
+
+def _none_to_nan(xs: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else float(v) for v in xs], dtype=np.float64)
+
+
+def _flagged(findings: Iterable[Any]) -> dict[int, dict[str, Any]]:
+    """Ranks with a rank/degraded finding flagged or ongoing, with that finding as a dict."""
+    out: dict[int, dict[str, Any]] = {}
+    for f in findings:
+        if isinstance(f, Mapping):
+            kind, state, rank = f.get("kind"), f.get("state"), f.get("rank")
+            d: dict[str, Any] = dict(f)
+        elif isinstance(f, tuple):
+            kind, state, rank = f[0], f[1], f[2]
+            d = {"kind": kind, "state": state, "rank": rank}
+        else:
+            kind, state, rank = (
+                getattr(f, "kind", None),
+                getattr(f, "state", None),
+                getattr(f, "rank", None),
+            )
+            # The detector's Finding has to_json (exactly the DESIGN keys, JSON-safe).
+            if hasattr(f, "to_json"):
+                d = dict(f.to_json())
+            elif hasattr(f, "to_dict"):
+                d = dict(f.to_dict())
+            elif dataclasses.is_dataclass(f) and not isinstance(f, type):
+                d = dataclasses.asdict(f)
+            else:
+                d = {"kind": kind, "state": state, "rank": rank}
+        if kind in TRIGGER_KINDS and state in TRIGGER_STATES and rank is not None:
+            out.setdefault(int(rank), d)
+    return out
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{100.0 * (b - a) / a:+.1f}%"
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
