@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from artemis.protocol import records
 from artemis.protocol.records import Telemetry
 
 # SM clock below this fraction of the reference (peers' median, else the GPU's
@@ -46,24 +47,8 @@ SLOWING_REASONS = (*THERMAL_REASONS, *POWER_REASONS, "hw_slowdown", "apps_clocks
 # to 128b/130b, so lost bandwidth is not a plain ratio of generations.
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125}
 
-# Telemetry the rules read; absent ones are reported as missing.
-DIAG_FIELDS = (
-    "sm_mhz",
-    "temp_c",
-    "power_w",
-    "power_limit_w",
-    "throttle",
-    "pcie_gen",
-    "pcie_gen_max",
-    "pcie_width",
-    "pcie_width_max",
-    "cpu_pct",
-    "steal_pct",
-    "psi_cpu_some",
-    "load1",
-    "ncpu",
-    "proc_cpu_pct",
-)
+# Telemetry the rules read (tagged DIAG in the schema); absent ones are reported as missing.
+DIAG_FIELDS = records.DIAG_FIELDS
 
 
 @dataclass(frozen=True)

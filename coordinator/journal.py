@@ -3,53 +3,64 @@
 The protocol acks a message once the coordinator took it into window
 assembly, and an acked message is gone from the agent. Without this journal a
 coordinator killed mid-window would lose every summary of the windows it was
-still assembling. With it, each summary is appended here before the ack, each
-scored window gets a release mark, and a restarted coordinator replays what was
-taken but never scored (and remembers what was scored, so a resend is not
-scored twice).
+still assembling. With it, each batch of summaries is appended here before the
+ack, each scored window gets a release mark, and a restarted coordinator
+replays what was taken but never scored (and remembers what was scored, so a
+resend is not scored twice).
 
-Format: a stream of msgpack objects: a header `["h", [RankWindow field names],
-[Telemetry field names]]` (so a journal written by another version still
-reads by name), then `["w", [values...], [telemetry values...]]` per summary
-and `["r", job, window]` per scored window. Values are taken with one C-level
-attribute getter per record: the journal costs a few microseconds a summary. Appends are not fsynced: the journal covers a crash of
-the coordinator process (the kernel keeps the written pages), not of the
-machine. A torn tail (the process died inside a write) is ignored.
+Format (derived from the protocol schema, nothing written by hand): a stream
+of msgpack objects: a header `["h", 2]`, then `["c", batch]` per batch of
+summaries, where `batch` is the columnar wire map of protocol/columns.py (the
+same bytes a minor-1.1 `windows` message carries, columns by name, so a
+journal written by another version still reads), and `["r", job, window]` per
+scored window. A batch costs one column encoding, not a record per rank.
+Journals of the first format (`["h", names, names]`, `["w", values, values]`
+per summary) are still read. Appends are not fsynced: the journal covers a
+crash of the coordinator process (the kernel keeps the written pages), not of
+the machine. A torn tail (the process died inside a write) is ignored.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 import msgpack
+import msgspec
+import numpy as np
 import structlog
+from artemis.protocol.columns import ColumnError, WindowBatch, WindowColumns, from_wire, to_wire
 from artemis.protocol.records import RankWindow, Telemetry
 
 log = structlog.get_logger("artemis.coordinator")
 
 COMPACT_EVERY = 20_000  # release marks between rewrites of the file
+FORMAT = 2
 
-_RW = tuple(f.name for f in dataclasses.fields(RankWindow) if f.name != "telemetry")
-_TEL = tuple(f.name for f in dataclasses.fields(Telemetry))
-_rw_values = attrgetter(*_RW)
-_tel_values = attrgetter(*_TEL)
-_HEADER = msgpack.packb(["h", list(_RW), list(_TEL)])
+_HEADER = msgpack.packb(["h", FORMAT])
 
-
-def _entry(w: RankWindow) -> list[Any]:
-    return ["w", _rw_values(w), _tel_values(w.telemetry)]
+Summaries: TypeAlias = WindowColumns | Iterable[RankWindow]
 
 
-def _window(rw: Sequence[str], tel: Sequence[str], values: Any, tvalues: Any) -> RankWindow:
-    t = dict(zip(tel, tvalues, strict=True))
-    t = {k: v for k, v in t.items() if k in _TEL}
+def _columns(windows: Summaries) -> WindowColumns:
+    if isinstance(windows, WindowColumns):
+        return windows
+    return WindowColumns.from_records(list(windows))
+
+
+def _entry(cols: WindowColumns) -> bytes:
+    packed: bytes = msgpack.packb(["c", to_wire(cols)], use_bin_type=True)
+    return packed
+
+
+def _v1_window(rw: Sequence[str], tel: Sequence[str], values: Any, tvalues: Any) -> RankWindow:
+    """A summary of the first journal format (values listed by the header's names)."""
+    t = {k: v for k, v in zip(tel, tvalues, strict=True) if k in Telemetry.__dataclass_fields__}
     t["missing"] = tuple(t.get("missing") or ())
-    kw = {k: v for k, v in zip(rw, values, strict=True) if k in _RW}
+    kw = {k: v for k, v in zip(rw, values, strict=True) if k in RankWindow.__dataclass_fields__}
+    kw.pop("telemetry", None)
     return RankWindow(**kw, telemetry=Telemetry(**t))
 
 
@@ -59,58 +70,84 @@ class AssemblyJournal:
         self._fh: IO[bytes] | None = None
         self._marks = 0
 
-    def load(self) -> tuple[list[RankWindow], set[tuple[str, int]]]:
+    def load_columns(self) -> tuple[WindowColumns, set[tuple[str, int]]]:
         """(summaries taken but not scored, windows already scored) from the file."""
-        added: list[RankWindow] = []
+        parts: list[WindowColumns] = []
+        v1: list[RankWindow] = []
         released: set[tuple[str, int]] = set()
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return [], set()
+            return WindowColumns.empty(), set()
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
         unpacker.feed(data)
         bad = 0
-        rw_names: Sequence[str] = _RW
-        tel_names: Sequence[str] = _TEL
+        names: tuple[Sequence[str], Sequence[str]] = ((), ())
         try:
             for item in unpacker:
                 try:
-                    if item[0] == "h":
-                        rw_names, tel_names = item[1], item[2]
-                    elif item[0] == "w":
-                        added.append(_window(rw_names, tel_names, item[1], item[2]))
-                    elif item[0] == "r":
+                    tag = item[0]
+                    if tag == "c":
+                        parts.append(from_wire(msgspec.convert(item[1], WindowBatch)))
+                    elif tag == "r":
                         released.add((str(item[1]), int(item[2])))
-                except (IndexError, KeyError, TypeError, ValueError):
+                    elif tag == "h" and len(item) == 3:
+                        names = (item[1], item[2])
+                    elif tag == "w":
+                        v1.append(_v1_window(names[0], names[1], item[1], item[2]))
+                except (
+                    IndexError,
+                    KeyError,
+                    TypeError,
+                    ValueError,
+                    ColumnError,
+                    msgspec.ValidationError,
+                ):
                     bad += 1
         except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError):
             bad += 1  # a torn tail: the process died inside a write
         if bad:
             log.warning("assembly journal: unreadable entries skipped", path=str(self.path), n=bad)
-        pending = [w for w in added if (w.job, w.window) not in released]
-        return pending, released
+        if v1:
+            parts.append(WindowColumns.from_records(v1))
+        cols = WindowColumns.concat(parts)
+        if released and cols.n:
+            keep = [
+                (job, int(w)) not in released
+                for job, w in zip(cols["job"], cols.ints("window").tolist(), strict=True)
+            ]
+            cols = cols.take(np.flatnonzero(keep))
+        return cols, released
 
-    def open(self, pending: Iterable[RankWindow], released: Iterable[tuple[str, int]] = ()) -> None:
+    def load(self) -> tuple[list[RankWindow], set[tuple[str, int]]]:
+        """As `load_columns`, the summaries as records."""
+        cols, released = self.load_columns()
+        return cols.rows(), released
+
+    def open(self, pending: Summaries, released: Iterable[tuple[str, int]] = ()) -> None:
         """Start a fresh file holding only `pending` and the release marks (compaction),
         then append to it."""
         self.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
+        cols = _columns(pending)
         with open(tmp, "wb") as fh:
             fh.write(_HEADER)
             for job, window in released:
                 fh.write(msgpack.packb(["r", job, window]))
-            for w in pending:
-                fh.write(msgpack.packb(_entry(w)))
+            if cols.n:
+                fh.write(_entry(cols))
         os.replace(tmp, self.path)
         self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
         self._marks = 0
 
-    def added(self, windows: Iterable[RankWindow]) -> None:
+    def added(self, windows: Summaries) -> None:
         if self._fh is None:
             return
-        self._fh.write(b"".join(msgpack.packb(_entry(w)) for w in windows))
-        self._fh.flush()
+        cols = _columns(windows)
+        if cols.n:
+            self._fh.write(_entry(cols))
+            self._fh.flush()
 
     def released(self, job: str, window: int) -> bool:
         """Mark a window scored; True when the file is due for compaction."""

@@ -108,7 +108,7 @@ class Coordinator:
         now = self.clock()
         if isinstance(msg, Windows):
             if self.journal is not None:
-                self.journal.added(msg.windows)  # before the ack: see journal.py
+                self.journal.added(msg.columns)  # before the ack: see journal.py
             released: list[AssembledWindow] = []
             for w in msg.windows:
                 js = self._job(w.job)

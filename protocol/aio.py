@@ -13,15 +13,6 @@ T = TypeVar("T")
 log = structlog.get_logger("artemis.protocol.aio")
 
 
-def loop_name() -> str:
-    """Which loop ``run`` would use: "uvloop" or "asyncio"."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
-
-
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion on uvloop when importable, else the default loop.
 

@@ -1,7 +1,7 @@
 """Framing and (de)serialisation, sans-IO.
 
 A frame is a 4-byte big-endian body length followed by the body, one msgpack
-map (see messages.py for its contents). ``encode`` builds a whole frame;
+map (see messages.py for its contents), written and read by msgspec. ``encode`` builds a whole frame;
 ``FrameDecoder`` turns an arbitrary byte stream back into messages.
 
 The decoder never raises on peer input. Each bad frame becomes a
@@ -15,25 +15,17 @@ must close.
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgpack
 from artemis.protocol.messages import (
     PROTOCOL_VERSION,
     Message,
     ProtocolError,
-    message_from_map,
-    message_to_map,
+    decode_body,
+    encode_body,
 )
 
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 HEADER = 4
 _MAX_PREFIX = 0xFFFFFFFF
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    # The protocol uses plain msgpack only; an ext type is a malformed body.
-    raise ValueError(f"msgpack ext type {code} is not part of the protocol")
 
 
 def encode(
@@ -48,7 +40,7 @@ def encode(
     Raises ProtocolError("oversize") when the body would exceed ``max_frame``:
     the peer would refuse it, so the sender must split it instead.
     """
-    body = msgpack.packb(message_to_map(msg, seq=seq, version=version), use_bin_type=True)
+    body = encode_body(msg, seq=seq, version=version)
     n = len(body)
     if n > max_frame:
         raise ProtocolError(
@@ -64,11 +56,7 @@ def decode_frame_body(
 ) -> Message:
     """Decode and validate one frame body (no length prefix); raises ProtocolError."""
     try:
-        m = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_no_ext)
-    except Exception as e:  # msgpack raises a zoo of types (ValueError, FormatError, ...)
-        raise ProtocolError("msgpack", f"frame body is not valid msgpack: {e}") from None
-    try:
-        return message_from_map(m, version)
+        return decode_body(body, version)
     except ProtocolError:
         raise
     except Exception as e:

@@ -1,80 +1,59 @@
 """Window summaries as columns: one array per field for many rank-windows.
 
-This is the in-memory form the coordinator core works on: a node's batch is
-decoded straight into it, assembly concatenates batches, and the detector
-reads its arrays. There are no per-rank Python objects on the hot path;
-`rows()` and `from_records()` convert to and from `RankWindow` for code at the
-edges (tests, the simulator, tools).
+This is the in-memory form the coordinator core works on, and (protocol minor
+1.1) the wire form of a `windows` message: a node's batch is decoded straight
+into it (the cost is per column, not per rank), assembly concatenates
+batches, and the detector reads its arrays. There are no per-rank Python
+objects on the hot path; `rows()` and `from_records()` convert to and from
+`RankWindow` for code at the edges (tests, the simulator, tools, agents of
+the older minor).
+
+The columns are derived from the schema in records.py: every RankWindow field
+is a column of the same name, every Telemetry field a column `tel_<field>`.
 
 Absent numbers: float columns hold NaN; optional integer columns are float64
-with NaN for absent (exact up to 2**53, which every such field is far below).
+with NaN for absent (exact up to 2**53; the wire refuses larger ones there).
 Strings, the `throttle` maps and `missing` are Python lists, one entry a row.
+Arrays decoded from the wire are read-only views of the frame.
+
+Wire form (`WindowBatch`, see protocol/README.md): `n` rows; a numeric column
+is `[dtype, bin]` or, for an optional integer column, `[dtype, bin, validity]`
+with `dtype` one of "<i8" "<i4" "<f8" "<f4" (little-endian) and `validity` a
+bitmap of ceil(n/8) bytes, bit i (LSB first) set when row i is present; an
+optional column that is absent altogether is left out (or nil). Strings, the
+throttle maps and missing are msgpack arrays.
 """
 
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
-from artemis.protocol.records import RankWindow, Telemetry
+from artemis.protocol.records import FLOAT_MAX, U63, RankWindow, Telemetry, field_specs
+
+
+def _column_kind(kind: str, optional: bool) -> str:
+    if kind in ("i", "f", "s"):
+        return ("o" + kind) if optional else kind
+    return kind
+
 
 # Column name -> kind, for RankWindow's own fields (telemetry follows below).
-#   "i": int64, always present; "f": float64, always present (NaN kept as NaN);
+#   "i": int64, always present; "f": float64, always present (finite);
 #   "of": optional float, NaN = absent; "oi": optional int, float64 with NaN = absent;
-#   "s": str; "os": optional str.
-WINDOW_COLUMNS: dict[str, str] = {
-    "job": "s",
-    "comm": "s",
-    "rank": "i",
-    "nranks": "i",
-    "host": "s",
-    "window": "i",
-    "step_lo": "i",
-    "step_hi": "i",
-    "coll_lo": "i",
-    "coll_hi": "i",
-    "gap_ms": "f",
-    "coll_ms": "f",
-    "step_ms": "f",
-    "collectives": "i",
-    "bytes": "i",
-    "lost": "i",
-    "clock": "s",
-    "island": "os",
-    "hw_class": "os",
-    "samples": "oi",
-    "bridge_ms": "of",
-    "bridge_peer": "oi",
-}
-# Telemetry fields, as columns named `tel_<field>`. "t": throttle map or None;
-# "m": the `missing` tuple of names.
+#   "s": str; "os": optional str; "t": throttle map or None; "m": the `missing` tuple.
+_RW_SPECS = {s.name: s for s in field_specs(RankWindow) if s.kind != "r"}
+_TEL_SPECS = {s.name: s for s in field_specs(Telemetry)}
+WINDOW_COLUMNS: dict[str, str] = {n: _column_kind(s.kind, s.optional) for n, s in _RW_SPECS.items()}
+# Telemetry fields, as columns named `tel_<field>`.
 TELEMETRY_COLUMNS: dict[str, str] = {
-    "vendor": "os",
-    "gpu_model": "os",
-    "gpu_index": "oi",
-    "sm_mhz": "of",
-    "sm_mhz_max": "of",
-    "mem_mhz": "of",
-    "temp_c": "of",
-    "power_w": "of",
-    "power_limit_w": "of",
-    "throttle": "t",
-    "pcie_gen": "oi",
-    "pcie_gen_max": "oi",
-    "pcie_width": "oi",
-    "pcie_width_max": "oi",
-    "cpu_pct": "of",
-    "steal_pct": "of",
-    "iowait_pct": "of",
-    "psi_cpu_some": "of",
-    "load1": "of",
-    "ncpu": "oi",
-    "proc_cpu_pct": "of",
-    "missing": "m",
+    n: _column_kind(s.kind, s.optional) for n, s in _TEL_SPECS.items()
 }
 
 _ARRAY_KINDS = ("i", "f", "of", "oi")
@@ -87,18 +66,14 @@ def _all_columns() -> dict[str, str]:
 
 
 COLUMNS: dict[str, str] = _all_columns()
-
-_RW_FIELDS = {f.name for f in fields(RankWindow)} - {"telemetry"}
-_TEL_FIELDS = {f.name for f in fields(Telemetry)}
-assert set(WINDOW_COLUMNS) == _RW_FIELDS, "WINDOW_COLUMNS must name every RankWindow field"
-assert set(TELEMETRY_COLUMNS) == _TEL_FIELDS, "TELEMETRY_COLUMNS must name every Telemetry field"
+_SPECS = {**_RW_SPECS, **{f"tel_{k}": s for k, s in _TEL_SPECS.items()}}
 
 
 @dataclass(frozen=True, slots=True)
 class WindowColumns:
     """Many rank-window summaries, one entry per column per row.
 
-    `cols` maps every name of COLUMNS to a numpy array (kinds i, f, oi) or a
+    `cols` maps every name of COLUMNS to a numpy array (kinds i, f, oi, of) or a
     list (kinds s, os, t, m), all of length `n`.
     """
 
@@ -119,6 +94,22 @@ class WindowColumns:
 
     def __getitem__(self, name: str) -> Any:
         return self.cols[name]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WindowColumns):
+            return NotImplemented
+        if self.n != other.n:
+            return False
+        for name, kind in COLUMNS.items():
+            a, b = self.cols[name], other.cols[name]
+            if kind in _ARRAY_KINDS:
+                if not np.array_equal(a, b, equal_nan=kind != "i"):
+                    return False
+            elif list(a) != list(b):
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
 
     def ints(self, name: str) -> npt.NDArray[np.int64]:
         a: npt.NDArray[np.int64] = self.cols[name]
@@ -211,3 +202,206 @@ def _value(kind: str, v: Any) -> Any:
     if kind == "m":
         return tuple(v)
     return v
+
+
+# --------------------------------------------------------------------------- wire
+
+DTYPES = ("<i8", "<i4", "<f8", "<f4")
+_INT_DTYPES = ("<i8", "<i4")
+_EXACT = float(1 << 53)  # largest integer a float64 column holds exactly
+
+
+class NumCol(msgspec.Struct, frozen=True, array_like=True):
+    """A numeric column on the wire: ``[dtype, data]`` or ``[dtype, data, validity]``."""
+
+    dtype: Literal["<i8", "<i4", "<f8", "<f4"]
+    data: bytes
+    valid: bytes | None = None
+
+
+def _wire_type(name: str, kind: str, hint: Any) -> tuple[Any, Any]:
+    """(type, default) of column `name` in the wire struct, from its schema hint."""
+    if kind in _ARRAY_KINDS:
+        return (NumCol, msgspec.NODEFAULT) if kind in ("i", "f") else (NumCol | None, None)
+    if kind == "s":
+        return list[hint], msgspec.NODEFAULT
+    return list[hint] | None, None
+
+
+def _batch_struct() -> type[msgspec.Struct]:
+    rw_hints = typing.get_type_hints(RankWindow, include_extras=True)
+    tel_hints = typing.get_type_hints(Telemetry, include_extras=True)
+    flds: list[Any] = [("n", typing.Annotated[int, msgspec.Meta(ge=0, le=1 << 24)])]
+    for name, kind in COLUMNS.items():
+        hint = tel_hints[name[4:]] if name.startswith("tel_") else rw_hints[name]
+        tp, default = _wire_type(name, kind, hint)
+        flds.append((name, tp) if default is msgspec.NODEFAULT else (name, tp, default))
+    # Required columns first (a struct's fields with defaults must come last).
+    flds.sort(key=lambda f: len(f) == 3)
+    return msgspec.defstruct("WindowBatch", flds, frozen=True, kw_only=True)
+
+
+# The wire struct of a columnar batch, generated from the schema: strings and
+# maps are validated by msgspec in C, numeric columns by `from_wire` below.
+WindowBatch: Any = _batch_struct()
+
+
+class ColumnError(ValueError):
+    """A column of a batch is invalid; ``column`` names it."""
+
+    def __init__(self, column: str, text: str) -> None:
+        super().__init__(f"{column}: {text}")
+        self.column = column
+        self.text = text
+
+
+def _array(name: str, c: NumCol, n: int) -> npt.NDArray[Any]:
+    dt = np.dtype(c.dtype)
+    if len(c.data) != n * dt.itemsize:
+        raise ColumnError(
+            name, f"expected {n} rows of {c.dtype} ({n * dt.itemsize} bytes), got {len(c.data)}"
+        )
+    return np.frombuffer(c.data, dt)
+
+
+def _first_bad(
+    name: str, what: str, a: npt.NDArray[Any], bad: npt.NDArray[np.bool_]
+) -> ColumnError:
+    i = int(np.argmax(bad))
+    return ColumnError(name, f"expected {what}, got {a[i].item()!r} at row {i}")
+
+
+def _range(what: str, lo: float, hi: float) -> str:
+    if hi >= FLOAT_MAX or hi >= U63:
+        return f"{what} >= {lo}"
+    return f"{what} in [{lo}, {hi}]"
+
+
+def _int_column(name: str, c: NumCol, n: int, lo: float, hi: float) -> npt.NDArray[np.int64]:
+    if c.dtype not in _INT_DTYPES:
+        raise ColumnError(name, f"expected an integer dtype (<i8 or <i4), got {c.dtype}")
+    if c.valid is not None:
+        raise ColumnError(name, "a required column has no validity bitmap")
+    a = _array(name, c, n).astype(np.int64, copy=False)
+    if n and (a.min() < lo or a.max() > hi):
+        raise _first_bad(name, _range("integers", lo, hi), a, (a < lo) | (a > hi))
+    return a
+
+
+def _opt_int_column(
+    name: str, c: NumCol | None, n: int, lo: float, hi: float
+) -> npt.NDArray[np.float64]:
+    if c is None:
+        return np.full(n, math.nan)
+    hi = min(hi, _EXACT)
+    a = _array(name, c, n)
+    if c.dtype in _INT_DTYPES:
+        present = None
+        if c.valid is not None:
+            if len(c.valid) != (n + 7) // 8:
+                raise ColumnError(
+                    name, f"validity bitmap of {len(c.valid)} bytes, expected {(n + 7) // 8}"
+                )
+            bits = np.unpackbits(np.frombuffer(c.valid, np.uint8), count=n, bitorder="little")
+            present = bits.astype(bool)
+        bad = (a < lo) | (a > hi)
+        if present is not None:
+            bad &= present
+        if bad.any():
+            raise _first_bad(name, f"integers in [{lo}, {hi:.0f}]", a, bad)
+        out = a.astype(np.float64)
+        if present is not None:
+            out[~present] = math.nan
+        return out
+    # A float dtype: NaN is absent, the rest must be whole numbers.
+    if c.valid is not None:
+        raise ColumnError(name, "a validity bitmap goes with an integer dtype only")
+    f = a.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isnan(f) & ((f < lo) | (f > hi) | (f != np.floor(f)))
+    if bad.any():
+        raise _first_bad(name, f"whole numbers in [{lo}, {hi:.0f}] or NaN (absent)", f, bad)
+    return f
+
+
+def _float_column(
+    name: str, c: NumCol | None, n: int, lo: float, hi: float, optional: bool
+) -> npt.NDArray[np.float64]:
+    if c is None:
+        return np.full(n, math.nan)
+    if c.valid is not None:
+        raise ColumnError(name, "a validity bitmap goes with an integer dtype only")
+    f = _array(name, c, n).astype(np.float64, copy=False)
+    # NaN fails both comparisons; +-inf fails the finite bounds of every field.
+    ok = (f >= lo) & (f <= hi)
+    if optional:
+        ok |= np.isnan(f)
+    if not ok.all():
+        what = _range("finite numbers", lo, hi) + (" or NaN (absent)" if optional else "")
+        raise _first_bad(name, what, f, ~ok)
+    return f
+
+
+def from_wire(b: Any) -> WindowColumns:
+    """The columns of a decoded `WindowBatch` (types already checked by msgspec);
+    numeric columns are checked here, per column. Raises ColumnError."""
+    n: int = b.n
+    cols: dict[str, Any] = {}
+    for name, kind in COLUMNS.items():
+        v = getattr(b, name)
+        spec = _SPECS[name]
+        if kind == "i":
+            cols[name] = _int_column(name, v, n, spec.lo, spec.hi)
+        elif kind == "oi":
+            cols[name] = _opt_int_column(name, v, n, spec.lo, spec.hi)
+        elif kind in ("f", "of"):
+            cols[name] = _float_column(name, v, n, spec.lo, spec.hi, kind == "of")
+        else:
+            if v is None:
+                v = [()] * n if kind == "m" else [None] * n
+            elif len(v) != n:
+                raise ColumnError(name, f"expected {n} rows, got {len(v)}")
+            cols[name] = v
+    lo, hi = cols["step_lo"], cols["step_hi"]
+    if n and (hi < lo).any():
+        raise _first_bad("step_hi", "step_hi >= step_lo", hi, hi < lo)
+    lo, hi = cols["coll_lo"], cols["coll_hi"]
+    if n and (hi < lo).any():
+        raise _first_bad("coll_hi", "coll_hi >= coll_lo", hi, hi < lo)
+    return WindowColumns(n, cols)
+
+
+def to_wire(wc: WindowColumns) -> dict[str, Any]:
+    """The wire map of `wc` (what `from_wire` reads back): plain msgpack values."""
+    out: dict[str, Any] = {"n": wc.n}
+    for name, kind in COLUMNS.items():
+        v = wc.cols[name]
+        if kind == "i":
+            out[name] = ["<i8", np.asarray(v, dtype="<i8").tobytes()]
+        elif kind == "f":
+            out[name] = ["<f8", np.asarray(v, dtype="<f8").tobytes()]
+        elif kind == "of":
+            a = np.asarray(v, dtype="<f8")
+            if not np.isnan(a).all():
+                out[name] = ["<f8", a.tobytes()]
+        elif kind == "oi":
+            a = np.asarray(v, dtype=np.float64)
+            absent = np.isnan(a)
+            if absent.all():
+                continue
+            col = ["<i8", np.where(absent, 0.0, a).astype("<i8").tobytes()]
+            if absent.any():
+                col.append(np.packbits(~absent, bitorder="little").tobytes())
+            out[name] = col
+        elif kind == "s":
+            out[name] = list(v)
+        elif kind == "m":
+            if any(v):
+                out[name] = [list(x) for x in v]
+        elif any(x is not None for x in v):
+            out[name] = list(v)
+    return out
+
+
+_RW_FIELD_NAMES = {f.name for f in fields(RankWindow)} - {"telemetry"}
+assert set(WINDOW_COLUMNS) == _RW_FIELD_NAMES

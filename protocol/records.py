@@ -1,9 +1,16 @@
-"""Plain records shared by the agent, the wire and the coordinator core.
+"""The protocol's schema: every record, its fields, types and bounds, in one place.
 
 These are the payloads: the agent builds them, the protocol carries them (as
-msgpack maps, see protocol/README.md), and the scoring core reads them. They are
+msgpack, see protocol/README.md), and the scoring core reads them. They are
 frozen dataclasses of plain values so every room can use them without importing
 another room's machinery.
+
+This module is the single source of truth for the wire. Each field's
+annotation carries its bounds (``msgspec.Meta``); the decoder
+(``messages.py``, msgspec validating in C), the columnar batch
+(``columns.py``), the journal (``coordinator/journal.py``) and the telemetry
+field lists below are all derived from these definitions, so a field added
+here flows everywhere.
 
 Absent telemetry is ``None`` and its name is listed in ``missing``; nothing is
 ever invented.
@@ -11,36 +18,37 @@ ever invented.
 
 from __future__ import annotations
 
+import math
+import sys
+import types
+import typing
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any, Literal
 
-# Telemetry field names, in one place so the agent, the simulator and the
-# diagnosis rules agree on them.
-GPU_FIELDS = (
-    "vendor",  # "nvidia" | "amd"
-    "gpu_model",  # e.g. "NVIDIA H100 80GB HBM3"
-    "gpu_index",  # device index on the host
-    "sm_mhz",  # current SM (graphics) clock
-    "sm_mhz_max",  # max SM clock the device supports
-    "mem_mhz",  # current memory clock
-    "temp_c",  # GPU temperature
-    "power_w",  # power draw
-    "power_limit_w",  # enforced power limit
-    "throttle",  # dict reason -> bool, only reasons the source can report
-    "pcie_gen",  # current PCIe link generation
-    "pcie_gen_max",
-    "pcie_width",  # current PCIe link width (lanes)
-    "pcie_width_max",
-)
-HOST_FIELDS = (
-    "cpu_pct",  # host CPU busy %, all cores
-    "steal_pct",  # host CPU steal %
-    "iowait_pct",  # host iowait %
-    "psi_cpu_some",  # /proc/pressure/cpu some avg10 (%)
-    "load1",  # 1-minute load average
-    "ncpu",  # online CPUs
-    "proc_cpu_pct",  # the rank process's own CPU use, % of one core
-)
+from msgspec import Meta
+
+# -- field types: the bounds every decoder applies ----------------------------
+
+U63 = (1 << 63) - 1
+FLOAT_MAX = sys.float_info.max  # an upper bound refuses +inf; a lower bound refuses NaN
+NAME_MAX = 256  # ids, hosts, job names
+TEXT_MAX = 8192  # free text (error texts, details)
+LIST_MAX = 65536  # entries in any list field
+
+Name = Annotated[str, Meta(min_length=1, max_length=NAME_MAX)]
+ShortName = Annotated[str, Meta(min_length=1, max_length=64)]
+Count = Annotated[int, Meta(ge=0, le=U63)]
+Positive = Annotated[int, Meta(ge=1, le=U63)]
+Seconds = Annotated[float, Meta(ge=0.0, le=FLOAT_MAX)]
+Millis = Annotated[float, Meta(ge=0.0, le=FLOAT_MAX)]
+Nonneg = Annotated[float, Meta(ge=0.0, le=FLOAT_MAX)]
+# Per-process CPU % can exceed 100 (one core is 100), up to the host's core count.
+Percent = Annotated[float, Meta(ge=0.0, le=100.0 * 4096)]
+Celsius = Annotated[float, Meta(ge=-273.15, le=1000.0)]
+Clock = Literal["device", "host", "ticks"]
+ReasonName = Annotated[str, Meta(max_length=64)]
+Throttle = dict[ReasonName, bool]
+Missing = Annotated[tuple[Annotated[str, Meta(max_length=64)], ...], Meta(max_length=64)]
 
 # Throttle reason keys the diagnosis understands (NVML clock-event reasons and
 # their AMD SMI counterparts are mapped onto these by the sources).
@@ -56,32 +64,51 @@ THROTTLE_REASONS = (
 )
 
 
+class Tag(str):
+    """A marker in a field's ``Annotated`` type (msgspec ignores it): its group or use."""
+
+
+GPU = Tag("gpu")  # supplied by the GPU sources (NVML, AMD SMI, the simulator)
+HOST = Tag("host")  # supplied by the host sources (/proc)
+DIAG = Tag("diag")  # read by the diagnosis rules (absent ones are listed in a finding)
+
+
 @dataclass(frozen=True, slots=True)
 class Telemetry:
-    """GPU and host signals for one rank over one window (averages over the window)."""
+    """GPU and host signals for one rank over one window (averages over the window).
 
-    vendor: str | None = None
-    gpu_model: str | None = None
-    gpu_index: int | None = None
-    sm_mhz: float | None = None
-    sm_mhz_max: float | None = None
-    mem_mhz: float | None = None
-    temp_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    throttle: dict[str, bool] | None = None
-    pcie_gen: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width: int | None = None
-    pcie_width_max: int | None = None
-    cpu_pct: float | None = None
-    steal_pct: float | None = None
-    iowait_pct: float | None = None
-    psi_cpu_some: float | None = None
-    load1: float | None = None
-    ncpu: int | None = None
-    proc_cpu_pct: float | None = None
-    missing: tuple[str, ...] = ()
+    Each field's tags: GPU or HOST says which sources supply it; DIAG marks the
+    fields the diagnosis rules read (absent ones are reported as missing in a
+    finding). Add a field here, with its tags, and the agent, the wire, the
+    columns, the journal and the diagnosis all pick it up.
+    """
+
+    vendor: Annotated[ShortName | None, GPU] = None  # "nvidia" | "amd"
+    gpu_model: Annotated[Name | None, GPU] = None  # e.g. "NVIDIA H100 80GB HBM3"
+    gpu_index: Annotated[Count | None, GPU] = None  # device index on the host
+    sm_mhz: Annotated[Nonneg | None, GPU, DIAG] = None  # current SM (graphics) clock
+    sm_mhz_max: Annotated[Nonneg | None, GPU] = None  # max SM clock the device supports
+    mem_mhz: Annotated[Nonneg | None, GPU] = None  # current memory clock
+    temp_c: Annotated[Celsius | None, GPU, DIAG] = None  # GPU temperature
+    power_w: Annotated[Nonneg | None, GPU, DIAG] = None  # power draw
+    power_limit_w: Annotated[Nonneg | None, GPU, DIAG] = None  # enforced power limit
+    throttle: Annotated[Throttle | None, GPU, DIAG] = (
+        None  # reason -> bool, only reasons the source reports
+    )
+    pcie_gen: Annotated[Count | None, GPU, DIAG] = None  # current PCIe link generation
+    pcie_gen_max: Annotated[Count | None, GPU, DIAG] = None
+    pcie_width: Annotated[Count | None, GPU, DIAG] = None  # current PCIe link width (lanes)
+    pcie_width_max: Annotated[Count | None, GPU, DIAG] = None
+    cpu_pct: Annotated[Percent | None, HOST, DIAG] = None  # host CPU busy %, all cores
+    steal_pct: Annotated[Percent | None, HOST, DIAG] = None  # host CPU steal %
+    iowait_pct: Annotated[Percent | None, HOST] = None  # host iowait %
+    psi_cpu_some: Annotated[Percent | None, HOST, DIAG] = None  # /proc/pressure/cpu some avg10 (%)
+    load1: Annotated[Nonneg | None, HOST, DIAG] = None  # 1-minute load average
+    ncpu: Annotated[Count | None, HOST, DIAG] = None  # online CPUs
+    proc_cpu_pct: Annotated[Percent | None, HOST, DIAG] = (
+        None  # the rank process's own CPU, % of one core
+    )
+    missing: Missing = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
@@ -95,31 +122,40 @@ class RankWindow:
     covers collectives [w * window_steps * colls_per_step, (w + 1) * ...), so
     every rank of a communicator numbers the same steps the same way without a
     shared clock. Times are milliseconds measured on the rank's own clock.
+    ``rank`` is the job-wide rank and ``nranks`` the communicator's size, so a
+    rank of a second island's communicator may well be >= nranks: there is no
+    order between them to check.
     """
 
-    job: str
-    comm: str  # communicator hash, 16 hex digits
-    rank: int  # job-wide rank (the ring header's global_rank, else the communicator rank)
-    nranks: int  # size of the communicator this summary comes from
-    host: str
-    window: int
-    step_lo: int  # first step of the window
-    step_hi: int  # one past the last step
-    coll_lo: int  # first collective index (coll_seq) of the window
-    coll_hi: int  # one past the last
-    gap_ms: float  # median per-step compute gap: sum of (next start - previous end) within a step
-    coll_ms: float  # median per-step time inside collectives
-    step_ms: float  # median step time (end of a step's last collective to the next one's)
-    collectives: int
-    bytes: int
-    lost: int  # records lost to overwrite or dropped by the writer in this window
-    clock: str  # "device" | "host" | "ticks"
-    island: str | None = None  # vendor island; None = the coordinator decides
-    hw_class: str | None = None  # GPU class (model) for within-class comparison
-    samples: int | None = None  # samples per step this rank processed (rebalance plans)
-    bridge_ms: float | None = None  # median per-step time in bridge records, if any
-    bridge_peer: int | None = None  # bridge peer island index
+    job: Name
+    comm: Name  # communicator hash, 16 hex digits
+    rank: Count  # job-wide rank (the ring header's global_rank, else the communicator rank)
+    nranks: Positive  # size of the communicator this summary comes from
+    host: Name
+    window: Count
+    step_lo: Count  # first step of the window
+    step_hi: Count  # one past the last step (>= step_lo)
+    coll_lo: Count  # first collective index (coll_seq) of the window
+    coll_hi: Count  # one past the last (>= coll_lo)
+    gap_ms: Millis  # median per-step compute gap: sum of (next start - previous end) in a step
+    coll_ms: Millis  # median per-step time inside collectives
+    step_ms: Millis  # median step time (end of a step's last collective to the next one's)
+    collectives: Count
+    bytes: Count
+    lost: Count  # records lost to overwrite or dropped by the writer in this window
+    clock: Clock
+    island: ShortName | None = None  # vendor island; None = the coordinator decides
+    hw_class: Name | None = None  # GPU class (model) for within-class comparison
+    samples: Count | None = None  # samples per step this rank processed (rebalance plans)
+    bridge_ms: Millis | None = None  # median per-step time in bridge records, if any
+    bridge_peer: Count | None = None  # bridge peer island index
     telemetry: Telemetry = field(default_factory=Telemetry)
+
+    def __post_init__(self) -> None:
+        if self.step_hi < self.step_lo:
+            raise ValueError(f"step_hi: expected >= step_lo ({self.step_lo}), got {self.step_hi}")
+        if self.coll_hi < self.coll_lo:
+            raise ValueError(f"coll_hi: expected >= coll_lo ({self.coll_lo}), got {self.coll_hi}")
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -139,18 +175,36 @@ class RankProgress:
     compared across hosts.
     """
 
-    job: str
-    comm: str
-    rank: int
-    host: str
-    last_done: int  # coll_seq of the last completed collective, -1 if none
-    inflight: int | None  # coll_seq of the collective the rank sits in, if any
-    inflight_s: float  # seconds the rank has been in `inflight` (0 if none)
-    idle_s: float  # seconds since the rank's ring last changed
+    job: Name
+    comm: Name
+    rank: Count
+    host: Name
+    last_done: Annotated[int, Meta(ge=-1, le=U63)]  # coll_seq of the last completed one, -1 if none
+    inflight: Count | None  # coll_seq of the collective the rank sits in, if any
+    inflight_s: Seconds  # seconds the rank has been in `inflight` (0 if none)
+    idle_s: Seconds  # seconds since the rank's ring last changed
     finished: bool = False  # the ring is marked finished (job exited)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """One rank an agent watches on its node (sent in Hello).
+
+    ``rank`` is the job-wide rank and ``nranks`` the communicator's size (no
+    order between the two, as in RankWindow).
+    """
+
+    job: Name
+    comm: Name
+    rank: Count
+    nranks: Positive
+    pid: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
+    gpu_index: Count | None = None
+    vendor: ShortName | None = None
+    gpu_model: Name | None = None
 
 
 def _plain(v: Any) -> Any:
@@ -159,3 +213,97 @@ def _plain(v: Any) -> Any:
     if isinstance(v, Telemetry):
         return v.to_dict()
     return v
+
+
+# -- views derived from the schema --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One scalar field as the columnar form and the range checks see it.
+
+    ``kind``: "i" int, "f" float, "s" str, "b" bool, "t" throttle map, "m"
+    ``missing`` names, "r" a nested record; ``optional``: None allowed;
+    ``lo``/``hi``: numeric bounds (inclusive); ``choices``: allowed strings;
+    ``tags``: the field's Tags.
+    """
+
+    name: str
+    kind: str
+    optional: bool
+    lo: float = -math.inf
+    hi: float = math.inf
+    choices: tuple[str, ...] = ()
+    tags: frozenset[str] = frozenset()
+
+
+def _bounds(extras: tuple[Any, ...]) -> tuple[float, float]:
+    # Kept as given (an int bound stays an exact int: U63 is not a float).
+    lo: float = -math.inf
+    hi: float = math.inf
+    for m in extras:
+        if isinstance(m, Meta):
+            if m.ge is not None:
+                lo = m.ge
+            if m.le is not None:
+                hi = m.le
+    return lo, hi
+
+
+def _peel(tp: Any) -> tuple[Any, bool, tuple[Any, ...]]:
+    """(base type, optional, Annotated extras) of a field annotation, at any nesting."""
+    optional = False
+    extras: tuple[Any, ...] = ()
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp, *rest = typing.get_args(tp)
+            extras += tuple(rest)
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            optional = optional or len(args) < len(typing.get_args(tp))
+            (tp,) = args
+        else:
+            return tp, optional, extras
+
+
+def _spec(name: str, tp: Any) -> FieldSpec:
+    tp, optional, extras = _peel(tp)
+    lo, hi = _bounds(extras)
+    tags = frozenset(x for x in extras if isinstance(x, Tag))
+    origin = typing.get_origin(tp)
+    kind = "r"
+    choices: tuple[str, ...] = ()
+    if tp is bool:
+        kind = "b"
+    elif tp is int:
+        kind = "i"
+    elif tp is float:
+        kind = "f"
+    elif tp is str:
+        kind = "s"
+    elif origin is Literal:
+        kind, choices = "s", typing.get_args(tp)
+    elif origin is dict:
+        kind = "t"
+    elif origin is tuple:
+        kind = "m"
+    return FieldSpec(name, kind, optional, lo, hi, choices, tags)
+
+
+def field_specs(cls: type) -> tuple[FieldSpec, ...]:
+    """Every field of a record, as FieldSpecs derived from its annotations."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(_spec(f.name, hints[f.name]) for f in fields(cls))
+
+
+TELEMETRY_SPECS: tuple[FieldSpec, ...] = field_specs(Telemetry)
+
+# Telemetry field names by group, in declaration order (the agent's sources,
+# the simulator and the diagnosis agree on them through these).
+GPU_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if GPU in s.tags)
+HOST_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if HOST in s.tags)
+# Integer-valued telemetry (averages of these are rounded).
+TELEMETRY_INT_FIELDS: frozenset[str] = frozenset(s.name for s in TELEMETRY_SPECS if s.kind == "i")
+# Telemetry the diagnosis rules read.
+DIAG_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if DIAG in s.tags)

@@ -153,3 +153,57 @@ def demo(
         + ("" if res.ok else f"; run failed: {res.reason}")
     )
     raise typer.Exit(0 if res.ok else 1)
+
+
+@app.command()
+def loadtest(
+    coordinator: Annotated[str, typer.Option(help="The coordinator's HOST:PORT.")],
+    secret_file: Annotated[Path, typer.Option(help="The shared secret (a 0600 file).")],
+    ranks: Annotated[int, typer.Option(min=1, help="Ranks in the synthetic job.")],
+    ranks_per_agent: Annotated[int, typer.Option(min=1, help="Ranks each simulated agent owns.")],
+    windows: Annotated[int, typer.Option(min=1, help="Windows to send.")],
+    window_s: Annotated[float, typer.Option(min=0.0, help="Seconds between windows.")] = 1.0,
+    straggler: Annotated[
+        list[str] | None,
+        typer.Option(help="RANK:SLOWDOWN, e.g. 17:1.3 (repeat for more than one)."),
+    ] = None,
+    job: Annotated[str, typer.Option(help="Job id the summaries carry.")] = "loadtest",
+    ack_timeout_s: Annotated[
+        float, typer.Option(help="Give up waiting for the last acks after this long.")
+    ] = 120.0,
+) -> None:
+    """Play many agents over the real protocol (HMAC auth, columnar windows), one window per
+    --window-s; exit 0 when every summary was acknowledged. Check the coordinator's own
+    outputs (findings JSONL, /metrics) for what it made of them."""
+    from artemis.protocol.aio import run
+    from artemis.protocol.auth import SecretFileError, load_secret
+    from artemis.sim.loadtest import LoadSpec, parse_straggler, run_load
+
+    _setup_logs()
+    try:
+        secret = load_secret(secret_file)
+    except SecretFileError as e:
+        raise typer.BadParameter(str(e), param_hint="--secret-file") from None
+    try:
+        slow = dict(parse_straggler(s) for s in (straggler or []))
+        spec = LoadSpec(
+            coordinator=coordinator,
+            secret=secret,
+            ranks=ranks,
+            ranks_per_agent=ranks_per_agent,
+            windows=windows,
+            window_s=window_s,
+            stragglers=slow,
+            job=job,
+            ack_timeout_s=ack_timeout_s,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    res = run(run_load(spec))
+    typer.echo(
+        f"loadtest {job}: {spec.agents} agents, {ranks} ranks, {windows} windows:"
+        f" {res.acked}/{res.sent} summaries acknowledged in {res.messages} messages;"
+        f" connect {res.connect_s:.2f} s, send+ack {res.send_s:.2f} s"
+        + (f", {res.late_windows} windows started late" if res.late_windows else "")
+    )
+    raise typer.Exit(0 if res.ok else 1)

@@ -7,11 +7,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgpack
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
+from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import RankInfo, Windows
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.protocol.server import PeerInfo
@@ -118,3 +120,39 @@ def test_summaries_come_back_exactly_and_a_torn_tail_is_ignored(tmp_path: Path) 
         fh.write(b"\x92\xa1w\x8f")  # a write cut short
     pending, released = AssemblyJournal(tmp_path / "x.assembly").load()
     assert pending == [first, rw(1, 0)] and released == set()
+
+
+def test_batches_are_columns_and_release_marks_filter_them(tmp_path: Path) -> None:
+    j = AssemblyJournal(tmp_path / "c.assembly")
+    j.open([])
+    j.added(WindowColumns.from_records([rw(0, 0), rw(1, 0), rw(0, 1)]))
+    j.added(Windows(host="h0", windows=(rw(1, 1), rw(2, 1))).columns)
+    j.released(JOB, 0)
+    j.close()
+    cols, released = AssemblyJournal(tmp_path / "c.assembly").load_columns()
+    assert released == {(JOB, 0)}
+    assert cols.rows() == [rw(0, 1), rw(1, 1), rw(2, 1)]
+    # Each batch is one entry, the columnar wire map: no record per rank.
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed((tmp_path / "c.assembly").read_bytes())
+    items = list(unpacker)
+    assert [i[0] for i in items] == ["h", "c", "c", "r"]
+    assert items[1][1]["n"] == 3 and items[1][1]["rank"][0] == "<i8"
+
+
+def test_a_journal_of_the_first_format_is_still_read(tmp_path: Path) -> None:
+    # Written as the previous coordinator did: field names in the header, then values.
+    rw_names = [f for f in RankWindow.__dataclass_fields__ if f != "telemetry"]
+    tel_names = list(Telemetry.__dataclass_fields__)
+    tel = Telemetry(sm_mhz=1900.0, missing=("ncpu",))
+    w = dataclasses.replace(rw(3, 5), telemetry=tel)
+    with open(tmp_path / "old.assembly", "wb") as fh:
+        fh.write(msgpack.packb(["h", rw_names, tel_names]))
+        for x in (w, rw(2, 5), rw(2, 4)):
+            vals = [getattr(x, k) for k in rw_names]
+            tvals = [list(v) if isinstance(v, tuple) else v for v in
+                     (getattr(x.telemetry, k) for k in tel_names)]  # fmt: skip
+            fh.write(msgpack.packb(["w", vals, tvals]))
+        fh.write(msgpack.packb(["r", JOB, 4]))
+    pending, released = AssemblyJournal(tmp_path / "old.assembly").load()
+    assert pending == [w, rw(2, 5)] and released == {(JOB, 4)}

@@ -23,14 +23,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
-from artemis.protocol.records import GPU_FIELDS, HOST_FIELDS, THROTTLE_REASONS, Telemetry
+from artemis.protocol.records import (
+    GPU_FIELDS,
+    HOST_FIELDS,
+    TELEMETRY_INT_FIELDS,
+    THROTTLE_REASONS,
+    Telemetry,
+)
 
 log = logging.getLogger("artemis.agent.telemetry")
 
 ALL_FIELDS: tuple[str, ...] = GPU_FIELDS + HOST_FIELDS
-_INT_FIELDS = frozenset(
-    {"gpu_index", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "ncpu"}
-)
+_INT_FIELDS = TELEMETRY_INT_FIELDS
 _STR_FIELDS = frozenset({"vendor", "gpu_model"})
 _LAST_FIELDS = _STR_FIELDS | {"gpu_index", "ncpu"}
 _MIN_FIELDS = frozenset({"pcie_gen", "pcie_width"})

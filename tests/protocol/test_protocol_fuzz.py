@@ -5,10 +5,10 @@ About 10k generated cases in total, split over several tests so each stays short
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import msgpack
+import msgspec
 from artemis.protocol.codec import FrameDecoder, encode
 from artemis.protocol.messages import (
     MESSAGE_TYPES,
@@ -28,9 +28,9 @@ MAX = 4096
 # Smaller instances than the round-trip tests use: the fuzzer mutates one
 # field per case, so a 256-record dump only costs time.
 MSGS = [
-    dataclasses.replace(m, records=m.records[:3])
+    msgspec.structs.replace(m, records=m.records[:3])
     if isinstance(m, Dump)
-    else dataclasses.replace(m, windows=m.windows[:2])
+    else m.replace(windows=m.windows[:2])
     if isinstance(m, Windows)
     else m
     for m in every_message()

@@ -170,7 +170,7 @@ def test_bad_clients_rejected_and_counted_while_others_served() -> None:
         # 5. An authenticated agent sending a bad field: Error naming the field,
         #    the frame is dropped, the connection stays and serves the next one.
         ch, _ = await raw_authenticated(addr, "raw-1")
-        bad = message_to_map(windows_msg(2), seq=1)
+        bad = message_to_map(windows_msg(2), seq=1, version=(1, 0))
         bad["windows"][1]["gap_ms"] = float("nan")
         import msgpack
 

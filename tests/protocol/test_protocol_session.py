@@ -105,7 +105,7 @@ def test_forged_agent_proof_refused() -> None:
 def test_version_mismatch_refused_on_both_sides_naming_both() -> None:
     # A 2.0 agent hello reaches a 1.0 coordinator.
     a = AgentSession(SECRET, IDENT, version=(2, 0))
-    c = CoordinatorSession(SECRET, SeqTracker())
+    c = CoordinatorSession(SECRET, SeqTracker(), version=(1, 0))
     eff = c.receive(wire(a.hello(), version=(2, 0), peer=(1, 0)))
     ref = [e for e in eff if isinstance(e, Refused)]
     assert ref and ref[0].reason == "version" and "2.0" in ref[0].text and "1.0" in ref[0].text

@@ -1,0 +1,109 @@
+"""`artemis loadtest` against a real coordinator process: 10k ranks, every window scored,
+the injected straggler flagged and nobody else; and a job whose agents speak both
+protocol minors (1.0 per-rank maps, 1.1 columns) scored from both."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import subprocess
+from pathlib import Path
+
+import pytest
+from artemis.protocol.auth import load_secret
+from artemis.sim.loadtest import LoadSpec, parse_straggler, run_load
+from daemon_harness import BIN, Coordinator, wait_for, write_secret
+
+pytestmark = pytest.mark.slow
+
+
+def _scored(c: Coordinator, windows: int) -> bool:
+    v = c.value("straggler_windows_scored_total")
+    return v is not None and v >= windows
+
+
+def test_loadtest_10k_ranks_every_window_scored_straggler_flagged(tmp_path: Path) -> None:
+    secret = write_secret(tmp_path / "secret")
+    c = Coordinator(tmp_path, secret, deadline_s=10.0).start()
+    windows, straggler = 6, 4321
+    try:
+        r = subprocess.run(
+            [
+                str(BIN / "artemis"),
+                "loadtest",
+                "--coordinator", c.address,
+                "--secret-file", str(secret),
+                "--ranks", "10000",
+                "--ranks-per-agent", "500",
+                "--windows", str(windows),
+                "--window-s", "0.2",
+                "--straggler", f"{straggler}:1.4",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        assert f"{10000 * windows}/{10000 * windows} summaries acknowledged" in r.stdout
+        wait_for(lambda: _scored(c, windows), 60, f"{windows} windows scored")
+        assert c.value("straggler_windows_scored_total") == windows
+        assert c.value("straggler_last_window") == windows - 1
+        found = c.findings()
+        assert {f["rank"] for f in found} == {straggler}, collections.Counter(
+            (f["kind"], f["rank"]) for f in found
+        )
+        states = [f["state"] for f in found if f["kind"] == "rank"]
+        assert "flagged" in states
+        assert all(f["window"] < windows for f in found)
+        # No window was short of a rank (a missing-rank finding would say so).
+        assert not [f for f in found if f["kind"] == "missing"]
+    finally:
+        assert c.daemon is not None
+        c.daemon.stop()
+
+
+def test_agents_of_both_protocol_minors_in_one_job_are_both_scored(tmp_path: Path) -> None:
+    secret_path = write_secret(tmp_path / "secret")
+    c = Coordinator(tmp_path, secret_path, deadline_s=10.0).start()
+    windows = 6
+    # Ranks 0-3 on a 1.0 agent (one map per rank), 4-7 on a 1.1 agent (columns);
+    # a straggler on each, so each agent's summaries must have been scored.
+    spec = LoadSpec(
+        coordinator=c.address,
+        secret=load_secret(secret_path),
+        ranks=8,
+        ranks_per_agent=4,
+        windows=windows,
+        window_s=0.05,
+        stragglers={1: 1.35, 6: 1.3},
+        job="mixed",
+        old_agents=1,
+    )
+    try:
+        res = asyncio.run(run_load(spec))
+        assert res.ok and res.acked == 8 * windows
+        wait_for(lambda: _scored(c, windows), 60, f"{windows} windows scored")
+        assert c.value("straggler_windows_scored_total") == windows
+        found = c.findings()
+        flagged = {f["rank"] for f in found if f["state"] == "flagged"}
+        assert flagged == {1, 6}, found
+        assert {f["rank"] for f in found} == {1, 6}
+        # The coordinator saw one agent of each minor.
+        versions = {
+            rec.get("agent"): rec.get("version")
+            for rec in c.daemon.log_records()  # type: ignore[union-attr]
+            if rec.get("event") == "agent connected" and "version" in rec
+        }
+        assert sorted(versions.values()) == ["1.0", "1.1"], versions
+    finally:
+        assert c.daemon is not None
+        c.daemon.stop()
+
+
+def test_straggler_option_parsing() -> None:
+    assert parse_straggler("17:1.3") == (17, 1.3)
+    for bad in ("17", "x:1.3", "17:slow"):
+        with pytest.raises(ValueError, match="RANK:SLOWDOWN"):
+            parse_straggler(bad)
+    with pytest.raises(ValueError, match="not in"):
+        LoadSpec("h:1", b"s", ranks=4, ranks_per_agent=2, windows=1, stragglers={9: 1.2})
