@@ -139,6 +139,15 @@ int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen) {
     }
     cfg->tick_hz = cfg->clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? hz : 0;
 
+    uint64_t age_ms = ART_RECLAIM_AGE_MS;
+    if ((v = env_nonempty("ARTEMIS_RECLAIM_AGE_MS"))) {
+        if (parse_u64(v, &age_ms) || age_ms > 3600000u) {
+            snprintf(err, errlen, "bad ARTEMIS_RECLAIM_AGE_MS='%s' (want 0..3600000)", v);
+            return -1;
+        }
+    }
+    cfg->reclaim_age_ns = age_ms * 1000000ull;
+
     uint64_t slots = ARTEMIS_RING_DEFAULT_SLOTS;
     if ((v = env_nonempty("ARTEMIS_RING_SLOTS"))) {
         if (parse_u64(v, &slots) || slots == 0) {
@@ -220,19 +229,25 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     }
     void *mem = MAP_FAILED;
     const char *what = NULL;
-    if (fchmod(fd, 0644) != 0) what = "fchmod";
-    else if (ftruncate(fd, (off_t)bytes) != 0) what = "ftruncate";
+    int rc = 0;
+    /* posix_fallocate, not ftruncate alone: a sparse file on a full tmpfs maps
+     * fine, and the first store to an unbacked page then raises SIGBUS inside
+     * the training process. Reserving every block first turns a full /dev/shm
+     * into an error here (the plugin then stays off for this communicator).
+     * The reserved blocks read as zero, like ftruncate's. */
+    if (fchmod(fd, 0644) != 0) what = "fchmod", rc = errno;
+    else if ((rc = posix_fallocate(fd, 0, (off_t)bytes)) != 0) what = "reserving space for";
     else if ((mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
-        what = "mmap";
+        what = "mmap", rc = errno;
     if (what) {
-        snprintf(err, errlen, "%s of ring %s failed: %s", what, tmp, strerror(errno));
+        snprintf(err, errlen, "%s ring %s (%zu bytes) failed: %s", what, tmp, bytes, strerror(rc));
         close(fd);
         unlink(tmp);
         return -1;
     }
     close(fd);
 
-    /* ftruncate gave zeroed pages: only the header needs filling. */
+    /* posix_fallocate gave zeroed blocks: only the header needs filling. */
     ArtemisRingHeader *h = (ArtemisRingHeader *)mem;
     h->magic = ARTEMIS_RING_MAGIC;
     h->version = ARTEMIS_RING_VERSION;

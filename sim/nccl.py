@@ -448,6 +448,34 @@ def _cstr(s: str) -> bytes:
     return b
 
 
+# -- NCCL's p2p channel count -----------------------------------------------
+
+# What addP2pToPlan (src/enqueue.cc, 2.27-2.30) computes per direction, with
+# the defaults of one NVLink node: p2pChunkSize 512 KiB (NCCL_P2P_NVL_CHUNKSIZE),
+# p2pnChannelsPerPeer 2 and p2pnChannels 32 (both are tuned per topology).
+P2P_CHUNK = 1 << 19
+P2P_NCHANNELS_PER_PEER = 2
+P2P_NCHANNELS = 32
+
+
+def p2p_nchannels(nbytes: int, nranks: int, nnodes: int = 1) -> int:
+    """nChannels NCCL reports on a P2p event of ``nbytes`` (1 for 0 bytes, never 0)."""
+    nmax = P2P_NCHANNELS_PER_PEER
+    nmin = nmax
+    while nmin * nranks > P2P_NCHANNELS and nmin > 1:
+        nmin //= 2
+    if nbytes == 0:
+        return 1
+    min_part = P2P_CHUNK // 2 if nnodes > 1 else P2P_CHUNK // 8
+    max_part = P2P_CHUNK if nnodes > 1 else P2P_CHUNK * 32
+    nch = min(nmin, -(-nbytes // min_part))
+    part = max(min_part, -(-nbytes // nch))
+    while part > max_part and nch <= nmax // 2:
+        nch *= 2
+        part = -(-nbytes // nch)
+    return nch
+
+
 # -- the stand-in ------------------------------------------------------------
 
 
@@ -760,10 +788,77 @@ class StandInComm:
         op = self.begin_p2p(func, count, dtype, peer, nchannels=nchannels)
         op.complete(kernel_times)
 
+    def group_p2p(
+        self, ops: Sequence[tuple[str, int, str, int]], *, nnodes: int = 1
+    ) -> list[PendingOp]:
+        """ncclGroupStart; ncclSend/ncclRecv per ``(func, count, dtype, peer)``; ncclGroupEnd.
+
+        As NCCL 2.27-2.30 does it (``ncclProfilerStartTaskEvents`` /
+        ``ncclProfilerStopTaskEvents`` around the launch): one GroupApi, a P2pApi
+        per call, then every P2p start of the plan, then every P2p stop. Each P2p
+        reports the channel count ``addP2pToPlan`` gives it (at least 1 for a
+        self Send/Recv too), but a self Send/Recv gets no proxy op (``selfSend ?
+        0 : 2``), so its PendingOp.complete() sends no KernelCh event. An
+        in-place self pair (same buffer) is dropped before the plan: no P2p.
+        """
+        for func, _, _, _ in ops:
+            if func not in ("Send", "Recv"):
+                raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
+        mask = self.nccl.mask.value
+        v4 = self._v4
+        gapi = group = None
+        if not v4 and mask & _NEEDS_GROUP_API:
+            gapi = self._start("group_api", None)
+            self._record(gapi, STATE_GROUP_START_API_STOP, None)
+        apis: list[int | None] = []
+        pa = self._d_p2p_api.p2pApi
+        for func, count, dtype, _ in ops:
+            papi = None
+            if not v4 and mask & _NEEDS_P2P_API:
+                pa.func = _cstr(func)
+                pa.count = count
+                pa.datatype = _cstr(dtype)
+                papi = self._start("p2p_api", gapi)
+                self._stop(papi)
+            apis.append(papi)
+        if not v4:
+            self._record(gapi, STATE_GROUP_END_API_START, None)
+        if mask & _NEEDS_GROUP:
+            group = self._start("group", None)
+        pending: list[PendingOp] = []
+        p = self._d_p2p.p2p
+        for (func, count, dtype, peer), papi in zip(ops, apis, strict=True):
+            nch = p2p_nchannels(count * _TYPE_SIZE.get(dtype, 1), self.nranks, nnodes)
+            h = None
+            if mask & _NEEDS_P2P:
+                p.func = _cstr(func)
+                p.datatype = _cstr(dtype)
+                p.count = count
+                p.peer = peer
+                p.nChannels = nch
+                if not v4:
+                    p.parentGroup = group
+                h = self._start("p2p", group if v4 else papi)
+            # Self: no proxy op, so no KernelCh ever follows (0 channels to emit).
+            pending.append(PendingOp(self, h, 0 if peer == self.rank else nch))
+        for op in pending:
+            self._stop(op.handle)
+        self._stop(group)
+        if not v4:
+            self._stop(gapi)
+        return pending
+
+    def send_recv_self(self, count: int, dtype: str) -> None:
+        """The self pair every all-to-all has: Send and Recv to this rank, no KernelCh."""
+        for op in self.group_p2p(
+            [("Send", count, dtype, self.rank), ("Recv", count, dtype, self.rank)]
+        ):
+            op.complete()
+
     def _kernel_channels(
         self, parent: int | None, nchannels: int, kernel_times: Sequence[tuple[int, int]] | None
     ) -> None:
-        if not self.nccl.mask.value & KERNEL_CH:
+        if not self.nccl.mask.value & KERNEL_CH or nchannels == 0:
             return
         if kernel_times is None:
             # No times given: stamp "now" as a %globaltimer-like epoch-ns clock.
