@@ -550,28 +550,20 @@ static ncclResult_t art_finalize(void *context) {
 /* ------------------------------------------------------------------ */
 /* init                                                                 */
 
-ART_EXPORT ncclProfiler_v6_t ncclProfiler_v6;
-
-/* 1 when the file that holds our code is named like an RCCL plugin. */
-static int loaded_by_rccl(void) {
-    Dl_info info;
-    if (!dladdr((void *)&ncclProfiler_v6, &info) || !info.dli_fname) return 0;
-    const char *base = strrchr(info.dli_fname, '/');
-    base = base ? base + 1 : info.dli_fname;
-    return strstr(base, "rccl") != NULL;
-}
-
 static void set_mask(int *mask, int value) {
     if (mask) atomic_store_explicit((_Atomic int *)(void *)mask, value, RLX);
 }
 
+/* caller: the return address of the init call, inside NCCL or RCCL. */
 static ncclResult_t art_init(void **context, int *mask, const char *comm_name, uint64_t comm_hash,
                              int nnodes, int nranks, int rank, ncclDebugLogger_t logfn,
-                             uint32_t version) {
+                             uint32_t version, const void *caller) {
     if (context) *context = NULL;
     char err[512];
     ArtConfig cfg;
-    if (art_config_load(&cfg, loaded_by_rccl(), err, sizeof err) != 0) {
+    ArtRuntime rt;
+    art_runtime_probe(caller, &rt);
+    if (art_config_load(&cfg, &rt, err, sizeof err) != 0) {
         set_mask(mask, 0);
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
                 err, (unsigned long long)comm_hash, rank);
@@ -623,10 +615,14 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
                 err, (unsigned long long)comm_hash, rank);
         return ncclSuccess;
     }
-    art_log(logfn, NCCL_LOG_INFO, "Artemis profiler v%u: ring %s (%u slots, clock %s)", version,
-            ctx->path, cfg.slots,
+    art_log(logfn, NCCL_LOG_INFO,
+            "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s)",
+            version, ctx->path, cfg.slots,
             cfg.clock_kind == ARTEMIS_CLOCK_HOST ? "host"
-            : cfg.clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? "device ticks" : "device ns");
+            : cfg.clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? "device ticks" : "device ns",
+            rt.rccl ? "RCCL" : "NCCL", cfg.nccl_version, (unsigned long long)cfg.tick_hz,
+            cfg.tick_source == ARTEMIS_TICK_SRC_HIP ? "from HIP"
+            : cfg.tick_source == ARTEMIS_TICK_SRC_DEFAULT ? "default" : "unused");
     *context = ctx;
     return ncclSuccess;
 }
@@ -634,14 +630,16 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
 static ncclResult_t art_init_v4(void **context, int *mask, const char *comm_name,
                                 uint64_t comm_hash, int nnodes, int nranks, int rank,
                                 ncclDebugLogger_t logfn) {
-    return art_init(context, mask, comm_name, comm_hash, nnodes, nranks, rank, logfn, 4);
+    return art_init(context, mask, comm_name, comm_hash, nnodes, nranks, rank, logfn, 4,
+                    __builtin_return_address(0));
 }
 
 #define ART_DEFINE_INIT(N)                                                                     \
     static ncclResult_t art_init_v##N(void **context, uint64_t comm_id, int *mask,             \
                                       const char *comm_name, int nnodes, int nranks, int rank, \
                                       ncclDebugLogger_t logfn) {                               \
-        return art_init(context, mask, comm_name, comm_id, nnodes, nranks, rank, logfn, N);    \
+        return art_init(context, mask, comm_name, comm_id, nnodes, nranks, rank, logfn, N,     \
+                        __builtin_return_address(0));                                          \
     }
 ART_DEFINE_INIT(5)
 ART_DEFINE_INIT(6)

@@ -76,11 +76,23 @@ typedef struct ArtOp {
     ArtCh ch[ART_MAX_CH];
 } ArtOp;
 
+/* What the process around the plugin is, found at init (ring.c art_runtime_probe). */
+typedef struct ArtRuntime {
+    int rccl;              /* RCCL, detected from the process */
+    uint32_t nccl_version; /* ncclGetVersion(), 0 = unknown */
+    int hip;               /* hipGetDevice + hipDeviceGetAttribute were found */
+    int hip_device;        /* current device at init (hip only) */
+    uint64_t hip_tick_hz;  /* hipDeviceAttributeWallClockRate x 1000, 0 = not read */
+} ArtRuntime;
+
 typedef struct ArtConfig {
     int disabled;          /* ARTEMIS_DISABLE=1 */
     int device_timing;     /* 1: KernelCh timing, 0: host only */
     uint32_t clock_kind;   /* ARTEMIS_CLOCK_* */
     uint64_t tick_hz;
+    uint32_t tick_source;  /* ARTEMIS_TICK_SRC_* */
+    uint32_t writer_flags; /* ARTEMIS_WRITER_* */
+    uint32_t nccl_version;
     uint64_t reclaim_age_ns; /* ARTEMIS_RECLAIM_AGE_MS */
     uint32_t slots;        /* power of two, clamped */
     char dir[256];
@@ -122,8 +134,11 @@ ART_HIDDEN uint64_t art_now_mono(void);
 ART_HIDDEN uint64_t art_now_real(void);
 ART_HIDDEN void art_log(ncclDebugLogger_t logfn, ncclDebugLogLevel level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Looks at the library that called init (caller: a code address in it) and at
+ * the process: RCCL or NCCL, its version, HIP's wall-clock rate. */
+ART_HIDDEN void art_runtime_probe(const void *caller, ArtRuntime *rt);
 /* 0 on success; on failure writes one message into err and returns -1. */
-ART_HIDDEN int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen);
+ART_HIDDEN int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errlen);
 ART_HIDDEN int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash,
                                const char *comm_name, int nnodes, int nranks, int rank,
                                uint32_t plugin_version, char *err, size_t errlen);

@@ -478,6 +478,10 @@ def p2p_nchannels(nbytes: int, nranks: int, nnodes: int = 1) -> int:
 
 # -- the stand-in ------------------------------------------------------------
 
+# Stand-in runtime libraries, built next to the plugin (profiler_plugin/tests/
+# standin_runtime.c): NCCL 2.30.3, and RCCL (NCCL code 2.28.3) with its HIP.
+RUNTIMES = {"nccl": "libnccl.so.2", "rccl": "librccl.so"}
+
 
 class NcclStandIn:
     """One loaded plugin, as one NCCL library in one process sees it.
@@ -486,9 +490,11 @@ class NcclStandIn:
     communicator, as in NCCL); ``log_lines`` collects what the plugin logged.
     """
 
-    def __init__(self, lib_path: str | Path, version: int = 7) -> None:
+    def __init__(self, lib_path: str | Path, version: int = 7, runtime: str | None = None) -> None:
         if version not in DESCRIPTORS:
             raise ValueError(f"profiler ABI version {version} is not one of 4, 5, 6, 7")
+        if runtime not in (None, *RUNTIMES):
+            raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIMES)} or None")
         self.version = version
         self.lib_path = Path(lib_path)
         self.lib = ctypes.CDLL(str(self.lib_path), mode=ctypes.RTLD_LOCAL)
@@ -510,6 +516,23 @@ class NcclStandIn:
         self._logfn = LOGFN(self._log)
         _KEEP.append(self._logfn)
         self.comms: list[StandInComm] = []
+        # With a runtime, init is called from inside a stand-in NCCL or RCCL
+        # library (loaded RTLD_LOCAL, as Python loads extension libraries), so
+        # the plugin sees what it would see in a real process: the caller's
+        # ncclGetVersion, RCCL's own symbols, HIP's wall-clock rate.
+        self.runtime = runtime
+        self._via: Any = None
+        if runtime is not None:
+            rt_path = self.lib_path.parent / "standin" / RUNTIMES[runtime]
+            rt = ctypes.CDLL(str(rt_path), mode=ctypes.RTLD_LOCAL)
+            _KEEP.append(rt)
+            via = rt.artemis_standin_init
+            via.restype = c_int
+            via.argtypes = [c_void_p, c_int, c_void_p, c_uint64, c_void_p, c_char_p]
+            via.argtypes += [c_int, c_int, c_int, c_void_p]
+            self._via = via
+            self._init_addr = ctypes.cast(self._init, c_void_p).value
+            self._log_addr = ctypes.cast(self._logfn, c_void_p).value
 
     def _log(
         self, level: int, flags: int, file: bytes | None, line: int, fmt: bytes | None, *a: int
@@ -524,7 +547,20 @@ class NcclStandIn:
         """ncclCommInitRank: calls the plugin's init for a new communicator."""
         ctx = c_void_p(None)
         cname = _cstr(name) if name is not None else None
-        if self.version == 4:
+        if self._via is not None:
+            rc = self._via(
+                self._init_addr,
+                self.version,
+                ctypes.addressof(ctx),
+                comm_hash,
+                ctypes.addressof(self.mask),
+                cname,
+                nnodes,
+                nranks,
+                rank,
+                self._log_addr,
+            )
+        elif self.version == 4:
             rc = self._init(
                 ctypes.addressof(ctx),
                 ctypes.addressof(self.mask),

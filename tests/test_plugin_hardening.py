@@ -183,3 +183,68 @@ def test_a_ring_that_fits_in_the_tiny_folder_still_records(
     proc = _in_tiny_tmpfs(tmp_path, plugin_lib, {"ARTEMIS_RING_SLOTS": "64"})
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert proc.stdout.splitlines()[0] == "1 True", proc.stdout  # the INFO line, a context
+
+
+def _header_u32(path: Path, off: int) -> int:
+    return int.from_bytes(path.read_bytes()[off : off + 4], "little")
+
+
+# artemis_ring.h offsets (minor 1)
+TICK_SOURCE_OFF, WRITER_FLAGS_OFF, NCCL_VERSION_OFF = 292, 296, 300
+TICK_SRC_NONE, TICK_SRC_DEFAULT, TICK_SRC_HIP = 0, 1, 2
+WRITER_RCCL = 1
+
+
+def test_rccl_is_detected_from_the_process_not_the_file_name(
+    plugin_lib: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RCCL resolves NCCL_PROFILER_PLUGIN=artemis to libnccl-profiler-artemis.so
+    # (its profiler prefix is NCCL's). Before the fix the plugin decided from
+    # its own file name and marked RCCL's 100 MHz ticks as ns.
+    assert plugin_lib.name == "libnccl-profiler-artemis.so"
+    monkeypatch.setenv("ARTEMIS_STANDIN_HIP_DEVICE", "3")
+    monkeypatch.setenv("ARTEMIS_STANDIN_HIP_WALLCLOCK_KHZ_3", "25000")
+    n = NcclStandIn(plugin_lib, 6, runtime="rccl")
+    c = n.comm_init(0xAD, rank=0, nranks=2)
+    c.collective("AllReduce", 8, "ncclFloat32", kernel_times=[(100, 350), (110, 300)])
+    path = _ring(shm_dir, 0xAD, 0)
+    with RingReader(path) as r:
+        h = r.header()
+        recs = records_to_dicts(r.poll().done, h)
+    assert (h.clock_kind, h.tick_hz) == ("device_ticks", 25_000_000)  # GPU 3's own rate
+    assert (recs[0]["units"], recs[0]["start_ns"], recs[0]["end_ns"]) == ("ticks", 100, 350)
+    assert _header_u32(path, TICK_SOURCE_OFF) == TICK_SRC_HIP
+    assert _header_u32(path, WRITER_FLAGS_OFF) & WRITER_RCCL
+    assert _header_u32(path, NCCL_VERSION_OFF) == 22803
+    assert "RCCL 22803" in n.log_lines[0] and "from HIP" in n.log_lines[0], n.log_lines
+
+
+def test_rccl_without_a_hip_rate_uses_the_configured_default(
+    plugin_lib: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ARTEMIS_STANDIN_HIP_WALLCLOCK_KHZ_0", "0")  # the query fails
+    n = NcclStandIn(plugin_lib, 7, runtime="rccl")
+    n.comm_init(0xAE, rank=0, nranks=2)
+    monkeypatch.setenv("ARTEMIS_TICK_HZ", "50000000")
+    n.comm_init(0xAF, rank=0, nranks=2)
+    for comm, hz in ((0xAE, 100_000_000), (0xAF, 50_000_000)):
+        path = _ring(shm_dir, comm, 0)
+        with RingReader(path) as r:
+            assert (r.header().clock_kind, r.header().tick_hz) == ("device_ticks", hz)
+        assert _header_u32(path, TICK_SOURCE_OFF) == TICK_SRC_DEFAULT
+
+
+def test_nccl_runtime_gives_ns_and_its_version(plugin_lib: Path, shm_dir: Path) -> None:
+    for version in (4, 7):
+        n = NcclStandIn(plugin_lib, version, runtime="nccl")
+        n.comm_init(0xB0 + version, rank=0, nranks=2)
+        path = _ring(shm_dir, 0xB0 + version, 0)
+        with RingReader(path) as r:
+            assert (r.header().clock_kind, r.header().tick_hz) == ("device_ns", 0)
+        assert _header_u32(path, NCCL_VERSION_OFF) == 23003
+        assert _header_u32(path, WRITER_FLAGS_OFF) == 0
+        assert _header_u32(path, TICK_SOURCE_OFF) == TICK_SRC_NONE
+    # Called from no NCCL at all (plain ctypes): the version is unknown (0).
+    n = NcclStandIn(plugin_lib, 6)
+    n.comm_init(0xB9, rank=0, nranks=2)
+    assert _header_u32(_ring(shm_dir, 0xB9, 0), NCCL_VERSION_OFF) == 0
