@@ -27,7 +27,9 @@ plugin:
 	mkdir -p agent/_plugin
 	# --remove-destination: a new inode, so a process that has the old library
 	# mapped keeps it intact.
-	cp --remove-destination profiler_plugin/build/libnccl-profiler-artemis.so profiler_plugin/build/librccl-profiler-artemis.so profiler_plugin/artemis_ring.h agent/_plugin/
+	# One library for NCCL and RCCL: RCCL loads profiler plugins under NCCL's
+	# libnccl-profiler prefix and the plugin detects RCCL from the process.
+	cp --remove-destination profiler_plugin/build/libnccl-profiler-artemis.so profiler_plugin/artemis_ring.h agent/_plugin/
 
 setup: $(STAMP) plugin
 

@@ -22,8 +22,8 @@ class BuildWithPlugin(build_py):
         dest = HERE / "agent" / "_plugin"
         dest.mkdir(exist_ok=True)
         built = HERE / "profiler_plugin" / "build"
-        for name in (PLUGIN, "librccl-profiler-artemis.so"):
-            shutil.copy2(built / name, dest / name)
+        # One library for NCCL and RCCL (RCCL loads profiler plugins under NCCL's prefix).
+        shutil.copy2(built / PLUGIN, dest / PLUGIN)
         shutil.copy2(HERE / "profiler_plugin" / "artemis_ring.h", dest / "artemis_ring.h")
         super().run()
 

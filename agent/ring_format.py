@@ -202,7 +202,7 @@ HEADER_FIELDS: Fields = [
     ("writer_flags", "<u4", 296),
     ("nccl_version", "<u4", 300),
     ("tsc_hz", "<u8", 304),
-    ("reserved1", "<u8", 312),
+    ("host_fallback", "<u8", 312),
     ("write_index", "<u8", 320),
     ("tsc_anchor", "(2,2)<u8", 328),
     ("reserved2", f"V{HEADER_SIZE - 360}", 360),

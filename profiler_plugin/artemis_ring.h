@@ -190,7 +190,9 @@ typedef struct ArtemisRingHeader {
     uint32_t writer_flags;     /* 296: ARTEMIS_WRITER_* bits */
     uint32_t nccl_version;     /* 300: ncclGetVersion() code of the process, 0 = unknown */
     uint64_t tsc_hz;           /* 304: TSC ticks per second when ARTEMIS_WRITER_TSC, else 0 */
-    uint64_t reserved1;        /* 312 */
+    uint64_t host_fallback;    /* 312: records host-timed although device timing was on: self
+                                *      Send/Recv (NCCL sends them no KernelCh) and ops whose
+                                *      KernelCh never came, reclaimed (accessed atomically) */
     uint64_t write_index;      /* 320: next ticket (accessed atomically), own cache line */
     /* 328: (tsc, CLOCK_MONOTONIC ns) anchor pairs, [0] at creation and [1] refreshed
      * by the writer, so a reader converts TSC host times to ns (minor >= 1). */

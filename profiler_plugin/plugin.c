@@ -266,12 +266,23 @@ static inline void op_release(ArtOp *op) {
     atomic_store_explicit(&ctx->hint, (uint32_t)(op - ctx->ops), RLX);
 }
 
-static void op_complete(ArtOp *op) {
+static inline void count_host_fallback(ArtCtx *ctx) {
+    atomic_fetch_add_explicit(A64(&ctx->hdr->host_fallback), 1, RLX);
+}
+
+/* reclaimed: the op's KernelCh events never came; it completes as a host record
+ * with start = end = its enqueue time (no duration is known), counted. */
+static void op_complete(ArtOp *op, int reclaimed) {
     ArtCtx *ctx = op->ctx;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     uint64_t start = UINT64_MAX, end = 0;
     uint8_t clock = ARTEMIS_REC_DEVICE;
-    if (nch) {
+    uint64_t ticket = atomic_load_explicit(&op->ticket, RLX);
+    if (reclaimed) {
+        start = end = atomic_load_explicit(&op->host_start, RLX);
+        clock = ARTEMIS_REC_HOST;
+        count_host_fallback(ctx);
+    } else if (nch) {
         uint32_t started = atomic_load_explicit(&op->nstarted, RLX);
         if (started > nch) started = nch;
         for (uint32_t k = 0; k < started; k++) {
@@ -281,22 +292,29 @@ static void op_complete(ArtOp *op) {
             if (e > end) end = e;
         }
     }
-    if (!nch || start == UINT64_MAX || end == 0) {
+    if (reclaimed) {
+    } else if (!nch || start == UINT64_MAX || end == 0) {
         /* host timing: configured, no channels, or KernelCh without timers */
         if (nch && !atomic_load_explicit(&ctx->timer_seen, RLX))
             atomic_store_explicit(&ctx->no_timer, 1u, RLX);
-        start = op->host_start;
+        start = atomic_load_explicit(&op->host_start, RLX);
         end = art_now_mono();
         clock = ARTEMIS_REC_HOST;
-    } else if (!atomic_load_explicit(&ctx->timer_seen, RLX)) {
-        atomic_store_explicit(&ctx->timer_seen, 1u, RLX);
+    } else {
+        if (!atomic_load_explicit(&ctx->timer_seen, RLX))
+            atomic_store_explicit(&ctx->timer_seen, 1u, RLX);
+        /* The device has run this op: older ops still waiting for KernelCh may be
+         * reclaimed. A hint, moved in steps of at least 16 tickets (an understated
+         * mark only delays a reclaim) so that most completions only read its line. */
+        if (atomic_load_explicit(&ctx->dev_mark, RLX) + 16u <= ticket + 1u)
+            atomic_store_explicit(&ctx->dev_mark, ticket + 1u, RLX);
     }
 
     ArtemisSlot *s = op->slot;
     uint32_t odd;
-    if (atomic_load_explicit(A64(&s->seq), RLX) != op->ticket || !seq_enter(s, &odd)) {
+    if (atomic_load_explicit(A64(&s->seq), RLX) != ticket || !seq_enter(s, &odd)) {
         count_drop(ctx);
-    } else if (atomic_load_explicit(A64(&s->seq), RLX) != op->ticket) {
+    } else if (atomic_load_explicit(A64(&s->seq), RLX) != ticket) {
         seq_leave(s, odd); /* overwritten meanwhile: leave it unchanged */
         count_drop(ctx);
     } else {
@@ -309,6 +327,62 @@ static void op_complete(ArtOp *op) {
     op_release(op);
 }
 
+/* Takes over the completion of an op whose Coll/P2p stop came but whose channel
+ * bits are still armed: clears them all in one CAS (a KernelCh stop racing with
+ * it either wins, and completes the op itself, or finds its bit clear). */
+static inline int pend_waits(uint64_t e) {
+    return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) && (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL));
+}
+
+/* 1 if op (still ticket t) had its Coll/P2p stop but waits for KernelCh events. */
+static inline int waits_for_channels(ArtOp *op, uint64_t t) {
+    return pend_waits(atomic_load_explicit(&op->pend, RLX)) &&
+           atomic_load_explicit(&op->ticket, RLX) == t;
+}
+
+static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
+    uint64_t e = atomic_load_explicit(&op->pend, ACQ);
+    if (!pend_waits(e)) return 0;
+    if (by_ticket && atomic_load_explicit(&op->ticket, RLX) != want_ticket) return 0;
+    if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, ART_PEND_CLAIMED, ACQREL, RLX))
+        return 0;
+    op_complete(op, 1);
+    return 1;
+}
+
+/* Called at each Coll/P2p start with the new ticket and its clock read: walks
+ * the cursor over tickets at least ART_RECLAIM_LAG older than the newest op
+ * completed with device times, a few per call. An op still waiting for
+ * KernelCh there is reclaimed once it is older than the reclaim age; until then
+ * the cursor waits on it. No timer thread: the next op of the communicator
+ * does it. */
+static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
+    uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
+    uint64_t c = atomic_load_explicit(&ctx->reclaim_cursor, RLX);
+    if (c + ART_RECLAIM_LAG >= mark) return;
+    if (c + ART_RECENT <= ticket) c = ticket - ART_RECENT + 1u; /* older ones: pool-age reclaim */
+    for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
+        uint16_t idx = atomic_load_explicit(&ctx->recent[c & (ART_RECENT - 1u)], RLX);
+        ArtOp *op = &ctx->ops[idx];
+        if (waits_for_channels(op, c) &&
+            atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
+            break; /* too young: look again at the next start */
+        op_reclaim(op, c, 1);
+    }
+    atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
+}
+
+/* The pool is exhausted: reclaim every op that still waits for KernelCh events
+ * after the reclaim age. Runs only when a start would otherwise be dropped. */
+static void reclaim_aged(ArtCtx *ctx) {
+    uint64_t now = art_now_mono();
+    for (uint32_t i = 0; i < ctx->nops; i++) {
+        ArtOp *op = &ctx->ops[i];
+        if (atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns <= now)
+            op_reclaim(op, 0, 0);
+    }
+}
+
 static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                             const char *dtype, size_t count, uint8_t nChannels, const char *algo,
                             const char *proto, int peer) {
@@ -319,9 +393,19 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     if (atomic_load_explicit(&ctx->finished, RLX)) return;
 
     uint32_t nch = 0;
-    if (ctx->device_timing && nChannels && !atomic_load_explicit(&ctx->no_timer, RLX))
-        nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
-    ArtOp *op = op_claim(ctx, ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u));
+    int self = kind == ARTEMIS_KIND_P2P && peer == ctx->rank;
+    if (ctx->device_timing && nChannels && !atomic_load_explicit(&ctx->no_timer, RLX)) {
+        /* NCCL gives a self Send/Recv nChannels >= 1 but no proxy op, so no
+         * KernelCh ever follows (addP2pToPlan, 2.27-2.30): time it on the host. */
+        if (self) count_host_fallback(ctx);
+        else nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
+    }
+    uint64_t pend = ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u);
+    ArtOp *op = op_claim(ctx, pend);
+    if (!op) {
+        reclaim_aged(ctx);
+        op = op_claim(ctx, pend);
+    }
     if (!op) {
         count_drop(ctx);
         return;
@@ -334,11 +418,14 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
                         str_code(ctx, proto, ART_STR_PROTO), nChannels, (int32_t)peer);
     atomic_store_explicit(&op->nstarted, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
-    op->host_start = now;
+    atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
     op->w8 = w8;
 
     uint64_t ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+    atomic_store_explicit(&op->ticket, ticket, RLX);
+    atomic_store_explicit(&ctx->recent[ticket & (ART_RECENT - 1u)], (uint16_t)(op - ctx->ops), RLX);
+    reclaim_scan(ctx, ticket, now);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
     /* The next op will most likely take the next slot: start fetching its line
      * for writing now, so its seqlock CAS does not wait for memory. */
@@ -366,14 +453,13 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     atomic_store_explicit(A64(&s->end), 0, RLX);
     seq_leave(s, odd);
     op->slot = s;
-    op->ticket = ticket;
     *eHandle = op;
 }
 
 static inline void op_stop(ArtOp *op) {
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~ART_PEND_COLL, ACQREL);
     if (!(old & ART_PEND_COLL)) return; /* already stopped (or a free handle) */
-    if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op);
+    if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
 }
 
 static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
@@ -394,7 +480,7 @@ static inline void kch_stop(ArtCh *ch) {
     uint64_t bit = 1ULL << (uint32_t)(ch - op->ch);
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bit, ACQREL);
     if (!(old & bit)) return; /* already stopped */
-    if ((old & ART_PEND_WORK & ~bit) == 0) op_complete(op);
+    if ((old & ART_PEND_WORK & ~bit) == 0) op_complete(op, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -464,28 +550,20 @@ static ncclResult_t art_finalize(void *context) {
 /* ------------------------------------------------------------------ */
 /* init                                                                 */
 
-ART_EXPORT ncclProfiler_v6_t ncclProfiler_v6;
-
-/* 1 when the file that holds our code is named like an RCCL plugin. */
-static int loaded_by_rccl(void) {
-    Dl_info info;
-    if (!dladdr((void *)&ncclProfiler_v6, &info) || !info.dli_fname) return 0;
-    const char *base = strrchr(info.dli_fname, '/');
-    base = base ? base + 1 : info.dli_fname;
-    return strstr(base, "rccl") != NULL;
-}
-
 static void set_mask(int *mask, int value) {
     if (mask) atomic_store_explicit((_Atomic int *)(void *)mask, value, RLX);
 }
 
+/* caller: the return address of the init call, inside NCCL or RCCL. */
 static ncclResult_t art_init(void **context, int *mask, const char *comm_name, uint64_t comm_hash,
                              int nnodes, int nranks, int rank, ncclDebugLogger_t logfn,
-                             uint32_t version) {
+                             uint32_t version, const void *caller) {
     if (context) *context = NULL;
     char err[512];
     ArtConfig cfg;
-    if (art_config_load(&cfg, loaded_by_rccl(), err, sizeof err) != 0) {
+    ArtRuntime rt;
+    art_runtime_probe(caller, &rt);
+    if (art_config_load(&cfg, &rt, err, sizeof err) != 0) {
         set_mask(mask, 0);
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
                 err, (unsigned long long)comm_hash, rank);
@@ -518,6 +596,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->ops = ops;
     ctx->nops = ART_OP_POOL;
     ctx->device_timing = cfg.device_timing;
+    ctx->reclaim_age_ns = cfg.reclaim_age_ns;
     ctx->rank = rank;
     ctx->plugin_version = version;
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
@@ -536,10 +615,14 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
                 err, (unsigned long long)comm_hash, rank);
         return ncclSuccess;
     }
-    art_log(logfn, NCCL_LOG_INFO, "Artemis profiler v%u: ring %s (%u slots, clock %s)", version,
-            ctx->path, cfg.slots,
+    art_log(logfn, NCCL_LOG_INFO,
+            "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s)",
+            version, ctx->path, cfg.slots,
             cfg.clock_kind == ARTEMIS_CLOCK_HOST ? "host"
-            : cfg.clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? "device ticks" : "device ns");
+            : cfg.clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? "device ticks" : "device ns",
+            rt.rccl ? "RCCL" : "NCCL", cfg.nccl_version, (unsigned long long)cfg.tick_hz,
+            cfg.tick_source == ARTEMIS_TICK_SRC_HIP ? "from HIP"
+            : cfg.tick_source == ARTEMIS_TICK_SRC_DEFAULT ? "default" : "unused");
     *context = ctx;
     return ncclSuccess;
 }
@@ -547,14 +630,16 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
 static ncclResult_t art_init_v4(void **context, int *mask, const char *comm_name,
                                 uint64_t comm_hash, int nnodes, int nranks, int rank,
                                 ncclDebugLogger_t logfn) {
-    return art_init(context, mask, comm_name, comm_hash, nnodes, nranks, rank, logfn, 4);
+    return art_init(context, mask, comm_name, comm_hash, nnodes, nranks, rank, logfn, 4,
+                    __builtin_return_address(0));
 }
 
 #define ART_DEFINE_INIT(N)                                                                     \
     static ncclResult_t art_init_v##N(void **context, uint64_t comm_id, int *mask,             \
                                       const char *comm_name, int nnodes, int nranks, int rank, \
                                       ncclDebugLogger_t logfn) {                               \
-        return art_init(context, mask, comm_name, comm_id, nnodes, nranks, rank, logfn, N);    \
+        return art_init(context, mask, comm_name, comm_id, nnodes, nranks, rank, logfn, N,     \
+                        __builtin_return_address(0));                                          \
     }
 ART_DEFINE_INIT(5)
 ART_DEFINE_INIT(6)

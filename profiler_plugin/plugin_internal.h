@@ -34,6 +34,17 @@
 /* Operations in flight per context (pool size, a power of two). */
 #define ART_OP_POOL 512u
 
+/* Reclaim of ops whose KernelCh events never come (see README "Ops that never
+ * get device events"): an op is reclaimed once an op ART_RECLAIM_LAG tickets
+ * later has completed with device times (one communicator's kernels run in
+ * launch order, so its kernel is long done) and it is older than the reclaim
+ * age, or, when the pool is exhausted, once it is older than the reclaim age. ART_RECENT maps recent tickets to
+ * handles (a power of two, > ART_RECLAIM_LAG). */
+#define ART_RECLAIM_LAG 64u
+#define ART_RECLAIM_AGE_MS 2000u /* default of ARTEMIS_RECLAIM_AGE_MS */
+#define ART_RECENT 1024u
+#define ART_RECLAIM_STEPS 4u
+
 #define ART_CACHELINE 64
 
 /* Entries of the per-context string -> code cache (a power of two). */
@@ -56,19 +67,33 @@ typedef struct ArtOp {
     _Atomic uint32_t nstarted;  /* KernelCh events claimed so far */
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
     ArtemisSlot *slot;
-    uint64_t ticket;
-    uint64_t host_start;        /* CLOCK_MONOTONIC at start */
+    /* ticket and host_start are read by the reclaim scan of another thread */
+    _Atomic uint64_t ticket;
+    _Atomic uint64_t host_start; /* CLOCK_MONOTONIC at start */
     uint32_t w4;                /* slot bytes 4..7 (kind func dtype state) */
     uint32_t pad;
     uint64_t w8;                /* slot bytes 8..15 (clock algo proto nchannels peer) */
     ArtCh ch[ART_MAX_CH];
 } ArtOp;
 
+/* What the process around the plugin is, found at init (ring.c art_runtime_probe). */
+typedef struct ArtRuntime {
+    int rccl;              /* RCCL, detected from the process */
+    uint32_t nccl_version; /* ncclGetVersion(), 0 = unknown */
+    int hip;               /* hipGetDevice + hipDeviceGetAttribute were found */
+    int hip_device;        /* current device at init (hip only) */
+    uint64_t hip_tick_hz;  /* hipDeviceAttributeWallClockRate x 1000, 0 = not read */
+} ArtRuntime;
+
 typedef struct ArtConfig {
     int disabled;          /* ARTEMIS_DISABLE=1 */
     int device_timing;     /* 1: KernelCh timing, 0: host only */
     uint32_t clock_kind;   /* ARTEMIS_CLOCK_* */
     uint64_t tick_hz;
+    uint32_t tick_source;  /* ARTEMIS_TICK_SRC_* */
+    uint32_t writer_flags; /* ARTEMIS_WRITER_* */
+    uint32_t nccl_version;
+    uint64_t reclaim_age_ns; /* ARTEMIS_RECLAIM_AGE_MS */
     uint32_t slots;        /* power of two, clamped */
     char dir[256];
     char job[ARTEMIS_NAME_LEN];
@@ -83,6 +108,7 @@ typedef struct ArtCtx {
     uint32_t nops;
     int device_timing;
     int rank;
+    uint64_t reclaim_age_ns;
     uint32_t plugin_version;
     _Atomic uint32_t finished;  /* finalize ran */
     _Atomic uint32_t no_timer;  /* KernelCh never carried timers: use host timing */
@@ -92,6 +118,11 @@ typedef struct ArtCtx {
      * entry is one word: (pointer << 8) | (table << 4) | code, 0 = empty.
      * Written only on a miss, so after warm-up its lines are only read. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t strcache[ART_STRCACHE];
+    /* reclaim: 1 + highest ticket completed with device times (completers),
+     * the next ticket to check (starters), recent ticket -> op index */
+    _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
+    _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
+    _Atomic uint16_t recent[ART_RECENT];
     /* written on the hot path by several threads: own cache lines */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
@@ -103,8 +134,11 @@ ART_HIDDEN uint64_t art_now_mono(void);
 ART_HIDDEN uint64_t art_now_real(void);
 ART_HIDDEN void art_log(ncclDebugLogger_t logfn, ncclDebugLogLevel level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Looks at the library that called init (caller: a code address in it) and at
+ * the process: RCCL or NCCL, its version, HIP's wall-clock rate. */
+ART_HIDDEN void art_runtime_probe(const void *caller, ArtRuntime *rt);
 /* 0 on success; on failure writes one message into err and returns -1. */
-ART_HIDDEN int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen);
+ART_HIDDEN int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errlen);
 ART_HIDDEN int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash,
                                const char *comm_name, int nnodes, int nranks, int rank,
                                uint32_t plugin_version, char *err, size_t errlen);

@@ -3,6 +3,7 @@
  * of one shared-memory ring file per (communicator, rank).
  * Runs only at init (allocation and system calls are fine here).
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -95,7 +96,61 @@ static int32_t art_global_rank(void) {
     return -1;
 }
 
-int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen) {
+/* ---- the runtime around the plugin ----------------------------------------
+ *
+ * RCCL loads profiler plugins under NCCL's prefix (libnccl-profiler-<name>.so,
+ * rocm-systems projects/rccl/src/plugin/plugin_open.cc), so the plugin's file
+ * name says nothing. What does: symbols only RCCL exports. They are looked up
+ * first in the library that called init (found with dladdr on the return
+ * address, so this works when RCCL itself was loaded RTLD_LOCAL, as Python
+ * extension modules load their libraries), then in the global scope. A
+ * dlsym on a library handle also searches its dependencies, which is where
+ * HIP (libamdhip64) sits for RCCL. */
+
+#define ART_HIP_ATTR_WALL_CLOCK_RATE 10017 /* hipDeviceAttributeWallClockRate (kHz) */
+
+typedef int (*art_get_version_fn)(int *version);
+typedef int (*art_hip_get_device_fn)(int *device);
+typedef int (*art_hip_attr_fn)(int *value, int attr, int device);
+
+static void *art_sym(void *lib, const char *name) {
+    void *p = lib ? dlsym(lib, name) : NULL;
+    return p ? p : dlsym(RTLD_DEFAULT, name);
+}
+
+/* dlsym returns void *; POSIX guarantees it converts to a function pointer. */
+#define ART_FN(T, p) (*(T *)(void *)&(p))
+
+void art_runtime_probe(const void *caller, ArtRuntime *rt) {
+    memset(rt, 0, sizeof *rt);
+    void *lib = NULL;
+    Dl_info info;
+    if (caller && dladdr(caller, &info) && info.dli_fname && info.dli_fname[0])
+        lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD); /* already loaded: a reference */
+    /* ncclAllReduceWithBias is RCCL's own API (RCCL_ALLREDUCE_WITH_BIAS in its
+     * nccl.h); ncclAllToAllv is RCCL's too, but an NCCL fork may carry it, so it
+     * counts only next to HIP. */
+    void *get_dev = art_sym(lib, "hipGetDevice"), *get_attr = art_sym(lib, "hipDeviceGetAttribute");
+    rt->hip = get_dev && get_attr;
+    rt->rccl = art_sym(lib, "ncclAllReduceWithBias") != NULL ||
+               (rt->hip && art_sym(lib, "ncclAllToAllv") != NULL);
+    void *gv = art_sym(lib, "ncclGetVersion");
+    int version = 0;
+    if (gv && ART_FN(art_get_version_fn, gv)(&version) == 0 && version > 0)
+        rt->nccl_version = (uint32_t)version;
+    if (rt->hip) {
+        int dev = 0, khz = 0;
+        if (ART_FN(art_hip_get_device_fn, get_dev)(&dev) == 0 &&
+            ART_FN(art_hip_attr_fn, get_attr)(&khz, ART_HIP_ATTR_WALL_CLOCK_RATE, dev) == 0 &&
+            khz > 0) {
+            rt->hip_device = dev;
+            rt->hip_tick_hz = (uint64_t)khz * 1000u;
+        }
+    }
+    if (lib) dlclose(lib);
+}
+
+int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errlen) {
     memset(cfg, 0, sizeof *cfg);
     const char *v;
     int b;
@@ -117,7 +172,9 @@ int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen) {
         cfg->device_timing = b;
     }
 
-    cfg->clock_kind = rccl_loaded ? ARTEMIS_CLOCK_DEVICE_TICKS : ARTEMIS_CLOCK_DEVICE_NS;
+    cfg->clock_kind = rt->rccl ? ARTEMIS_CLOCK_DEVICE_TICKS : ARTEMIS_CLOCK_DEVICE_NS;
+    cfg->writer_flags = rt->rccl ? ARTEMIS_WRITER_RCCL : 0u;
+    cfg->nccl_version = rt->nccl_version;
     if ((v = env_nonempty("ARTEMIS_CLOCK"))) {
         if (!strcasecmp(v, "ns")) cfg->clock_kind = ARTEMIS_CLOCK_DEVICE_NS;
         else if (!strcasecmp(v, "ticks")) cfg->clock_kind = ARTEMIS_CLOCK_DEVICE_TICKS;
@@ -137,7 +194,22 @@ int art_config_load(ArtConfig *cfg, int rccl_loaded, char *err, size_t errlen) {
             return -1;
         }
     }
-    cfg->tick_hz = cfg->clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? hz : 0;
+    /* The GPU's own wall-clock rate when HIP gives it, else the configured default. */
+    cfg->tick_hz = 0;
+    cfg->tick_source = ARTEMIS_TICK_SRC_NONE;
+    if (cfg->clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS) {
+        cfg->tick_hz = rt->hip_tick_hz ? rt->hip_tick_hz : hz;
+        cfg->tick_source = rt->hip_tick_hz ? ARTEMIS_TICK_SRC_HIP : ARTEMIS_TICK_SRC_DEFAULT;
+    }
+
+    uint64_t age_ms = ART_RECLAIM_AGE_MS;
+    if ((v = env_nonempty("ARTEMIS_RECLAIM_AGE_MS"))) {
+        if (parse_u64(v, &age_ms) || age_ms > 3600000u) {
+            snprintf(err, errlen, "bad ARTEMIS_RECLAIM_AGE_MS='%s' (want 0..3600000)", v);
+            return -1;
+        }
+    }
+    cfg->reclaim_age_ns = age_ms * 1000000ull;
 
     uint64_t slots = ARTEMIS_RING_DEFAULT_SLOTS;
     if ((v = env_nonempty("ARTEMIS_RING_SLOTS"))) {
@@ -220,19 +292,25 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     }
     void *mem = MAP_FAILED;
     const char *what = NULL;
-    if (fchmod(fd, 0644) != 0) what = "fchmod";
-    else if (ftruncate(fd, (off_t)bytes) != 0) what = "ftruncate";
+    int rc = 0;
+    /* posix_fallocate, not ftruncate alone: a sparse file on a full tmpfs maps
+     * fine, and the first store to an unbacked page then raises SIGBUS inside
+     * the training process. Reserving every block first turns a full /dev/shm
+     * into an error here (the plugin then stays off for this communicator).
+     * The reserved blocks read as zero, like ftruncate's. */
+    if (fchmod(fd, 0644) != 0) what = "fchmod", rc = errno;
+    else if ((rc = posix_fallocate(fd, 0, (off_t)bytes)) != 0) what = "reserving space for";
     else if ((mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
-        what = "mmap";
+        what = "mmap", rc = errno;
     if (what) {
-        snprintf(err, errlen, "%s of ring %s failed: %s", what, tmp, strerror(errno));
+        snprintf(err, errlen, "%s ring %s (%zu bytes) failed: %s", what, tmp, bytes, strerror(rc));
         close(fd);
         unlink(tmp);
         return -1;
     }
     close(fd);
 
-    /* ftruncate gave zeroed pages: only the header needs filling. */
+    /* posix_fallocate gave zeroed blocks: only the header needs filling. */
     ArtemisRingHeader *h = (ArtemisRingHeader *)mem;
     h->magic = ARTEMIS_RING_MAGIC;
     h->version = ARTEMIS_RING_VERSION;
@@ -246,6 +324,9 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     h->comm_hash = comm_hash;
     h->clock_kind = cfg->clock_kind;
     h->tick_hz = cfg->tick_hz;
+    h->tick_source = cfg->tick_source;
+    h->writer_flags = cfg->writer_flags;
+    h->nccl_version = cfg->nccl_version;
     h->created_ns = art_now_real();
     h->plugin_version = plugin_version;
     h->minor = ARTEMIS_RING_MINOR;

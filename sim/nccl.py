@@ -434,7 +434,39 @@ def _cstr(s: str) -> bytes:
     return b
 
 
+# -- NCCL's p2p channel count -----------------------------------------------
+
+# What addP2pToPlan (src/enqueue.cc, 2.27-2.30) computes per direction, with
+# the defaults of one NVLink node: p2pChunkSize 512 KiB (NCCL_P2P_NVL_CHUNKSIZE),
+# p2pnChannelsPerPeer 2 and p2pnChannels 32 (both are tuned per topology).
+P2P_CHUNK = 1 << 19
+P2P_NCHANNELS_PER_PEER = 2
+P2P_NCHANNELS = 32
+
+
+def p2p_nchannels(nbytes: int, nranks: int, nnodes: int = 1) -> int:
+    """nChannels NCCL reports on a P2p event of ``nbytes`` (1 for 0 bytes, never 0)."""
+    nmax = P2P_NCHANNELS_PER_PEER
+    nmin = nmax
+    while nmin * nranks > P2P_NCHANNELS and nmin > 1:
+        nmin //= 2
+    if nbytes == 0:
+        return 1
+    min_part = P2P_CHUNK // 2 if nnodes > 1 else P2P_CHUNK // 8
+    max_part = P2P_CHUNK if nnodes > 1 else P2P_CHUNK * 32
+    nch = min(nmin, -(-nbytes // min_part))
+    part = max(min_part, -(-nbytes // nch))
+    while part > max_part and nch <= nmax // 2:
+        nch *= 2
+        part = -(-nbytes // nch)
+    return nch
+
+
 # -- the stand-in ------------------------------------------------------------
+
+# Stand-in runtime libraries, built next to the plugin (profiler_plugin/tests/
+# standin_runtime.c): NCCL 2.30.3, and RCCL (NCCL code 2.28.3) with its HIP.
+RUNTIMES = {"nccl": "libnccl.so.2", "rccl": "librccl.so"}
 
 
 class NcclStandIn:
@@ -444,9 +476,11 @@ class NcclStandIn:
     communicator, as in NCCL); ``log_lines`` collects what the plugin logged.
     """
 
-    def __init__(self, lib_path: str | Path, version: int = 7) -> None:
+    def __init__(self, lib_path: str | Path, version: int = 7, runtime: str | None = None) -> None:
         if version not in DESCRIPTORS:
             raise ValueError(f"profiler ABI version {version} is not one of 4, 5, 6, 7")
+        if runtime not in (None, *RUNTIMES):
+            raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIMES)} or None")
         self.version = version
         self.lib_path = Path(lib_path)
         self.lib = ctypes.CDLL(str(self.lib_path), mode=ctypes.RTLD_LOCAL)
@@ -468,6 +502,23 @@ class NcclStandIn:
         self._logfn = LOGFN(self._log)
         _KEEP.append(self._logfn)
         self.comms: list[StandInComm] = []
+        # With a runtime, init is called from inside a stand-in NCCL or RCCL
+        # library (loaded RTLD_LOCAL, as Python loads extension libraries), so
+        # the plugin sees what it would see in a real process: the caller's
+        # ncclGetVersion, RCCL's own symbols, HIP's wall-clock rate.
+        self.runtime = runtime
+        self._via: Any = None
+        if runtime is not None:
+            rt_path = self.lib_path.parent / "standin" / RUNTIMES[runtime]
+            rt = ctypes.CDLL(str(rt_path), mode=ctypes.RTLD_LOCAL)
+            _KEEP.append(rt)
+            via = rt.artemis_standin_init
+            via.restype = c_int
+            via.argtypes = [c_void_p, c_int, c_void_p, c_uint64, c_void_p, c_char_p]
+            via.argtypes += [c_int, c_int, c_int, c_void_p]
+            self._via = via
+            self._init_addr = ctypes.cast(self._init, c_void_p).value
+            self._log_addr = ctypes.cast(self._logfn, c_void_p).value
 
     def _log(
         self, level: int, flags: int, file: bytes | None, line: int, fmt: bytes | None, *a: int
@@ -482,7 +533,20 @@ class NcclStandIn:
         """ncclCommInitRank: calls the plugin's init for a new communicator."""
         ctx = c_void_p(None)
         cname = _cstr(name) if name is not None else None
-        if self.version == 4:
+        if self._via is not None:
+            rc = self._via(
+                self._init_addr,
+                self.version,
+                ctypes.addressof(ctx),
+                comm_hash,
+                ctypes.addressof(self.mask),
+                cname,
+                nnodes,
+                nranks,
+                rank,
+                self._log_addr,
+            )
+        elif self.version == 4:
             rc = self._init(
                 ctypes.addressof(ctx),
                 ctypes.addressof(self.mask),
@@ -746,10 +810,77 @@ class StandInComm:
         op = self.begin_p2p(func, count, dtype, peer, nchannels=nchannels)
         op.complete(kernel_times)
 
+    def group_p2p(
+        self, ops: Sequence[tuple[str, int, str, int]], *, nnodes: int = 1
+    ) -> list[PendingOp]:
+        """ncclGroupStart; ncclSend/ncclRecv per ``(func, count, dtype, peer)``; ncclGroupEnd.
+
+        As NCCL 2.27-2.30 does it (``ncclProfilerStartTaskEvents`` /
+        ``ncclProfilerStopTaskEvents`` around the launch): one GroupApi, a P2pApi
+        per call, then every P2p start of the plan, then every P2p stop. Each P2p
+        reports the channel count ``addP2pToPlan`` gives it (at least 1 for a
+        self Send/Recv too), but a self Send/Recv gets no proxy op (``selfSend ?
+        0 : 2``), so its PendingOp.complete() sends no KernelCh event. An
+        in-place self pair (same buffer) is dropped before the plan: no P2p.
+        """
+        for func, _, _, _ in ops:
+            if func not in ("Send", "Recv"):
+                raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
+        mask = self.nccl.mask.value
+        v4 = self._v4
+        gapi = group = None
+        if not v4 and mask & _NEEDS_GROUP_API:
+            gapi = self._start("group_api", None)
+            self._record(gapi, STATE_GROUP_START_API_STOP, None)
+        apis: list[int | None] = []
+        pa = self._d_p2p_api.p2pApi
+        for func, count, dtype, _ in ops:
+            papi = None
+            if not v4 and mask & _NEEDS_P2P_API:
+                pa.func = _cstr(func)
+                pa.count = count
+                pa.datatype = _cstr(dtype)
+                papi = self._start("p2p_api", gapi)
+                self._stop(papi)
+            apis.append(papi)
+        if not v4:
+            self._record(gapi, STATE_GROUP_END_API_START, None)
+        if mask & _NEEDS_GROUP:
+            group = self._start("group", None)
+        pending: list[PendingOp] = []
+        p = self._d_p2p.p2p
+        for (func, count, dtype, peer), papi in zip(ops, apis, strict=True):
+            nch = p2p_nchannels(count * _TYPE_SIZE.get(dtype, 1), self.nranks, nnodes)
+            h = None
+            if mask & _NEEDS_P2P:
+                p.func = _cstr(func)
+                p.datatype = _cstr(dtype)
+                p.count = count
+                p.peer = peer
+                p.nChannels = nch
+                if not v4:
+                    p.parentGroup = group
+                h = self._start("p2p", group if v4 else papi)
+            # Self: no proxy op, so no KernelCh ever follows (0 channels to emit).
+            pending.append(PendingOp(self, h, 0 if peer == self.rank else nch))
+        for op in pending:
+            self._stop(op.handle)
+        self._stop(group)
+        if not v4:
+            self._stop(gapi)
+        return pending
+
+    def send_recv_self(self, count: int, dtype: str) -> None:
+        """The self pair every all-to-all has: Send and Recv to this rank, no KernelCh."""
+        for op in self.group_p2p(
+            [("Send", count, dtype, self.rank), ("Recv", count, dtype, self.rank)]
+        ):
+            op.complete()
+
     def _kernel_channels(
         self, parent: int | None, nchannels: int, kernel_times: Sequence[tuple[int, int]] | None
     ) -> None:
-        if not self.nccl.mask.value & KERNEL_CH:
+        if not self.nccl.mask.value & KERNEL_CH or nchannels == 0:
             return
         if kernel_times is None:
             # No times given: stamp "now" as a %globaltimer-like epoch-ns clock.

@@ -29,13 +29,10 @@ if [ -n "${NCCL_PROFILER_PLUGIN:-}" ]; then
     exit 0
 fi
 
-# NVIDIA nodes load NCCL's name, AMD nodes RCCL's; both libraries read the
-# same NCCL_PROFILER_PLUGIN variable.
-if [ -e /dev/kfd ] && [ ! -e /dev/nvidiactl ]; then
-    lib="librccl-profiler-artemis.so"
-else
-    lib="libnccl-profiler-artemis.so"
-fi
+# One library on NVIDIA and AMD nodes: RCCL loads profiler plugins under
+# NCCL's libnccl-profiler prefix and reads the same NCCL_PROFILER_PLUGIN; the
+# plugin tells RCCL from NCCL by looking at the process.
+lib="libnccl-profiler-artemis.so"
 plugin="$ARTEMIS_PLUGIN_DIR/$lib"
 if [ ! -r "$plugin" ] && command -v artemis-agent >/dev/null 2>&1; then
     plugin="$(dirname "$(artemis-agent plugin-path)")/$lib"

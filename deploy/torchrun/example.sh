@@ -14,11 +14,8 @@ MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 RUN_ID="${RUN_ID:-artemis-$(date +%Y%m%d-%H%M%S)}"   # same on every node
 
-# The plugin: NCCL's on NVIDIA nodes, RCCL's on AMD nodes (same variable).
+# The plugin: one library for NCCL and RCCL (RCCL loads it under NCCL's name).
 plugin="$(artemis-agent plugin-path)"                  # .../libnccl-profiler-artemis.so
-if [ -e /dev/kfd ] && [ ! -e /dev/nvidiactl ]; then
-    plugin="$(dirname "$plugin")/librccl-profiler-artemis.so"
-fi
 export NCCL_PROFILER_PLUGIN="$plugin"
 # Rings are named after the job; torchrun's run id is the fallback the plugin
 # uses (TORCHELASTIC_RUN_ID), ARTEMIS_JOB makes it explicit.

@@ -1,8 +1,12 @@
 /*
- * dlopen_check.c: loads the built libraries the way NCCL and RCCL do
- * (dlopen + dlsym of the function tables) and checks what only a real
- * shared object shows: the four tables resolve, the RCCL-named copy reports
- * device ticks, the NCCL-named one device ns. Usage: dlopen_check BUILD_DIR
+ * dlopen_check.c: loads the built library the way NCCL and RCCL do (dlopen +
+ * dlsym of the function tables) and checks what only a real shared object
+ * shows: the four tables resolve, no internal symbol is visible, and the
+ * runtime around it decides the clock. Init called from inside the stand-in
+ * NCCL (build/standin/libnccl.so.2) gives device ns and NCCL's version; from
+ * inside the stand-in RCCL (librccl.so, loaded RTLD_LOCAL like a Python
+ * extension's library) device ticks at the stand-in HIP's wall-clock rate.
+ * Usage: dlopen_check BUILD_DIR
  */
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -18,24 +22,37 @@
 static int fails;
 #define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL: " __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
 
-static void check_lib(const char *build, const char *name, const char *dir, uint32_t want_clock) {
+typedef int (*standin_init_fn)(void *init, int version, void **ctx, uint64_t hash, int *mask,
+                               const char *name, int nnodes, int nranks, int rank, void *logfn);
+
+static void check_lib(const char *build, const char *runtime, const char *dir, uint32_t want_clock,
+                      uint64_t want_hz, uint32_t want_src, uint32_t want_flags, uint32_t want_ver) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", build, name);
+    snprintf(path, sizeof path, "%s/libnccl-profiler-artemis.so", build);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     CHECK(h, "dlopen %s: %s", path, dlerror());
     if (!h) return;
     const char *syms[] = {"ncclProfiler_v4", "ncclProfiler_v5", "ncclProfiler_v6", "ncclProfiler_v7"};
-    for (int i = 0; i < 4; i++) CHECK(dlsym(h, syms[i]), "%s missing in %s", syms[i], name);
-    CHECK(!dlsym(h, "art_func_code") && !dlsym(h, "art_now_mono"), "internal symbol visible in %s", name);
+    for (int i = 0; i < 4; i++) CHECK(dlsym(h, syms[i]), "%s missing", syms[i]);
+    CHECK(!dlsym(h, "art_func_code") && !dlsym(h, "art_now_mono"), "internal symbol visible");
     ncclProfiler_v6_t *p = dlsym(h, "ncclProfiler_v6");
     if (!p) return;
     CHECK(p->name && !strcmp(p->name, "Artemis"), "name");
+    snprintf(path, sizeof path, "%s/standin/%s", build, runtime);
+    void *rt = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    CHECK(rt, "dlopen %s: %s", path, dlerror());
+    if (!rt) return;
+    standin_init_fn via;
+    *(void **)&via = dlsym(rt, "artemis_standin_init");
+    CHECK(via, "artemis_standin_init in %s", runtime);
+    if (!via) return;
     setenv("ARTEMIS_SHM_DIR", dir, 1);
     setenv("ARTEMIS_JOB", "dl", 1);
-    void *ctx = NULL;
+    void *ctx = NULL, *init;
     int mask = 0;
-    p->init(&ctx, 0x77, &mask, "dl", 1, 1, 0, NULL);
-    CHECK(ctx && mask == 70, "init through %s", name);
+    *(void **)&init = *(void **)&p->init;
+    via(init, 6, &ctx, 0x77, &mask, "dl", 1, 1, 0, NULL);
+    CHECK(ctx && mask == 70, "init through %s", runtime);
     char rp[1024];
     snprintf(rp, sizeof rp, "%s/dl.%016llx.r0.ring", dir, 0x77ULL);
     int fd = open(rp, O_RDONLY);
@@ -43,9 +60,11 @@ static void check_lib(const char *build, const char *name, const char *dir, uint
     if (fd >= 0) {
         ArtemisRingHeader hdr;
         CHECK(read(fd, &hdr, sizeof hdr) == (ssize_t)sizeof hdr, "read header");
-        CHECK(hdr.clock_kind == want_clock, "%s: clock_kind %u, want %u", name, hdr.clock_kind, want_clock);
-        CHECK(want_clock != ARTEMIS_CLOCK_DEVICE_TICKS || hdr.tick_hz == 100000000ull, "tick_hz %llu",
-              (unsigned long long)hdr.tick_hz);
+        CHECK(hdr.clock_kind == want_clock && hdr.tick_hz == want_hz && hdr.tick_source == want_src &&
+                  hdr.writer_flags == want_flags && hdr.nccl_version == want_ver,
+              "%s: clock_kind %u tick_hz %llu tick_source %u writer_flags %u nccl_version %u", runtime,
+              hdr.clock_kind, (unsigned long long)hdr.tick_hz, hdr.tick_source, hdr.writer_flags,
+              hdr.nccl_version);
         close(fd);
         unlink(rp);
     }
@@ -56,9 +75,12 @@ int main(int argc, char **argv) {
     if (argc < 2) return 2;
     char dir[] = "/tmp/artemis-dlopen-XXXXXX";
     if (!mkdtemp(dir)) return 2;
-    check_lib(argv[1], "libnccl-profiler-artemis.so", dir, ARTEMIS_CLOCK_DEVICE_NS);
-    check_lib(argv[1], "librccl-profiler-artemis.so", dir, ARTEMIS_CLOCK_DEVICE_TICKS);
+    check_lib(argv[1], "libnccl.so.2", dir, ARTEMIS_CLOCK_DEVICE_NS, 0, ARTEMIS_TICK_SRC_NONE, 0, 23003);
+    setenv("ARTEMIS_STANDIN_HIP_WALLCLOCK_KHZ_0", "25000", 1);
+    check_lib(argv[1], "librccl.so", dir, ARTEMIS_CLOCK_DEVICE_TICKS, 25000000ull, ARTEMIS_TICK_SRC_HIP,
+              ARTEMIS_WRITER_RCCL, 22803);
     rmdir(dir);
-    printf(fails ? "dlopen check FAILED\n" : "dlopen check PASSED (NCCL name: ns, RCCL name: ticks)\n");
+    printf(fails ? "dlopen check FAILED\n"
+                 : "dlopen check PASSED (under NCCL: ns; under RCCL: ticks at HIP's rate)\n");
     return fails ? 1 : 0;
 }

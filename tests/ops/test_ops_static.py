@@ -433,10 +433,8 @@ def _task_prolog(tmp_path: Path, **env: str) -> list[str]:
 
 
 def test_slurm_task_prolog(tmp_path: Path) -> None:
-    amd = os.path.exists("/dev/kfd") and not os.path.exists("/dev/nvidiactl")
-    lib = "librccl-profiler-artemis.so" if amd else "libnccl-profiler-artemis.so"
-    for name in ("libnccl-profiler-artemis.so", "librccl-profiler-artemis.so"):
-        (tmp_path / name).write_bytes(b"")
+    lib = "libnccl-profiler-artemis.so"  # NVIDIA and AMD nodes alike
+    (tmp_path / lib).write_bytes(b"")
     assert _task_prolog(tmp_path) == []  # site default off, job did not opt in
     assert _task_prolog(tmp_path, ARTEMIS="0") == []
     out = _task_prolog(tmp_path, ARTEMIS="1")
