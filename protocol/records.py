@@ -81,6 +81,27 @@ class Telemetry:
     load1: float | None = None
     ncpu: int | None = None
     proc_cpu_pct: float | None = None
+    # GPU identity, for an RMA ticket (agent/telemetry/nvml.py, amd.py)
+    gpu_uuid: str | None = None
+    gpu_serial: str | None = None
+    gpu_pci_bus: str | None = None  # PCI bus id, domain:bus:device.function
+    # GPU hardware error signals. Counts "in the window" are increases of the
+    # device's counters over the window; the others are its state at the end.
+    xid_count: int | None = None  # XID events in the window (NVIDIA)
+    xid_last: int | None = None  # the last XID code seen in the window
+    ecc_corrected: int | None = None  # corrected ECC errors in the window
+    ecc_uncorrected: int | None = None  # uncorrected (AMD: + deferred) ECC errors in the window
+    retired_pages: int | None = None  # memory pages retired (AMD: bad pages)
+    remapped_rows: int | None = None  # HBM rows remapped (NVIDIA A100 and later)
+    remap_pending: int | None = None  # 1: a page retirement / row remap waits for a GPU reset
+    remap_failed: int | None = None  # 1: row remapping failed (NVIDIA: the GPU needs service)
+    nvlink_errors: int | None = None  # NVLink replay/recovery/CRC/ECC errors in the window
+    # InfiniBand/RoCE port counters of the host's NICs, increases in the window
+    # summed over ports (/sys/class/infiniband/*/ports/*/counters)
+    nic_symbol_errors: int | None = None
+    nic_link_downed: int | None = None
+    nic_rcv_errors: int | None = None
+    nic_xmit_wait: int | None = None  # ticks a port had data to send but no credit
     missing: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
