@@ -242,7 +242,11 @@ class Agent:
             if averaged is not None:
                 parts.append(averaged.to_dict())
             elif live:
-                parts.append(collect(live, target).to_dict())
+                # Through the ring's accumulator: error counts are running totals
+                # until it turns them into the window's increase (telemetry/base.py).
+                t.telemetry.add(collect(live, target))
+                parts.append(t.telemetry.result().to_dict())
+                t.telemetry.reset()
             tel = merge(parts)
             island = self.cfg.island or w.island or tel.vendor
             hw = w.hw_class or tel.gpu_model

@@ -6,7 +6,10 @@ The rules (DETECTOR.md has the table) split causes by what the SM clock does:
                  power (power-cap reason, or drawing >= 97% of the limit),
                  clocks (low with no throttle reason: locked / misconfigured);
 - clocks normal -> pcie (link below its max width or generation),
-                   host (CPU contention on the host).
+                   host (CPU contention on the host);
+- either way    -> hardware (the GPU's error counters rose in the window
+                   while its peers' did not: XID events, uncorrected ECC
+                   errors, NVLink errors, a row remap pending or failed).
 
 A throttle reason contradicted by normal clocks is not a cause. When two
 causes fit at once, or none, the answer is `unknown` and the text says why.
@@ -43,6 +46,28 @@ POWER_REASONS = ("sw_power_cap", "hw_power_brake")
 # Reasons that do not explain a slowdown (idle, boost sync) are ignored.
 SLOWING_REASONS = (*THERMAL_REASONS, *POWER_REASONS, "hw_slowdown", "apps_clocks")
 
+# Hardware error signals (records.Telemetry): counts are increases in the
+# window, flags the state at its end. Each one counts for `hardware` when the
+# rank has it and its peers' median does not (a fleet-wide rise, e.g. after a
+# driver update, is not this GPU's fault). Corrected ECC errors are evidence
+# only: a healthy GPU corrects a few.
+HW_SIGNALS = ("xid_count", "ecc_uncorrected", "nvlink_errors", "remap_failed", "remap_pending")
+HW_EVIDENCE = (
+    "xid_count",
+    "xid_last",
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "nvlink_errors",
+    "retired_pages",
+    "remapped_rows",
+    "remap_pending",
+    "remap_failed",
+    "gpu_uuid",
+    "gpu_serial",
+    "gpu_pci_bus",
+)
+NIC_FIELDS = records.NIC_FIELDS
+
 # Per-lane throughput by PCIe generation (GB/s after encoding): gen 3 switched
 # to 128b/130b, so lost bandwidth is not a plain ratio of generations.
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125}
@@ -53,7 +78,7 @@ DIAG_FIELDS = records.DIAG_FIELDS
 
 @dataclass(frozen=True)
 class Cause:
-    kind: str  # thermal | power | clocks | pcie | host | unknown
+    kind: str  # thermal | power | clocks | pcie | host | hardware | unknown
     text: str
     evidence: dict[str, Any]
     missing: list[str] = field(default_factory=list)
@@ -127,6 +152,69 @@ def _host_signals(
     return out
 
 
+def hardware_rises(t: Telemetry, peer_tels: Sequence[Telemetry]) -> dict[str, int]:
+    """The hardware signals (HW_SIGNALS) the rank shows and its peers do not."""
+    out: dict[str, int] = {}
+    for name in HW_SIGNALS:
+        v = getattr(t, name)
+        if v is None or v <= 0:
+            continue
+        peers = _median([getattr(p, name) for p in peer_tels])
+        if peers is None or peers <= 0:
+            out[name] = int(v)
+    return out
+
+
+def _hw_words(t: Telemetry, rises: dict[str, int]) -> str:
+    words = []
+    if "xid_count" in rises:
+        last = f", last XID {t.xid_last}" if t.xid_last is not None else ""
+        words.append(f"{rises['xid_count']} XID event(s){last}")
+    if "ecc_uncorrected" in rises:
+        words.append(f"{rises['ecc_uncorrected']} uncorrected ECC error(s)")
+    if "nvlink_errors" in rises:
+        words.append(f"{rises['nvlink_errors']} NVLink error(s)")
+    if "remap_failed" in rises:
+        words.append("row remapping failed (the GPU needs service)")
+    if "remap_pending" in rises:
+        words.append("a page retirement / row remap waits for a GPU reset")
+    ident = t.gpu_serial or t.gpu_uuid
+    where = f" on GPU {ident}" + (f" at {t.gpu_pci_bus}" if t.gpu_pci_bus else "") if ident else ""
+    return f"GPU hardware errors{where}: {'; '.join(words)}, none on its peers"
+
+
+def nic_evidence(members: Sequence[tuple[str, Telemetry]]) -> dict[str, Any]:
+    """NIC port error counts of a link or collective finding's ranks, per host.
+
+    ``members`` are (host, telemetry) of the ranks involved. The counters are
+    the host's (every rank of a host reports the same NICs), so each host
+    counts once, with the largest value its ranks reported. The result has the
+    totals over hosts of every NIC_FIELDS counter that any rank reported, and
+    ``nic_hosts``: the hosts whose counters rose, with their counts. Empty when
+    no rank reported NIC counters.
+    """
+    per_host: dict[str, dict[str, int]] = {}
+    for host, t in members:
+        for name in NIC_FIELDS:
+            v = getattr(t, name)
+            if v is not None:
+                h = per_host.setdefault(host, {})
+                h[name] = max(h.get(name, 0), int(v))
+    if not per_host:
+        return {}
+    out: dict[str, Any] = {
+        name: sum(h[name] for h in per_host.values() if name in h)
+        for name in NIC_FIELDS
+        if any(name in h for h in per_host.values())
+    }
+    out["nic_hosts"] = {
+        host: {k: v for k, v in h.items() if v > 0}
+        for host, h in sorted(per_host.items())
+        if any(v > 0 for v in h.values())
+    }
+    return out
+
+
 def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     """The most likely cause of a rank's slowness; `unknown` (saying why) when unsure."""
     t = rank_tel
@@ -154,6 +242,7 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     slowing = _active(t.throttle, SLOWING_REASONS)
     pcie = pcie_degraded(t)
     host = _host_signals(t, peers_cpu, peers_proc)
+    hw = hardware_rises(t, peer_tels)
 
     evidence: dict[str, Any] = {
         "sm_mhz": _r(t.sm_mhz),
@@ -180,6 +269,10 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
             fits["power"] = f"power capped ({', '.join(power_why)}; {clk})"
         elif clocks_low and power_frac is not None and power_frac >= POWER_CAP_FRAC:
             fits["power"] = f"drawing {power_frac:.0%} of its power limit with {clk}"
+    if hw:
+        # A GPU error explains a slow rank whatever its clocks do (a remap or
+        # an XID recovery stalls it, NVLink replays slow its transfers).
+        fits["hardware"] = _hw_words(t, hw)
     if clocks_low and not fits:
         known_ok = t.throttle is not None or (hot is False and power_frac is not None)
         if known_ok and not (set(slowing) - {"apps_clocks"}):
@@ -194,6 +287,12 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
             )
         if host:
             fits["host"] = f"host CPU contention ({'; '.join(host)}) with GPU clocks normal"
+    reported = {k: getattr(t, k) for k in HW_EVIDENCE if getattr(t, k) is not None}
+    if hw or any(isinstance(v, int) and v > 0 for k, v in reported.items() if k in HW_SIGNALS):
+        evidence["hardware"] = {
+            **reported,
+            "peers": {k: _median([getattr(p, k) for p in peer_tels]) for k in HW_SIGNALS},
+        }
     if host or "host" in fits:
         evidence.update(
             cpu_pct=_r(t.cpu_pct),

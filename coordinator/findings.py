@@ -19,7 +19,7 @@ from typing import IO, Any
 # addition to DESIGN.md's kinds, documented in docs/DESIGN.md.
 KINDS = ("rank", "degraded", "island", "link", "collective", "hang", "missing")
 STATES = ("suspect", "flagged", "ongoing", "cleared")
-CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "unknown")
+CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "hardware", "unknown")
 
 # The JSON keys, in the DESIGN.md order.
 FIELDS = (

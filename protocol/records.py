@@ -71,6 +71,9 @@ class Tag(str):
 GPU = Tag("gpu")  # supplied by the GPU sources (NVML, AMD SMI, the simulator)
 HOST = Tag("host")  # supplied by the host sources (/proc)
 DIAG = Tag("diag")  # read by the diagnosis rules (absent ones are listed in a finding)
+IDENT = Tag("ident")  # names the device (for a ticket), not a signal
+HW = Tag("hw")  # a GPU hardware error signal (the `hardware` cause)
+NIC = Tag("nic")  # a NIC port error counter (`link` / `collective` evidence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,29 @@ class Telemetry:
     proc_cpu_pct: Annotated[Percent | None, HOST, DIAG] = (
         None  # the rank process's own CPU, % of one core
     )
+    # GPU identity, for an RMA ticket (agent/telemetry/nvml.py, amd.py)
+    gpu_uuid: Annotated[Name | None, GPU, IDENT] = None
+    gpu_serial: Annotated[Name | None, GPU, IDENT] = None
+    gpu_pci_bus: Annotated[Name | None, GPU, IDENT] = None  # domain:bus:device.function
+    # GPU hardware error signals. Counts "in the window" are increases of the
+    # device's counters over the window; the others are its state at the end.
+    xid_count: Annotated[Count | None, GPU, HW] = None  # XID events in the window (NVIDIA)
+    xid_last: Annotated[Count | None, GPU, HW] = None  # the last XID code seen in the window
+    ecc_corrected: Annotated[Count | None, GPU, HW] = None  # corrected ECC errors in the window
+    ecc_uncorrected: Annotated[Count | None, GPU, HW] = (
+        None  # uncorrected (AMD: + deferred) ECC errors in the window
+    )
+    retired_pages: Annotated[Count | None, GPU, HW] = None  # pages retired (AMD: bad pages)
+    remapped_rows: Annotated[Count | None, GPU, HW] = None  # HBM rows remapped (A100 and later)
+    remap_pending: Annotated[Count | None, GPU, HW] = None  # 1: a retirement/remap awaits reset
+    remap_failed: Annotated[Count | None, GPU, HW] = None  # 1: row remapping failed
+    nvlink_errors: Annotated[Count | None, GPU, HW] = None  # NVLink replay/recovery/CRC/ECC
+    # InfiniBand/RoCE port counters of the host's NICs, increases in the window
+    # summed over ports (/sys/class/infiniband/*/ports/*/counters)
+    nic_symbol_errors: Annotated[Count | None, HOST, NIC] = None
+    nic_link_downed: Annotated[Count | None, HOST, NIC] = None
+    nic_rcv_errors: Annotated[Count | None, HOST, NIC] = None
+    nic_xmit_wait: Annotated[Count | None, HOST, NIC] = None  # ticks with data but no credit
     missing: Missing = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,3 +333,6 @@ HOST_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if HOST in 
 TELEMETRY_INT_FIELDS: frozenset[str] = frozenset(s.name for s in TELEMETRY_SPECS if s.kind == "i")
 # Telemetry the diagnosis rules read.
 DIAG_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if DIAG in s.tags)
+IDENT_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if IDENT in s.tags)
+HW_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if HW in s.tags)
+NIC_FIELDS: tuple[str, ...] = tuple(s.name for s in TELEMETRY_SPECS if NIC in s.tags)

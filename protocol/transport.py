@@ -100,7 +100,7 @@ class RdmaConfig:
 
     device: str = ""  # e.g. "mlx5_0"; "" = first device
     port: int = 1
-    gid_index: int = 0
+    gid_index: int = -1  # < 0: the RoCE v2 IPv4 GID, as NCCL picks it (protocol/rdma/verbs.py)
     fallback_tcp: bool = True  # no pyverbs or no device: use TCP (with [tls]) and say so once
 
 

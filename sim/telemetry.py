@@ -5,7 +5,13 @@ Written once per rank before the run as `<shm_dir>/<job>.simtel.r<rank>.json`
 segments that override fields while a fault is active. Clocks low with no
 throttle reason for `clocks`; temperature and a thermal reason for `thermal`;
 power at its cap for `power`; a PCIe link below its maximum for `pcie`; host CPU
-contention with GPU clocks normal for `host`.
+contention with GPU clocks normal for `host`; XID events and NVLink errors on
+one GPU for `hardware`.
+
+The base reading carries no GPU identity, hardware error or NIC counter
+fields: a simulated rank reports them missing, as a node without those
+sources would, unless a fault model sets them (`hardware` sets the GPU's
+error counts for the windows it covers, as increases in the window).
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ def fault_fields(kind: str, slowdown: float, base: dict[str, Any]) -> dict[str, 
         }
     if kind == "pcie":
         return {"pcie_width": 4, "pcie_gen": 3}
+    if kind == "hardware":
+        # XID 74 is NVIDIA's "NVLink error"; replays on a sick link slow the rank.
+        return {"xid_count": 1, "xid_last": 74, "nvlink_errors": 250, "ecc_uncorrected": 0}
     if kind == "host":
         ncpu = base["ncpu"]
         return {

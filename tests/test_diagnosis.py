@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from artemis.coordinator.diagnosis import DIAG_FIELDS, diagnose, pcie_degraded
+from artemis.coordinator.diagnosis import DIAG_FIELDS, diagnose, nic_evidence, pcie_degraded
 from artemis.protocol.records import Telemetry
 
 # A healthy GPU on a quiet host: every field present.
@@ -158,3 +158,76 @@ def test_pcie_fraction_lost() -> None:
     lost = pcie_degraded(sick(pcie_gen=3, pcie_gen_max=4))
     assert lost == pytest.approx(1 - 0.985 / 1.969, abs=1e-4)
     assert pcie_degraded(Telemetry()) is None
+
+
+# ---------------------------------------------------------------- hardware errors
+
+HW_PEERS = [replace(p, xid_count=0, ecc_uncorrected=0, nvlink_errors=0) for p in PEERS]
+GPU_ID = {"gpu_uuid": "GPU-6f1d", "gpu_serial": "1654123456789", "gpu_pci_bus": "00000000:18:00.0"}
+
+
+def test_hardware_errors_on_the_rank_only() -> None:
+    tel = sick(xid_count=3, xid_last=79, ecc_corrected=12, **GPU_ID)
+    c = diagnose(tel, HW_PEERS)
+    assert c.kind == "hardware", c.text
+    assert "3 XID event(s), last XID 79" in c.text and "1654123456789" in c.text
+    assert "00000000:18:00.0" in c.text
+    hw = c.evidence["hardware"]
+    assert (hw["xid_count"], hw["xid_last"], hw["ecc_corrected"]) == (3, 79, 12)
+    assert hw["gpu_uuid"] == "GPU-6f1d" and hw["peers"]["xid_count"] == 0
+    assert c.to_json()["evidence"]["hardware"] == hw
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"ecc_uncorrected": 1}, "1 uncorrected ECC error(s)"),
+        ({"nvlink_errors": 40}, "40 NVLink error(s)"),
+        ({"remap_failed": 1, "remapped_rows": 512}, "needs service"),
+        ({"remap_pending": 1}, "waits for a GPU reset"),
+    ],
+)
+def test_each_hardware_signal(fields: dict[str, int], words: str) -> None:
+    c = diagnose(sick(**fields), HW_PEERS)
+    assert c.kind == "hardware" and words in c.text
+
+
+def test_peers_without_hardware_fields_do_not_hide_a_rise() -> None:
+    assert diagnose(sick(xid_count=1), PEERS).kind == "hardware"  # peers report nothing
+
+
+def test_a_rise_on_the_peers_too_is_not_this_gpus_fault() -> None:
+    peers = [replace(p, xid_count=1) for p in HW_PEERS]
+    c = diagnose(sick(xid_count=1, xid_last=13), peers)
+    assert c.kind == "unknown" and "nothing in the telemetry" in c.text
+    assert c.evidence["hardware"]["peers"]["xid_count"] == 1  # still shown
+
+
+def test_corrected_ecc_alone_is_evidence_not_a_cause() -> None:
+    c = diagnose(sick(ecc_corrected=5, xid_count=0), HW_PEERS)
+    assert c.kind == "unknown" and "hardware" not in c.evidence
+
+
+def test_hardware_explains_low_clocks_without_a_reason() -> None:
+    c = diagnose(sick(sm_mhz=1110, xid_count=2, xid_last=48), HW_PEERS)
+    assert c.kind == "hardware", c.text  # not `clocks`: the error is the reason
+
+
+def test_hardware_and_thermal_at_once_is_ambiguous() -> None:
+    c = diagnose(sick(sm_mhz=1200, throttle={"hw_thermal": True}, nvlink_errors=9), HW_PEERS)
+    assert c.kind == "unknown" and "hardware:" in c.text and "thermal:" in c.text
+
+
+def test_nic_evidence_counts_each_host_once() -> None:
+    a = Telemetry(nic_symbol_errors=40, nic_link_downed=1, nic_rcv_errors=0, nic_xmit_wait=10)
+    a2 = replace(a, nic_symbol_errors=41)  # a second rank of host a, sampled a moment later
+    b = Telemetry(nic_symbol_errors=0, nic_link_downed=0, nic_rcv_errors=0, nic_xmit_wait=0)
+    ev = nic_evidence([("a", a), ("a", a2), ("b", b), ("c", Telemetry())])
+    assert ev == {
+        "nic_symbol_errors": 41,
+        "nic_link_downed": 1,
+        "nic_rcv_errors": 0,
+        "nic_xmit_wait": 10,
+        "nic_hosts": {"a": {"nic_symbol_errors": 41, "nic_link_downed": 1, "nic_xmit_wait": 10}},
+    }
+    assert nic_evidence([("c", Telemetry())]) == {}

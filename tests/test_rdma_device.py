@@ -3,7 +3,7 @@
 Skipped, with probe()'s reason, where pyverbs or a device is missing (this
 repository's CI: no kernel RDMA support). On a node with a device it runs
 as-is: ``ARTEMIS_RDMA_DEVICE`` / ``ARTEMIS_RDMA_GID_INDEX`` pick the device
-and GID (on Soft-RoCE the RoCEv2 IPv4-mapped GID is usually index 1; see
+and GID (by default the adapter picks the RoCE v2 IPv4 GID as NCCL does; see
 protocol/rdma/README.md). Both ends live in this process and talk through
 the device's loopback path, with the real TCP side channel on 127.0.0.1.
 """
@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 DEVICE = os.environ.get("ARTEMIS_RDMA_DEVICE") or None
-GID_INDEX = int(os.environ.get("ARTEMIS_RDMA_GID_INDEX", "1"))
+GID_INDEX = int(os.environ.get("ARTEMIS_RDMA_GID_INDEX", "-1"))
 SECRET = b"device test secret"
 
 

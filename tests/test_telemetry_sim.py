@@ -87,3 +87,28 @@ def test_the_targets_job_selects_the_file(tmp_path: Path) -> None:
     assert SimulatedSource(tmp_path, "jobB").sample(RankTarget(rank=0))["sm_mhz"] == 2000
     with pytest.raises(ValueError, match="needs a job"):
         src.sample(RankTarget(rank=0))
+
+
+def test_simulated_ranks_report_hardware_fields_missing_unless_a_fault_sets_them(
+    tmp_path: Path,
+) -> None:
+    from artemis.coordinator.diagnosis import diagnose
+    from artemis.protocol.records import Telemetry
+    from artemis.sim.scenario import load_scenario
+    from artemis.sim.telemetry import fault_fields, telemetry_plan
+
+    sc = load_scenario(Path(__file__).parents[1] / "sim/scenarios/healthy.toml")
+    plan = telemetry_plan(sc)
+    hw = {"gpu_uuid", "xid_count", "ecc_uncorrected", "nvlink_errors", "nic_symbol_errors"}
+    for doc in plan.values():
+        assert not hw & set(doc["base"])
+    path = sim_telemetry_path(tmp_path, "j", 0)
+    write(path, plan[0])
+    t = collect([SimulatedSource(tmp_path, "j")], RankTarget(rank=0, window=3))
+    assert hw <= set(t.missing)
+    # the hardware fault model sets the GPU's error counts, which diagnose as `hardware`
+    base = plan[0]["base"]
+    sick = Telemetry(**{**base, **fault_fields("hardware", 0.2, base)})
+    peers = [Telemetry(**plan[r]["base"]) for r in range(1, 4)]
+    c = diagnose(sick, peers)
+    assert c.kind == "hardware" and "XID 74" in c.text

@@ -63,7 +63,8 @@ def test_collect_merges_and_lists_missing() -> None:
     assert (t.sm_mhz, t.temp_c, t.cpu_pct, t.ncpu) == (1410.0, 71.0, 35.5, 64)
     assert t.throttle == {"hw_thermal": True}
     supplied = {"sm_mhz", "temp_c", "throttle", "cpu_pct", "ncpu"}
-    assert set(t.missing) == set(GPU_FIELDS + HOST_FIELDS) - supplied
+    assert set(t.missing) == set(ALL_FIELDS) - supplied
+    assert set(GPU_FIELDS + HOST_FIELDS) <= set(ALL_FIELDS)  # every Telemetry field expected
     assert isinstance(t.ncpu, int)
 
 

@@ -1,9 +1,10 @@
 """AMD GPU signals through AMD SMI (the ``amdsmi`` Python package of ROCm).
 
-Honest status: written from the amdsmi Python API documentation (ROCm 6.x /
-7.x) and never run against a real AMD GPU in this project: no machine here has
-one. The pure helpers (``pcie_gen_from_speed``, ``throttle_from_violation``,
-``gpu_from_environ_amd``, ``num``) are tested; the calls into amdsmi are not.
+Honest status: written from the amdsmi Python API (ROCm 6.x / 7.x; the
+dict shapes checked against amdsmi 7.0.2's ``amdsmi_interface.py``) and never
+run against a real AMD GPU in this project: no machine here has one. The pure
+helpers are tested, and the calls into amdsmi against a fake module shaped
+like amdsmi 7.0.2 (tests/test_telemetry_amd.py).
 
 ``amdsmi`` is imported lazily; without it, a driver or a GPU, ``available()``
 is ``(False, reason)`` and ``sample`` returns nothing, so every GPU field is
@@ -27,7 +28,23 @@ Fields and where they come from:
   not interpreted; on older GPUs ``throttle`` is therefore missing.
 * PCIe: ``amdsmi_get_pcie_info``: ``pcie_metric.pcie_width`` /
   ``pcie_speed`` (MT/s, turned into a generation) and ``pcie_static``
-  ``max_pcie_width`` / ``max_pcie_interface_version`` (else ``max_pcie_speed``).
+  ``max_pcie_width`` / ``pcie_interface_version``. amdsmi 7's Python binding
+  puts only ``max_pcie_width``, ``max_pcie_speed``, ``pcie_interface_version``
+  and ``slot_type`` in ``pcie_static`` (the C struct's
+  ``max_pcie_interface_version`` is not in the dict); on Linux the library
+  derives ``pcie_interface_version`` from the device's ``max_link_speed``, so
+  it is the generation of the maximum link. ``max_pcie_interface_version`` is
+  read if a later binding adds it, and ``max_pcie_speed`` is the last resort.
+* Identity: ``gpu_uuid`` (``amdsmi_get_gpu_device_uuid``), ``gpu_serial``
+  (``amdsmi_get_gpu_board_info``'s ``product_serial``, else the ASIC serial of
+  ``amdsmi_get_gpu_asic_info``), ``gpu_pci_bus`` (``amdsmi_get_gpu_device_bdf``).
+* RAS: ``ecc_corrected`` / ``ecc_uncorrected``: ``amdsmi_get_gpu_total_ecc_count``'s
+  ``correctable_count`` and ``uncorrectable_count`` + ``deferred_count``
+  (deferred errors are uncorrectable ones whose handling was put off), as
+  running totals (``base.COUNT_FIELDS``: the window gets their increase);
+  ``retired_pages``: the records of ``amdsmi_get_gpu_bad_page_info``.
+  Not read: XGMI error status (a state, not a count) and amdsmi event
+  notification (XID-like events need a reader thread of their own).
 
 The rank's GPU: ``target.gpu_index`` (position in
 ``amdsmi_get_processor_handles()``), else the GPU whose
@@ -43,7 +60,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget, call_or_none
+from artemis.agent.telemetry.base import RankTarget, RunningTotals, call_or_none
 from artemis.agent.telemetry.nvml import gpu_from_environ, read_environ
 
 # PCIe transfer rate per lane (MT/s) of each generation.
@@ -112,6 +129,8 @@ class AmdSmiSource:
         self._handles: list[Any] = []
         self._state: tuple[bool, str] | None = None
         self._pid_gpu: dict[int, int] = {}
+        self._ident: dict[int, dict[str, object]] = {}
+        self._totals = RunningTotals()
 
     def available(self) -> tuple[bool, str]:
         """(True, "") when amdsmi works and sees a GPU, else (False, why)."""
@@ -224,8 +243,60 @@ class AmdSmiSource:
             out["pcie_width"] = num(metric.get("pcie_width"))
             out["pcie_gen"] = pcie_gen_from_speed(metric.get("pcie_speed"))
             out["pcie_width_max"] = num(static.get("max_pcie_width"))
-            gen_max = num(static.get("max_pcie_interface_version"))
+            gen_max = num(static.get("pcie_interface_version")) or num(
+                static.get("max_pcie_interface_version")
+            )
             out["pcie_gen_max"] = (
                 int(gen_max) if gen_max else pcie_gen_from_speed(static.get("max_pcie_speed"))
             )
+        out.update(self._identity(idx, h))
+        out.update(self._ras(idx, h))
         return {k: v for k, v in out.items() if v is not None}
+
+    def _identity(self, idx: int, h: Any) -> dict[str, object]:
+        """UUID, serial and PCI bus id: read once per GPU."""
+        if idx not in self._ident:
+            smi = self._smi
+            board = call_or_none(getattr(smi, "amdsmi_get_gpu_board_info", None), h)
+            asic = call_or_none(smi.amdsmi_get_gpu_asic_info, h)
+            serial = _text(board.get("product_serial")) if isinstance(board, Mapping) else None
+            if serial is None and isinstance(asic, Mapping):
+                serial = _text(asic.get("asic_serial"))
+            ident = {
+                "gpu_uuid": _text(
+                    call_or_none(getattr(smi, "amdsmi_get_gpu_device_uuid", None), h)
+                ),
+                "gpu_serial": serial,
+                "gpu_pci_bus": _text(
+                    call_or_none(getattr(smi, "amdsmi_get_gpu_device_bdf", None), h)
+                ),
+            }
+            self._ident[idx] = {k: v for k, v in ident.items() if v is not None}
+        return self._ident[idx]
+
+    def _ras(self, idx: int, h: Any) -> dict[str, object]:
+        smi = self._smi
+        out: dict[str, object] = {}
+        ecc = call_or_none(getattr(smi, "amdsmi_get_gpu_total_ecc_count", None), h)
+        if isinstance(ecc, Mapping):
+            corr = num(ecc.get("correctable_count"))
+            unc = num(ecc.get("uncorrectable_count"))
+            deferred = num(ecc.get("deferred_count")) or 0.0
+            out["ecc_corrected"] = self._totals.add(
+                idx, "ecc_corrected", None if corr is None else int(corr), idx
+            )
+            out["ecc_uncorrected"] = self._totals.add(
+                idx, "ecc_uncorrected", None if unc is None else int(unc + deferred), idx
+            )
+        pages = call_or_none(getattr(smi, "amdsmi_get_gpu_bad_page_info", None), h)
+        if isinstance(pages, list):
+            out["retired_pages"] = len(pages)
+        return out
+
+
+def _text(v: Any) -> str | None:
+    """A string amdsmi reported, or None for "N/A" and empty ones."""
+    if not isinstance(v, str):
+        return None
+    v = v.strip()
+    return v if v and v != "N/A" else None

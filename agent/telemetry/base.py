@@ -1,7 +1,7 @@
 """The narrow interface every telemetry source implements, and how samples merge.
 
 A source answers ``sample(target)`` with a partial dict of the fields it can
-measure (names from ``records.GPU_FIELDS`` / ``records.HOST_FIELDS``); a field it
+measure (names of ``records.Telemetry``'s fields); a field it
 cannot measure is simply absent, never guessed. ``collect`` merges the partial
 dicts of all sources into one ``Telemetry`` and lists every expected field that
 nobody supplied in ``missing``. A source that raises is logged once and
@@ -12,7 +12,20 @@ The daemon samples a few times per window; ``TelemetryAccumulator`` turns those
 samples into the window's values: numeric fields averaged, throttle reasons
 ORed (a reason active in any sample was active in the window), PCIe link
 gen/width the lowest seen (a link that dropped for part of the window shows),
-identity fields (strings, gpu_index, ncpu) the last seen.
+identity fields (strings, gpu_index, ncpu) and error-counter state
+(retired pages, remapped rows, pending / failed remaps, the last XID) the last
+seen, and error counts (``COUNT_FIELDS``: XID events, ECC, NVLink and NIC port
+errors) turned into the increase over the window.
+
+Error counts: a source reports a running total since the agent started
+(monotonic: the source absorbs the device counter's own resets), never a
+per-sample increase, because several windows consume one source: a rank in
+two communicators has two rings, each with its own accumulator, sampled one
+after the other. Each accumulator remembers the last total it saw (across
+``reset``), so its window's value is the total's rise since its own previous
+sample; a ring's first sample only primes it. The raw ``collect`` result thus
+holds totals in these fields; only ``TelemetryAccumulator.result`` turns them
+into window values.
 """
 
 from __future__ import annotations
@@ -26,6 +39,9 @@ from typing import Any, Protocol, runtime_checkable
 from artemis.protocol.records import (
     GPU_FIELDS,
     HOST_FIELDS,
+    HW_FIELDS,
+    IDENT_FIELDS,
+    NIC_FIELDS,
     TELEMETRY_INT_FIELDS,
     THROTTLE_REASONS,
     Telemetry,
@@ -34,11 +50,17 @@ from artemis.protocol.records import (
 log = logging.getLogger("artemis.agent.telemetry")
 
 ALL_FIELDS: tuple[str, ...] = GPU_FIELDS + HOST_FIELDS
+# Error counts: sources report running totals; a window gets their increase.
+COUNT_FIELDS = frozenset(
+    {"xid_count", "ecc_corrected", "ecc_uncorrected", "nvlink_errors", *NIC_FIELDS}
+)
+# Error-counter state: the last value seen.
+_STATE_FIELDS = frozenset(HW_FIELDS) - COUNT_FIELDS
 _INT_FIELDS = TELEMETRY_INT_FIELDS
-_STR_FIELDS = frozenset({"vendor", "gpu_model"})
-_LAST_FIELDS = _STR_FIELDS | {"gpu_index", "ncpu"}
+_STR_FIELDS = frozenset({"vendor", "gpu_model", *IDENT_FIELDS})
+_LAST_FIELDS = _STR_FIELDS | _STATE_FIELDS | {"gpu_index", "ncpu"}
 _MIN_FIELDS = frozenset({"pcie_gen", "pcie_width"})
-_TELEMETRY_FIELDS = frozenset(f.name for f in fields(Telemetry)) - {"missing"}
+_TELEMETRY_FIELDS = frozenset(ALL_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +147,61 @@ def collect(
     return merge(samples, expected)
 
 
+class CounterDeltas:
+    """Turns cumulative counters into increases since the previous read.
+
+    Keyed by (device, counter). The first read of a key only primes it (None:
+    the increase is not known yet). A counter that went down was reset (driver
+    reload, GPU reset, ``perfquery -R``): the increase is its new value, the
+    count since the reset.
+    """
+
+    def __init__(self) -> None:
+        self._prev: dict[tuple[object, str], int] = {}
+
+    def delta(self, device: object, name: str, value: int | None) -> int | None:
+        if value is None:
+            return None
+        key = (device, name)
+        prev = self._prev.get(key)
+        self._prev[key] = value
+        if prev is None:
+            return None
+        return value - prev if value >= prev else value
+
+
+class RunningTotals:
+    """Monotonic totals built from device counters that may reset: what sources report.
+
+    ``add(device, name, raw)`` folds the raw counter's increase since its
+    previous read (``CounterDeltas``) into the total for ``name`` summed over
+    devices, and returns that total; None until some device of ``name`` has
+    been read once (a total starts at 0 on the first read).
+    """
+
+    def __init__(self) -> None:
+        self._deltas = CounterDeltas()
+        self._totals: dict[object, int] = {}
+
+    def add(self, device: object, name: str, raw: int | None, scope: object = None) -> int | None:
+        """Fold in one raw read; ``scope`` separates totals (e.g. one per GPU)."""
+        key = (scope, name)
+        if raw is None:
+            return self._totals.get(key)
+        d = self._deltas.delta(device, name, raw)
+        self._totals[key] = self._totals.get(key, 0) + (d or 0)
+        return self._totals[key]
+
+    def get(self, name: str, scope: object = None) -> int | None:
+        return self._totals.get((scope, name))
+
+
 class TelemetryAccumulator:
     """Averages the samples the daemon takes during one window into its Telemetry."""
 
     def __init__(self, expected: Iterable[str] = ALL_FIELDS) -> None:
         self.expected = tuple(expected)
+        self._totals = CounterDeltas()  # kept across windows: the last total seen
         self.reset()
 
     def reset(self) -> None:
@@ -138,6 +210,7 @@ class TelemetryAccumulator:
         self._n: dict[str, int] = {}
         self._last: dict[str, Any] = {}
         self._min: dict[str, int] = {}
+        self._count: dict[str, int] = {}
         self._throttle: dict[str, bool] | None = None
 
     def add(self, sample: Telemetry | Mapping[str, object]) -> None:
@@ -153,6 +226,10 @@ class TelemetryAccumulator:
                 self._last[k] = v
             elif k in _MIN_FIELDS:
                 self._min[k] = min(self._min.get(k, v), v)
+            elif k in COUNT_FIELDS:
+                d = self._totals.delta(None, k, v)
+                if d is not None:
+                    self._count[k] = self._count.get(k, 0) + d
             else:
                 self._sums[k] = self._sums.get(k, 0.0) + float(v)
                 self._n[k] = self._n.get(k, 0) + 1
@@ -161,6 +238,7 @@ class TelemetryAccumulator:
         """The window's Telemetry; fields no sample had are missing."""
         out: dict[str, Any] = dict(self._last)
         out.update(self._min)
+        out.update(self._count)
         for k, total in self._sums.items():
             avg = total / self._n[k]
             out[k] = round(avg) if k in _INT_FIELDS else avg

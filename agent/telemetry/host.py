@@ -16,6 +16,11 @@
   sample for that pid, over the elapsed monotonic time, as % of one core. The
   first sample of a pid only primes it (missing).
 
+* ``nic_symbol_errors``, ``nic_link_downed``, ``nic_rcv_errors``,
+  ``nic_xmit_wait``: the host's InfiniBand/RoCE port error counters under
+  ``sys/class/infiniband`` (``nic.NicCounters``), increases since the previous
+  sample summed over ports; absent on a host without RDMA ports.
+
 A file that is absent or unreadable leaves its fields missing.
 """
 
@@ -27,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from artemis.agent.telemetry.base import RankTarget
+from artemis.agent.telemetry.nic import NicCounters
 
 
 def _read(path: Path) -> str | None:
@@ -105,6 +111,7 @@ class HostSource:
         text = _read(self.root / "proc/stat")
         if text is not None:
             self._prev_stat = parse_stat(text)[0]
+        self._nic = NicCounters(self.root)
 
     def sample(self, target: RankTarget) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -131,6 +138,7 @@ class HostSource:
             pct = self._proc_cpu(target.pid)
             if pct is not None:
                 out["proc_cpu_pct"] = pct
+        out.update(self._nic.sample())
         return out
 
     def _proc_cpu(self, pid: int) -> float | None:

@@ -15,6 +15,39 @@ supports), ``pcie_gen``/``pcie_width`` current and ``*_max`` the maximum the
 device *and* the slot allow (nvmlDeviceGetMaxPcieLink*). An idle GPU may train
 its link down to save power, so the current link is only meaningful under load.
 
+Identity and hardware errors, for an RMA ticket: ``gpu_uuid``
+(nvmlDeviceGetUUID), ``gpu_serial`` (nvmlDeviceGetSerial; boards without one
+leave it absent), ``gpu_pci_bus`` (nvmlDeviceGetPciInfo ``busId``);
+``xid_count`` / ``xid_last``: XID events (nvmlEventTypeXidCriticalError)
+from one NVML event set the source registers every GPU in, drained without
+blocking (nvmlEventSetWait_v2 with a 0 ms timeout, until NVML_ERROR_TIMEOUT)
+and counted per GPU, with the last code seen; ``ecc_corrected`` /
+``ecc_uncorrected``: nvmlDeviceGetTotalEccErrors (volatile counters);
+``retired_pages``: nvmlDeviceGetRetiredPages
+of both causes (GPUs before A100), ``remapped_rows`` / ``remap_pending`` /
+``remap_failed``: nvmlDeviceGetRemappedRows (A100 and later), pending also
+from nvmlDeviceGetRetiredPagesPendingStatus; ``nvlink_errors``:
+nvmlDeviceGetNvLinkErrorCounter (replay, recovery, CRC flit, CRC data, ECC)
+summed over the active links (nvmlDeviceGetNvLinkState). The counts
+(``base.COUNT_FIELDS``) are reported as running totals since the agent
+started, absorbing the device counters' own resets; the window accumulator
+turns them into the increase over the window (``base`` says why).
+
+Driver and library versions (checked against nvidia-ml-py 13's pynvml):
+
+* pynvml resolves a C symbol only when a function is called: a Python
+  function can exist while the driver lacks the symbol, and then raises
+  ``NVMLError_FunctionNotFound``. ``nvmlDeviceGetCurrentClocksEventReasons``
+  is such a case on drivers up to R525 (the symbol came with R535): on
+  ``NVMLError`` the source falls back to ``...ClocksThrottleReasons`` (same
+  for ``Supported...``), which newer drivers still export.
+* ``nvmlDeviceGetTemperature`` is deprecated and goes with CUDA 14:
+  ``nvmlDeviceGetTemperatureV`` (the versioned struct call) is used, with the
+  old call as fallback for drivers that lack the new symbol.
+
+Tested against a fake module shaped like pynvml (tests/test_telemetry_nvml.py),
+and, where a GPU is lent, by tests/gpu/test_nvml_real.py.
+
 Which GPU a rank uses
 ---------------------
 1. ``target.gpu_index`` when the daemon already knows it;
@@ -36,7 +69,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget, call_or_none
+from artemis.agent.telemetry.base import RankTarget, RunningTotals, call_or_none
 
 # NVML clock event (formerly "throttle") reason bits, from nvml.h.
 THROTTLE_BITS: dict[int, str] = {
@@ -55,6 +88,37 @@ _ALL_BITS = sum(THROTTLE_BITS)
 _NVML_CLOCK_SM = 1
 _NVML_CLOCK_MEM = 2
 _NVML_TEMPERATURE_GPU = 0
+_NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+_NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+_NVML_VOLATILE_ECC = 0
+_NVML_PAGE_RETIREMENT_CAUSES = (0, 1)  # multiple single-bit, double-bit
+_NVML_FEATURE_ENABLED = 1
+_NVML_NVLINK_MAX_LINKS = 18  # pynvml 13 says 36; its constant wins when present
+_NVML_NVLINK_ERROR_COUNTERS = 5  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA, DL_ECC_DATA
+_EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+_MAX_EVENTS_PER_DRAIN = 4096  # an XID storm must not hold the sampler
+
+
+def first_ok(nv: Any, names: tuple[str, ...], *args: Any) -> Any:
+    """The result of the first of ``names`` that pynvml has and that does not
+    raise, or None. pynvml raises ``NVMLError`` (``NVMLError_FunctionNotFound``)
+    when the driver lacks the symbol behind an existing Python function, so a
+    newer name is tried first and an older one after it."""
+    for name in names:
+        fn = getattr(nv, name, None)
+        if fn is None:
+            continue
+        try:
+            return fn(*args)
+        except Exception:  # NVMLError: not found, not supported, no permission
+            continue
+    return None
+
+
+def _text(v: Any) -> str | None:
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    return (v.strip() or None) if isinstance(v, str) else None
 
 
 def throttle_from_mask(mask: int, supported: int | None = None) -> dict[str, bool]:
@@ -111,6 +175,14 @@ class NvmlSource:
         self._nv: Any = None
         self._state: tuple[bool, str] | None = None
         self._pid_gpu: dict[int, int] = {}
+        self._ident: dict[int, dict[str, object]] = {}
+        self._links: dict[int, list[int]] = {}
+        self._totals = RunningTotals()  # error counts since the agent started, per GPU
+        self._xid_total: dict[int, int] = {}  # XID events seen per GPU
+        self._xid_last: dict[int, int] = {}
+        self._events: Any = None  # the NVML event set, None when XIDs cannot be had
+        self._xids: dict[int, list[int]] = {}  # per GPU index, drained, not yet sampled
+        self._xid_gpus: set[int] = set()  # GPUs registered for XID events
 
     def available(self) -> tuple[bool, str]:
         """(True, "") when NVML works and sees a GPU, else (False, why)."""
@@ -134,10 +206,57 @@ class NvmlSource:
         if count == 0:
             return False, "NVML sees no NVIDIA GPU"
         self._nv = pynvml
+        self._open_events(count)
         return True, ""
+
+    def _open_events(self, count: int) -> None:
+        """One event set for XIDs on every GPU that supports them; none if no GPU does."""
+        nv = self._nv
+        xid = getattr(nv, "nvmlEventTypeXidCriticalError", _EVENT_XID)
+        es = call_or_none(getattr(nv, "nvmlEventSetCreate", None))
+        if es is None:
+            return
+        for i in range(count):
+            h = call_or_none(nv.nvmlDeviceGetHandleByIndex, i)
+            supported = call_or_none(getattr(nv, "nvmlDeviceGetSupportedEventTypes", None), h)
+            if h is None or not isinstance(supported, int) or not supported & xid:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(h, xid, es)
+            except Exception:
+                continue  # e.g. NVML_ERROR_NO_PERMISSION: this GPU's XIDs stay absent
+            self._xid_gpus.add(i)
+        if self._xid_gpus:
+            self._events = es
+        else:
+            call_or_none(getattr(nv, "nvmlEventSetFree", None), es)
+
+    def _drain_events(self) -> None:
+        """Take every pending XID event without waiting; file it under its GPU."""
+        nv, es = self._nv, self._events
+        if es is None:
+            return
+        wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
+        timeout = getattr(nv, "NVMLError_Timeout", None)
+        for _ in range(_MAX_EVENTS_PER_DRAIN):
+            try:
+                data = wait(es, 0)
+            except Exception as exc:
+                if timeout is None or not isinstance(exc, timeout):
+                    # Anything but "no event" (GPU lost, unknown): stop using the set.
+                    call_or_none(getattr(nv, "nvmlEventSetFree", None), es)
+                    self._events = None
+                    self._xid_gpus.clear()
+                return
+            idx = call_or_none(nv.nvmlDeviceGetIndex, data.device)
+            if isinstance(idx, int):
+                self._xids.setdefault(idx, []).append(int(data.eventData))
 
     def close(self) -> None:
         if self._nv is not None:
+            if self._events is not None:
+                call_or_none(getattr(self._nv, "nvmlEventSetFree", None), self._events)
+                self._events = None
             call_or_none(self._nv.nvmlShutdown)
             self._nv = None
             self._state = None
@@ -192,8 +311,9 @@ class NvmlSource:
             "sm_mhz": call_or_none(nv.nvmlDeviceGetClockInfo, h, sm),
             "sm_mhz_max": call_or_none(nv.nvmlDeviceGetMaxClockInfo, h, sm),
             "mem_mhz": call_or_none(nv.nvmlDeviceGetClockInfo, h, mem),
-            "temp_c": call_or_none(
-                nv.nvmlDeviceGetTemperature,
+            "temp_c": first_ok(
+                nv,
+                ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"),
                 h,
                 getattr(nv, "NVML_TEMPERATURE_GPU", _NVML_TEMPERATURE_GPU),
             ),
@@ -207,14 +327,99 @@ class NvmlSource:
         reads["power_w"] = None if power is None else power / 1000.0
         reads["power_limit_w"] = None if limit is None else limit / 1000.0
         out.update({k: v for k, v in reads.items() if v is not None})
-        # newer drivers call them clock *event* reasons; older ones throttle reasons
-        cur = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        # Drivers from R535 call them clock *event* reasons; older ones only
+        # export the throttle-reason symbols (see the module docstring).
+        mask = first_ok(
+            nv,
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+            h,
         )
-        sup = getattr(nv, "nvmlDeviceGetSupportedClocksEventReasons", None) or getattr(
-            nv, "nvmlDeviceGetSupportedClocksThrottleReasons", None
-        )
-        mask = call_or_none(cur, h)
         if mask is not None:
-            out["throttle"] = throttle_from_mask(int(mask), call_or_none(sup, h))
+            sup = first_ok(
+                nv,
+                (
+                    "nvmlDeviceGetSupportedClocksEventReasons",
+                    "nvmlDeviceGetSupportedClocksThrottleReasons",
+                ),
+                h,
+            )
+            out["throttle"] = throttle_from_mask(int(mask), None if sup is None else int(sup))
+        out.update(self._identity(idx, h))
+        out.update(self._errors(idx, h))
         return out
+
+    def _identity(self, idx: int, h: Any) -> dict[str, object]:
+        """UUID, serial and PCI bus id: read once per GPU."""
+        if idx not in self._ident:
+            nv = self._nv
+            pci = call_or_none(nv.nvmlDeviceGetPciInfo, h)
+            ident = {
+                "gpu_uuid": _text(call_or_none(nv.nvmlDeviceGetUUID, h)),
+                "gpu_serial": _text(call_or_none(getattr(nv, "nvmlDeviceGetSerial", None), h)),
+                "gpu_pci_bus": _text(getattr(pci, "busId", None)),
+            }
+            self._ident[idx] = {k: v for k, v in ident.items() if v is not None}
+        return self._ident[idx]
+
+    def _errors(self, idx: int, h: Any) -> dict[str, object]:
+        nv = self._nv
+        out: dict[str, object] = {}
+        if idx in self._xid_gpus:
+            self._drain_events()
+        if idx in self._xid_gpus:  # still registered: no XID is "none seen", not unknown
+            codes = self._xids.pop(idx, [])
+            self._xid_total[idx] = self._xid_total.get(idx, 0) + len(codes)
+            out["xid_count"] = self._xid_total[idx]
+            if codes:
+                self._xid_last[idx] = codes[-1]
+            out["xid_last"] = self._xid_last.get(idx)
+        volatile = getattr(nv, "NVML_VOLATILE_ECC", _NVML_VOLATILE_ECC)
+        for field, etype in (
+            ("ecc_corrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)),
+            ("ecc_uncorrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)),
+        ):
+            total = call_or_none(nv.nvmlDeviceGetTotalEccErrors, h, etype, volatile)
+            out[field] = self._totals.add(idx, field, total, idx)
+        retired_fn = getattr(nv, "nvmlDeviceGetRetiredPages", None)
+        pages = [call_or_none(retired_fn, h, c) for c in _NVML_PAGE_RETIREMENT_CAUSES]
+        if all(isinstance(p, list) for p in pages):
+            out["retired_pages"] = sum(len(p) for p in pages if isinstance(p, list))
+        # Pending: a retired page (older GPUs) or a remapped row (A100+) takes
+        # effect only after a GPU reset; known when either call answers.
+        pendings: list[bool] = []
+        page_pending = call_or_none(getattr(nv, "nvmlDeviceGetRetiredPagesPendingStatus", None), h)
+        if isinstance(page_pending, int):
+            pendings.append(page_pending == _NVML_FEATURE_ENABLED)
+        rows = call_or_none(getattr(nv, "nvmlDeviceGetRemappedRows", None), h)
+        if isinstance(rows, tuple) and len(rows) == 4:
+            corr, unc, row_pending, failure = (int(x) for x in rows)
+            out["remapped_rows"] = corr + unc
+            out["remap_failed"] = int(bool(failure))
+            pendings.append(bool(row_pending))
+        if pendings:
+            out["remap_pending"] = int(any(pendings))
+        out["nvlink_errors"] = self._totals.add(
+            idx, "nvlink_errors", self._nvlink_total(idx, h), idx
+        )
+        return {k: v for k, v in out.items() if v is not None}
+
+    def _nvlink_total(self, idx: int, h: Any) -> int | None:
+        """Sum of the NVLink error counters over the GPU's active links (None: no NVLink)."""
+        nv = self._nv
+        if idx not in self._links:
+            n = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", _NVML_NVLINK_MAX_LINKS))
+            state = getattr(nv, "nvmlDeviceGetNvLinkState", None)
+            self._links[idx] = [
+                link for link in range(n) if call_or_none(state, h, link) == _NVML_FEATURE_ENABLED
+            ]
+        links = self._links[idx]
+        if not links:
+            return None
+        counters = int(getattr(nv, "NVML_NVLINK_ERROR_COUNT", _NVML_NVLINK_ERROR_COUNTERS))
+        total, seen = 0, False
+        for link in links:
+            for c in range(counters):
+                v = call_or_none(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, c)
+                if isinstance(v, int):
+                    total, seen = total + v, True
+        return total if seen else None

@@ -14,7 +14,7 @@ One JSON file per rank at ``<shm_dir>/<job>.simtel.r<rank>.json``::
       ]
     }
 
-Field names are those of ``records.GPU_FIELDS`` / ``records.HOST_FIELDS``; a
+Field names are those of ``records.Telemetry``; a
 field absent from both base and the covering segments is reported missing.
 ``sample(target)`` returns ``base`` overlaid with every segment whose
 ``[start_window, end_window)`` covers ``target.window`` (``end_window`` null:

@@ -360,7 +360,7 @@ class RdmaTransport:
         adapter_factory: AdapterFactory,
         device: str | None = None,
         port: int = 1,
-        gid_index: int = 0,
+        gid_index: int = -1,  # < 0: the adapter chooses (verbs.choose_gid_index)
         buffer_size: int = 64 * 1024,
         buffers: int = 64,
         secret: bytes | None = None,
@@ -393,9 +393,13 @@ class RdmaTransport:
     def _open(self) -> tuple[RdmaAdapter, RdmaStream]:
         adapter = self.adapter_factory(self.device, self.port, self.gid_index)
         c = self.config
-        adapter.open(c.buffer_size, c.recv_buffers, c.send_slots)
-        stream = RdmaStream(c)
-        stream.begin_exchange()
+        try:
+            adapter.open(c.buffer_size, c.recv_buffers, c.send_slots)
+            stream = RdmaStream(c)
+            stream.begin_exchange()
+        except BaseException:
+            adapter.close()  # idempotent: whatever open() got to is released
+            raise
         return adapter, stream
 
     def _info(self, adapter: RdmaAdapter) -> dict[str, int | str]:
@@ -574,7 +578,7 @@ def make_transport(
 ) -> Transport:
     """The RDMA transport for ``transport = "rdma"`` in a daemon's config.
 
-    Keys: device, port, gid_index, buffer_size, buffers, secret (bytes) or
+    Keys: device, port, gid_index (negative or absent: chosen as NCCL does), buffer_size, buffers, secret (bytes) or
     secret_file. Returns an ``RdmaTransport`` over pyverbs when ``probe()``
     finds pyverbs and a device, else raises ``RdmaUnavailable`` with the reason
     (``artemis.protocol.transport.build_transport`` falls back to TCP from
@@ -601,7 +605,7 @@ def make_transport(
         adapter_factory,
         device=config.get("device"),
         port=int(config.get("port", 1)),
-        gid_index=int(config.get("gid_index", 0)),
+        gid_index=int(config.get("gid_index", -1)),
         buffer_size=int(config.get("buffer_size", 64 * 1024)),
         buffers=int(config.get("buffers", 64)),
         secret=secret,
