@@ -850,7 +850,7 @@ class StandInComm:
         pending: list[PendingOp] = []
         p = self._d_p2p.p2p
         for (func, count, dtype, peer), papi in zip(ops, apis, strict=True):
-            nch = p2p_nchannels(count * _TYPE_SIZE.get(dtype, 1), self.nranks, nnodes)
+            nch = p2p_nchannels(count * DTYPE_SIZE_BY_NAME.get(dtype, 1), self.nranks, nnodes)
             h = None
             if mask & _NEEDS_P2P:
                 p.func = _cstr(func)
