@@ -11,7 +11,10 @@ scored twice).
 Format: a stream of msgpack objects: a header `["h", [RankWindow field names],
 [Telemetry field names]]` (so a journal written by another version still
 reads by name), then `["w", [values...], [telemetry values...]]` per summary
-and `["r", job, window]` per scored window. Values are taken with one C-level
+and `["r", job, window, [comm, ...]]` per scored window: the communicators of
+the run that scored it, so a new run of the job that reuses its window
+numbers is not mistaken for a resend (an entry without them covers every
+communicator). Values are taken with one C-level
 attribute getter per record: the journal costs a few microseconds a summary. Appends are not fsynced: the journal covers a crash of
 the coordinator process (the kernel keeps the written pages), not of the
 machine. A torn tail (the process died inside a write) is ignored.
@@ -59,10 +62,11 @@ class AssemblyJournal:
         self._fh: IO[bytes] | None = None
         self._marks = 0
 
-    def load(self) -> tuple[list[RankWindow], set[tuple[str, int]]]:
-        """(summaries taken but not scored, windows already scored) from the file."""
+    def load(self) -> tuple[list[RankWindow], set[tuple[str, str | None, int]]]:
+        """(summaries taken but not scored, windows already scored as (job, comm, window);
+        comm None: every communicator) from the file."""
         added: list[RankWindow] = []
-        released: set[tuple[str, int]] = set()
+        released: set[tuple[str, str | None, int]] = set()
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -80,17 +84,26 @@ class AssemblyJournal:
                     elif item[0] == "w":
                         added.append(_window(rw_names, tel_names, item[1], item[2]))
                     elif item[0] == "r":
-                        released.add((str(item[1]), int(item[2])))
+                        comms = item[3] if len(item) > 3 and item[3] else [None]
+                        released.update((str(item[1]), c, int(item[2])) for c in comms)
                 except (IndexError, KeyError, TypeError, ValueError):
                     bad += 1
         except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError):
             bad += 1  # a torn tail: the process died inside a write
         if bad:
             log.warning("assembly journal: unreadable entries skipped", path=str(self.path), n=bad)
-        pending = [w for w in added if (w.job, w.window) not in released]
+        pending = [
+            w
+            for w in added
+            if (w.job, w.comm, w.window) not in released and (w.job, None, w.window) not in released
+        ]
         return pending, released
 
-    def open(self, pending: Iterable[RankWindow], released: Iterable[tuple[str, int]] = ()) -> None:
+    def open(
+        self,
+        pending: Iterable[RankWindow],
+        released: Iterable[tuple[str, int, Sequence[str]]] = (),
+    ) -> None:
         """Start a fresh file holding only `pending` and the release marks (compaction),
         then append to it."""
         self.close()
@@ -98,8 +111,8 @@ class AssemblyJournal:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as fh:
             fh.write(_HEADER)
-            for job, window in released:
-                fh.write(msgpack.packb(["r", job, window]))
+            for job, window, comms in released:
+                fh.write(msgpack.packb(["r", job, window, list(comms)]))
             for w in pending:
                 fh.write(msgpack.packb(_entry(w)))
         os.replace(tmp, self.path)
@@ -112,11 +125,11 @@ class AssemblyJournal:
         self._fh.write(b"".join(msgpack.packb(_entry(w)) for w in windows))
         self._fh.flush()
 
-    def released(self, job: str, window: int) -> bool:
-        """Mark a window scored; True when the file is due for compaction."""
+    def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
+        """Mark a window scored by the run of `comms`; True when due for compaction."""
         if self._fh is None:
             return False
-        self._fh.write(msgpack.packb(["r", job, window]))
+        self._fh.write(msgpack.packb(["r", job, window, list(comms)]))
         self._fh.flush()
         self._marks += 1
         return self._marks >= COMPACT_EVERY

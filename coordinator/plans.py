@@ -8,9 +8,10 @@ DESIGN contract ("Rebalance plans"), produced by ``PlanEvent.to_dict``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -68,50 +69,68 @@ class PlansWriter:
 class PlanMetrics:
     """Prometheus series for rebalance plans, registered on one registry."""
 
-    plans: Counter  # straggler_plans_total{status}
-    throughput: Gauge  # straggler_throughput_samples_per_second{phase}
-    escalations: Counter  # straggler_plan_escalations_total
-    active: Gauge  # straggler_plan_active: 1 while the job runs on an uneven split
+    plans: Counter  # straggler_plans_total{job,status}
+    throughput: Gauge  # straggler_throughput_samples_per_second{job,phase}
+    escalations: Counter  # straggler_plan_escalations_total{job}
+    active: Gauge  # straggler_plan_active{job}: 1 while the job runs on an uneven split
+    jobs: set[str] = field(default_factory=set)  # jobs whose series exist
 
-    def observe(self, event: PlanEvent) -> None:
-        self.plans.labels(status=event.status).inc()
+    def observe(self, event: PlanEvent, job: str = "") -> None:
+        if job not in self.jobs:
+            self.jobs.add(job)
+            for s in STATUSES:
+                self.plans.labels(job=job, status=s)  # every status visible at 0
+            self.escalations.labels(job=job)
+        self.plans.labels(job=job, status=event.status).inc()
         if event.throughput_before is not None:
-            self.throughput.labels(phase="before").set(event.throughput_before)
+            self.throughput.labels(job=job, phase="before").set(event.throughput_before)
         if event.throughput_after is not None:
-            self.throughput.labels(phase="after").set(event.throughput_after)
+            self.throughput.labels(job=job, phase="after").set(event.throughput_after)
         if event.escalate:
-            self.escalations.inc()
+            self.escalations.labels(job=job).inc()
         if event.status == "verified":
-            self.active.set(0.0 if _even(event.after) else 1.0)
+            self.active.labels(job=job).set(0.0 if _even(event.after) else 1.0)
         elif event.status == "rolled_back":
-            self.active.set(0.0 if _even(event.before) else 1.0)
+            self.active.labels(job=job).set(0.0 if _even(event.before) else 1.0)
+
+    def forget(self, job: str) -> None:
+        """The job ended: remove its series only."""
+        self.jobs.discard(job)
+        for metric, labels in (
+            *((self.plans, (job, s)) for s in STATUSES),
+            *((self.throughput, (job, ph)) for ph in ("before", "after")),
+            (self.escalations, (job,)),
+            (self.active, (job,)),
+        ):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
 
 
 def register_plan_metrics(registry: CollectorRegistry) -> PlanMetrics:
     plans = Counter(
         "straggler_plans",
-        "Rebalance plan status changes, by status",
-        ["status"],
+        "Rebalance plan status changes, by job and status",
+        ["job", "status"],
         registry=registry,
     )
-    for s in STATUSES:
-        plans.labels(status=s)  # every status visible at 0 from the start
     return PlanMetrics(
         plans=plans,
         throughput=Gauge(
             "straggler_throughput_samples_per_second",
             "Useful throughput (samples/s) measured before and after the latest plan",
-            ["phase"],
+            ["job", "phase"],
             registry=registry,
         ),
         escalations=Counter(
             "straggler_plan_escalations",
             "Plans rolled back because throughput did not recover",
+            ["job"],
             registry=registry,
         ),
         active=Gauge(
             "straggler_plan_active",
             "1 while a verified uneven split is in force, else 0",
+            ["job"],
             registry=registry,
         ),
     )

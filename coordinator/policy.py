@@ -34,6 +34,27 @@ TRIGGER_STATES = frozenset({"flagged", "ongoing"})
 RESTORE_REASON = "rank recovered: uniform split restored"
 
 
+# The operator-facing bounds (also `Settings` keys), checked in this one place:
+# name -> (allowed?, what is allowed in words).
+BOUNDS: dict[str, tuple[Any, str]] = {
+    "max_shift_frac": (lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"),
+    "min_samples": (
+        lambda v: v >= 1,
+        "an integer of at least 1 (a rank with no samples would starve)",
+    ),
+    "min_plan_interval_windows": (lambda v: v >= 0, "an integer of at least 0"),
+}
+
+
+def bound_problem(name: str, value: Any) -> str:
+    """'' when ``value`` is allowed for the policy bound ``name``, else what is allowed."""
+    ok, allowed = BOUNDS[name]
+    try:
+        return "" if ok(value) else allowed
+    except TypeError:
+        return allowed
+
+
 @dataclass(frozen=True, slots=True)
 class PolicySettings:
     """Knobs of the policy; the coordinator builds this from its ``Settings``."""
@@ -73,11 +94,11 @@ class PolicySettings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"rebalance mode must be one of {MODES}, got {self.mode!r}")
-        if not 0.0 <= self.max_shift_frac < 1.0:
-            raise ValueError("max_shift_frac must be in [0, 1)")
-        if self.min_samples < 1:
-            raise ValueError("min_samples must be >= 1: a rank with no samples would starve")
-        for name in ("min_plan_interval_windows", "lead_windows", "ack_timeout_windows"):
+        for name in BOUNDS:
+            problem = bound_problem(name, getattr(self, name))
+            if problem:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected {problem}")
+        for name in ("lead_windows", "ack_timeout_windows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("window_steps", "trigger_windows", "speed_windows", "verify_windows"):
@@ -277,6 +298,82 @@ class RebalancePolicy:
     def split(self) -> list[int] | None:
         """Samples per rank the job runs on as far as the policy knows."""
         return None if self._split is None else list(self._split)
+
+    def update_settings(self, settings: PolicySettings) -> None:
+        """New bounds from the next window on; plans and history are kept. The mode
+        changes through ``set_mode`` (leaving ``apply`` has events to report)."""
+        self.settings = dataclasses.replace(settings, mode=self._mode)
+        if self._healthy.maxlen != settings.baseline_windows:
+            self._healthy = deque(self._healthy, maxlen=settings.baseline_windows)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data (int keys kept: for msgpack, not JSON)."""
+
+        def ev(e: PlanEvent | None) -> dict[str, Any] | None:
+            return None if e is None else dataclasses.asdict(e)
+
+        p = self._plan
+        return {
+            "settings": dataclasses.asdict(self.settings),
+            "nranks": self.nranks,
+            "global_batch": self.global_batch,
+            "mode": self._mode,
+            "history": [
+                dataclasses.asdict(w) | {"flagged": sorted(w.flagged)} for w in self._history
+            ],
+            "healthy": list(self._healthy),
+            "split": self._split,
+            "plan": None
+            if p is None
+            else {"event": ev(p.event), "restore": p.restore, "acks": p.acks, "applied": p.applied},
+            "active": ev(self._active),
+            "recommended": ev(self._recommended),
+            "blocked": self._blocked,
+            "rollbacks": self._rollbacks,
+            "restore_failed": self._restore_failed,
+            "last_change": self._last_change,
+            "seq": self._seq,
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> RebalancePolicy:
+        def ev(d: Mapping[str, Any] | None) -> PlanEvent | None:
+            return None if d is None else PlanEvent(**d)
+
+        pol = cls(PolicySettings(**state["settings"]), int(state["nranks"]), state["global_batch"])
+        pol._mode = state["mode"]
+        for w in state["history"]:
+            pol._history.append(
+                _Window(
+                    **{
+                        **w,
+                        "gap_ms": {int(k): float(v) for k, v in w["gap_ms"].items()},
+                        "samples": {int(k): int(v) for k, v in w["samples"].items()},
+                        "flagged": frozenset(int(r) for r in w["flagged"]),
+                        "findings": {int(k): v for k, v in w["findings"].items()},
+                    }
+                )
+            )
+        pol._healthy.extend(state["healthy"])
+        pol._split = None if state["split"] is None else [int(x) for x in state["split"]]
+        p = state["plan"]
+        if p is not None:
+            event = ev(p["event"])
+            assert event is not None
+            pol._plan = _Plan(
+                event=event,
+                restore=bool(p["restore"]),
+                acks={int(k): int(v) for k, v in p["acks"].items()},
+                applied=bool(p["applied"]),
+            )
+        pol._active = ev(state["active"])
+        pol._recommended = ev(state["recommended"])
+        pol._blocked = {int(k): int(v) for k, v in state["blocked"].items()}
+        pol._rollbacks = {int(k): int(v) for k, v in state["rollbacks"].items()}
+        pol._restore_failed = state["restore_failed"]
+        pol._last_change = state["last_change"]
+        pol._seq = int(state["seq"])
+        return pol
 
     def set_mode(self, mode: str) -> list[PlanEvent]:
         """Change mode at run time.

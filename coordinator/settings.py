@@ -77,7 +77,7 @@ class Settings:
         """What `key` allows, in words (for errors and --help)."""
         if key not in _RULES:
             raise SettingsError(_unknown(key))
-        return _RULES[key][2]
+        return _allowed(key)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,7 +119,7 @@ def _parse_float(key: str, text: str) -> float:
     try:
         v = float(text.strip())
     except ValueError:
-        raise _bad(key, text, _RULES[key][2]) from None
+        raise _bad(key, text, _allowed(key)) from None
     return v
 
 
@@ -127,7 +127,7 @@ def _parse_int(key: str, text: str) -> int:
     try:
         return int(text.strip())
     except ValueError:
-        raise _bad(key, text, _RULES[key][2]) from None
+        raise _bad(key, text, _allowed(key)) from None
 
 
 def _parse_opt_int(key: str, text: str) -> int | None:
@@ -141,7 +141,7 @@ def _parse_choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> _Pars
         t = text.strip().lower()
         t = aliases.get(t, t)
         if t not in choices:
-            raise _bad(key, text, _RULES[key][2])
+            raise _bad(key, text, _allowed(key))
         return t
 
     return parse
@@ -152,7 +152,7 @@ _BOOL_ALIASES = {"true": "on", "false": "off", "yes": "on", "no": "off", "1": "o
 
 def _coerce(key: str, value: Any) -> Any:
     """A native TOML value to the field's type (bool for hardware_classes, int for floats)."""
-    kind = _RULES[key][2]
+    kind = _allowed(key)
     if key == "hardware_classes" and isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, bool):
@@ -175,7 +175,7 @@ def _check_type(key: str, value: Any) -> None:
     else:
         ok = isinstance(value, str)
     if not ok:
-        raise _bad(key, value, _RULES[key][2])
+        raise _bad(key, value, _allowed(key))
 
 
 _Parser = Callable[[str, str], Any]
@@ -198,8 +198,25 @@ def _choice(choices: tuple[str, ...]) -> _Check:
     return lambda v: "" if v in choices else f"one of {', '.join(choices)}"
 
 
-def _frac(v: float) -> str:
-    return "" if 0.0 < v <= 1.0 else "a fraction in (0, 1]"
+def _policy(name: str) -> _Check:
+    """The rebalance policy's own check of one of its bounds: one validation, not two.
+    (Imported late: the policy's module imports this one.)"""
+
+    def check(v: Any) -> str:
+        from artemis.coordinator.monitor import policy_bound_problem
+
+        return policy_bound_problem(name, v)
+
+    return check
+
+
+def _allowed(key: str) -> str:
+    """What `key` allows, in words."""
+    if key in _POLICY_KEYS:
+        from artemis.coordinator.monitor import POLICY_BOUNDS
+
+        return str(POLICY_BOUNDS[key][1])
+    return _RULES[key][2]
 
 
 def _opt_count(v: int | None) -> str:
@@ -225,11 +242,17 @@ _RULES: dict[str, tuple[_Parser, Callable[[Any], str], str]] = {
     "hang_floor_s": (_parse_float, _pos, "a number greater than 0"),
     "hang_step_factor": (_parse_float, _pos, "a number greater than 0"),
     "rebalance": (_parse_choice(REBALANCE, {}), _choice(REBALANCE), "one of off, recommend, apply"),
-    "max_shift_frac": (_parse_float, _frac, "a fraction in (0, 1]"),
-    "min_samples": (_parse_int, _at_least(1), "an integer of at least 1"),
-    "min_plan_interval_windows": (_parse_int, _at_least(0), "an integer of at least 0"),
+    # The policy's bounds: checked by the policy itself (see _policy).
+    "max_shift_frac": (_parse_float, _policy("max_shift_frac"), "see the policy"),
+    "min_samples": (_parse_int, _policy("min_samples"), "see the policy"),
+    "min_plan_interval_windows": (
+        _parse_int,
+        _policy("min_plan_interval_windows"),
+        "see the policy",
+    ),
     "gpu_count": (_parse_opt_int, _opt_count, "a positive integer or none (= number of ranks)"),
 }
+_POLICY_KEYS = frozenset({"max_shift_frac", "min_samples", "min_plan_interval_windows"})
 _FLOAT_KEYS = frozenset(
     k for k, f in Settings.__dataclass_fields__.items() if f.type in ("float", float)
 )
