@@ -130,6 +130,7 @@ async def run_coordinator(cfg: CoordinatorConfig) -> None:
         dump_wait_s=cfg.dump_wait_s,
         global_batch=cfg.global_batch or None,
         grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
+        job_linger_s=cfg.job_linger_s,
     )
     server = ProtocolServer(
         make_transport(cfg), cfg.listen, secret, coord, settings=settings.to_dict()

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from artemis.coordinator.findings import FIELDS
-from artemis.coordinator.findings import hang_finding
+from artemis.coordinator.findings import FIELDS, hang_finding
 from artemis.coordinator.hang import check_hang, hang_bound_s
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankProgress

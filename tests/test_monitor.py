@@ -123,15 +123,14 @@ def test_missing_ranks_and_hangs_carry_the_job_hosts_and_island() -> None:
     )
     back = lines(m.on_window(2, window(2, [100.0] * 8, islands=islands)))
     assert [(f["kind"], f["state"], f["since"]) for f in back] == [("missing", "cleared", 1)]
-    # Rank 6 (island amd) stops arriving; the others wait in collective 50.
+    # Rank 6 (island amd) stops arriving; the others have waited 5 s in collective 50.
     m.on_progress(
         [
-            RankProgress("j", "c0", r, "h", 49 if r == 6 else 49, None if r == 6 else 50, 0.0, 0.0)
+            RankProgress("j", "c0", r, "h", 49, None, 0.0, 5.0)
+            if r == 6
+            else RankProgress("j", "c0", r, "h", 49, 50, 5.0, 0.0)
             for r in range(8)
         ]
-    )
-    m.on_progress(
-        [RankProgress("j", "c0", r, "h", 49, 50, 5.0, 0.0) for r in range(8) if r != 6]
     )
     first = m.tick(100.0)
     assert [c.action for c in first.controls] == ["dump"] and not first.findings
@@ -190,7 +189,7 @@ def test_an_applied_plan_survives_a_restore_and_is_still_verified() -> None:
     def plain(w: int, m: JobMonitor) -> JobMonitor:
         return m
 
-    ref, ref_events = run_plans(JobMonitor("j", s, nranks=8), Job(), range(30), plain)
+    _, ref_events = run_plans(JobMonitor("j", s, nranks=8), Job(), range(30), plain)
     assert [e.status for e in ref_events][:3] == ["recommended", "applied", "verified"]
     applied_at = next(e.window for e in ref_events if e.status == "applied")
     verified_at = next(e.window for e in ref_events if e.status == "verified")

@@ -230,9 +230,14 @@ def test_plans_writer_and_metrics(tmp_path: Path) -> None:
     assert sum(recs[0]["before"]) == sum(recs[0]["after"])
     reg = CollectorRegistry()
     m = register_plan_metrics(reg)
-    m.observe(ev)
+    m.observe(ev, "j1")
     text = generate_latest(reg).decode()
-    assert 'straggler_plans_total{status="verified"} 1.0' in text
-    assert 'straggler_plans_total{status="rolled_back"} 0.0' in text
-    assert 'straggler_throughput_samples_per_second{phase="after"} 3100.0' in text
-    assert "straggler_plan_active 1.0" in text
+    assert 'straggler_plans_total{job="j1",status="verified"} 1.0' in text
+    assert 'straggler_plans_total{job="j1",status="rolled_back"} 0.0' in text
+    assert 'straggler_throughput_samples_per_second{job="j1",phase="after"} 3100.0' in text
+    assert 'straggler_plan_active{job="j1"} 1.0' in text
+    # One job's end removes its series, and only its own.
+    m.observe(ev, "j2")
+    m.forget("j1")
+    text = generate_latest(reg).decode()
+    assert 'job="j1"' not in text and 'straggler_plan_active{job="j2"} 1.0' in text
