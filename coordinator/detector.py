@@ -44,7 +44,7 @@ class WindowResult:
     findings: list[Finding]  # every report of this window, all kinds and states
     ranks: I64  # the ranks that reported a usable summary, sorted
     pace_values: F64  # per rank of `ranks`: pace ratio (peers, else own history); NaN unknown
-    island_labels: list[str]  # per rank of `ranks`: its island
+    island_labels: OBJ  # per rank of `ranks`: its island (str)
     step_ms: float  # median step time of the window (NaN when nobody reported)
     missing: list[int]  # ranks without a usable record in this window
     gpu_hours_lost: float  # job total so far, over every confirmed finding
@@ -58,7 +58,8 @@ class WindowResult:
 
     @property
     def islands(self) -> dict[int, str]:
-        return {int(r): lab for r, lab in zip(self.ranks.tolist(), self.island_labels, strict=True)}
+        labels = self.island_labels.tolist()
+        return {int(r): str(lab) for r, lab in zip(self.ranks.tolist(), labels, strict=True)}
 
 
 class _Track:
@@ -336,7 +337,15 @@ class Detector:
         if v is None:
             empty = np.zeros(0, dtype=np.int64)
             return WindowResult(
-                self.job, window, [], empty, np.zeros(0), [], math.nan, missing_out, self._gpu_hours
+                self.job,
+                window,
+                [],
+                empty,
+                np.zeros(0),
+                _objects([]),
+                math.nan,
+                missing_out,
+                self._gpu_hours,
             )
         ctx = self._context(window, v)
         sc = self._judge_ranks(window, v)
@@ -352,7 +361,7 @@ class Detector:
             findings=findings,
             ranks=v.r,
             pace_values=pace,
-            island_labels=[str(x) for x in v.isl_labels],
+            island_labels=v.isl_labels,
             step_ms=ctx.step_ms,
             missing=missing_out,
             gpu_hours_lost=self._gpu_hours,
@@ -631,9 +640,8 @@ class Detector:
         peers = peers[peers != i]
         if peers.size > DIAG_PEERS:
             peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
-        return diagnose(
-            _telemetry(v.cols, int(v.row[i])), [_telemetry(v.cols, int(v.row[j])) for j in peers]
-        )
+        own, *others = _telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
+        return diagnose(own, others)
 
     # -- islands, collectives, links ------------------------------------------
 
@@ -846,22 +854,34 @@ def _none(a: OBJ) -> npt.NDArray[np.bool_]:
 def _objects(values: Any) -> OBJ:
     """A string column as an object array (None kept), without a per-row Python loop."""
     out: OBJ = np.empty(len(values), dtype=object)
+    if isinstance(values, list) and values and values.count(None) == len(values):
+        return out  # an absent column (no island, no class): already all None
     out[:] = values
     return out
 
 
-def _telemetry(cols: WindowColumns, i: int) -> Telemetry:
-    """Row i's telemetry as a record, for diagnosis (per finding, never per rank)."""
-    kw: dict[str, Any] = {}
+def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
+    """The telemetry of some rows as records, for diagnosis (per finding, never per
+    rank): one fancy index per column, then one record per row."""
+    idx = np.asarray(rows, dtype=np.intp)
+    fields: dict[str, list[Any]] = {}
     for name, kind in TELEMETRY_COLUMNS.items():
-        x = cols[f"tel_{name}"][i]
+        col = cols[f"tel_{name}"]
         if kind in ("of", "oi"):
-            f = float(x)
-            x = None if math.isnan(f) else (int(f) if kind == "oi" else f)
+            v = col[idx]
+            vals: list[Any] = np.where(np.isnan(v), None, v).tolist()
+            if kind == "oi":
+                vals = [None if x is None else int(x) for x in vals]
+            fields[name] = vals
         elif kind == "m":
-            x = tuple(x)
-        kw[name] = x
-    return Telemetry(**kw)
+            fields[name] = [tuple(col[i]) for i in idx.tolist()]
+        else:
+            fields[name] = [col[i] for i in idx.tolist()]
+    names = list(fields)
+    return [
+        Telemetry(**dict(zip(names, vals, strict=True)))
+        for vals in zip(*fields.values(), strict=True)
+    ]
 
 
 def _pack(a: npt.NDArray[Any]) -> bytes:

@@ -125,17 +125,18 @@ class Metrics:
         job = result.job
         with self._lock:
             ranks = [str(r) for r in result.ranks.tolist()]
+            islands = [str(x) for x in result.island_labels.tolist()]
             ok = np.isfinite(result.pace_values)
             labels = {
                 (job, r, isl)
-                for r, isl, good in zip(ranks, result.island_labels, ok.tolist(), strict=True)
+                for r, isl, good in zip(ranks, islands, ok.tolist(), strict=True)
                 if good
             }
             # A rank that moved island or stopped reporting must not leave a stale series.
             for old in self._pace_labels.get(job, set()) - labels:
                 self._remove(self.pace, *old)
             for r, isl, v, good in zip(
-                ranks, result.island_labels, result.pace_values.tolist(), ok.tolist(), strict=True
+                ranks, islands, result.pace_values.tolist(), ok.tolist(), strict=True
             ):
                 if good:
                     self._child(self.pace, job, r, isl).set(v)

@@ -178,7 +178,9 @@ class JobMonitor:
         self._learn_steps(cols)
         if res.step_ms == res.step_ms:
             self.step_ms = res.step_ms
-        if self.policy is not None and cols.n:
+        # With rebalancing off the policy is not fed: its history holds every rank's gap
+        # per window, the cost of a large job (plans start a few windows after a switch).
+        if self.policy is not None and cols.n and self.policy.mode != "off":
             out.extend(self._plan_window(window, cols, res))
         return out
 
