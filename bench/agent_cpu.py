@@ -67,7 +67,7 @@ def _metric(url: str, name: str) -> float | None:
     except (urllib.error.URLError, OSError):
         return None
     for line in text.splitlines():
-        if line.startswith(name + " "):
+        if line.startswith(name + " ") or line.startswith(name + "{"):  # any job label
             return float(line.rsplit(" ", 1)[1])
     return None
 

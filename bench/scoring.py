@@ -11,10 +11,13 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
+import msgpack
 import numpy as np
 from artemis.coordinator.detector import Detector
+from artemis.coordinator.monitor import JobMonitor
 from artemis.coordinator.scoring import score
 from artemis.coordinator.settings import Settings
+from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
 RUNS = 7
@@ -81,17 +84,38 @@ def main() -> None:
         print(f"{n:>8} {t * 1e3:>10.2f} {mem:>9.1f} {goal:>10}")
 
     print()
-    print("Detector.score_window: end to end (records -> findings), after warm-up")
-    print(f"{'ranks':>8} {'median ms':>10} {'peak MiB':>9}")
-    for n in (1_000, 16_000):
-        det = Detector(Settings(), "bench", n)
+    print("Detector.score_window on window columns (as the coordinator feeds it), after")
+    print("warm-up; baseline: the same window given as RankWindow records (converted first);")
+    print("JobMonitor.on_window adds the missing-rank rule; snapshot = its state to msgpack")
+    print(
+        f"{'ranks':>8} {'records ms':>11} {'columns ms':>11} {'ratio':>6} {'peak MiB':>9}"
+        f" {'monitor ms':>11} {'snapshot ms':>12} {'MB':>5}"
+    )
+    for n in (1_000, 16_000, 100_000):
         windows = [_records(n, w, rng) for w in range(8)]
+        cols = [WindowColumns.from_records(x) for x in windows]
+        det = Detector(Settings(), "bench", n)
+        mon = JobMonitor("bench", Settings(), nranks=n)
         for w in range(7):
-            det.score_window(w, windows[w])
-        last = windows[7]
-        t = _median_s(lambda d=det, x=last: d.score_window(7, x), runs=5)  # type: ignore[misc]
-        mem = _peak_mib(lambda d=det, x=last: d.score_window(7, x))  # type: ignore[misc]
-        print(f"{n:>8} {t * 1e3:>10.2f} {mem:>9.1f}")
+            det.score_window(w, cols[w])
+            mon.on_window(w, cols[w])
+        last, lc = windows[7], cols[7]
+        t_rec = _median_s(lambda d=det, x=last: d.score_window(7, x), runs=5)  # type: ignore[misc]
+        t_col = _median_s(lambda d=det, x=lc: d.score_window(7, x), runs=5)  # type: ignore[misc]
+        mem = _peak_mib(lambda d=det, x=lc: d.score_window(7, x))  # type: ignore[misc]
+        t_mon = _median_s(lambda m=mon, x=lc: _fresh_window(m, x), runs=5)  # type: ignore[misc]
+        blob = msgpack.packb(mon.snapshot(), use_bin_type=True)
+        t_snap = _median_s(lambda m=mon: msgpack.packb(m.snapshot()), runs=5)  # type: ignore[misc]
+        print(
+            f"{n:>8} {t_rec * 1e3:>11.1f} {t_col * 1e3:>11.1f} {t_rec / t_col:>6.1f} {mem:>9.1f}"
+            f" {t_mon * 1e3:>11.1f} {t_snap * 1e3:>12.1f} {len(blob) / 1e6:>5.1f}"
+        )
+
+
+def _fresh_window(m: JobMonitor, cols: WindowColumns) -> None:
+    """One more window for the monitor (it refuses a window it already scored)."""
+    m.last_window -= 1
+    m.on_window(m.last_window + 1, cols)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,29 @@
 """Window assembly: gather every rank's summary of a window, or give up at a deadline.
 
 Pure: the caller passes `now` (a monotonic reading), so the rules are tested
-without clocks. A job's window is complete when every rank the job's agents
-announced has reported it; otherwise, `deadline_s` after its first summary
-arrived, it is released with the absent ranks listed as missing. Summaries that
-arrive after their window was released are counted as late and dropped, so a
-window is scored exactly once. Duplicates (an agent resending after a
-reconnect) are ignored: assembly is idempotent on (job, rank, window).
+without clocks. Summaries come in as columns (`WindowColumns`, one node's
+batch) and leave as columns, one `AssembledWindow` per (job, run, window); the
+work is numpy per batch, never Python per rank.
+
+A job's window is complete when every rank the job's agents announced has
+reported it; otherwise, `deadline_s` after its first summary arrived, it is
+released with the absent ranks listed as missing. Windows of a job leave in
+order. Duplicates (an agent resending after a reconnect) are ignored:
+assembly is idempotent on (job, comm, rank, window).
+
+**Runs.** A window's identity is (job, run, window). A job id may be reused by
+a new run of the training (`ARTEMIS_JOB` set by hand, a requeued scheduler
+job), which numbers its windows from 0 again. The run is told by the
+communicator hash (`comm`) every summary carries, which every rank of a
+communicator shares and which changes each run (NCCL derives it from the
+run's unique id). A job's run is the set of communicators seen with it. A
+summary from a communicator the run has not seen, for a window the run
+already scored, from a rank that already has a primary communicator at least
+as large, starts a new run: the old run's pending windows are released first.
+Otherwise an unseen communicator joins the run (an island's communicator, a
+late agent). Summaries for a window the run already scored (resends), or for
+an older run, are dropped, counted per reason (`dropped`) and listed in
+`drops` for the caller to log.
 
 A rank may take part in several communicators (data, tensor, pipeline
 parallel). The detector judges each rank on one of them: its largest (ties:
@@ -17,25 +34,86 @@ whose all-reduce ends every step.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
+
+I64 = npt.NDArray[np.int64]
+OBJ = npt.NDArray[np.object_]
+
+DROP_REASONS = ("late", "old_run")
 
 
 @dataclass
 class AssembledWindow:
     job: str
+    run: str
     window: int
-    ranks: list[RankWindow]  # sorted by rank
+    columns: WindowColumns  # one row per rank, sorted by rank
     missing: list[int]  # expected ranks that did not report in time
     complete: bool
+
+    @property
+    def ranks(self) -> list[RankWindow]:
+        """The rows as records (tests and tools; the core reads `columns`)."""
+        return self.columns.rows()
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Summaries dropped from one batch: what the caller logs."""
+
+    job: str
+    run: str
+    window: int
+    comm: str
+    rows: int
+    reason: str  # one of DROP_REASONS
 
 
 @dataclass
 class _Pending:
     first_seen: float
-    by_rank: dict[int, RankWindow] = field(default_factory=dict)
+    parts: list[WindowColumns] = field(default_factory=list)
+    seen: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    count: int = 0  # ranks with a row
+
+
+@dataclass
+class _Job:
+    run: str = ""  # the current run ("" until the first summary)
+    run_of: dict[str, str] = field(default_factory=dict)  # comm -> run
+    front: int = -1  # the current run's highest released window
+    ended: bool = False  # forget_job: the next unseen communicator starts a run
+    expected: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    n_expected: int = 0
+    # Primary communicator per rank of the current run: (-nranks, comm); 0/"" = none yet.
+    prim_n: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    prim_comm: OBJ = field(default_factory=lambda: np.empty(0, dtype=object))
+    order: list[tuple[str, int]] = field(default_factory=list)  # heap of pending (run, window)
+    released: dict[tuple[str, int], None] = field(default_factory=dict)  # ordered, bounded
+
+    def grow(self, n: int) -> None:
+        if n > self.prim_n.size:
+            extra = n - self.prim_n.size
+            self.prim_n = np.concatenate([self.prim_n, np.zeros(extra, dtype=np.int64)])
+            self.prim_comm = np.concatenate([self.prim_comm, np.full(extra, "", dtype=object)])
+        if n > self.expected.size:
+            self.expected = np.concatenate([self.expected, np.zeros(n - self.expected.size, bool)])
+
+    def expect(self, ranks: I64) -> None:
+        if ranks.size:
+            self.grow(int(ranks.max()) + 1)
+            new = ranks[~self.expected[ranks]]
+            if new.size:
+                self.expected[new] = True
+                self.n_expected += int(np.unique(new).size)
 
 
 class WindowAssembler:
@@ -50,88 +128,246 @@ class WindowAssembler:
         self.deadline_s = deadline_s
         self.grace_s = deadline_s if grace_s is None else grace_s
         self._born: float | None = None
-        self._expected: dict[str, set[int]] = {}
-        self._primary: dict[tuple[str, int], tuple[int, str]] = {}  # (job, rank) -> (-n, comm)
-        self._pending: dict[tuple[str, int], _Pending] = {}
-        self._order: dict[str, list[int]] = {}  # per job: heap of its pending windows
-        self._released: dict[tuple[str, int], None] = {}  # ordered set, bounded
+        self._jobs: dict[str, _Job] = {}
+        self._pending: dict[tuple[str, str, int], _Pending] = {}
         self._keep = keep_released
-        self.late = 0
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (job, reason) -> summaries
+        self.drops: list[Drop] = []  # since the caller last took them (take_drops)
         self.duplicates = 0
+
+    # -- jobs ---------------------------------------------------------------
+
+    def _job(self, job: str) -> _Job:
+        j = self._jobs.get(job)
+        if j is None:
+            j = self._jobs[job] = _Job()
+        return j
 
     def expect(self, job: str, ranks: Iterable[int]) -> None:
         """Ranks an agent announced for a job; they stay expected for the job's life."""
-        self._expected.setdefault(job, set()).update(ranks)
+        self._job(job).expect(np.fromiter(ranks, dtype=np.int64))
 
     def expected(self, job: str) -> set[int]:
-        return set(self._expected.get(job, ()))
+        j = self._jobs.get(job)
+        return set(np.flatnonzero(j.expected).tolist()) if j else set()
+
+    def nranks(self, job: str) -> int:
+        """One past the highest rank the job is known to have (announced or reported)."""
+        j = self._jobs.get(job)
+        return int(j.expected.size) if j else 0
+
+    def run(self, job: str) -> str:
+        """The job's current run ("" before its first summary)."""
+        j = self._jobs.get(job)
+        return j.run if j else ""
 
     def forget_job(self, job: str) -> None:
-        self._expected.pop(job, None)
-        for w in self._order.pop(job, []):
-            self._pending.pop((job, w), None)
-
-    def _is_primary(self, w: RankWindow) -> bool:
-        key = (w.job, w.rank)
-        cand = (-w.nranks, w.comm)
-        cur = self._primary.get(key)
-        if cur is None or cand < cur:
-            self._primary[key] = cand
-            return True
-        return cand == cur
-
-    def pending_windows(self) -> list[RankWindow]:
-        """Every summary still being assembled (for the journal)."""
-        return [w for p in self._pending.values() for w in p.by_rank.values()]
-
-    def released_keys(self) -> list[tuple[str, int]]:
-        """The (job, window) keys released most recently (bounded)."""
-        return list(self._released)
-
-    def mark_released(self, keys: Iterable[tuple[str, int]]) -> None:
-        """Windows scored by an earlier life of this coordinator: resends are late."""
-        for k in keys:
-            self._released[k] = None
-        while len(self._released) > self._keep:
-            self._released.pop(next(iter(self._released)))
+        """The job ended: drop its pending windows, expected ranks and primaries. Its
+        runs and released windows are kept, so a late resend is still known as one."""
+        j = self._jobs.get(job)
+        if j is None:
+            return
+        for run, w in j.order:
+            self._pending.pop((job, run, w), None)
+        j.order = []
+        j.ended = True
+        j.expected = np.zeros(0, dtype=bool)
+        j.n_expected = 0
+        j.prim_n = np.zeros(0, dtype=np.int64)
+        j.prim_comm = np.empty(0, dtype=object)
 
     def primary_comm(self, job: str, rank: int) -> str | None:
         """The communicator a rank is judged on (None until it reported a window)."""
-        cur = self._primary.get((job, rank))
-        return None if cur is None else cur[1]
+        j = self._jobs.get(job)
+        if j is None or rank >= j.prim_n.size or j.prim_n[rank] == 0:
+            return None
+        return str(j.prim_comm[rank])
 
-    def add(self, w: RankWindow, now: float) -> list[AssembledWindow]:
-        """Add one summary; returns windows that became complete because of it."""
+    def take_drops(self) -> list[Drop]:
+        out, self.drops = self.drops, []
+        return out
+
+    # -- journal and restart ------------------------------------------------
+
+    def pending_windows(self) -> WindowColumns:
+        """Every summary still being assembled (for the journal)."""
+        return WindowColumns.concat(part for p in self._pending.values() for part in p.parts)
+
+    def released_marks(self) -> list[tuple[str, int, list[str]]]:
+        """(job, window, communicators of its run) of the windows released most recently
+        (bounded per job), for the journal."""
+        out: list[tuple[str, int, list[str]]] = []
+        for job, j in self._jobs.items():
+            comms: dict[str, list[str]] = {}
+            for c, run in j.run_of.items():
+                comms.setdefault(run, []).append(c)
+            out.extend((job, w, sorted(comms.get(run, [run]))) for run, w in j.released)
+        return out
+
+    def comms_of(self, job: str, run: str) -> list[str]:
+        j = self._jobs.get(job)
+        return sorted(c for c, r in j.run_of.items() if r == run) if j else []
+
+    def mark_released(self, keys: Iterable[tuple[str, str | None, int]]) -> None:
+        """Windows scored by an earlier life of this coordinator, as (job, comm, window)
+        (comm None: unknown, the job's current run): their resends are late."""
+        for job, comm, w in keys:
+            j = self._job(job)
+            if comm is not None and comm not in j.run_of:
+                j.run_of[comm] = j.run or comm
+                j.run = j.run or comm
+            run = j.run_of.get(comm, j.run) if comm is not None else j.run
+            self._mark(j, (run, w))
+            if run == j.run:
+                j.front = max(j.front, w)
+
+    def _mark(self, j: _Job, key: tuple[str, int]) -> None:
+        j.released[key] = None
+        while len(j.released) > self._keep:
+            j.released.pop(next(iter(j.released)))
+
+    def snapshot(self, jobs: Iterable[str] | None = None) -> dict[str, Any]:
+        """Runs, primaries and released windows of `jobs` (default: every job), as plain
+        data (the pending summaries are the journal's)."""
+        want = self._jobs if jobs is None else {k: self._jobs[k] for k in jobs if k in self._jobs}
+        return {
+            job: {
+                "run": j.run,
+                "run_of": dict(j.run_of),
+                "front": j.front,
+                "ended": j.ended,
+                "expected": np.flatnonzero(j.expected).tolist(),
+                "prim_n": j.prim_n.tolist(),
+                "prim_comm": j.prim_comm.tolist(),
+                "released": [[r, w] for r, w in j.released],
+            }
+            for job, j in want.items()
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        for job, s in state.items():
+            j = self._job(job)
+            j.run = str(s["run"])
+            j.run_of.update({str(k): str(v) for k, v in s["run_of"].items()})
+            j.front = int(s["front"])
+            j.ended = bool(s["ended"])
+            j.prim_n = np.array(s["prim_n"], dtype=np.int64)
+            pc: OBJ = np.empty(len(s["prim_comm"]), dtype=object)
+            pc[:] = s["prim_comm"]
+            j.prim_comm = pc
+            j.expect(np.array(s["expected"], dtype=np.int64))
+            for r, w in s["released"]:
+                self._mark(j, (str(r), int(w)))
+
+    # -- adding -------------------------------------------------------------
+
+    def add(
+        self, batch: WindowColumns | RankWindow | Iterable[RankWindow], now: float
+    ) -> list[AssembledWindow]:
+        """Add one batch (records are converted: tests, tools); returns the windows that
+        became complete, or that a new run closed."""
+        if isinstance(batch, RankWindow):
+            batch = [batch]
+        cols = (
+            batch if isinstance(batch, WindowColumns) else WindowColumns.from_records(list(batch))
+        )
         if self._born is None:
             self._born = now
-        if not self._is_primary(w):
-            return []
-        key = (w.job, w.window)
-        if key in self._released:
-            self.late += 1
-            return []
-        expected = self._expected.setdefault(w.job, set())
-        expected.add(w.rank)
+        out: list[AssembledWindow] = []
+        for job, comm, window, idx in _groups(cols):
+            part = cols if idx is None else cols.take(idx)
+            out.extend(self._add_group(job, comm, window, part, now))
+        return out
+
+    def _add_group(
+        self, job: str, comm: str, window: int, part: WindowColumns, now: float
+    ) -> list[AssembledWindow]:
+        j = self._job(job)
+        r = part.ints("rank")
+        n = int(part.ints("nranks").max())
+        j.grow(int(r.max()) + 1)
+        out: list[AssembledWindow] = []
+        run = j.run_of.get(comm)
+        if run is None:
+            run = comm
+            if j.run and not j.ended and not self._starts_run(j, r, n, window):
+                run = j.run  # a communicator of the running job (an island, a late agent)
+            elif j.run:
+                out.extend(self._close_run(job, j))
+            if run == comm:
+                j.run, j.front, j.ended = comm, -1, False
+                j.prim_n[:] = 0
+                j.prim_comm[:] = ""
+            j.run_of[comm] = run
+        if run != j.run:
+            return out + self._drop(job, run, window, comm, r.size, "old_run")
+        if (run, window) in j.released:
+            return out + self._drop(job, run, window, comm, r.size, "late")
+        # Primary communicator per rank: the largest, ties to the lowest hash.
+        cur_n, cur_c = j.prim_n[r], j.prim_comm[r]
+        better = (cur_n == 0) | (-n < cur_n) | ((-n == cur_n) & (cur_c > comm))
+        same = (-n == cur_n) & (cur_c == comm)
+        j.prim_n[r[better]] = -n
+        j.prim_comm[r[better]] = comm
+        keep = better | same
+        if not keep.any():
+            return out
+        if not keep.all():
+            part = part.take(np.flatnonzero(keep))
+            r, better = r[keep], better[keep]
+        key = (job, run, window)
         p = self._pending.get(key)
         if p is None:
             p = self._pending[key] = _Pending(first_seen=now)
-            heapq.heappush(self._order.setdefault(w.job, []), w.window)
-        old = p.by_rank.get(w.rank)
-        if old is not None and old.comm == w.comm:
-            self.duplicates += 1
-            return []
-        p.by_rank[w.rank] = w
+            heapq.heappush(j.order, (run, window))
+        if p.seen.size < j.prim_n.size:
+            p.seen = np.concatenate([p.seen, np.zeros(j.prim_n.size - p.seen.size, bool)])
+        already = p.seen[r]
+        if already.any():
+            # Seen already: a resend of the same communicator's row is a duplicate; a
+            # row of a communicator that just became primary replaces the old one
+            # (the old row is filtered out at release, see _release).
+            dup = already & ~better
+            self.duplicates += int(dup.sum())
+            if dup.all():
+                return out
+            part = part.take(np.flatnonzero(~dup))
+            r = r[~dup]
+        p.seen[r] = True
+        p.count = int(p.seen.sum()) if already.any() else p.count + int(np.unique(r).size)
+        p.parts.append(part)
+        j.expect(r)
         # Only the job's oldest pending window can leave now, or a window that just
         # became complete (it then releases the older ones it waited for, if due).
-        # by_rank only holds expected ranks, so counting them tells completeness.
-        if w.window == self._order[w.job][0] or len(p.by_rank) >= len(expected):
-            return self._drain(w.job, now)
+        if j.order[0] == (run, window) or p.count >= j.n_expected:
+            out.extend(self._drain(job, now))
+        return out
+
+    def _starts_run(self, j: _Job, r: I64, n: int, window: int) -> bool:
+        """An unseen communicator starts a new run when the run already scored this window
+        and its ranks already have a primary communicator no larger than it."""
+        if window > j.front:
+            return False
+        cur = j.prim_n[r]
+        return bool(((cur != 0) & (-n <= cur)).all())
+
+    def _close_run(self, job: str, j: _Job) -> list[AssembledWindow]:
+        """A new run began: the old run's windows still pending will get no more rows."""
+        return [self._release((job, run, w), complete=False) for run, w in sorted(j.order)]
+
+    def _drop(
+        self, job: str, run: str, window: int, comm: str, rows: int, reason: str
+    ) -> list[AssembledWindow]:
+        self.dropped[(job, reason)] += rows
+        self.drops.append(Drop(job, run, window, comm, rows, reason))
         return []
+
+    # -- releasing ----------------------------------------------------------
 
     def expire(self, now: float) -> list[AssembledWindow]:
         """Release windows whose deadline passed (and the ready ones behind them)."""
         out: list[AssembledWindow] = []
-        for job in sorted(self._order):
+        for job in sorted(self._jobs):
             out.extend(self._drain(job, now))
         return out
 
@@ -139,43 +375,76 @@ class WindowAssembler:
         # Windows of a job leave in order: the detector's persistence rules count
         # consecutive windows, so a complete window waits for late earlier ones.
         out: list[AssembledWindow] = []
+        j = self._jobs[job]
         settled = self._born is not None and now - self._born >= self.grace_s
-        n_expected = len(self._expected.get(job, ()))
-        heap = self._order.get(job, [])
-        while heap:
-            key = (job, heap[0])
-            p = self._pending[key]
-            if settled and len(p.by_rank) >= n_expected:
-                out.append(self._release(key, complete=True))
+        while j.order:
+            run, w = j.order[0]
+            p = self._pending[(job, run, w)]
+            if settled and p.count >= j.n_expected:
+                out.append(self._release((job, run, w), complete=True))
             elif now - p.first_seen >= self.deadline_s:
-                out.append(self._release(key, complete=False))
+                out.append(self._release((job, run, w), complete=False))
             else:
                 break
         return out
 
     def flush(self) -> list[AssembledWindow]:
         """Release everything still pending (shutdown)."""
-        keys = sorted(self._pending, key=lambda k: (k[0], k[1]))
-        return [self._release(k, complete=False) for k in keys]
+        return [self._release(k, complete=False) for k in sorted(self._pending)]
 
-    def _release(self, key: tuple[str, int], complete: bool) -> AssembledWindow:
+    def _release(self, key: tuple[str, str, int], complete: bool) -> AssembledWindow:
+        job, run, window = key
         p = self._pending.pop(key)
-        heap = self._order[key[0]]
-        if heap and heap[0] == key[1]:
-            heapq.heappop(heap)
-        else:  # flush releases out of heap order: rebuild
-            heap.remove(key[1])
-            heapq.heapify(heap)
-        if not heap:
-            del self._order[key[0]]
-        self._released[key] = None
-        while len(self._released) > self._keep:
-            self._released.pop(next(iter(self._released)))
-        job, window = key
-        missing = sorted(self._expected.get(job, set()) - set(p.by_rank))
-        ranks = [p.by_rank[r] for r in sorted(p.by_rank)]
-        return AssembledWindow(job, window, ranks, missing, complete and not missing)
+        j = self._jobs[job]
+        j.order.remove((run, window))
+        heapq.heapify(j.order)
+        self._mark(j, (run, window))
+        if run == j.run:
+            j.front = max(j.front, window)
+        cols = WindowColumns.concat(p.parts)
+        r = cols.ints("rank")
+        if run == j.run and r.size:
+            # Rows of a communicator that lost primacy to a larger one are left out.
+            comm: OBJ = np.empty(cols.n, dtype=object)
+            comm[:] = cols["comm"]
+            ok = j.prim_comm[r] == comm
+            if not ok.all():
+                cols = cols.take(np.flatnonzero(ok))
+                r = r[ok]
+        if r.size and (r.size > 1 and not (np.diff(r) > 0).all()):
+            cols = cols.take(np.argsort(r, kind="stable"))
+        seen = np.zeros(j.expected.size, dtype=bool)
+        seen[: p.seen.size] = p.seen[: j.expected.size]
+        missing = np.flatnonzero(j.expected & ~seen).tolist()
+        return AssembledWindow(job, run, window, cols, missing, complete and not missing)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def late(self) -> int:
+        """Summaries dropped because their window was already scored, every job."""
+        return sum(n for (_, reason), n in self.dropped.items() if reason == "late")
+
+
+def _groups(cols: WindowColumns) -> list[tuple[str, str, int, I64 | None]]:
+    """(job, comm, window, row indices or None for all rows) of a batch."""
+    if cols.n == 0:
+        return []
+    jobs, comms, win = cols["job"], cols["comm"], cols.ints("window")
+    if jobs.count(jobs[0]) == cols.n and comms.count(comms[0]) == cols.n and (win == win[0]).all():
+        return [(jobs[0], comms[0], int(win[0]), None)]
+    jo: OBJ = np.empty(cols.n, dtype=object)
+    jo[:] = jobs
+    co: OBJ = np.empty(cols.n, dtype=object)
+    co[:] = comms
+    ju, jc = np.unique(jo, return_inverse=True)
+    cu, cc = np.unique(co, return_inverse=True)
+    keys = np.stack([jc.ravel(), cc.ravel(), win])
+    uniq, inv = np.unique(keys, axis=1, return_inverse=True)
+    inv = inv.ravel()
+    return [
+        (str(ju[uniq[0, g]]), str(cu[uniq[1, g]]), int(uniq[2, g]), np.flatnonzero(inv == g))
+        for g in range(uniq.shape[1])
+    ]

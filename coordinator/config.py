@@ -31,6 +31,8 @@ class CoordinatorConfig:
     assembly_grace_s: float = -1.0
     tick_s: float = 0.25
     dump_wait_s: float = 5.0  # how long a hang finding waits for the agents' dumps
+    # A job whose every rank reported finished keeps its series this long, then ends.
+    job_linger_s: float = 300.0
     # Samples per step over all ranks, for jobs that do not report it through
     # artemis.job (0 = learn it from the job; such jobs then get no plans).
     global_batch: int = 0

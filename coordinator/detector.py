@@ -1,11 +1,12 @@
 """The detector: a pure state machine fed one assembled window at a time.
 
-`Detector.score_window` takes the RankWindow records of one (job, communicator,
-window) and returns every finding report for that window. It holds baselines
-and persistence state between windows and nothing else: no clock, no I/O, so
-the daemon, the simulator and the in-process detector all drive the same code.
-DETECTOR.md describes the rules; the comments here say why the code does what
-it does.
+`Detector.score_window` takes the window summaries of one (job, window) as
+columns (`WindowColumns`: one array per field) and returns every finding
+report for that window. It holds baselines and persistence state between
+windows and nothing else: no clock, no I/O, so the daemon, the simulator and
+the in-process detector all drive the same code. Per-rank work is numpy over
+the columns; Python runs per finding, never per rank. DETECTOR.md describes
+the rules; the comments here say why the code does what it does.
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from artemis.coordinator import findings as F
 from artemis.coordinator import scoring
 from artemis.coordinator.diagnosis import diagnose
 from artemis.coordinator.findings import KINDS, Finding
 from artemis.coordinator.settings import Settings
+from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowColumns
 from artemis.protocol.records import RankWindow, Telemetry
 
 DEFAULT_ISLAND = "default"
+# Diagnosis compares a rank's telemetry with its peers' medians; past this many
+# peers an evenly spaced sample of them gives the same medians for far less work.
+DIAG_PEERS = 256
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+OBJ = npt.NDArray[np.object_]
 
 
 @dataclass
@@ -32,12 +42,24 @@ class WindowResult:
     job: str
     window: int
     findings: list[Finding]  # every report of this window, all kinds and states
-    pace: dict[int, float]  # rank -> pace ratio (peers, else own history)
-    islands: dict[int, str]  # rank -> island, for the ranks that reported
+    ranks: I64  # the ranks that reported a usable summary, sorted
+    pace_values: F64  # per rank of `ranks`: pace ratio (peers, else own history); NaN unknown
+    island_labels: OBJ  # per rank of `ranks`: its island (str)
     step_ms: float  # median step time of the window (NaN when nobody reported)
     missing: list[int]  # ranks without a usable record in this window
     gpu_hours_lost: float  # job total so far, over every confirmed finding
     steps: list[int] = field(default_factory=list)  # [first step, one past the last]
+
+    @property
+    def pace(self) -> dict[int, float]:
+        """rank -> pace ratio, for the ranks where it is known (tests, tools)."""
+        ok = np.isfinite(self.pace_values)
+        return {int(r): float(v) for r, v in zip(self.ranks[ok], self.pace_values[ok], strict=True)}
+
+    @property
+    def islands(self) -> dict[int, str]:
+        labels = self.island_labels.tolist()
+        return {int(r): str(lab) for r, lab in zip(self.ranks.tolist(), labels, strict=True)}
 
 
 class _Track:
@@ -92,14 +114,35 @@ class _Track:
     def resize(self, flag_window: int) -> None:
         self.recent = deque(self.recent, maxlen=flag_window)
 
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "recent": list(self.recent),
+            "active": self.active,
+            "since": self.since,
+            "good_run": self.good_run,
+            "pending_hours": self.pending_hours,
+            "hours": self.hours,
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any], flag_window: int) -> _Track:
+        t = cls(flag_window)
+        t.recent.extend(bool(x) for x in state["recent"])
+        t.active = bool(state["active"])
+        t.since = None if state["since"] is None else int(state["since"])
+        t.good_run = int(state["good_run"])
+        t.pending_hours = float(state["pending_hours"])
+        t.hours = float(state["hours"])
+        return t
+
 
 class _Baseline:
     """Warm-up baseline of one scalar: median of its first healthy windows after window 0."""
 
     __slots__ = ("samples",)
 
-    def __init__(self) -> None:
-        self.samples: list[float] = []
+    def __init__(self, samples: Sequence[float] = ()) -> None:
+        self.samples: list[float] = [float(x) for x in samples]
 
     def value(self, window: int, s: Settings) -> float | None:
         n = len(self.samples)
@@ -112,8 +155,46 @@ class _Baseline:
             self.samples.append(x)
 
 
+@dataclass(frozen=True)
+class _Ctx:
+    window: int
+    steps: list[int]
+    step_ms: float
+    hours_per_ms: float
+
+
+@dataclass
+class _View:
+    """The usable rows of one window, as arrays aligned on `r` (sorted ranks)."""
+
+    cols: WindowColumns
+    row: I64  # row of each usable rank in `cols`
+    r: I64
+    gap: F64  # as judged: per sample under a plan (see score_window)
+    actual: F64  # as measured
+    coll: F64
+    isl_labels: OBJ  # island name per rank
+    isl_names: OBJ  # distinct islands, sorted
+    isl_id: I64
+    gid: I64  # scoring group: island, or island x class
+    class_of: OBJ  # hardware class where classes apply, else None
+
+
+@dataclass
+class _RankScores:
+    """Per-rank verdicts of one window, aligned with `_View.r`."""
+
+    peers: scoring.Scores  # on the judged gap
+    cost: scoring.Scores  # on the measured gap (the cost)
+    base: F64  # own warm-up baseline
+    history: F64  # gap / baseline
+    peers_ok: npt.NDArray[np.bool_]
+    peer_bad: npt.NDArray[np.bool_]
+    hist_bad: npt.NDArray[np.bool_]
+
+
 class Detector:
-    """Scores windows of one job's communicator; see DETECTOR.md for the rules."""
+    """Scores windows of one job; see DETECTOR.md for the rules."""
 
     def __init__(
         self,
@@ -130,23 +211,49 @@ class Detector:
             raise ValueError(f"nranks must be at least 1, got {nranks}")
         self.settings = settings
         self.job = job
-        self.nranks = nranks
-        self._hosts: dict[int, str] = dict(hosts or {})
-        # Job facts from config: used only when a record's telemetry lacks them.
-        self._cfg_islands: dict[int, str] = dict(islands or {})
-        self._cfg_classes: dict[int, str] = dict(classes or {})
+        self.nranks = 0
+        # Per rank, as object arrays (host, island from config, class from config,
+        # last island seen) so a window updates them with one fancy assignment.
+        self._host: OBJ = np.empty(0, dtype=object)
+        self._cfg_island: OBJ = np.empty(0, dtype=object)
+        self._cfg_class: OBJ = np.empty(0, dtype=object)
+        self._island_of: OBJ = np.empty(0, dtype=object)
+        self._rank_samples: F64 = np.full((0, settings.warmup_windows), np.nan)
+        self._rank_count: I64 = np.zeros(0, dtype=np.int64)
+        self.resize(nranks)
+        for r, h in (hosts or {}).items():
+            self._host[r] = h
+        for r, lab in (islands or {}).items():
+            self._cfg_island[r] = lab
+        for r, c in (classes or {}).items():
+            self._cfg_class[r] = c
         self._island_order: list[str] | None = list(island_order) if island_order else None
-        self._island_of: dict[int, str] = {}
-        # Rank warm-up samples, vectorised: (nranks, warmup) with a fill count.
-        self._rank_samples = np.full((nranks, settings.warmup_windows), np.nan)
-        self._rank_count = np.zeros(nranks, dtype=np.int64)
         self._samples_version = 0
-        self._base_cache: tuple[tuple[int, bool], npt.NDArray[np.float64]] | None = None
+        self._base_cache: tuple[tuple[int, bool], F64] | None = None
         self._baselines: dict[tuple[str, str], _Baseline] = {}
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._gpu_hours = 0.0
 
-    # -- settings -----------------------------------------------------------
+    # -- size and settings --------------------------------------------------
+
+    def resize(self, nranks: int) -> None:
+        """Grow to `nranks` ranks, keeping every track and baseline (never shrinks)."""
+        if nranks <= self.nranks:
+            return
+        extra = nranks - self.nranks
+
+        def grow(a: OBJ) -> OBJ:
+            return np.concatenate([a, np.full(extra, None, dtype=object)])
+
+        self._host = grow(self._host)
+        self._cfg_island = grow(self._cfg_island)
+        self._cfg_class = grow(self._cfg_class)
+        self._island_of = grow(self._island_of)
+        w = self._rank_samples.shape[1]
+        self._rank_samples = np.vstack([self._rank_samples, np.full((extra, w), np.nan)])
+        self._rank_count = np.concatenate([self._rank_count, np.zeros(extra, dtype=np.int64)])
+        self.nranks = nranks
+        self._samples_version = getattr(self, "_samples_version", 0) + 1
 
     def update_settings(self, settings: Settings) -> None:
         """New settings take effect from the next window; state is kept."""
@@ -173,178 +280,275 @@ class Detector:
         """(kind, subject) of every finding currently flagged (not yet cleared)."""
         return sorted(k for k, t in self._tracks.items() if t.active)
 
+    def islands(self) -> dict[int, str]:
+        """rank -> island, for every rank whose island is known (hang findings)."""
+        known = np.flatnonzero(~_none(self._island_of))
+        return {int(r): str(self._island_of[r]) for r in known}
+
+    def hosts(self) -> dict[int, str]:
+        known = np.flatnonzero(~_none(self._host))
+        return {int(r): str(self._host[r]) for r in known}
+
+    # -- state --------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole scoring state as plain data (msgpack-able: numbers as raw bytes)."""
+        return {
+            "nranks": self.nranks,
+            "rank_samples": _pack(self._rank_samples),
+            "rank_count": _pack(self._rank_count),
+            "host": self._host.tolist(),
+            "island_of": self._island_of.tolist(),
+            "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
+            "tracks": [[k, s, t.snapshot()] for (k, s), t in self._tracks.items()],
+            "gpu_hours": self._gpu_hours,
+        }
+
+    def restore_state(self, state: Mapping[str, Any]) -> None:
+        """Take back a `snapshot()`; config facts (islands, classes) stay the constructor's."""
+        self.resize(int(state["nranks"]))
+        n = int(state["nranks"])
+        samples = _unpack(state["rank_samples"], np.float64).reshape(n, -1)
+        count = _unpack(state["rank_count"], np.int64)
+        w = self.settings.warmup_windows
+        self._rank_samples[:n] = np.nan
+        keep = min(w, samples.shape[1])
+        self._rank_samples[:n, :keep] = samples[:, :keep]
+        self._rank_count[:n] = np.minimum(count, w)
+        self._host[:n] = _objects(state["host"])
+        self._island_of[:n] = _objects(state["island_of"])
+        self._baselines = {(k, s): _Baseline(v[:w]) for k, s, v in state["baselines"]}
+        fw = self.settings.flag_window
+        self._tracks = {(k, s): _Track.restore(t, fw) for k, s, t in state["tracks"]}
+        self._gpu_hours = float(state["gpu_hours"])
+        self._samples_version += 1
+
     # -- one window ---------------------------------------------------------
 
     def score_window(
-        self, window: int, ranks: Sequence[RankWindow], missing: Sequence[int] = ()
+        self,
+        window: int,
+        ranks: WindowColumns | Sequence[RankWindow],
+        missing: Sequence[int] = (),
     ) -> WindowResult:
-        s = self.settings
-        recs, unusable = self._usable(ranks)
-        missing_out = sorted(set(missing) | unusable)
-        if not recs:
+        cols = ranks if isinstance(ranks, WindowColumns) else WindowColumns.from_records(ranks)
+        v, unusable = self._view(cols)
+        missing_out = sorted(set(missing) | set(unusable.tolist()))
+        if v is None:
+            empty = np.zeros(0, dtype=np.int64)
             return WindowResult(
-                self.job, window, [], {}, {}, float("nan"), missing_out, self._gpu_hours
+                self.job,
+                window,
+                [],
+                empty,
+                np.zeros(0),
+                _objects([]),
+                math.nan,
+                missing_out,
+                self._gpu_hours,
             )
-
-        r = np.fromiter((x.rank for x in recs), dtype=np.int64, count=len(recs))
-        gap = np.fromiter((x.gap_ms for x in recs), dtype=np.float64, count=len(recs))
-        coll = np.fromiter((x.coll_ms for x in recs), dtype=np.float64, count=len(recs))
-        step = np.fromiter((x.step_ms for x in recs), dtype=np.float64, count=len(recs))
-        nsteps = np.fromiter((x.step_hi - x.step_lo for x in recs), dtype=np.int64, count=len(recs))
-        isl_labels = [self._island(x) for x in recs]
-        isl_names, isl_id = np.unique(np.array(isl_labels, dtype=object), return_inverse=True)
-        isl_id = isl_id.ravel().astype(np.int64)
-        gid, class_of = self._groups(recs, isl_id, len(isl_names))
-
-        # Under a rebalance plan ranks run different sample counts: judge the
-        # compute gap per sample (scaled to the mean split), so a slow rank that a
-        # plan compensates stays flagged until it really recovers; the cost stays
-        # what the job loses now, from the gaps as they are.
-        actual = gap
-        per_sample = _per_sample_scale(recs)
-        if per_sample is not None:
-            gap = gap * per_sample
-        sc = scoring.score(gap, gid)
-        sc_cost = sc if per_sample is None else scoring.score(actual, gid)
-        step_ms = float(np.median(step))
-        steps_in_window = int(np.median(nsteps))
-        steps = [min(x.step_lo for x in recs), max(x.step_hi for x in recs)]
-        gpus = s.gpu_count or self.nranks
-        # GPU-hours per ms of excess per step: every GPU waits that long each step.
-        hours_per_ms = steps_in_window * gpus / 3600.0 / 1000.0
-        ctx = _Ctx(window, steps, step_ms, hours_per_ms)
-
-        base = self._rank_baseline(window)[r]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            history = np.where(base > 0, gap / base, np.nan)
-        judging = window >= 1  # window 0 carries start-up work (compilation, warm caches)
-        peers_ok = sc.group_size >= s.min_island_peers
-        peer_bad = judging & peers_ok & (sc.ratio >= s.suspect_ratio)
-        hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
-
-        findings: list[Finding] = []
-        tracked = {int(k[1]) for k in self._tracks if k[0] in ("rank", "degraded")}
-        idx_of = {int(rank): i for i, rank in enumerate(r)} if tracked else {}
-        todo = set(np.flatnonzero(peer_bad | hist_bad).tolist())
-        todo.update(idx_of[t] for t in tracked if t in idx_of)
-        active_rank = np.zeros(len(recs), dtype=bool)
-        for i in sorted(todo):
-            kind = "rank" if peers_ok[i] else "degraded"
-            bad = bool(peer_bad[i] or hist_bad[i])
-            key = (kind, str(int(r[i])))
-            if key not in self._tracks and not bad:
-                continue
-            track = self._tracks.setdefault(key, _Track(s.flag_window))
-            if kind == "rank":
-                excess = max(0.0, float(actual[i] - sc_cost.loo_median[i]))
-            else:
-                excess = max(0.0, float(actual[i] - base[i])) if base[i] > 0 else 0.0
-            state = self._advance(track, window, bad, excess, ctx)
-            if track.active or bad:
-                active_rank[i] = True
-            if state is not None:
-                findings.append(
-                    self._rank_finding(
-                        kind,
-                        state,
-                        i,
-                        recs,
-                        r,
-                        gap,
-                        sc,
-                        history,
-                        base,
-                        isl_labels,
-                        gid,
-                        class_of,
-                        excess,
-                        track,
-                        ctx,
-                    )
-                )
-            if track.idle:
-                del self._tracks[key]
-
-        # An unconfirmed regression never becomes a baseline: only healthy windows feed.
-        feed = judging & ~peer_bad & ~hist_bad & ~active_rank
-        feed &= self._rank_count[r] < s.warmup_windows
-        fr = r[feed]
-        if fr.size:
-            self._rank_samples[fr, self._rank_count[fr]] = gap[feed]
-            self._rank_count[fr] += 1
-            self._samples_version += 1
-
-        findings += self._island_findings(ctx, r, actual, coll, isl_id, isl_names, recs)
-        findings += self._link_findings(ctx, recs, isl_labels)
+        ctx = self._context(window, v)
+        sc = self._judge_ranks(window, v)
+        findings, active = self._rank_findings(v, sc, ctx)
+        self._feed_rank_baselines(window, v, sc, active)
+        findings += self._island_findings(ctx, v)
+        findings += self._link_findings(ctx, v)
         findings.sort(key=lambda f: (KINDS.index(f.kind), f.subject))
-
-        pace = np.where(peers_ok | np.isnan(history), sc.ratio, history)
-        pace_out = {int(k): float(v) for k, v in zip(r, pace, strict=True) if math.isfinite(v)}
+        pace = np.where(sc.peers_ok | np.isnan(sc.history), sc.peers.ratio, sc.history)
         return WindowResult(
             job=self.job,
             window=window,
             findings=findings,
-            pace=pace_out,
-            islands={int(k): lab for k, lab in zip(r, isl_labels, strict=True)},
-            step_ms=step_ms,
+            ranks=v.r,
+            pace_values=pace,
+            island_labels=v.isl_labels,
+            step_ms=ctx.step_ms,
             missing=missing_out,
             gpu_hours_lost=self._gpu_hours,
-            steps=steps,
+            steps=ctx.steps,
         )
 
-    # -- helpers ------------------------------------------------------------
+    # -- reading the columns ------------------------------------------------
 
-    def _usable(self, ranks: Sequence[RankWindow]) -> tuple[list[RankWindow], set[int]]:
-        """One record per rank (the last wins); unusable numbers count as missing."""
-        by_rank: dict[int, RankWindow] = {}
-        bad: set[int] = set()
-        for x in ranks:
-            if not 0 <= x.rank < self.nranks:
-                raise ValueError(f"rank {x.rank} is outside the job's ranks 0..{self.nranks - 1}")
-            times = (x.gap_ms, x.coll_ms, x.step_ms)
-            if all(math.isfinite(v) and v >= 0 for v in times):
-                by_rank[x.rank] = x
-                bad.discard(x.rank)
-            else:
-                bad.add(x.rank)
-            if x.host:
-                self._hosts[x.rank] = x.host
-        return [by_rank[k] for k in sorted(by_rank)], bad
+    def _view(self, cols: WindowColumns) -> tuple[_View | None, I64]:
+        """The usable rows (the last row of a rank wins) and the ranks whose last row is not
+        usable (a non-finite or negative time: they count as missing)."""
+        r_all = cols.ints("rank")
+        if r_all.size and (r_all.min() < 0 or r_all.max() >= self.nranks):
+            bad = int(r_all[(r_all < 0) | (r_all >= self.nranks)][0])
+            raise ValueError(f"rank {bad} is outside the job's ranks 0..{self.nranks - 1}")
+        times = np.stack([cols.floats("gap_ms"), cols.floats("coll_ms"), cols.floats("step_ms")])
+        with np.errstate(invalid="ignore"):
+            ok = (np.isfinite(times) & (times >= 0)).all(axis=0)
+        # Last row per rank: unique over the reversed ranks gives first-in-reverse.
+        _, first_rev = np.unique(r_all[::-1], return_index=True)
+        last = (r_all.size - 1 - first_rev).astype(np.int64)
+        host = _objects(cols["host"])
+        if host.size:
+            named = last[np.not_equal(host[last], "")]
+            self._host[r_all[named]] = host[named]
+        unusable = r_all[last[~ok[last]]]
+        row = last[ok[last]]
+        if row.size == 0:
+            return None, unusable
+        r = r_all[row]
+        gap = cols.floats("gap_ms")[row]
+        isl_labels = self._island_labels(cols, row, r)
+        if (isl_labels == isl_labels[0]).all():  # one island: skip the sort of strings
+            isl_names = isl_labels[:1].copy()
+            isl_id = np.zeros(r.size, dtype=np.int64)
+        else:
+            isl_names, inv = np.unique(isl_labels, return_inverse=True)
+            isl_id = inv.ravel().astype(np.int64)
+        gid, class_of = self._groups(cols, row, r, isl_id, len(isl_names))
+        # Under a rebalance plan ranks run different sample counts: judge the
+        # compute gap per sample (scaled to the mean split), so a slow rank that a
+        # plan compensates stays flagged until it really recovers; the cost stays
+        # what the job loses now, from the gaps as they are.
+        scale = _per_sample_scale(cols.floats("samples")[row])
+        view = _View(
+            cols=cols,
+            row=row,
+            r=r,
+            gap=gap if scale is None else gap * scale,
+            actual=gap,
+            coll=cols.floats("coll_ms")[row],
+            isl_labels=isl_labels,
+            isl_names=isl_names,
+            isl_id=isl_id,
+            gid=gid,
+            class_of=class_of,
+        )
+        return view, unusable
 
-    def _island(self, x: RankWindow) -> str:
-        label = x.island or x.telemetry.vendor or self._cfg_islands.get(x.rank)
-        if label is None:
-            label = self._island_of.get(x.rank, DEFAULT_ISLAND)
-        self._island_of[x.rank] = label
-        return label
+    def _island_labels(self, cols: WindowColumns, row: I64, r: I64) -> OBJ:
+        """Island per rank: the summary's, else the telemetry's vendor, else the config,
+        else the rank's last known island, else "default"."""
+        lab = _objects(cols["island"])[row]
+        for fallback in (
+            lambda m: _objects(cols["tel_vendor"])[row[m]],
+            lambda m: self._cfg_island[r[m]],
+            lambda m: self._island_of[r[m]],
+        ):
+            unknown = _none(lab)
+            if not unknown.any():
+                break
+            lab[unknown] = fallback(unknown)
+        lab[_none(lab)] = DEFAULT_ISLAND
+        self._island_of[r] = lab
+        return lab
 
     def _groups(
-        self, recs: list[RankWindow], isl_id: npt.NDArray[np.int64], n_isl: int
-    ) -> tuple[npt.NDArray[np.int64], list[str | None]]:
+        self, cols: WindowColumns, row: I64, r: I64, isl_id: I64, n_isl: int
+    ) -> tuple[I64, OBJ]:
         """Group ids: the island, or island x class where hardware classes apply."""
         mode = self.settings.hardware_classes
+        none: OBJ = np.full(r.size, None, dtype=object)
         if mode == "off":
-            return isl_id, [None] * len(recs)
-        classes: list[str | None] = [
-            x.hw_class or x.telemetry.gpu_model or self._cfg_classes.get(x.rank) for x in recs
-        ]
+            return isl_id, none
+        cls = _objects(cols["hw_class"])[row]
+        for fallback in (
+            lambda m: _objects(cols["tel_gpu_model"])[row[m]],
+            lambda m: self._cfg_class[r[m]],
+        ):
+            unknown = _none(cls)
+            if not unknown.any():
+                break
+            cls[unknown] = fallback(unknown)
+        known = ~_none(cls)
         if mode == "auto":
             # Only islands whose known classes differ are split: an older
             # generation is slower by design, not faulty.
-            seen: list[set[str]] = [set() for _ in range(n_isl)]
-            for i, c in zip(isl_id.tolist(), classes, strict=True):
-                if c is not None:
-                    seen[i].add(c)
-            split = [len(x) > 1 for x in seen]
-            classes = [
-                c if split[i] else None for i, c in zip(isl_id.tolist(), classes, strict=True)
-            ]
-        if all(c is None for c in classes):
-            return isl_id, classes
-        cls_labels = np.array(["" if c is None else c for c in classes], dtype=object)
-        return scoring.group_ids(isl_id, cls_labels), classes
+            split = np.array(
+                [len(set(cls[known & (isl_id == k)].tolist())) > 1 for k in range(n_isl)]
+            )
+            cls = cls.copy()
+            cls[~split[isl_id]] = None
+            known = ~_none(cls)
+        if not known.any():
+            return isl_id, none
+        labels = np.where(known, cls, "").astype(str)
+        return scoring.group_ids(isl_id, labels), cls
 
-    def _rank_baseline(self, window: int) -> npt.NDArray[np.float64]:
+    def _context(self, window: int, v: _View) -> _Ctx:
+        lo = v.cols.ints("step_lo")[v.row]
+        hi = v.cols.ints("step_hi")[v.row]
+        step_ms = float(np.median(v.cols.floats("step_ms")[v.row]))
+        gpus = self.settings.gpu_count or self.nranks
+        # GPU-hours per ms of excess per step: every GPU waits that long each step.
+        hours_per_ms = int(np.median(hi - lo)) * gpus / 3600.0 / 1000.0
+        return _Ctx(window, [int(lo.min()), int(hi.max())], step_ms, hours_per_ms)
+
+    # -- ranks --------------------------------------------------------------
+
+    def _judge_ranks(self, window: int, v: _View) -> _RankScores:
+        s = self.settings
+        peers = scoring.score(v.gap, v.gid)
+        cost = peers if v.gap is v.actual else scoring.score(v.actual, v.gid)
+        base = self._rank_baseline(window)[v.r]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            history = np.where(base > 0, v.gap / base, np.nan)
+        judging = window >= 1  # window 0 carries start-up work (compilation, warm caches)
+        peers_ok = peers.group_size >= s.min_island_peers
+        return _RankScores(
+            peers=peers,
+            cost=cost,
+            base=base,
+            history=history,
+            peers_ok=peers_ok,
+            peer_bad=judging & peers_ok & (peers.ratio >= s.suspect_ratio),
+            hist_bad=judging & ~peers_ok & (history >= s.suspect_ratio),
+        )
+
+    def _rank_findings(
+        self, v: _View, sc: _RankScores, ctx: _Ctx
+    ) -> tuple[list[Finding], npt.NDArray[np.bool_]]:
+        """Advance the track of every bad or tracked rank; (findings, ranks held out of
+        their baseline because they are bad or flagged)."""
+        s = self.settings
+        bad = sc.peer_bad | sc.hist_bad
+        todo = set(np.flatnonzero(bad).tolist())
+        tracked = np.array(
+            sorted({int(k[1]) for k in self._tracks if k[0] in ("rank", "degraded")}),
+            dtype=np.int64,
+        )
+        if tracked.size:
+            pos = np.minimum(np.searchsorted(v.r, tracked), v.r.size - 1)
+            todo.update(pos[v.r[pos] == tracked].tolist())
+        out: list[Finding] = []
+        held = np.zeros(v.r.size, dtype=bool)
+        for i in sorted(todo):
+            kind = "rank" if sc.peers_ok[i] else "degraded"
+            key = (kind, str(int(v.r[i])))
+            if key not in self._tracks and not bad[i]:
+                continue
+            track = self._tracks.setdefault(key, _Track(s.flag_window))
+            if kind == "rank":
+                excess = max(0.0, float(v.actual[i] - sc.cost.loo_median[i]))
+            else:
+                excess = max(0.0, float(v.actual[i] - sc.base[i])) if sc.base[i] > 0 else 0.0
+            state = self._advance(track, ctx.window, bool(bad[i]), excess, ctx)
+            held[i] = track.active or bool(bad[i])
+            if state is not None:
+                out.append(self._rank_finding(kind, state, i, v, sc, excess, track, ctx))
+            if track.idle:
+                del self._tracks[key]
+        return out, held
+
+    def _feed_rank_baselines(
+        self, window: int, v: _View, sc: _RankScores, held: npt.NDArray[np.bool_]
+    ) -> None:
+        # An unconfirmed regression never becomes a baseline: only healthy windows feed.
+        s = self.settings
+        feed = (window >= 1) & ~sc.peer_bad & ~sc.hist_bad & ~held
+        feed &= self._rank_count[v.r] < s.warmup_windows
+        fr = v.r[feed]
+        if fr.size:
+            self._rank_samples[fr, self._rank_count[fr]] = v.gap[feed]
+            self._rank_count[fr] += 1
+            self._samples_version += 1
+
+    def _rank_baseline(self, window: int) -> F64:
         s = self.settings
         # Baselines change only while warm-up samples are fed: reuse the medians
         # (a nanmedian over every rank was a third of a window's scoring).
@@ -383,67 +587,63 @@ class Detector:
         kind: str,
         state: str,
         i: int,
-        recs: list[RankWindow],
-        r: npt.NDArray[np.int64],
-        gap: npt.NDArray[np.float64],
-        sc: scoring.Scores,
-        history: npt.NDArray[np.float64],
-        base: npt.NDArray[np.float64],
-        isl_labels: list[str],
-        gid: npt.NDArray[np.int64],
-        class_of: list[str | None],
+        v: _View,
+        sc: _RankScores,
         excess: float,
         track: _Track,
         ctx: _Ctx,
     ) -> Finding:
-        rank = int(r[i])
+        rank = int(v.r[i])
         cause: dict[str, Any] | None = None
         missing: list[str] = []
         if state != "cleared":
-            if kind == "rank":
-                peer_idx = np.flatnonzero(gid == gid[i])
-            else:
-                peer_idx = np.flatnonzero([lab == isl_labels[i] for lab in isl_labels])
-            peers: list[Telemetry] = [recs[j].telemetry for j in peer_idx.tolist() if j != i]
-            c = diagnose(recs[i].telemetry, peers)
+            c = self._diagnose(kind, i, v)
             cause, missing = c.to_json(), list(c.missing)
-        hours = track.pending_hours if state == "suspect" else track.hours
         evidence: dict[str, Any] = {
-            "gpu_hours": hours,
-            "gap_ms": float(gap[i]),
-            "peers": int(sc.group_size[i]) - 1,
+            "gpu_hours": track.pending_hours if state == "suspect" else track.hours,
+            "gap_ms": float(v.gap[i]),
+            "peers": int(sc.peers.group_size[i]) - 1,
         }
-        if recs[i].samples is not None:
-            evidence["samples"] = recs[i].samples
+        samples = float(v.cols.floats("samples")[v.row[i]])
+        if math.isfinite(samples):
+            evidence["samples"] = int(samples)
         if kind == "rank":
-            evidence["peers_gap_ms"] = _f(sc.loo_median[i])
+            evidence["peers_gap_ms"] = _f(sc.peers.loo_median[i])
         else:
-            evidence["baseline_gap_ms"] = _f(base[i])
-        if class_of[i] is not None:
-            evidence["hw_class"] = class_of[i]
-        return Finding(
-            kind=kind,
-            state=state,
-            window=ctx.window,
-            steps=list(ctx.steps),
-            island=isl_labels[i],
-            rank=rank,
-            ranks=[rank],
-            hosts=[self._hosts[rank]] if rank in self._hosts else [],
-            since=track.since,
-            ratio=_f(sc.ratio[i]),
-            z=_f(sc.z[i]) if kind == "rank" else None,
-            history=_f(history[i]),
-            drift=None,
-            excess_ms=excess,
-            loss_pct=_pct(excess, ctx.step_ms),
-            confidence="peers" if kind == "rank" else "history",
-            signal="gap",
-            basis="peers" if kind == "rank" else "history",
-            missing=missing,
-            evidence=evidence,
-            cause=cause,
-        )
+            evidence["baseline_gap_ms"] = _f(sc.base[i])
+        if v.class_of[i] is not None:
+            evidence["hw_class"] = v.class_of[i]
+        common: dict[str, Any] = {
+            "job": self.job,
+            "state": state,
+            "window": ctx.window,
+            "steps": ctx.steps,
+            "rank": rank,
+            "island": str(v.isl_labels[i]),
+            "hosts": [] if self._host[rank] is None else [str(self._host[rank])],
+            "since": track.since,
+            "ratio": _f(sc.peers.ratio[i]),
+            "history": _f(sc.history[i]),
+            "excess_ms": excess,
+            "loss_pct": _pct(excess, ctx.step_ms),
+            "missing": missing,
+            "evidence": evidence,
+            "cause": cause,
+        }
+        if kind == "rank":
+            return F.rank_finding(z=_f(sc.peers.z[i]), **common)
+        return F.degraded_finding(**common)
+
+    def _diagnose(self, kind: str, i: int, v: _View) -> Any:
+        """Why rank i is slow: its telemetry against its group's (rank) or island's (degraded)."""
+        peers = np.flatnonzero(v.gid == v.gid[i] if kind == "rank" else v.isl_id == v.isl_id[i])
+        peers = peers[peers != i]
+        if peers.size > DIAG_PEERS:
+            peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
+        own, *others = _telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
+        return diagnose(own, others)
+
+    # -- islands, collectives, links ------------------------------------------
 
     def _subject_step(
         self, kind: str, subject: str, value: float, ratio_limit: float, ctx: _Ctx
@@ -471,37 +671,65 @@ class Detector:
             del self._tracks[key]
         return state, ratio, excess, track
 
-    def _island_findings(
+    def _bridge_rows(self, v: _View) -> I64:
+        """Indices (into the view) of the ranks that reported bridge time (island leaders)."""
+        b = v.cols.floats("bridge_ms")[v.row]
+        with np.errstate(invalid="ignore"):
+            return np.flatnonzero(np.isfinite(b) & (b >= 0)).astype(np.int64)
+
+    def _scalar(
         self,
+        kind: str,
+        state: str,
+        subject: str,
+        members: npt.NDArray[np.bool_] | I64,
+        v: _View,
+        track: _Track,
         ctx: _Ctx,
-        r: npt.NDArray[np.int64],
-        gap: npt.NDArray[np.float64],
-        coll: npt.NDArray[np.float64],
-        isl_id: npt.NDArray[np.int64],
-        isl_names: npt.NDArray[Any],
-        recs: list[RankWindow],
-    ) -> list[Finding]:
+        excess: float,
+        **kw: Any,
+    ) -> Finding:
+        ranks = sorted(int(x) for x in v.r[members])
+        hosts = sorted({str(h) for h in self._host[ranks] if h is not None}) if ranks else []
+        ev = {"gpu_hours": track.pending_hours if state == "suspect" else track.hours}
+        ev.update(kw.pop("evidence"))
+        return F.scalar_finding(
+            kind,
+            job=self.job,
+            state=state,
+            window=ctx.window,
+            steps=ctx.steps,
+            subject=subject,
+            ranks=ranks,
+            hosts=hosts,
+            since=track.since,
+            excess_ms=excess,
+            loss_pct=_pct(excess, ctx.step_ms),
+            evidence=ev,
+            **kw,
+        )
+
+    def _island_findings(self, ctx: _Ctx, v: _View) -> list[Finding]:
         s = self.settings
         out: list[Finding] = []
-        n_isl = len(isl_names)
-        medians = np.array([np.median(gap[isl_id == k]) for k in range(n_isl)])
-        maxgap = np.array([gap[isl_id == k].max() for k in range(n_isl)])
+        n_isl = len(v.isl_names)
+        gap, coll = v.actual, v.coll
+        medians = np.array([np.median(gap[v.isl_id == k]) for k in range(n_isl)])
+        maxgap = np.array([gap[v.isl_id == k].max() for k in range(n_isl)])
         drifts: dict[int, float] = {}
         # Islands on separate communicators meet at a bridge between their leaders;
         # an island that arrives first waits there for the others, inside a
         # collective. Its leader's bridge time over the quickest leader's is that
         # wait, and is taken off the island's transfer time as well.
         bridge_of: dict[int, float] = {}
-        for x, k in zip(recs, isl_id.tolist(), strict=True):
-            if x.bridge_ms is not None and math.isfinite(x.bridge_ms) and x.bridge_ms >= 0:
-                bridge_of[k] = min(bridge_of.get(k, math.inf), float(x.bridge_ms))
+        bridge = v.cols.floats("bridge_ms")[v.row]
+        for i in self._bridge_rows(v).tolist():
+            k = int(v.isl_id[i])
+            bridge_of[k] = min(bridge_of.get(k, math.inf), float(bridge[i]))
         bridge_min = min(bridge_of.values()) if len(bridge_of) > 1 else None
         for k in range(n_isl):
-            name = str(isl_names[k])
-            members = isl_id == k
-            ranks_k = [int(x) for x in r[members]]
-            hosts_k = sorted({self._hosts[x] for x in ranks_k if x in self._hosts})
-
+            name = str(v.isl_names[k])
+            members = v.isl_id == k
             state, drift, excess, track = self._subject_step(
                 "island", name, float(medians[k]), s.drift_ratio, ctx
             )
@@ -509,20 +737,19 @@ class Detector:
                 drifts[k] = drift
             if state is not None and track is not None:
                 ref = self._baselines[("island", name)].value(ctx.window, s)
+                ev = {"median_gap_ms": float(medians[k]), "baseline_gap_ms": ref}
                 out.append(
-                    self._scalar_finding(
+                    self._scalar(
                         "island",
                         state,
                         name,
-                        ranks_k,
-                        hosts_k,
+                        members,
+                        v,
                         track,
                         ctx,
-                        ratio=None,
+                        excess,
                         drift=drift,
-                        excess=excess,
-                        signal="gap",
-                        evidence={"median_gap_ms": float(medians[k]), "baseline_gap_ms": ref},
+                        evidence=ev,
                     )
                 )
 
@@ -540,66 +767,64 @@ class Detector:
             )
             if state is not None and track is not None:
                 ref = self._baselines[("collective", name)].value(ctx.window, s)
+                ev = {"transfer_ms": transfer, "baseline_transfer_ms": ref}
                 out.append(
-                    self._scalar_finding(
+                    self._scalar(
                         "collective",
                         state,
                         name,
-                        ranks_k,
-                        hosts_k,
+                        members,
+                        v,
                         track,
                         ctx,
+                        excess,
                         ratio=cratio,
-                        drift=None,
-                        excess=excess,
-                        signal="coll",
-                        evidence={"transfer_ms": transfer, "baseline_transfer_ms": ref},
+                        evidence=ev,
                     )
                 )
         # An island's drift against the others' drift, when there are others.
         for f in out:
             if f.kind == "island":
-                k = int(np.flatnonzero(isl_names == f.island)[0])
+                k = int(np.flatnonzero(v.isl_names == f.island)[0])
                 rest = [d for j, d in drifts.items() if j != k]
                 if rest and f.drift is not None:
                     f.ratio = f.drift / float(np.median(rest))
         return out
 
-    def _link_findings(
-        self, ctx: _Ctx, recs: list[RankWindow], isl_labels: list[str]
-    ) -> list[Finding]:
+    def _link_findings(self, ctx: _Ctx, v: _View) -> list[Finding]:
         s = self.settings
-        links: dict[str, list[tuple[int, float]]] = {}
-        for x, own in zip(recs, isl_labels, strict=True):
-            if x.bridge_ms is None or not math.isfinite(x.bridge_ms) or x.bridge_ms < 0:
-                continue
-            peer = self._peer_island(x.bridge_peer)
-            a, b = sorted((own, peer))
-            links.setdefault(f"{a}<->{b}", []).append((x.rank, x.bridge_ms))
+        rows = self._bridge_rows(v)
+        if rows.size == 0:
+            return []
+        bridge = v.cols.floats("bridge_ms")[v.row]
+        peer = v.cols.floats("bridge_peer")[v.row]
+        links: dict[str, list[int]] = {}
+        for i in rows.tolist():
+            p = peer[i]
+            other = self._peer_island(None if math.isnan(p) else int(p))
+            a, b = sorted((str(v.isl_labels[i]), other))
+            links.setdefault(f"{a}<->{b}", []).append(i)
         out: list[Finding] = []
         for name in sorted(links):
-            members = links[name]
+            members = np.array(links[name], dtype=np.int64)
             # Like the collective signal: the leader that arrives last waits least.
-            value = min(v for _, v in members)
+            value = float(bridge[members].min())
             state, ratio, excess, track = self._subject_step("link", name, value, s.link_ratio, ctx)
             if state is not None and track is not None:
-                ranks_k = sorted(rk for rk, _ in members)
-                hosts_k = sorted({self._hosts[x] for x in ranks_k if x in self._hosts})
                 ref = self._baselines[("link", name)].value(ctx.window, s)
+                ev = {"bridge_ms": value, "baseline_bridge_ms": ref}
                 out.append(
-                    self._scalar_finding(
+                    self._scalar(
                         "link",
                         state,
                         name,
-                        ranks_k,
-                        hosts_k,
+                        members,
+                        v,
                         track,
                         ctx,
+                        excess,
                         ratio=ratio,
-                        drift=None,
-                        excess=excess,
-                        signal="bridge",
-                        evidence={"bridge_ms": value, "baseline_bridge_ms": ref},
+                        evidence=ev,
                     )
                 )
         return out
@@ -608,63 +833,63 @@ class Detector:
         """Island name of a bridge peer index: config order, else order of lowest rank."""
         order = self._island_order
         if order is None:
+            known = np.flatnonzero(~_none(self._island_of))
             first: dict[str, int] = {}
-            for rk, lab in self._island_of.items():
-                first[lab] = min(rk, first.get(lab, rk))
+            for rk in known.tolist():
+                first.setdefault(str(self._island_of[rk]), rk)
             order = sorted(first, key=lambda lab: first[lab])
         if index is not None and 0 <= index < len(order):
             return order[index]
         return f"island#{index}"
 
-    def _scalar_finding(
-        self,
-        kind: str,
-        state: str,
-        subject: str,
-        ranks: list[int],
-        hosts: list[str],
-        track: _Track,
-        ctx: _Ctx,
-        *,
-        ratio: float | None,
-        drift: float | None,
-        excess: float,
-        signal: str,
-        evidence: dict[str, Any],
-    ) -> Finding:
-        ev = {"gpu_hours": track.pending_hours if state == "suspect" else track.hours}
-        ev.update(evidence)
-        return Finding(
-            kind=kind,
-            state=state,
-            window=ctx.window,
-            steps=list(ctx.steps),
-            island=subject,
-            rank=None,
-            ranks=ranks,
-            hosts=hosts,
-            since=track.since,
-            ratio=ratio,
-            z=None,
-            history=None,
-            drift=drift,
-            excess_ms=excess,
-            loss_pct=_pct(excess, ctx.step_ms),
-            confidence="baseline",
-            signal=signal,
-            basis="baseline",
-            missing=[],
-            evidence=ev,
-            cause=None,
-        )
+
+# --------------------------------------------------------------------------- helpers
 
 
-@dataclass(frozen=True)
-class _Ctx:
-    window: int
-    steps: list[int]
-    step_ms: float
-    hours_per_ms: float
+def _none(a: OBJ) -> npt.NDArray[np.bool_]:
+    """Elementwise `is None` of an object array."""
+    return np.asarray(a == None, dtype=bool)  # noqa: E711 - elementwise, not identity
+
+
+def _objects(values: Any) -> OBJ:
+    """A string column as an object array (None kept), without a per-row Python loop."""
+    out: OBJ = np.empty(len(values), dtype=object)
+    if isinstance(values, list) and values and values.count(None) == len(values):
+        return out  # an absent column (no island, no class): already all None
+    out[:] = values
+    return out
+
+
+def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
+    """The telemetry of some rows as records, for diagnosis (per finding, never per
+    rank): one fancy index per column, then one record per row."""
+    idx = np.asarray(rows, dtype=np.intp)
+    fields: dict[str, list[Any]] = {}
+    for name, kind in TELEMETRY_COLUMNS.items():
+        col = cols[f"tel_{name}"]
+        if kind in ("of", "oi"):
+            v: npt.NDArray[np.float64] = col[idx]
+            vals: list[Any] = [None if x != x else x for x in v.tolist()]  # NaN: absent
+            if kind == "oi":
+                vals = [None if x is None else int(x) for x in vals]
+            fields[name] = vals
+        elif kind == "m":
+            fields[name] = [tuple(col[i]) for i in idx.tolist()]
+        else:
+            fields[name] = [col[i] for i in idx.tolist()]
+    names = list(fields)
+    return [
+        Telemetry(**dict(zip(names, vals, strict=True)))
+        for vals in zip(*fields.values(), strict=True)
+    ]
+
+
+def _pack(a: npt.NDArray[Any]) -> bytes:
+    return np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
+
+
+def _unpack(b: bytes, dtype: Any) -> npt.NDArray[Any]:
+    return np.frombuffer(b, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
 
 
 def _f(v: Any) -> float | None:
@@ -676,11 +901,9 @@ def _pct(excess: float, step_ms: float) -> float | None:
     return 100.0 * excess / step_ms if step_ms > 0 else None
 
 
-def _per_sample_scale(recs: Sequence[RankWindow]) -> npt.NDArray[np.float64] | None:
+def _per_sample_scale(samples: F64) -> F64 | None:
     """mean(samples) / samples per rank when every rank reported its samples and
     they differ (a rebalance plan is in force); None otherwise."""
-    samples = [x.samples for x in recs]
-    if any(n is None or n <= 0 for n in samples) or len(set(samples)) < 2:
+    if samples.size == 0 or not (samples > 0).all() or samples.min() == samples.max():
         return None
-    arr = np.array(samples, dtype=np.float64)
-    return np.asarray(arr.mean() / arr, dtype=np.float64)
+    return np.asarray(samples.mean() / samples, dtype=np.float64)

@@ -1,8 +1,17 @@
-"""Findings: the record every report takes, and the JSONL writer (the only I/O here).
+"""Findings: the record every report takes, its constructors, and the JSONL writer.
 
 The field names and their order are the DESIGN.md contract; `Finding.to_json`
-emits exactly those keys. Anything extra (GPU-hours lost, a hang's dumps)
-rides inside `evidence`, never as a new top-level key.
+emits exactly those keys, then `job` (the one key added since the seed, so two
+jobs on one coordinator can be told apart). Anything else extra (GPU-hours
+lost, a hang's dumps) rides inside `evidence`, never as a new top-level key.
+
+Every kind is built by one named constructor below (`rank_finding`,
+`degraded_finding`, `scalar_finding` for island/collective/link,
+`hang_finding`, `missing_finding`): the fields a kind never uses default to
+null there, once, instead of at every call site. `confidence` says what the
+verdict rests on (`peers`, `history`, `baseline`: a scalar's warm-up value,
+`progress`); `basis` says what judged it (`peers` for rank, `history` for
+degraded and the scalar kinds, `progress` for hang and missing).
 """
 
 from __future__ import annotations
@@ -10,10 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from artemis.coordinator.hang import HangVerdict
 
 # `missing` (ranks that stopped reporting: their agent or node is gone) is an
 # addition to DESIGN.md's kinds, documented in docs/DESIGN.md.
@@ -45,6 +57,8 @@ FIELDS = (
     "evidence",
     "cause",
 )
+# Keys added to the seed's, after them in every line.
+ADDED_FIELDS = ("job",)
 
 logger = logging.getLogger("straggler")
 
@@ -72,6 +86,7 @@ class Finding:
     missing: list[str] = field(default_factory=list)
     evidence: dict[str, Any] | None = None
     cause: dict[str, Any] | None = None  # {"kind", "text", "evidence"} or None
+    job: str = ""  # the job the finding is about (added key)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -89,8 +104,8 @@ class Finding:
         return self.island or ""
 
     def to_json(self) -> dict[str, Any]:
-        """Exactly the DESIGN.md keys, JSON-safe (non-finite numbers become null)."""
-        out = {name: _clean(getattr(self, name)) for name in FIELDS}
+        """The DESIGN.md keys, then the added ones, JSON-safe (non-finite numbers become null)."""
+        out = {name: _clean(getattr(self, name)) for name in (*FIELDS, *ADDED_FIELDS)}
         for name, digits in _ROUND.items():
             if isinstance(out[name], float):
                 out[name] = round(out[name], digits)
@@ -114,6 +129,254 @@ def _clean(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_clean(x) for x in v]
     raise TypeError(f"finding value of type {type(v).__name__} is not JSON-serialisable")
+
+
+# --------------------------------------------------------------------------- constructors
+
+
+def rank_finding(
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    rank: int,
+    island: str,
+    hosts: Sequence[str],
+    since: int | None,
+    ratio: float | None,
+    z: float | None,
+    history: float | None,
+    excess_ms: float,
+    loss_pct: float | None,
+    missing: Sequence[str] = (),
+    evidence: dict[str, Any] | None = None,
+    cause: dict[str, Any] | None = None,
+) -> Finding:
+    """A rank slow against the other ranks of its island (or class)."""
+    return Finding(
+        kind="rank",
+        state=state,
+        window=window,
+        steps=list(steps),
+        island=island,
+        rank=rank,
+        ranks=[rank],
+        hosts=list(hosts),
+        since=since,
+        ratio=ratio,
+        z=z,
+        history=history,
+        drift=None,
+        excess_ms=excess_ms,
+        loss_pct=loss_pct,
+        confidence="peers",
+        signal="gap",
+        basis="peers",
+        missing=list(missing),
+        evidence=evidence,
+        cause=cause,
+        job=job,
+    )
+
+
+def degraded_finding(
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    rank: int,
+    island: str,
+    hosts: Sequence[str],
+    since: int | None,
+    ratio: float | None,
+    history: float | None,
+    excess_ms: float,
+    loss_pct: float | None,
+    missing: Sequence[str] = (),
+    evidence: dict[str, Any] | None = None,
+    cause: dict[str, Any] | None = None,
+) -> Finding:
+    """A rank slow against its own warm-up history, where its group is too small for peers.
+    `ratio` is the peer ratio for information (when a peer exists); `z` is null."""
+    f = rank_finding(
+        job=job,
+        state=state,
+        window=window,
+        steps=steps,
+        rank=rank,
+        island=island,
+        hosts=hosts,
+        since=since,
+        ratio=ratio,
+        z=None,
+        history=history,
+        excess_ms=excess_ms,
+        loss_pct=loss_pct,
+        missing=missing,
+        evidence=evidence,
+        cause=cause,
+    )
+    f.kind, f.confidence, f.basis = "degraded", "history", "history"
+    return f
+
+
+SCALAR_SIGNALS = {"island": "gap", "collective": "coll", "link": "bridge"}
+
+
+def scalar_finding(
+    kind: str,
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    subject: str,
+    ranks: Sequence[int],
+    hosts: Sequence[str],
+    since: int | None,
+    excess_ms: float,
+    loss_pct: float | None,
+    ratio: float | None = None,
+    drift: float | None = None,
+    evidence: dict[str, Any] | None = None,
+) -> Finding:
+    """An island, its collectives or a bridge link, slow against its own warm-up value.
+    `subject` is the island's name, or the link written "a<->b"."""
+    if kind not in SCALAR_SIGNALS:
+        raise ValueError(f"scalar finding kind {kind!r} is not one of {', '.join(SCALAR_SIGNALS)}")
+    return Finding(
+        kind=kind,
+        state=state,
+        window=window,
+        steps=list(steps),
+        island=subject,
+        rank=None,
+        ranks=list(ranks),
+        hosts=list(hosts),
+        since=since,
+        ratio=ratio,
+        z=None,
+        history=None,
+        drift=drift,
+        excess_ms=excess_ms,
+        loss_pct=loss_pct,
+        confidence="baseline",
+        signal=SCALAR_SIGNALS[kind],
+        basis="history",
+        missing=[],
+        evidence=evidence,
+        cause=None,
+        job=job,
+    )
+
+
+def progress_finding(
+    kind: str,
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    ranks: Sequence[int],
+    hosts: Sequence[str],
+    since: int | None,
+    island: str | None = None,
+    loss_pct: float | None = None,
+    missing: Sequence[str] = (),
+    evidence: dict[str, Any] | None = None,
+) -> Finding:
+    """A finding judged from the ranks' progress, not their timings: `hang` or `missing`."""
+    if kind not in ("hang", "missing"):
+        raise ValueError(f"progress finding kind {kind!r} is not hang or missing")
+    ranks = list(ranks)
+    return Finding(
+        kind=kind,
+        state=state,
+        window=window,
+        steps=list(steps),
+        island=island,
+        rank=ranks[0] if len(ranks) == 1 else None,
+        ranks=ranks,
+        hosts=list(hosts),
+        since=since,
+        ratio=None,
+        z=None,
+        history=None,
+        drift=None,
+        excess_ms=None,
+        loss_pct=loss_pct,
+        confidence="progress",
+        signal="progress",
+        basis="progress",
+        missing=list(missing),
+        evidence=evidence,
+        cause=None,
+        job=job,
+    )
+
+
+def hang_finding(
+    verdict: HangVerdict,
+    *,
+    job: str,
+    window: int,
+    dumps: Sequence[str],
+    hosts: Mapping[int, str] | None = None,
+    islands: Mapping[int, str] | None = None,
+    steps: Sequence[int] | None = None,
+    state: str = "flagged",
+) -> Finding:
+    """A hang (coordinator/hang.py), with the dump paths collected from the agents."""
+    ranks = list(verdict.ranks)
+    isl = sorted({islands[r] for r in ranks if islands and r in islands})
+    return progress_finding(
+        "hang",
+        job=job,
+        state=state,
+        window=window,
+        steps=list(steps) if steps is not None else [],
+        island=isl[0] if len(isl) == 1 else None,
+        ranks=ranks,
+        hosts=sorted({hosts[r] for r in ranks if hosts and r in hosts}),
+        since=window,
+        loss_pct=100.0,  # nothing progresses while the job hangs
+        evidence={
+            "dumps": list(dumps),
+            "last_done": {str(r): seq for r, seq in verdict.last_done.items()},
+            "waiting_s": round(verdict.waiting_s, 3),
+            "bound_s": round(verdict.bound_s, 3),
+            "collective": verdict.collective,
+            "behind": list(verdict.behind),
+        },
+    )
+
+
+def missing_finding(
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    ranks: Sequence[int],
+    hosts: Sequence[str],
+    since: int,
+) -> Finding:
+    """Ranks that stopped reporting (their agent or node is gone), or, cleared, are back."""
+    gone = state != "cleared"
+    return progress_finding(
+        "missing",
+        job=job,
+        state=state,
+        window=window,
+        steps=steps,
+        ranks=ranks if gone else [],
+        hosts=hosts if gone else [],
+        since=since,
+        missing=[f"rank {r}" for r in ranks] if gone else [],
+        evidence={"reason": "no window summary within the assembly deadline"} if gone else None,
+    )
 
 
 def flag_message(f: Finding) -> str:
@@ -186,4 +449,4 @@ class FindingsWriter:
         self.close()
 
 
-assert tuple(f.name for f in fields(Finding)) == FIELDS  # the contract, checked at import
+assert tuple(f.name for f in fields(Finding)) == FIELDS + ADDED_FIELDS  # checked at import

@@ -1,4 +1,5 @@
-"""Hang detection from the ranks' progress: a pure function, plus the finding it makes.
+"""Hang detection from the ranks' progress: a pure function (the finding it makes is
+`findings.hang_finding`).
 
 A collective completes only when every rank has arrived. A rank that stops
 arriving leaves every other rank sitting in the next collective. So: take the
@@ -16,10 +17,9 @@ each agent on its own clock; nothing is compared across hosts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from artemis.coordinator.findings import Finding
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankProgress
 
@@ -67,50 +67,4 @@ def check_hang(
         last_done={r: live[r].last_done for r in sorted(live)},
         waiting_s=waited,
         bound_s=bound,
-    )
-
-
-def hang_finding(
-    verdict: HangVerdict,
-    *,
-    window: int,
-    dumps: Sequence[str],
-    hosts: Mapping[int, str] | None = None,
-    islands: Mapping[int, str] | None = None,
-    steps: Sequence[int] | None = None,
-    state: str = "flagged",
-) -> Finding:
-    """The hang finding, with the dump paths the coordinator collected from the agents."""
-    ranks = list(verdict.ranks)
-    isl = sorted({islands[r] for r in ranks if islands and r in islands})
-    host_list = sorted({hosts[r] for r in ranks if hosts and r in hosts})
-    return Finding(
-        kind="hang",
-        state=state,
-        window=window,
-        steps=list(steps) if steps is not None else [],
-        island=isl[0] if len(isl) == 1 else None,
-        rank=ranks[0] if len(ranks) == 1 else None,
-        ranks=ranks,
-        hosts=host_list,
-        since=window,
-        ratio=None,
-        z=None,
-        history=None,
-        drift=None,
-        excess_ms=None,
-        loss_pct=100.0,  # nothing progresses while the job hangs
-        confidence="progress",
-        signal="progress",
-        basis="progress",
-        missing=[],
-        evidence={
-            "dumps": list(dumps),
-            "last_done": {str(r): seq for r, seq in verdict.last_done.items()},
-            "waiting_s": round(verdict.waiting_s, 3),
-            "bound_s": round(verdict.bound_s, 3),
-            "collective": verdict.collective,
-            "behind": list(verdict.behind),
-        },
-        cause=None,
     )

@@ -12,8 +12,11 @@ Format (derived from the protocol schema, nothing written by hand): a stream
 of msgpack objects: a header `["h", 2]`, then `["c", batch]` per batch of
 summaries, where `batch` is the columnar wire map of protocol/columns.py (the
 same bytes a minor-1.1 `windows` message carries, columns by name, so a
-journal written by another version still reads), and `["r", job, window]` per
-scored window. A batch costs one column encoding, not a record per rank.
+journal written by another version still reads), and `["r", job, window,
+[comm, ...]]` per scored window: the communicators of the run that scored it,
+so a new run of the job that reuses its window numbers is not mistaken for a
+resend (a mark without them covers every communicator). A batch costs one
+column encoding, not a record per rank.
 Journals of the first format (`["h", names, names]`, `["w", values, values]`
 per summary) are still read. Appends are not fsynced: the journal covers a
 crash of the coordinator process (the kernel keeps the written pages), not of
@@ -42,6 +45,8 @@ FORMAT = 2
 _HEADER = msgpack.packb(["h", FORMAT])
 
 Summaries: TypeAlias = WindowColumns | Iterable[RankWindow]
+# (job, comm, window) of a scored window; comm None: every communicator of the job.
+Mark: TypeAlias = tuple[str, str | None, int]
 
 
 def _columns(windows: Summaries) -> WindowColumns:
@@ -70,11 +75,11 @@ class AssemblyJournal:
         self._fh: IO[bytes] | None = None
         self._marks = 0
 
-    def load_columns(self) -> tuple[WindowColumns, set[tuple[str, int]]]:
+    def load_columns(self) -> tuple[WindowColumns, set[Mark]]:
         """(summaries taken but not scored, windows already scored) from the file."""
         parts: list[WindowColumns] = []
         v1: list[RankWindow] = []
-        released: set[tuple[str, int]] = set()
+        released: set[Mark] = set()
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -90,7 +95,8 @@ class AssemblyJournal:
                     if tag == "c":
                         parts.append(from_wire(msgspec.convert(item[1], WindowBatch)))
                     elif tag == "r":
-                        released.add((str(item[1]), int(item[2])))
+                        comms = item[3] if len(item) > 3 and item[3] else [None]
+                        released.update((str(item[1]), c, int(item[2])) for c in comms)
                     elif tag == "h" and len(item) == 3:
                         names = (item[1], item[2])
                     elif tag == "w":
@@ -113,18 +119,22 @@ class AssemblyJournal:
         cols = WindowColumns.concat(parts)
         if released and cols.n:
             keep = [
-                (job, int(w)) not in released
-                for job, w in zip(cols["job"], cols.ints("window").tolist(), strict=True)
+                (job, comm, w) not in released and (job, None, w) not in released
+                for job, comm, w in zip(
+                    cols["job"], cols["comm"], cols.ints("window").tolist(), strict=True
+                )
             ]
             cols = cols.take(np.flatnonzero(keep))
         return cols, released
 
-    def load(self) -> tuple[list[RankWindow], set[tuple[str, int]]]:
+    def load(self) -> tuple[list[RankWindow], set[Mark]]:
         """As `load_columns`, the summaries as records."""
         cols, released = self.load_columns()
         return cols.rows(), released
 
-    def open(self, pending: Summaries, released: Iterable[tuple[str, int]] = ()) -> None:
+    def open(
+        self, pending: Summaries, released: Iterable[tuple[str, int, Sequence[str]]] = ()
+    ) -> None:
         """Start a fresh file holding only `pending` and the release marks (compaction),
         then append to it."""
         self.close()
@@ -133,8 +143,8 @@ class AssemblyJournal:
         cols = _columns(pending)
         with open(tmp, "wb") as fh:
             fh.write(_HEADER)
-            for job, window in released:
-                fh.write(msgpack.packb(["r", job, window]))
+            for job, window, comms in released:
+                fh.write(msgpack.packb(["r", job, window, list(comms)]))
             if cols.n:
                 fh.write(_entry(cols))
         os.replace(tmp, self.path)
@@ -149,11 +159,11 @@ class AssemblyJournal:
             self._fh.write(_entry(cols))
             self._fh.flush()
 
-    def released(self, job: str, window: int) -> bool:
-        """Mark a window scored; True when the file is due for compaction."""
+    def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
+        """Mark a window scored by the run of `comms`; True when due for compaction."""
         if self._fh is None:
             return False
-        self._fh.write(msgpack.packb(["r", job, window]))
+        self._fh.write(msgpack.packb(["r", job, window, list(comms)]))
         self._fh.flush()
         self._marks += 1
         return self._marks >= COMPACT_EVERY

@@ -1,6 +1,7 @@
 """Prometheus metrics of the detector, on a registry of their own.
 
-`Metrics.observe_window` turns a `WindowResult` into gauges and counters;
+`Metrics.observe_window` turns a `WindowResult` into gauges and counters,
+labelled with the job;
 `serve` exposes the registry on HTTP from a thread of its own, so a scrape
 never runs on the coordinator's event loop. Other parts of the coordinator
 register their own metrics on `Metrics.registry`.
@@ -12,6 +13,7 @@ import contextlib
 import threading
 from typing import Any
 
+import numpy as np
 from artemis.coordinator.detector import WindowResult
 from artemis.coordinator.findings import Finding
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -21,6 +23,10 @@ SCORING_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.
 
 
 class Metrics:
+    """Every job-scoped series has a `job` label, so jobs sharing a coordinator never
+    overwrite each other; `forget_job` removes one job's series and only those.
+    Process-wide series (`straggler_detector_active`, the protocol counters) have none."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
@@ -28,26 +34,29 @@ class Metrics:
             "straggler_rank_pace_ratio",
             "Rank compute gap over the median of the other ranks of its island "
             "(own warm-up history where the island is too small)",
-            ["rank", "island"],
+            ["job", "rank", "island"],
             registry=reg,
         )
         self.flagged = Gauge(
             "straggler_flagged",
             "1 while a finding is flagged (until cleared), else 0",
-            ["kind", "subject"],
+            ["job", "kind", "subject"],
             registry=reg,
         )
         self.step_ms = Gauge(
-            "straggler_step_ms", "Median step time of the last window (ms)", registry=reg
+            "straggler_step_ms", "Median step time of the last window (ms)", ["job"], registry=reg
         )
         self.findings = Counter(
             "straggler_findings",
             "Finding reports by kind and state",
-            ["kind", "state"],
+            ["job", "kind", "state"],
             registry=reg,
         )
         self.missing = Gauge(
-            "straggler_missing_ranks", "Ranks without a record in the last window", registry=reg
+            "straggler_missing_ranks",
+            "Ranks without a record in the last window",
+            ["job"],
+            registry=reg,
         )
         self.active = Gauge(
             "straggler_detector_active", "1 while the detector is scoring", registry=reg
@@ -55,100 +64,142 @@ class Metrics:
         self.gpu_hours = Counter(
             "straggler_gpu_hours_lost",
             "GPU-hours lost to confirmed findings (every GPU waiting on the slow part)",
+            ["job"],
             registry=reg,
         )
-        self.windows = Counter("straggler_windows_scored", "Windows scored", registry=reg)
+        self.windows = Counter("straggler_windows_scored", "Windows scored", ["job"], registry=reg)
+        self.dropped = Counter(
+            "straggler_windows_dropped",
+            "Rank-window summaries dropped: late (their window was scored: a resend), "
+            "old_run (a run of the job that a new run replaced), already_scored",
+            ["job", "reason"],
+            registry=reg,
+        )
         self.scoring = Histogram(
             "straggler_scoring_seconds",
             "Time to score one window",
+            ["job"],
             buckets=SCORING_BUCKETS,
             registry=reg,
         )
         self.last_window = Gauge(
-            "straggler_last_window", "Index of the last window scored", registry=reg
+            "straggler_last_window", "Index of the last window scored", ["job"], registry=reg
         )
         # The flagged-now view (Grafana table, alerts): one series per finding
         # while it is flagged or ongoing, removed when it clears.
         self.finding_info = Gauge(
             "straggler_finding_info",
             "1 while a finding is flagged or ongoing; labels say what, since when and why",
-            ["kind", "subject", "since", "cause"],
+            ["job", "kind", "subject", "since", "cause"],
             registry=reg,
         )
         self.finding_loss = Gauge(
             "straggler_finding_loss_pct",
             "Share of each step the finding costs (%), while it lasts",
-            ["kind", "subject"],
+            ["job", "kind", "subject"],
             registry=reg,
         )
         self.finding_excess = Gauge(
             "straggler_finding_excess_seconds",
             "Extra time per step the finding costs (seconds), while it lasts",
-            ["kind", "subject"],
+            ["job", "kind", "subject"],
             registry=reg,
         )
-        self._info_labels: dict[tuple[str, str], tuple[str, str, str, str]] = {}
-        self._pace_labels: dict[str, set[tuple[str, str]]] = {}
+        self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._pace_labels: dict[str, set[tuple[str, str, str]]] = {}
         self._hours_seen: dict[str, float] = {}
+        # Every labelled series made, per job, so forget_job removes exactly those.
+        self._series: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}
         self._lock = threading.Lock()
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        self._series.setdefault(labels[0], set()).add((metric, labels))
+        return metric.labels(*labels)
+
+    def _remove(self, metric: Any, *labels: str) -> None:
+        with contextlib.suppress(KeyError):
+            metric.remove(*labels)
+        self._series.get(labels[0], set()).discard((metric, labels))
+
     def observe_window(self, result: WindowResult, scoring_seconds: float) -> None:
+        job = result.job
         with self._lock:
-            labels = {(str(r), result.islands.get(r, "")) for r in result.pace}
+            ranks = [str(r) for r in result.ranks.tolist()]
+            islands = [str(x) for x in result.island_labels.tolist()]
+            ok = np.isfinite(result.pace_values)
+            labels = {
+                (job, r, isl)
+                for r, isl, good in zip(ranks, islands, ok.tolist(), strict=True)
+                if good
+            }
             # A rank that moved island or stopped reporting must not leave a stale series.
-            for old in self._pace_labels.get(result.job, set()) - labels:
-                with contextlib.suppress(KeyError):
-                    self.pace.remove(*old)
-            for r, v in result.pace.items():
-                self.pace.labels(str(r), result.islands.get(r, "")).set(v)
-            self._pace_labels[result.job] = labels
+            for old in self._pace_labels.get(job, set()) - labels:
+                self._remove(self.pace, *old)
+            for r, isl, v, good in zip(
+                ranks, islands, result.pace_values.tolist(), ok.tolist(), strict=True
+            ):
+                if good:
+                    self._child(self.pace, job, r, isl).set(v)
+            self._pace_labels[job] = labels
             self._observe_findings(result.findings)
             if result.step_ms == result.step_ms:  # not NaN
-                self.step_ms.set(result.step_ms)
-            self.missing.set(len(result.missing))
+                self._child(self.step_ms, job).set(result.step_ms)
+            self._child(self.missing, job).set(len(result.missing))
             # The result carries the job's running total; the counter takes the increase.
-            delta = result.gpu_hours_lost - self._hours_seen.get(result.job, 0.0)
+            delta = result.gpu_hours_lost - self._hours_seen.get(job, 0.0)
+            hours = self._child(self.gpu_hours, job)
             if delta > 0:
-                self.gpu_hours.inc(delta)
-                self._hours_seen[result.job] = result.gpu_hours_lost
-            self.windows.inc()
-            self.scoring.observe(max(0.0, scoring_seconds))
-            self.last_window.set(result.window)
+                hours.inc(delta)
+                self._hours_seen[job] = result.gpu_hours_lost
+            self._child(self.windows, job).inc()
+            self._child(self.scoring, job).observe(max(0.0, scoring_seconds))
+            self._child(self.last_window, job).set(result.window)
 
     def observe_findings(self, findings: list[Finding]) -> None:
         """Findings that come outside a window's scoring (hangs, missing ranks)."""
         with self._lock:
             self._observe_findings(findings)
 
+    def observe_dropped(self, job: str, reason: str, rows: int) -> None:
+        with self._lock:
+            self._child(self.dropped, job, reason).inc(rows)
+
+    def forget_job(self, job: str) -> None:
+        """The job ended: remove its series (and only its series)."""
+        with self._lock:
+            for metric, labels in list(self._series.pop(job, set())):
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
+            self._pace_labels.pop(job, None)
+            self._hours_seen.pop(job, None)
+            for key in [k for k in self._info_labels if k[0] == job]:
+                del self._info_labels[key]
+
     def _observe_findings(self, findings: list[Finding]) -> None:
         for f in findings:
-            self.findings.labels(f.kind, f.state).inc()
-            key = (f.kind, f.subject)
+            job = f.job
+            self._child(self.findings, job, f.kind, f.state).inc()
+            key = (job, f.kind, f.subject)
             if f.state in ("flagged", "ongoing"):
-                self.flagged.labels(f.kind, f.subject).set(1)
+                self._child(self.flagged, *key).set(1)
                 cause = (f.cause or {}).get("kind", "") if f.cause else ""
-                labels = (f.kind, f.subject, str(f.since if f.since is not None else ""), cause)
+                labels = (*key, str(f.since if f.since is not None else ""), cause)
                 old = self._info_labels.get(key)
                 if old is not None and old != labels:
-                    with contextlib.suppress(KeyError):
-                        self.finding_info.remove(*old)
-                self.finding_info.labels(*labels).set(1)
+                    self._remove(self.finding_info, *old)
+                self._child(self.finding_info, *labels).set(1)
                 self._info_labels[key] = labels
                 if f.loss_pct is not None and f.loss_pct == f.loss_pct:
-                    self.finding_loss.labels(*key).set(f.loss_pct)
+                    self._child(self.finding_loss, *key).set(f.loss_pct)
                 if f.excess_ms is not None and f.excess_ms == f.excess_ms:
-                    self.finding_excess.labels(*key).set(f.excess_ms / 1000.0)
+                    self._child(self.finding_excess, *key).set(f.excess_ms / 1000.0)
             elif f.state == "cleared":
-                self.flagged.labels(f.kind, f.subject).set(0)
+                self._child(self.flagged, *key).set(0)
                 old = self._info_labels.pop(key, None)
-                for g, lab in (
-                    (self.finding_info, old),
-                    (self.finding_loss, key),
-                    (self.finding_excess, key),
-                ):
-                    if lab is not None:
-                        with contextlib.suppress(KeyError):
-                            g.remove(*lab)
+                if old is not None:
+                    self._remove(self.finding_info, *old)
+                self._remove(self.finding_loss, *key)
+                self._remove(self.finding_excess, *key)
 
     def set_active(self, active: bool) -> None:
         self.active.set(1 if active else 0)

@@ -145,6 +145,7 @@ class CoordinatorServer(Lifecycle):
             dump_wait_s=cfg.dump_wait_s,
             global_batch=cfg.global_batch or None,
             grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
+            job_linger_s=cfg.job_linger_s,
         )
         server = ProtocolServer(transport, cfg.listen, secret, coord, settings=settings.to_dict())
         coord.server = server

@@ -1,65 +1,49 @@
-"""The coordinator: a thin asyncio shell around assembly, the detector and the policy.
+"""The coordinator: a thin asyncio shell around assembly and one `JobMonitor` per job.
 
 `Coordinator` is the protocol server's app. Window summaries go into the
-assembler; every window it releases (complete, or at its deadline with the
-absent ranks missing) is scored once by the job's `Detector`, written to the
-findings JSONL, mirrored in Prometheus, and handed to the rebalance policy,
-whose plan events go to the plans JSONL and, in `apply` mode, to the agents as
-control messages. Heartbeats carry each rank's progress for hang detection; a
-hang triggers dump requests, and the hang finding names the dump files.
+assembler as columns; every window it releases (complete, or at its deadline
+with the absent ranks missing) goes to its job's `JobMonitor`, the pure core
+that owns the detector, the rebalance policy, the missing-rank rule and hang
+tracking (coordinator/monitor.py). What the monitor returns is written here:
+findings to the JSONL, plan events to the plans JSONL, both to Prometheus, and
+control intents to the job's agents. Heartbeats carry progress and plan acks;
+dumps are written next to the findings and their paths handed to the monitor.
+
+After each scored window the job's monitor and assembly state are saved
+atomically next to the assembly journal (`<journal>.jobs/`), and a restarted
+coordinator restores them before it replays the journal: nothing about a job
+is forgotten across a restart. A job whose every rank reported finished is
+ended `job_linger_s` later: its series leave /metrics, its monitor is dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgpack
 import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
-from artemis.coordinator.detector import Detector, WindowResult
-from artemis.coordinator.findings import Finding, FindingsWriter
-from artemis.coordinator.hang import HangVerdict, check_hang, hang_finding
+from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.monitor import (
+    JobMonitor,
+    MonitorOutput,
+    PlanMetrics,
+    PlansWriter,
+    register_plan_metrics,
+)
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Message, Windows
-from artemis.protocol.records import RankProgress
 from artemis.protocol.server import NotConnected, PeerInfo
-from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
-from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
 
 log = structlog.get_logger("artemis.coordinator")
-
-
-@dataclass
-class HangCase:
-    verdict: HangVerdict
-    window: int
-    requested_at: float
-    expected: set[int]
-    dumps: dict[int, str] = field(default_factory=dict)
-    reported: bool = False
-
-
-@dataclass
-class JobState:
-    job: str
-    detector: Detector | None = None
-    policy: RebalancePolicy | None = None
-    agents: set[str] = field(default_factory=set)
-    hosts: dict[int, str] = field(default_factory=dict)
-    progress: dict[int, RankProgress] = field(default_factory=dict)
-    step_ms: float | None = None
-    last_window: int = -1
-    hang: HangCase | None = None
-    missing_since: int | None = None
-    # From whole windows, to place a hang (a collective index) in windows and steps.
-    colls_per_step: int | None = None
-    steps_per_window: int = 0
 
 
 class Coordinator:
@@ -75,6 +59,7 @@ class Coordinator:
         global_batch: int | None = None,
         grace_s: float | None = None,
         journal: AssemblyJournal | None = None,
+        job_linger_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.journal = journal
@@ -86,8 +71,12 @@ class Coordinator:
         self.plan_metrics: PlanMetrics = register_plan_metrics(metrics.registry)
         self.assembler = WindowAssembler(deadline_s=deadline_s, grace_s=grace_s)
         self.dump_wait_s = dump_wait_s
+        self.job_linger_s = job_linger_s
         self.clock = clock
-        self.jobs: dict[str, JobState] = {}
+        self.monitors: dict[str, JobMonitor] = {}
+        self.agents: dict[str, set[str]] = {}  # job -> agent ids that serve it
+        self._finished_at: dict[str, float] = {}  # job -> when every rank reported finished
+        self.state_dir: Path | None = None  # set by restore()
         self.server: Any = None  # ProtocolServer, set by serve()
         self.dump_dir = findings.path.parent / (findings.path.stem + ".dumps")
         self._outbox: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
@@ -95,9 +84,8 @@ class Coordinator:
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
         for r in peer.ranks:
-            js = self._job(r.job)
-            js.agents.add(peer.agent_id)
-            js.hosts[r.rank] = peer.host
+            self.agents.setdefault(r.job, set()).add(peer.agent_id)
+            self._monitor(r.job).expect([r.rank], peer.host)
             self.assembler.expect(r.job, [r.rank])
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
@@ -109,22 +97,20 @@ class Coordinator:
         if isinstance(msg, Windows):
             if self.journal is not None:
                 self.journal.added(msg.columns)  # before the ack: see journal.py
-            released: list[AssembledWindow] = []
-            for w in msg.windows:
-                js = self._job(w.job)
-                js.agents.add(peer.agent_id)
-                js.hosts[w.rank] = peer.host
-                released.extend(self.assembler.add(w, now))
-            for aw in released:
-                self._score(aw)
+            cols = msg.columns
+            for job in set(cols["job"]):
+                self.agents.setdefault(job, set()).add(peer.agent_id)
+            self._score_all(self.assembler.add(cols, now))
         elif isinstance(msg, Heartbeat):
+            by_job: dict[str, list[Any]] = {}
             for p in msg.progress:
-                js = self._job(p.job)
-                js.agents.add(peer.agent_id)
-                js.hosts.setdefault(p.rank, peer.host)
+                self.agents.setdefault(p.job, set()).add(peer.agent_id)
                 self.assembler.expect(p.job, [p.rank])
-                if self._primary(p):
-                    js.progress[p.rank] = p
+                cur = self.assembler.primary_comm(p.job, p.rank)
+                if cur is None or cur == p.comm:
+                    by_job.setdefault(p.job, []).append(p)
+            for job, progress in by_job.items():
+                self._monitor(job).on_progress(progress)
             for a in msg.plan_acks:
                 self._plan_ack(a)
             # Hangs are checked on the tick, once for all ranks, not per heartbeat.
@@ -135,9 +121,10 @@ class Coordinator:
     # ------------------------------------------------------------------ periodic
     async def tick(self) -> None:
         now = self.clock()
-        for aw in self.assembler.expire(now):
-            self._score(aw)
-        self._check_hangs(now)
+        self._score_all(self.assembler.expire(now))
+        for job, m in list(self.monitors.items()):
+            self._emit(job, m.tick(now))
+            self._check_ended(job, m, now)
         await self._flush_controls()
 
     def flush(self) -> None:
@@ -145,11 +132,9 @@ class Coordinator:
         # Windows still open at shutdown are partial by nature (ranks sitting in a
         # collective that never ended, agents not done): score what they hold,
         # but an absent rank there is not evidence that it went missing.
-        for aw in self.assembler.flush():
-            self._score(aw, final=True)
-        for js in self.jobs.values():
-            if js.hang is not None and not js.hang.reported:
-                self._report_hang(js)
+        self._score_all(self.assembler.flush(), final=True)
+        for job, m in self.monitors.items():
+            self._emit(job, m.finish())
         self.findings.close()
         self.plans.close()
         if self.journal is not None:
@@ -159,229 +144,147 @@ class Coordinator:
     def set_setting(self, key: str, value: str) -> Settings:
         new = self.settings.set(key, value)
         self.settings = new
-        for js in self.jobs.values():
-            if js.detector is not None:
-                js.detector.update_settings(new)
-            if js.policy is not None and js.policy.mode != new.rebalance:
-                self._plan_events(js, js.policy.set_mode(new.rebalance))
+        for job, m in self.monitors.items():
+            self._emit(job, m.update_settings(new))
         log.info("setting changed", key=key, value=getattr(new, key))
         return new
 
+    # ------------------------------------------------------------------ jobs
+    def _monitor(self, job: str, run: str = "") -> JobMonitor:
+        m = self.monitors.get(job)
+        if m is None:
+            m = self.monitors[job] = JobMonitor(
+                job,
+                self.settings,
+                run=run,
+                global_batch=self.global_batch,
+                dump_wait_s=self.dump_wait_s,
+            )
+        return m
+
+    def _monitor_of(self, aw: AssembledWindow) -> JobMonitor | None:
+        """The monitor of the window's run: a new run of a job gets a fresh one."""
+        m = self._monitor(aw.job, aw.run)
+        if m.run == aw.run:
+            return m
+        if not m.run:
+            m.run = aw.run  # made at the job's first hello, before any window
+            return m
+        if aw.run != self.assembler.run(aw.job):
+            return None  # a window of a run that a newer one replaced
+        log.info("new run of a job: scoring it afresh", job=aw.job, run=aw.run, previous=m.run)
+        self._end_job(aw.job, keep_assembly=True)
+        fresh = self._monitor(aw.job, aw.run)
+        fresh.hosts.update(m.hosts)
+        fresh.expect(self.assembler.expected(aw.job))
+        return fresh
+
+    def _check_ended(self, job: str, m: JobMonitor, now: float) -> None:
+        """Every announced rank reported its ring finished: end the job after the linger."""
+        expected = self.assembler.expected(job)
+        done = (
+            bool(expected)
+            and m.last_window >= 0
+            and all(r in m.progress and m.progress[r].finished for r in expected)
+        )
+        if not done:
+            self._finished_at.pop(job, None)
+            return
+        since = self._finished_at.setdefault(job, now)
+        if now - since >= self.job_linger_s:
+            log.info("job ended: its series are removed", job=job, last_window=m.last_window)
+            self._end_job(job)
+
+    def _end_job(self, job: str, keep_assembly: bool = False) -> None:
+        """The one thing that clears a job: its monitor, its series, its pending windows."""
+        self.monitors.pop(job, None)
+        self._finished_at.pop(job, None)
+        self.metrics.forget_job(job)
+        self.plan_metrics.forget_job(job)
+        if not keep_assembly:
+            self.assembler.forget_job(job)
+            self.agents.pop(job, None)
+        self._save(job)
+
     # ------------------------------------------------------------------ scoring
-    def _job(self, job: str) -> JobState:
-        js = self.jobs.get(job)
-        if js is None:
-            js = self.jobs[job] = JobState(job)
-        return js
-
-    def _primary(self, p: RankProgress) -> bool:
-        cur = self.assembler.primary_comm(p.job, p.rank)
-        return cur is None or cur == p.comm
-
-    def restore(self, journal: AssemblyJournal) -> int:
-        """Take back what an earlier life of this coordinator took but never scored."""
-        pending, released = journal.load()
-        self.assembler.mark_released(released)
-        now = self.clock()
-        for w in pending:
-            js = self._job(w.job)
-            js.hosts[w.rank] = w.host
-            for aw in self.assembler.add(w, now):
-                self._score(aw)
-        journal.open(self.assembler.pending_windows(), self.assembler.released_keys())
-        self.journal = journal
-        if pending:
-            log.info("assembly journal replayed", summaries=len(pending))
-        return len(pending)
+    def _score_all(self, released: list[AssembledWindow], final: bool = False) -> None:
+        for aw in released:
+            self._score(aw, final)
+        for d in self.assembler.take_drops():
+            self.metrics.observe_dropped(d.job, d.reason, d.rows)
+            log.info(
+                "window summaries dropped",
+                job=d.job,
+                window=d.window,
+                comm=d.comm,
+                summaries=d.rows,
+                reason=d.reason,
+            )
 
     def _score(self, aw: AssembledWindow, final: bool = False) -> None:
-        self._score_window(aw, final)
-        # Marked scored only once its findings are written.
-        if self.journal is not None and self.journal.released(aw.job, aw.window):
-            self.journal.open(self.assembler.pending_windows(), self.assembler.released_keys())
-
-    def _score_window(self, aw: AssembledWindow, final: bool) -> None:
-        js = self._job(aw.job)
-        expected = self.assembler.expected(aw.job)
-        nranks = max([*expected, *(r.rank for r in aw.ranks)], default=-1) + 1
-        if js.detector is None or js.detector.nranks < nranks:
-            js.detector = Detector(self.settings, aw.job, nranks, hosts=js.hosts)
-            ws = (aw.ranks[0].step_hi - aw.ranks[0].step_lo) if aw.ranks else 50
-            js.policy = RebalancePolicy(
-                PolicySettings.from_settings(self.settings, window_steps=max(1, ws)),
-                nranks,
-                self.global_batch,
-            )
+        m = self._monitor_of(aw)
+        if m is None:
+            self._dropped(aw, "old_run")
+            return
+        m.resize(self.assembler.nranks(aw.job))
         t0 = time.perf_counter()
-        res = js.detector.score_window(aw.window, aw.ranks, aw.missing)
+        out = m.on_window(aw.window, aw.columns, aw.missing, final=final)
         dt = time.perf_counter() - t0
-        if not final:
-            res.findings.extend(self._missing_findings(js, res))
-        self.findings.write(res.findings)
-        self.metrics.observe_window(res, dt)
-        self.metrics.set_active(True)
-        js.last_window = max(js.last_window, aw.window)
-        for r in aw.ranks:
-            steps = r.step_hi - r.step_lo
-            if steps > 0 and (r.coll_hi - r.coll_lo) % steps == 0:
-                js.colls_per_step = (r.coll_hi - r.coll_lo) // steps
-                js.steps_per_window = max(steps, js.steps_per_window)
-                break
-        if res.step_ms == res.step_ms:
-            js.step_ms = res.step_ms
-        if js.policy is not None:
-            gap = {r.rank: r.gap_ms for r in aw.ranks if math.isfinite(r.gap_ms)}
-            samples = {r.rank: r.samples for r in aw.ranks}
-            lo = min((r.step_lo for r in aw.ranks), default=None)
-            hi = max((r.step_hi for r in aw.ranks), default=None)
-            events = js.policy.on_window(
-                aw.window,
-                res.findings,
-                gap,
-                res.step_ms if res.step_ms == res.step_ms else None,
-                samples,
-                step_lo=lo,
-                step_hi=hi,
-            )
-            self._plan_events(js, events)
+        if out.result is None:
+            self._dropped(aw, "already_scored")
+        else:
+            self.findings.write(out.findings)
+            self.metrics.observe_window(out.result, dt)
+            extra = out.findings[len(out.result.findings) :]
+            if extra:
+                self.metrics.observe_findings(extra)
+            self.metrics.set_active(True)
+            self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
+        # Marked scored only once its findings are written; then the job's state.
+        comms = self.assembler.comms_of(aw.job, aw.run)
+        if self.journal is not None and self.journal.released(aw.job, aw.window, comms):
+            self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
+        self._save(aw.job)
 
-    def _missing_findings(self, js: JobState, res: WindowResult) -> list[Finding]:
-        """Ranks that stopped reporting (an agent or a node gone): a `missing` finding."""
-        steps = res.steps or []
-        if res.missing:
-            state = "flagged" if js.missing_since is None else "ongoing"
-            if js.missing_since is None:
-                js.missing_since = res.window
-            hosts = sorted({js.hosts[r] for r in res.missing if r in js.hosts})
-            return [
-                Finding(
-                    kind="missing",
-                    state=state,
-                    window=res.window,
-                    steps=list(steps),
-                    island=None,
-                    rank=res.missing[0] if len(res.missing) == 1 else None,
-                    ranks=list(res.missing),
-                    hosts=hosts,
-                    since=js.missing_since,
-                    ratio=None,
-                    z=None,
-                    history=None,
-                    drift=None,
-                    excess_ms=None,
-                    loss_pct=None,
-                    confidence="progress",
-                    signal="progress",
-                    basis="progress",
-                    missing=[f"rank {r}" for r in res.missing],
-                    evidence={"reason": "no window summary within the assembly deadline"},
-                    cause=None,
-                )
-            ]
-        if js.missing_since is not None:
-            since, js.missing_since = js.missing_since, None
-            return [
-                Finding(
-                    kind="missing",
-                    state="cleared",
-                    window=res.window,
-                    steps=list(steps),
-                    island=None,
-                    rank=None,
-                    ranks=[],
-                    hosts=[],
-                    since=since,
-                    ratio=None,
-                    z=None,
-                    history=None,
-                    drift=None,
-                    excess_ms=None,
-                    loss_pct=None,
-                    confidence="progress",
-                    signal="progress",
-                    basis="progress",
-                    missing=[],
-                    evidence=None,
-                    cause=None,
-                )
-            ]
-        return []
+    def _dropped(self, aw: AssembledWindow, reason: str) -> None:
+        self.metrics.observe_dropped(aw.job, reason, aw.columns.n)
+        log.info("window dropped", job=aw.job, run=aw.run, window=aw.window, reason=reason)
 
-    # ------------------------------------------------------------------ plans
-    def _plan_events(self, js: JobState, events: list[PlanEvent]) -> None:
-        for ev in events:
-            self.plans.write(ev)
+    def _emit(self, job: str, out: MonitorOutput) -> None:
+        """Write what a monitor returned outside a window's scoring (or its plans)."""
+        if out.findings:
+            self.findings.write(out.findings)
+            self.metrics.observe_findings(out.findings)
+        for ev in out.plans:
+            self.plans.write({**ev.to_dict(), "job": job})
             self.plan_metrics.observe(ev)
             if ev.escalate:
                 log.warning(
                     "rebalance plan failed: escalating",
+                    job=job,
                     plan=ev.id,
                     rank=ev.rank,
                     status=ev.status,
                     reason=ev.reason,
                 )
             else:
-                log.info("rebalance plan", plan=ev.id, status=ev.status, reason=ev.reason)
-            if ev.control is not None:
-                self._outbox.append((js.job, "plan", {"job": js.job, "plan": ev.control}))
+                log.info("rebalance plan", job=job, plan=ev.id, status=ev.status, reason=ev.reason)
+        for c in out.controls:
+            if c.action == "dump":
+                log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
+            self._outbox.append((job, c.action, c.body))
 
     def _plan_ack(self, a: dict[str, Any]) -> None:
-        js = self.jobs.get(str(a.get("job", "")))
-        if js is None or js.policy is None:
+        job = str(a.get("job", ""))
+        m = self.monitors.get(job)
+        if m is None:
             return
         try:
-            events = js.policy.on_ack(str(a["plan_id"]), int(a["rank"]), a.get("step"))
+            out = m.on_ack(str(a["plan_id"]), int(a["rank"]), a.get("step"))
         except (KeyError, TypeError, ValueError):
             log.warning("bad plan ack", ack=a)
             return
-        self._plan_events(js, events)
-
-    # ------------------------------------------------------------------ hangs
-    def _check_hangs(self, now: float) -> None:
-        for js in self.jobs.values():
-            if js.hang is None and len(js.progress) >= 2:
-                v = check_hang(list(js.progress.values()), js.step_ms, self.settings)
-                if v is not None:
-                    window = max(js.last_window, 0)
-                    if js.colls_per_step and js.steps_per_window:
-                        window = v.collective // (js.colls_per_step * js.steps_per_window)
-                    js.hang = HangCase(v, window, now, set(js.progress))
-                    log.warning(
-                        "hang suspected: requesting dumps",
-                        job=js.job,
-                        ranks=v.ranks,
-                        waiting_s=round(v.waiting_s, 1),
-                    )
-                    self._outbox.append(
-                        (js.job, "dump", {"job": js.job, "ranks": sorted(js.progress)})
-                    )
-            h = js.hang
-            if (
-                h is not None
-                and not h.reported
-                and (set(h.dumps) >= h.expected or now - h.requested_at >= self.dump_wait_s)
-            ):
-                self._report_hang(js)
-
-    def _report_hang(self, js: JobState) -> None:
-        h = js.hang
-        assert h is not None
-        h.reported = True
-        islands: dict[int, str] = {}
-        steps = None
-        if js.colls_per_step:
-            step = h.verdict.collective // js.colls_per_step
-            steps = [step, step + 1]
-        f = hang_finding(
-            h.verdict,
-            window=h.window,
-            steps=steps,
-            dumps=[h.dumps[r] for r in sorted(h.dumps)],
-            hosts=js.hosts,
-            islands=islands,
-        )
-        self.findings.write([f])
-        self.metrics.observe_findings([f])
+        self._emit(job, out)
 
     def _dump(self, d: Dump) -> None:
         self.dump_dir.mkdir(parents=True, exist_ok=True)
@@ -389,10 +292,65 @@ class Coordinator:
         with open(path, "w", encoding="utf-8") as fh:
             for rec in d.records:
                 fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        js = self._job(d.job)
-        if js.hang is not None:
-            js.hang.dumps[d.rank] = str(path)
+        m = self.monitors.get(d.job)
+        if m is not None:
+            m.on_dump(d.rank, str(path))
         log.info("dump written", job=d.job, rank=d.rank, records=len(d.records), path=str(path))
+
+    # ------------------------------------------------------------------ state
+    def restore(self, journal: AssemblyJournal) -> int:
+        """Take back what an earlier life of this coordinator knew: every job's monitor and
+        assembly state (saved after each scored window), then the summaries it took but
+        never scored (the journal). Returns how many summaries were replayed."""
+        self.state_dir = journal.path.with_name(journal.path.name + ".jobs")
+        for path in sorted(self.state_dir.glob("*.state")) if self.state_dir.exists() else ():
+            try:
+                state = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+                self.assembler.restore({state["job"]: state["assembly"]})
+                if state["monitor"] is not None:
+                    m = JobMonitor.restore(
+                        state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
+                    )
+                    self.monitors[m.job] = m
+                    self._emit(m.job, m.update_settings(self.settings))
+                    log.info(
+                        "job state restored",
+                        job=m.job,
+                        last_window=m.last_window,
+                        open_findings=len(m.detector.active()),
+                    )
+            except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+                log.warning("job state unreadable: skipped", path=str(path), error=str(e))
+        pending, released = journal.load_columns()
+        self.assembler.mark_released(released)
+        now = self.clock()
+        for job in set(pending["job"]):
+            self._monitor(job)
+        if pending.n:
+            self._score_all(self.assembler.add(pending, now))
+        journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
+        self.journal = journal
+        if pending.n:
+            log.info("assembly journal replayed", summaries=pending.n)
+        return pending.n
+
+    def _save(self, job: str) -> None:
+        """The job's state, atomically replaced (write, fsync-free rename): see restore."""
+        if self.state_dir is None:
+            return
+        m = self.monitors.get(job)
+        state = {
+            "job": job,
+            "monitor": None if m is None else m.snapshot(),
+            "assembly": self.assembler.snapshot([job]).get(job),
+        }
+        if state["assembly"] is None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / (hashlib.sha1(job.encode()).hexdigest()[:16] + ".state")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgpack.packb(state, use_bin_type=True))
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------------ control out
     async def _flush_controls(self) -> None:
@@ -400,8 +358,7 @@ class Coordinator:
             return
         out, self._outbox = self._outbox, []
         for job, action, body in out:
-            js = self.jobs.get(job)
-            for agent in sorted(js.agents if js else ()):
+            for agent in sorted(self.agents.get(job, ())):
                 try:
                     await self.server.send_control(agent, action, body)
                 except NotConnected:

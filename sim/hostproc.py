@@ -45,19 +45,23 @@ def comm_hash(job: str, name: str) -> int:
 
 
 def metric_value(url: str, name: str, timeout: float = 1.0) -> float | None:
-    """One unlabelled sample from a Prometheus exposition, or None."""
+    """A sample from a Prometheus exposition, or None: the series of `name` over its
+    labels (a simulated run has one job): summed for counters (`_total`), else the max."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             text = r.read().decode()
     except (urllib.error.URLError, OSError):
         return None
+    values = []
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{}"):
+        if line.startswith(name + " ") or line.startswith(name + "{"):
             try:
-                return float(line.rsplit(" ", 1)[1])
+                values.append(float(line.rsplit(" ", 1)[1]))
             except ValueError:
-                return None
-    return None
+                continue
+    if not values:
+        return None
+    return sum(values) if name.endswith("_total") else max(values)
 
 
 class Pacer:

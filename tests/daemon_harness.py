@@ -175,12 +175,17 @@ class Coordinator:
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     detector: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # top-level keys of its TOML
     daemon: Daemon | None = None
     lives: int = 0
 
     @property
     def jsonl(self) -> Path:
         return self.work / "findings.jsonl"
+
+    @property
+    def sock(self) -> Path:
+        return self.work / "coordinator.sock"
 
     @property
     def url(self) -> str:
@@ -198,6 +203,7 @@ class Coordinator:
             "tick_s = 0.05",
             'metrics_addr = "127.0.0.1"',
             f"control_socket = {json.dumps(str(self.work / 'coordinator.sock'))}",
+            *(f"{k} = {json.dumps(v)}" for k, v in self.config.items()),
             "[detector]",
             *(f"{k} = {json.dumps(v)}" for k, v in det.items()),
         ]
@@ -332,6 +338,7 @@ class LockstepFeeder:
         compute_ms: Sequence[Sequence[float]],
         transfer_ms: float = 2.0,
         job: str = JOB,
+        comm_hash: int = COMM_HASH,
     ) -> None:
         from artemis.sim.nccl import NcclStandIn
 
@@ -345,11 +352,15 @@ class LockstepFeeder:
         for r, shm in enumerate(shm_of_rank):
             shm.mkdir(parents=True, exist_ok=True)
             with _env(ARTEMIS_SHM_DIR=str(shm), ARTEMIS_JOB=job, RANK=str(r)):
-                c = self.nccl.comm_init(COMM_HASH, r, self.nranks, nnodes=2, name="dp")
+                c = self.nccl.comm_init(comm_hash, r, self.nranks, nnodes=2, name="dp")
             assert c.init_rc == 0, self.nccl.log_lines
             self.comms.append(c)
         self.t = 10**12  # device ns: the end of the last collective
         self.steps = 0
+
+    def set_compute(self, compute_ms: Sequence[Sequence[float]]) -> None:
+        """New compute times from the next step on (a rebalance plan in force)."""
+        self.compute_ns = [[round(x * 1e6) for x in row] for row in compute_ms]
 
     def write_steps(self, n: int) -> None:
         for _ in range(n):

@@ -48,6 +48,7 @@ FINDING_KEYS = (
     "missing",
     "evidence",
     "cause",
+    "job",  # the one key added since the seed (docs/DESIGN.md)
 )
 # DESIGN.md kinds, plus `missing` (ranks that stopped reporting), which DESIGN.md
 # documents as the finding of an `agent_down` fault.

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import (
+    JOB,
     Coordinator,
     Daemon,
     LockstepFeeder,
@@ -82,8 +83,9 @@ class Cluster:
         )
 
     def last_window(self) -> int:
-        v = self.coord.value("straggler_last_window")
-        return -1 if v is None or not self.coord.value("straggler_windows_scored_total") else int(v)
+        v = self.coord.value("straggler_last_window", job=JOB)
+        scored = self.coord.value("straggler_windows_scored_total", job=JOB)
+        return -1 if v is None or not scored else int(v)
 
     def wait_window(self, w: int, timeout: float = 30) -> None:
         wait_for(lambda: self.last_window() >= w, timeout, f"window {w} scored")
@@ -140,14 +142,15 @@ def test_assembled_windows_equal_what_was_fed(cluster: Any) -> None:
     c.job.finish()
     c.wait_window(n - 1)
     s = c.coord.samples()
-    assert s[("straggler_windows_scored_total", frozenset())] == n
-    assert s[("straggler_missing_ranks", frozenset())] == 0
+    job = frozenset({("job", JOB)})
+    assert s[("straggler_windows_scored_total", job)] == n
+    assert s[("straggler_missing_ranks", job)] == 0
     # Pace of every rank and the step time of the last window, from the inputs alone.
     pace = metric_by_label(s, "straggler_rank_pace_ratio", "rank")
     assert sorted(pace) == [str(r) for r in range(c.job.nranks)]
     for r in range(c.job.nranks):
         assert _close(pace[str(r)], c.job.pace(r)), (r, pace[str(r)], c.job.pace(r))
-    assert _close(s[("straggler_step_ms", frozenset())], c.job.step_ms())
+    assert _close(s[("straggler_step_ms", job)], c.job.step_ms())
     # One report of the slow rank per judged window (window 0 is never judged),
     # flagged after 3 suspect windows, with the numbers of what was fed.
     lines = c.rank_lines()
@@ -238,7 +241,7 @@ def test_agent_sigkill_and_restart_reads_rings_again_without_double_counting(clu
     )
     for f in lines:
         _check_rank_finding(f, c.job)
-    assert c.coord.value("straggler_windows_scored_total") == n
+    assert c.coord.value("straggler_windows_scored_total", job=JOB) == n
     assert not [f for f in c.coord.findings() if f["kind"] != "rank"]
 
 

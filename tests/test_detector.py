@@ -172,7 +172,7 @@ def test_island_drift_flags_the_island_not_its_ranks() -> None:
     assert f.drift == pytest.approx(np.median(rows[11, 4:]) / base)
     # Against the other island, which did not drift.
     assert f.ratio is not None and f.ratio == pytest.approx(1.2, rel=0.02)
-    assert f.basis == "baseline"
+    assert (f.basis, f.confidence) == ("history", "baseline")
 
 
 def test_collective_slowdown_uses_the_last_arrival() -> None:

@@ -212,6 +212,7 @@ def test_finding_lines_have_design_keys(run: Run) -> None:
         assert run.findings, f"{run.path.name}: a fault and no finding at all"
     for line, f in zip(run.raw_lines, run.findings, strict=True):
         assert tuple(f) == FINDING_KEYS, f"{run.path.name}: keys {list(f)} in {line[:200]}"
+        assert f["job"] == f"{run.path.stem}-sim", line[:200]
         assert f["kind"] in FINDING_KINDS and f["state"] in FINDING_STATES, line[:200]
         assert isinstance(f["window"], int) and isinstance(f["ranks"], list)
         assert isinstance(f["hosts"], list) and isinstance(f["missing"], list)

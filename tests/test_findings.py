@@ -9,8 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from artemis.coordinator.detector import Detector
-from artemis.coordinator.findings import FIELDS, Finding, FindingsWriter, flag_message
-from artemis.coordinator.hang import check_hang, hang_finding
+from artemis.coordinator.findings import (
+    FIELDS,
+    Finding,
+    FindingsWriter,
+    flag_message,
+    hang_finding,
+)
+from artemis.coordinator.hang import check_hang
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankProgress, Telemetry
 from test_detector_support import make_window
@@ -38,6 +44,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "missing": (list,),
     "evidence": (dict, type(None)),
     "cause": (dict, type(None)),
+    "job": (str,),
 }
 
 
@@ -71,7 +78,7 @@ def every_kind() -> list[Finding]:
         Settings(),
     )
     assert v is not None
-    out.append(hang_finding(v, window=14, dumps=["/d/1"], hosts={1: "h1"}))
+    out.append(hang_finding(v, job="job1", window=14, dumps=["/d/1"], hosts={1: "h1"}))
     return out
 
 
@@ -83,7 +90,8 @@ def test_every_kind_has_exactly_the_design_keys_and_types() -> None:
     assert states == {"suspect", "flagged", "ongoing"}
     for f in found:
         j = f.to_json()
-        assert list(j) == list(FIELDS)
+        # The seed keys in their order, then the added `job`.
+        assert list(j) == [*FIELDS, "job"] and j["job"] == "job1"
         for key, value in j.items():
             assert isinstance(value, TYPES[key]), (f.kind, key, value)
         assert len(j["steps"]) == 2 or f.kind == "hang"
@@ -97,6 +105,13 @@ def test_every_kind_has_exactly_the_design_keys_and_types() -> None:
             assert j["rank"] is not None and j["cause"] is not None
         else:
             assert j["cause"] is None
+        # basis says what judged; confidence what the verdict rests on.
+        expect = {
+            "rank": ("peers", "peers"),
+            "degraded": ("history", "history"),
+            "hang": ("progress", "progress"),
+        }.get(f.kind, ("history", "baseline"))
+        assert (j["basis"], j["confidence"]) == expect, f.kind
 
 
 def test_design_example_round_trips() -> None:

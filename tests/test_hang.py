@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from artemis.coordinator.findings import FIELDS
-from artemis.coordinator.hang import check_hang, hang_bound_s, hang_finding
+from artemis.coordinator.findings import FIELDS, hang_finding
+from artemis.coordinator.hang import check_hang, hang_bound_s
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankProgress
 
@@ -78,6 +78,7 @@ def test_hang_finding_carries_dumps_and_progress() -> None:
     assert v is not None
     f = hang_finding(
         v,
+        job="j",
         window=8,
         dumps=["/tmp/d/rank1.jsonl"],
         hosts={0: "h0", 1: "h1"},
@@ -85,7 +86,7 @@ def test_hang_finding_carries_dumps_and_progress() -> None:
         steps=[160, 180],
     )
     j = f.to_json()
-    assert list(j) == list(FIELDS)
+    assert list(j) == [*FIELDS, "job"] and j["job"] == "j"
     assert (j["kind"], j["state"], j["rank"], j["ranks"], j["hosts"]) == (
         "hang",
         "flagged",

@@ -67,7 +67,7 @@ def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metr
 
 
 def scored(m: Metrics) -> float:
-    return m.registry.get_sample_value("straggler_windows_scored_total") or 0.0
+    return m.registry.get_sample_value("straggler_windows_scored_total", {"job": JOB}) or 0.0
 
 
 def test_windows_half_assembled_at_a_crash_are_scored_after_the_restart(tmp_path: Path) -> None:
@@ -107,6 +107,10 @@ def test_windows_half_assembled_at_a_crash_are_scored_after_the_restart(tmp_path
     w3 = [f for f in lines if f["window"] == 3]
     # Window 3 was scored once, with all four ranks (rank 1 judged against its peers).
     assert len(w3) == 1 and w3[0]["rank"] == 1 and w3[0]["basis"] == "peers"
+    # ...by the detector state the first life saved: suspect in windows 1 and 2, so the
+    # third bad window flags it, since window 1 (a fresh detector would say suspect).
+    states = [(f["window"], f["state"], f["since"], f["job"]) for f in lines if f["kind"] == "rank"]
+    assert states == [(1, "suspect", 1, JOB), (2, "suspect", 1, JOB), (3, "flagged", 1, JOB)]
 
 
 def test_summaries_come_back_exactly_and_a_torn_tail_is_ignored(tmp_path: Path) -> None:

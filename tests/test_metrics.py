@@ -54,13 +54,16 @@ def test_observe_and_scrape_over_http() -> None:
     finally:
         stop()
     last = results[-1]
-    assert value(text, "straggler_rank_pace_ratio", rank="2", island="nvidia") == last.pace[2]
-    assert value(text, "straggler_step_ms") == last.step_ms
-    assert value(text, "straggler_missing_ranks") == 0
+    assert (
+        value(text, "straggler_rank_pace_ratio", rank="2", island="nvidia", job="job1")
+        == last.pace[2]
+    )
+    assert value(text, "straggler_step_ms", job="job1") == last.step_ms
+    assert value(text, "straggler_missing_ranks", job="job1") == 0
     assert value(text, "straggler_detector_active") == 1
-    assert value(text, "straggler_last_window") == 11
-    assert value(text, "straggler_windows_scored_total") == 12
-    assert value(text, "straggler_scoring_seconds_count") == 12
+    assert value(text, "straggler_last_window", job="job1") == 11
+    assert value(text, "straggler_windows_scored_total", job="job1") == 12
+    assert value(text, "straggler_scoring_seconds_count", job="job1") == 12
     assert value(text, "straggler_extra_test") == 7
     # Windows 3, 4 suspect; 5 flagged; 6, 7 ongoing (recovering); 8 cleared.
     counts: dict[tuple[str, str], int] = {}
@@ -74,10 +77,10 @@ def test_observe_and_scrape_over_http() -> None:
         ("rank", "cleared"): 1,
     }
     for (kind, state), n in counts.items():
-        assert value(text, "straggler_findings_total", kind=kind, state=state) == n
-    assert value(text, "straggler_flagged", kind="rank", subject="2") == 0  # cleared
+        assert value(text, "straggler_findings_total", kind=kind, state=state, job="job1") == n
+    assert value(text, "straggler_flagged", kind="rank", subject="2", job="job1") == 0  # cleared
     hours = 3 * 20.0 / 1000 * WINDOW_STEPS * 8 / 3600  # windows 3..5, confirmed at 5
-    assert value(text, "straggler_gpu_hours_lost_total") == last.gpu_hours_lost
+    assert value(text, "straggler_gpu_hours_lost_total", job="job1") == last.gpu_hours_lost
     # The ongoing windows 6 and 7 are healthy again: no excess, no cost.
     assert last.gpu_hours_lost == pytest.approx(hours)
 
@@ -87,12 +90,43 @@ def test_flagged_gauge_while_it_lasts_and_missing_count() -> None:
     for res in windows(7, slow_from=1):
         m.observe_window(res, 0.001)
     text = generate_latest(m.registry).decode()
-    assert value(text, "straggler_flagged", kind="rank", subject="2") == 1
+    assert value(text, "straggler_flagged", kind="rank", subject="2", job="job1") == 1
     det = Detector(Settings(), "job1", 8)
     res = det.score_window(1, make_window(1, [100.0] * 5, nranks=8), missing=[5, 6, 7])
     m.observe_window(res, 0.001)
     text = generate_latest(m.registry).decode()
-    assert value(text, "straggler_missing_ranks") == 3
+    assert value(text, "straggler_missing_ranks", job="job1") == 3
     # Ranks that stopped reporting lose their pace series.
     names = {k for k in samples(text) if k[0] == "straggler_rank_pace_ratio"}
     assert {dict(k[1])["rank"] for k in names} == {"0", "1", "2", "3", "4"}
+
+
+def test_two_jobs_keep_their_own_series_and_one_ending_leaves_the_other() -> None:
+    m = Metrics()
+    for job, slow in (("a", 2), ("b", 6)):
+        det = Detector(Settings(), job, 8)
+        for w in range(6):
+            gap = [100.0] * 8
+            gap[slow] = 130.0
+            m.observe_window(det.score_window(w, make_window(w, gap, islands=ISL, job=job)), 0.001)
+    text = generate_latest(m.registry).decode()
+    for job, slow in (("a", 2), ("b", 6)):
+        # Each job's rank 2 is its own: the straggler in a, a healthy rank in b.
+        pace2 = value(text, "straggler_rank_pace_ratio", job=job, rank="2", island="nvidia")
+        assert pace2 == pytest.approx(1.3 if slow == 2 else 1.0)
+        assert value(text, "straggler_flagged", job=job, kind="rank", subject=str(slow)) == 1
+        assert value(text, "straggler_windows_scored_total", job=job) == 6
+    m.forget_job("a")
+    left = samples(generate_latest(m.registry).decode())
+    assert not [k for k in left if ("job", "a") in k[1]]
+    assert (
+        value(
+            generate_latest(m.registry).decode(),
+            "straggler_flagged",
+            job="b",
+            kind="rank",
+            subject="6",
+        )
+        == 1
+    )
+    assert len([k for k in left if ("job", "b") in k[1]]) > 8

@@ -173,7 +173,9 @@ def test_agent_to_coordinator_over_rdma(
     coord.server = server
 
     def scored() -> float:
-        return metrics.registry.get_sample_value("straggler_windows_scored_total") or 0.0
+        return (
+            metrics.registry.get_sample_value("straggler_windows_scored_total", {"job": JOB}) or 0.0
+        )
 
     def findings() -> list[dict[str, Any]]:
         if not findings_path.exists():
@@ -246,10 +248,10 @@ def test_agent_to_coordinator_over_rdma(
         assert {f["rank"] for f in fs if f["kind"] in ("rank", "degraded")} == {SLOW}
         assert not [f for f in fs if f["kind"] == "missing"]
         flag = metrics.registry.get_sample_value(
-            "straggler_flagged", {"kind": "rank", "subject": str(SLOW)}
+            "straggler_flagged", {"job": JOB, "kind": "rank", "subject": str(SLOW)}
         )
         assert flag == 1.0
-        step_ms = metrics.registry.get_sample_value("straggler_step_ms")
+        step_ms = metrics.registry.get_sample_value("straggler_step_ms", {"job": JOB})
         want_step_ms = K * (SLOW_GAP_NS + XFER_NS) / 1e6  # the slow rank sets the pace
         assert step_ms is not None and abs(step_ms - want_step_ms) < 0.01
 

@@ -44,6 +44,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 UNITS = ("artemis-agent.service", "artemis-coordinator.service")
+# Series of the coordinator process as a whole: they carry no job label.
+PROCESS_WIDE = {
+    "straggler_detector_active",
+    "straggler_agents_connected",
+    "straggler_protocol_frames_total",
+    "straggler_protocol_bad_frames_total",
+    "straggler_protocol_refused_peers_total",
+    "straggler_protocol_duplicates_total",
+}
 
 
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -100,6 +109,8 @@ def test_scrape_config_job_names_match_rules() -> None:
         if s["job_name"] == "artemis-coordinator"
     )
     assert all(t.endswith(":9464") for sc in coord["static_configs"] for t in sc["targets"])
+    # The coordinator's own `job` label (the training job) must survive the scrape.
+    assert coord.get("honor_labels") is True
 
 
 # ---- metric names against the coordinator ----------------------------------
@@ -131,11 +142,13 @@ def test_dashboard_structure() -> None:
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
+    # Job: the training jobs (the `job` label of job-scoped series), per coordinator.
     job_q = variables["job"]["query"]
     assert re.fullmatch(
-        r"label_values\(straggler_\w+,\s*job\)",
+        r"label_values\(straggler_\w+(\{[^}]*\})?,\s*job\)",
         job_q["query"] if isinstance(job_q, dict) else job_q,
     )
+    assert variables["job"]["multi"] and variables["job"]["includeAll"]
 
     ids = set()
     for p in iter_panels(dash["panels"]):
@@ -155,7 +168,13 @@ def test_dashboard_structure() -> None:
     for where, expr in dashboard_exprs(dash):
         for var in re.findall(r"\$(\w+)", expr):
             assert var.startswith("__") or var in variables, f"{where}: unknown variable ${var}"
-        assert 'job=~"$job"' in expr, f"{where}: not filtered by $job"
+        # Job-scoped series are filtered by job; process-wide ones (no job label of
+        # their own) by coordinator only.
+        process_wide = referenced_metrics([expr]) <= PROCESS_WIDE
+        want = 'instance=~"$instance"' if process_wide else 'job=~"$job"'
+        assert want in expr, f"{where}: not filtered by {want}"
+        if process_wide:
+            assert "$job" not in expr, f"{where}: a process-wide series has no job label"
     titles = {p["title"] for p in iter_panels(dash["panels"])}
     for needed in (
         "Detector active",

@@ -1,0 +1,420 @@
+"""`JobMonitor`: the pure core of one job.
+
+It owns the job's detector, its rebalance policy, the missing-rank rule and
+hang tracking. The caller feeds it what arrives (a window's columns, the
+ranks' progress, plan acknowledgements, dump paths) and `now`, a monotonic
+reading, and forwards what it returns (`MonitorOutput`): findings, plan events
+and control intents for the agents. No sockets, files or clocks, so the
+coordinator daemon (one monitor per job) and the in-process detector run the
+same class. Its whole state serialises (`snapshot`, `JobMonitor.restore`), so a
+restarted coordinator carries on where the last one stopped: a persistent
+straggler stays `ongoing` with its `since`, and an applied plan stays in force
+and is still verified.
+
+This module is also the one place the coordinator imports the rebalance
+policy and its outputs from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from artemis.coordinator import findings as F
+from artemis.coordinator.detector import Detector, WindowResult
+from artemis.coordinator.findings import Finding
+from artemis.coordinator.hang import HangVerdict, check_hang
+from artemis.coordinator.settings import Settings
+from artemis.protocol.columns import WindowColumns
+from artemis.protocol.records import RankProgress, RankWindow
+from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
+from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
+
+__all__ = [
+    "Intent",
+    "JobMonitor",
+    "MonitorOutput",
+    "PlanEvent",
+    "PlanMetrics",
+    "PlansWriter",
+    "register_plan_metrics",
+]
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A control message the agents of the job must get: `plan` or `dump`."""
+
+    action: str
+    body: dict[str, Any]
+
+
+@dataclass
+class MonitorOutput:
+    findings: list[Finding] = field(default_factory=list)
+    plans: list[PlanEvent] = field(default_factory=list)
+    controls: list[Intent] = field(default_factory=list)
+    result: WindowResult | None = None  # the scored window, for metrics
+
+    def extend(self, other: MonitorOutput) -> MonitorOutput:
+        self.findings += other.findings
+        self.plans += other.plans
+        self.controls += other.controls
+        return self
+
+
+@dataclass
+class _Hang:
+    verdict: HangVerdict
+    window: int
+    requested_at: float | None  # None: restored from a snapshot (another clock)
+    expected: list[int]
+    dumps: dict[int, str] = field(default_factory=dict)
+    reported: bool = False
+
+
+class JobMonitor:
+    """Everything the coordinator knows and decides about one job (one run of it)."""
+
+    def __init__(
+        self,
+        job: str,
+        settings: Settings,
+        *,
+        run: str = "",
+        nranks: int = 1,
+        global_batch: int | None = None,
+        dump_wait_s: float = 5.0,
+        islands: Mapping[int, str] | None = None,
+        classes: Mapping[int, str] | None = None,
+        island_order: Sequence[str] | None = None,
+    ) -> None:
+        self.job = job
+        self.run = run
+        self.settings = settings
+        self.global_batch = global_batch
+        self.dump_wait_s = dump_wait_s
+        self.detector = Detector(
+            settings,
+            job,
+            max(1, nranks),
+            islands=islands,
+            classes=classes,
+            island_order=island_order,
+        )
+        self.policy: RebalancePolicy | None = None  # made at the first window (its steps)
+        self._resized: list[PlanEvent] = []  # plan events of a resize, out with the next window
+        self.window_steps = 0
+        self.last_window = -1
+        self.step_ms: float | None = None
+        self.missing_since: int | None = None
+        # To place a hang (a collective index) in windows and steps.
+        self.colls_per_step: int | None = None
+        self.hosts: dict[int, str] = {}  # announced (hello, heartbeats)
+        self.progress: dict[int, RankProgress] = {}
+        self.hang: _Hang | None = None
+
+    @property
+    def nranks(self) -> int:
+        return self.detector.nranks
+
+    # ------------------------------------------------------------------ inputs
+
+    def expect(self, ranks: Iterable[int], host: str | None = None) -> None:
+        """Ranks announced for the job (an agent's hello); the job grows to hold them."""
+        ranks = list(ranks)
+        if ranks:
+            self.resize(max(ranks) + 1)
+        if host:
+            for r in ranks:
+                self.hosts[r] = host
+
+    def resize(self, nranks: int) -> None:
+        """More ranks than known: the detector grows in place, keeping tracks and
+        baselines; the policy keeps its history, and a plan made for the old rank
+        count ends with an event that says why (a job of another size ignores it:
+        rebalance/README.md). Those events go out with the next window's output."""
+        if nranks <= self.detector.nranks:
+            return
+        self.detector.resize(nranks)
+        if self.policy is not None and self.policy.nranks < nranks:
+            self._resized += self.policy.resize(nranks)
+
+    def on_window(
+        self,
+        window: int,
+        cols: WindowColumns | Sequence[RankWindow],
+        missing: Sequence[int] = (),
+        *,
+        final: bool = False,
+    ) -> MonitorOutput:
+        """Score one assembled window. `final`: the coordinator is shutting down and the
+        window is partial by nature, so an absent rank there is not evidence it went
+        missing. A window at or before the last one scored is refused (empty output)."""
+        if not isinstance(cols, WindowColumns):
+            cols = WindowColumns.from_records(cols)
+        if window <= self.last_window:
+            return MonitorOutput()
+        ranks = cols.ints("rank")
+        top = max(int(ranks.max()) if ranks.size else -1, max(missing, default=-1))
+        self.resize(top + 1)
+        if self.policy is None and cols.n:
+            self.window_steps = max(1, int(np.median(cols.ints("step_hi") - cols.ints("step_lo"))))
+            self.policy = self._new_policy(self.nranks)
+        res = self.detector.score_window(window, cols, missing)
+        out = MonitorOutput(findings=list(res.findings), result=res)
+        if self._resized:
+            out.plans += self._resized
+            out.controls += self._plan_controls(self._resized)
+            self._resized = []
+        if not final:
+            out.findings += self._missing(res)
+        self.last_window = window
+        self._learn_steps(cols)
+        if res.step_ms == res.step_ms:
+            self.step_ms = res.step_ms
+        # With rebalancing off the policy is not fed: its history holds every rank's gap
+        # per window, the cost of a large job (plans start a few windows after a switch).
+        if self.policy is not None and cols.n and self.policy.mode != "off":
+            out.extend(self._plan_window(window, cols, res))
+        return out
+
+    def on_progress(self, progress: Iterable[RankProgress]) -> None:
+        """Where ranks stand now (heartbeats), on the communicator each is judged on."""
+        for p in progress:
+            self.progress[p.rank] = p
+            if p.host:
+                self.hosts.setdefault(p.rank, p.host)
+
+    def on_ack(self, plan_id: str, rank: int, step: int | None) -> MonitorOutput:
+        if self.policy is None:
+            return MonitorOutput()
+        events = self.policy.on_ack(plan_id, rank, step)
+        return MonitorOutput(plans=events, controls=self._plan_controls(events))
+
+    def on_dump(self, rank: int, path: str) -> None:
+        """A rank's dump (hang evidence) was written at `path`."""
+        if self.hang is not None:
+            self.hang.dumps[rank] = path
+
+    def tick(self, now: float) -> MonitorOutput:
+        """Periodic: look for a hang; report one once its dumps are in or overdue."""
+        out = MonitorOutput()
+        if self.hang is None and len(self.progress) >= 2:
+            v = check_hang(list(self.progress.values()), self.step_ms, self.settings)
+            if v is not None:
+                ranks = sorted(self.progress)
+                self.hang = _Hang(v, self._hang_window(v), now, ranks)
+                out.controls.append(Intent("dump", {"job": self.job, "ranks": ranks}))
+        h = self.hang
+        if h is not None and not h.reported:
+            if h.requested_at is None:
+                h.requested_at = now
+            if set(h.dumps) >= set(h.expected) or now - h.requested_at >= self.dump_wait_s:
+                out.findings.append(self._hang_finding())
+        return out
+
+    def finish(self) -> MonitorOutput:
+        """Shutdown: report a hang still waiting for its dumps."""
+        out = MonitorOutput()
+        if self.hang is not None and not self.hang.reported:
+            out.findings.append(self._hang_finding())
+        return out
+
+    def update_settings(self, settings: Settings) -> MonitorOutput:
+        """Live settings: the detector's and the policy's, from the next window on."""
+        self.settings = settings
+        self.detector.update_settings(settings)
+        out = MonitorOutput()
+        if self.policy is not None:
+            self.policy.update_settings(self._policy_settings(settings))
+            if self.policy.mode != settings.rebalance:
+                events = self.policy.set_mode(settings.rebalance)
+                out.plans += events
+                out.controls += self._plan_controls(events)
+        return out
+
+    # ------------------------------------------------------------------ rules
+
+    def _missing(self, res: WindowResult) -> list[Finding]:
+        """Ranks that stopped reporting (an agent or a node gone): a `missing` finding
+        when they go, `ongoing` while they stay away, `cleared` when they are back."""
+        if res.missing:
+            state = "flagged" if self.missing_since is None else "ongoing"
+            if self.missing_since is None:
+                self.missing_since = res.window
+            known = {**self.detector.hosts(), **self.hosts}
+            hosts = sorted({known[r] for r in res.missing if r in known})
+            ranks, since = list(res.missing), self.missing_since
+        elif self.missing_since is not None:
+            state, ranks, hosts, since = "cleared", [], [], self.missing_since
+            self.missing_since = None
+        else:
+            return []
+        return [
+            F.missing_finding(
+                job=self.job,
+                state=state,
+                window=res.window,
+                steps=res.steps,
+                ranks=ranks,
+                hosts=hosts,
+                since=since,
+            )
+        ]
+
+    def _learn_steps(self, cols: WindowColumns) -> None:
+        steps = cols.ints("step_hi") - cols.ints("step_lo")
+        colls = cols.ints("coll_hi") - cols.ints("coll_lo")
+        ok = np.flatnonzero((steps > 0) & (colls % np.maximum(steps, 1) == 0))
+        if ok.size:
+            i = int(ok[0])
+            self.colls_per_step = int(colls[i] // steps[i])
+            self.window_steps = max(self.window_steps, int(steps[i]))
+
+    def _hang_window(self, v: HangVerdict) -> int:
+        if self.colls_per_step and self.window_steps:
+            return v.collective // (self.colls_per_step * self.window_steps)
+        return max(self.last_window, 0)
+
+    def _hang_finding(self) -> Finding:
+        h = self.hang
+        assert h is not None
+        h.reported = True
+        steps = None
+        if self.colls_per_step:
+            step = h.verdict.collective // self.colls_per_step
+            steps = [step, step + 1]
+        return F.hang_finding(
+            h.verdict,
+            job=self.job,
+            window=h.window,
+            steps=steps,
+            dumps=[h.dumps[r] for r in sorted(h.dumps)],
+            hosts={**self.detector.hosts(), **self.hosts},
+            islands=self.detector.islands(),
+        )
+
+    # ------------------------------------------------------------------ policy
+
+    def _policy_settings(self, settings: Settings) -> PolicySettings:
+        return PolicySettings.from_settings(settings, window_steps=max(1, self.window_steps))
+
+    def _new_policy(self, nranks: int) -> RebalancePolicy:
+        return RebalancePolicy(
+            self._policy_settings(self.settings), nranks, self.global_batch, job=self.job
+        )
+
+    def _plan_window(self, window: int, cols: WindowColumns, res: WindowResult) -> MonitorOutput:
+        assert self.policy is not None
+        r = cols.ints("rank")
+        gap = cols.floats("gap_ms")
+        ok = np.isfinite(gap) & (r < self.policy.nranks)
+        samples = cols.floats("samples")
+        has = np.isfinite(samples)
+        events = self.policy.on_window(
+            window,
+            res.findings,
+            dict(zip(r[ok].tolist(), gap[ok].tolist(), strict=True)),
+            res.step_ms if res.step_ms == res.step_ms else None,
+            {
+                rk: (int(n) if h else None)
+                for rk, n, h in zip(r.tolist(), samples.tolist(), has.tolist(), strict=True)
+                if rk < self.policy.nranks
+            },
+            step_lo=int(cols.ints("step_lo").min()),
+            step_hi=int(cols.ints("step_hi").max()),
+        )
+        return MonitorOutput(plans=events, controls=self._plan_controls(events))
+
+    def _plan_controls(self, events: Iterable[PlanEvent]) -> list[Intent]:
+        return [
+            Intent("plan", {"job": self.job, "plan": ev.control})
+            for ev in events
+            if ev.control is not None
+        ]
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data (msgpack-able)."""
+        h = self.hang
+        return {
+            "version": SNAPSHOT_VERSION,
+            "job": self.job,
+            "run": self.run,
+            "global_batch": self.global_batch,
+            "window_steps": self.window_steps,
+            "last_window": self.last_window,
+            "step_ms": self.step_ms,
+            "missing_since": self.missing_since,
+            "colls_per_step": self.colls_per_step,
+            "hosts": self.hosts,
+            "detector": self.detector.snapshot(),
+            "policy": None if self.policy is None else self.policy.snapshot(),
+            # A hang being reported (dumps outstanding) is found again from the next
+            # heartbeats; one already reported is kept so it is not reported twice.
+            "hang": None
+            if h is None or not h.reported
+            else {"verdict": asdict(h.verdict), "window": h.window, "dumps": h.dumps},
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any],
+        settings: Settings,
+        *,
+        dump_wait_s: float = 5.0,
+        islands: Mapping[int, str] | None = None,
+        classes: Mapping[int, str] | None = None,
+        island_order: Sequence[str] | None = None,
+    ) -> JobMonitor:
+        """A monitor from `snapshot()`, under the caller's `settings` (which may have changed
+        while it was down: apply `update_settings` after, to report a mode change)."""
+        if state.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"job monitor snapshot version {state.get('version')!r} is unknown")
+        m = cls(
+            str(state["job"]),
+            settings,
+            run=str(state["run"]),
+            nranks=int(state["detector"]["nranks"]),
+            global_batch=state["global_batch"],
+            dump_wait_s=dump_wait_s,
+            islands=islands,
+            classes=classes,
+            island_order=island_order,
+        )
+        m.detector.restore_state(state["detector"])
+        m.window_steps = int(state["window_steps"])
+        m.last_window = int(state["last_window"])
+        m.step_ms = state["step_ms"]
+        m.missing_since = state["missing_since"]
+        m.colls_per_step = state["colls_per_step"]
+        m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
+        if state["policy"] is not None:
+            m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
+        h = state["hang"]
+        if h is not None:
+            v = h["verdict"]
+            verdict = HangVerdict(
+                ranks=[int(x) for x in v["ranks"]],
+                behind=[int(x) for x in v["behind"]],
+                collective=int(v["collective"]),
+                last_done={int(k): int(x) for k, x in v["last_done"].items()},
+                waiting_s=float(v["waiting_s"]),
+                bound_s=float(v["bound_s"]),
+            )
+            m.hang = _Hang(
+                verdict,
+                int(h["window"]),
+                None,
+                sorted(verdict.last_done),
+                {int(k): str(x) for k, x in h["dumps"].items()},
+                reported=True,
+            )
+        return m
