@@ -134,7 +134,7 @@ def test_batches_are_columns_and_release_marks_filter_them(tmp_path: Path) -> No
     j.released(JOB, 0)
     j.close()
     cols, released = AssemblyJournal(tmp_path / "c.assembly").load_columns()
-    assert released == {(JOB, 0)}
+    assert released == {(JOB, None, 0)}
     assert cols.rows() == [rw(0, 1), rw(1, 1), rw(2, 1)]
     # Each batch is one entry, the columnar wire map: no record per rank.
     unpacker = msgpack.Unpacker(raw=False)
@@ -159,4 +159,4 @@ def test_a_journal_of_the_first_format_is_still_read(tmp_path: Path) -> None:
             fh.write(msgpack.packb(["w", vals, tvals]))
         fh.write(msgpack.packb(["r", JOB, 4]))
     pending, released = AssemblyJournal(tmp_path / "old.assembly").load()
-    assert pending == [w, rw(2, 5)] and released == {(JOB, 4)}
+    assert pending == [w, rw(2, 5)] and released == {(JOB, None, 4)}
