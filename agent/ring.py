@@ -112,6 +112,8 @@ class RingHeader:
     writer_flags: int = 0  # ARTEMIS_WRITER_* bits
     nccl_version: int = 0  # ncclGetVersion() code, 0 = unknown
     tsc_hz: int = 0
+    # records host-timed although device timing was on (self Send/Recv, lost KernelCh)
+    host_fallback: int = 0
     # (tsc, CLOCK_MONOTONIC ns) pairs: [0] at creation, [1] refreshed by the writer
     tsc_anchor: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
 
@@ -281,6 +283,7 @@ class RingReader:
             writer_flags=int(h["writer_flags"]),
             nccl_version=int(h["nccl_version"]),
             tsc_hz=int(h["tsc_hz"]),
+            host_fallback=int(h["host_fallback"]),
             tsc_anchor=((a0, a1), (b0, b1)),
         )
 
