@@ -113,6 +113,11 @@ class Coordinator:
                 self._monitor(job).on_progress(progress)
             for a in msg.plan_acks:
                 self._plan_ack(a)
+            # The protocol acks this message when we return and the agent forgets its
+            # plan acks then: keep them in the job's saved state first (restore).
+            for job in {str(a.get("job", "")) for a in msg.plan_acks}:
+                if job in self.monitors:
+                    self._save(job)
             # Hangs are checked on the tick, once for all ranks, not per heartbeat.
         elif isinstance(msg, Dump):
             self._dump(msg)
