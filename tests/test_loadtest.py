@@ -17,8 +17,8 @@ from daemon_harness import BIN, Coordinator, wait_for, write_secret
 pytestmark = pytest.mark.slow
 
 
-def _scored(c: Coordinator, windows: int) -> bool:
-    v = c.value("straggler_windows_scored_total")
+def _scored(c: Coordinator, windows: int, job: str = "loadtest") -> bool:
+    v = c.value("straggler_windows_scored_total", job=job)
     return v is not None and v >= windows
 
 
@@ -46,8 +46,8 @@ def test_loadtest_10k_ranks_every_window_scored_straggler_flagged(tmp_path: Path
         assert r.returncode == 0, r.stdout + r.stderr[-3000:]
         assert f"{10000 * windows}/{10000 * windows} summaries acknowledged" in r.stdout
         wait_for(lambda: _scored(c, windows), 60, f"{windows} windows scored")
-        assert c.value("straggler_windows_scored_total") == windows
-        assert c.value("straggler_last_window") == windows - 1
+        assert c.value("straggler_windows_scored_total", job="loadtest") == windows
+        assert c.value("straggler_last_window", job="loadtest") == windows - 1
         found = c.findings()
         assert {f["rank"] for f in found} == {straggler}, collections.Counter(
             (f["kind"], f["rank"]) for f in found
@@ -82,8 +82,8 @@ def test_agents_of_both_protocol_minors_in_one_job_are_both_scored(tmp_path: Pat
     try:
         res = asyncio.run(run_load(spec))
         assert res.ok and res.acked == 8 * windows
-        wait_for(lambda: _scored(c, windows), 60, f"{windows} windows scored")
-        assert c.value("straggler_windows_scored_total") == windows
+        wait_for(lambda: _scored(c, windows, "mixed"), 60, f"{windows} windows scored")
+        assert c.value("straggler_windows_scored_total", job="mixed") == windows
         found = c.findings()
         flagged = {f["rank"] for f in found if f["state"] == "flagged"}
         assert flagged == {1, 6}, found
