@@ -312,7 +312,7 @@ class RebalancePolicy:
 
     @property
     def plans(self) -> list[Plan]:
-        """The live plans (copies of nothing: read, do not change)."""
+        """The live plans, the policy's own objects: read them, do not change them."""
         return list(self._plans)
 
     @property
