@@ -48,7 +48,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job
+	$(BIN)/mypy agent coordinator protocol sim job rebalance
 
 clean:
 	rm -rf $(VENV) agent/_plugin build *.egg-info

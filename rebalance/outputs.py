@@ -7,7 +7,7 @@ DESIGN contract ("Rebalance plans"), produced by ``PlanEvent.to_dict``.
 
 The plan metrics are job-scoped: every series carries a ``job`` label, taken
 from the event, so two jobs on one coordinator never share a series and one
-job's clean-up (``forget_job``) leaves the others alone.
+job's clean-up (``forget``) leaves the others alone.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class PlanMetrics:
         self.escalations.labels(job=job)
         self.active.labels(job=job).set(0.0)
 
-    def forget_job(self, job: str) -> None:
+    def forget(self, job: str) -> None:
         """Remove every series of ``job`` (it ended); other jobs' series stay."""
         if job not in self._jobs:
             return
@@ -103,8 +103,9 @@ class PlanMetrics:
         self.escalations.remove(job)
         self.active.remove(job)
 
-    def observe(self, event: PlanEvent) -> None:
-        job = event.job
+    def observe(self, event: PlanEvent, job: str | None = None) -> None:
+        """Count ``event`` under ``job`` (default: the event's own ``job``)."""
+        job = event.job if job is None else job
         self.add_job(job)
         self.plans.labels(job=job, status=event.status).inc()
         if event.throughput_before is not None:

@@ -251,7 +251,7 @@ def test_plans_writer_and_metrics(tmp_path: Path) -> None:
     assert 'straggler_plan_active{job="job-a"} 1.0' in text
     assert 'straggler_plan_active{job="job-b"} 0.0' in text
     # one job ending removes its series only
-    m.forget_job("job-a")
+    m.forget("job-a")
     text = generate_latest(reg).decode()
     assert 'job="job-a"' not in text
     assert 'straggler_plans_total{job="job-b",status="verified"} 0.0' in text

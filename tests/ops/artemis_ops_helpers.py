@@ -140,13 +140,12 @@ def referenced_metrics(exprs: list[str]) -> set[str]:
 
 
 def coordinator_metric_names() -> set[str]:
-    """straggler_* names written in the coordinator process's code (any .py under
-    coordinator/ or rebalance/, whose plan metrics the coordinator serves)."""
+    """straggler_* names written in the coordinator's code (any .py under coordinator/, and
+    under rebalance/, whose outputs module defines the plan metrics the coordinator serves)."""
     names: set[str] = set()
-    for py in sorted(
-        p for room in ("coordinator", "rebalance") for p in (REPO / room).rglob("*.py")
-    ):
-        names.update(METRIC_RE.findall(py.read_text(errors="replace")))
+    for room in ("coordinator", "rebalance"):
+        for py in sorted((REPO / room).rglob("*.py")):
+            names.update(METRIC_RE.findall(py.read_text(errors="replace")))
     return names
 
 
