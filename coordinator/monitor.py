@@ -177,8 +177,9 @@ class JobMonitor:
         self._learn_steps(cols)
         if res.step_ms == res.step_ms:
             self.step_ms = res.step_ms
-        # With rebalancing off the policy is not fed: its history holds every rank's gap
-        # per window, the cost of a large job (plans start a few windows after a switch).
+        # With rebalancing off the policy is not fed: it saves its per-rank history
+        # (about 190 B a rank) and its time per window; plans start a few windows after
+        # a switch to recommend or apply.
         if self.policy is not None and cols.n and self.policy.mode != "off":
             out.extend(self._plan_window(window, cols, res))
         return out
@@ -311,21 +312,20 @@ class JobMonitor:
 
     def _plan_window(self, window: int, cols: WindowColumns, res: WindowResult) -> MonitorOutput:
         assert self.policy is not None
+        # Per-rank arrays (NaN: not measured), no per-rank Python objects at scale.
+        n = self.policy.nranks
         r = cols.ints("rank")
-        gap = cols.floats("gap_ms")
-        ok = np.isfinite(gap) & (r < self.policy.nranks)
-        samples = cols.floats("samples")
-        has = np.isfinite(samples)
+        keep = (r >= 0) & (r < n)
+        gap = np.full(n, np.nan)
+        gap[r[keep]] = cols.floats("gap_ms")[keep]
+        samples = np.full(n, np.nan)
+        samples[r[keep]] = cols.floats("samples")[keep]
         events = self.policy.on_window(
             window,
             res.findings,
-            dict(zip(r[ok].tolist(), gap[ok].tolist(), strict=True)),
+            gap,
             res.step_ms if res.step_ms == res.step_ms else None,
-            {
-                rk: (int(n) if h else None)
-                for rk, n, h in zip(r.tolist(), samples.tolist(), has.tolist(), strict=True)
-                if rk < self.policy.nranks
-            },
+            samples,
             step_lo=int(cols.ints("step_lo").min()),
             step_hi=int(cols.ints("step_hi").max()),
         )
@@ -355,7 +355,7 @@ class JobMonitor:
             "colls_per_step": self.colls_per_step,
             "hosts": self.hosts,
             "detector": self.detector.snapshot(),
-            "policy": None if self.policy is None else self.policy.snapshot(),
+            "policy": None if self.policy is None else self.policy.snapshot(binary=True),
             # A hang being reported (dumps outstanding) is found again from the next
             # heartbeats; one already reported is kept so it is not reported twice.
             "hang": None

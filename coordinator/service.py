@@ -205,7 +205,7 @@ class Coordinator:
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
-        self.plan_metrics.forget_job(job)
+        self.plan_metrics.forget(job)
         if not keep_assembly:
             self.assembler.forget_job(job)
             self.agents.pop(job, None)
