@@ -319,11 +319,15 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
 
 
 def install(
-    monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: list[FakeGpu],
+    symbols: frozenset[str] = ALL_SYMBOLS,
+    **kw: Any,
 ) -> tuple[NvmlSource, types.ModuleType]:
     mod = fake_pynvml(gpus, symbols)
     monkeypatch.setitem(sys.modules, "pynvml", mod)
-    src = NvmlSource("/nonexistent")
+    kw.setdefault("error_interval_s", 0.0)  # every sample reads the counters
+    src = NvmlSource("/nonexistent", **kw)
     assert src.available() == (True, "")
     return src, mod
 
@@ -514,3 +518,23 @@ def test_two_rings_of_one_rank_each_see_the_whole_increase(
     for acc in rings:
         t = acc.result()
         assert (t.ecc_corrected, t.ecc_uncorrected, t.xid_count, t.xid_last) == (5, 1, 1, 94)
+
+
+def test_error_counters_are_read_at_most_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    gpu = FakeGpu(ecc=[0, 0])
+    src, nv = install(monkeypatch, [gpu], error_interval_s=10.0, clock=lambda: now[0])
+    calls: list[int] = []
+    ecc = nv.nvmlDeviceGetTotalEccErrors
+    nv.nvmlDeviceGetTotalEccErrors = lambda *a: calls.append(1) or ecc(*a)
+    assert src.sample(at(0))["ecc_corrected"] == 0
+    gpu.ecc = [4, 0]
+    nv._fake_state["queue"].append((0, 79))
+    now[0] += 5.0
+    s = src.sample(at(0))
+    assert s["ecc_corrected"] == 0 and s["xid_count"] == 1  # cached totals; XIDs every time
+    now[0] += 5.0
+    assert src.sample(at(0))["ecc_corrected"] == 4
+    assert len(calls) == 4  # two reads (corrected, uncorrected) per refresh, two refreshes
