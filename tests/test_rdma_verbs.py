@@ -246,8 +246,8 @@ def fake_pyverbs(world: World, drop_enum: str | None = None) -> dict[str, types.
 
         def write(self, data: bytes, n: int, off: int) -> None: ...
 
-    mods["pyverbs.mr"].MR = MR
-    mods["pyverbs.pd"].PD = PD
+    mods["pyverbs.mr"].__dict__["MR"] = MR
+    mods["pyverbs.pd"].__dict__["PD"] = PD
 
     class QPCap:
         def __init__(self, **kw: Any) -> None:
@@ -362,7 +362,9 @@ def test_configured_gid_index_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 def test_infiniband_uses_gid_index_0(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    table = [("fe80:0000:0000:0000:0002:c903:0001:0001", "IB/RoCE v1")]
+    table: list[tuple[str, str | None]] = [
+        ("fe80:0000:0000:0000:0002:c903:0001:0001", "IB/RoCE v1")
+    ]
     world = World(table, link_layer=1)
     install(monkeypatch, world)
     a = opened(world, sysfs(tmp_path, table))
