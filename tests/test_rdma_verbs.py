@@ -246,8 +246,8 @@ def fake_pyverbs(world: World, drop_enum: str | None = None) -> dict[str, types.
 
         def write(self, data: bytes, n: int, off: int) -> None: ...
 
-    mods["pyverbs.mr"].MR = MR
-    mods["pyverbs.pd"].PD = PD
+    mods["pyverbs.mr"].__dict__["MR"] = MR
+    mods["pyverbs.pd"].__dict__["PD"] = PD
 
     class QPCap:
         def __init__(self, **kw: Any) -> None:
@@ -362,7 +362,9 @@ def test_configured_gid_index_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 def test_infiniband_uses_gid_index_0(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    table = [("fe80:0000:0000:0000:0002:c903:0001:0001", "IB/RoCE v1")]
+    table: list[tuple[str, str | None]] = [
+        ("fe80:0000:0000:0000:0002:c903:0001:0001", "IB/RoCE v1")
+    ]
     world = World(table, link_layer=1)
     install(monkeypatch, world)
     a = opened(world, sysfs(tmp_path, table))
@@ -473,3 +475,46 @@ def test_get_event_without_an_event_is_false(
 def test_probe_against_the_fake(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, World(ROCE_TABLE))
     assert probe() == (True, "RDMA devices: mlx5_0")
+
+
+def test_a_failed_open_inside_the_transport_leaves_nothing_open(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The agent end opens its queue pair after authenticating over the real
+    # TCP side channel; the QP cannot be created: the connect fails cleanly
+    # and every verbs object it had opened is closed again.
+    import asyncio
+
+    from artemis.protocol.rdma.loopback import LoopbackAdapter
+    from artemis.protocol.rdma.transport import RdmaTransport
+
+    world = World(ROCE_TABLE, fail="QP")
+    install(monkeypatch, world)
+    secret = b"s" * 16
+
+    async def main() -> None:
+        async def handler(ch: Any) -> None:
+            await ch.close()
+
+        server = RdmaTransport(LoopbackAdapter, buffer_size=4096, buffers=8, secret=secret)
+        listener = await server.listen("127.0.0.1:0", handler)
+        client = RdmaTransport(
+            lambda d, p, g: VerbsAdapter(d, p, g, sysfs_root=tmp_path),
+            buffer_size=4096,
+            buffers=8,
+            secret=secret,
+        )
+        with pytest.raises(AdapterError, match="Errno: 12"):
+            await client.connect(listener.address)
+        await listener.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert [type(o).__name__ for o in world.opened] == [
+        "Context",
+        "PD",
+        "CompChannel",
+        "CQ",
+        "MR",
+        "MR",
+    ]
+    assert set(map(id, world.closed)) == set(map(id, world.opened))

@@ -150,7 +150,7 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
     class NVMLError(Exception):
         _valClassMapping: dict[int, type] = {}  # noqa: RUF012 - as pynvml has it
 
-        def __new__(typ, value: int) -> NVMLError:  # type: ignore[misc]
+        def __new__(typ, value: int) -> NVMLError:
             if typ is NVMLError:
                 typ = NVMLError._valClassMapping.get(value, typ)
             obj = Exception.__new__(typ)
@@ -229,8 +229,9 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
         return gpu(h).nvlink[link][counter]
 
     def register(h: Handle, types_: int, es: object) -> None:
-        if gpu(h).register_error is not None:
-            raise NVMLError(gpu(h).register_error)
+        err = gpu(h).register_error
+        if err is not None:
+            raise NVMLError(err)
         state["registered"].add(h.i)
 
     def wait_v2(es: object, timeoutms: int) -> FakeEventData:
@@ -319,13 +320,28 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
 
 
 def install(
-    monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: list[FakeGpu],
+    symbols: frozenset[str] = ALL_SYMBOLS,
+    **kw: Any,
 ) -> tuple[NvmlSource, types.ModuleType]:
     mod = fake_pynvml(gpus, symbols)
     monkeypatch.setitem(sys.modules, "pynvml", mod)
-    src = NvmlSource("/nonexistent")
+    kw.setdefault("error_interval_s", 0.0)  # every sample reads the counters
+    src = NvmlSource("/nonexistent", **kw)
     assert src.available() == (True, "")
     return src, mod
+
+
+def spy(mod: types.ModuleType, name: str, calls: list[str], tag: str) -> None:
+    """Wrap a fake pynvml function so each call is noted in ``calls``."""
+    fn = getattr(mod, name)
+
+    def wrapped(*a: Any) -> Any:
+        calls.append(tag)
+        return fn(*a)
+
+    setattr(mod, name, wrapped)
 
 
 def at(i: int) -> RankTarget:
@@ -379,9 +395,8 @@ def test_temperature_on_every_driver(monkeypatch: pytest.MonkeyPatch, driver: An
 def test_the_versioned_temperature_call_is_preferred(monkeypatch: pytest.MonkeyPatch) -> None:
     src, nv = install(monkeypatch, [FakeGpu()])
     calls: list[str] = []
-    old, new = nv.nvmlDeviceGetTemperature, nv.nvmlDeviceGetTemperatureV
-    nv.nvmlDeviceGetTemperature = lambda *a: calls.append("old") or old(*a)
-    nv.nvmlDeviceGetTemperatureV = lambda *a: calls.append("V") or new(*a)
+    spy(nv, "nvmlDeviceGetTemperature", calls, "old")
+    spy(nv, "nvmlDeviceGetTemperatureV", calls, "V")
     src.sample(at(0))
     assert calls == ["V"]
 
@@ -514,3 +529,22 @@ def test_two_rings_of_one_rank_each_see_the_whole_increase(
     for acc in rings:
         t = acc.result()
         assert (t.ecc_corrected, t.ecc_uncorrected, t.xid_count, t.xid_last) == (5, 1, 1, 94)
+
+
+def test_error_counters_are_read_at_most_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    gpu = FakeGpu(ecc=[0, 0])
+    src, nv = install(monkeypatch, [gpu], error_interval_s=10.0, clock=lambda: now[0])
+    calls: list[str] = []
+    spy(nv, "nvmlDeviceGetTotalEccErrors", calls, "ecc")
+    assert src.sample(at(0))["ecc_corrected"] == 0
+    gpu.ecc = [4, 0]
+    nv._fake_state["queue"].append((0, 79))
+    now[0] += 5.0
+    s = src.sample(at(0))
+    assert s["ecc_corrected"] == 0 and s["xid_count"] == 1  # cached totals; XIDs every time
+    now[0] += 5.0
+    assert src.sample(at(0))["ecc_corrected"] == 4
+    assert len(calls) == 4  # two reads (corrected, uncorrected) per refresh, two refreshes

@@ -5,6 +5,13 @@ Every source implements ``TelemetrySource`` (``name``, ``sample(target)``);
 nobody supplied listed in ``missing``; ``TelemetryAccumulator`` averages the
 samples of one window. Hardware libraries (pynvml, amdsmi) are imported only
 when a source is first used.
+
+Modules: ``nvml`` (NVIDIA: clocks, power, throttle reasons, PCIe, identity,
+XID / ECC / row-remap / NVLink errors), ``amd`` (the same from amdsmi, RAS
+counts), ``host`` (/proc: CPU, pressure, load, the rank's process; and the
+NICs' port error counters through ``nic``), ``simulated`` (the simulator's
+files). Error counts are running totals in the sources and window increases
+after ``TelemetryAccumulator`` (``base`` says why).
 """
 
 from artemis.agent.telemetry.amd import AmdSmiSource

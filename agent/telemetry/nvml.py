@@ -65,7 +65,8 @@ The mapping is cached per pid.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +171,20 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "/",
+        error_interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.root = root
+        # ECC, remap and NVLink counters cost up to ~100 NVML calls per GPU
+        # (5 counters x 18 links on an H100), and on GSP-based GPUs a call can
+        # take a millisecond: they are read at most this often per GPU, the
+        # last totals reported in between (the window still gets their rise).
+        self.error_interval_s = error_interval_s
+        self._clock = clock
+        self._err_cache: dict[int, tuple[float, dict[str, object]]] = {}
         self._nv: Any = None
         self._state: tuple[bool, str] | None = None
         self._pid_gpu: dict[int, int] = {}
@@ -362,7 +375,17 @@ class NvmlSource:
         return self._ident[idx]
 
     def _errors(self, idx: int, h: Any) -> dict[str, object]:
-        nv = self._nv
+        out = self._xid_fields(idx)
+        now = self._clock()
+        cached = self._err_cache.get(idx)
+        if cached is None or now - cached[0] >= self.error_interval_s:
+            cached = (now, self._counters(idx, h))
+            self._err_cache[idx] = cached
+        out.update(cached[1])
+        return out
+
+    def _xid_fields(self, idx: int) -> dict[str, object]:
+        """XID events, drained on every sample (cheap: one call when none is pending)."""
         out: dict[str, object] = {}
         if idx in self._xid_gpus:
             self._drain_events()
@@ -373,6 +396,12 @@ class NvmlSource:
             if codes:
                 self._xid_last[idx] = codes[-1]
             out["xid_last"] = self._xid_last.get(idx)
+        return {k: v for k, v in out.items() if v is not None}
+
+    def _counters(self, idx: int, h: Any) -> dict[str, object]:
+        """ECC, retired pages, row remapping and NVLink error counters of one GPU."""
+        nv = self._nv
+        out: dict[str, object] = {}
         volatile = getattr(nv, "NVML_VOLATILE_ECC", _NVML_VOLATILE_ECC)
         for field, etype in (
             ("ecc_corrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)),
