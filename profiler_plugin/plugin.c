@@ -164,12 +164,18 @@ static inline uint8_t str_code(ArtCtx *ctx, const char *s, uint32_t table) {
     if (!p) return 0;
     if (p >> 56) return str_code_slow(s, table);
     uint64_t key = (p << 8) | ((uint64_t)table << 4);
-    _Atomic uint64_t *e =
-        &ctx->strcache[(key * 0x9E3779B97F4A7C15ULL) >> (64 - ART_STRCACHE_BITS)];
-    uint64_t v = atomic_load_explicit(e, RLX);
+    /* two-way: the pair of entries at an even index (the four hot strings of a
+     * collective shared one direct-mapped set often enough to miss every op) */
+    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> (64 - ART_STRCACHE_BITS)) & ~1u;
+    _Atomic uint64_t *e = &ctx->strcache[h];
+    uint64_t v = atomic_load_explicit(&e[0], RLX);
+    if ((v & ~(uint64_t)0xf) == key) return (uint8_t)(v & 0xf);
+    v = atomic_load_explicit(&e[1], RLX);
     if ((v & ~(uint64_t)0xf) == key) return (uint8_t)(v & 0xf);
     uint8_t c = str_code_slow(s, table); /* every code is below 16 */
-    atomic_store_explicit(e, key | c, RLX);
+    /* the newest entry goes first; the older one moves to the second way */
+    atomic_store_explicit(&e[1], atomic_load_explicit(&e[0], RLX), RLX);
+    atomic_store_explicit(&e[0], key | c, RLX);
     return c;
 }
 
@@ -180,13 +186,18 @@ static inline uint8_t str_code(ArtCtx *ctx, const char *s, uint32_t table) {
 #define A32(p) ((_Atomic uint32_t *)(void *)(p))
 #define A64(p) ((_Atomic uint64_t *)(void *)(p))
 
-/* Seqlock entry: CAS even -> odd (acquire), then a release fence so that no
- * body store can become visible before the odd lock value. Never spins. */
+/* Seqlock entry: CAS even -> odd (acquire). Never spins. No fence follows:
+ * every body store is a release store (BODY below), which orders the odd lock
+ * value before it; a reader that acquire-loads any body value therefore sees
+ * the odd value or a later one when it loads the lock again. These are plain
+ * release/acquire pairs on the same words, which ThreadSanitizer models (it
+ * does not model atomic_thread_fence). On x86-64 a release store is a plain
+ * mov; on aarch64 it is an stlr per body word. */
+#define BODY memory_order_release
 static inline int seq_enter(ArtemisSlot *s, uint32_t *odd) {
     uint32_t v = atomic_load_explicit(A32(&s->lock), RLX);
     if (v & 1u) return 0;
     if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
-    atomic_thread_fence(REL);
     *odd = v + 1u;
     return 1;
 }
@@ -243,17 +254,21 @@ static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
 /* ------------------------------------------------------------------ */
 /* operations                                                           */
 
-static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend) {
+/* single: the caller is the context's only starter (owner_is_me), and only
+ * starters claim, so a free handle (pend 0, released with a release store)
+ * can be taken with a plain store; otherwise by CAS. */
+static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
     uint32_t n = ctx->nops;
     uint32_t h = atomic_load_explicit(&ctx->hint, RLX);
     for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
-        uint64_t e = atomic_load_explicit(&op->pend, RLX);
-        if (e == 0 && atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) {
-            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
-            return op;
-        }
+        uint64_t e = atomic_load_explicit(&op->pend, ACQ);
+        if (e != 0) continue;
+        if (single) atomic_store_explicit(&op->pend, pend, RLX);
+        else if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
+        atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+        return op;
     }
     return NULL;
 }
@@ -318,10 +333,10 @@ static void op_complete(ArtOp *op, int reclaimed) {
         seq_leave(s, odd); /* overwritten meanwhile: leave it unchanged */
         count_drop(ctx);
     } else {
-        atomic_store_explicit(A32(&s->kind), with_state(op->w4, ARTEMIS_STATE_DONE), RLX);
-        atomic_store_explicit(A64(&s->clock), with_clock(op->w8, clock), RLX);
-        atomic_store_explicit(A64(&s->start), start, RLX);
-        atomic_store_explicit(A64(&s->end), end, RLX);
+        atomic_store_explicit(A32(&s->kind), with_state(op->w4, ARTEMIS_STATE_DONE), BODY);
+        atomic_store_explicit(A64(&s->clock), with_clock(op->w8, clock), BODY);
+        atomic_store_explicit(A64(&s->start), start, BODY);
+        atomic_store_explicit(A64(&s->end), end, BODY);
         seq_leave(s, odd);
     }
     op_release(op);
@@ -383,13 +398,46 @@ static void reclaim_aged(ArtCtx *ctx) {
     }
 }
 
+/* An address unique to the calling thread: its thread pointer (one register
+ * read on x86-64 and aarch64), else a thread-local's address. */
+static inline uintptr_t thread_key(void) {
+#if defined(__x86_64__) || defined(__aarch64__)
+    return (uintptr_t)__builtin_thread_pointer();
+#else
+    static _Thread_local char anchor;
+    return (uintptr_t)&anchor;
+#endif
+}
+
+/* 1 while every Coll/P2p start of ctx came from one thread (the owner). */
+static inline int owner_is_me(ArtCtx *ctx) {
+    uintptr_t me = thread_key();
+    uintptr_t own = atomic_load_explicit(&ctx->owner, RLX);
+    if (own == me) return !atomic_load_explicit(&ctx->shared, RLX);
+    if (own == 0) {
+        uintptr_t zero = 0;
+        if (atomic_compare_exchange_strong_explicit(&ctx->owner, &zero, me, RLX, RLX))
+            return !atomic_load_explicit(&ctx->shared, RLX);
+    }
+    atomic_store_explicit(&ctx->shared, 1u, RLX);
+    return 0;
+}
+
 static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                             const char *dtype, size_t count, uint8_t nChannels, const char *algo,
                             const char *proto, int peer) {
     if (!ctx || ctx->tag != ART_TAG_CTX) return;
-    uint64_t cseq = kind == ARTEMIS_KIND_COLL
-                        ? atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX)
-                        : atomic_load_explicit(&ctx->coll_count, RLX);
+    /* NCCL starts one communicator's Coll/P2p events from one thread at a time
+     * (the one launching its plans), so the counter and the ticket have one
+     * writer: a plain load and store each, not a locked fetch_add. The first
+     * start from another thread switches the context for good to fetch_add
+     * (see README "Single writer"). */
+    int single = owner_is_me(ctx);
+    uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
+    if (kind == ARTEMIS_KIND_COLL) {
+        if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
+        else cseq = atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
+    }
     if (atomic_load_explicit(&ctx->finished, RLX)) return;
 
     uint32_t nch = 0;
@@ -401,10 +449,10 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         else nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
     }
     uint64_t pend = ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u);
-    ArtOp *op = op_claim(ctx, pend);
+    ArtOp *op = op_claim(ctx, pend, single);
     if (!op) {
         reclaim_aged(ctx);
-        op = op_claim(ctx, pend);
+        op = op_claim(ctx, pend, single);
     }
     if (!op) {
         count_drop(ctx);
@@ -422,7 +470,13 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     op->w4 = w4;
     op->w8 = w8;
 
-    uint64_t ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+    uint64_t ticket;
+    if (single) {
+        ticket = atomic_load_explicit(A64(&ctx->hdr->write_index), RLX);
+        atomic_store_explicit(A64(&ctx->hdr->write_index), ticket + 1u, RLX);
+    } else {
+        ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+    }
     atomic_store_explicit(&op->ticket, ticket, RLX);
     atomic_store_explicit(&ctx->recent[ticket & (ART_RECENT - 1u)], (uint16_t)(op - ctx->ops), RLX);
     reclaim_scan(ctx, ticket, now);
@@ -443,14 +497,14 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         count_drop(ctx);
         return;
     }
-    atomic_store_explicit(A32(&s->kind), w4, RLX);
-    atomic_store_explicit(A64(&s->clock), w8, RLX);
-    atomic_store_explicit(A64(&s->seq), ticket, RLX);
-    atomic_store_explicit(A64(&s->coll_seq), cseq, RLX);
-    atomic_store_explicit(A64(&s->bytes), bytes, RLX);
-    atomic_store_explicit(A64(&s->enqueue_ns), now, RLX);
-    atomic_store_explicit(A64(&s->start), 0, RLX);
-    atomic_store_explicit(A64(&s->end), 0, RLX);
+    atomic_store_explicit(A32(&s->kind), w4, BODY);
+    atomic_store_explicit(A64(&s->clock), w8, BODY);
+    atomic_store_explicit(A64(&s->seq), ticket, BODY);
+    atomic_store_explicit(A64(&s->coll_seq), cseq, BODY);
+    atomic_store_explicit(A64(&s->bytes), bytes, BODY);
+    atomic_store_explicit(A64(&s->enqueue_ns), now, BODY);
+    atomic_store_explicit(A64(&s->start), 0, BODY);
+    atomic_store_explicit(A64(&s->end), 0, BODY);
     seq_leave(s, odd);
     op->slot = s;
     *eHandle = op;

@@ -48,7 +48,7 @@
 #define ART_CACHELINE 64
 
 /* Entries of the per-context string -> code cache (a power of two). */
-#define ART_STRCACHE_BITS 4
+#define ART_STRCACHE_BITS 5
 #define ART_STRCACHE (1u << ART_STRCACHE_BITS)
 
 struct ArtOp;
@@ -123,8 +123,11 @@ typedef struct ArtCtx {
     _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
     _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
     _Atomic uint16_t recent[ART_RECENT];
-    /* written on the hot path by several threads: own cache lines */
+    /* written on the hot path: own cache lines. coll_count and the header's
+     * write_index have one writer while `shared` is 0: the owner thread. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
+    _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
+    _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
 } ArtCtx;
