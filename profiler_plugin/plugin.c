@@ -298,9 +298,14 @@ static void op_complete(ArtOp *op, int reclaimed) {
         clock = ARTEMIS_REC_HOST;
         count_host_fallback(ctx);
     } else if (nch) {
-        uint32_t started = atomic_load_explicit(&op->nstarted, RLX);
-        if (started > nch) started = nch;
-        for (uint32_t k = 0; k < started; k++) {
+        /* the claimed channels: [0, own) and [nch - foreign, nch) (they meet
+         * exactly when nch KernelCh came; overlap only with extra ones) */
+        uint32_t own = atomic_load_explicit(&op->own_next, RLX);
+        uint32_t foreign = atomic_load_explicit(&op->foreign_next, RLX);
+        if (own > nch) own = nch;
+        if (foreign > nch) foreign = nch;
+        for (uint32_t k = 0; k < nch; k++) {
+            if (k >= own && k < nch - foreign) continue;
             uint64_t s = atomic_load_explicit(&op->ch[k].start, RLX);
             uint64_t e = atomic_load_explicit(&op->ch[k].stop, RLX);
             if (s && s < start) start = s;
@@ -464,7 +469,9 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
     uint64_t w8 = pack8(ARTEMIS_REC_HOST, str_code(ctx, algo, ART_STR_ALGO),
                         str_code(ctx, proto, ART_STR_PROTO), nChannels, (int32_t)peer);
-    atomic_store_explicit(&op->nstarted, 0, RLX);
+    atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
+    atomic_store_explicit(&op->own_next, 0, RLX);
+    atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -521,8 +528,25 @@ static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     ArtOp *op = (ArtOp *)parent;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     if (!nch) return; /* host-timed operation */
-    uint32_t k = atomic_fetch_add_explicit(&op->nstarted, 1, RLX);
-    if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
+    /* NCCL delivers a communicator's KernelCh events from one thread (the
+     * proxy thread; in 2.31 the profiler thread). op_start names the thread
+     * that started the context's last KernelCh as the op's channel owner:
+     * that thread claims with a plain load and store, any other one with a
+     * fetch_add from the top (and becomes the guess for later ops). */
+    uintptr_t me = thread_key();
+    uint32_t k;
+    if (atomic_load_explicit(&op->kowner, RLX) == me) {
+        k = atomic_load_explicit(&op->own_next, RLX);
+        if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
+        atomic_store_explicit(&op->own_next, k + 1u, RLX);
+    } else {
+        ArtCtx *ctx = op->ctx;
+        if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
+            atomic_store_explicit(&ctx->kch_thread, me, RLX);
+        uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
+        if (j >= nch) return;
+        k = nch - 1u - j;
+    }
     ArtCh *ch = &op->ch[k];
     atomic_store_explicit(&ch->start, pTimer, RLX);
     atomic_store_explicit(&ch->stop, 0, RLX);

@@ -64,7 +64,13 @@ typedef struct ArtOp {
     uint64_t tag; /* ART_TAG_OP */
     struct ArtCtx *ctx;
     _Atomic uint64_t pend;      /* CLAIMED | COLL | channel bits still pending */
-    _Atomic uint32_t nstarted;  /* KernelCh events claimed so far */
+    /* KernelCh channel claims (kch_start in plugin.c): kowner, fixed at start,
+     * is the thread expected to deliver the op's KernelCh events; it takes
+     * channels 0, 1, ... with a plain load and store of own_next, any other
+     * thread takes nch-1, nch-2, ... with a fetch_add on foreign_next. */
+    _Atomic uintptr_t kowner;
+    _Atomic uint32_t own_next;
+    _Atomic uint32_t foreign_next;
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
     ArtemisSlot *slot;
     /* ticket and host_start are read by the reclaim scan of another thread */
@@ -127,6 +133,8 @@ typedef struct ArtCtx {
      * write_index have one writer while `shared` is 0: the owner thread. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
     _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
+    _Atomic uintptr_t kch_thread; /* thread key of the last KernelCh start that was not the
+                                   * op's expected one: the guess for the next ops */
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
