@@ -347,9 +347,7 @@ static void op_complete(ArtOp *op, int reclaimed) {
     op_release(op);
 }
 
-/* Takes over the completion of an op whose Coll/P2p stop came but whose channel
- * bits are still armed: clears them all in one CAS (a KernelCh stop racing with
- * it either wins, and completes the op itself, or finds its bit clear). */
+/* A claimed op whose Coll/P2p stop came but whose channel bits are still armed. */
 static inline int pend_waits(uint64_t e) {
     return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) && (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL));
 }
@@ -360,6 +358,9 @@ static inline int waits_for_channels(ArtOp *op, uint64_t t) {
            atomic_load_explicit(&op->ticket, RLX) == t;
 }
 
+/* Takes over the completion of such an op: clears all its bits in one CAS (a
+ * KernelCh stop racing with it either wins, and completes the op itself, or
+ * finds its bit clear). by_ticket: only if the op still holds want_ticket. */
 static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
     uint64_t e = atomic_load_explicit(&op->pend, ACQ);
     if (!pend_waits(e)) return 0;
@@ -378,7 +379,7 @@ static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
  * does it. */
 static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
     uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
-    uint64_t c = atomic_load_explicit(&ctx->reclaim_cursor, RLX);
+    uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX), c = c0;
     if (c + ART_RECLAIM_LAG >= mark) return;
     if (c + ART_RECENT <= ticket) c = ticket - ART_RECENT + 1u; /* older ones: pool-age reclaim */
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
@@ -389,7 +390,7 @@ static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
             break; /* too young: look again at the next start */
         op_reclaim(op, c, 1);
     }
-    atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
+    if (c != c0) atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
 }
 
 /* The pool is exhausted: reclaim every op that still waits for KernelCh events

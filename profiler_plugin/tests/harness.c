@@ -501,6 +501,11 @@ static void run_scenario(const char *label, int ncomm, const int *versions, uint
     if (slots) setenv("ARTEMIS_RING_SLOTS", slots, 1);
     else unsetenv("ARTEMIS_RING_SLOTS");
     setenv("ARTEMIS_DEVICE_TIMING", device ? "1" : "0", 1);
+    /* The proxy threads here hand one op's channels to several threads in any
+     * order, unlike NCCL's one ordered proxy thread: an item can sit behind a
+     * descheduled thread while 64 later ops complete. A reclaim age far above
+     * any such delay keeps every op device-timed (the scan still runs). */
+    setenv("ARTEMIS_RECLAIM_AGE_MS", "600000", 1);
 
     g_ncomms = ncomm;
     g_expect_drops = expect_drops;
@@ -622,7 +627,8 @@ static void set_dir(const char *label, char *dir, size_t n) {
 static void clear_env(void) {
     const char *vars[] = {"ARTEMIS_JOB", "ARTEMIS_SHM_DIR", "ARTEMIS_RING_SLOTS",
                           "ARTEMIS_DEVICE_TIMING", "ARTEMIS_DISABLE", "ARTEMIS_CLOCK",
-                          "ARTEMIS_TICK_HZ", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
+                          "ARTEMIS_TICK_HZ", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID",
+                          "ARTEMIS_RECLAIM_AGE_MS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -703,7 +709,8 @@ static void test_failures(void) {
     /* bad values: one WARN line each, plugin off */
     const char *bad[][2] = {{"ARTEMIS_RING_SLOTS", "abc"}, {"ARTEMIS_RING_SLOTS", "-4"},
                             {"ARTEMIS_DEVICE_TIMING", "maybe"}, {"ARTEMIS_CLOCK", "sundial"},
-                            {"ARTEMIS_TICK_HZ", "0"}, {"ARTEMIS_DISABLE", "2"}};
+                            {"ARTEMIS_TICK_HZ", "0"}, {"ARTEMIS_DISABLE", "2"},
+                            {"ARTEMIS_RECLAIM_AGE_MS", "3600001"}, {"ARTEMIS_RECLAIM_AGE_MS", "1s"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
         set_dir("badenv", dir, sizeof dir);
