@@ -5,7 +5,8 @@
  * function tables (v5+: GroupApi start + state 23, CollApi start/stop, state
  * 24, Group start, Coll start/stop, Group and GroupApi stop; v4: Group start,
  * Coll start/stop, Group stop; then per channel KernelCh start / KernelChStop
- * state / stop) and reports the margin over a do-nothing plugin measured in
+ * state / stop, in the proxy loop's order: all starts, then record + stop
+ * each) and reports the margin over a do-nothing plugin measured in
  * the same run, and in units of one clock_gettime(CLOCK_MONOTONIC) read
  * measured in the same run too: median of RUNS interleaved runs, per-thread
  * CPU time (the machine is shared; preemption does not count).
@@ -121,12 +122,19 @@ static void one_collective(const Plug *pl, int nch, uint64_t i) {
     p->stopEvent(op);
     p->stopEvent(grp);
     if (!pl->v4) p->stopEvent(ga);
+    /* NCCL's proxy loop (src/transport/profiler.cc) starts the KernelCh of
+     * every channel of the op, then, as the kernel's completion counters pass,
+     * records and stops each one. */
     ncclProfilerEventStateArgs_v6_t a;
+    void *khs[64];
     for (int k = 0; k < nch; k++) {
         d.parentObj = op;
         d.kernelCh.channelId = (uint8_t)k;
         d.kernelCh.pTimer = 1000000 + i * 100 + (uint64_t)k;
-        start(pl, &kh, &d, ncclProfileKernelCh);
+        start(pl, &khs[k], &d, ncclProfileKernelCh);
+    }
+    for (int k = 0; k < nch; k++) {
+        kh = khs[k];
         a.kernelCh.pTimer = 1000050 + i * 100 + (uint64_t)k;
         p->recordEventState(kh, ncclProfilerKernelChStop, &a);
         p->stopEvent(kh);

@@ -473,6 +473,8 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);
+    atomic_store_explicit(&op->own_stopped, 0, RLX);
+    atomic_store_explicit(&op->own_cleared, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -554,12 +556,41 @@ static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     *eHandle = ch;
 }
 
+/* Clears the channel bits `bits` of op; whoever clears the last work bit
+ * completes it. Bits already clear mean "already stopped". */
+static inline void clear_channels(ArtOp *op, uint64_t bits) {
+    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bits, ACQREL);
+    if (!(old & bits)) return; /* already stopped */
+    if ((old & ART_PEND_WORK & ~bits) == 0) op_complete(op, 0);
+}
+
 static inline void kch_stop(ArtCh *ch) {
     ArtOp *op = ch->op;
     uint64_t bit = 1ULL << (uint32_t)(ch - op->ch);
-    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bit, ACQREL);
-    if (!(old & bit)) return; /* already stopped */
-    if ((old & ART_PEND_WORK & ~bit) == 0) op_complete(op, 0);
+    if (atomic_load_explicit(&op->kowner, RLX) != thread_key()) {
+        clear_channels(op, bit);
+        return;
+    }
+    /* The channel owner. Once it has claimed all nch channels, no other thread
+     * holds one of this op's channels (another thread's claim beyond them is
+     * an extra event, which shares a slot), so it defers its bits and clears
+     * them all with one RMW at its last stop: NCCL's proxy loop starts every
+     * channel of an op before it stops them (src/transport/profiler.cc), so
+     * that is one RMW per op instead of one per channel. Before that (starts
+     * and stops interleaved, or channels on several threads) each stop clears
+     * at once. own_stopped and own_cleared have one writer: the owner. */
+    uint64_t stopped = atomic_load_explicit(&op->own_stopped, RLX);
+    if (stopped & bit) return; /* already stopped */
+    stopped |= bit;
+    atomic_store_explicit(&op->own_stopped, stopped, RLX);
+    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
+    if (atomic_load_explicit(&op->own_next, RLX) >= nch) {
+        uint64_t all = (1ULL << nch) - 1u;
+        if ((stopped & all) != all) return; /* deferred to the last stop */
+    }
+    uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
+    atomic_store_explicit(&op->own_cleared, stopped, RLX);
+    clear_channels(op, stopped & ~cleared);
 }
 
 /* ------------------------------------------------------------------ */

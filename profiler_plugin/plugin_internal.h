@@ -71,6 +71,8 @@ typedef struct ArtOp {
     _Atomic uintptr_t kowner;
     _Atomic uint32_t own_next;
     _Atomic uint32_t foreign_next;
+    _Atomic uint64_t own_stopped; /* channel bits the owner has stopped */
+    _Atomic uint64_t own_cleared; /* ... and already cleared in pend */
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
     ArtemisSlot *slot;
     /* ticket and host_start are read by the reclaim scan of another thread */

@@ -350,6 +350,7 @@ typedef struct OpWork {
     _Atomic unsigned left;
 } OpWork;
 typedef struct { OpWork *w; unsigned ch; } Item;
+#define ALL_CH 0xffffffffu
 
 #define QCAP 65536
 static Item g_q[QCAP];
@@ -378,14 +379,22 @@ static void *proxy_main(void *arg) {
         pthread_mutex_unlock(&g_qm);
         OpWork *w = it.w;
         Comm *cm = w->cm;
-        void *kh = start_ev(cm, ncclProfileKernelCh, w->handle, NULL,
-                            tstart(w->kind, w->c, cm->rank, it.ch), (int)it.ch);
-        if (w->handle && cm->ring.device) CHECK(kh != NULL, "KernelCh handle NULL");
-        ncclProfilerEventStateArgs_t a;
-        a.kernelCh.pTimer = tstop(w->kind, w->c, cm->rank, it.ch);
-        record_ev(kh, ncclProfilerKernelChStop, &a);
-        stop_ev(kh);
-        if (atomic_fetch_sub(&w->left, 1) == 1) {
+        /* ALL_CH: every channel of the op on this thread, all started, then
+         * all stopped (NCCL's proxy loop order); else one channel. */
+        unsigned lo = it.ch == ALL_CH ? 0 : it.ch, hi = it.ch == ALL_CH ? w->nch : it.ch + 1;
+        void *khs[64];
+        for (unsigned k = lo; k < hi; k++) {
+            khs[k] = start_ev(cm, ncclProfileKernelCh, w->handle, NULL,
+                              tstart(w->kind, w->c, cm->rank, k), (int)k);
+            if (w->handle && cm->ring.device) CHECK(khs[k] != NULL, "KernelCh handle NULL");
+        }
+        for (unsigned k = lo; k < hi; k++) {
+            ncclProfilerEventStateArgs_t a;
+            a.kernelCh.pTimer = tstop(w->kind, w->c, cm->rank, k);
+            record_ev(khs[k], ncclProfilerKernelChStop, &a);
+            stop_ev(khs[k]);
+        }
+        if (atomic_fetch_sub(&w->left, hi - lo) == hi - lo) {
             atomic_fetch_sub(&cm->outstanding, 1);
             free(w);
         }
@@ -414,17 +423,21 @@ static void *user_main(void *arg) {
                             &e, 0, 0);
         if (!g_expect_drops) CHECK(op != NULL, "op handle NULL at i=%llu", (unsigned long long)i);
         OpWork *w = NULL;
-        int early = (rand_r(&cm->seed) & 3) == 0; /* channels may run before Coll stop */
+        int r = rand_r(&cm->seed);
+        int early = (r & 3) == 0; /* channels may run before Coll stop */
+        int whole = (r & 4) != 0; /* all channels on one proxy thread, starts first */
         if (e.nch && op) {
             w = calloc(1, sizeof *w);
             w->cm = cm; w->handle = op; w->kind = e.kind; w->c = c; w->nch = e.nch;
             atomic_store(&w->left, e.nch);
             atomic_fetch_add(&cm->outstanding, 1);
-            if (early)
+            if (early && whole) q_push(w, ALL_CH);
+            else if (early)
                 for (unsigned k = 0; k < e.nch; k++) q_push(w, k);
         }
         stop_ev(op);
-        if (w && !early)
+        if (w && !early && whole) q_push(w, ALL_CH);
+        else if (w && !early)
             for (unsigned k = 0; k < e.nch; k++) q_push(w, k);
         stop_ev(grp);
         stop_ev(ga);
