@@ -135,9 +135,11 @@ typedef struct ArtCtx {
      * write_index have one writer while `shared` is 0: the owner thread. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
     _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
-    _Atomic uintptr_t kch_thread; /* thread key of the last KernelCh start that was not the
-                                   * op's expected one: the guess for the next ops */
+
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
+    /* thread key of the last KernelCh start that was not its op's expected
+     * one: the guess for the next ops (read at every start, rarely written) */
+    _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
 } ArtCtx;
