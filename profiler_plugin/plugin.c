@@ -465,11 +465,23 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         return;
     }
     uint64_t now = art_now_mono();
-    uint8_t fc = str_code(ctx, func, ART_STR_FUNC), dc = str_code(ctx, dtype, ART_STR_DTYPE);
+    /* The owner's last four strings and their codes: a training loop repeats
+     * the same collective, so four pointer compares usually replace four
+     * cache lookups. Plain fields: only the owner, while single, uses them. */
+    uint8_t fc, dc, ac, pc;
+    ArtMemo *m = &ctx->memo;
+    if (single && m->func == func && m->dtype == dtype && m->algo == algo && m->proto == proto) {
+        fc = m->fc, dc = m->dc, ac = m->ac, pc = m->pc;
+    } else {
+        fc = str_code(ctx, func, ART_STR_FUNC);
+        dc = str_code(ctx, dtype, ART_STR_DTYPE);
+        ac = str_code(ctx, algo, ART_STR_ALGO);
+        pc = str_code(ctx, proto, ART_STR_PROTO);
+        if (single) *m = (ArtMemo){func, dtype, algo, proto, fc, dc, ac, pc};
+    }
     uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
     uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
-    uint64_t w8 = pack8(ARTEMIS_REC_HOST, str_code(ctx, algo, ART_STR_ALGO),
-                        str_code(ctx, proto, ART_STR_PROTO), nChannels, (int32_t)peer);
+    uint64_t w8 = pack8(ARTEMIS_REC_HOST, ac, pc, nChannels, (int32_t)peer);
     atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);

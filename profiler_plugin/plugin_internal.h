@@ -107,6 +107,12 @@ typedef struct ArtConfig {
     char job[ARTEMIS_NAME_LEN];
 } ArtConfig;
 
+/* The owner thread's last Coll/P2p strings and their codes (op_start). */
+typedef struct ArtMemo {
+    const char *func, *dtype, *algo, *proto;
+    uint8_t fc, dc, ac, pc;
+} ArtMemo;
+
 typedef struct ArtCtx {
     uint64_t tag; /* ART_TAG_CTX */
     ArtemisRingHeader *hdr;
@@ -137,6 +143,7 @@ typedef struct ArtCtx {
     _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
 
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
+    ArtMemo memo;              /* owner only, while shared is 0 */
     /* thread key of the last KernelCh start that was not its op's expected
      * one: the guess for the next ops (read at every start, rarely written) */
     _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
