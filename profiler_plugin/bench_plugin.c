@@ -1,12 +1,20 @@
 /*
  * bench_plugin.c: cost of the Artemis plugin per collective.
  *
- * Drives the whole NCCL 2.28+ event sequence of one collective through the v6
- * function table (GroupApi start + state 23, CollApi start/stop, state 24,
- * Group start, Coll start/stop, Group and GroupApi stop, then per channel
- * KernelCh start / KernelChStop state / stop) and reports the margin over a
- * do-nothing plugin measured in the same run: median of RUNS runs.
+ * Drives the whole event sequence of one collective through the v4..v7
+ * function tables (v5+: GroupApi start + state 23, CollApi start/stop, state
+ * 24, Group start, Coll start/stop, Group and GroupApi stop; v4: Group start,
+ * Coll start/stop, Group stop; then per channel KernelCh start / KernelChStop
+ * state / stop, in the proxy loop's order: all starts, then record + stop
+ * each) and reports the margin over a do-nothing plugin measured in
+ * the same run, and in units of one clock_gettime(CLOCK_MONOTONIC) read
+ * measured in the same run too: median of RUNS interleaved runs, per-thread
+ * CPU time (the machine is shared; preemption does not count).
  * "2 threads" = two threads issuing collectives on the same communicator.
+ *
+ *   bench_plugin                  the table
+ *   bench_plugin callgrind V NCH  20000 collectives through run_artemis and
+ *                                 through run_nop, for valgrind --tool=callgrind
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -17,14 +25,17 @@
 
 #include "nccl_profiler_abi.h"
 
+extern ncclProfiler_v4_t ncclProfiler_v4;
+extern ncclProfiler_v5_t ncclProfiler_v5;
 extern ncclProfiler_v6_t ncclProfiler_v6;
+extern ncclProfiler_v7_t ncclProfiler_v7;
 
-#define RUNS 7
-#define ITERS 200000
+#define RUNS 9
+#define ITERS 100000
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -50,35 +61,55 @@ static ncclResult_t nop_record(void *h, ncclProfilerEventState_t s, ncclProfiler
 static ncclResult_t nop_finalize(void *c) { (void)c; return ncclSuccess; }
 static ncclProfiler_v6_t nop_table = {"nop", nop_init, nop_start, nop_stop, nop_record, nop_finalize};
 
+/* One table of any version, seen through the v6 layout: the function
+ * pointers sit at the same places in v5..v7 (v4's init differs, and is not
+ * called through this). The descriptor is a v7 one, the largest; v5/v6 read
+ * its prefix, whose union arms we fill have the same offsets (v4 too, except
+ * its uint8 type: filled separately). */
 typedef struct {
-    ncclProfiler_v6_t *volatile table;
+    ncclProfiler_v6_t *table;
+    int v4;
     void *ctx;
+} Plug;
+
+typedef struct {
+    const Plug *plug;
     int nch;
     uint64_t ns;
     pthread_barrier_t *bar;
 } Job;
 
-static void one_collective(ncclProfiler_v6_t *p, void *ctx, int nch, uint64_t i) {
-    ncclProfilerEventDescr_v6_t d;
-    void *ga, *api, *grp, *op, *kh;
+static void start(const Plug *pl, void **h, ncclProfilerEventDescr_v7_t *d, uint64_t type) {
+    if (pl->v4) {
+        ncclProfilerEventDescr_v4_t *d4 = (ncclProfilerEventDescr_v4_t *)(void *)d;
+        ((uint8_t *)d)[0] = (uint8_t)type; /* v4: uint8 type, same union offset (24) */
+        (void)d4;
+    } else {
+        d->type = type;
+    }
+    pl->table->startEvent(pl->ctx, h, (ncclProfilerEventDescr_v6_t *)(void *)d);
+}
+
+static void one_collective(const Plug *pl, int nch, uint64_t i) {
+    ncclProfiler_v6_t *p = pl->table;
+    ncclProfilerEventDescr_v7_t d;
+    void *ga = NULL, *api = NULL, *grp, *op, *kh;
     memset(&d, 0, 24);
-    d.type = ncclProfileGroupApi;
-    d.groupApi.groupDepth = 1;
-    p->startEvent(ctx, &ga, &d);
-    p->recordEventState(ga, ncclProfilerGroupStartApiStop, NULL);
-    d.type = ncclProfileCollApi;
-    d.parentObj = ga;
-    d.collApi.func = "AllReduce";
-    d.collApi.count = 1024;
-    d.collApi.datatype = "ncclFloat32";
-    p->startEvent(ctx, &api, &d);
-    p->stopEvent(api);
-    p->recordEventState(ga, ncclProfilerGroupEndApiStart, NULL);
-    d.type = ncclProfileGroup;
+    if (!pl->v4) {
+        d.groupApi.groupDepth = 1;
+        start(pl, &ga, &d, ncclProfileGroupApi);
+        p->recordEventState(ga, ncclProfilerGroupStartApiStop, NULL);
+        d.parentObj = ga;
+        d.collApi.func = "AllReduce";
+        d.collApi.count = 1024;
+        d.collApi.datatype = "ncclFloat32";
+        start(pl, &api, &d, ncclProfileCollApi);
+        p->stopEvent(api);
+        p->recordEventState(ga, ncclProfilerGroupEndApiStart, NULL);
+    }
     d.parentObj = NULL;
-    p->startEvent(ctx, &grp, &d);
-    d.type = ncclProfileColl;
-    d.parentObj = api;
+    start(pl, &grp, &d, ncclProfileGroup);
+    d.parentObj = pl->v4 ? grp : api;
     d.coll.seqNumber = i;
     d.coll.func = "AllReduce";
     d.coll.datatype = "ncclFloat32";
@@ -87,17 +118,23 @@ static void one_collective(ncclProfiler_v6_t *p, void *ctx, int nch, uint64_t i)
     d.coll.algo = "RING";
     d.coll.proto = "SIMPLE";
     d.coll.parentGroup = grp;
-    p->startEvent(ctx, &op, &d);
+    start(pl, &op, &d, ncclProfileColl);
     p->stopEvent(op);
     p->stopEvent(grp);
-    p->stopEvent(ga);
+    if (!pl->v4) p->stopEvent(ga);
+    /* NCCL's proxy loop (src/transport/profiler.cc) starts the KernelCh of
+     * every channel of the op, then, as the kernel's completion counters pass,
+     * records and stops each one. */
     ncclProfilerEventStateArgs_v6_t a;
+    void *khs[64];
     for (int k = 0; k < nch; k++) {
-        d.type = ncclProfileKernelCh;
         d.parentObj = op;
         d.kernelCh.channelId = (uint8_t)k;
         d.kernelCh.pTimer = 1000000 + i * 100 + (uint64_t)k;
-        p->startEvent(ctx, &kh, &d);
+        start(pl, &khs[k], &d, ncclProfileKernelCh);
+    }
+    for (int k = 0; k < nch; k++) {
+        kh = khs[k];
         a.kernelCh.pTimer = 1000050 + i * 100 + (uint64_t)k;
         p->recordEventState(kh, ncclProfilerKernelChStop, &a);
         p->stopEvent(kh);
@@ -106,27 +143,27 @@ static void one_collective(ncclProfiler_v6_t *p, void *ctx, int nch, uint64_t i)
 
 static void *worker(void *arg) {
     Job *j = arg;
-    ncclProfiler_v6_t *p = j->table;
-    for (uint64_t i = 0; i < ITERS / 10; i++) one_collective(p, j->ctx, j->nch, i); /* warm-up */
+    for (uint64_t i = 0; i < ITERS / 10; i++) one_collective(j->plug, j->nch, i); /* warm-up */
     pthread_barrier_wait(j->bar);
-    uint64_t t0 = now_ns();
-    for (uint64_t i = 0; i < ITERS; i++) one_collective(p, j->ctx, j->nch, i);
-    j->ns = now_ns() - t0;
+    uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    for (uint64_t i = 0; i < ITERS; i++) one_collective(j->plug, j->nch, i);
+    j->ns = clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
     return NULL;
 }
 
-/* ns per collective per thread */
-static double measure(ncclProfiler_v6_t *p, void *ctx, int nch, int threads) {
+/* CPU ns per collective per thread. The calling thread is always one of the
+ * workers (a launching thread stays the same, as in a training loop); with 2
+ * threads a second one runs beside it. */
+static double measure(const Plug *pl, int nch, int threads) {
     pthread_t th[8];
     Job jobs[8];
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, (unsigned)threads);
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = (Job){p, ctx, nch, 0, &bar};
-        pthread_create(&th[t], NULL, worker, &jobs[t]);
-    }
-    double sum = 0;
-    for (int t = 0; t < threads; t++) {
+    for (int t = 0; t < threads; t++) jobs[t] = (Job){pl, nch, 0, &bar};
+    for (int t = 1; t < threads; t++) pthread_create(&th[t], NULL, worker, &jobs[t]);
+    worker(&jobs[0]);
+    double sum = (double)jobs[0].ns / ITERS;
+    for (int t = 1; t < threads; t++) {
         pthread_join(th[t], NULL);
         sum += (double)jobs[t].ns / ITERS;
     }
@@ -134,48 +171,116 @@ static double measure(ncclProfiler_v6_t *p, void *ctx, int nch, int threads) {
     return sum / threads;
 }
 
+/* CPU ns of one clock_gettime(CLOCK_MONOTONIC), the plugin's host clock read */
+static double measure_clock(void) {
+    volatile uint64_t sink = 0;
+    uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    for (int i = 0; i < ITERS; i++) sink += clock_ns(CLOCK_MONOTONIC);
+    (void)sink;
+    return (double)(clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0) / ITERS;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-int main(void) {
+static void *init_plugin(int version, uint64_t hash) {
+    void *ctx = NULL;
+    int mask = 0;
+    switch (version) {
+    case 4: ncclProfiler_v4.init(&ctx, &mask, "bench", hash, 1, 1, 0, NULL); break;
+    case 5: ncclProfiler_v5.init(&ctx, hash, &mask, "bench", 1, 1, 0, NULL); break;
+    case 6: ncclProfiler_v6.init(&ctx, hash, &mask, "bench", 1, 1, 0, NULL); break;
+    default: ncclProfiler_v7.init(&ctx, hash, &mask, "bench", 1, 1, 0, NULL); break;
+    }
+    return ctx;
+}
+
+static ncclProfiler_v6_t *table_of(int version) {
+    switch (version) {
+    case 4: return (ncclProfiler_v6_t *)(void *)&ncclProfiler_v4;
+    case 5: return (ncclProfiler_v6_t *)(void *)&ncclProfiler_v5;
+    case 6: return &ncclProfiler_v6;
+    default: return (ncclProfiler_v6_t *)(void *)&ncclProfiler_v7;
+    }
+}
+
+/* kept out of line so that callgrind's inclusive cost of each is one side */
+__attribute__((noinline)) void run_artemis(const Plug *pl, int nch, int n) {
+    for (int i = 0; i < n; i++) one_collective(pl, nch, (uint64_t)i);
+}
+__attribute__((noinline)) void run_nop(const Plug *pl, int nch, int n) {
+    for (int i = 0; i < n; i++) one_collective(pl, nch, (uint64_t)i);
+}
+
+int main(int argc, char **argv) {
     char dir[64];
     snprintf(dir, sizeof dir, "/dev/shm/artemis-bench-%d", (int)getpid());
     setenv("ARTEMIS_SHM_DIR", dir, 1);
     setenv("ARTEMIS_JOB", "bench", 1);
     if (getenv("BENCH_SLOTS")) setenv("ARTEMIS_RING_SLOTS", getenv("BENCH_SLOTS"), 1);
     int mask = 0;
-    void *ctx = NULL, *nctx = NULL;
-    ncclProfiler_v6.init(&ctx, 0xbe4c4ULL, &mask, "bench", 1, 1, 0, NULL);
+    void *nctx = NULL;
     nop_table.init(&nctx, 0, &mask, NULL, 1, 1, 0, NULL);
-    if (!ctx) {
-        fprintf(stderr, "bench: plugin init failed\n");
-        return 1;
-    }
-    printf("Artemis profiler plugin: cost per collective (whole event sequence), median of %d runs x %d collectives\n",
-           RUNS, ITERS);
-    printf("%-9s %-8s %14s %14s %12s\n", "channels", "threads", "no-op ns", "artemis ns", "margin ns");
-    const int chs[] = {2, 8}, ths[] = {1, 2};
-    for (int ci = 0; ci < 2; ci++) {
-        for (int ti = 0; ti < 2; ti++) {
-            double nop[RUNS], art[RUNS], mar[RUNS];
-            for (int r = 0; r < RUNS; r++) {
-                nop[r] = measure(&nop_table, nctx, chs[ci], ths[ti]);
-                art[r] = measure(&ncclProfiler_v6, ctx, chs[ci], ths[ti]);
-                mar[r] = art[r] - nop[r];
+    Plug nop = {&nop_table, 0, nctx}, nop4 = {&nop_table, 1, nctx};
+    /* per version, one communicator for the 1-thread rows and one for the
+     * 2-thread rows: a second thread switches a context to shared counters */
+    void *ctxs[16] = {0};
+    Plug art[16];
+    for (int v = 4; v <= 7; v++) {
+        for (int t = 0; t < 2; t++) {
+            int i = v + 8 * t;
+            ctxs[i] = init_plugin(v, 0xbe4c0ULL + (uint64_t)i);
+            if (!ctxs[i]) {
+                fprintf(stderr, "bench: plugin init failed (v%d)\n", v);
+                return 1;
             }
-            qsort(nop, RUNS, sizeof(double), cmp_d);
-            qsort(art, RUNS, sizeof(double), cmp_d);
-            qsort(mar, RUNS, sizeof(double), cmp_d);
-            printf("%-9d %-8d %14.1f %14.1f %12.1f\n", chs[ci], ths[ti], nop[RUNS / 2], art[RUNS / 2],
-                   mar[RUNS / 2]);
+            art[i] = (Plug){table_of(v), v == 4, ctxs[i]};
         }
     }
-    ncclProfiler_v6.finalize(ctx);
-    char path[160];
-    snprintf(path, sizeof path, "%s/bench.%016llx.r0.ring", dir, 0xbe4c4ULL);
-    unlink(path);
+    if (argc >= 4 && !strcmp(argv[1], "callgrind")) {
+        int v = atoi(argv[2]), nch = atoi(argv[3]);
+        if (v < 4 || v > 7) return 2;
+        run_nop(v == 4 ? &nop4 : &nop, nch, 2000); /* warm-up of both paths */
+        run_artemis(&art[v], nch, 2000);
+        run_nop(v == 4 ? &nop4 : &nop, nch, 20000);
+        run_artemis(&art[v], nch, 20000);
+    } else {
+        printf("Artemis profiler plugin: CPU time per collective (whole event sequence), median of %d "
+               "interleaved runs x %d collectives\n", RUNS, ITERS);
+        printf("%-4s %-9s %-8s %10s %12s %11s %9s %13s\n", "ABI", "channels", "threads", "no-op ns",
+               "artemis ns", "margin ns", "clock ns", "margin/clock");
+        const int chs[] = {2, 8}, ths[] = {1, 2};
+        for (int v = 4; v <= 7; v++) {
+            for (int ci = 0; ci < 2; ci++) {
+                for (int ti = 0; ti < 2; ti++) {
+                    double n[RUNS], a[RUNS], m[RUNS], c[RUNS], r[RUNS];
+                    for (int k = 0; k < RUNS; k++) {
+                        c[k] = measure_clock();
+                        n[k] = measure(v == 4 ? &nop4 : &nop, chs[ci], ths[ti]);
+                        a[k] = measure(&art[v + 8 * ti], chs[ci], ths[ti]);
+                        m[k] = a[k] - n[k];
+                        r[k] = m[k] / c[k];
+                    }
+                    qsort(n, RUNS, sizeof(double), cmp_d);
+                    qsort(a, RUNS, sizeof(double), cmp_d);
+                    qsort(m, RUNS, sizeof(double), cmp_d);
+                    qsort(c, RUNS, sizeof(double), cmp_d);
+                    qsort(r, RUNS, sizeof(double), cmp_d);
+                    printf("v%-3d %-9d %-8d %10.1f %12.1f %11.1f %9.1f %13.2f\n", v, chs[ci], ths[ti],
+                           n[RUNS / 2], a[RUNS / 2], m[RUNS / 2], c[RUNS / 2], r[RUNS / 2]);
+                }
+            }
+        }
+    }
+    for (int i = 4; i < 16; i++) {
+        if (!ctxs[i]) continue;
+        table_of(i & 7)->finalize(ctxs[i]);
+        char path[160];
+        snprintf(path, sizeof path, "%s/bench.%016llx.r0.ring", dir, 0xbe4c0ULL + (uint64_t)i);
+        unlink(path);
+    }
     rmdir(dir);
     return 0;
 }

@@ -164,12 +164,18 @@ static inline uint8_t str_code(ArtCtx *ctx, const char *s, uint32_t table) {
     if (!p) return 0;
     if (p >> 56) return str_code_slow(s, table);
     uint64_t key = (p << 8) | ((uint64_t)table << 4);
-    _Atomic uint64_t *e =
-        &ctx->strcache[(key * 0x9E3779B97F4A7C15ULL) >> (64 - ART_STRCACHE_BITS)];
-    uint64_t v = atomic_load_explicit(e, RLX);
+    /* two-way: the pair of entries at an even index (the four hot strings of a
+     * collective shared one direct-mapped set often enough to miss every op) */
+    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> (64 - ART_STRCACHE_BITS)) & ~1u;
+    _Atomic uint64_t *e = &ctx->strcache[h];
+    uint64_t v = atomic_load_explicit(&e[0], RLX);
+    if ((v & ~(uint64_t)0xf) == key) return (uint8_t)(v & 0xf);
+    v = atomic_load_explicit(&e[1], RLX);
     if ((v & ~(uint64_t)0xf) == key) return (uint8_t)(v & 0xf);
     uint8_t c = str_code_slow(s, table); /* every code is below 16 */
-    atomic_store_explicit(e, key | c, RLX);
+    /* the newest entry goes first; the older one moves to the second way */
+    atomic_store_explicit(&e[1], atomic_load_explicit(&e[0], RLX), RLX);
+    atomic_store_explicit(&e[0], key | c, RLX);
     return c;
 }
 
@@ -180,13 +186,18 @@ static inline uint8_t str_code(ArtCtx *ctx, const char *s, uint32_t table) {
 #define A32(p) ((_Atomic uint32_t *)(void *)(p))
 #define A64(p) ((_Atomic uint64_t *)(void *)(p))
 
-/* Seqlock entry: CAS even -> odd (acquire), then a release fence so that no
- * body store can become visible before the odd lock value. Never spins. */
+/* Seqlock entry: CAS even -> odd (acquire). Never spins. No fence follows:
+ * every body store is a release store (BODY below), which orders the odd lock
+ * value before it; a reader that acquire-loads any body value therefore sees
+ * the odd value or a later one when it loads the lock again. These are plain
+ * release/acquire pairs on the same words, which ThreadSanitizer models (it
+ * does not model atomic_thread_fence). On x86-64 a release store is a plain
+ * mov; on aarch64 it is an stlr per body word. */
+#define BODY memory_order_release
 static inline int seq_enter(ArtemisSlot *s, uint32_t *odd) {
     uint32_t v = atomic_load_explicit(A32(&s->lock), RLX);
     if (v & 1u) return 0;
     if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
-    atomic_thread_fence(REL);
     *odd = v + 1u;
     return 1;
 }
@@ -243,17 +254,21 @@ static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
 /* ------------------------------------------------------------------ */
 /* operations                                                           */
 
-static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend) {
+/* single: the caller is the context's only starter (owner_is_me), and only
+ * starters claim, so a free handle (pend 0, released with a release store)
+ * can be taken with a plain store; otherwise by CAS. */
+static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
     uint32_t n = ctx->nops;
     uint32_t h = atomic_load_explicit(&ctx->hint, RLX);
     for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
-        uint64_t e = atomic_load_explicit(&op->pend, RLX);
-        if (e == 0 && atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) {
-            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
-            return op;
-        }
+        uint64_t e = atomic_load_explicit(&op->pend, ACQ);
+        if (e != 0) continue;
+        if (single) atomic_store_explicit(&op->pend, pend, RLX);
+        else if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
+        atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+        return op;
     }
     return NULL;
 }
@@ -283,9 +298,14 @@ static void op_complete(ArtOp *op, int reclaimed) {
         clock = ARTEMIS_REC_HOST;
         count_host_fallback(ctx);
     } else if (nch) {
-        uint32_t started = atomic_load_explicit(&op->nstarted, RLX);
-        if (started > nch) started = nch;
-        for (uint32_t k = 0; k < started; k++) {
+        /* the claimed channels: [0, own) and [nch - foreign, nch) (they meet
+         * exactly when nch KernelCh came; overlap only with extra ones) */
+        uint32_t own = atomic_load_explicit(&op->own_next, RLX);
+        uint32_t foreign = atomic_load_explicit(&op->foreign_next, RLX);
+        if (own > nch) own = nch;
+        if (foreign > nch) foreign = nch;
+        for (uint32_t k = 0; k < nch; k++) {
+            if (k >= own && k < nch - foreign) continue;
             uint64_t s = atomic_load_explicit(&op->ch[k].start, RLX);
             uint64_t e = atomic_load_explicit(&op->ch[k].stop, RLX);
             if (s && s < start) start = s;
@@ -318,18 +338,16 @@ static void op_complete(ArtOp *op, int reclaimed) {
         seq_leave(s, odd); /* overwritten meanwhile: leave it unchanged */
         count_drop(ctx);
     } else {
-        atomic_store_explicit(A32(&s->kind), with_state(op->w4, ARTEMIS_STATE_DONE), RLX);
-        atomic_store_explicit(A64(&s->clock), with_clock(op->w8, clock), RLX);
-        atomic_store_explicit(A64(&s->start), start, RLX);
-        atomic_store_explicit(A64(&s->end), end, RLX);
+        atomic_store_explicit(A32(&s->kind), with_state(op->w4, ARTEMIS_STATE_DONE), BODY);
+        atomic_store_explicit(A64(&s->clock), with_clock(op->w8, clock), BODY);
+        atomic_store_explicit(A64(&s->start), start, BODY);
+        atomic_store_explicit(A64(&s->end), end, BODY);
         seq_leave(s, odd);
     }
     op_release(op);
 }
 
-/* Takes over the completion of an op whose Coll/P2p stop came but whose channel
- * bits are still armed: clears them all in one CAS (a KernelCh stop racing with
- * it either wins, and completes the op itself, or finds its bit clear). */
+/* A claimed op whose Coll/P2p stop came but whose channel bits are still armed. */
 static inline int pend_waits(uint64_t e) {
     return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) && (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL));
 }
@@ -340,6 +358,9 @@ static inline int waits_for_channels(ArtOp *op, uint64_t t) {
            atomic_load_explicit(&op->ticket, RLX) == t;
 }
 
+/* Takes over the completion of such an op: clears all its bits in one CAS (a
+ * KernelCh stop racing with it either wins, and completes the op itself, or
+ * finds its bit clear). by_ticket: only if the op still holds want_ticket. */
 static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
     uint64_t e = atomic_load_explicit(&op->pend, ACQ);
     if (!pend_waits(e)) return 0;
@@ -358,7 +379,7 @@ static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
  * does it. */
 static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
     uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
-    uint64_t c = atomic_load_explicit(&ctx->reclaim_cursor, RLX);
+    uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX), c = c0;
     if (c + ART_RECLAIM_LAG >= mark) return;
     if (c + ART_RECENT <= ticket) c = ticket - ART_RECENT + 1u; /* older ones: pool-age reclaim */
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
@@ -369,7 +390,7 @@ static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
             break; /* too young: look again at the next start */
         op_reclaim(op, c, 1);
     }
-    atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
+    if (c != c0) atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
 }
 
 /* The pool is exhausted: reclaim every op that still waits for KernelCh events
@@ -383,13 +404,46 @@ static void reclaim_aged(ArtCtx *ctx) {
     }
 }
 
+/* An address unique to the calling thread: its thread pointer (one register
+ * read on x86-64 and aarch64), else a thread-local's address. */
+static inline uintptr_t thread_key(void) {
+#if defined(__x86_64__) || defined(__aarch64__)
+    return (uintptr_t)__builtin_thread_pointer();
+#else
+    static _Thread_local char anchor;
+    return (uintptr_t)&anchor;
+#endif
+}
+
+/* 1 while every Coll/P2p start of ctx came from one thread (the owner). */
+static inline int owner_is_me(ArtCtx *ctx) {
+    uintptr_t me = thread_key();
+    uintptr_t own = atomic_load_explicit(&ctx->owner, RLX);
+    if (own == me) return !atomic_load_explicit(&ctx->shared, RLX);
+    if (own == 0) {
+        uintptr_t zero = 0;
+        if (atomic_compare_exchange_strong_explicit(&ctx->owner, &zero, me, RLX, RLX))
+            return !atomic_load_explicit(&ctx->shared, RLX);
+    }
+    atomic_store_explicit(&ctx->shared, 1u, RLX);
+    return 0;
+}
+
 static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                             const char *dtype, size_t count, uint8_t nChannels, const char *algo,
                             const char *proto, int peer) {
     if (!ctx || ctx->tag != ART_TAG_CTX) return;
-    uint64_t cseq = kind == ARTEMIS_KIND_COLL
-                        ? atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX)
-                        : atomic_load_explicit(&ctx->coll_count, RLX);
+    /* NCCL starts one communicator's Coll/P2p events from one thread at a time
+     * (the one launching its plans), so the counter and the ticket have one
+     * writer: a plain load and store each, not a locked fetch_add. The first
+     * start from another thread switches the context for good to fetch_add
+     * (see README "Single writer"). */
+    int single = owner_is_me(ctx);
+    uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
+    if (kind == ARTEMIS_KIND_COLL) {
+        if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
+        else cseq = atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
+    }
     if (atomic_load_explicit(&ctx->finished, RLX)) return;
 
     uint32_t nch = 0;
@@ -401,28 +455,50 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         else nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
     }
     uint64_t pend = ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u);
-    ArtOp *op = op_claim(ctx, pend);
+    ArtOp *op = op_claim(ctx, pend, single);
     if (!op) {
         reclaim_aged(ctx);
-        op = op_claim(ctx, pend);
+        op = op_claim(ctx, pend, single);
     }
     if (!op) {
         count_drop(ctx);
         return;
     }
     uint64_t now = art_now_mono();
-    uint8_t fc = str_code(ctx, func, ART_STR_FUNC), dc = str_code(ctx, dtype, ART_STR_DTYPE);
+    /* The owner's last four strings and their codes: a training loop repeats
+     * the same collective, so four pointer compares usually replace four
+     * cache lookups. Plain fields: only the owner, while single, uses them. */
+    uint8_t fc, dc, ac, pc;
+    ArtMemo *m = &ctx->memo;
+    if (single && m->func == func && m->dtype == dtype && m->algo == algo && m->proto == proto) {
+        fc = m->fc, dc = m->dc, ac = m->ac, pc = m->pc;
+    } else {
+        fc = str_code(ctx, func, ART_STR_FUNC);
+        dc = str_code(ctx, dtype, ART_STR_DTYPE);
+        ac = str_code(ctx, algo, ART_STR_ALGO);
+        pc = str_code(ctx, proto, ART_STR_PROTO);
+        if (single) *m = (ArtMemo){func, dtype, algo, proto, fc, dc, ac, pc};
+    }
     uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
     uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
-    uint64_t w8 = pack8(ARTEMIS_REC_HOST, str_code(ctx, algo, ART_STR_ALGO),
-                        str_code(ctx, proto, ART_STR_PROTO), nChannels, (int32_t)peer);
-    atomic_store_explicit(&op->nstarted, 0, RLX);
+    uint64_t w8 = pack8(ARTEMIS_REC_HOST, ac, pc, nChannels, (int32_t)peer);
+    atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
+    atomic_store_explicit(&op->own_next, 0, RLX);
+    atomic_store_explicit(&op->foreign_next, 0, RLX);
+    atomic_store_explicit(&op->own_stopped, 0, RLX);
+    atomic_store_explicit(&op->own_cleared, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
     op->w8 = w8;
 
-    uint64_t ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+    uint64_t ticket;
+    if (single) {
+        ticket = atomic_load_explicit(A64(&ctx->hdr->write_index), RLX);
+        atomic_store_explicit(A64(&ctx->hdr->write_index), ticket + 1u, RLX);
+    } else {
+        ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+    }
     atomic_store_explicit(&op->ticket, ticket, RLX);
     atomic_store_explicit(&ctx->recent[ticket & (ART_RECENT - 1u)], (uint16_t)(op - ctx->ops), RLX);
     reclaim_scan(ctx, ticket, now);
@@ -443,14 +519,14 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         count_drop(ctx);
         return;
     }
-    atomic_store_explicit(A32(&s->kind), w4, RLX);
-    atomic_store_explicit(A64(&s->clock), w8, RLX);
-    atomic_store_explicit(A64(&s->seq), ticket, RLX);
-    atomic_store_explicit(A64(&s->coll_seq), cseq, RLX);
-    atomic_store_explicit(A64(&s->bytes), bytes, RLX);
-    atomic_store_explicit(A64(&s->enqueue_ns), now, RLX);
-    atomic_store_explicit(A64(&s->start), 0, RLX);
-    atomic_store_explicit(A64(&s->end), 0, RLX);
+    atomic_store_explicit(A32(&s->kind), w4, BODY);
+    atomic_store_explicit(A64(&s->clock), w8, BODY);
+    atomic_store_explicit(A64(&s->seq), ticket, BODY);
+    atomic_store_explicit(A64(&s->coll_seq), cseq, BODY);
+    atomic_store_explicit(A64(&s->bytes), bytes, BODY);
+    atomic_store_explicit(A64(&s->enqueue_ns), now, BODY);
+    atomic_store_explicit(A64(&s->start), 0, BODY);
+    atomic_store_explicit(A64(&s->end), 0, BODY);
     seq_leave(s, odd);
     op->slot = s;
     *eHandle = op;
@@ -467,20 +543,66 @@ static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     ArtOp *op = (ArtOp *)parent;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     if (!nch) return; /* host-timed operation */
-    uint32_t k = atomic_fetch_add_explicit(&op->nstarted, 1, RLX);
-    if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
+    /* NCCL delivers a communicator's KernelCh events from one thread (the
+     * proxy thread; in 2.31 the profiler thread). op_start names the thread
+     * that started the context's last KernelCh as the op's channel owner:
+     * that thread claims with a plain load and store, any other one with a
+     * fetch_add from the top (and becomes the guess for later ops). */
+    uintptr_t me = thread_key();
+    uint32_t k;
+    if (atomic_load_explicit(&op->kowner, RLX) == me) {
+        k = atomic_load_explicit(&op->own_next, RLX);
+        if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
+        atomic_store_explicit(&op->own_next, k + 1u, RLX);
+    } else {
+        ArtCtx *ctx = op->ctx;
+        if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
+            atomic_store_explicit(&ctx->kch_thread, me, RLX);
+        uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
+        if (j >= nch) return;
+        k = nch - 1u - j;
+    }
     ArtCh *ch = &op->ch[k];
     atomic_store_explicit(&ch->start, pTimer, RLX);
     atomic_store_explicit(&ch->stop, 0, RLX);
     *eHandle = ch;
 }
 
+/* Clears the channel bits `bits` of op; whoever clears the last work bit
+ * completes it. Bits already clear mean "already stopped". */
+static inline void clear_channels(ArtOp *op, uint64_t bits) {
+    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bits, ACQREL);
+    if (!(old & bits)) return; /* already stopped */
+    if ((old & ART_PEND_WORK & ~bits) == 0) op_complete(op, 0);
+}
+
 static inline void kch_stop(ArtCh *ch) {
     ArtOp *op = ch->op;
     uint64_t bit = 1ULL << (uint32_t)(ch - op->ch);
-    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bit, ACQREL);
-    if (!(old & bit)) return; /* already stopped */
-    if ((old & ART_PEND_WORK & ~bit) == 0) op_complete(op, 0);
+    if (atomic_load_explicit(&op->kowner, RLX) != thread_key()) {
+        clear_channels(op, bit);
+        return;
+    }
+    /* The channel owner. Once it has claimed all nch channels, no other thread
+     * holds one of this op's channels (another thread's claim beyond them is
+     * an extra event, which shares a slot), so it defers its bits and clears
+     * them all with one RMW at its last stop: NCCL's proxy loop starts every
+     * channel of an op before it stops them (src/transport/profiler.cc), so
+     * that is one RMW per op instead of one per channel. Before that (starts
+     * and stops interleaved, or channels on several threads) each stop clears
+     * at once. own_stopped and own_cleared have one writer: the owner. */
+    uint64_t stopped = atomic_load_explicit(&op->own_stopped, RLX);
+    if (stopped & bit) return; /* already stopped */
+    stopped |= bit;
+    atomic_store_explicit(&op->own_stopped, stopped, RLX);
+    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
+    if (atomic_load_explicit(&op->own_next, RLX) >= nch) {
+        uint64_t all = (1ULL << nch) - 1u;
+        if ((stopped & all) != all) return; /* deferred to the last stop */
+    }
+    uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
+    atomic_store_explicit(&op->own_cleared, stopped, RLX);
+    clear_channels(op, stopped & ~cleared);
 }
 
 /* ------------------------------------------------------------------ */

@@ -48,7 +48,7 @@
 #define ART_CACHELINE 64
 
 /* Entries of the per-context string -> code cache (a power of two). */
-#define ART_STRCACHE_BITS 4
+#define ART_STRCACHE_BITS 5
 #define ART_STRCACHE (1u << ART_STRCACHE_BITS)
 
 struct ArtOp;
@@ -64,7 +64,15 @@ typedef struct ArtOp {
     uint64_t tag; /* ART_TAG_OP */
     struct ArtCtx *ctx;
     _Atomic uint64_t pend;      /* CLAIMED | COLL | channel bits still pending */
-    _Atomic uint32_t nstarted;  /* KernelCh events claimed so far */
+    /* KernelCh channel claims (kch_start in plugin.c): kowner, fixed at start,
+     * is the thread expected to deliver the op's KernelCh events; it takes
+     * channels 0, 1, ... with a plain load and store of own_next, any other
+     * thread takes nch-1, nch-2, ... with a fetch_add on foreign_next. */
+    _Atomic uintptr_t kowner;
+    _Atomic uint32_t own_next;
+    _Atomic uint32_t foreign_next;
+    _Atomic uint64_t own_stopped; /* channel bits the owner has stopped */
+    _Atomic uint64_t own_cleared; /* ... and already cleared in pend */
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
     ArtemisSlot *slot;
     /* ticket and host_start are read by the reclaim scan of another thread */
@@ -99,6 +107,12 @@ typedef struct ArtConfig {
     char job[ARTEMIS_NAME_LEN];
 } ArtConfig;
 
+/* The owner thread's last Coll/P2p strings and their codes (op_start). */
+typedef struct ArtMemo {
+    const char *func, *dtype, *algo, *proto;
+    uint8_t fc, dc, ac, pc;
+} ArtMemo;
+
 typedef struct ArtCtx {
     uint64_t tag; /* ART_TAG_CTX */
     ArtemisRingHeader *hdr;
@@ -123,8 +137,16 @@ typedef struct ArtCtx {
     _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
     _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
     _Atomic uint16_t recent[ART_RECENT];
-    /* written on the hot path by several threads: own cache lines */
+    /* written on the hot path: own cache lines. coll_count and the header's
+     * write_index have one writer while `shared` is 0: the owner thread. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
+    _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
+
+    _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
+    ArtMemo memo;              /* owner only, while shared is 0 */
+    /* thread key of the last KernelCh start that was not its op's expected
+     * one: the guess for the next ops (read at every start, rarely written) */
+    _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
 } ArtCtx;

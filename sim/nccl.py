@@ -833,10 +833,10 @@ class StandInComm:
             gapi = self._start("group_api", None)
             self._record(gapi, STATE_GROUP_START_API_STOP, None)
         apis: list[int | None] = []
-        pa = self._d_p2p_api.p2pApi
         for func, count, dtype, _ in ops:
             papi = None
             if not v4 and mask & _NEEDS_P2P_API:
+                pa = self._d_p2p_api.p2pApi
                 pa.func = _cstr(func)
                 pa.count = count
                 pa.datatype = _cstr(dtype)

@@ -22,11 +22,14 @@ def _ring(shm: Path, comm: int, rank: int) -> Path:
     return shm / f"testjob.{comm:016x}.r{rank}.ring"
 
 
-def test_self_send_recv_never_blinds_the_plugin(plugin_lib: Path, shm_dir: Path) -> None:
+@pytest.mark.parametrize("version", (4, 6, 7))
+def test_self_send_recv_never_blinds_the_plugin(
+    plugin_lib: Path, shm_dir: Path, version: int
+) -> None:
     # NCCL gives a self Send/Recv nChannels >= 1 but no proxy op, so no KernelCh
     # event follows. Before the fix each such op held a handle for ever: the
     # pool (512) ran out after 256 pairs and later all-reduces were dropped.
-    n = NcclStandIn(plugin_lib, 6)
+    n = NcclStandIn(plugin_lib, version)
     c = n.comm_init(0x5E1F, rank=1, nranks=4)
     kt = [(100, 200), (110, 210)]
     for _ in range(2000):

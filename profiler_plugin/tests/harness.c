@@ -161,15 +161,17 @@ typedef struct {
 static int read_slot(const ArtemisSlot *s, Rec *r) {
     uint32_t l1 = atomic_load_explicit(A32(&s->lock), memory_order_acquire);
     if (l1 & 1u) return 0;
-    uint32_t w4 = atomic_load_explicit(A32(&s->kind), RLX);
-    uint64_t w8 = atomic_load_explicit(A64(&s->clock), RLX);
-    r->seq = atomic_load_explicit(A64(&s->seq), RLX);
-    r->coll_seq = atomic_load_explicit(A64(&s->coll_seq), RLX);
-    r->bytes = atomic_load_explicit(A64(&s->bytes), RLX);
-    r->enqueue_ns = atomic_load_explicit(A64(&s->enqueue_ns), RLX);
-    r->start = atomic_load_explicit(A64(&s->start), RLX);
-    r->end = atomic_load_explicit(A64(&s->end), RLX);
-    atomic_thread_fence(memory_order_acquire);
+    /* acquire loads of the body pair with the writer's release stores: no
+     * fence, so ThreadSanitizer sees every edge (see seq_enter in plugin.c) */
+    const memory_order B = memory_order_acquire;
+    uint32_t w4 = atomic_load_explicit(A32(&s->kind), B);
+    uint64_t w8 = atomic_load_explicit(A64(&s->clock), B);
+    r->seq = atomic_load_explicit(A64(&s->seq), B);
+    r->coll_seq = atomic_load_explicit(A64(&s->coll_seq), B);
+    r->bytes = atomic_load_explicit(A64(&s->bytes), B);
+    r->enqueue_ns = atomic_load_explicit(A64(&s->enqueue_ns), B);
+    r->start = atomic_load_explicit(A64(&s->start), B);
+    r->end = atomic_load_explicit(A64(&s->end), B);
     uint32_t l2 = atomic_load_explicit(A32(&s->lock), RLX);
     if (l1 != l2) return 0;
     uint8_t b[8];
@@ -348,6 +350,7 @@ typedef struct OpWork {
     _Atomic unsigned left;
 } OpWork;
 typedef struct { OpWork *w; unsigned ch; } Item;
+#define ALL_CH 0xffffffffu
 
 #define QCAP 65536
 static Item g_q[QCAP];
@@ -376,14 +379,22 @@ static void *proxy_main(void *arg) {
         pthread_mutex_unlock(&g_qm);
         OpWork *w = it.w;
         Comm *cm = w->cm;
-        void *kh = start_ev(cm, ncclProfileKernelCh, w->handle, NULL,
-                            tstart(w->kind, w->c, cm->rank, it.ch), (int)it.ch);
-        if (w->handle && cm->ring.device) CHECK(kh != NULL, "KernelCh handle NULL");
-        ncclProfilerEventStateArgs_t a;
-        a.kernelCh.pTimer = tstop(w->kind, w->c, cm->rank, it.ch);
-        record_ev(kh, ncclProfilerKernelChStop, &a);
-        stop_ev(kh);
-        if (atomic_fetch_sub(&w->left, 1) == 1) {
+        /* ALL_CH: every channel of the op on this thread, all started, then
+         * all stopped (NCCL's proxy loop order); else one channel. */
+        unsigned lo = it.ch == ALL_CH ? 0 : it.ch, hi = it.ch == ALL_CH ? w->nch : it.ch + 1;
+        void *khs[64];
+        for (unsigned k = lo; k < hi; k++) {
+            khs[k] = start_ev(cm, ncclProfileKernelCh, w->handle, NULL,
+                              tstart(w->kind, w->c, cm->rank, k), (int)k);
+            if (w->handle && cm->ring.device) CHECK(khs[k] != NULL, "KernelCh handle NULL");
+        }
+        for (unsigned k = lo; k < hi; k++) {
+            ncclProfilerEventStateArgs_t a;
+            a.kernelCh.pTimer = tstop(w->kind, w->c, cm->rank, k);
+            record_ev(khs[k], ncclProfilerKernelChStop, &a);
+            stop_ev(khs[k]);
+        }
+        if (atomic_fetch_sub(&w->left, hi - lo) == hi - lo) {
             atomic_fetch_sub(&cm->outstanding, 1);
             free(w);
         }
@@ -412,17 +423,21 @@ static void *user_main(void *arg) {
                             &e, 0, 0);
         if (!g_expect_drops) CHECK(op != NULL, "op handle NULL at i=%llu", (unsigned long long)i);
         OpWork *w = NULL;
-        int early = (rand_r(&cm->seed) & 3) == 0; /* channels may run before Coll stop */
+        int r = rand_r(&cm->seed);
+        int early = (r & 3) == 0; /* channels may run before Coll stop */
+        int whole = (r & 4) != 0; /* all channels on one proxy thread, starts first */
         if (e.nch && op) {
             w = calloc(1, sizeof *w);
             w->cm = cm; w->handle = op; w->kind = e.kind; w->c = c; w->nch = e.nch;
             atomic_store(&w->left, e.nch);
             atomic_fetch_add(&cm->outstanding, 1);
-            if (early)
+            if (early && whole) q_push(w, ALL_CH);
+            else if (early)
                 for (unsigned k = 0; k < e.nch; k++) q_push(w, k);
         }
         stop_ev(op);
-        if (w && !early)
+        if (w && !early && whole) q_push(w, ALL_CH);
+        else if (w && !early)
             for (unsigned k = 0; k < e.nch; k++) q_push(w, k);
         stop_ev(grp);
         stop_ev(ga);
@@ -499,6 +514,11 @@ static void run_scenario(const char *label, int ncomm, const int *versions, uint
     if (slots) setenv("ARTEMIS_RING_SLOTS", slots, 1);
     else unsetenv("ARTEMIS_RING_SLOTS");
     setenv("ARTEMIS_DEVICE_TIMING", device ? "1" : "0", 1);
+    /* The proxy threads here hand one op's channels to several threads in any
+     * order, unlike NCCL's one ordered proxy thread: an item can sit behind a
+     * descheduled thread while 64 later ops complete. A reclaim age far above
+     * any such delay keeps every op device-timed (the scan still runs). */
+    setenv("ARTEMIS_RECLAIM_AGE_MS", "600000", 1);
 
     g_ncomms = ncomm;
     g_expect_drops = expect_drops;
@@ -620,7 +640,8 @@ static void set_dir(const char *label, char *dir, size_t n) {
 static void clear_env(void) {
     const char *vars[] = {"ARTEMIS_JOB", "ARTEMIS_SHM_DIR", "ARTEMIS_RING_SLOTS",
                           "ARTEMIS_DEVICE_TIMING", "ARTEMIS_DISABLE", "ARTEMIS_CLOCK",
-                          "ARTEMIS_TICK_HZ", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
+                          "ARTEMIS_TICK_HZ", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID",
+                          "ARTEMIS_RECLAIM_AGE_MS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -701,7 +722,8 @@ static void test_failures(void) {
     /* bad values: one WARN line each, plugin off */
     const char *bad[][2] = {{"ARTEMIS_RING_SLOTS", "abc"}, {"ARTEMIS_RING_SLOTS", "-4"},
                             {"ARTEMIS_DEVICE_TIMING", "maybe"}, {"ARTEMIS_CLOCK", "sundial"},
-                            {"ARTEMIS_TICK_HZ", "0"}, {"ARTEMIS_DISABLE", "2"}};
+                            {"ARTEMIS_TICK_HZ", "0"}, {"ARTEMIS_DISABLE", "2"},
+                            {"ARTEMIS_RECLAIM_AGE_MS", "3600001"}, {"ARTEMIS_RECLAIM_AGE_MS", "1s"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
         set_dir("badenv", dir, sizeof dir);
