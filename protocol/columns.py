@@ -89,6 +89,14 @@ class WindowColumns:
                     f"window columns: column {name!r} has {len(self.cols[name])} rows, not {self.n}"
                 )
 
+    @classmethod
+    def _checked(cls, n: int, cols: dict[str, Any]) -> WindowColumns:
+        """Built from columns already checked (every name present, `n` rows each)."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "n", n)
+        object.__setattr__(out, "cols", cols)
+        return out
+
     def __len__(self) -> int:
         return self.n
 
@@ -162,12 +170,31 @@ class WindowColumns:
     # -- reading ------------------------------------------------------------
 
     def row(self, i: int) -> RankWindow:
-        tel = {k: _value(kind, self.cols[f"tel_{k}"][i]) for k, kind in TELEMETRY_COLUMNS.items()}
-        kw = {k: _value(kind, self.cols[k][i]) for k, kind in WINDOW_COLUMNS.items()}
-        return RankWindow(telemetry=Telemetry(**tel), **kw)
+        return self.take([i]).rows()[0]
 
     def rows(self) -> list[RankWindow]:
-        return [self.row(i) for i in range(self.n)]
+        """Every row as a RankWindow: one list per column, then one call per row."""
+        lists = {name: _pylist(kind, self.cols[name]) for name, kind in COLUMNS.items()}
+        tels = [
+            Telemetry(*vals)
+            for vals in zip(*(lists[f"tel_{k}"] for k in TELEMETRY_COLUMNS), strict=True)
+        ]
+        rw = zip(*(lists[k] for k in WINDOW_COLUMNS), strict=True)
+        # Positional: the columns are in field order and `telemetry` is the last field.
+        return [RankWindow(*vals, tel) for vals, tel in zip(rw, tels, strict=True)]
+
+
+def _pylist(kind: str, v: Any) -> list[Any]:
+    if kind in ("i", "f"):
+        out: list[Any] = v.tolist()
+        return out
+    if kind == "of":
+        return [None if x != x else x for x in v.tolist()]  # x != x: NaN
+    if kind == "oi":
+        return [None if x != x else int(x) for x in v.tolist()]
+    if kind == "m":
+        return [tuple(x) for x in v]
+    return list(v)
 
 
 def _empty(kind: str) -> Any:
@@ -186,22 +213,6 @@ def _column(kind: str, values: list[Any], n: int) -> Any:
     if kind == "m":
         return [tuple(v) for v in values]
     return list(values)
-
-
-def _value(kind: str, v: Any) -> Any:
-    if kind == "i":
-        return int(v)
-    if kind == "f":
-        return float(v)
-    if kind == "of":
-        f = float(v)
-        return None if math.isnan(f) else f
-    if kind == "oi":
-        f = float(v)
-        return None if math.isnan(f) else int(f)
-    if kind == "m":
-        return tuple(v)
-    return v
 
 
 # --------------------------------------------------------------------------- wire
@@ -344,7 +355,127 @@ def _float_column(
 
 def from_wire(b: Any) -> WindowColumns:
     """The columns of a decoded `WindowBatch` (types already checked by msgspec);
-    numeric columns are checked here, per column. Raises ColumnError."""
+    numeric columns are checked here. Raises ColumnError naming the column."""
+    cols = _from_wire_fast(b)
+    if cols is None:
+        # Something unusual (another dtype, a bitmap) or wrong: the column by
+        # column walk handles the first and names the column of the second.
+        cols = _from_wire_columns(b)
+    n: int = b.n
+    lo, hi = cols["step_lo"], cols["step_hi"]
+    if n and (hi < lo).any():
+        raise _first_bad("step_hi", "step_hi >= step_lo", hi, hi < lo)
+    lo, hi = cols["coll_lo"], cols["coll_hi"]
+    if n and (hi < lo).any():
+        raise _first_bad("coll_hi", "coll_hi >= coll_lo", hi, hi < lo)
+    return WindowColumns._checked(n, cols)
+
+
+def _group(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name for name, kind in COLUMNS.items() if kind in kinds)
+
+
+_INT_NAMES = _group(("i",))
+_OPT_INT_NAMES = _group(("oi",))
+_FLOAT_NAMES = _group(("f", "of"))
+# Everything else travels as a msgpack array (strings, maps, `missing`, any bool).
+_OTHER_NAMES = tuple(name for name, kind in COLUMNS.items() if kind not in _ARRAY_KINDS)
+_I64_MIN = float(np.iinfo(np.int64).min)
+
+
+def _bound_vector(names: tuple[str, ...], which: str, cap: float) -> npt.NDArray[Any]:
+    vals = [min(max(float(getattr(_SPECS[n], which)), -cap), cap) for n in names]
+    return np.asarray(vals, dtype=np.float64)[:, None]
+
+
+# Bounds as (columns, 1) vectors: one comparison checks every column of a group.
+_INT_LO = _bound_vector(_INT_NAMES, "lo", -_I64_MIN)
+_OPT_INT_LO = _bound_vector(_OPT_INT_NAMES, "lo", _EXACT)
+_OPT_INT_HI = _bound_vector(_OPT_INT_NAMES, "hi", _EXACT)
+_FLOAT_LO = _bound_vector(_FLOAT_NAMES, "lo", FLOAT_MAX)
+_FLOAT_HI = _bound_vector(_FLOAT_NAMES, "hi", FLOAT_MAX)
+_FLOAT_OPT = np.asarray([COLUMNS[n] == "of" for n in _FLOAT_NAMES])[:, None]
+
+
+def _matrix(cs: list[Any], dtype: str, n: int) -> npt.NDArray[Any] | None:
+    """The columns `cs` as one (len(cs), n) array, or None if any is not plain `dtype`."""
+    for c in cs:
+        if c.dtype != dtype or c.valid is not None or len(c.data) != 8 * n:
+            return None
+    return np.frombuffer(b"".join(c.data for c in cs), dtype).reshape(len(cs), n)
+
+
+_PLANS: dict[tuple[bool, ...], tuple[Any, ...]] = {}
+
+
+def _plan(present: tuple[bool, ...]) -> tuple[Any, ...]:
+    """Per set of present optional columns: the bound vectors of the present ones."""
+    got = _PLANS.get(present)
+    if got is None:
+        k = len(_OPT_INT_NAMES)
+        oi = [i for i in range(k) if present[i]]
+        fl = [i for i in range(len(_FLOAT_NAMES)) if present[k + i]]
+        got = (
+            oi,
+            fl,
+            _OPT_INT_LO[oi],
+            _OPT_INT_HI[oi],
+            _FLOAT_LO[fl],
+            _FLOAT_HI[fl],
+            _FLOAT_OPT[fl],
+            [_OPT_INT_NAMES[i] for i in range(k) if not present[i]]
+            + [_FLOAT_NAMES[i] for i in range(len(_FLOAT_NAMES)) if not present[k + i]],
+        )
+        if len(_PLANS) < 4096:  # bounded: 2**k sets are possible, a few occur
+            _PLANS[present] = got
+    return got
+
+
+def _from_wire_fast(b: Any) -> dict[str, Any] | None:
+    """Every numeric group checked with a few array operations (the usual batch:
+    8-byte little-endian columns, no bitmaps), or None to take the slow walk."""
+    n: int = b.n
+    ints = _matrix([getattr(b, name) for name in _INT_NAMES], "<i8", n)
+    if ints is None or (n and (ints < _INT_LO).any()):
+        return None
+    cols: dict[str, Any] = dict(zip(_INT_NAMES, ints, strict=True))
+    opt_cols = [getattr(b, name) for name in _OPT_INT_NAMES]
+    fl_cols = [getattr(b, name) for name in _FLOAT_NAMES]
+    oi, fl, oi_lo, oi_hi, f_lo, f_hi, f_opt, absent = _plan(
+        tuple(c is not None for c in opt_cols + fl_cols)
+    )
+    if oi:
+        opt = _matrix([opt_cols[i] for i in oi], "<i8", n)
+        if opt is None or (n and ((opt < oi_lo).any() or (opt > oi_hi).any())):
+            return None
+        cols.update(zip([_OPT_INT_NAMES[i] for i in oi], opt.astype(np.float64), strict=True))
+    fm = _matrix([fl_cols[i] for i in fl], "<f8", n)
+    if fm is None:
+        return None
+    ok = (fm >= f_lo) & (fm <= f_hi)
+    if n and not ok.all():
+        ok |= np.isnan(fm) & f_opt
+        if not ok.all():
+            return None
+    cols.update(zip([_FLOAT_NAMES[i] for i in fl], fm, strict=True))
+    if absent:
+        if any(COLUMNS[name] == "f" for name in absent):
+            return None  # a required float column is nil: the walk names it
+        nan_row = np.full(n, math.nan)
+        nan_row.flags.writeable = False
+        for name in absent:
+            cols[name] = nan_row
+    for name in _OTHER_NAMES:
+        v = getattr(b, name)
+        if v is None:
+            v = [()] * n if COLUMNS[name] == "m" else [None] * n
+        elif len(v) != n:
+            return None
+        cols[name] = v
+    return cols
+
+
+def _from_wire_columns(b: Any) -> dict[str, Any]:
     n: int = b.n
     cols: dict[str, Any] = {}
     for name, kind in COLUMNS.items():
@@ -362,13 +493,7 @@ def from_wire(b: Any) -> WindowColumns:
             elif len(v) != n:
                 raise ColumnError(name, f"expected {n} rows, got {len(v)}")
             cols[name] = v
-    lo, hi = cols["step_lo"], cols["step_hi"]
-    if n and (hi < lo).any():
-        raise _first_bad("step_hi", "step_hi >= step_lo", hi, hi < lo)
-    lo, hi = cols["coll_lo"], cols["coll_hi"]
-    if n and (hi < lo).any():
-        raise _first_bad("coll_hi", "coll_hi >= coll_lo", hi, hi < lo)
-    return WindowColumns(n, cols)
+    return cols
 
 
 def to_wire(wc: WindowColumns) -> dict[str, Any]:
@@ -403,5 +528,7 @@ def to_wire(wc: WindowColumns) -> dict[str, Any]:
     return out
 
 
-_RW_FIELD_NAMES = {f.name for f in fields(RankWindow)} - {"telemetry"}
-assert set(WINDOW_COLUMNS) == _RW_FIELD_NAMES
+_RW_FIELDS = [f.name for f in fields(RankWindow)]
+assert _RW_FIELDS[-1] == "telemetry", "RankWindow.telemetry must stay its last field (rows())"
+assert list(WINDOW_COLUMNS) == _RW_FIELDS[:-1]
+assert list(TELEMETRY_COLUMNS) == [f.name for f in fields(Telemetry)]

@@ -195,3 +195,27 @@ def test_a_big_batch_costs_per_column() -> None:
     out = decode_frame_body(body_of(encode(msg)))
     assert isinstance(out, Windows) and out.columns.n == 4096
     assert out.columns == msg.columns
+
+
+def test_every_list_derives_from_the_schema() -> None:
+    """A Telemetry field added in records.py reaches the columns, the wire struct, the
+    field groups, the agent's integer rounding and the diagnosis without another edit."""
+    import dataclasses
+
+    from artemis.agent.telemetry import base
+    from artemis.coordinator import diagnosis
+    from artemis.protocol import records
+    from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowBatch
+
+    tel = [f.name for f in dataclasses.fields(Telemetry)]
+    assert list(TELEMETRY_COLUMNS) == tel
+    assert set(records.GPU_FIELDS) | set(records.HOST_FIELDS) == set(tel) - {"missing"}
+    assert not set(records.GPU_FIELDS) & set(records.HOST_FIELDS)
+    assert base.ALL_FIELDS == records.GPU_FIELDS + records.HOST_FIELDS
+    assert {k for k, v in TELEMETRY_COLUMNS.items() if v == "oi"} == base._INT_FIELDS
+    assert diagnosis.DIAG_FIELDS is records.DIAG_FIELDS
+    assert set(diagnosis.DIAG_FIELDS) <= set(tel)
+    wire = set(WindowBatch.__struct_fields__)
+    assert wire == set(COLUMNS) | {"n"}
+    rw = [f.name for f in dataclasses.fields(RankWindow) if f.name != "telemetry"]
+    assert [c for c in COLUMNS if not c.startswith("tel_")] == rw
