@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import typing
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import msgspec
@@ -79,6 +79,9 @@ class WindowColumns:
 
     n: int
     cols: dict[str, Any]
+    # The decoded wire batch these columns are views of, when they came off the
+    # wire: `to_wire` hands it back instead of encoding the columns again.
+    wire: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in COLUMNS:
@@ -90,11 +93,12 @@ class WindowColumns:
                 )
 
     @classmethod
-    def _checked(cls, n: int, cols: dict[str, Any]) -> WindowColumns:
+    def _checked(cls, n: int, cols: dict[str, Any], wire: Any = None) -> WindowColumns:
         """Built from columns already checked (every name present, `n` rows each)."""
         out = object.__new__(cls)
         object.__setattr__(out, "n", n)
         object.__setattr__(out, "cols", cols)
+        object.__setattr__(out, "wire", wire)
         return out
 
     def __len__(self) -> int:
@@ -368,7 +372,7 @@ def from_wire(b: Any) -> WindowColumns:
     lo, hi = cols["coll_lo"], cols["coll_hi"]
     if n and (hi < lo).any():
         raise _first_bad("coll_hi", "coll_hi >= coll_lo", hi, hi < lo)
-    return WindowColumns._checked(n, cols)
+    return WindowColumns._checked(n, cols, b)
 
 
 def _group(kinds: tuple[str, ...]) -> tuple[str, ...]:
@@ -496,8 +500,11 @@ def _from_wire_columns(b: Any) -> dict[str, Any]:
     return cols
 
 
-def to_wire(wc: WindowColumns) -> dict[str, Any]:
-    """The wire map of `wc` (what `from_wire` reads back): plain msgpack values."""
+def to_wire(wc: WindowColumns) -> Any:
+    """The wire form of `wc` (what `from_wire` reads back), for msgspec's encoder: the
+    batch `wc` was decoded from, else a map of plain msgpack values."""
+    if wc.wire is not None:
+        return wc.wire
     out: dict[str, Any] = {"n": wc.n}
     for name, kind in COLUMNS.items():
         v = wc.cols[name]
