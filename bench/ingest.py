@@ -83,6 +83,9 @@ def _null_server_main(address_file: str, secret_file: str) -> None:
         async def on_message(self, peer: Any, msg: Any) -> None:
             return None
 
+        def on_disconnect(self, peer: Any) -> None:
+            return None
+
     async def serve() -> None:
         server = ProtocolServer(TcpTransport(), "127.0.0.1:0", load_secret(secret_file), Null())
         Path(address_file).write_text(await server.start())

@@ -30,6 +30,7 @@ import math
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -384,98 +385,125 @@ _OPT_INT_NAMES = _group(("oi",))
 _FLOAT_NAMES = _group(("f", "of"))
 # Everything else travels as a msgpack array (strings, maps, `missing`, any bool).
 _OTHER_NAMES = tuple(name for name, kind in COLUMNS.items() if kind not in _ARRAY_KINDS)
-_I64_MIN = float(np.iinfo(np.int64).min)
+_I64_MIN = int(np.iinfo(np.int64).min)
+_I64_MAX = int(np.iinfo(np.int64).max)
 
 
-def _bound_vector(names: tuple[str, ...], which: str, cap: float) -> npt.NDArray[Any]:
-    vals = [min(max(float(getattr(_SPECS[n], which)), -cap), cap) for n in names]
-    return np.asarray(vals, dtype=np.float64)[:, None]
+_INTS = _INT_NAMES + _OPT_INT_NAMES  # every integer column, required first
+_NUMERIC = _INTS + _FLOAT_NAMES
+_get_numeric = attrgetter(*_NUMERIC)
+_get_other = attrgetter(*_OTHER_NAMES)
+_dtype = attrgetter("dtype")
+_valid = attrgetter("valid")
+_data = attrgetter("data")
 
 
-# Bounds as (columns, 1) vectors: one comparison checks every column of a group.
-_INT_LO = _bound_vector(_INT_NAMES, "lo", -_I64_MIN)
-_OPT_INT_LO = _bound_vector(_OPT_INT_NAMES, "lo", _EXACT)
-_OPT_INT_HI = _bound_vector(_OPT_INT_NAMES, "hi", _EXACT)
-_FLOAT_LO = _bound_vector(_FLOAT_NAMES, "lo", FLOAT_MAX)
-_FLOAT_HI = _bound_vector(_FLOAT_NAMES, "hi", FLOAT_MAX)
-_FLOAT_OPT = np.asarray([COLUMNS[n] == "of" for n in _FLOAT_NAMES])[:, None]
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How to check one set of present numeric columns (absent optional ones are nil)."""
+
+    names: tuple[str, ...]  # the present columns: integers first, then floats
+    ints: int  # how many of them are integers
+    opt_ints: tuple[str, ...]  # present optional integer columns (held as float64)
+    lo: npt.NDArray[np.int64]  # (ints, 1) bounds of the integer rows
+    hi: npt.NDArray[np.int64]
+    f_lo: npt.NDArray[np.float64]  # (floats, 1) bounds of the float rows
+    f_hi: npt.NDArray[np.float64]
+    f_opt: npt.NDArray[np.bool_]  # (floats, 1): NaN allowed (absent)
+    absent: tuple[str, ...]
 
 
-def _matrix(cs: list[Any], dtype: str, n: int) -> npt.NDArray[Any] | None:
-    """The columns `cs` as one (len(cs), n) array, or None if any is not plain `dtype`."""
-    for c in cs:
-        if c.dtype != dtype or c.valid is not None or len(c.data) != 8 * n:
-            return None
-    return np.frombuffer(b"".join(c.data for c in cs), dtype).reshape(len(cs), n)
+_PLANS: dict[tuple[bool, ...], _Plan | None] = {}
 
 
-_PLANS: dict[tuple[bool, ...], tuple[Any, ...]] = {}
+def _plan(present: tuple[bool, ...]) -> _Plan | None:
+    got = _PLANS.get(present, False)
+    if got is not False:
+        return got  # type: ignore[return-value]
+    names = tuple(n for n, p in zip(_NUMERIC, present, strict=True) if p)
+    absent = tuple(n for n, p in zip(_NUMERIC, present, strict=True) if not p)
+    ints = [n for n in names if n in _INTS]
+    floats = [n for n in names if n not in _INTS]
 
+    def vec(ns: list[str], which: str, cap: float) -> npt.NDArray[np.float64]:
+        vals = [min(max(float(getattr(_SPECS[x], which)), -cap), cap) for x in ns]
+        return np.asarray(vals, dtype=np.float64)[:, None]
 
-def _plan(present: tuple[bool, ...]) -> tuple[Any, ...]:
-    """Per set of present optional columns: the bound vectors of the present ones."""
-    got = _PLANS.get(present)
-    if got is None:
-        k = len(_OPT_INT_NAMES)
-        oi = [i for i in range(k) if present[i]]
-        fl = [i for i in range(len(_FLOAT_NAMES)) if present[k + i]]
-        got = (
-            oi,
-            fl,
-            _OPT_INT_LO[oi],
-            _OPT_INT_HI[oi],
-            _FLOAT_LO[fl],
-            _FLOAT_HI[fl],
-            _FLOAT_OPT[fl],
-            [_OPT_INT_NAMES[i] for i in range(k) if not present[i]]
-            + [_FLOAT_NAMES[i] for i in range(len(_FLOAT_NAMES)) if not present[k + i]],
-        )
-        if len(_PLANS) < 4096:  # bounded: 2**k sets are possible, a few occur
-            _PLANS[present] = got
-    return got
+    plan: _Plan | None = _Plan(
+        names=names,
+        ints=len(ints),
+        opt_ints=tuple(n for n in ints if COLUMNS[n] == "oi"),
+        # int64 bounds: comparing with float ones would convert the whole matrix.
+        lo=np.asarray([[int(max(_SPECS[x].lo, _I64_MIN))] for x in ints], dtype=np.int64).reshape(
+            -1, 1
+        ),
+        hi=np.asarray(
+            [[1 << 53 if COLUMNS[x] == "oi" else _I64_MAX] for x in ints], dtype=np.int64
+        ).reshape(-1, 1),
+        f_lo=vec(floats, "lo", FLOAT_MAX),
+        f_hi=vec(floats, "hi", FLOAT_MAX),
+        f_opt=np.asarray([[COLUMNS[x] == "of"] for x in floats], dtype=bool).reshape(-1, 1),
+        absent=absent,
+    )
+    if any(COLUMNS[x] in ("i", "f") for x in absent):
+        plan = None  # a required column is nil: the walk names it
+    if len(_PLANS) < 4096:  # bounded: 2**k sets are possible, a few occur
+        _PLANS[present] = plan
+    return plan
 
 
 def _from_wire_fast(b: Any) -> dict[str, Any] | None:
-    """Every numeric group checked with a few array operations (the usual batch:
-    8-byte little-endian columns, no bitmaps), or None to take the slow walk."""
+    """Every numeric column checked at once (the usual batch: 8-byte little-endian
+    columns, no bitmaps), or None to take the column by column walk."""
     n: int = b.n
-    ints = _matrix([getattr(b, name) for name in _INT_NAMES], "<i8", n)
-    if ints is None or (n and (ints < _INT_LO).any()):
+    every = _get_numeric(b)
+    plan = _plan(tuple(c is not None for c in every))
+    if plan is None:
         return None
-    cols: dict[str, Any] = dict(zip(_INT_NAMES, ints, strict=True))
-    opt_cols = [getattr(b, name) for name in _OPT_INT_NAMES]
-    fl_cols = [getattr(b, name) for name in _FLOAT_NAMES]
-    oi, fl, oi_lo, oi_hi, f_lo, f_hi, f_opt, absent = _plan(
-        tuple(c is not None for c in opt_cols + fl_cols)
-    )
-    if oi:
-        opt = _matrix([opt_cols[i] for i in oi], "<i8", n)
-        if opt is None or (n and ((opt < oi_lo).any() or (opt > oi_hi).any())):
+    cs = [c for c in every if c is not None]
+    k = plan.ints
+    # Types, bitmaps and lengths of every column in a few C-level passes.
+    if (
+        set(map(_dtype, cs[:k])) - {"<i8"}
+        or set(map(_dtype, cs[k:])) - {"<f8"}
+        or set(map(_valid, cs)) != {None}
+    ):
+        return None
+    datas = list(map(_data, cs))
+    if set(map(len, datas)) != {8 * n} and n:
+        return None
+    m = np.frombuffer(b"".join(datas), "<i8").reshape(len(cs), n)
+    ints, floats = m[:k], m[k:].view("<f8")
+    if n:
+        if ((ints < plan.lo) | (ints > plan.hi)).any():
             return None
-        cols.update(zip([_OPT_INT_NAMES[i] for i in oi], opt.astype(np.float64), strict=True))
-    fm = _matrix([fl_cols[i] for i in fl], "<f8", n)
-    if fm is None:
-        return None
-    ok = (fm >= f_lo) & (fm <= f_hi)
-    if n and not ok.all():
-        ok |= np.isnan(fm) & f_opt
+        ok = (floats >= plan.f_lo) & (floats <= plan.f_hi)
         if not ok.all():
-            return None
-    cols.update(zip([_FLOAT_NAMES[i] for i in fl], fm, strict=True))
-    if absent:
-        if any(COLUMNS[name] == "f" for name in absent):
-            return None  # a required float column is nil: the walk names it
+            ok |= np.isnan(floats) & plan.f_opt
+            if not ok.all():
+                return None
+    cols: dict[str, Any] = dict(zip(plan.names, (*ints, *floats), strict=True))
+    if plan.opt_ints:
+        nopt = len(plan.opt_ints)
+        cols.update(zip(plan.opt_ints, ints[k - nopt :].astype(np.float64), strict=True))
+    if plan.absent:
         nan_row = np.full(n, math.nan)
         nan_row.flags.writeable = False
-        for name in absent:
+        for name in plan.absent:
             cols[name] = nan_row
-    for name in _OTHER_NAMES:
-        v = getattr(b, name)
-        if v is None:
-            v = [()] * n if COLUMNS[name] == "m" else [None] * n
-        elif len(v) != n:
-            return None
-        cols[name] = v
+    others = _get_other(b)
+    if None in others or set(map(len, others)) != {n}:
+        if not others:
+            return cols
+        fixed = []
+        for name, v in zip(_OTHER_NAMES, others, strict=True):
+            if v is None:
+                v = [()] * n if COLUMNS[name] == "m" else [None] * n
+            elif len(v) != n:
+                return None
+            fixed.append(v)
+        others = tuple(fixed)
+    cols.update(zip(_OTHER_NAMES, others, strict=True))
     return cols
 
 
