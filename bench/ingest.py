@@ -1,281 +1,413 @@
-"""Coordinator ingest: rank-window summaries scored per second on one core, over loopback.
+"""Whole-coordinator ingest on one core: rank-windows per second, memory per rank, and the time
+from a window's last summary to its findings.
 
-``python -m bench ingest``. A real ``ProtocolServer`` (TCP, uvloop where present)
-with the real ``Coordinator`` app (window assembly, detector, ``FindingsWriter``
-and ``PlansWriter`` to temporary files, Prometheus ``Metrics``) runs in a process
-pinned to one core. N real ``AgentLink`` clients (one host of 8 ranks each, all
-ranks of one job) run in another process on the other cores; each sends W
-``Windows`` messages (its 8 ranks' summaries of one window, with full telemetry,
-one rank slow so every window writes a finding). The figure is end to end:
-from the first data frame the server read to the moment the last window was
-scored, summaries / s. Baseline in the same run: the same server whose app's
-``on_message`` does nothing (transport, framing, auth, codec, dedup, acks only).
+``python -m bench ingest``. The server is the real ``artemis-coordinator serve``
+process (assembly, detector, findings and plans JSONL, Prometheus, control
+socket: everything) pinned to one core with ``taskset``. The baseline, measured
+in the same run, is the same protocol server (``ProtocolServer``, TCP, auth,
+codec, dedup, acks) with an app that does nothing, pinned the same way. The
+agents are ``sim/loadtest.py``'s: real ``AgentLink`` clients (HMAC handshake,
+columnar ``windows`` messages of protocol 1.1) in one process pinned to the
+other cores, one job, one straggler.
 
-The clients queue every message before they connect (AgentLink encodes on
-enqueue), so the client process only sends frames and reads acks while the
-server is timed. Each row is the median of RUNS runs.
+Throughput: every agent connects first; then every window of every agent is
+queued (encoded) without yielding to the loop, and the clock runs from the
+first byte sent to the last ack. The server's CPU time over the same span is
+read from /proc: rank-windows per server CPU second is what one core sustains
+even where the agents' single process is the slower side (it is, for the null
+app with small agents). An ack means the app has the message, and
+the coordinator scores a window inside the call that completes it, so the last
+ack comes after the last window's findings were written. Rank-windows/s =
+ranks x windows / that time; median of RUNS runs.
+
+Memory per rank, from the paced runs (a backlog of queued frames would count
+as memory otherwise): the coordinator's RSS after the run minus its RSS
+before any agent connected, over the ranks (connections, assembly, detector
+state, metric series; Python keeps freed memory, so this is an upper bound).
+
+Latency: 10k- and 100k-rank jobs paced at one window per second; per window, from the
+moment its last message was queued to the ack of the last of them (which
+follows the findings line), the worst window reported. This is an upper bound
+of "last summary -> findings line": it includes the client writing every
+message of the window, the loopback trip and the ack coalescing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-RANKS_PER_AGENT = 8
-TOTAL = 65536  # summaries per run
-AGENTS = (8, 32, 64)
 RUNS = 3
-JOB = "bench-job"
-COMM = "00000000bench001"
-SECRET = b"bench ingest secret, 32 bytes.."
-SLOW = 5
+JOB = "bench-ingest"
+# (ranks per window, ranks per agent): a node of 8 GPUs is the usual agent; the big jobs
+# also with bigger agents, to show where the per-message cost ends.
+ROWS = ((64, 8), (512, 8), (10_000, 8), (10_000, 64), (100_000, 256))
+SUMMARIES = 100_000  # per run (windows = SUMMARIES / ranks, at least 2)
+# Paced runs: (ranks, ranks per agent, windows, window_s); memory and latency.
+PACED = ((10_000, 64, 4, 1.0), (100_000, 256, 5, 1.0))
+STRAGGLER = 5
+GOAL_RATE = 200_000
+GOAL_BYTES = 2048
+GOAL_LATENCY_S = 1.0
 
 
-def _window(rank: int, nranks: int, w: int, host: str) -> Any:
-    from artemis.protocol.records import RankWindow, Telemetry
-
-    gap = 80.0 * (1.3 if rank == SLOW else 1.0 + 0.002 * (rank % 7))
-    return RankWindow(
-        job=JOB, comm=COMM, rank=rank, nranks=nranks, host=host, window=w,
-        step_lo=w * 50, step_hi=(w + 1) * 50, coll_lo=w * 200, coll_hi=(w + 1) * 200,
-        gap_ms=gap, coll_ms=18.25, step_ms=120.0, collectives=200, bytes=1 << 33, lost=0,
-        clock="device", island="nvidia", hw_class="H100",
-        telemetry=Telemetry(
-            vendor="nvidia", gpu_model="NVIDIA H100 80GB HBM3", gpu_index=rank % 8,
-            sm_mhz=1410.0, sm_mhz_max=1980.0, mem_mhz=2619.0, temp_c=61.0, power_w=400.0,
-            power_limit_w=700.0, throttle={"hw_thermal": False, "sw_power_cap": False},
-            pcie_gen=5, pcie_gen_max=5, pcie_width=16, pcie_width_max=16, cpu_pct=35.0,
-            steal_pct=0.0, iowait_pct=0.1, psi_cpu_some=0.5, load1=12.0, ncpu=96,
-            proc_cpu_pct=101.0,
-        ),
-    )  # fmt: skip
+def _cpus() -> tuple[int, list[int]]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[0], cpus[1:] or cpus[:1]
 
 
-class _NullApp:
-    async def on_message(self, peer: Any, msg: Any) -> None:
-        return None
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
 
-    def on_disconnect(self, peer: Any) -> None:
-        return None
+
+# --------------------------------------------------------------------------- servers
 
 
-class _Counting:
-    """Counts summaries handed to the app; done when every window was handed over and,
-    for the coordinator, scored."""
+def _null_server_main(address_file: str, secret_file: str) -> None:
+    """`python -m bench.ingest null ADDR_FILE SECRET_FILE`: the protocol server, null app."""
+    from artemis.protocol.aio import run
+    from artemis.protocol.auth import load_secret
+    from artemis.protocol.server import ProtocolServer
+    from artemis.protocol.tcp import TcpTransport
 
-    def __init__(self, inner: Any, total: int, windows: int, coord: Any) -> None:
-        self.inner, self.total, self.windows, self.coord = inner, total, windows, coord
-        self.seen = 0
-        self.t_first: float | None = None
-        self.t_done: float | None = None
-        self.done = asyncio.Event()
+    class Null:
+        async def on_message(self, peer: Any, msg: Any) -> None:
+            return None
 
-    def on_connect(self, peer: Any) -> None:
-        cb = getattr(self.inner, "on_connect", None)
-        if cb is not None:
-            cb(peer)
+        def on_disconnect(self, peer: Any) -> None:
+            return None
 
-    def on_disconnect(self, peer: Any) -> None:
-        self.inner.on_disconnect(peer)
+    async def serve() -> None:
+        server = ProtocolServer(TcpTransport(), "127.0.0.1:0", load_secret(secret_file), Null())
+        Path(address_file).write_text(await server.start())
+        await asyncio.Event().wait()
 
-    async def on_message(self, peer: Any, msg: Any) -> None:
-        if self.t_first is None:
-            self.t_first = time.perf_counter()
-        await self.inner.on_message(peer, msg)
-        self.seen += len(getattr(msg, "windows", ()))
-        if self.seen >= self.total and not self.done.is_set():
-            if self.coord is not None:
-                js = self.coord.jobs.get(JOB)
-                if js is None or js.last_window < self.windows - 1 or self.coord.assembler.pending:
-                    return
-            self.t_done = time.perf_counter()
-            self.done.set()
+    _quiet()
+    run(serve())
 
 
 def _quiet() -> None:
-    """The daemons' log lines (connects, flags) would flood the table."""
     import logging
 
     import structlog
 
-    level = logging.ERROR if os.environ.get("BENCH_INGEST_ERRORS") else logging.CRITICAL
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
-    logging.getLogger("straggler").setLevel(logging.CRITICAL)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
 
 
-def _server(mode: str, agents: int, windows: int, port_out: Connection, cpu: int) -> None:
-    os.sched_setaffinity(0, {cpu})
-    _quiet()
-    from artemis.protocol.aio import run
+class _Server:
+    """A pinned server process: the real coordinator, or the null-app protocol server."""
 
-    run(_serve(mode, agents, windows, port_out))
+    def __init__(self, mode: str, work: Path, secret: Path, cpu: int) -> None:
+        self.mode = mode
+        self.work = work
+        from socket import socket
 
-
-async def _serve(mode: str, agents: int, windows: int, out: Connection) -> None:
-    from artemis.coordinator.findings import FindingsWriter
-    from artemis.coordinator.metrics import Metrics
-    from artemis.coordinator.service import Coordinator
-    from artemis.coordinator.settings import Settings
-    from artemis.protocol.server import ProtocolServer
-    from artemis.protocol.tcp import TcpTransport
-    from artemis.rebalance.outputs import PlansWriter
-
-    nranks = agents * RANKS_PER_AGENT
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        coord = None
-        inner: Any = _NullApp()
+        with socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket() as s:
+            s.bind(("127.0.0.1", 0))
+            mport = s.getsockname()[1]
+        pin = ["taskset", "-c", str(cpu)] if shutil.which("taskset") else []
+        log = open(work / f"{mode}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self._log = log
         if mode == "coordinator":
-            coord = Coordinator(
-                Settings.from_mapping({}),
-                FindingsWriter(Path(tmp) / "findings.jsonl"),
-                PlansWriter(Path(tmp) / "plans.jsonl"),
-                Metrics(),
-                deadline_s=60.0,
-                # No grace after start: every rank is announced below, before any window.
-                grace_s=0.0,
+            cfg = work / "coordinator.toml"
+            cfg.write_text(
+                "assembly_deadline_s = 60.0\nassembly_grace_s = 0.0\ntick_s = 0.25\n"
+                f'metrics_addr = "127.0.0.1"\ncontrol_socket = "{work / "c.sock"}"\n'
+                "[detector]\nhang_floor_s = 600.0\n"
             )
-            # Every agent of the job announced its ranks (as their hellos do) before
-            # the first window: windows are released complete, never by deadline.
-            coord.assembler.expect(JOB, range(nranks))
-            inner = coord
-        app = _Counting(inner, nranks * windows, windows, coord)
-        server = ProtocolServer(TcpTransport(), "127.0.0.1:0", SECRET, app)
-        if coord is not None:
-            coord.server = server
-        address = await server.start()
-        out.send(address)
+            cmd = [
+                str(Path(sys.executable).parent / "artemis-coordinator"),
+                "serve", "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport),
+                "--jsonl", str(work / "findings.jsonl"), "--plans-jsonl",
+                str(work / "plans.jsonl"), "--secret-file", str(secret), "--config", str(cfg),
+            ]  # fmt: skip
+            self.address = f"127.0.0.1:{port}"
+        else:
+            addr = work / "null.addr"
+            cmd = [sys.executable, "-m", "bench.ingest", "null", str(addr), str(secret)]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        self.proc = subprocess.Popen([*pin, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env)
+        end = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{mode} server exited: {(work / f'{mode}.log').read_text()}")
+            if mode != "coordinator" and addr.exists() and addr.read_text():
+                self.address = addr.read_text()
+                break
+            if mode == "coordinator" and _listening(port):
+                break
+            if time.monotonic() > end:
+                raise RuntimeError(f"{mode} server did not start")
+            time.sleep(0.05)
+        time.sleep(0.3)  # the coordinator's metrics and tick are up too
+        self.rss0 = _rss(self.proc.pid)
+
+    def rss(self) -> int:
+        return _rss(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
         try:
-            await asyncio.wait_for(
-                app.done.wait(), float(os.environ.get("BENCH_INGEST_TIMEOUT", 600))
-            )
-        except asyncio.TimeoutError:
-            js = coord.jobs.get(JOB) if coord is not None else None
-            print(
-                f"bench server stuck: {app.seen}/{app.total} summaries,"
-                f" last window {js.last_window if js else None},"
-                f" pending {coord.assembler.pending if coord else None},"
-                f" stats {server.stats.snapshot()}",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise
-        assert app.t_first is not None and app.t_done is not None
-        out.send(app.t_done - app.t_first)
-        await server.close()
-        if coord is not None:
-            coord.flush()
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
 
 
-def _clients(address: str, agents: int, windows: int, cpus: set[int], out: Connection) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def _client_main(spec_json: str) -> None:
+    """`python -m bench.ingest client SPEC`: play the agents, print one JSON result line."""
     _quiet()
     from artemis.protocol.aio import run
 
-    run(_drive(address, agents, windows, out))
+    out = run(_drive(json.loads(spec_json)))
+    print(json.dumps(out), flush=True)
 
 
-async def _drive(address: str, agents: int, windows: int, out: Connection) -> None:
+async def _drive(p: dict[str, Any]) -> dict[str, Any]:
+    from artemis.protocol.auth import load_secret
     from artemis.protocol.client import AgentIdentity, AgentLink
     from artemis.protocol.messages import RankInfo, Windows
     from artemis.protocol.tcp import TcpTransport
+    from artemis.sim.loadtest import LoadSpec, _Template
 
-    nranks = agents * RANKS_PER_AGENT
-    links = []
-    for a in range(agents):
-        host = f"node-{a:03d}"
-        ranks = range(a * RANKS_PER_AGENT, (a + 1) * RANKS_PER_AGENT)
-        ident = AgentIdentity(
-            agent_id=host,
-            host=host,
-            agent_version="bench",
-            ranks=tuple(RankInfo(JOB, COMM, r, nranks) for r in ranks),
+    spec = LoadSpec(
+        coordinator=p["address"], secret=load_secret(p["secret"]), ranks=p["ranks"],
+        ranks_per_agent=p["k"], windows=p["windows"], window_s=p["window_s"],
+        stragglers={STRAGGLER: 1.3}, job=JOB,
+    )  # fmt: skip
+    templates = [_Template(spec, a) for a in range(spec.agents)]
+    links = [
+        AgentLink(
+            TcpTransport(),
+            spec.coordinator,
+            spec.secret,
+            AgentIdentity(
+                agent_id=t.host,
+                host=t.host,
+                agent_version="bench",
+                ranks=tuple(RankInfo(JOB, spec.comm, int(r), spec.ranks) for r in t.ranks),
+            ),
+            outbox_capacity=spec.windows + 16,
+            outbox_max_bytes=1 << 31,
         )
-        link = AgentLink(
-            TcpTransport(), address, SECRET, ident, outbox_capacity=windows + 16,
-            outbox_max_bytes=1 << 30,
-        )  # fmt: skip
-        for w in range(windows):
-            link.enqueue(
-                Windows(host=host, windows=tuple(_window(r, nranks, w, host) for r in ranks))
-            )
-        links.append(link)
+        for t in templates
+    ]
     for link in links:
         link.start()
-    for link in links:
-        while link.stats.buffered:
-            await asyncio.sleep(0.01)
+    await asyncio.gather(*(link.wait_connected(120) for link in links))
+    batches = [[t.batch(w) for w in range(spec.windows)] for t in templates]
+    out: dict[str, Any] = {}
+    if spec.window_s == 0:
+        # Tell the bench we are about to send, and wait for its go (it reads the
+        # server's CPU time in between).
+        print("ready", flush=True)
+        sys.stdin.readline()
+        seqs = [
+            [link.enqueue(Windows(host=t.host, columns=b)) for b in bs]
+            for t, link, bs in zip(templates, links, batches, strict=True)
+        ]
+        t0 = time.perf_counter()  # nothing was sent yet: the loop did not run
+        await asyncio.gather(
+            *(link.wait_acked(s[-1], 600) for link, s in zip(links, seqs, strict=True))
+        )
+        out["elapsed"] = time.perf_counter() - t0
+    else:
+        lat = []
+        start = time.perf_counter()
+        for w in range(spec.windows):
+            await asyncio.sleep(max(0.0, start + w * spec.window_s - time.perf_counter()))
+            seqs = [
+                link.enqueue(Windows(host=t.host, columns=bs[w]))
+                for t, link, bs in zip(templates, links, batches, strict=True)
+            ]
+            # Queued and encoded; the links write them as soon as this task yields.
+            t_sent = time.perf_counter()
+            await asyncio.gather(
+                *(link.wait_acked(s, 600) for link, s in zip(links, seqs, strict=True))
+            )
+            lat.append(time.perf_counter() - t_sent)
+        out["latency"] = lat
     await asyncio.gather(*(link.close(timeout=1.0) for link in links))
-    out.send("ok")
+    return out
 
 
-def measure(mode: str, agents: int) -> float:
-    """Summaries/s of one run."""
-    windows = max(1, TOTAL // (agents * RANKS_PER_AGENT))
-    ctx = mp.get_context("spawn")
-    cpus = sorted(os.sched_getaffinity(0))
-    server_cpu = cpus[0]
-    client_cpus = set(cpus[1:]) or {server_cpu}
-    s_parent, s_child = ctx.Pipe()
-    c_parent, c_child = ctx.Pipe()
-    srv = ctx.Process(target=_server, args=(mode, agents, windows, s_child, server_cpu))
-    srv.start()
-    try:
-        if not s_parent.poll(60):
-            raise RuntimeError("bench server did not start")
-        address = s_parent.recv()
-        cli = ctx.Process(target=_clients, args=(address, agents, windows, client_cpus, c_child))
-        cli.start()
+def _play(
+    address: str,
+    secret: Path,
+    ranks: int,
+    k: int,
+    windows: int,
+    window_s: float,
+    on_ready: Any = None,
+) -> Any:
+    """Run the agents' process; `on_ready()` is called just before an unpaced run sends."""
+    _, cpus = _cpus()
+    spec = json.dumps(
+        {"address": address, "secret": str(secret), "ranks": ranks, "k": k,
+         "windows": windows, "window_s": window_s}
+    )  # fmt: skip
+    pin = ["taskset", "-c", ",".join(map(str, cpus))] if shutil.which("taskset") else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [*pin, sys.executable, "-m", "bench.ingest", "client", spec],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        if line.strip() == "ready":
+            if on_ready is not None:
+                on_ready()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        elif line.strip():
+            lines.append(line)
+    if proc.wait(1800) != 0 or not lines:
+        err = proc.stderr.read() if proc.stderr else ""
+        raise RuntimeError(f"bench client failed: {err[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _secret(work: Path) -> Path:
+    p = work / "secret"
+    p.write_text("bench ingest secret, 32 bytes..\n")
+    p.chmod(0o600)
+    return p
+
+
+def measure(mode: str, ranks: int, k: int) -> tuple[float, float]:
+    """(rank-windows/s of wall time, rank-windows per CPU second of the server) of one run,
+    every window queued at once."""
+    windows = max(2, SUMMARIES // ranks)
+    cpu, _ = _cpus()
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        work = Path(tmp)
+        secret = _secret(work)
+        srv = _Server(mode, work, secret, cpu)
         try:
-            if not s_parent.poll(600):
-                raise RuntimeError("bench server did not finish")
-            elapsed = float(s_parent.recv())
-            c_parent.poll(60)
+            cpu0: list[float] = []
+            out = _play(
+                srv.address, secret, ranks, k, windows, 0.0,
+                on_ready=lambda: cpu0.append(_cpu_s(srv.proc.pid)),
+            )  # fmt: skip
+            used = _cpu_s(srv.proc.pid) - cpu0[0]
+            if mode == "coordinator":
+                _check_scored(work / "findings.jsonl", windows)
         finally:
-            cli.join(30)
-            if cli.is_alive():
-                cli.kill()
-                cli.join()
-    finally:
-        srv.join(30)
-        if srv.is_alive():
-            srv.kill()
-            srv.join()
-    return agents * RANKS_PER_AGENT * windows / elapsed
+            srv.stop()
+    n = ranks * windows
+    return n / out["elapsed"], n / max(used, 1e-9)
+
+
+def _check_scored(path: Path, windows: int) -> None:
+    """The run counts only if the coordinator wrote the straggler's finding for the last window."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    last = [f for f in lines if f.get("window") == windows - 1 and f.get("rank") == STRAGGLER]
+    if not last:
+        raise RuntimeError(f"coordinator did not score window {windows - 1}: {lines[-3:]}")
+
+
+def paced(ranks: int, k: int, windows: int, window_s: float) -> tuple[list[float], float]:
+    """(per-window latency bounds in s, coordinator bytes per rank) of a paced job."""
+    cpu, _ = _cpus()
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        work = Path(tmp)
+        secret = _secret(work)
+        srv = _Server("coordinator", work, secret, cpu)
+        try:
+            out = _play(srv.address, secret, ranks, k, windows, window_s)
+            rss = srv.rss()
+            _check_scored(work / "findings.jsonl", windows)
+        finally:
+            srv.stop()
+    lat: list[float] = out["latency"]
+    return lat, (rss - srv.rss0) / ranks
 
 
 def main() -> int:
-    cpus = sorted(os.sched_getaffinity(0))
+    cpu, clients = _cpus()
     print(
-        f"coordinator ingest over loopback TCP: server pinned to cpu {cpus[0]}, "
-        f"clients on {cpus[1:] or cpus[:1]}; {RANKS_PER_AGENT} ranks per agent, "
-        f"~{TOTAL} summaries per run, median of {RUNS} runs"
+        f"coordinator ingest over loopback TCP: server pinned to cpu {cpu} (taskset), "
+        f"agents on {clients}; ~{SUMMARIES} rank-windows per run, median of {RUNS} runs"
+    )
+    print(
+        "rank-windows per second of wall time, and per CPU second the server used"
+        " (what one core sustains when the agents' process is the slower side)"
     )
     hdr = (
-        f"{'agents':>6} {'ranks':>6} {'windows':>7} {'null app /s':>12} "
-        f"{'coordinator /s':>15} {'ratio':>6} {'goal 50k':>8}"
+        f"{'ranks':>7} {'per agent':>9} {'windows':>7} {'null /s':>9} {'null /cpu-s':>11} "
+        f"{'coord /s':>9} {'coord /cpu-s':>12} {'ratio':>6} {'>=200k':>6}"
     )
     print(hdr)
     print("-" * len(hdr))
-    for n in AGENTS:
-        null = statistics.median(measure("null", n) for _ in range(RUNS))
-        full = statistics.median(measure("coordinator", n) for _ in range(RUNS))
-        ok = "yes" if full >= 50_000 else "no"
+    for ranks, k in ROWS:
+        null = [measure("null", ranks, k) for _ in range(RUNS)]
+        full = [measure("coordinator", ranks, k) for _ in range(RUNS)]
+        nw, nc = (statistics.median(x[i] for x in null) for i in (0, 1))
+        fw, fc = (statistics.median(x[i] for x in full) for i in (0, 1))
+        best = max(fw, fc)
         print(
-            f"{n:>6} {n * RANKS_PER_AGENT:>6} {TOTAL // (n * RANKS_PER_AGENT):>7} "
-            f"{null:>12,.0f} {full:>15,.0f} {full / null:>6.2f} {ok:>8}",
+            f"{ranks:>7} {k:>9} {max(2, SUMMARIES // ranks):>7} {nw:>9,.0f} {nc:>11,.0f}"
+            f" {fw:>9,.0f} {fc:>12,.0f} {fc / nc:>6.2f} {'yes' if best >= GOAL_RATE else 'no':>6}",
+            flush=True,
+        )
+    print("paced jobs (one run each): coordinator memory per rank, last summary -> findings")
+    for ranks, k, windows, window_s in PACED:
+        lat, mem = paced(ranks, k, windows, window_s)
+        worst = max(lat)
+        print(
+            f"{ranks:>7} ranks ({k} per agent), {windows} windows of {window_s:g} s:"
+            f" {mem:,.0f} B/rank (<= {GOAL_BYTES}: {'yes' if mem <= GOAL_BYTES else 'no'});"
+            f" latency median {statistics.median(lat):.3f} s, worst {worst:.3f} s"
+            f" (<= {GOAL_LATENCY_S:g} s: {'yes' if worst <= GOAL_LATENCY_S else 'no'})",
             flush=True,
         )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) > 1 and sys.argv[1] == "null":
+        _null_server_main(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "client":
+        _client_main(sys.argv[2])
+    else:
+        sys.exit(main())

@@ -55,9 +55,13 @@ def _columns(windows: Summaries) -> WindowColumns:
     return WindowColumns.from_records(list(windows))
 
 
+_ENCODER = msgspec.msgpack.Encoder()
+
+
 def _entry(cols: WindowColumns) -> bytes:
-    packed: bytes = msgpack.packb(["c", to_wire(cols)], use_bin_type=True)
-    return packed
+    # A batch decoded off the wire is written back as it came (its bytes, no
+    # re-encoding of the columns).
+    return _ENCODER.encode(("c", to_wire(cols)))
 
 
 def _v1_window(rw: Sequence[str], tel: Sequence[str], values: Any, tvalues: Any) -> RankWindow:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import typing
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -79,6 +80,9 @@ class WindowColumns:
 
     n: int
     cols: dict[str, Any]
+    # The decoded wire batch these columns are views of, when they came off the
+    # wire: `to_wire` hands it back instead of encoding the columns again.
+    wire: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in COLUMNS:
@@ -88,6 +92,15 @@ class WindowColumns:
                 raise ValueError(
                     f"window columns: column {name!r} has {len(self.cols[name])} rows, not {self.n}"
                 )
+
+    @classmethod
+    def _checked(cls, n: int, cols: dict[str, Any], wire: Any = None) -> WindowColumns:
+        """Built from columns already checked (every name present, `n` rows each)."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "n", n)
+        object.__setattr__(out, "cols", cols)
+        object.__setattr__(out, "wire", wire)
+        return out
 
     def __len__(self) -> int:
         return self.n
@@ -162,12 +175,31 @@ class WindowColumns:
     # -- reading ------------------------------------------------------------
 
     def row(self, i: int) -> RankWindow:
-        tel = {k: _value(kind, self.cols[f"tel_{k}"][i]) for k, kind in TELEMETRY_COLUMNS.items()}
-        kw = {k: _value(kind, self.cols[k][i]) for k, kind in WINDOW_COLUMNS.items()}
-        return RankWindow(telemetry=Telemetry(**tel), **kw)
+        return self.take([i]).rows()[0]
 
     def rows(self) -> list[RankWindow]:
-        return [self.row(i) for i in range(self.n)]
+        """Every row as a RankWindow: one list per column, then one call per row."""
+        lists = {name: _pylist(kind, self.cols[name]) for name, kind in COLUMNS.items()}
+        tels = [
+            Telemetry(*vals)
+            for vals in zip(*(lists[f"tel_{k}"] for k in TELEMETRY_COLUMNS), strict=True)
+        ]
+        rw = zip(*(lists[k] for k in WINDOW_COLUMNS), strict=True)
+        # Positional: the columns are in field order and `telemetry` is the last field.
+        return [RankWindow(*vals, tel) for vals, tel in zip(rw, tels, strict=True)]
+
+
+def _pylist(kind: str, v: Any) -> list[Any]:
+    if kind in ("i", "f"):
+        out: list[Any] = v.tolist()
+        return out
+    if kind == "of":
+        return [None if x != x else x for x in v.tolist()]  # x != x: NaN
+    if kind == "oi":
+        return [None if x != x else int(x) for x in v.tolist()]
+    if kind == "m":
+        return [tuple(x) for x in v]
+    return list(v)
 
 
 def _empty(kind: str) -> Any:
@@ -186,22 +218,6 @@ def _column(kind: str, values: list[Any], n: int) -> Any:
     if kind == "m":
         return [tuple(v) for v in values]
     return list(values)
-
-
-def _value(kind: str, v: Any) -> Any:
-    if kind == "i":
-        return int(v)
-    if kind == "f":
-        return float(v)
-    if kind == "of":
-        f = float(v)
-        return None if math.isnan(f) else f
-    if kind == "oi":
-        f = float(v)
-        return None if math.isnan(f) else int(f)
-    if kind == "m":
-        return tuple(v)
-    return v
 
 
 # --------------------------------------------------------------------------- wire
@@ -344,7 +360,154 @@ def _float_column(
 
 def from_wire(b: Any) -> WindowColumns:
     """The columns of a decoded `WindowBatch` (types already checked by msgspec);
-    numeric columns are checked here, per column. Raises ColumnError."""
+    numeric columns are checked here. Raises ColumnError naming the column."""
+    cols = _from_wire_fast(b)
+    if cols is None:
+        # Something unusual (another dtype, a bitmap) or wrong: the column by
+        # column walk handles the first and names the column of the second.
+        cols = _from_wire_columns(b)
+    n: int = b.n
+    lo, hi = cols["step_lo"], cols["step_hi"]
+    if n and (hi < lo).any():
+        raise _first_bad("step_hi", "step_hi >= step_lo", hi, hi < lo)
+    lo, hi = cols["coll_lo"], cols["coll_hi"]
+    if n and (hi < lo).any():
+        raise _first_bad("coll_hi", "coll_hi >= coll_lo", hi, hi < lo)
+    return WindowColumns._checked(n, cols, b)
+
+
+def _group(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name for name, kind in COLUMNS.items() if kind in kinds)
+
+
+_INT_NAMES = _group(("i",))
+_OPT_INT_NAMES = _group(("oi",))
+_FLOAT_NAMES = _group(("f", "of"))
+# Everything else travels as a msgpack array (strings, maps, `missing`, any bool).
+_OTHER_NAMES = tuple(name for name, kind in COLUMNS.items() if kind not in _ARRAY_KINDS)
+_I64_MIN = int(np.iinfo(np.int64).min)
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
+_INTS = _INT_NAMES + _OPT_INT_NAMES  # every integer column, required first
+_NUMERIC = _INTS + _FLOAT_NAMES
+_get_numeric = attrgetter(*_NUMERIC)
+_get_other = attrgetter(*_OTHER_NAMES)
+_dtype = attrgetter("dtype")
+_valid = attrgetter("valid")
+_data = attrgetter("data")
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How to check one set of present numeric columns (absent optional ones are nil)."""
+
+    names: tuple[str, ...]  # the present columns: integers first, then floats
+    ints: int  # how many of them are integers
+    opt_ints: tuple[str, ...]  # present optional integer columns (held as float64)
+    lo: npt.NDArray[np.int64]  # (ints, 1) bounds of the integer rows
+    hi: npt.NDArray[np.int64]
+    f_lo: npt.NDArray[np.float64]  # (floats, 1) bounds of the float rows
+    f_hi: npt.NDArray[np.float64]
+    f_opt: npt.NDArray[np.bool_]  # (floats, 1): NaN allowed (absent)
+    absent: tuple[str, ...]
+
+
+_PLANS: dict[tuple[bool, ...], _Plan | None] = {}
+
+
+def _plan(present: tuple[bool, ...]) -> _Plan | None:
+    got = _PLANS.get(present, False)
+    if got is not False:
+        return got  # type: ignore[return-value]
+    names = tuple(n for n, p in zip(_NUMERIC, present, strict=True) if p)
+    absent = tuple(n for n, p in zip(_NUMERIC, present, strict=True) if not p)
+    ints = [n for n in names if n in _INTS]
+    floats = [n for n in names if n not in _INTS]
+
+    def vec(ns: list[str], which: str, cap: float) -> npt.NDArray[np.float64]:
+        vals = [min(max(float(getattr(_SPECS[x], which)), -cap), cap) for x in ns]
+        return np.asarray(vals, dtype=np.float64)[:, None]
+
+    plan: _Plan | None = _Plan(
+        names=names,
+        ints=len(ints),
+        opt_ints=tuple(n for n in ints if COLUMNS[n] == "oi"),
+        # int64 bounds: comparing with float ones would convert the whole matrix.
+        lo=np.asarray([[int(max(_SPECS[x].lo, _I64_MIN))] for x in ints], dtype=np.int64).reshape(
+            -1, 1
+        ),
+        hi=np.asarray(
+            [[1 << 53 if COLUMNS[x] == "oi" else _I64_MAX] for x in ints], dtype=np.int64
+        ).reshape(-1, 1),
+        f_lo=vec(floats, "lo", FLOAT_MAX),
+        f_hi=vec(floats, "hi", FLOAT_MAX),
+        f_opt=np.asarray([[COLUMNS[x] == "of"] for x in floats], dtype=bool).reshape(-1, 1),
+        absent=absent,
+    )
+    if any(COLUMNS[x] in ("i", "f") for x in absent):
+        plan = None  # a required column is nil: the walk names it
+    if len(_PLANS) < 4096:  # bounded: 2**k sets are possible, a few occur
+        _PLANS[present] = plan
+    return plan
+
+
+def _from_wire_fast(b: Any) -> dict[str, Any] | None:
+    """Every numeric column checked at once (the usual batch: 8-byte little-endian
+    columns, no bitmaps), or None to take the column by column walk."""
+    n: int = b.n
+    every = _get_numeric(b)
+    plan = _plan(tuple(c is not None for c in every))
+    if plan is None:
+        return None
+    cs = [c for c in every if c is not None]
+    k = plan.ints
+    # Types, bitmaps and lengths of every column in a few C-level passes.
+    if (
+        set(map(_dtype, cs[:k])) - {"<i8"}
+        or set(map(_dtype, cs[k:])) - {"<f8"}
+        or set(map(_valid, cs)) != {None}
+    ):
+        return None
+    datas = list(map(_data, cs))
+    if set(map(len, datas)) != {8 * n} and n:
+        return None
+    m = np.frombuffer(b"".join(datas), "<i8").reshape(len(cs), n)
+    ints, floats = m[:k], m[k:].view("<f8")
+    if n:
+        if ((ints < plan.lo) | (ints > plan.hi)).any():
+            return None
+        ok = (floats >= plan.f_lo) & (floats <= plan.f_hi)
+        if not ok.all():
+            ok |= np.isnan(floats) & plan.f_opt
+            if not ok.all():
+                return None
+    cols: dict[str, Any] = dict(zip(plan.names, (*ints, *floats), strict=True))
+    if plan.opt_ints:
+        nopt = len(plan.opt_ints)
+        cols.update(zip(plan.opt_ints, ints[k - nopt :].astype(np.float64), strict=True))
+    if plan.absent:
+        nan_row = np.full(n, math.nan)
+        nan_row.flags.writeable = False
+        for name in plan.absent:
+            cols[name] = nan_row
+    others = _get_other(b)
+    if None in others or set(map(len, others)) != {n}:
+        if not others:
+            return cols
+        fixed = []
+        for name, v in zip(_OTHER_NAMES, others, strict=True):
+            if v is None:
+                v = [()] * n if COLUMNS[name] == "m" else [None] * n
+            elif len(v) != n:
+                return None
+            fixed.append(v)
+        others = tuple(fixed)
+    cols.update(zip(_OTHER_NAMES, others, strict=True))
+    return cols
+
+
+def _from_wire_columns(b: Any) -> dict[str, Any]:
     n: int = b.n
     cols: dict[str, Any] = {}
     for name, kind in COLUMNS.items():
@@ -362,17 +525,14 @@ def from_wire(b: Any) -> WindowColumns:
             elif len(v) != n:
                 raise ColumnError(name, f"expected {n} rows, got {len(v)}")
             cols[name] = v
-    lo, hi = cols["step_lo"], cols["step_hi"]
-    if n and (hi < lo).any():
-        raise _first_bad("step_hi", "step_hi >= step_lo", hi, hi < lo)
-    lo, hi = cols["coll_lo"], cols["coll_hi"]
-    if n and (hi < lo).any():
-        raise _first_bad("coll_hi", "coll_hi >= coll_lo", hi, hi < lo)
-    return WindowColumns(n, cols)
+    return cols
 
 
-def to_wire(wc: WindowColumns) -> dict[str, Any]:
-    """The wire map of `wc` (what `from_wire` reads back): plain msgpack values."""
+def to_wire(wc: WindowColumns) -> Any:
+    """The wire form of `wc` (what `from_wire` reads back), for msgspec's encoder: the
+    batch `wc` was decoded from, else a map of plain msgpack values."""
+    if wc.wire is not None:
+        return wc.wire
     out: dict[str, Any] = {"n": wc.n}
     for name, kind in COLUMNS.items():
         v = wc.cols[name]
@@ -403,5 +563,7 @@ def to_wire(wc: WindowColumns) -> dict[str, Any]:
     return out
 
 
-_RW_FIELD_NAMES = {f.name for f in fields(RankWindow)} - {"telemetry"}
-assert set(WINDOW_COLUMNS) == _RW_FIELD_NAMES
+_RW_FIELDS = [f.name for f in fields(RankWindow)]
+assert _RW_FIELDS[-1] == "telemetry", "RankWindow.telemetry must stay its last field (rows())"
+assert list(WINDOW_COLUMNS) == _RW_FIELDS[:-1]
+assert list(TELEMETRY_COLUMNS) == [f.name for f in fields(Telemetry)]

@@ -251,7 +251,8 @@ class FieldSpec:
     ``kind``: "i" int, "f" float, "s" str, "b" bool, "t" throttle map, "m"
     ``missing`` names, "r" a nested record; ``optional``: None allowed;
     ``lo``/``hi``: numeric bounds (inclusive); ``choices``: allowed strings;
-    ``tags``: the field's Tags.
+    ``min_len``/``max_len``: length bounds of a string, map or list; ``tags``:
+    the field's Tags.
     """
 
     name: str
@@ -261,6 +262,17 @@ class FieldSpec:
     hi: float = math.inf
     choices: tuple[str, ...] = ()
     tags: frozenset[str] = frozenset()
+    min_len: int = 0
+    max_len: int | None = None
+
+
+def _lengths(extras: tuple[Any, ...]) -> tuple[int, int | None]:
+    lo, hi = 0, None
+    for m in extras:
+        if isinstance(m, Meta):
+            lo = m.min_length if m.min_length is not None else lo
+            hi = m.max_length if m.max_length is not None else hi
+    return lo, hi
 
 
 def _bounds(extras: tuple[Any, ...]) -> tuple[float, float]:
@@ -314,7 +326,8 @@ def _spec(name: str, tp: Any) -> FieldSpec:
         kind = "t"
     elif origin is tuple:
         kind = "m"
-    return FieldSpec(name, kind, optional, lo, hi, choices, tags)
+    min_len, max_len = _lengths(extras)
+    return FieldSpec(name, kind, optional, lo, hi, choices, tags, min_len, max_len)
 
 
 def field_specs(cls: type) -> tuple[FieldSpec, ...]:

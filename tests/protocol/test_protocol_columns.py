@@ -195,3 +195,91 @@ def test_a_big_batch_costs_per_column() -> None:
     out = decode_frame_body(body_of(encode(msg)))
     assert isinstance(out, Windows) and out.columns.n == 4096
     assert out.columns == msg.columns
+
+
+def test_every_list_derives_from_the_schema() -> None:
+    """A Telemetry field added in records.py reaches the columns, the wire struct, the
+    field groups, the agent's integer rounding and the diagnosis without another edit."""
+    import dataclasses
+
+    from artemis.agent.telemetry import base
+    from artemis.coordinator import diagnosis
+    from artemis.protocol import records
+    from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowBatch
+
+    tel = [f.name for f in dataclasses.fields(Telemetry)]
+    assert list(TELEMETRY_COLUMNS) == tel
+    assert set(records.GPU_FIELDS) | set(records.HOST_FIELDS) == set(tel) - {"missing"}
+    assert not set(records.GPU_FIELDS) & set(records.HOST_FIELDS)
+    assert base.ALL_FIELDS == records.GPU_FIELDS + records.HOST_FIELDS
+    assert {k for k, v in TELEMETRY_COLUMNS.items() if v == "oi"} == base._INT_FIELDS
+    assert diagnosis.DIAG_FIELDS is records.DIAG_FIELDS
+    assert set(diagnosis.DIAG_FIELDS) <= set(tel)
+    wire = set(WindowBatch.__struct_fields__)
+    assert wire == set(COLUMNS) | {"n"}
+    rw = [f.name for f in dataclasses.fields(RankWindow) if f.name != "telemetry"]
+    assert [c for c in COLUMNS if not c.startswith("tel_")] == rw
+
+
+def test_plain_msgpack_reads_every_message_we_write() -> None:
+    from protocol_helpers import every_message
+
+    for msg in every_message():
+        wire = msgpack.unpackb(body_of(encode(msg)), raw=False, strict_map_key=True)
+        assert wire["t"] == msg.TYPE and wire["v"] == list(PROTOCOL_VERSION)
+        assert wire["seq"] == msg.seq
+        # ...and the map plain msgpack wrote back decodes to the same message.
+        assert decode_frame_body(msgpack.packb(wire, use_bin_type=True)) == msg
+
+
+def _wire_batch(cols: dict[str, Any]) -> Any:
+    import msgspec
+    from artemis.protocol.columns import WindowBatch
+
+    return msgspec.msgpack.decode(msgpack.packb(cols, use_bin_type=True), type=WindowBatch)
+
+
+def test_the_fast_check_agrees_with_the_column_walk() -> None:
+    """The batch check runs every numeric column at once and falls back to the column by
+    column walk for anything unusual: on valid batches both give the same columns, and
+    the fast one never accepts what the walk refuses."""
+    import msgspec
+    from artemis.protocol.columns import (
+        WindowBatch,
+        _from_wire_columns,
+        _from_wire_fast,
+        from_wire,
+        to_wire,
+    )
+
+    # (columns, whether the fast check takes them: a validity bitmap goes to the walk)
+    valid = [(mixed().columns, False), (windows_msg(3).columns, True)]
+    valid += [(WindowColumns.empty(), True), (_wire_cols(_plain_batch(3)), False)]
+    for wc, fast_ok in valid:
+        b = msgspec.msgpack.decode(msgspec.msgpack.encode(to_wire(wc)), type=WindowBatch)
+        fast, walk = _from_wire_fast(b), _from_wire_columns(b)
+        assert (fast is not None) == fast_ok
+        assert WindowColumns(wc.n, walk) == wc
+        if fast is not None:
+            assert WindowColumns(wc.n, fast) == wc
+    for column, value, _ in BAD:
+        cols = _plain_batch(3)
+        if value == "DELETE":
+            del cols[column]
+        else:
+            cols[column] = value
+        try:
+            b = _wire_batch(cols)
+        except Exception:
+            continue  # refused by msgspec already
+        if _from_wire_fast(b) is not None:
+            # Only the cross-column rules are left to from_wire itself.
+            assert column in ("step_hi", "coll_hi")
+        with pytest.raises(ValueError):
+            from_wire(b)
+
+
+def _wire_cols(cols: dict[str, Any]) -> WindowColumns:
+    from artemis.protocol.columns import from_wire
+
+    return from_wire(_wire_batch(cols))
