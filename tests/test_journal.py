@@ -122,3 +122,22 @@ def test_summaries_come_back_exactly_and_a_torn_tail_is_ignored(tmp_path: Path) 
         fh.write(b"\x92\xa1w\x8f")  # a write cut short
     pending, released = AssemblyJournal(tmp_path / "x.assembly").load()
     assert pending == [first, rw(1, 0)] and released == set()
+
+
+def test_a_release_mark_names_its_run_so_a_new_run_of_the_job_is_not_filtered(
+    tmp_path: Path,
+) -> None:
+    j = AssemblyJournal(tmp_path / "r.assembly")
+    j.open([])
+    old, new = rw(0, 0), dataclasses.replace(rw(0, 0), comm="c1")  # a new run: window 0 again
+    j.added([old])
+    j.released(JOB, 0, ["c0"])
+    j.added([new])
+    j.close()
+    pending, released = AssemblyJournal(tmp_path / "r.assembly").load()
+    assert pending == [new] and released == {(JOB, "c0", 0)}
+    # The compacted file says the same.
+    j2 = AssemblyJournal(tmp_path / "r.assembly")
+    j2.open(pending, [(JOB, 0, ["c0"])])
+    j2.close()
+    assert AssemblyJournal(tmp_path / "r.assembly").load() == (pending, released)
