@@ -93,7 +93,7 @@ class _Counting:
         self.seen += len(getattr(msg, "windows", ()))
         if self.seen >= self.total and not self.done.is_set():
             if self.coord is not None:
-                js = self.coord.jobs.get(JOB)
+                js = self.coord.monitors.get(JOB)
                 if js is None or js.last_window < self.windows - 1 or self.coord.assembler.pending:
                     return
             self.t_done = time.perf_counter()
