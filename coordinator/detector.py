@@ -240,7 +240,13 @@ class Detector:
         """Grow to `nranks` ranks, keeping every track and baseline (never shrinks)."""
         if nranks <= self.nranks:
             return
-        extra = nranks - self.nranks
+        cap = self._rank_count.size
+        if nranks <= cap:
+            self.nranks = nranks
+            return
+        # Capacity doubles: agents announce their ranks a few at a time, and growing
+        # by exactly what each announces would copy every array once per agent.
+        extra = max(nranks, 2 * cap) - cap
 
         def grow(a: OBJ) -> OBJ:
             return np.concatenate([a, np.full(extra, None, dtype=object)])
@@ -259,7 +265,7 @@ class Detector:
         """New settings take effect from the next window; state is kept."""
         if settings.warmup_windows != self._rank_samples.shape[1]:
             w = settings.warmup_windows
-            grown = np.full((self.nranks, w), np.nan)
+            grown = np.full((self._rank_count.size, w), np.nan)
             keep = min(w, self._rank_samples.shape[1])
             grown[:, :keep] = self._rank_samples[:, :keep]
             self._rank_samples = grown
@@ -295,10 +301,10 @@ class Detector:
         """The whole scoring state as plain data (msgpack-able: numbers as raw bytes)."""
         return {
             "nranks": self.nranks,
-            "rank_samples": _pack(self._rank_samples),
-            "rank_count": _pack(self._rank_count),
-            "host": self._host.tolist(),
-            "island_of": self._island_of.tolist(),
+            "rank_samples": _pack(self._rank_samples[: self.nranks]),
+            "rank_count": _pack(self._rank_count[: self.nranks]),
+            "host": self._host[: self.nranks].tolist(),
+            "island_of": self._island_of[: self.nranks].tolist(),
             "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
             "tracks": [[k, s, t.snapshot()] for (k, s), t in self._tracks.items()],
             "gpu_hours": self._gpu_hours,
@@ -557,7 +563,7 @@ class Detector:
             return self._base_cache[1]
         cnt = self._rank_count
         ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
-        out = np.full(self.nranks, np.nan)
+        out = np.full(cnt.size, np.nan)
         if ready.any():
             with np.errstate(all="ignore"):
                 med = np.nanmedian(self._rank_samples[ready], axis=1)
@@ -868,11 +874,9 @@ def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
     for name, kind in TELEMETRY_COLUMNS.items():
         col = cols[f"tel_{name}"]
         if kind in ("of", "oi"):
-            v = col[idx]
-            vals: list[Any] = np.where(np.isnan(v), None, v).tolist()
-            if kind == "oi":
-                vals = [None if x is None else int(x) for x in vals]
-            fields[name] = vals
+            v: F64 = col[idx]
+            conv = int if kind == "oi" else float
+            fields[name] = [None if x != x else conv(x) for x in v.tolist()]  # NaN: absent
         elif kind == "m":
             fields[name] = [tuple(col[i]) for i in idx.tolist()]
         else:

@@ -84,10 +84,13 @@ class Coordinator:
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
+        by_job: dict[str, list[int]] = {}
         for r in peer.ranks:
-            self.agents.setdefault(r.job, set()).add(peer.agent_id)
-            self._monitor(r.job).expect([r.rank], peer.host)
-            self.assembler.expect(r.job, [r.rank])
+            by_job.setdefault(r.job, []).append(r.rank)
+        for job, ranks in by_job.items():
+            self.agents.setdefault(job, set()).add(peer.agent_id)
+            self._monitor(job).expect(ranks, peer.host)
+            self.assembler.expect(job, ranks)
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -105,13 +108,17 @@ class Coordinator:
         elif isinstance(msg, Heartbeat):
             by_job: dict[str, list[Any]] = {}
             for p in msg.progress:
-                self.agents.setdefault(p.job, set()).add(peer.agent_id)
-                self.assembler.expect(p.job, [p.rank])
-                cur = self.assembler.primary_comm(p.job, p.rank)
-                if cur is None or cur == p.comm:
-                    by_job.setdefault(p.job, []).append(p)
+                by_job.setdefault(p.job, []).append(p)
             for job, progress in by_job.items():
-                self._monitor(job).on_progress(progress)
+                self.agents.setdefault(job, set()).add(peer.agent_id)
+                self.assembler.expect(job, [p.rank for p in progress])
+                # Progress on the communicator each rank is judged on, only.
+                primary = [
+                    p
+                    for p in progress
+                    if self.assembler.primary_comm(job, p.rank) in (None, p.comm)
+                ]
+                self._monitor(job).on_progress(primary)
             for a in msg.plan_acks:
                 self._plan_ack(a)
             # Hangs are checked on the tick, once for all ranks, not per heartbeat.
