@@ -188,11 +188,13 @@ class Coordinator:
         return fresh
 
     def _check_ended(self, job: str, m: JobMonitor, now: float) -> None:
-        """Every announced rank reported its ring finished: end the job after the linger."""
+        """Every announced rank reported its ring finished and no window of the job is
+        still being assembled: end the job after the linger."""
         expected = self.assembler.expected(job)
         done = (
             bool(expected)
             and m.last_window >= 0
+            and not self.assembler.pending_of(job)
             and all(r in m.progress and m.progress[r].finished for r in expected)
         )
         if not done:
@@ -281,6 +283,10 @@ class Coordinator:
             if c.action == "dump":
                 log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
             self._outbox.append((job, c.action, c.body))
+        if out.findings or out.plans:
+            # A plan acknowledged, a hang reported, a mode changed: state that must
+            # survive a crash as much as a scored window's does.
+            self._save(job)
 
     def _plan_ack(self, a: dict[str, Any]) -> None:
         job = str(a.get("job", ""))
