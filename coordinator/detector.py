@@ -15,6 +15,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -178,6 +179,8 @@ class _View:
     isl_id: I64
     gid: I64  # scoring group: island, or island x class
     class_of: OBJ  # hardware class where classes apply, else None
+    bridge: F64  # bridge time (island leaders), NaN elsewhere
+    leaders: I64  # indices of the ranks with a usable bridge time
 
 
 @dataclass
@@ -412,6 +415,8 @@ class Detector:
         # plan compensates stays flagged until it really recovers; the cost stays
         # what the job loses now, from the gaps as they are.
         scale = _per_sample_scale(cols.floats("samples")[row])
+        bridge = cols.floats("bridge_ms")[row]
+        bridge = np.where(np.isfinite(bridge), bridge, np.nan)  # inf is no bridge time
         view = _View(
             cols=cols,
             row=row,
@@ -424,6 +429,8 @@ class Detector:
             isl_id=isl_id,
             gid=gid,
             class_of=class_of,
+            bridge=bridge,
+            leaders=np.flatnonzero(bridge >= 0).astype(np.int64),  # NaN compares False
         )
         return view, unusable
 
@@ -677,12 +684,6 @@ class Detector:
             del self._tracks[key]
         return state, ratio, excess, track
 
-    def _bridge_rows(self, v: _View) -> I64:
-        """Indices (into the view) of the ranks that reported bridge time (island leaders)."""
-        b = v.cols.floats("bridge_ms")[v.row]
-        with np.errstate(invalid="ignore"):
-            return np.flatnonzero(np.isfinite(b) & (b >= 0)).astype(np.int64)
-
     def _scalar(
         self,
         kind: str,
@@ -728,8 +729,8 @@ class Detector:
         # collective. Its leader's bridge time over the quickest leader's is that
         # wait, and is taken off the island's transfer time as well.
         bridge_of: dict[int, float] = {}
-        bridge = v.cols.floats("bridge_ms")[v.row]
-        for i in self._bridge_rows(v).tolist():
+        bridge = v.bridge
+        for i in v.leaders.tolist():
             k = int(v.isl_id[i])
             bridge_of[k] = min(bridge_of.get(k, math.inf), float(bridge[i]))
         bridge_min = min(bridge_of.values()) if len(bridge_of) > 1 else None
@@ -799,10 +800,10 @@ class Detector:
 
     def _link_findings(self, ctx: _Ctx, v: _View) -> list[Finding]:
         s = self.settings
-        rows = self._bridge_rows(v)
+        rows = v.leaders
         if rows.size == 0:
             return []
-        bridge = v.cols.floats("bridge_ms")[v.row]
+        bridge = v.bridge
         peer = v.cols.floats("bridge_peer")[v.row]
         links: dict[str, list[int]] = {}
         for i in rows.tolist():
@@ -864,6 +865,9 @@ def _objects(values: Any) -> OBJ:
         return out  # an absent column (no island, no class): already all None
     out[:] = values
     return out
+
+
+_TEL_FIELDS = tuple(f.name for f in dataclass_fields(Telemetry))  # positional order
 
 
 def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
