@@ -42,6 +42,7 @@ __all__ = [
     "PlanEvent",
     "PlanMetrics",
     "PlansWriter",
+    "PolicySettings",
     "policy_bound_problem",
     "register_plan_metrics",
 ]
