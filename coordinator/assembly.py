@@ -422,6 +422,10 @@ class WindowAssembler:
     def pending(self) -> int:
         return len(self._pending)
 
+    def pending_of(self, job: str) -> int:
+        j = self._jobs.get(job)
+        return len(j.order) if j else 0
+
     @property
     def late(self) -> int:
         """Summaries dropped because their window was already scored, every job."""

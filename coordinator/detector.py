@@ -15,6 +15,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -178,6 +179,8 @@ class _View:
     isl_id: I64
     gid: I64  # scoring group: island, or island x class
     class_of: OBJ  # hardware class where classes apply, else None
+    bridge: F64  # bridge time (island leaders), NaN elsewhere
+    leaders: I64  # indices of the ranks with a usable bridge time
 
 
 @dataclass
@@ -240,7 +243,13 @@ class Detector:
         """Grow to `nranks` ranks, keeping every track and baseline (never shrinks)."""
         if nranks <= self.nranks:
             return
-        extra = nranks - self.nranks
+        cap = self._rank_count.size
+        if nranks <= cap:
+            self.nranks = nranks
+            return
+        # Capacity doubles: agents announce their ranks a few at a time, and growing
+        # by exactly what each announces would copy every array once per agent.
+        extra = max(nranks, 2 * cap) - cap
 
         def grow(a: OBJ) -> OBJ:
             return np.concatenate([a, np.full(extra, None, dtype=object)])
@@ -259,7 +268,7 @@ class Detector:
         """New settings take effect from the next window; state is kept."""
         if settings.warmup_windows != self._rank_samples.shape[1]:
             w = settings.warmup_windows
-            grown = np.full((self.nranks, w), np.nan)
+            grown = np.full((self._rank_count.size, w), np.nan)
             keep = min(w, self._rank_samples.shape[1])
             grown[:, :keep] = self._rank_samples[:, :keep]
             self._rank_samples = grown
@@ -295,10 +304,10 @@ class Detector:
         """The whole scoring state as plain data (msgpack-able: numbers as raw bytes)."""
         return {
             "nranks": self.nranks,
-            "rank_samples": _pack(self._rank_samples),
-            "rank_count": _pack(self._rank_count),
-            "host": self._host.tolist(),
-            "island_of": self._island_of.tolist(),
+            "rank_samples": _pack(self._rank_samples[: self.nranks]),
+            "rank_count": _pack(self._rank_count[: self.nranks]),
+            "host": self._host[: self.nranks].tolist(),
+            "island_of": self._island_of[: self.nranks].tolist(),
             "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
             "tracks": [[k, s, t.snapshot()] for (k, s), t in self._tracks.items()],
             "gpu_hours": self._gpu_hours,
@@ -406,6 +415,8 @@ class Detector:
         # plan compensates stays flagged until it really recovers; the cost stays
         # what the job loses now, from the gaps as they are.
         scale = _per_sample_scale(cols.floats("samples")[row])
+        bridge = cols.floats("bridge_ms")[row]
+        bridge = np.where(np.isfinite(bridge), bridge, np.nan)  # inf is no bridge time
         view = _View(
             cols=cols,
             row=row,
@@ -418,6 +429,8 @@ class Detector:
             isl_id=isl_id,
             gid=gid,
             class_of=class_of,
+            bridge=bridge,
+            leaders=np.flatnonzero(bridge >= 0).astype(np.int64),  # NaN compares False
         )
         return view, unusable
 
@@ -557,7 +570,7 @@ class Detector:
             return self._base_cache[1]
         cnt = self._rank_count
         ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
-        out = np.full(self.nranks, np.nan)
+        out = np.full(cnt.size, np.nan)
         if ready.any():
             with np.errstate(all="ignore"):
                 med = np.nanmedian(self._rank_samples[ready], axis=1)
@@ -671,12 +684,6 @@ class Detector:
             del self._tracks[key]
         return state, ratio, excess, track
 
-    def _bridge_rows(self, v: _View) -> I64:
-        """Indices (into the view) of the ranks that reported bridge time (island leaders)."""
-        b = v.cols.floats("bridge_ms")[v.row]
-        with np.errstate(invalid="ignore"):
-            return np.flatnonzero(np.isfinite(b) & (b >= 0)).astype(np.int64)
-
     def _scalar(
         self,
         kind: str,
@@ -722,8 +729,8 @@ class Detector:
         # collective. Its leader's bridge time over the quickest leader's is that
         # wait, and is taken off the island's transfer time as well.
         bridge_of: dict[int, float] = {}
-        bridge = v.cols.floats("bridge_ms")[v.row]
-        for i in self._bridge_rows(v).tolist():
+        bridge = v.bridge
+        for i in v.leaders.tolist():
             k = int(v.isl_id[i])
             bridge_of[k] = min(bridge_of.get(k, math.inf), float(bridge[i]))
         bridge_min = min(bridge_of.values()) if len(bridge_of) > 1 else None
@@ -793,10 +800,10 @@ class Detector:
 
     def _link_findings(self, ctx: _Ctx, v: _View) -> list[Finding]:
         s = self.settings
-        rows = self._bridge_rows(v)
+        rows = v.leaders
         if rows.size == 0:
             return []
-        bridge = v.cols.floats("bridge_ms")[v.row]
+        bridge = v.bridge
         peer = v.cols.floats("bridge_peer")[v.row]
         links: dict[str, list[int]] = {}
         for i in rows.tolist():
@@ -860,6 +867,9 @@ def _objects(values: Any) -> OBJ:
     return out
 
 
+_TEL_FIELDS = tuple(f.name for f in dataclass_fields(Telemetry))  # positional order
+
+
 def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
     """The telemetry of some rows as records, for diagnosis (per finding, never per
     rank): one fancy index per column, then one record per row."""
@@ -868,11 +878,9 @@ def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
     for name, kind in TELEMETRY_COLUMNS.items():
         col = cols[f"tel_{name}"]
         if kind in ("of", "oi"):
-            v: npt.NDArray[np.float64] = col[idx]
-            vals: list[Any] = [None if x != x else x for x in v.tolist()]  # NaN: absent
-            if kind == "oi":
-                vals = [None if x is None else int(x) for x in vals]
-            fields[name] = vals
+            v: F64 = col[idx]
+            conv = int if kind == "oi" else float
+            fields[name] = [None if x != x else conv(x) for x in v.tolist()]  # NaN: absent
         elif kind == "m":
             fields[name] = [tuple(col[i]) for i in idx.tolist()]
         else:

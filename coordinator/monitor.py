@@ -39,6 +39,7 @@ __all__ = [
     "PlanEvent",
     "PlanMetrics",
     "PlansWriter",
+    "PolicySettings",
     "register_plan_metrics",
 ]
 

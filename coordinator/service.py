@@ -83,10 +83,13 @@ class Coordinator:
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
+        by_job: dict[str, list[int]] = {}
         for r in peer.ranks:
-            self.agents.setdefault(r.job, set()).add(peer.agent_id)
-            self._monitor(r.job).expect([r.rank], peer.host)
-            self.assembler.expect(r.job, [r.rank])
+            by_job.setdefault(r.job, []).append(r.rank)
+        for job, ranks in by_job.items():
+            self.agents.setdefault(job, set()).add(peer.agent_id)
+            self._monitor(job).expect(ranks, peer.host)
+            self.assembler.expect(job, ranks)
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -104,13 +107,17 @@ class Coordinator:
         elif isinstance(msg, Heartbeat):
             by_job: dict[str, list[Any]] = {}
             for p in msg.progress:
-                self.agents.setdefault(p.job, set()).add(peer.agent_id)
-                self.assembler.expect(p.job, [p.rank])
-                cur = self.assembler.primary_comm(p.job, p.rank)
-                if cur is None or cur == p.comm:
-                    by_job.setdefault(p.job, []).append(p)
+                by_job.setdefault(p.job, []).append(p)
             for job, progress in by_job.items():
-                self._monitor(job).on_progress(progress)
+                self.agents.setdefault(job, set()).add(peer.agent_id)
+                self.assembler.expect(job, [p.rank for p in progress])
+                # Progress on the communicator each rank is judged on, only.
+                primary = [
+                    p
+                    for p in progress
+                    if self.assembler.primary_comm(job, p.rank) in (None, p.comm)
+                ]
+                self._monitor(job).on_progress(primary)
             for a in msg.plan_acks:
                 self._plan_ack(a)
             # The protocol acks this message when we return and the agent forgets its
@@ -185,11 +192,13 @@ class Coordinator:
         return fresh
 
     def _check_ended(self, job: str, m: JobMonitor, now: float) -> None:
-        """Every announced rank reported its ring finished: end the job after the linger."""
+        """Every announced rank reported its ring finished and no window of the job is
+        still being assembled: end the job after the linger."""
         expected = self.assembler.expected(job)
         done = (
             bool(expected)
             and m.last_window >= 0
+            and not self.assembler.pending_of(job)
             and all(r in m.progress and m.progress[r].finished for r in expected)
         )
         if not done:
@@ -278,6 +287,10 @@ class Coordinator:
             if c.action == "dump":
                 log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
             self._outbox.append((job, c.action, c.body))
+        if out.findings or out.plans:
+            # A plan acknowledged, a hang reported, a mode changed: state that must
+            # survive a crash as much as a scored window's does.
+            self._save(job)
 
     def _plan_ack(self, a: dict[str, Any]) -> None:
         job = str(a.get("job", ""))

@@ -2,7 +2,8 @@
 
 `Settings` is frozen: a change (config file, scenario ``[detector]`` table, an
 operator at run time) builds a new validated object with `Settings.set` or
-`Settings.from_mapping`, and the daemon hands it to `Detector.update_settings`.
+`Settings.from_mapping`, and the daemon hands it to every job's
+`JobMonitor.update_settings` (its detector and its rebalance policy).
 A bad key or value raises `SettingsError` naming the key, the value and what is
 allowed, so a typo in a TOML file never silently falls back to a default.
 """

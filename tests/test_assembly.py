@@ -94,3 +94,63 @@ def test_after_the_grace_a_window_of_every_known_rank_is_complete_at_once() -> N
     a.add(rw(0, 1), 1.1)
     (done,) = a.add(rw(1, 1), 1.2)
     assert done.complete and done.window == 1
+
+
+# ---------------------------------------------------------------- runs
+
+
+def _scored(a: WindowAssembler, comm: str, windows: range, ranks: range = range(3)) -> None:
+    for w in windows:
+        for r in ranks:
+            a.add(rw(r, w, comm=comm), float(w))
+
+
+def test_a_new_communicator_on_scored_windows_starts_a_new_run() -> None:
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", [0, 1, 2])
+    _scored(a, "A", range(3))
+    a.add(rw(0, 3, comm="A"), 3.0)  # window 3 half in when the old run stops
+    assert a.run("j") == "A" and a.pending == 1
+    # The job id is reused: a new communicator, windows from 0 again.
+    out = a.add(rw(0, 0, comm="B"), 10.0)
+    assert [(x.run, x.window, x.complete, x.missing) for x in out] == [("A", 3, False, [1, 2])]
+    a.add(rw(1, 0, comm="B"), 10.0)
+    (done,) = a.add(rw(2, 0, comm="B"), 10.0)
+    assert (done.run, done.window, done.complete) == ("B", 0, True) and a.run("j") == "B"
+    # The old run's resends are dropped as such, counted and listed for the log.
+    assert a.add(rw(0, 1, comm="A"), 11.0) == []
+    assert a.dropped[("j", "old_run")] == 1
+    assert [(d.reason, d.comm, d.window) for d in a.take_drops()] == [("old_run", "A", 1)]
+    # ...and the new run's own resends are late, as before.
+    assert a.add(rw(0, 0, comm="B"), 12.0) == [] and a.late == 1
+
+
+def test_a_communicator_joining_the_running_job_is_not_a_new_run() -> None:
+    # An island on its own communicator whose ranks were not seen yet (a late agent).
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", [0, 1, 5])  # rank 5's agent said hello, its summaries come late
+    _scored(a, "A", range(2), ranks=range(2))
+    assert [x.missing for x in a.expire(50.0)] == [[5], [5]]
+    assert a.add(rw(5, 0, comm="C", nranks=1), 51.0) == []  # window 0 scored: late
+    assert a.run("j") == "A" and a.late == 1
+    a.add(rw(0, 2, comm="A"), 52.0)
+    a.add(rw(1, 2, comm="A"), 52.0)
+    (done,) = a.add(rw(5, 2, comm="C", nranks=1), 52.0)
+    assert [r.rank for r in done.ranks] == [0, 1, 5] and done.run == "A"
+
+
+def test_runs_survive_a_snapshot_and_an_ended_job_takes_any_new_run() -> None:
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", [0, 1, 2])
+    _scored(a, "A", range(3))
+    b = WindowAssembler(deadline_s=5, grace_s=0)
+    b.restore(a.snapshot())
+    assert b.expected("j") == {0, 1, 2} and b.primary_comm("j", 1) == "A"
+    assert b.add(rw(0, 2, comm="A"), 20.0) == [] and b.late == 1  # a resend: late
+    b.add(rw(0, 0, comm="B"), 21.0)
+    assert b.run("j") == "B"  # a new run, known only from the restored state
+    assert ("j", 2, ["A"]) in b.released_marks()
+    # A job that ended: its next communicator starts a run, even one with new ranks.
+    b.forget_job("j")
+    (done,) = b.add(rw(7, 0, comm="D", nranks=8), 30.0)
+    assert b.run("j") == "D" and (done.run, done.window, done.complete) == ("D", 0, True)

@@ -160,3 +160,22 @@ def test_a_journal_of_the_first_format_is_still_read(tmp_path: Path) -> None:
         fh.write(msgpack.packb(["r", JOB, 4]))
     pending, released = AssemblyJournal(tmp_path / "old.assembly").load()
     assert pending == [w, rw(2, 5)] and released == {(JOB, None, 4)}
+
+
+def test_a_release_mark_names_its_run_so_a_new_run_of_the_job_is_not_filtered(
+    tmp_path: Path,
+) -> None:
+    j = AssemblyJournal(tmp_path / "r.assembly")
+    j.open([])
+    old, new = rw(0, 0), dataclasses.replace(rw(0, 0), comm="c1")  # a new run: window 0 again
+    j.added([old])
+    j.released(JOB, 0, ["c0"])
+    j.added([new])
+    j.close()
+    pending, released = AssemblyJournal(tmp_path / "r.assembly").load()
+    assert pending == [new] and released == {(JOB, "c0", 0)}
+    # The compacted file says the same.
+    j2 = AssemblyJournal(tmp_path / "r.assembly")
+    j2.open(pending, [(JOB, 0, ["c0"])])
+    j2.close()
+    assert AssemblyJournal(tmp_path / "r.assembly").load() == (pending, released)

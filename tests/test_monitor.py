@@ -230,3 +230,22 @@ def test_live_max_shift_frac_reaches_the_next_plan_and_bad_values_are_refused() 
     with pytest.raises(SettingsError, match="min_samples"):
         s.set("min_samples", "0")
     assert np.isclose(Settings.from_mapping({"max_shift_frac": 0.5}).max_shift_frac, 0.5)
+
+
+@pytest.mark.parametrize("value", [-0.1, 0.0, 0.25, 0.99, 1.0, 1.5, float("nan")])
+def test_settings_and_the_policy_accept_the_same_max_shift_frac(value: float) -> None:
+    from artemis.coordinator.monitor import PolicySettings
+
+    def refused(make: Callable[[], object]) -> bool:
+        try:
+            make()
+        except ValueError:  # SettingsError is a ValueError
+            return True
+        return False
+
+    assert refused(lambda: Settings(max_shift_frac=value)) == refused(
+        lambda: PolicySettings(max_shift_frac=value)
+    )
+    assert refused(lambda: Settings().set("max_shift_frac", str(value))) == refused(
+        lambda: PolicySettings(max_shift_frac=value)
+    )
