@@ -318,8 +318,20 @@ class RebalancePolicy:
             "nranks": self.nranks,
             "global_batch": self.global_batch,
             "mode": self._mode,
+            # Shallow copies: a window's maps hold plain numbers (asdict would deep-copy
+            # every rank's entry, seconds at 100k ranks).
             "history": [
-                dataclasses.asdict(w) | {"flagged": sorted(w.flagged)} for w in self._history
+                {
+                    "window": w.window,
+                    "step_lo": w.step_lo,
+                    "step_hi": w.step_hi,
+                    "gap_ms": dict(w.gap_ms),
+                    "samples": dict(w.samples),
+                    "throughput": w.throughput,
+                    "flagged": sorted(w.flagged),
+                    "findings": dict(w.findings),
+                }
+                for w in self._history
             ],
             "healthy": list(self._healthy),
             "split": self._split,
