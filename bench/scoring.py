@@ -110,6 +110,45 @@ def main() -> None:
             f"{n:>8} {t_rec * 1e3:>11.1f} {t_col * 1e3:>11.1f} {t_rec / t_col:>6.1f} {mem:>9.1f}"
             f" {t_mon * 1e3:>11.1f} {t_snap * 1e3:>12.1f} {len(blob) / 1e6:>5.1f}"
         )
+    _coordinator_memory()
+
+
+def _coordinator_memory() -> None:
+    """Coordinator state per rank for one job: assembly, the JobMonitor, the metrics."""
+    import tempfile
+    from pathlib import Path
+
+    from artemis.coordinator.findings import FindingsWriter
+    from artemis.coordinator.metrics import Metrics
+    from artemis.coordinator.monitor import PlansWriter
+    from artemis.coordinator.service import Coordinator
+
+    print()
+    print("Coordinator state per rank, one job, 8 windows scored (tracemalloc); baseline:")
+    print("one window's columns (arrays and list slots; strings shared with the decoder)")
+    print(
+        f"{'ranks':>8} {'state B/rank':>13} {'peak B/rank':>12} {'window B/rank':>14} {'goal':>9}"
+    )
+    rng = np.random.default_rng(1)
+    for n in (10_000, 100_000):
+        cols = [WindowColumns.from_records(_records(n, w, rng)) for w in range(8)]
+        tracemalloc.start()
+        one = WindowColumns.concat([cols[0].take(np.arange(n))])
+        window_bytes = tracemalloc.get_traced_memory()[0]
+        del one
+        tracemalloc.stop()
+        tmp = Path(tempfile.mkdtemp())
+        tracemalloc.start()
+        c = Coordinator(
+            Settings(), FindingsWriter(tmp / "f"), PlansWriter(tmp / "p"), Metrics(), grace_s=0.0
+        )
+        c.assembler.expect("bench", range(n))
+        for w in range(8):
+            for aw in c.assembler.add(cols[w], float(w)):
+                c._score(aw)
+        cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        print(f"{n:>8} {cur / n:>13.0f} {peak / n:>12.0f} {window_bytes / n:>14.0f} {'<= 2048':>9}")
 
 
 def _fresh_window(m: JobMonitor, cols: WindowColumns) -> None:
