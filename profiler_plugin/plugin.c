@@ -254,12 +254,17 @@ static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
 /* ------------------------------------------------------------------ */
 /* operations                                                           */
 
+static inline uintptr_t thread_key(void);
+
 /* single: the caller is the context's only starter (owner_is_me), and only
  * starters claim, so a free handle (pend 0, released with a release store)
- * can be taken with a plain store; otherwise by CAS. */
+ * can be taken with a plain store, starting at the shared hint. Otherwise by
+ * CAS, starting at a place of the caller's own (threads' keys are far apart),
+ * so that two starting threads do not fight over the same handles. */
 static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
     uint32_t n = ctx->nops;
-    uint32_t h = atomic_load_explicit(&ctx->hint, RLX);
+    uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
+                        : (uint32_t)((thread_key() >> 12) * 0x9E3779B1u) & ~15u;
     for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
@@ -267,7 +272,7 @@ static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
         if (e != 0) continue;
         if (single) atomic_store_explicit(&op->pend, pend, RLX);
         else if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
-        atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+        if (single) atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
         return op;
     }
     return NULL;
@@ -278,7 +283,16 @@ static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
 static inline void op_release(ArtOp *op) {
     ArtCtx *ctx = op->ctx;
     atomic_store_explicit(&op->pend, 0, REL);
-    atomic_store_explicit(&ctx->hint, (uint32_t)(op - ctx->ops), RLX);
+    if (!atomic_load_explicit(&ctx->shared, RLX))
+        atomic_store_explicit(&ctx->hint, (uint32_t)(op - ctx->ops), RLX);
+}
+
+/* recent[] slot of a ticket: its 10 bits rotated by 5, so that consecutive
+ * tickets (which two starting threads may take in turn) fall 64 bytes apart. */
+_Static_assert(ART_RECENT == 1024u, "recent_idx rotates 10 bits");
+static inline uint32_t recent_idx(uint64_t t) {
+    uint32_t x = (uint32_t)t & (ART_RECENT - 1u);
+    return ((x << 5) | (x >> 5)) & (ART_RECENT - 1u);
 }
 
 static inline void count_host_fallback(ArtCtx *ctx) {
@@ -383,7 +397,7 @@ static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
     if (c + ART_RECLAIM_LAG >= mark) return;
     if (c + ART_RECENT <= ticket) c = ticket - ART_RECENT + 1u; /* older ones: pool-age reclaim */
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
-        uint16_t idx = atomic_load_explicit(&ctx->recent[c & (ART_RECENT - 1u)], RLX);
+        uint16_t idx = atomic_load_explicit(&ctx->recent[recent_idx(c)], RLX);
         ArtOp *op = &ctx->ops[idx];
         if (waits_for_channels(op, c) &&
             atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
@@ -482,7 +496,9 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
     uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
     uint64_t w8 = pack8(ARTEMIS_REC_HOST, ac, pc, nChannels, (int32_t)peer);
-    atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
+    /* the expected KernelCh thread: the context's guess; with several starting
+     * threads none (the op's first KernelCh start takes it) */
+    atomic_store_explicit(&op->kowner, single ? atomic_load_explicit(&ctx->kch_thread, RLX) : 0, RLX);
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
@@ -500,12 +516,14 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
     }
     atomic_store_explicit(&op->ticket, ticket, RLX);
-    atomic_store_explicit(&ctx->recent[ticket & (ART_RECENT - 1u)], (uint16_t)(op - ctx->ops), RLX);
-    reclaim_scan(ctx, ticket, now);
+    atomic_store_explicit(&ctx->recent[recent_idx(ticket)], (uint16_t)(op - ctx->ops), RLX);
+    /* one scanner: the owner (in shared mode too), so the cursor has one writer */
+    if (single || atomic_load_explicit(&ctx->owner, RLX) == thread_key())
+        reclaim_scan(ctx, ticket, now);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
     /* The next op will most likely take the next slot: start fetching its line
      * for writing now, so its seqlock CAS does not wait for memory. */
-    __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
+    if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
     if (!seq_enter(s, &odd)) {
         op_release(op);
@@ -547,10 +565,18 @@ static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
      * proxy thread; in 2.31 the profiler thread). op_start names the thread
      * that started the context's last KernelCh as the op's channel owner:
      * that thread claims with a plain load and store, any other one with a
-     * fetch_add from the top (and becomes the guess for later ops). */
-    uintptr_t me = thread_key();
+     * fetch_add from the top (and becomes the guess for later ops). With no
+     * guess (the context's first ops, or several starting threads) the op's
+     * first KernelCh start takes it with one CAS. */
+    uintptr_t me = thread_key(), ko = atomic_load_explicit(&op->kowner, RLX);
+    if (ko == 0) {
+        uintptr_t zero = 0;
+        ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
+        if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
+            atomic_store_explicit(&op->ctx->kch_thread, me, RLX);
+    }
     uint32_t k;
-    if (atomic_load_explicit(&op->kowner, RLX) == me) {
+    if (ko == me) {
         k = atomic_load_explicit(&op->own_next, RLX);
         if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
         atomic_store_explicit(&op->own_next, k + 1u, RLX);

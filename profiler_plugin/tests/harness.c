@@ -1095,6 +1095,79 @@ static void test_failures(void) {
     clear_env();
 }
 
+/* Runs one collective of rank 1 (coll c, nch channels) to completion: starts
+ * of all channels, then their stops, as NCCL's proxy loop does. */
+static void run_coll(Comm *cm, uint64_t c, unsigned nch) {
+    Expect e;
+    coll_expect(c, &e, (uint8_t)nch);
+    void *op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    stop_ev(op);
+    void *kh[64];
+    for (unsigned k = 0; k < nch; k++)
+        kh[k] = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, c, 1, k), (int)k);
+    for (unsigned k = 0; k < nch; k++) {
+        ncclProfilerEventStateArgs_t a;
+        a.kernelCh.pTimer = tstop(1, c, 1, k);
+        record_ev(kh[k], ncclProfilerKernelChStop, &a);
+        stop_ev(kh[k]);
+    }
+}
+
+/* Ops that never get device events (README "Ops that never get device
+ * events"), under the sanitizers: self Send/Recv, reclaim by lag, reclaim by
+ * age when the pool is exhausted. */
+static void test_no_device_events(void) {
+    clear_env();
+    setenv("ARTEMIS_RECLAIM_AGE_MS", "0", 1);
+    Comm *cm = fixture("nodev", 6, 0x31);
+    const ArtemisRingHeader *h = cm->ring.hdr;
+    /* self Send (peer == rank 1) with channels: host-timed at its stop, counted */
+    Expect e;
+    expect_p2p(0, 1, 2, &e);
+    e.peer = 1;
+    void *op = start_ev(cm, ncclProfileP2p, NULL, &e, 0, 0);
+    CHECK(start_ev(cm, ncclProfileKernelCh, op, NULL, 5, 0) == NULL, "self p2p takes no KernelCh");
+    stop_ev(op);
+    Rec r = slot_rec(cm, 0);
+    CHECK(r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST && r.peer == 1 &&
+              r.nchannels == e.nch && r.start == r.enqueue_ns && r.end >= r.start &&
+              h->host_fallback == 1,
+          "self p2p: state %u clock %u host_fallback %llu", r.state, r.clock,
+          (unsigned long long)h->host_fallback);
+    /* a collective whose KernelCh never come, then 80 device-timed ones */
+    Expect lost;
+    coll_expect(0, &lost, 2);
+    op = start_ev(cm, ncclProfileColl, NULL, &lost, 0, 0);
+    stop_ev(op);
+    for (uint64_t c = 1; c <= 80; c++) run_coll(cm, c, 2);
+    r = slot_rec(cm, 1);
+    CHECK(r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST && r.start == r.enqueue_ns &&
+              r.end == r.start && h->host_fallback == 2,
+          "reclaimed: state %u clock %u host_fallback %llu", r.state, r.clock,
+          (unsigned long long)h->host_fallback);
+    for (uint64_t c = 1; c <= 80; c++) {
+        r = slot_rec(cm, c + 1);
+        CHECK(check_done(&r, c, 2, "after reclaim"), "device record %llu", (unsigned long long)c);
+    }
+    /* events after the reclaim change nothing */
+    void *late = start_ev(cm, ncclProfileKernelCh, op, NULL, 7, 0);
+    stop_ev(late);
+    r = slot_rec(cm, 1);
+    CHECK(r.end == r.start && h->dropped == 0, "late KernelCh after reclaim");
+    /* 700 ops whose KernelCh never come and no device-timed op after them: the
+     * pool (512) runs out and the age reclaim frees it (age 0 here) */
+    for (unsigned i = 0; i < 700; i++) {
+        coll_expect(81 + i, &lost, 2);
+        op = start_ev(cm, ncclProfileColl, NULL, &lost, 0, 0);
+        CHECK(op != NULL, "start %u after pool exhaustion", i);
+        stop_ev(op);
+    }
+    CHECK(h->dropped == 0 && h->host_fallback >= 2 + 512,
+          "age reclaim: dropped %llu host_fallback %llu", (unsigned long long)h->dropped,
+          (unsigned long long)h->host_fallback);
+    clear_env();
+}
+
 /* concurrent init of many comms (NCCL async init threads) */
 static void *init_thread(void *arg) {
     uintptr_t i = (uintptr_t)arg;
@@ -1131,6 +1204,8 @@ int main(int argc, char **argv) {
 
     test_failures();
     printf("  failure paths done\n");
+    test_no_device_events();
+    printf("  ops without device events done\n");
     test_concurrent_init();
     printf("  concurrent init done\n");
 
