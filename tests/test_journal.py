@@ -156,3 +156,18 @@ def test_a_journal_of_the_first_format_is_still_read(tmp_path: Path) -> None:
         fh.write(msgpack.packb(["r", JOB, 4]))
     pending, released = AssemblyJournal(tmp_path / "old.assembly").load()
     assert pending == [w, rw(2, 5)] and released == {(JOB, 4)}
+
+
+def test_a_batch_off_the_wire_is_journaled_as_it_came(tmp_path: Path) -> None:
+    from artemis.protocol.codec import decode_frame_body, encode
+
+    tel = Telemetry(sm_mhz=1500.0, missing=("ncpu",))
+    sent = Windows(host="h0", windows=(dataclasses.replace(rw(0, 7), telemetry=tel), rw(1, 7)))
+    got = decode_frame_body(encode(sent)[4:])
+    assert isinstance(got, Windows) and got.columns.wire is not None
+    j = AssemblyJournal(tmp_path / "w.assembly")
+    j.open([])
+    j.added(got.columns)
+    j.close()
+    pending, _ = AssemblyJournal(tmp_path / "w.assembly").load()
+    assert pending == list(sent.windows)
