@@ -222,7 +222,8 @@ def _column(kind: str, values: list[Any], n: int) -> Any:
 
 # --------------------------------------------------------------------------- wire
 
-DTYPES = ("<i8", "<i4", "<f8", "<f4")
+# The dtype tags of numeric columns (little-endian); NumCol's Literal lists them.
+Dtype = Literal["<i8", "<i4", "<f8", "<f4"]
 _INT_DTYPES = ("<i8", "<i4")
 _EXACT = float(1 << 53)  # largest integer a float64 column holds exactly
 
@@ -230,7 +231,7 @@ _EXACT = float(1 << 53)  # largest integer a float64 column holds exactly
 class NumCol(msgspec.Struct, frozen=True, array_like=True):
     """A numeric column on the wire: ``[dtype, data]`` or ``[dtype, data, validity]``."""
 
-    dtype: Literal["<i8", "<i4", "<f8", "<f4"]
+    dtype: Dtype
     data: bytes
     valid: bytes | None = None
 
