@@ -198,7 +198,7 @@ def _pylist(kind: str, v: Any) -> list[Any]:
     if kind == "oi":
         return [None if x != x else int(x) for x in v.tolist()]
     if kind == "m":
-        return [tuple(x) for x in v]
+        return [None if x is None else tuple(x) for x in v]
     return list(v)
 
 
@@ -216,13 +216,14 @@ def _column(kind: str, values: list[Any], n: int) -> Any:
     if kind in ("f", "of", "oi"):
         return np.fromiter((math.nan if v is None else v for v in values), np.float64, count=n)
     if kind == "m":
-        return [tuple(v) for v in values]
+        return [None if v is None else tuple(v) for v in values]
     return list(values)
 
 
 # --------------------------------------------------------------------------- wire
 
-DTYPES = ("<i8", "<i4", "<f8", "<f4")
+# The dtype tags of numeric columns (little-endian); NumCol's Literal lists them.
+Dtype = Literal["<i8", "<i4", "<f8", "<f4"]
 _INT_DTYPES = ("<i8", "<i4")
 _EXACT = float(1 << 53)  # largest integer a float64 column holds exactly
 
@@ -230,7 +231,7 @@ _EXACT = float(1 << 53)  # largest integer a float64 column holds exactly
 class NumCol(msgspec.Struct, frozen=True, array_like=True):
     """A numeric column on the wire: ``[dtype, data]`` or ``[dtype, data, validity]``."""
 
-    dtype: Literal["<i8", "<i4", "<f8", "<f4"]
+    dtype: Dtype
     data: bytes
     valid: bytes | None = None
 
@@ -557,7 +558,7 @@ def to_wire(wc: WindowColumns) -> Any:
             out[name] = list(v)
         elif kind == "m":
             if any(v):
-                out[name] = [list(x) for x in v]
+                out[name] = [None if x is None else list(x) for x in v]
         elif any(x is not None for x in v):
             out[name] = list(v)
     return out

@@ -171,10 +171,15 @@ def loadtest(
     ack_timeout_s: Annotated[
         float, typer.Option(help="Give up waiting for the last acks after this long.")
     ] = 120.0,
+    connect_timeout_s: Annotated[
+        float, typer.Option(help="Give up when the agents are not all connected by then.")
+    ] = 60.0,
 ) -> None:
     """Play many agents over the real protocol (HMAC auth, columnar windows), one window per
     --window-s; exit 0 when every summary was acknowledged. Check the coordinator's own
     outputs (findings JSONL, /metrics) for what it made of them."""
+    import asyncio
+
     from artemis.protocol.aio import run
     from artemis.protocol.auth import SecretFileError, load_secret
     from artemis.sim.loadtest import LoadSpec, parse_straggler, run_load
@@ -196,10 +201,19 @@ def loadtest(
             stragglers=slow,
             job=job,
             ack_timeout_s=ack_timeout_s,
+            connect_timeout_s=connect_timeout_s,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    res = run(run_load(spec))
+    try:
+        res = run(run_load(spec))
+    except (TimeoutError, asyncio.TimeoutError):  # distinct types before Python 3.11
+        typer.echo(
+            f"loadtest {job}: not every agent could connect to {coordinator} within"
+            f" {spec.connect_timeout_s:g} s (is it listening, and is the secret the same?)",
+            err=True,
+        )
+        raise typer.Exit(1) from None
     typer.echo(
         f"loadtest {job}: {spec.agents} agents, {ranks} ranks, {windows} windows:"
         f" {res.acked}/{res.sent} summaries acknowledged in {res.messages} messages;"

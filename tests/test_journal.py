@@ -179,3 +179,18 @@ def test_a_release_mark_names_its_run_so_a_new_run_of_the_job_is_not_filtered(
     j2.open(pending, [(JOB, 0, ["c0"])])
     j2.close()
     assert AssemblyJournal(tmp_path / "r.assembly").load() == (pending, released)
+
+
+def test_a_batch_off_the_wire_is_journaled_as_it_came(tmp_path: Path) -> None:
+    from artemis.protocol.codec import decode_frame_body, encode
+
+    tel = Telemetry(sm_mhz=1500.0, missing=("ncpu",))
+    sent = Windows(host="h0", windows=(dataclasses.replace(rw(0, 7), telemetry=tel), rw(1, 7)))
+    got = decode_frame_body(encode(sent)[4:])
+    assert isinstance(got, Windows) and got.columns.wire is not None
+    j = AssemblyJournal(tmp_path / "w.assembly")
+    j.open([])
+    j.added(got.columns)
+    j.close()
+    pending, _ = AssemblyJournal(tmp_path / "w.assembly").load()
+    assert pending == list(sent.windows)

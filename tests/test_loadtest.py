@@ -107,3 +107,18 @@ def test_straggler_option_parsing() -> None:
             parse_straggler(bad)
     with pytest.raises(ValueError, match="not in"):
         LoadSpec("h:1", b"s", ranks=4, ranks_per_agent=2, windows=1, stragglers={9: 1.2})
+
+
+def test_loadtest_says_so_when_it_cannot_connect(tmp_path: Path) -> None:
+    from daemon_harness import free_port
+
+    secret = write_secret(tmp_path / "secret")
+    r = subprocess.run(
+        [
+            str(BIN / "artemis"), "loadtest", "--coordinator", f"127.0.0.1:{free_port()}",
+            "--secret-file", str(secret), "--ranks", "4", "--ranks-per-agent", "2",
+            "--windows", "1", "--connect-timeout-s", "1",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and "could connect" in r.stderr, r.stderr[-2000:]
