@@ -22,11 +22,11 @@ import numpy as np
 import numpy.typing as npt
 from artemis.coordinator import findings as F
 from artemis.coordinator import scoring
-from artemis.coordinator.diagnosis import diagnose
+from artemis.coordinator.diagnosis import diagnose, nic_evidence
 from artemis.coordinator.findings import KINDS, Finding
 from artemis.coordinator.settings import Settings
 from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowColumns
-from artemis.protocol.records import RankWindow, Telemetry
+from artemis.protocol.records import NIC_FIELDS, RankWindow, Telemetry
 
 DEFAULT_ISLAND = "default"
 # Diagnosis compares a rank's telemetry with its peers' medians; past this many
@@ -775,6 +775,7 @@ class Detector:
             if state is not None and track is not None:
                 ref = self._baselines[("collective", name)].value(ctx.window, s)
                 ev = {"transfer_ms": transfer, "baseline_transfer_ms": ref}
+                ev.update(_nic(v, members))
                 out.append(
                     self._scalar(
                         "collective",
@@ -820,6 +821,7 @@ class Detector:
             if state is not None and track is not None:
                 ref = self._baselines[("link", name)].value(ctx.window, s)
                 ev = {"bridge_ms": value, "baseline_bridge_ms": ref}
+                ev.update(_nic(v, members))
                 out.append(
                     self._scalar(
                         "link",
@@ -868,6 +870,27 @@ def _objects(values: Any) -> OBJ:
 
 
 _TEL_FIELDS = tuple(f.name for f in dataclass_fields(Telemetry))  # positional order
+
+
+def _nic(v: _View, members: npt.NDArray[np.bool_] | I64) -> dict[str, Any]:
+    """NIC port error counters of a link or collective finding's ranks (per finding,
+    never per rank): the evidence that points at a port (diagnosis.nic_evidence)."""
+    rows = v.row[members]
+    cols = {n: v.cols.floats(f"tel_{n}")[rows] for n in NIC_FIELDS}
+    have = np.zeros(rows.size, dtype=bool)
+    for a in cols.values():
+        have |= np.isfinite(a)
+    if not have.any():
+        return {}
+    hosts = v.cols["host"]
+    members_tel = [
+        (
+            str(hosts[int(rows[i])]),
+            Telemetry(**{n: int(a[i]) for n, a in cols.items() if a[i] == a[i]}),
+        )
+        for i in np.flatnonzero(have).tolist()
+    ]
+    return nic_evidence(members_tel)
 
 
 def _telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:

@@ -223,6 +223,37 @@ def test_link_from_bridge_records() -> None:
     assert f.signal == "bridge" and f.excess_ms == pytest.approx(2.0)
 
 
+def test_link_finding_carries_the_leaders_nic_counters() -> None:
+    # The amd leader's host saw symbol errors once the link slowed: the evidence says
+    # which host's port, with its counts; hosts without errors are not listed.
+    det = Detector(Settings(), "job1", 8, island_order=["nvidia", "amd"])
+    res = []
+    for w in range(12):
+        b = 5.0 if w < 8 else 7.0
+        bridge = {0: (b, 1), 4: (b + 0.5, 0)}
+        errs = 12 if w >= 8 else 0
+        tel = {0: Telemetry(nic_symbol_errors=0), 4: Telemetry(nic_symbol_errors=errs)}
+        win = make_window(w, [100.0] * 8, islands=ISL8, bridge=bridge, telemetry=tel)
+        res.append(det.score_window(w, win))
+    f = next(f for f in res[10].findings if f.kind == "link")
+    assert f.evidence is not None
+    assert f.evidence["nic_symbol_errors"] == 12
+    assert f.evidence["nic_hosts"] == {"node-1": {"nic_symbol_errors": 12}}
+    # Without NIC counters the evidence has no NIC keys at all.
+    plain = next(f for f in run_link() if f.kind == "link")
+    assert plain.evidence is not None and "nic_hosts" not in plain.evidence
+
+
+def run_link() -> list:
+    det = Detector(Settings(), "job1", 8, island_order=["nvidia", "amd"])
+    out: list = []
+    for w in range(11):
+        b = 5.0 if w < 8 else 7.0
+        win = make_window(w, [100.0] * 8, islands=ISL8, bridge={0: (b, 1), 4: (b + 0.5, 0)})
+        out = det.score_window(w, win).findings
+    return out
+
+
 def test_hardware_classes_keep_an_older_generation_quiet() -> None:
     classes = ["A100"] * 4 + ["V100"] * 4
     rows = np.tile(np.array([100.0] * 4 + [166.0] * 4), (10, 1))
