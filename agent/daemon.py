@@ -38,11 +38,11 @@ from artemis.agent.telemetry.base import (
     collect,
     merge,
 )
-from artemis.job.rebalance import UNIFORM_PLAN_ID
 from artemis.protocol.lifecycle import Lifecycle
 from artemis.protocol.messages import Control, Dump, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow
 from artemis.protocol.transport import Transport
+from artemis.rebalance.files import UNIFORM_PLAN_ID
 
 if TYPE_CHECKING:
     from artemis.protocol.client import AgentLink
