@@ -1,7 +1,8 @@
 /*
  * nccl_profiler_abi.h: our own declarations of the NCCL/RCCL profiler-plugin
- * ABI (versions 4 to 7), written from the layout facts in
- * shared/reference/nccl-profiler-abi.md. LP64 Linux only (x86-64, aarch64).
+ * ABI (versions 4 to 7), written from NCCL's published profiler headers
+ * layout facts (profiler_plugin/README.md describes how they are used).
+ * LP64 Linux only (x86-64, aarch64).
  *
  * Only what the Artemis plugin and its tests need is declared; every layout
  * that matters is pinned by _Static_assert at the bottom of this file.

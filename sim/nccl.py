@@ -3,11 +3,13 @@
 Loads the compiled plugin and calls it the way NCCL 2.28+ does (and 2.27 for
 the v4 shape), so the simulator and the tests drive the real plugin through
 its real entry points. The descriptor and state-argument layouts below are
-our own declarations, written from shared/reference/nccl-profiler-abi.md
-§2.4-2.8 (not from the plugin's header, so the two are checked against each
-other); tests/test_nccl_standin.py pins their sizes and offsets.
+our own declarations, written from NCCL's published profiler ABI (not from
+the plugin's header, so the two are checked against each other);
+tests/test_nccl_standin.py pins their sizes and offsets. The ABI and the
+order of events are described in profiler_plugin/README.md ("Recording an
+operation", "Which NCCL/RCCL version emits which events").
 
-Event order for one collective (v5+, reference §3.2-3.3):
+Event order for one collective (v5+):
 
     GroupApi start, state 23 (NULL args)        user thread, ncclAllReduce()
       CollApi start / stop                      (parent = GroupApi)
@@ -49,7 +51,7 @@ from typing import Any
 
 from artemis.agent.ring_format import DTYPE_SIZE_BY_NAME
 
-# -- event bits and states (reference §2.2, §2.3) ---------------------------
+# -- event bits and states (profiler_plugin/nccl_profiler_abi.h) ------------
 
 GROUP = 1 << 0
 COLL = 1 << 1
@@ -73,7 +75,7 @@ STATE_GROUP_END_API_START = 24
 
 _CE = CE_COLL | CE_SYNC | CE_BATCH
 _BELOW_TASK = PROXY_OP | PROXY_STEP | KERNEL_CH | NET_PLUGIN
-# NCCL starts an event when its bit or a descendant's is set (reference §3.2).
+# NCCL starts an event when its bit or a descendant's is set (profiler_plugin/README.md).
 _NEEDS_GROUP_API = (
     GROUP_API | P2P_API | COLL_API | KERNEL_LAUNCH | GROUP | COLL | P2P | _BELOW_TASK | _CE
 )
@@ -664,7 +666,7 @@ class StandInComm:
         return self._h.value
 
     def _stop(self, handle: int | None) -> None:
-        # NCCL never calls stop/record on a NULL handle (reference §3.7).
+        # NCCL never calls stop/record on a NULL handle (profiler_plugin/README.md).
         if handle:
             self._stop_fn(handle)
 
@@ -677,7 +679,7 @@ class StandInComm:
         func, count, dtype, nchannels, algo, proto, root = key
         c = self._d_coll.coll
         # AllGather and Broadcast reach the Coll event as bytes of ncclInt8
-        # (NCCL converts the task in collTaskAppend; reference §2.10).
+        # (NCCL converts the task in collTaskAppend).
         if func in ("AllGather", "Broadcast"):
             c.count = count * DTYPE_SIZE_BY_NAME.get(dtype, 1)
             c.datatype = _cstr("ncclInt8")
