@@ -1,7 +1,7 @@
 /*
  * nccl_profiler_abi.h: our own declarations of the NCCL/RCCL profiler-plugin
- * ABI (versions 4 to 7), written from NCCL's published profiler headers
- * layout facts (profiler_plugin/README.md describes how they are used).
+ * ABI (versions 4 to 7), written from the layouts of NCCL's published profiler
+ * headers (profiler_plugin/README.md describes how they are used).
  * LP64 Linux only (x86-64, aarch64).
  *
  * Only what the Artemis plugin and its tests need is declared; every layout
