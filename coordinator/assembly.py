@@ -249,21 +249,25 @@ class WindowAssembler:
 
     def snapshot(self, jobs: Iterable[str] | None = None) -> dict[str, Any]:
         """Runs, primaries and released windows of `jobs` (default: every job), as plain
-        data (the pending summaries are the journal's)."""
+        data (the pending summaries are the journal's). The per-rank arrays are bytes of
+        little-endian integers (the primaries as indices into `comms`): saved after
+        every window, they cost a copy each, not a Python object per rank."""
         want = self._jobs if jobs is None else {k: self._jobs[k] for k in jobs if k in self._jobs}
-        return {
-            job: {
+        out: dict[str, Any] = {}
+        for job, j in want.items():
+            comms = ["", *(c for c in j.codes)]  # code -> comm; code 0: none
+            out[job] = {
                 "run": j.run,
                 "run_of": dict(j.run_of),
                 "front": j.front,
                 "ended": j.ended,
-                "expected": np.flatnonzero(j.expected).tolist(),
-                "prim_n": j.prim_n.tolist(),
-                "prim_comm": j.prim_comm.tolist(),
+                "expected": np.flatnonzero(j.expected).astype("<i8").tobytes(),
+                "prim_n": j.prim_n.astype("<i8").tobytes(),
+                "prim_code": j.prim_code.astype("<i8").tobytes(),
+                "comms": comms,
                 "released": [[r, w] for r, w in j.released],
             }
-            for job, j in want.items()
-        }
+        return out
 
     def restore(self, state: Mapping[str, Any]) -> None:
         for job, s in state.items():
@@ -272,12 +276,18 @@ class WindowAssembler:
             j.run_of.update({str(k): str(v) for k, v in s["run_of"].items()})
             j.front = int(s["front"])
             j.ended = bool(s["ended"])
-            j.prim_n = np.array(s["prim_n"], dtype=np.int64)
-            pc: OBJ = np.empty(len(s["prim_comm"]), dtype=object)
-            pc[:] = s["prim_comm"]
-            j.prim_comm = pc
+            j.prim_n = _ints(s["prim_n"])
+            if "prim_code" in s:
+                codes = _ints(s["prim_code"])
+                table: OBJ = np.empty(len(s["comms"]), dtype=object)
+                table[:] = [str(c) for c in s["comms"]]
+                j.prim_comm = table[codes]
+            else:  # saved by an older coordinator: the comms listed per rank
+                pc: OBJ = np.empty(len(s["prim_comm"]), dtype=object)
+                pc[:] = s["prim_comm"]
+                j.prim_comm = pc
             j.recode()
-            j.expect(np.array(s["expected"], dtype=np.int64))
+            j.expect(_ints(s["expected"]))
             for r, w in s["released"]:
                 self._mark(j, (str(r), int(w)))
 
@@ -487,6 +497,13 @@ class WindowAssembler:
     def late(self) -> int:
         """Summaries dropped because their window was already scored, every job."""
         return sum(n for (_, reason), n in self.dropped.items() if reason == "late")
+
+
+def _ints(v: Any) -> I64:
+    """A saved integer array: bytes of little-endian int64, or a list (older states)."""
+    if isinstance(v, bytes | bytearray | memoryview):
+        return np.frombuffer(v, "<i8").astype(np.int64)
+    return np.array(v, dtype=np.int64)
 
 
 def _groups(cols: WindowColumns) -> list[tuple[str, str, int, I64 | None]]:
