@@ -50,7 +50,7 @@ RUNS = 3
 JOB = "bench-ingest"
 # (ranks per window, ranks per agent): a node of 8 GPUs is the usual agent; the big jobs
 # also with bigger agents, to show where the per-message cost ends.
-ROWS = ((64, 8), (512, 8), (10_000, 8), (10_000, 64), (100_000, 256))
+ROWS = ((64, 8), (512, 8), (10_000, 8), (10_000, 64), (10_000, 256), (100_000, 256))
 SUMMARIES = 100_000  # per run (windows = SUMMARIES / ranks, at least 2)
 # Paced runs: (ranks, ranks per agent, windows, window_s); memory and latency.
 PACED = ((10_000, 64, 4, 1.0), (100_000, 256, 5, 1.0))
@@ -375,7 +375,7 @@ def main() -> int:
     )
     hdr = (
         f"{'ranks':>7} {'per agent':>9} {'windows':>7} {'null /s':>9} {'null /cpu-s':>11} "
-        f"{'coord /s':>9} {'coord /cpu-s':>12} {'ratio':>6} {'>=200k':>6}"
+        f"{'coord /s':>9} {'coord /cpu-s':>12} {'ratio':>6} {'>=200k':>6} {'load':>5}"
     )
     print(hdr)
     print("-" * len(hdr))
@@ -387,7 +387,8 @@ def main() -> int:
         best = max(fw, fc)
         print(
             f"{ranks:>7} {k:>9} {max(2, SUMMARIES // ranks):>7} {nw:>9,.0f} {nc:>11,.0f}"
-            f" {fw:>9,.0f} {fc:>12,.0f} {fc / nc:>6.2f} {'yes' if best >= GOAL_RATE else 'no':>6}",
+            f" {fw:>9,.0f} {fc:>12,.0f} {fc / nc:>6.2f} {'yes' if best >= GOAL_RATE else 'no':>6}"
+            f" {os.getloadavg()[0]:>5.1f}",
             flush=True,
         )
     print("paced jobs (one run each): coordinator memory per rank, last summary -> findings")
@@ -398,7 +399,8 @@ def main() -> int:
             f"{ranks:>7} ranks ({k} per agent), {windows} windows of {window_s:g} s:"
             f" {mem:,.0f} B/rank (<= {GOAL_BYTES}: {'yes' if mem <= GOAL_BYTES else 'no'});"
             f" latency median {statistics.median(lat):.3f} s, worst {worst:.3f} s"
-            f" (<= {GOAL_LATENCY_S:g} s: {'yes' if worst <= GOAL_LATENCY_S else 'no'})",
+            f" (<= {GOAL_LATENCY_S:g} s: {'yes' if worst <= GOAL_LATENCY_S else 'no'});"
+            f" load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
     return 0
