@@ -20,6 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+# Per-rank pace series of one job beyond which only the ranks farthest from the pace
+# of their peers are exported (docs/DESIGN.md "Metrics"): a scrape of 100k per-rank
+# series takes seconds of the coordinator's one interpreter and megabytes per scrape.
+PACE_SERIES_MAX = 4096
+
 # Scoring a window takes well under a second; buckets from 100 us to 2.5 s.
 SCORING_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
 
@@ -29,12 +34,14 @@ class Metrics:
     overwrite each other; `forget_job` removes one job's series and only those.
     Process-wide series (`straggler_detector_active`, the protocol counters) have none."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, pace_series_max: int = PACE_SERIES_MAX
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
         # One series per rank: held as the window's arrays and turned into samples
         # only when scraped (_PaceCollector), not one labelled child per rank per window.
-        self.pace = _PaceCollector()
+        self.pace = _PaceCollector(pace_series_max)
         reg.register(self.pace)
         self.flagged = Gauge(
             "straggler_flagged",
@@ -194,11 +201,13 @@ class Metrics:
 
 class _PaceCollector(Collector):
     """`straggler_rank_pace_ratio{job, rank, island}`: one series per rank with a finite
-    pace in the job's last scored window. A prometheus_client child per rank cost
-    a label lookup (and at first a new child) per rank per window, most of the
+    pace in the job's last scored window, or, in a job with more such ranks than
+    `limit`, the `limit` ranks farthest from the pace of their peers (largest
+    |log ratio|, slow or fast). A prometheus_client child per rank cost a label
+    lookup (and at first a new child) per rank per window, most of the
     coordinator's time at 100k ranks, and about a kilobyte per rank
-    (bench/README.md "Coordinator ingest"); here a window costs three array
-    references and a scrape builds the samples."""
+    (bench/README.md "Coordinator ingest"); here a window costs a few array
+    operations and a scrape builds the samples."""
 
     NAME = "straggler_rank_pace_ratio"
     HELP = (
@@ -206,12 +215,19 @@ class _PaceCollector(Collector):
         "(own warm-up history where the island is too small)"
     )
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = PACE_SERIES_MAX) -> None:
+        self.limit = limit
         self._jobs: dict[str, tuple[Any, Any, Any]] = {}
 
     def set(self, job: str, ranks: Any, islands: Any, values: Any) -> None:
         ok = np.isfinite(values)
-        self._jobs[job] = (ranks[ok], islands[ok], values[ok])
+        ranks, islands, values = ranks[ok], islands[ok], values[ok]
+        if values.size > self.limit:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                far = -np.abs(np.log(np.maximum(values, 1e-300)))
+            pick = np.sort(np.argpartition(far, self.limit - 1)[: self.limit])
+            ranks, islands, values = ranks[pick], islands[pick], values[pick]
+        self._jobs[job] = (ranks, islands, values)
 
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
