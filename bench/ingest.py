@@ -23,7 +23,9 @@ ranks x windows / that time; median of RUNS runs.
 Memory per rank, from the paced runs (a backlog of queued frames would count
 as memory otherwise): the coordinator's RSS after the run minus its RSS
 before any agent connected, over the ranks (connections, assembly, detector
-state, metric series; Python keeps freed memory, so this is an upper bound).
+state, metric series; Python keeps freed memory, so this is an upper bound),
+and the same for the null app in the same paced job (connections, frame
+buffers, decoded batches: the protocol's share).
 
 Latency: 10k- and 100k-rank jobs paced at one window per second; per window, from the
 moment its last message was queued to the ack of the last of them (which
@@ -50,7 +52,7 @@ RUNS = 3
 JOB = "bench-ingest"
 # (ranks per window, ranks per agent): a node of 8 GPUs is the usual agent; the big jobs
 # also with bigger agents, to show where the per-message cost ends.
-ROWS = ((64, 8), (512, 8), (10_000, 8), (10_000, 64), (100_000, 256))
+ROWS = ((64, 8), (512, 8), (10_000, 8), (10_000, 64), (10_000, 256), (100_000, 256))
 SUMMARIES = 100_000  # per run (windows = SUMMARIES / ranks, at least 2)
 # Paced runs: (ranks, ranks per agent, windows, window_s); memory and latency.
 PACED = ((10_000, 64, 4, 1.0), (100_000, 256, 5, 1.0))
@@ -346,17 +348,20 @@ def _check_scored(path: Path, windows: int) -> None:
         raise RuntimeError(f"coordinator did not score window {windows - 1}: {lines[-3:]}")
 
 
-def paced(ranks: int, k: int, windows: int, window_s: float) -> tuple[list[float], float]:
-    """(per-window latency bounds in s, coordinator bytes per rank) of a paced job."""
+def paced(
+    ranks: int, k: int, windows: int, window_s: float, mode: str = "coordinator"
+) -> tuple[list[float], float]:
+    """(per-window latency bounds in s, server bytes per rank) of a paced job."""
     cpu, _ = _cpus()
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         work = Path(tmp)
         secret = _secret(work)
-        srv = _Server("coordinator", work, secret, cpu)
+        srv = _Server(mode, work, secret, cpu)
         try:
             out = _play(srv.address, secret, ranks, k, windows, window_s)
             rss = srv.rss()
-            _check_scored(work / "findings.jsonl", windows)
+            if mode == "coordinator":
+                _check_scored(work / "findings.jsonl", windows)
         finally:
             srv.stop()
     lat: list[float] = out["latency"]
@@ -375,7 +380,7 @@ def main() -> int:
     )
     hdr = (
         f"{'ranks':>7} {'per agent':>9} {'windows':>7} {'null /s':>9} {'null /cpu-s':>11} "
-        f"{'coord /s':>9} {'coord /cpu-s':>12} {'ratio':>6} {'>=200k':>6}"
+        f"{'coord /s':>9} {'coord /cpu-s':>12} {'ratio':>6} {'>=200k':>6} {'load':>5}"
     )
     print(hdr)
     print("-" * len(hdr))
@@ -387,18 +392,24 @@ def main() -> int:
         best = max(fw, fc)
         print(
             f"{ranks:>7} {k:>9} {max(2, SUMMARIES // ranks):>7} {nw:>9,.0f} {nc:>11,.0f}"
-            f" {fw:>9,.0f} {fc:>12,.0f} {fc / nc:>6.2f} {'yes' if best >= GOAL_RATE else 'no':>6}",
+            f" {fw:>9,.0f} {fc:>12,.0f} {fc / nc:>6.2f} {'yes' if best >= GOAL_RATE else 'no':>6}"
+            f" {os.getloadavg()[0]:>5.1f}",
             flush=True,
         )
     print("paced jobs (one run each): coordinator memory per rank, last summary -> findings")
     for ranks, k, windows, window_s in PACED:
         lat, mem = paced(ranks, k, windows, window_s)
+        # The same paced job against the null app: what connections, frames and the
+        # decoded batches alone leave in the RSS.
+        _, null_mem = paced(ranks, k, windows, window_s, mode="null")
         worst = max(lat)
         print(
             f"{ranks:>7} ranks ({k} per agent), {windows} windows of {window_s:g} s:"
-            f" {mem:,.0f} B/rank (<= {GOAL_BYTES}: {'yes' if mem <= GOAL_BYTES else 'no'});"
+            f" {mem:,.0f} B/rank (<= {GOAL_BYTES}: {'yes' if mem <= GOAL_BYTES else 'no'};"
+            f" null app {null_mem:,.0f} B/rank);"
             f" latency median {statistics.median(lat):.3f} s, worst {worst:.3f} s"
-            f" (<= {GOAL_LATENCY_S:g} s: {'yes' if worst <= GOAL_LATENCY_S else 'no'})",
+            f" (<= {GOAL_LATENCY_S:g} s: {'yes' if worst <= GOAL_LATENCY_S else 'no'});"
+            f" load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
     return 0

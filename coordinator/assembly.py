@@ -81,6 +81,7 @@ class Drop:
 class _Pending:
     first_seen: float
     parts: list[WindowColumns] = field(default_factory=list)
+    codes: list[int] = field(default_factory=list)  # each part's communicator (_Job.code)
     seen: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
     count: int = 0  # ranks with a row
 
@@ -96,6 +97,10 @@ class _Job:
     # Primary communicator per rank of the current run: (-nranks, comm); 0/"" = none yet.
     prim_n: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     prim_comm: OBJ = field(default_factory=lambda: np.empty(0, dtype=object))
+    # The same as small integers (code of a comm, 0 = none), so the usual batch (every
+    # rank already primary on its communicator) is told by one integer comparison.
+    prim_code: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    codes: dict[str, int] = field(default_factory=dict)
     order: list[tuple[str, int]] = field(default_factory=list)  # heap of pending (run, window)
     released: dict[tuple[str, int], None] = field(default_factory=dict)  # ordered, bounded
 
@@ -104,12 +109,27 @@ class _Job:
             extra = n - self.prim_n.size
             self.prim_n = np.concatenate([self.prim_n, np.zeros(extra, dtype=np.int64)])
             self.prim_comm = np.concatenate([self.prim_comm, np.full(extra, "", dtype=object)])
+            self.prim_code = np.concatenate([self.prim_code, np.zeros(extra, dtype=np.int64)])
         if n > self.expected.size:
             self.expected = np.concatenate([self.expected, np.zeros(n - self.expected.size, bool)])
 
-    def expect(self, ranks: I64) -> None:
+    def code(self, comm: str) -> int:
+        c = self.codes.get(comm)
+        if c is None:
+            c = self.codes[comm] = len(self.codes) + 1
+        return c
+
+    def recode(self) -> None:
+        """prim_code from prim_comm (after a restore)."""
+        self.prim_code = np.fromiter(
+            (self.code(c) if c else 0 for c in self.prim_comm.tolist()),
+            dtype=np.int64,
+            count=self.prim_comm.size,
+        )
+
+    def expect(self, ranks: I64, top: int | None = None) -> None:
         if ranks.size:
-            self.grow(int(ranks.max()) + 1)
+            self.grow((int(ranks.max()) if top is None else top) + 1)
             new = ranks[~self.expected[ranks]]
             if new.size:
                 self.expected[new] = True
@@ -175,6 +195,7 @@ class WindowAssembler:
         j.n_expected = 0
         j.prim_n = np.zeros(0, dtype=np.int64)
         j.prim_comm = np.empty(0, dtype=object)
+        j.prim_code = np.zeros(0, dtype=np.int64)
 
     def primary_comm(self, job: str, rank: int) -> str | None:
         """The communicator a rank is judged on (None until it reported a window)."""
@@ -228,21 +249,25 @@ class WindowAssembler:
 
     def snapshot(self, jobs: Iterable[str] | None = None) -> dict[str, Any]:
         """Runs, primaries and released windows of `jobs` (default: every job), as plain
-        data (the pending summaries are the journal's)."""
+        data (the pending summaries are the journal's). The per-rank arrays are bytes of
+        little-endian integers (the primaries as indices into `comms`): saved after
+        every window, they cost a copy each, not a Python object per rank."""
         want = self._jobs if jobs is None else {k: self._jobs[k] for k in jobs if k in self._jobs}
-        return {
-            job: {
+        out: dict[str, Any] = {}
+        for job, j in want.items():
+            comms = ["", *(c for c in j.codes)]  # code -> comm; code 0: none
+            out[job] = {
                 "run": j.run,
                 "run_of": dict(j.run_of),
                 "front": j.front,
                 "ended": j.ended,
-                "expected": np.flatnonzero(j.expected).tolist(),
-                "prim_n": j.prim_n.tolist(),
-                "prim_comm": j.prim_comm.tolist(),
+                "expected": np.flatnonzero(j.expected).astype("<i8").tobytes(),
+                "prim_n": j.prim_n.astype("<i8").tobytes(),
+                "prim_code": j.prim_code.astype("<i8").tobytes(),
+                "comms": comms,
                 "released": [[r, w] for r, w in j.released],
             }
-            for job, j in want.items()
-        }
+        return out
 
     def restore(self, state: Mapping[str, Any]) -> None:
         for job, s in state.items():
@@ -251,11 +276,18 @@ class WindowAssembler:
             j.run_of.update({str(k): str(v) for k, v in s["run_of"].items()})
             j.front = int(s["front"])
             j.ended = bool(s["ended"])
-            j.prim_n = np.array(s["prim_n"], dtype=np.int64)
-            pc: OBJ = np.empty(len(s["prim_comm"]), dtype=object)
-            pc[:] = s["prim_comm"]
-            j.prim_comm = pc
-            j.expect(np.array(s["expected"], dtype=np.int64))
+            j.prim_n = _ints(s["prim_n"])
+            if "prim_code" in s:
+                codes = _ints(s["prim_code"])
+                table: OBJ = np.empty(len(s["comms"]), dtype=object)
+                table[:] = [str(c) for c in s["comms"]]
+                j.prim_comm = table[codes]
+            else:  # saved by an older coordinator: the comms listed per rank
+                pc: OBJ = np.empty(len(s["prim_comm"]), dtype=object)
+                pc[:] = s["prim_comm"]
+                j.prim_comm = pc
+            j.recode()
+            j.expect(_ints(s["expected"]))
             for r, w in s["released"]:
                 self._mark(j, (str(r), int(w)))
 
@@ -285,7 +317,8 @@ class WindowAssembler:
         j = self._job(job)
         r = part.ints("rank")
         n = int(part.ints("nranks").max())
-        j.grow(int(r.max()) + 1)
+        top = int(r.max())
+        j.grow(top + 1)
         out: list[AssembledWindow] = []
         run = j.run_of.get(comm)
         if run is None:
@@ -298,23 +331,32 @@ class WindowAssembler:
                 j.run, j.front, j.ended = comm, -1, False
                 j.prim_n[:] = 0
                 j.prim_comm[:] = ""
+                j.prim_code[:] = 0
             j.run_of[comm] = run
         if run != j.run:
             return out + self._drop(job, run, window, comm, r.size, "old_run")
         if (run, window) in j.released:
             return out + self._drop(job, run, window, comm, r.size, "late")
         # Primary communicator per rank: the largest, ties to the lowest hash.
-        cur_n, cur_c = j.prim_n[r], j.prim_comm[r]
-        better = (cur_n == 0) | (-n < cur_n) | ((-n == cur_n) & (cur_c > comm))
-        same = (-n == cur_n) & (cur_c == comm)
-        j.prim_n[r[better]] = -n
-        j.prim_comm[r[better]] = comm
-        keep = better | same
-        if not keep.any():
-            return out
-        if not keep.all():
-            part = part.take(np.flatnonzero(keep))
-            r, better = r[keep], better[keep]
+        code = j.code(comm)
+        cur_n = j.prim_n[r]
+        if (j.prim_code[r] == code).all() and (cur_n == -n).all():
+            better = np.zeros(r.size, dtype=bool)  # the usual batch: nothing changes
+            no_better = True
+        else:
+            cur_c = j.prim_comm[r]
+            better = (cur_n == 0) | (-n < cur_n) | ((-n == cur_n) & (cur_c > comm))
+            same = (-n == cur_n) & (cur_c == comm)
+            j.prim_n[r[better]] = -n
+            j.prim_comm[r[better]] = comm
+            j.prim_code[r[better]] = code
+            keep = better | same
+            if not keep.any():
+                return out
+            if not keep.all():
+                part = part.take(np.flatnonzero(keep))
+                r, better = r[keep], better[keep]
+            no_better = not better.any()
         key = (job, run, window)
         p = self._pending.get(key)
         if p is None:
@@ -323,20 +365,27 @@ class WindowAssembler:
         if p.seen.size < j.prim_n.size:
             p.seen = np.concatenate([p.seen, np.zeros(j.prim_n.size - p.seen.size, bool)])
         already = p.seen[r]
-        if already.any():
+        seen_before = already.any()
+        if seen_before:
             # Seen already: a resend of the same communicator's row is a duplicate; a
             # row of a communicator that just became primary replaces the old one
             # (the old row is filtered out at release, see _release).
-            dup = already & ~better
+            dup = already if no_better else already & ~better
             self.duplicates += int(dup.sum())
             if dup.all():
                 return out
             part = part.take(np.flatnonzero(~dup))
             r = r[~dup]
         p.seen[r] = True
-        p.count = int(p.seen.sum()) if already.any() else p.count + int(np.unique(r).size)
+        if seen_before:
+            p.count = int(p.seen.sum())
+        elif r.size < 2 or (r[1:] > r[:-1]).all():
+            p.count += r.size  # a node's batch: its ranks once each, in order
+        else:
+            p.count += int(np.unique(r).size)
         p.parts.append(part)
-        j.expect(r)
+        p.codes.append(code)
+        j.expect(r, top)
         # Only the job's oldest pending window can leave now, or a window that just
         # became complete (it then releases the older ones it waited for, if due).
         if j.order[0] == (run, window) or p.count >= j.n_expected:
@@ -401,22 +450,40 @@ class WindowAssembler:
         self._mark(j, (run, window))
         if run == j.run:
             j.front = max(j.front, window)
-        cols = WindowColumns.concat(p.parts)
-        r = cols.ints("rank")
-        if run == j.run and r.size:
-            # Rows of a communicator that lost primacy to a larger one are left out.
-            comm: OBJ = np.empty(cols.n, dtype=object)
-            comm[:] = cols["comm"]
-            ok = j.prim_comm[r] == comm
-            if not ok.all():
-                cols = cols.take(np.flatnonzero(ok))
-                r = r[ok]
-        if r.size and (r.size > 1 and not (np.diff(r) > 0).all()):
-            cols = cols.take(np.argsort(r, kind="stable"))
+        cols = self._rows(j, run, p)
         seen = np.zeros(j.expected.size, dtype=bool)
         seen[: p.seen.size] = p.seen[: j.expected.size]
         missing = np.flatnonzero(j.expected & ~seen).tolist()
         return AssembledWindow(job, run, window, cols, missing, complete and not missing)
+
+    def _rows(self, j: _Job, run: str, p: _Pending) -> WindowColumns:
+        """The window's rows, sorted by rank; in the current run only those of each
+        rank's primary communicator (a communicator that lost primacy to a larger one
+        after its rows came is left out)."""
+        parts, codes = p.parts, p.codes
+        # Nodes hold disjoint rank ranges: their parts in order of first rank are
+        # usually sorted already, which saves a sort and a gather of every column.
+        order = sorted(range(len(parts)), key=lambda i: int(parts[i].cols["rank"][0]))
+        cols = WindowColumns.concat([parts[i] for i in order])
+        r = cols.ints("rank")
+        if run == j.run and r.size:
+            code = np.repeat(np.asarray(codes, dtype=np.int64)[order], [parts[i].n for i in order])
+            ok = j.prim_code[r] == code
+            if not ok.all():
+                cols = cols.take(np.flatnonzero(ok))
+                r = r[ok]
+        if r.size > 1 and not (r[1:] > r[:-1]).all():
+            # Overlapping parts: the stable sort of the rows in arrival order.
+            cols = WindowColumns.concat(parts)
+            r = cols.ints("rank")
+            if run == j.run and r.size:
+                code = np.repeat(np.asarray(codes, dtype=np.int64), [q.n for q in parts])
+                ok = j.prim_code[r] == code
+                if not ok.all():
+                    cols = cols.take(np.flatnonzero(ok))
+                    r = r[ok]
+            cols = cols.take(np.argsort(r, kind="stable"))
+        return cols
 
     @property
     def pending(self) -> int:
@@ -430,6 +497,13 @@ class WindowAssembler:
     def late(self) -> int:
         """Summaries dropped because their window was already scored, every job."""
         return sum(n for (_, reason), n in self.dropped.items() if reason == "late")
+
+
+def _ints(v: Any) -> I64:
+    """A saved integer array: bytes of little-endian int64, or a list (older states)."""
+    if isinstance(v, bytes | bytearray | memoryview):
+        return np.frombuffer(v, "<i8").astype(np.int64)
+    return np.array(v, dtype=np.int64)
 
 
 def _groups(cols: WindowColumns) -> list[tuple[str, str, int, I64 | None]]:

@@ -17,6 +17,13 @@ import numpy as np
 from artemis.coordinator.detector import WindowResult
 from artemis.coordinator.findings import Finding
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Per-rank pace series of one job beyond which only the ranks farthest from the pace
+# of their peers are exported (docs/DESIGN.md "Metrics"): a scrape of 100k per-rank
+# series takes seconds of the coordinator's one interpreter and megabytes per scrape.
+PACE_SERIES_MAX = 4096
 
 # Scoring a window takes well under a second; buckets from 100 us to 2.5 s.
 SCORING_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
@@ -27,16 +34,15 @@ class Metrics:
     overwrite each other; `forget_job` removes one job's series and only those.
     Process-wide series (`straggler_detector_active`, the protocol counters) have none."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, pace_series_max: int = PACE_SERIES_MAX
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
-        self.pace = Gauge(
-            "straggler_rank_pace_ratio",
-            "Rank compute gap over the median of the other ranks of its island "
-            "(own warm-up history where the island is too small)",
-            ["job", "rank", "island"],
-            registry=reg,
-        )
+        # One series per rank: held as the window's arrays and turned into samples
+        # only when scraped (_PaceCollector), not one labelled child per rank per window.
+        self.pace = _PaceCollector(pace_series_max)
+        reg.register(self.pace)
         self.flagged = Gauge(
             "straggler_flagged",
             "1 while a finding is flagged (until cleared), else 0",
@@ -106,7 +112,6 @@ class Metrics:
             registry=reg,
         )
         self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self._pace_labels: dict[str, set[tuple[str, str, str]]] = {}
         self._hours_seen: dict[str, float] = {}
         # Every labelled series made, per job, so forget_job removes exactly those.
         self._series: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}
@@ -124,23 +129,9 @@ class Metrics:
     def observe_window(self, result: WindowResult, scoring_seconds: float) -> None:
         job = result.job
         with self._lock:
-            ranks = [str(r) for r in result.ranks.tolist()]
-            islands = [str(x) for x in result.island_labels.tolist()]
-            ok = np.isfinite(result.pace_values)
-            labels = {
-                (job, r, isl)
-                for r, isl, good in zip(ranks, islands, ok.tolist(), strict=True)
-                if good
-            }
-            # A rank that moved island or stopped reporting must not leave a stale series.
-            for old in self._pace_labels.get(job, set()) - labels:
-                self._remove(self.pace, *old)
-            for r, isl, v, good in zip(
-                ranks, islands, result.pace_values.tolist(), ok.tolist(), strict=True
-            ):
-                if good:
-                    self._child(self.pace, job, r, isl).set(v)
-            self._pace_labels[job] = labels
+            # The last window's values replace the job's: a rank that moved island or
+            # stopped reporting leaves no stale series.
+            self.pace.set(job, result.ranks, result.island_labels, result.pace_values)
             self._observe_findings(result.findings)
             if result.step_ms == result.step_ms:  # not NaN
                 self._child(self.step_ms, job).set(result.step_ms)
@@ -170,7 +161,7 @@ class Metrics:
             for metric, labels in list(self._series.pop(job, set())):
                 with contextlib.suppress(KeyError):
                     metric.remove(*labels)
-            self._pace_labels.pop(job, None)
+            self.pace.forget(job)
             self._hours_seen.pop(job, None)
             for key in [k for k in self._info_labels if k[0] == job]:
                 del self._info_labels[key]
@@ -206,6 +197,50 @@ class Metrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> MetricsServer:
         return serve(self, port, addr)
+
+
+class _PaceCollector(Collector):
+    """`straggler_rank_pace_ratio{job, rank, island}`: one series per rank with a finite
+    pace in the job's last scored window, or, in a job with more such ranks than
+    `limit`, the `limit` ranks farthest from the pace of their peers (largest
+    |log ratio|, slow or fast). A prometheus_client child per rank cost a label
+    lookup (and at first a new child) per rank per window, most of the
+    coordinator's time at 100k ranks, and about a kilobyte per rank
+    (bench/README.md "Coordinator ingest"); here a window costs a few array
+    operations and a scrape builds the samples."""
+
+    NAME = "straggler_rank_pace_ratio"
+    HELP = (
+        "Rank compute gap over the median of the other ranks of its island "
+        "(own warm-up history where the island is too small)"
+    )
+
+    def __init__(self, limit: int = PACE_SERIES_MAX) -> None:
+        self.limit = limit
+        self._jobs: dict[str, tuple[Any, Any, Any]] = {}
+
+    def set(self, job: str, ranks: Any, islands: Any, values: Any) -> None:
+        ok = np.isfinite(values)
+        ranks, islands, values = ranks[ok], islands[ok], values[ok]
+        if values.size > self.limit:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                far = -np.abs(np.log(np.maximum(values, 1e-300)))
+            pick = np.sort(np.argpartition(far, self.limit - 1)[: self.limit])
+            ranks, islands, values = ranks[pick], islands[pick], values[pick]
+        self._jobs[job] = (ranks, islands, values)
+
+    def forget(self, job: str) -> None:
+        self._jobs.pop(job, None)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "rank", "island"])]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        fam = GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "rank", "island"])
+        for job, (ranks, islands, values) in list(self._jobs.items()):
+            for r, isl, v in zip(ranks.tolist(), islands.tolist(), values.tolist(), strict=True):
+                fam.add_metric([job, str(r), str(isl)], v)
+        return [fam]
 
 
 class MetricsServer:

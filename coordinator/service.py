@@ -194,13 +194,13 @@ class Coordinator:
     def _check_ended(self, job: str, m: JobMonitor, now: float) -> None:
         """Every announced rank reported its ring finished and no window of the job is
         still being assembled: end the job after the linger."""
-        expected = self.assembler.expected(job)
-        done = (
-            bool(expected)
-            and m.last_window >= 0
-            and not self.assembler.pending_of(job)
-            and all(r in m.progress and m.progress[r].finished for r in expected)
-        )
+        # The cheap tests first: this runs every tick, and a job's ranks are many.
+        done = m.last_window >= 0 and not self.assembler.pending_of(job)
+        if done:
+            expected = self.assembler.expected(job)
+            done = bool(expected) and all(
+                r in m.progress and m.progress[r].finished for r in expected
+            )
         if not done:
             self._finished_at.pop(job, None)
             return

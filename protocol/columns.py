@@ -30,6 +30,7 @@ import math
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import chain
 from operator import attrgetter
 from typing import Any, Literal
 
@@ -160,17 +161,18 @@ class WindowColumns:
             if kind in _ARRAY_KINDS:
                 cols[name] = np.concatenate([p.cols[name] for p in parts])
             else:
-                cols[name] = [v for p in parts for v in p.cols[name]]
-        return cls(sum(p.n for p in parts), cols)
+                cols[name] = list(chain.from_iterable([p.cols[name] for p in parts]))
+        return cls._checked(sum(p.n for p in parts), cols)
 
     def take(self, idx: npt.NDArray[np.intp] | Sequence[int]) -> WindowColumns:
         """The rows at `idx`, in that order."""
         ix = np.asarray(idx, dtype=np.intp)
+        il = ix.tolist()
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
             v = self.cols[name]
-            cols[name] = v[ix] if kind in _ARRAY_KINDS else [v[i] for i in ix.tolist()]
-        return WindowColumns(int(ix.size), cols)
+            cols[name] = v[ix] if kind in _ARRAY_KINDS else list(map(v.__getitem__, il))
+        return WindowColumns._checked(len(il), cols)
 
     # -- reading ------------------------------------------------------------
 

@@ -154,3 +154,46 @@ def test_runs_survive_a_snapshot_and_an_ended_job_takes_any_new_run() -> None:
     b.forget_job("j")
     (done,) = b.add(rw(7, 0, comm="D", nranks=8), 30.0)
     assert b.run("j") == "D" and (done.run, done.window, done.complete) == ("D", 0, True)
+
+
+def test_a_snapshot_through_msgpack_and_an_older_list_form_restore_the_same_primaries() -> None:
+    import msgpack
+
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", [0, 1, 2, 3])
+    # Rank 3 judged on a larger communicator than the others.
+    for r in range(3):
+        a.add(rw(r, 0, comm="A"), 0.0)
+    a.add(rw(3, 0, comm="Z", nranks=8), 0.0)
+    a.add(rw(3, 0, comm="A"), 0.0)
+    saved = msgpack.unpackb(msgpack.packb(a.snapshot(), use_bin_type=True), raw=False)
+    old = {
+        "j": {
+            **{k: v for k, v in saved["j"].items() if k not in ("prim_code", "comms")},
+            "expected": [0, 1, 2, 3],
+            "prim_n": [-3, -3, -3, -8],
+            "prim_comm": ["A", "A", "A", "Z"],
+        }
+    }
+    for state in (saved, old):
+        b = WindowAssembler(deadline_s=5, grace_s=0)
+        b.restore(state)
+        assert b.expected("j") == {0, 1, 2, 3}
+        assert [b.primary_comm("j", r) for r in range(4)] == ["A", "A", "A", "Z"]
+        # The restored primaries still filter: rank 3's row of "A" is not its primary's.
+        b.add(rw(0, 1, comm="A"), 1.0)
+        b.add(rw(3, 1, comm="A"), 1.0)
+        b.add(rw(1, 1, comm="A"), 1.0)
+        b.add(rw(3, 1, comm="Z", nranks=8), 1.0)
+        (done,) = b.add(rw(2, 1, comm="A"), 1.0)
+        assert [(x.rank, x.comm) for x in done.ranks] == [(0, "A"), (1, "A"), (2, "A"), (3, "Z")]
+
+
+def test_batches_of_interleaved_ranks_leave_sorted_by_rank() -> None:
+    from artemis.protocol.columns import WindowColumns
+
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", range(5))
+    a.add(WindowColumns.from_records([rw(r, 0, nranks=5) for r in (4, 0, 2)]), 0.0)
+    (done,) = a.add(WindowColumns.from_records([rw(r, 0, nranks=5) for r in (3, 1)]), 0.0)
+    assert [x.rank for x in done.ranks] == [0, 1, 2, 3, 4] and done.complete

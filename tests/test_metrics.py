@@ -130,3 +130,25 @@ def test_two_jobs_keep_their_own_series_and_one_ending_leaves_the_other() -> Non
         == 1
     )
     assert len([k for k in left if ("job", "b") in k[1]]) > 8
+
+
+def test_a_job_over_the_pace_series_limit_exports_its_ranks_farthest_from_pace() -> None:
+    full, capped = Metrics(), Metrics(pace_series_max=4)
+    for res in windows(6, slow_from=3):
+        full.observe_window(res, scoring_seconds=0.001)
+        capped.observe_window(res, scoring_seconds=0.001)
+
+    def pace(m: Metrics) -> dict[str, float]:
+        text = generate_latest(m.registry).decode()
+        return {
+            dict(lab)["rank"]: v
+            for (name, lab), v in samples(text).items()
+            if name == "straggler_rank_pace_ratio"
+        }
+
+    every, some = pace(full), pace(capped)
+    assert len(every) == 8 and len(some) == 4
+    # The four farthest from pace (ties among the healthy ranks go either way).
+    cut = sorted((abs(np.log(v)) for v in every.values()), reverse=True)[3]
+    assert all(abs(np.log(v)) >= cut for v in some.values()) and "2" in some
+    assert all(some[r] == every[r] for r in some)
