@@ -748,7 +748,14 @@ class Detector:
         cause: dict[str, Any] | None = None
         missing: list[str] = []
         if state != "cleared":
-            c = self._diagnose(kind, i, v)
+            # The slowdown the cause must explain: against its peers (whose clocks
+            # are the reference), else its own pace; where the change test judged it,
+            # the change from its own confirmed pace (a rank always 2% slow for
+            # reasons its clock does not show keeps that offset out of it).
+            slow = sc.peers.ratio[i] - 1.0 if kind == "rank" else sc.history[i] - 1.0
+            if kind == "rank" and sc.change_bad[i]:
+                slow = math.expm1(sc.shift[i])
+            c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
             cause, missing = c.to_json(), list(c.missing)
         evidence: dict[str, Any] = {
             "gpu_hours": track.pending_hours if state == "suspect" else track.hours,
@@ -795,14 +802,14 @@ class Detector:
             return F.rank_finding(z=_f(sc.peers.z[i]), basis=basis, **common)
         return F.degraded_finding(**common)
 
-    def _diagnose(self, kind: str, i: int, v: _View) -> Any:
+    def _diagnose(self, kind: str, i: int, v: _View, slowdown: float | None) -> Any:
         """Why rank i is slow: its telemetry against its group's (rank) or island's (degraded)."""
         peers = np.flatnonzero(v.gid == v.gid[i] if kind == "rank" else v.isl_id == v.isl_id[i])
         peers = peers[peers != i]
         if peers.size > DIAG_PEERS:
             peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
         own, *others = _telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
-        return diagnose(own, others)
+        return diagnose(own, others, slowdown)
 
     # -- islands, collectives, links ------------------------------------------
 

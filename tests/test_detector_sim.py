@@ -103,6 +103,10 @@ def test_compute_faults_are_flagged_in_time(kind: str, slowdown: float, within: 
     assert res.false_flags == 0
     f = res.finding[SLOW]
     assert f.kind == "rank" and f.basis in ("history", "both")
+    # the right cause, from telemetry that comes from the fault's physical model
+    assert f.cause is not None and f.cause["kind"] == kind, f.cause
+    if kind in ("clocks", "thermal", "power"):
+        assert f.cause["explained"] >= 0.8
 
 
 def test_a_ramp_is_flagged_once_past_the_sensitivity() -> None:

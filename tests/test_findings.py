@@ -99,7 +99,7 @@ def test_every_kind_has_exactly_the_design_keys_and_types() -> None:
         assert all(isinstance(h, str) for h in j["hosts"])
         assert all(isinstance(m, str) for m in j["missing"])
         if j["cause"] is not None:
-            assert set(j["cause"]) == {"kind", "text", "evidence"}
+            assert set(j["cause"]) == {"kind", "text", "evidence", "explained", "alternatives"}
         json.dumps(j, allow_nan=False)  # strict JSON
         if f.kind in ("rank", "degraded"):
             assert j["rank"] is not None and j["cause"] is not None
