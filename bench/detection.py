@@ -32,13 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
-from artemis.agent.summary import WindowSummarizer
-from artemis.coordinator.detector import Detector
 from artemis.coordinator.settings import Settings
-from artemis.protocol.records import RankWindow
-from artemis.sim.model import LockstepModel
+from artemis.sim import inproc
 from artemis.sim.scenario import Scenario, parse_scenario
 
 RANKS = 64
@@ -53,11 +48,6 @@ SEEDS = 5
 HEALTHY_WINDOWS = 200
 SLOWDOWNS = (0.02, 0.05, 0.10, 0.15, 0.20)  # 15%: the flagship's fault, not in the issue's grid
 NOISES = (0.01, 0.03)
-JOB = "bench-detect"
-COMM = "00000000000000b1"
-FUNC_CODES = {"AllReduce": 1, "AllGather": 2, "Broadcast": 4}
-DTYPE_INT8, DTYPE_FLOAT32 = 1, 8
-CHANNELS = 2
 
 
 def scenario(noise: float, seed: int, windows: int, slowdown: float | None) -> Scenario:
@@ -80,45 +70,6 @@ def scenario(noise: float, seed: int, windows: int, slowdown: float | None) -> S
     return parse_scenario(data, f"bench-detection(noise={noise}, seed={seed})")
 
 
-class RecordMaker:
-    """Each rank's ring records for one window of the model, as the plugin writes them."""
-
-    def __init__(self, model: LockstepModel) -> None:
-        self.k = model.colls_per_step
-        pattern = list(model.pattern)
-        if model.multi:
-            raise ValueError("this bench models one island (no bridge records)")
-        self.func = np.array([FUNC_CODES[p.func] for p in pattern], dtype=np.uint8)
-        self.nbytes = np.array([p.bytes for p in pattern], dtype=np.uint64)
-        self.dtype = np.array(
-            [DTYPE_FLOAT32 if p.func == "AllReduce" else DTYPE_INT8 for p in pattern],
-            dtype=np.uint8,
-        )
-
-    def window(self, arrive: np.ndarray, end: np.ndarray, first_step: int) -> np.ndarray:
-        """(ranks, steps x K) records from arrive/end [S, R, K] (device ns per host clock)."""
-        s, r, k = arrive.shape
-        n = s * k
-        recs = np.zeros((r, n), dtype=SLOT_DTYPE)
-        seqs = np.arange(first_step * k, first_step * k + n, dtype=np.uint64)
-        recs["kind"] = KIND_COLL
-        recs["state"] = STATE_DONE
-        recs["clock"] = REC_DEVICE
-        recs["nchannels"] = CHANNELS
-        recs["peer"] = -1
-        recs["func"] = np.tile(self.func, s)[None, :]
-        recs["dtype"] = np.tile(self.dtype, s)[None, :]
-        recs["bytes"] = np.tile(self.nbytes, s)[None, :]
-        recs["seq"] = seqs[None, :]
-        recs["coll_seq"] = seqs[None, :]
-        # the plugin keeps the earliest channel start and the latest channel end
-        start = arrive.transpose(1, 0, 2).reshape(r, n).astype(np.uint64)
-        recs["start"] = start
-        recs["enqueue_ns"] = start
-        recs["end"] = end.transpose(1, 0, 2).reshape(r, n).astype(np.uint64)
-        return recs
-
-
 @dataclass
 class RunResult:
     flag_window: int | None  # first window the slow rank was reported flagged
@@ -126,56 +77,12 @@ class RunResult:
     healthy_rank_windows: int  # judged rank-windows of the other ranks
 
 
-def run(sc: Scenario, slow_rank: int | None) -> RunResult:
-    model = LockstepModel(sc)
-    maker = RecordMaker(model)
-    summ = [
-        WindowSummarizer(
-            JOB,
-            COMM,
-            r,
-            sc.ranks,
-            sc.host_name(sc.host_of(r)),
-            sc.window_steps,
-            clock_kind=CLOCK_DEVICE_NS,
-        )
-        for r in range(sc.ranks)
-    ]
-    det = Detector(Settings(), JOB, sc.ranks)
-    pending: dict[int, list[RankWindow]] = {}
-    out = RunResult(None, 0, 0)
-
-    def score(w: int) -> None:
-        res = det.score_window(w, pending.pop(w, []))
-        if w >= 1:
-            others = sc.ranks - len(res.missing) - (1 if slow_rank is not None else 0)
-            out.healthy_rank_windows += others
-        for f in res.findings:
-            if f.state != "flagged":
-                continue
-            if f.kind in ("rank", "degraded") and f.rank == slow_rank:
-                if out.flag_window is None:
-                    out.flag_window = w
-            else:
-                out.false_flags += 1
-
-    scored = 0
-    for w in range(sc.windows):
-        wt = model.window(w)
-        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
-        last = w == sc.windows - 1
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=last):
-                pending.setdefault(rw.window, []).append(rw)
-        # a window is scored once every rank has summarised it (the assembly's job)
-        while scored in pending and len(pending[scored]) == sc.ranks:
-            score(scored)
-            scored += 1
-    while scored < sc.windows:
-        score(scored)
-        scored += 1
-    return out
+def run(sc: Scenario, slow_rank: int | None, settings: Settings | None = None) -> RunResult:
+    """The in-process pipeline (sim/inproc.py) on one scenario."""
+    slow = () if slow_rank is None else (slow_rank,)
+    res = inproc.run(sc, slow, settings, telemetry=False)
+    fw = None if slow_rank is None else res.flag_window.get(slow_rank)
+    return RunResult(fw, res.false_flags, res.healthy_rank_windows)
 
 
 def _fmt_rate(flags: int, n: int) -> str:

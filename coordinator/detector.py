@@ -12,6 +12,7 @@ the rules; the comments here say why the code does what it does.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,31 @@ DEFAULT_ISLAND = "default"
 # Diagnosis compares a rank's telemetry with its peers' medians; past this many
 # peers an evenly spaced sample of them gives the same medians for far less work.
 DIAG_PEERS = 256
+
+# The adaptive rank rule (settings.mode = "adaptive"; DETECTOR.md "The combined test").
+# Peers: a rank is slow against its peers when it is at least PEER_MIN slower than
+# their leave-one-out median and PEER_Z robust sds of their spread above it (or the
+# seed's suspect_ratio, whatever the spread).
+PEER_MIN = 0.05
+PEER_Z = 5.0
+# History: a CUSUM over the window's log peer ratio against the rank's own confirmed
+# (warm-up) value, in units of the rank's own measured noise. It is tuned to a
+# change of MIN_SHIFT: each window adds (deviation - MIN_SHIFT/2) / sd; a window is
+# bad when the sum reaches CUSUM_H and the window itself is at least MIN_SHIFT/2 slow
+# (so the sum's memory never makes a later healthy window bad).
+MIN_SHIFT = 0.03
+CUSUM_H = 6.0
+CUSUM_CAP = 2 * CUSUM_H  # bounds how long a past excursion takes to forget
+# A rank's noise sd: its own warm-up spread (robust), no less than the median of
+# every rank's (five samples can be small by luck), no less than this floor.
+SIGMA_FLOOR = 0.002
+# Where the noise is large, the shift a window must show (and the CUSUM's
+# reference) grows with it: at least CHANGE_Z sds, so the threshold adapts to
+# each rank's noise and the baseline's own error never reads as a change.
+CHANGE_Z = 3.0
+# Island, collective and link kinds (adaptive): the limit is at least this many of
+# the scalar's own warm-up robust sds above its baseline.
+SCALAR_Z = 5.0
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -71,29 +97,51 @@ class _Track:
     in a row. A suspicion that never reaches flagged simply fades.
     """
 
-    __slots__ = ("active", "good_run", "hours", "pending_hours", "recent", "since")
+    __slots__ = (
+        "active",
+        "good_run",
+        "hours",
+        "intermittent",
+        "long",
+        "pending_hours",
+        "recent",
+        "since",
+    )
 
     def __init__(self, flag_window: int) -> None:
         self.recent: deque[bool] = deque(maxlen=flag_window)
+        # Twice as long: an intermittent fault (slow in half of its windows) rarely
+        # makes flag_after of flag_window, but does make flag_window of these.
+        self.long: deque[bool] = deque(maxlen=2 * flag_window)
+        self.intermittent = False
         self.active = False
         self.since: int | None = None
         self.good_run = 0
         self.pending_hours = 0.0  # cost while suspect; counts once confirmed
         self.hours = 0.0  # confirmed cost of this finding
 
-    def observe(self, window: int, bad: bool, s: Settings) -> str | None:
+    def observe(
+        self, window: int, bad: bool, s: Settings, intermittent_rule: bool = False
+    ) -> str | None:
+        # the streak (and `since`) lasts while the intermittent rule still remembers it
+        streak = any(self.recent) or (intermittent_rule and any(self.long))
+        self.long.append(bad)
         if self.active:
             if bad:
                 self.good_run = 0
                 return "ongoing"
             self.good_run += 1
-            if self.good_run >= s.clear_after:
+            # An intermittent fault has good runs by nature: it clears only after
+            # twice as many good windows.
+            if self.good_run >= s.clear_after * (2 if self.intermittent else 1):
                 self.active = False
+                self.intermittent = False
                 self.recent.clear()
+                self.long.clear()
                 return "cleared"
             return "ongoing"
         if bad:
-            if not any(self.recent):
+            if not streak:
                 self.since = window
                 self.pending_hours = 0.0
             self.recent.append(True)
@@ -101,23 +149,31 @@ class _Track:
                 self.active = True
                 self.good_run = 0
                 return "flagged"
+            if intermittent_rule and sum(self.long) >= s.flag_window:
+                self.active = True
+                self.intermittent = True
+                self.good_run = 0
+                return "flagged"
             return "suspect"
         self.recent.append(False)
-        if not any(self.recent):
+        if not any(self.recent) and not (intermittent_rule and any(self.long)):
             self.since = None
             self.pending_hours = 0.0
         return None
 
     @property
     def idle(self) -> bool:
-        return not self.active and not any(self.recent)
+        return not self.active and not any(self.recent) and not any(self.long)
 
     def resize(self, flag_window: int) -> None:
         self.recent = deque(self.recent, maxlen=flag_window)
+        self.long = deque(self.long, maxlen=2 * flag_window)
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "recent": list(self.recent),
+            "long": list(self.long),
+            "intermittent": self.intermittent,
             "active": self.active,
             "since": self.since,
             "good_run": self.good_run,
@@ -129,6 +185,8 @@ class _Track:
     def restore(cls, state: Mapping[str, Any], flag_window: int) -> _Track:
         t = cls(flag_window)
         t.recent.extend(bool(x) for x in state["recent"])
+        t.long.extend(bool(x) for x in state.get("long", state["recent"]))
+        t.intermittent = bool(state.get("intermittent", False))
         t.active = bool(state["active"])
         t.since = None if state["since"] is None else int(state["since"])
         t.good_run = int(state["good_run"])
@@ -194,6 +252,11 @@ class _RankScores:
     peers_ok: npt.NDArray[np.bool_]
     peer_bad: npt.NDArray[np.bool_]
     hist_bad: npt.NDArray[np.bool_]
+    # adaptive mode: the change test on the peer ratio (NaN / False in seed mode)
+    change_bad: npt.NDArray[np.bool_]
+    shift: F64  # log peer ratio - its confirmed baseline
+    noise: F64  # the rank's noise sd (log ratio units)
+    cusum: F64
 
 
 class Detector:
@@ -223,6 +286,10 @@ class Detector:
         self._island_of: OBJ = np.empty(0, dtype=object)
         self._rank_samples: F64 = np.full((0, settings.warmup_windows), np.nan)
         self._rank_count: I64 = np.zeros(0, dtype=np.int64)
+        # Adaptive mode: warm-up log peer ratios (fed with the gap samples) and the CUSUM.
+        self._ratio_samples: F64 = np.full((0, settings.warmup_windows), np.nan)
+        self._cusum: F64 = np.zeros(0)
+        self._ratio_cache: tuple[tuple[int, bool], tuple[F64, F64]] | None = None
         self.resize(nranks)
         for r, h in (hosts or {}).items():
             self._host[r] = h
@@ -260,6 +327,8 @@ class Detector:
         self._island_of = grow(self._island_of)
         w = self._rank_samples.shape[1]
         self._rank_samples = np.vstack([self._rank_samples, np.full((extra, w), np.nan)])
+        self._ratio_samples = np.vstack([self._ratio_samples, np.full((extra, w), np.nan)])
+        self._cusum = np.concatenate([self._cusum, np.zeros(extra)])
         self._rank_count = np.concatenate([self._rank_count, np.zeros(extra, dtype=np.int64)])
         self.nranks = nranks
         self._samples_version = getattr(self, "_samples_version", 0) + 1
@@ -272,6 +341,9 @@ class Detector:
             keep = min(w, self._rank_samples.shape[1])
             grown[:, :keep] = self._rank_samples[:, :keep]
             self._rank_samples = grown
+            grown_r = np.full((self._rank_count.size, w), np.nan)
+            grown_r[:, :keep] = self._ratio_samples[:, :keep]
+            self._ratio_samples = grown_r
             self._rank_count = np.minimum(self._rank_count, w)
             self._samples_version += 1
             for b in self._baselines.values():
@@ -306,6 +378,8 @@ class Detector:
             "nranks": self.nranks,
             "rank_samples": _pack(self._rank_samples[: self.nranks]),
             "rank_count": _pack(self._rank_count[: self.nranks]),
+            "ratio_samples": _pack(self._ratio_samples[: self.nranks]),
+            "cusum": _pack(self._cusum[: self.nranks]),
             "host": self._host[: self.nranks].tolist(),
             "island_of": self._island_of[: self.nranks].tolist(),
             "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
@@ -324,6 +398,12 @@ class Detector:
         keep = min(w, samples.shape[1])
         self._rank_samples[:n, :keep] = samples[:, :keep]
         self._rank_count[:n] = np.minimum(count, w)
+        self._ratio_samples[:n] = np.nan
+        self._cusum[:n] = 0.0
+        if "ratio_samples" in state:  # snapshots from before the adaptive rule lack it
+            rs = _unpack(state["ratio_samples"], np.float64).reshape(n, -1)
+            self._ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
+            self._cusum[:n] = _unpack(state["cusum"], np.float64)
         self._host[:n] = _objects(state["host"])
         self._island_of[:n] = _objects(state["island_of"])
         self._baselines = {(k, s): _Baseline(v[:w]) for k, s, v in state["baselines"]}
@@ -503,15 +583,63 @@ class Detector:
             history = np.where(base > 0, v.gap / base, np.nan)
         judging = window >= 1  # window 0 carries start-up work (compilation, warm caches)
         peers_ok = peers.group_size >= s.min_island_peers
+        peer_bad = judging & peers_ok & (peers.ratio >= s.suspect_ratio)
+        n = v.r.size
+        nan = np.full(n, np.nan)
+        change_bad = np.zeros(n, dtype=bool)
+        shift, noise, cusum = nan, nan, nan
+        if s.mode == "adaptive":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                # noise-scaled peer test: a tight group is judged more finely
+                peer_bad |= (
+                    judging & peers_ok & (peers.ratio - 1.0 >= PEER_MIN) & (peers.z >= PEER_Z)
+                )
+                rbase, rsd = self._ratio_baseline(window)
+                shift = np.log(peers.ratio) - rbase[v.r]
+                noise = rsd[v.r]
+                ref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * noise)
+                step = (shift - ref) / noise
+                ok = judging & peers_ok & np.isfinite(step)
+                cusum = np.where(ok, np.clip(self._cusum[v.r] + step, 0.0, CUSUM_CAP), 0.0)
+                change_bad = ok & (cusum >= CUSUM_H) & (shift >= ref)
+            self._cusum[v.r[ok]] = cusum[ok]
         return _RankScores(
             peers=peers,
             cost=cost,
             base=base,
             history=history,
             peers_ok=peers_ok,
-            peer_bad=judging & peers_ok & (peers.ratio >= s.suspect_ratio),
+            peer_bad=peer_bad,
             hist_bad=judging & ~peers_ok & (history >= s.suspect_ratio),
+            change_bad=change_bad,
+            shift=shift,
+            noise=noise,
+            cusum=cusum,
         )
+
+    def _ratio_baseline(self, window: int) -> tuple[F64, F64]:
+        """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
+        s = self.settings
+        key = (self._samples_version, window > s.warmup_windows)
+        if self._ratio_cache is not None and self._ratio_cache[0] == key:
+            return self._ratio_cache[1]
+        cnt = self._rank_count
+        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
+        base = np.full(cnt.size, np.nan)
+        sd = np.full(cnt.size, np.nan)
+        if ready.any():
+            x = self._ratio_samples[ready]
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                # nanmedian of an all-NaN row warns; that row's NaN is the answer here
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med = np.nanmedian(x, axis=1)
+                own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
+                own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
+                pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
+            base[ready] = med
+            sd[ready] = np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)
+        self._ratio_cache = (key, (base, sd))
+        return base, sd
 
     def _rank_findings(
         self, v: _View, sc: _RankScores, ctx: _Ctx
@@ -519,7 +647,7 @@ class Detector:
         """Advance the track of every bad or tracked rank; (findings, ranks held out of
         their baseline because they are bad or flagged)."""
         s = self.settings
-        bad = sc.peer_bad | sc.hist_bad
+        bad = sc.peer_bad | sc.hist_bad | sc.change_bad
         todo = set(np.flatnonzero(bad).tolist())
         tracked = np.array(
             sorted({int(k[1]) for k in self._tracks if k[0] in ("rank", "degraded")}),
@@ -540,7 +668,11 @@ class Detector:
                 excess = max(0.0, float(v.actual[i] - sc.cost.loo_median[i]))
             else:
                 excess = max(0.0, float(v.actual[i] - sc.base[i])) if sc.base[i] > 0 else 0.0
-            state = self._advance(track, ctx.window, bool(bad[i]), excess, ctx)
+            if kind == "rank" and sc.change_bad[i] and not sc.peer_bad[i]:
+                # slow against its own baseline but within its peers' spread: the
+                # peers' median is not the cost, its own confirmed pace is
+                excess = max(0.0, float(v.actual[i] * (1.0 - math.exp(-sc.shift[i]))))
+            state = self._advance(track, ctx.window, bool(bad[i]), excess, ctx, rank=True)
             held[i] = track.active or bool(bad[i])
             if state is not None:
                 out.append(self._rank_finding(kind, state, i, v, sc, excess, track, ctx))
@@ -553,11 +685,16 @@ class Detector:
     ) -> None:
         # An unconfirmed regression never becomes a baseline: only healthy windows feed.
         s = self.settings
-        feed = (window >= 1) & ~sc.peer_bad & ~sc.hist_bad & ~held
+        feed = (window >= 1) & ~sc.peer_bad & ~sc.hist_bad & ~sc.change_bad & ~held
         feed &= self._rank_count[v.r] < s.warmup_windows
         fr = v.r[feed]
         if fr.size:
             self._rank_samples[fr, self._rank_count[fr]] = v.gap[feed]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lr = np.log(sc.peers.ratio[feed])
+            self._ratio_samples[fr, self._rank_count[fr]] = np.where(
+                sc.peers_ok[feed] & np.isfinite(lr), lr, np.nan
+            )
             self._rank_count[fr] += 1
             self._samples_version += 1
 
@@ -579,9 +716,10 @@ class Detector:
         return out
 
     def _advance(
-        self, track: _Track, window: int, bad: bool, excess: float, ctx: _Ctx
+        self, track: _Track, window: int, bad: bool, excess: float, ctx: _Ctx, rank: bool = False
     ) -> str | None:
-        state = track.observe(window, bad, self.settings)
+        # the intermittent rule is for ranks (a GPU that comes and goes), not scalars
+        state = track.observe(window, bad, self.settings, rank and self.settings.mode == "adaptive")
         hours = excess * ctx.hours_per_ms
         if state == "suspect":
             track.pending_hours += hours
@@ -610,7 +748,14 @@ class Detector:
         cause: dict[str, Any] | None = None
         missing: list[str] = []
         if state != "cleared":
-            c = self._diagnose(kind, i, v)
+            # The slowdown the cause must explain: against its peers (whose clocks
+            # are the reference), else its own pace; where the change test judged it,
+            # the change from its own confirmed pace (a rank always 2% slow for
+            # reasons its clock does not show keeps that offset out of it).
+            slow = sc.peers.ratio[i] - 1.0 if kind == "rank" else sc.history[i] - 1.0
+            if kind == "rank" and sc.change_bad[i]:
+                slow = math.expm1(sc.shift[i])
+            c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
             cause, missing = c.to_json(), list(c.missing)
         evidence: dict[str, Any] = {
             "gpu_hours": track.pending_hours if state == "suspect" else track.hours,
@@ -626,6 +771,16 @@ class Detector:
             evidence["baseline_gap_ms"] = _f(sc.base[i])
         if v.class_of[i] is not None:
             evidence["hw_class"] = v.class_of[i]
+        basis = "peers"
+        if kind == "rank" and self.settings.mode == "adaptive":
+            pb, cb = bool(sc.peer_bad[i]), bool(sc.change_bad[i])
+            basis = "both" if pb and cb else "history" if cb else "peers"
+            if math.isfinite(sc.shift[i]):
+                # the change test: shift from its own confirmed pace, in its own noise
+                evidence["shift"] = round(float(math.expm1(sc.shift[i])), 4)
+                evidence["noise"] = round(float(sc.noise[i]), 5)
+                evidence["cusum"] = round(float(sc.cusum[i]), 2)
+            evidence["intermittent"] = track.intermittent
         common: dict[str, Any] = {
             "job": self.job,
             "state": state,
@@ -644,17 +799,17 @@ class Detector:
             "cause": cause,
         }
         if kind == "rank":
-            return F.rank_finding(z=_f(sc.peers.z[i]), **common)
+            return F.rank_finding(z=_f(sc.peers.z[i]), basis=basis, **common)
         return F.degraded_finding(**common)
 
-    def _diagnose(self, kind: str, i: int, v: _View) -> Any:
+    def _diagnose(self, kind: str, i: int, v: _View, slowdown: float | None) -> Any:
         """Why rank i is slow: its telemetry against its group's (rank) or island's (degraded)."""
         peers = np.flatnonzero(v.gid == v.gid[i] if kind == "rank" else v.isl_id == v.isl_id[i])
         peers = peers[peers != i]
         if peers.size > DIAG_PEERS:
             peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
         own, *others = _telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
-        return diagnose(own, others)
+        return diagnose(own, others, slowdown)
 
     # -- islands, collectives, links ------------------------------------------
 
@@ -670,6 +825,13 @@ class Detector:
             b.feed(ctx.window, value, s)
             return None, None, 0.0, None
         ratio = value / ref
+        if s.mode == "adaptive" and len(b.samples) >= 3:
+            # A scalar that is noisy by nature (the transfer time of short windows:
+            # a minimum of per-rank medians) gets a limit above its own spread; the
+            # seed's ratio stays the floor, so this never flags more.
+            med = float(np.median(b.samples))
+            rel_sd = scoring.MAD_SCALE * float(np.median(np.abs(np.subtract(b.samples, med)))) / med
+            ratio_limit = max(ratio_limit, 1.0 + SCALAR_Z * rel_sd)
         bad = ratio >= ratio_limit
         track = self._tracks.get(key)
         if track is None and not bad:

@@ -1,6 +1,16 @@
 """Why a rank is slow, from its telemetry against its peers': a pure function.
 
-The rules (DETECTOR.md has the table) split causes by what the SM clock does:
+Diagnosis by consistency (DETECTOR.md "Diagnosis"): given the measured
+slowdown, a cause is named when its evidence explains it. The SM clock has a
+quantitative model: compute is CLOCK_BOUND clock-bound, so a clock at c of
+its peers' makes the rank CLOCK_BOUND x (1/c - 1) slower, and
+`explained` = that / the measured slowdown (capped at 1). PCIe, host and
+hardware evidence has no such model: it fits qualitatively, when present on
+this rank and absent on its peers. Every fitting cause is named, best first
+(`kind`, then `alternatives`). Without a measured slowdown the fixed
+cut-off CLOCK_LOW_FRAC is the clock test, as in the seed.
+
+The causes split by what the SM clock does:
 
 - clocks low  -> thermal (thermal throttle reason, or hot vs peers),
                  power (power-cap reason, or drawing >= 97% of the limit),
@@ -11,8 +21,8 @@ The rules (DETECTOR.md has the table) split causes by what the SM clock does:
                    while its peers' did not: XID events, uncorrected ECC
                    errors, NVLink errors, a row remap pending or failed).
 
-A throttle reason contradicted by normal clocks is not a cause. When two
-causes fit at once, or none, the answer is `unknown` and the text says why.
+A throttle reason contradicted by normal clocks is not a cause. When no cause
+fits, the answer is `unknown` and the text says what was checked.
 Absent telemetry is listed in `missing`; it is never assumed healthy or sick.
 """
 
@@ -40,6 +50,14 @@ LOAD_PER_CPU = 1.0
 CPU_BUSY_PCT = 95.0
 PROC_STARVED_FRAC = 0.75  # the rank's process gets <= 75% of its peers' CPU
 CPU_ABOVE_PEERS_PCT = 25.0
+# The consistency model. A clock deficit smaller than CLOCK_NOISE_FRAC is within
+# healthy GPUs' boost wander and explains nothing; a cause is named when it
+# explains at least EXPLAIN_MIN of the measured slowdown.
+CLOCK_BOUND = 0.9
+CLOCK_NOISE_FRAC = 0.025
+EXPLAIN_MIN = 0.5
+# Qualitative fits rank between a full and a partial quantitative one.
+QUALITATIVE_FIT = 0.75
 
 THERMAL_REASONS = ("hw_thermal", "sw_thermal")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake")
@@ -82,10 +100,18 @@ class Cause:
     text: str
     evidence: dict[str, Any]
     missing: list[str] = field(default_factory=list)
+    explained: float | None = None  # share of the slowdown explained (None: qualitative)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)  # other fits, by fit
 
     def to_json(self) -> dict[str, Any]:
-        """The finding's `cause` object: kind, text, evidence (missing goes on the finding)."""
-        return {"kind": self.kind, "text": self.text, "evidence": dict(self.evidence)}
+        """The finding's `cause` object (missing goes on the finding)."""
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "evidence": dict(self.evidence),
+            "explained": self.explained,
+            "alternatives": [dict(a) for a in self.alternatives],
+        }
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -152,6 +178,12 @@ def _host_signals(
     return out
 
 
+def _signal_key(words: str) -> str:
+    """Which host signal a `_host_signals` phrase is ("CPU steal", "load", "host CPU", ...)."""
+    parts = words.split()
+    return parts[0] if parts[0] == "load" else " ".join(parts[:2])
+
+
 def hardware_rises(t: Telemetry, peer_tels: Sequence[Telemetry]) -> dict[str, int]:
     """The hardware signals (HW_SIGNALS) the rank shows and its peers do not."""
     out: dict[str, int] = {}
@@ -215,8 +247,16 @@ def nic_evidence(members: Sequence[tuple[str, Telemetry]]) -> dict[str, Any]:
     return out
 
 
-def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
-    """The most likely cause of a rank's slowness; `unknown` (saying why) when unsure."""
+def clock_explains(clock_ratio: float) -> float:
+    """The slowdown (fraction) that an SM clock at `clock_ratio` of the reference causes."""
+    return CLOCK_BOUND * (1.0 / clock_ratio - 1.0)
+
+
+def diagnose(
+    rank_tel: Telemetry, peer_tels: Sequence[Telemetry], slowdown: float | None = None
+) -> Cause:
+    """The causes that explain a rank's `slowdown` (measured extra time, a fraction),
+    best first; `unknown` (saying what was checked) when none does."""
     t = rank_tel
     missing = sorted({name for name in DIAG_FIELDS if getattr(t, name) is None} | set(t.missing))
 
@@ -227,8 +267,14 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     ref_sm, ref_name = (peers_sm, "its peers") if peers_sm else (t.sm_mhz_max, "its max")
 
     clocks_low: bool | None = None
+    clock_fit: float | None = None  # share of the slowdown the clock deficit explains
     if t.sm_mhz is not None and ref_sm:
-        clocks_low = t.sm_mhz < CLOCK_LOW_FRAC * ref_sm
+        c = t.sm_mhz / ref_sm
+        if slowdown is not None and slowdown > 0:
+            clock_fit = min(1.0, max(0.0, clock_explains(c)) / slowdown) if c > 0 else 1.0
+            clocks_low = c < 1.0 - CLOCK_NOISE_FRAC and clock_fit >= EXPLAIN_MIN
+        else:
+            clocks_low = c < CLOCK_LOW_FRAC
     power_frac = t.power_w / t.power_limit_w if t.power_w is not None and t.power_limit_w else None
     hot: bool | None = None
     if t.temp_c is not None:
@@ -241,7 +287,20 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     power_why = _active(t.throttle, POWER_REASONS)
     slowing = _active(t.throttle, SLOWING_REASONS)
     pcie = pcie_degraded(t)
+    peers_pcie = _median([pcie_degraded(p) for p in peer_tels])
     host = _host_signals(t, peers_cpu, peers_proc)
+    if peer_tels:
+        # qualitative fit: present on this rank and absent on its peers (a
+        # signal that fires on the peers' medians too is the fleet's, not this rank's)
+        peer = Telemetry(
+            steal_pct=_median([p.steal_pct for p in peer_tels]),
+            psi_cpu_some=_median([p.psi_cpu_some for p in peer_tels]),
+            load1=_median([p.load1 for p in peer_tels]),
+            ncpu=t.ncpu,
+            cpu_pct=peers_cpu,
+        )
+        fleet = {_signal_key(w) for w in _host_signals(peer, None, None)}
+        host = [w for w in host if _signal_key(w) not in fleet]
     hw = hardware_rises(t, peer_tels)
 
     evidence: dict[str, Any] = {
@@ -260,6 +319,7 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
     )
 
     fits: dict[str, str] = {}
+    absent = "; absent on its peers" if peer_tels else ""
     if clocks_low is not False:
         if thermal_why:
             fits["thermal"] = f"thermal throttling ({', '.join(thermal_why)}; {clk})"
@@ -279,14 +339,18 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
             fits["clocks"] = (
                 f"clocks low ({clk}), no throttle reason: locked clocks or a misconfigured GPU"
             )
-    if clocks_low is not True:
-        if pcie is not None and pcie > 0:
+    # PCIe and host evidence fits whatever the clocks do when the slowdown is
+    # measured (it is then ranked against the clock's fit); without it, only
+    # with normal clocks, as in the seed.
+    if clocks_low is not True or slowdown is not None:
+        if pcie is not None and pcie > 0 and not (peers_pcie or 0) > 0:
             fits["pcie"] = (
                 f"PCIe link below its maximum (gen {t.pcie_gen}/{t.pcie_gen_max}, "
-                f"x{t.pcie_width}/x{t.pcie_width_max}: {pcie:.0%} of bandwidth lost)"
+                f"x{t.pcie_width}/x{t.pcie_width_max}: {pcie:.0%} of bandwidth lost{absent})"
             )
         if host:
-            fits["host"] = f"host CPU contention ({'; '.join(host)}) with GPU clocks normal"
+            clocks = "GPU clocks normal" if not clocks_low else "GPU clocks low too"
+            fits["host"] = f"host CPU contention ({'; '.join(host)}{absent}) with {clocks}"
     reported = {k: getattr(t, k) for k in HW_EVIDENCE if getattr(t, k) is not None}
     if hw or any(isinstance(v, int) and v > 0 for k, v in reported.items() if k in HW_SIGNALS):
         evidence["hardware"] = {
@@ -303,15 +367,30 @@ def diagnose(rank_tel: Telemetry, peer_tels: Sequence[Telemetry]) -> Cause:
             proc_cpu_pct=_r(t.proc_cpu_pct),
         )
 
-    if len(fits) == 1:
-        ((kind, text),) = fits.items()
+    if fits:
+        # explained: the clock kinds' quantitative fit; None for qualitative ones
+        def fit_of(kind: str) -> float | None:
+            if kind in ("thermal", "power", "clocks"):
+                return None if clock_fit is None else round(clock_fit, 3)
+            return None
+
+        def order(kind: str) -> float:
+            f = fit_of(kind)
+            return QUALITATIVE_FIT if f is None else f
+
+        ranked = sorted(fits, key=lambda k: (-order(k), list(fits).index(k)))
+        kind, text = ranked[0], fits[ranked[0]]
+        explained = fit_of(kind)
+        if explained is not None and slowdown is not None:
+            text += f"; explains {explained:.0%} of the {slowdown:.1%} slowdown"
         if clocks_low is None:
             text += " (clocks could not be compared: SM clock or a reference missing)"
-        return Cause(kind, text, evidence, missing)
-    if len(fits) > 1:
-        text = "two causes fit at once: " + "; and ".join(f"{k}: {v}" for k, v in fits.items())
-        return Cause("unknown", text, evidence, missing)
-    return Cause("unknown", _why_unknown(t, clocks_low, clk, slowing, missing), evidence, missing)
+        alts = [{"kind": k, "text": fits[k], "explained": fit_of(k)} for k in ranked[1:]]
+        return Cause(kind, text, evidence, missing, explained, alts)
+    why = _why_unknown(t, clocks_low, clk, slowing, missing)
+    if slowdown is not None and clock_fit is not None:
+        why += f"; the clock explains {clock_fit:.0%} of the {slowdown:.1%} slowdown"
+    return Cause("unknown", why, evidence, missing)
 
 
 def _why_unknown(
@@ -330,8 +409,9 @@ def _why_unknown(
         return f"clocks low ({clk}) but no throttle, temperature or power data to tell why"
     gaps = ", ".join(missing) if missing else "none"
     return (
-        f"nothing in the telemetry explains it ({clk}; no throttle, PCIe or host "
-        f"contention found); missing: {gaps}"
+        f"nothing in the telemetry explains it (checked: SM clock ({clk}), throttle "
+        f"reasons, temperature, power, PCIe link, host CPU, GPU error counters); "
+        f"missing: {gaps}"
     )
 
 

@@ -152,8 +152,12 @@ def rank_finding(
     missing: Sequence[str] = (),
     evidence: dict[str, Any] | None = None,
     cause: dict[str, Any] | None = None,
+    basis: str = "peers",
 ) -> Finding:
-    """A rank slow against the other ranks of its island (or class)."""
+    """A rank slow against the other ranks of its island (or class), or against its own
+    confirmed baseline (`basis` = peers | history | both: what judged it)."""
+    if basis not in ("peers", "history", "both"):
+        raise ValueError(f"rank finding basis must be peers, history or both, got {basis!r}")
     return Finding(
         kind="rank",
         state=state,
@@ -170,9 +174,9 @@ def rank_finding(
         drift=None,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
-        confidence="peers",
+        confidence="history" if basis == "history" else "peers",
         signal="gap",
-        basis="peers",
+        basis=basis,
         missing=list(missing),
         evidence=evidence,
         cause=cause,

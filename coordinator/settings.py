@@ -25,6 +25,7 @@ class SettingsError(ValueError):
 
 HARDWARE_CLASSES = ("auto", "on", "off")
 REBALANCE = ("off", "recommend", "apply")
+MODES = ("adaptive", "seed")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class Settings:
     min_plan_interval_windows: int = 4
     # GPUs in the job for the cost in GPU-hours; None = one per rank.
     gpu_count: int | None = None
+    # The rank rule: adaptive (peers with a noise-scaled threshold + a change test
+    # against the rank's own baseline, DETECTOR.md) or the seed's fixed ratio.
+    mode: str = "adaptive"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -235,6 +239,7 @@ _RULES: dict[str, tuple[_Parser, Callable[[Any], str], str]] = {
         )
     },
     "gpu_count": (_parse_opt_int, _opt_count, "a positive integer or none (= number of ranks)"),
+    "mode": (_parse_choice(MODES, {}), _choice(MODES), "one of adaptive, seed"),
 }
 _FLOAT_KEYS = frozenset(
     k for k, f in Settings.__dataclass_fields__.items() if f.type in ("float", float)

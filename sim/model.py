@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from artemis.sim.physics import fault_state
 from artemis.sim.scenario import COMPUTE_FAULTS, Scenario
 
 TRANSFER_FRAC = 0.10  # share of a healthy step spent transferring in collectives
@@ -100,6 +101,13 @@ class LockstepModel:
         # Virtual time (ns since job start, common reference before host offsets).
         self.t_ns = 0
         self.speed = np.array([scenario.speed(r) for r in range(scenario.ranks)])
+        # The noise model's own stream, so a scenario without its keys draws the
+        # very compute noise it drew before they existed.
+        self.rng_x = np.random.default_rng([scenario.seed, 0xA17E])
+        if scenario.rank_spread > 0:
+            # Healthy GPUs differ: a fixed per-rank speed offset (binning, cooling).
+            off = self.rng_x.standard_normal(scenario.ranks) * scenario.rank_spread
+            self.speed = self.speed / np.clip(1.0 + off, 0.5, None)
 
     @property
     def colls_per_step(self) -> int:
@@ -115,12 +123,16 @@ class LockstepModel:
         for f in sc.faults:
             if not f.active(window):
                 continue
-            if f.kind in COMPUTE_FAULTS or f.kind == "island":
-                comp[list(f.ranks)] += f.slowdown
+            lvl = f.level(window)
+            if f.kind in COMPUTE_FAULTS:
+                # the physical model: e.g. a thermal fault's slowdown follows from its clocks
+                comp[list(f.ranks)] += fault_state(f.kind, f.slowdown, lvl, 0.0).slowdown
+            elif f.kind == "island":
+                comp[list(f.ranks)] += f.slowdown * lvl
             elif f.kind == "collective" and f.island is not None:
-                xfer[self.islands.index(f.island)] += f.slowdown
+                xfer[self.islands.index(f.island)] += f.slowdown * lvl
             elif f.kind == "link":
-                link += f.slowdown
+                link += f.slowdown * lvl
         return comp, xfer, link
 
     def hang_at(self, window: int) -> int | None:
@@ -144,15 +156,31 @@ class LockstepModel:
         base = sc.step_ms / self.speed * (1.0 + comp_slow)  # [R]
         noise = self.rng.standard_normal((S, R))
         compute = base[None, :] * share * np.clip(1.0 + sc.noise * noise, 0.2, None)  # [S, R]
+        x = self.rng_x
+        if sc.shared_jitter > 0:
+            # data-dependent step length (sequence lengths, MoE routing): every rank alike
+            compute = compute * np.clip(
+                1.0 + sc.shared_jitter * x.standard_normal((S, 1)), 0.2, None
+            )
+        if sc.stall_prob > 0:
+            # one-off stalls (GC, page faults, a slow read): rare, exponential length
+            hit = x.random((S, R)) < sc.stall_prob
+            compute = compute + np.where(hit, x.exponential(sc.stall_ms, (S, R)), 0.0)
         weights = np.array([p.weight for p in self.pattern])
+        nI = len(self.islands)
+        # Transfers and bridges vary step to step too (congestion, adaptive routing).
         transfer_ms = (
             sc.step_ms * TRANSFER_FRAC * np.array([p.transfer_share for p in self.pattern])
+        )[None, None, :] * np.clip(1.0 + sc.noise * x.standard_normal((S, nI, 1)), 0.2, None)
+        bridge_ms = (
+            sc.step_ms
+            * BRIDGE_FRAC
+            * (1.0 + link_slow)
+            * np.clip(1.0 + sc.noise * x.standard_normal(S), 0.2, None)
         )
-        bridge_ms = sc.step_ms * BRIDGE_FRAC * (1.0 + link_slow)
 
         arrive = np.zeros((S, R, K), dtype=np.int64)
         end = np.zeros((S, R, K), dtype=np.int64)
-        nI = len(self.islands)
         b_start = np.zeros((S, nI), dtype=np.int64) if self.multi else None
         b_end = np.zeros((S, nI), dtype=np.int64) if self.multi else None
         members = [np.flatnonzero(self.island_of == i) for i in range(nI)]
@@ -164,14 +192,14 @@ class LockstepModel:
                 ti = t
                 for k in range(len(self.pattern)):
                     a = ti + compute[s, idx] * weights[k] * ms
-                    e = a.max() + transfer_ms[k] * (1.0 + xfer_slow[i]) * ms
+                    e = a.max() + transfer_ms[s, i, k] * (1.0 + xfer_slow[i]) * ms
                     arrive[s, idx, k] = a.astype(np.int64)
                     end[s, idx, k] = int(e)
                     ti = e
                 island_end[i] = ti
             if self.multi:
                 assert b_start is not None and b_end is not None
-                b = island_end.max() + bridge_ms * ms
+                b = island_end.max() + bridge_ms[s] * ms
                 for i, idx in enumerate(members):
                     b_start[s, i] = int(island_end[i])
                     b_end[s, i] = int(b)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -37,9 +39,29 @@ class Fault:
     start_window: int
     end_window: int | None  # exclusive; None = to the end
     slowdown: float
+    ramp_windows: int = 0  # the slowdown grows linearly to full size over these windows
+    duty: float = 1.0  # fraction of windows (pseudo-random, fixed by seed) the fault is on
+    seed: int = 0  # the scenario's seed and the fault's index: fixes the duty pattern
 
     def active(self, window: int) -> bool:
         return window >= self.start_window and (self.end_window is None or window < self.end_window)
+
+    def level(self, window: int) -> float:
+        """Share of the full slowdown in effect in `window` (0..1): ramp x duty."""
+        if not self.active(window):
+            return 0.0
+        if self.duty < 1.0 and not _duty_on(self.seed, window, self.duty):
+            return 0.0
+        if self.ramp_windows > 0:
+            return min(1.0, (window - self.start_window + 1) / self.ramp_windows)
+        return 1.0
+
+
+def _duty_on(seed: int, window: int, duty: float) -> bool:
+    # A hash of (seed, window), not a stateful generator: the same window is on or
+    # off whoever asks (model, telemetry, tests), in any order.
+    u = np.random.default_rng([seed, window, 0x5EED]).random()
+    return bool(u < duty)
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,13 @@ class Scenario:
     global_batch: int
     faults: tuple[Fault, ...] = ()
     detector: dict[str, Any] = field(default_factory=dict)
+    # The noise model (DESIGN.md "Scenario files"); the defaults are the seed's
+    # simulator: independent per-step compute noise only.
+    rank_spread: float = 0.0
+    shared_jitter: float = 0.0
+    stall_prob: float = 0.0
+    stall_ms: float = 40.0
+    telemetry_noise: float = 0.0
 
     @property
     def hosts(self) -> int:
@@ -100,8 +129,23 @@ _JOB_KEYS = {
     "seed",
     "honours_plans",
     "global_batch",
+    "rank_spread",
+    "shared_jitter",
+    "stall_prob",
+    "stall_ms",
+    "telemetry_noise",
 }
-_FAULT_KEYS = {"kind", "rank", "ranks", "island", "start_window", "end_window", "slowdown"}
+_FAULT_KEYS = {
+    "kind",
+    "rank",
+    "ranks",
+    "island",
+    "start_window",
+    "end_window",
+    "slowdown",
+    "ramp_windows",
+    "duty",
+}
 _TOP_KEYS = {"job", "fault", "detector"}
 
 
@@ -166,6 +210,11 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
     if not isinstance(hp, bool):
         raise err("[job].honours_plans", f"expected true or false, got {hp!r}")
     gb = integer("global_batch", ranks, ranks * 32)
+    rank_spread = number("rank_spread", 0.0, 0.5, 0.0)
+    shared_jitter = number("shared_jitter", 0.0, 0.5, 0.0)
+    stall_prob = number("stall_prob", 0.0, 0.5, 0.0)
+    stall_ms = number("stall_ms", 0.0, 1e6, 40.0)
+    telemetry_noise = number("telemetry_noise", 0.0, 0.5, 0.0)
 
     def per_rank(key: str) -> tuple[str, ...] | None:
         v = job.get(key)
@@ -194,7 +243,7 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
     if not isinstance(faults_raw, list):
         raise err("[[fault]]", "expected an array of tables ([[fault]])")
     faults = tuple(
-        _parse_fault(f, i, name, ranks, islands, windows) for i, f in enumerate(faults_raw)
+        _parse_fault(f, i, name, ranks, islands, windows, seed) for i, f in enumerate(faults_raw)
     )
 
     det = data.get("detector", {})
@@ -222,11 +271,16 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
         global_batch=gb,
         faults=faults,
         detector=dict(det),
+        rank_spread=rank_spread,
+        shared_jitter=shared_jitter,
+        stall_prob=stall_prob,
+        stall_ms=stall_ms,
+        telemetry_noise=telemetry_noise,
     )
 
 
 def _parse_fault(
-    f: Any, i: int, name: str, ranks: int, islands: tuple[str, ...], windows: int
+    f: Any, i: int, name: str, ranks: int, islands: tuple[str, ...], windows: int, seed: int = 0
 ) -> Fault:
     where = f"[[fault]] #{i + 1}"
 
@@ -286,6 +340,14 @@ def _parse_fault(
             raise err("slowdown", f"expected a number in (0, 5], got {slowdown!r}")
         if not (0 < slowdown <= 5):
             raise err("slowdown", f"expected a number in (0, 5], got {slowdown!r}")
+    ramp = f.get("ramp_windows", 0)
+    if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
+        raise err("ramp_windows", f"expected an integer >= 0, got {ramp!r}")
+    duty = f.get("duty", 1.0)
+    if isinstance(duty, bool) or not isinstance(duty, (int, float)) or not (0 < duty <= 1):
+        raise err("duty", f"expected a number in (0, 1], got {duty!r}")
+    if (ramp or duty < 1) and kind in ("hang", "agent_down"):
+        raise err("kind", f"ramp_windows and duty do not apply to kind {kind!r}")
     return Fault(
         kind=kind,
         ranks=targets,
@@ -293,4 +355,7 @@ def _parse_fault(
         start_window=start,
         end_window=end,
         slowdown=float(slowdown),
+        ramp_windows=ramp,
+        duty=float(duty),
+        seed=seed * 1000 + i,
     )

@@ -1,12 +1,24 @@
-"""Simulated telemetry: what each fault would show on a real node.
+"""Simulated telemetry: what each rank's GPU and host read, healthy or faulty.
 
 Written once per rank before the run as `<shm_dir>/<job>.simtel.r<rank>.json`
 (the format artemis.agent.telemetry.simulated reads): a base reading plus
-segments that override fields while a fault is active. Clocks low with no
-throttle reason for `clocks`; temperature and a thermal reason for `thermal`;
-power at its cap for `power`; a PCIe link below its maximum for `pcie`; host CPU
-contention with GPU clocks normal for `host`; XID events and NVLink errors on
-one GPU for `hardware`.
+segments that override fields for a span of windows.
+
+Healthy ranks differ naturally: each GPU has its own cooling (temperature a
+few degrees apart), boost clock (a little below its max) and power draw, and
+power and temperature follow the clock. A fault's readings come from its
+physical state (`physics.fault_state`): a thermal fault holds the die at the
+regulator's limit and the clocks fall; a power cap lowers the limit, the GPU
+draws what the limit allows and the clocks fall; locked clocks lower power
+and temperature with them; a host fault gives the rank's process a smaller
+share of the CPU it needs, so its CPU time falls and the run queue grows.
+No reading is copied from a diagnosis threshold.
+
+With `telemetry_noise` > 0 (or a fault that ramps or comes and goes) every
+window gets its own segment: each reading is the mean of the window's
+`SAMPLES_PER_WINDOW` samples, each with relative sd `telemetry_noise`, as the
+agent averages its samples over a window. Healthy wander (boost clocks,
+load) varies per window too.
 
 The base reading carries no GPU identity, hardware error or NIC counter
 fields: a simulated rank reports them missing, as a node without those
@@ -22,12 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from artemis.sim.scenario import Scenario
+from artemis.sim.physics import FaultState, fault_state
+from artemis.sim.scenario import Fault, Scenario
 
 VENDOR_OF_ISLAND = {"nvidia": "nvidia", "amd": "amd"}
 MODEL = {"nvidia": "NVIDIA H100 80GB HBM3", "amd": "AMD Instinct MI300X"}
 SM_MAX = {"nvidia": 1980.0, "amd": 2100.0}
 POWER_LIMIT = {"nvidia": 700.0, "amd": 750.0}
+SAMPLES_PER_WINDOW = 10  # agent samples averaged into one window's reading
+STATIC_POWER = 0.3  # share of a GPU's draw that does not scale with its clock
+C_PER_W = 0.06  # die temperature rise per watt above the rank's healthy draw
+NOISY = ("sm_mhz", "temp_c", "power_w", "cpu_pct", "iowait_pct", "psi_cpu_some", "load1")
+NOISY_PROC = ("proc_cpu_pct",)
+TEL_KINDS = ("clocks", "thermal", "power", "pcie", "host", "hardware")
 
 
 def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -60,47 +79,102 @@ def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str,
     }
 
 
-def fault_fields(kind: str, slowdown: float, base: dict[str, Any]) -> dict[str, Any]:
-    low_clock = round(base["sm_mhz"] / (1.0 + slowdown), 1)
-    if kind == "clocks":
-        return {"sm_mhz": low_clock, "throttle": {}}
-    if kind == "thermal":
-        return {
-            "sm_mhz": low_clock,
-            "temp_c": 89.0,
-            "throttle": {"hw_thermal": True, "sw_thermal": True},
-        }
-    if kind == "power":
-        return {
-            "sm_mhz": low_clock,
-            "power_w": base["power_limit_w"],
-            "throttle": {"sw_power_cap": True},
-        }
-    if kind == "pcie":
-        return {"pcie_width": 4, "pcie_gen": 3}
+def _power_at(base: dict[str, Any], clock: float) -> float:
+    # Dynamic power goes with f x V^2 and V with f in the DVFS range: about f^2.5.
+    return float(base["power_w"]) * (STATIC_POWER + (1.0 - STATIC_POWER) * clock**2.5)
+
+
+def state_fields(kind: str, st: FaultState, base: dict[str, Any]) -> dict[str, Any]:
+    """The readings a rank in physical state `st` shows (fields that differ from `base`)."""
     if kind == "hardware":
         # XID 74 is NVIDIA's "NVLink error"; replays on a sick link slow the rank.
         return {"xid_count": 1, "xid_last": 74, "nvlink_errors": 250, "ecc_uncorrected": 0}
-    if kind == "host":
-        ncpu = base["ncpu"]
-        return {
-            "cpu_pct": 99.0,
-            "steal_pct": 18.0,
-            "psi_cpu_some": 45.0,
-            "load1": float(ncpu * 2),
-            "proc_cpu_pct": 55.0,
-        }
-    return {}
+    out: dict[str, Any] = {}
+    if st.clock < 1.0:
+        out["sm_mhz"] = round(float(base["sm_mhz"]) * st.clock, 1)
+        power = _power_at(base, st.clock)
+        throttle: dict[str, bool] = {}
+        if st.power_capped:
+            # the operator's (or a BMC's) lowered limit is what the GPU now draws
+            limit = round(power / 0.995, 1)
+            out["power_limit_w"] = limit
+            throttle["sw_power_cap"] = True
+        temp = float(base["temp_c"]) - C_PER_W * (float(base["power_w"]) - power)
+        if st.at_thermal_limit:
+            temp = float(base["temp_c"]) + st.temp_rise_c
+            throttle["sw_thermal"] = True
+        out["power_w"] = round(power, 1)
+        out["temp_c"] = round(temp, 1)
+        out["throttle"] = throttle
+    if st.pcie_lanes < int(base["pcie_width"]) or st.pcie_gen < int(base["pcie_gen"]):
+        out["pcie_width"] = st.pcie_lanes
+        out["pcie_gen"] = st.pcie_gen
+    if st.cpu_share < 1.0:
+        q = st.cpu_share
+        ncpu = float(base["ncpu"])
+        # Runnable threads beyond the cores: each gets cores / runnable of a CPU,
+        # so the run queue is what makes the process's share q; the time its
+        # threads wait for a CPU is the pressure.
+        out["load1"] = round(max(float(base["load1"]), ncpu / q), 2)
+        out["cpu_pct"] = 99.5
+        out["psi_cpu_some"] = round(max(float(base["psi_cpu_some"]), 100.0 * (1.0 - q)), 2)
+        out["proc_cpu_pct"] = round(float(base["proc_cpu_pct"]) * q, 1)
+    return out
+
+
+def fault_fields(kind: str, slowdown: float, base: dict[str, Any]) -> dict[str, Any]:
+    """The readings of a fault of `kind` at its full size, on a rank reading `base`."""
+    return state_fields(kind, fault_state(kind, slowdown, 1.0, float(base["temp_c"])), base)
+
+
+def _rank_faults(sc: Scenario, rank: int) -> list[Fault]:
+    return [f for f in sc.faults if rank in f.ranks and f.kind in TEL_KINDS]
+
+
+def _window_reading(
+    sc: Scenario, rank: int, w: int, base: dict[str, Any], rng: np.random.Generator
+) -> dict[str, Any]:
+    """One window's reading: the physical state, then healthy wander, then sampling noise."""
+    fields: dict[str, Any] = {}
+    for f in _rank_faults(sc, rank):
+        lvl = f.level(w)
+        if lvl > 0:
+            fields.update(
+                state_fields(f.kind, fault_state(f.kind, f.slowdown, lvl, base["temp_c"]), base)
+            )
+    cur = {**base, **fields}
+    # Boost clocks wander a little under the max; load (and so power) moves with the step.
+    if "sm_mhz" not in fields:
+        cur["sm_mhz"] = min(float(base["sm_mhz_max"]), float(base["sm_mhz"]) + rng.normal(0, 4))
+    sd = sc.telemetry_noise / np.sqrt(SAMPLES_PER_WINDOW)
+    for k in NOISY + NOISY_PROC:
+        cur[k] = float(cur[k]) * (1.0 + sd * float(rng.standard_normal()))
+    cur["sm_mhz"] = min(float(cur["sm_mhz"]), float(base["sm_mhz_max"]))
+    cur["power_w"] = min(float(cur["power_w"]), float(cur["power_limit_w"]))
+    cur["cpu_pct"] = min(float(cur["cpu_pct"]), 100.0)
+    out: dict[str, Any] = {k: round(float(cur[k]), 2) for k in NOISY + NOISY_PROC}
+    out.update({k: v for k, v in fields.items() if k not in out})
+    if "throttle" not in out:
+        out["throttle"] = {}
+    return out
 
 
 def telemetry_plan(sc: Scenario) -> dict[int, dict[str, Any]]:
     rng = np.random.default_rng(sc.seed + 7)
+    per_window = sc.telemetry_noise > 0 or any(
+        f.ramp_windows > 0 or f.duty < 1.0 for f in sc.faults if f.kind in TEL_KINDS
+    )
+    wrng = np.random.default_rng([sc.seed, 0x7E1])
     out: dict[int, dict[str, Any]] = {}
     for r in range(sc.ranks):
         base = base_reading(sc, r, rng)
-        segs = []
-        for f in sc.faults:
-            if r in f.ranks and f.kind not in ("hang", "agent_down", "island", "collective"):
+        segs: list[dict[str, Any]] = []
+        if per_window:
+            for w in range(sc.windows):
+                fields = _window_reading(sc, r, w, base, wrng)
+                segs.append({"start_window": w, "end_window": w + 1, "fields": fields})
+        else:
+            for f in _rank_faults(sc, r):
                 fields = fault_fields(f.kind, f.slowdown, base)
                 if fields:
                     segs.append(

@@ -97,7 +97,10 @@ def test_finding_fields_for_a_flagged_rank() -> None:
     assert f.excess_ms == pytest.approx(99 * 1.2 - peers)
     step = res[8].step_ms
     assert f.loss_pct == pytest.approx(100 * (99 * 1.2 - peers) / step)
-    assert (f.basis, f.confidence, f.signal, f.steps) == ("peers", "peers", "gap", [400, 450])
+    # 20% slower than its peers and than its own confirmed pace: both judged it
+    assert (f.basis, f.confidence, f.signal, f.steps) == ("both", "peers", "gap", [400, 450])
+    assert f.evidence is not None and f.evidence["shift"] == pytest.approx(0.2, abs=1e-3)
+    assert f.evidence["intermittent"] is False
     assert f.evidence is not None and f.evidence["peers"] == 3
     assert f.z is not None and f.z > 10
 
@@ -314,13 +317,16 @@ def test_cause_is_attached_to_rank_findings() -> None:
 
 
 def test_update_settings_applies_from_the_next_window() -> None:
-    det = Detector(Settings(), "job1", 8)
+    det = Detector(Settings(mode="seed"), "job1", 8)
     rows = np.full((10, 8), 100.0)
     rows[6:, 1] = 106.0  # 6% slow: under the default 1.10
     res = run(det, rows[:8], islands=ISL8)
     assert all(not r.findings for r in res)
     det.update_settings(
-        Settings().set("suspect_ratio", "1.05").set("flag_after", "2").set("warmup_windows", "3")
+        Settings(mode="seed")
+        .set("suspect_ratio", "1.05")
+        .set("flag_after", "2")
+        .set("warmup_windows", "3")
     )
     res = run(det, rows[8:], start=8, islands=ISL8)
     assert states(res, "rank", "1") == ["suspect", "flagged"]

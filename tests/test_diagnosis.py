@@ -67,18 +67,8 @@ CASES = [
     ("host: process starved vs its peers", sick(proc_cpu_pct=30), "host", "vs 60% on its peers"),
     ("a process at a full core is normal", sick(proc_cpu_pct=100), "unknown", "nothing"),
     ("nothing fits", HEALTHY, "unknown", "nothing in the telemetry"),
-    (
-        "two causes at once (thermal and power)",
-        sick(sm_mhz=1100, throttle={"hw_thermal": True, "sw_power_cap": True}),
-        "unknown",
-        "two causes",
-    ),
-    (
-        "two causes at once (pcie and host)",
-        sick(pcie_width=8, steal_pct=20),
-        "unknown",
-        "two causes",
-    ),
+    # Two causes at once: both named, the first as kind, the other as an alternative
+    # (test_two_causes_are_both_named).
     (
         "throttle reason without low clocks",
         sick(throttle={"hw_thermal": True}),
@@ -120,7 +110,13 @@ def test_evidence_has_the_design_shape() -> None:
         "throttle": {},
         "pcie_degraded": 0.0,
     }
-    assert c.to_json() == {"kind": "clocks", "text": c.text, "evidence": c.evidence}
+    assert c.to_json() == {
+        "kind": "clocks",
+        "text": c.text,
+        "evidence": c.evidence,
+        "explained": None,  # no measured slowdown given: the seed's cut-off, no fit
+        "alternatives": [],
+    }
     assert "SM 1110 MHz vs 1530 MHz" in c.text
 
 
@@ -213,9 +209,14 @@ def test_hardware_explains_low_clocks_without_a_reason() -> None:
     assert c.kind == "hardware", c.text  # not `clocks`: the error is the reason
 
 
-def test_hardware_and_thermal_at_once_is_ambiguous() -> None:
+def test_hardware_and_thermal_at_once_are_both_named() -> None:
     c = diagnose(sick(sm_mhz=1200, throttle={"hw_thermal": True}, nvlink_errors=9), HW_PEERS)
-    assert c.kind == "unknown" and "hardware:" in c.text and "thermal:" in c.text
+    assert {c.kind, *(a["kind"] for a in c.alternatives)} == {"thermal", "hardware"}
+    # with the slowdown measured, the clock's full fit ranks above the qualitative one
+    c = diagnose(
+        sick(sm_mhz=1200, throttle={"hw_thermal": True}, nvlink_errors=9), HW_PEERS, slowdown=0.2
+    )
+    assert c.kind == "thermal" and c.alternatives[0]["kind"] == "hardware"
 
 
 def test_nic_evidence_counts_each_host_once() -> None:
@@ -231,3 +232,74 @@ def test_nic_evidence_counts_each_host_once() -> None:
         "nic_hosts": {"a": {"nic_symbol_errors": 41, "nic_link_downed": 1, "nic_xmit_wait": 10}},
     }
     assert nic_evidence([("c", Telemetry())]) == {}
+
+
+# ------------------------------------------------------------ diagnosis by consistency
+
+
+def test_two_causes_are_both_named() -> None:
+    c = diagnose(sick(sm_mhz=1100, throttle={"hw_thermal": True, "sw_power_cap": True}), PEERS)
+    assert c.kind == "thermal" and [a["kind"] for a in c.alternatives] == ["power"]
+    c = diagnose(sick(pcie_width=8, steal_pct=20), PEERS)
+    assert {c.kind, *(a["kind"] for a in c.alternatives)} == {"pcie", "host"}
+    assert c.explained is None  # qualitative fits have no quantitative share
+    assert "absent on its peers" in c.text
+
+
+def test_clocks_10_percent_low_explain_an_11_percent_slower_rank() -> None:
+    """Whatever the fixed cut-off: 10% low clocks explain 11% slower (0.9 x (1/0.9 - 1) = 10%)."""
+    ref = 1530.0
+    c = diagnose(sick(sm_mhz=0.9 * ref, temp_c=60, power_w=300), PEERS, slowdown=0.11)
+    assert c.kind == "clocks" and c.explained == pytest.approx(0.909, abs=0.01)
+    assert "explains 91%" in c.text
+    # 5% slower, clocks 5% low: explained fully, though far above CLOCK_LOW_FRAC
+    c = diagnose(sick(sm_mhz=0.95 * ref, temp_c=60, power_w=300), PEERS, slowdown=0.05)
+    assert c.kind == "clocks" and c.explained == pytest.approx(0.95, abs=0.02)
+    # the same seed cut-off without a measured slowdown: 5% low clocks are normal
+    assert diagnose(sick(sm_mhz=0.95 * ref, temp_c=60, power_w=300), PEERS).kind == "unknown"
+
+
+def test_a_clock_deficit_that_explains_too_little_is_not_the_cause() -> None:
+    ref = 1530.0
+    # clocks 3% low cannot explain a 20% slowdown (they explain 14%)
+    c = diagnose(sick(sm_mhz=0.97 * ref, temp_c=60, power_w=300), PEERS, slowdown=0.2)
+    assert c.kind == "unknown"
+    assert "the clock explains 14%" in c.text and "checked:" in c.text
+    # boost wander (1.5% low) explains nothing, even for a small slowdown
+    c = diagnose(sick(sm_mhz=0.985 * ref, temp_c=60, power_w=300), PEERS, slowdown=0.012)
+    assert c.kind == "unknown"
+
+
+def test_thermal_ranks_above_host_when_it_explains_the_slowdown() -> None:
+    ref = 1530.0
+    c = diagnose(
+        sick(sm_mhz=0.9 * ref, throttle={"sw_thermal": True}, steal_pct=20), PEERS, slowdown=0.1
+    )
+    assert c.kind == "thermal" and c.explained == pytest.approx(1.0)
+    assert [a["kind"] for a in c.alternatives] == ["host"]
+
+
+def test_host_signal_on_every_peer_is_not_this_ranks() -> None:
+    busy = [replace(p, steal_pct=20.0) for p in PEERS]
+    assert diagnose(sick(steal_pct=20), busy, slowdown=0.1).kind == "unknown"
+    assert diagnose(sick(steal_pct=20), PEERS, slowdown=0.1).kind == "host"
+
+
+@pytest.mark.parametrize("field", sorted(DIAG_FIELDS))
+def test_each_missing_field_is_listed_never_guessed(field: str) -> None:
+    """Partial telemetry: with any one field absent, it is in `missing` and the
+    cause is one the remaining evidence supports (or unknown), never invented."""
+    ref = 1530.0
+    full = sick(sm_mhz=0.9 * ref, throttle={"sw_thermal": True}, temp_c=88)
+    partial = replace(full, **{field: None})
+    c = diagnose(partial, PEERS, slowdown=0.1)
+    assert field in c.missing
+    if field == "sm_mhz":
+        # the clock cannot be compared: the throttle reason alone is accepted, and says so
+        assert c.kind == "thermal" and "could not be compared" in c.text
+    elif field in ("throttle", "temp_c"):
+        assert c.kind in ("thermal", "unknown", "clocks")
+    else:
+        assert c.kind == "thermal"
+    healthy = replace(HEALTHY, **{field: None})
+    assert diagnose(healthy, PEERS, slowdown=0.1).kind == "unknown"

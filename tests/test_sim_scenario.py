@@ -110,3 +110,109 @@ def test_hosts_do_not_share_a_clock() -> None:
     sc = parse_scenario(BASE)
     m = LockstepModel(sc)
     assert len(set(m.host_offset.tolist())) == sc.hosts
+
+
+# ------------------------------------------------------------------ the noise model
+
+
+def _noisy(**job: object) -> dict:
+    return _with(
+        **{"ranks": 8, "ranks_per_host": 4, "windows": 20, "noise": 0.01, "seed": 3, **job}
+    )
+
+
+def test_noise_keys_default_to_the_seed_model() -> None:
+    """A scenario without the new keys draws exactly the compute it drew before."""
+    plain = LockstepModel(parse_scenario(_noisy()))
+    explicit = LockstepModel(
+        parse_scenario(_noisy(rank_spread=0.0, shared_jitter=0.0, stall_prob=0.0))
+    )
+    for w in range(3):
+        assert np.array_equal(plain.window(w).compute_ms, explicit.window(w).compute_ms)
+    sc = parse_scenario(_noisy())
+    assert (sc.rank_spread, sc.shared_jitter, sc.stall_prob, sc.telemetry_noise) == (0, 0, 0, 0)
+    assert sc.stall_ms == 40.0
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("rank_spread", -0.1), ("shared_jitter", 0.9), ("stall_prob", "x"), ("telemetry_noise", 1)],
+)
+def test_noise_keys_are_validated(key: str, value: object) -> None:
+    with pytest.raises(ScenarioError, match=key):
+        parse_scenario(_noisy(**{key: value}))
+
+
+def test_rank_spread_jitter_and_stalls_shape_compute() -> None:
+    sc = parse_scenario(
+        _noisy(noise=0.0, rank_spread=0.05, shared_jitter=0.05, stall_prob=0.05, stall_ms=50.0)
+    )
+    m = LockstepModel(sc)
+    comp = np.concatenate([m.window(w).compute_ms for w in range(6)])  # [S, R]
+    med = np.median(comp, axis=0)
+    assert med.std() / med.mean() > 0.01  # ranks differ by a fixed offset
+    rel = comp / med[None, :]
+    shared = np.median(rel, axis=1)
+    assert shared.std() > 0.02  # a shared per-step jitter moves every rank together
+    stalls = (comp - med[None, :] * shared[:, None]) > 10.0
+    assert 0.02 < stalls.mean() < 0.1  # about stall_prob of the steps
+
+
+def test_transfers_and_bridges_vary() -> None:
+    d = _noisy(islands=["a"] * 4 + ["b"] * 4, noise=0.02)
+    wt = LockstepModel(parse_scenario(d)).window(1)
+    assert wt.bridge_end is not None and wt.bridge_start is not None
+    bridge = (wt.bridge_end - wt.bridge_start)[:, 0]
+    assert bridge.std() > 0
+
+
+def _fault(**f: object) -> dict:
+    d = _noisy()
+    d["fault"] = [{"kind": "clocks", "rank": 2, "start_window": 4, "slowdown": 0.2, **f}]
+    return d
+
+
+def test_ramp_grows_linearly_and_duty_is_fixed_by_seed() -> None:
+    ramp = parse_scenario(_fault(ramp_windows=4)).faults[0]
+    assert [ramp.level(w) for w in range(3, 9)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    duty = parse_scenario(_fault(duty=0.5)).faults[0]
+    on = [duty.level(w) > 0 for w in range(4, 20)]
+    assert 4 <= sum(on) <= 12
+    assert on == [parse_scenario(_fault(duty=0.5)).faults[0].level(w) > 0 for w in range(4, 20)]
+    with pytest.raises(ScenarioError, match="duty"):
+        parse_scenario(_fault(duty=0.0))
+    with pytest.raises(ScenarioError, match="ramp_windows"):
+        parse_scenario(_fault(ramp_windows=-1))
+
+
+def test_fault_telemetry_is_cause_and_effect() -> None:
+    """Thermal: at the regulator's limit and the clocks fall by what explains the
+    slowdown; power cap: at (a lowered) limit; locked clocks: cooler, less power;
+    host: the process gets less CPU and the run queue grows."""
+    from artemis.sim.physics import slowdown_of_clock
+    from artemis.sim.telemetry import fault_fields, telemetry_plan
+
+    sc = parse_scenario(_noisy())
+    base = telemetry_plan(sc)[2]["base"]
+    th = fault_fields("thermal", 0.11, base)
+    clock = th["sm_mhz"] / base["sm_mhz"]
+    assert 0.88 < clock < 0.9 and slowdown_of_clock(clock) == pytest.approx(0.11, abs=2e-3)
+    assert th["temp_c"] > base["temp_c"] + 15 and th["throttle"] == {"sw_thermal": True}
+    pw = fault_fields("power", 0.08, base)
+    assert pw["power_w"] / pw["power_limit_w"] > 0.99 and pw["power_limit_w"] < 700
+    ck = fault_fields("clocks", 0.08, base)
+    assert ck["power_w"] < base["power_w"] and ck["temp_c"] < base["temp_c"]
+    assert ck["throttle"] == {}
+    ho = fault_fields("host", 0.05, base)
+    assert ho["proc_cpu_pct"] < base["proc_cpu_pct"] and ho["load1"] > base["ncpu"]
+    assert "steal_pct" not in ho  # a bare-metal host: no steal to copy
+
+
+def test_telemetry_varies_per_window_and_per_rank() -> None:
+    from artemis.sim.telemetry import telemetry_plan
+
+    sc = parse_scenario(_noisy(telemetry_noise=0.03))
+    plan = telemetry_plan(sc)
+    temps = [s["fields"]["temp_c"] for s in plan[0]["segments"]]
+    assert len(temps) == sc.windows and np.std(temps) > 0
+    assert np.std([plan[r]["base"]["temp_c"] for r in range(sc.ranks)]) > 0.5

@@ -1,0 +1,149 @@
+"""The whole pipeline downstream of the GPUs, in-process: for tests and benchmarks.
+
+The lockstep model (`model.LockstepModel`) produces each rank's collective
+timings; they become ring records exactly as the plugin writes them (one DONE
+record per collective, device clock, start = the rank's arrival, end = the
+collective's end; see `sim/hostproc.py`); one agent `WindowSummarizer` per rank
+turns them into `RankWindow` summaries; the rank's simulated telemetry
+(`telemetry.telemetry_plan`, read back through the agent's own
+`SimulatedSource.overlay` and `merge`) rides on each summary; the
+coordinator's `Detector` scores every window. No daemons and no wire, so
+thousands of rank-windows take seconds. One island (no bridge records).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.agent.summary import WindowSummarizer
+from artemis.agent.telemetry.base import merge
+from artemis.agent.telemetry.simulated import overlay
+from artemis.coordinator.detector import Detector
+from artemis.coordinator.settings import Settings
+from artemis.protocol.records import RankWindow
+from artemis.sim.model import LockstepModel
+from artemis.sim.scenario import Scenario
+from artemis.sim.telemetry import telemetry_plan
+
+JOB = "inproc"
+COMM = "00000000000000b1"
+FUNC_CODES = {"AllReduce": 1, "AllGather": 2, "Broadcast": 4}
+DTYPE_INT8, DTYPE_FLOAT32 = 1, 8
+CHANNELS = 2
+
+
+class RecordMaker:
+    """Each rank's ring records for one window of the model, as the plugin writes them."""
+
+    def __init__(self, model: LockstepModel) -> None:
+        pattern = list(model.pattern)
+        if model.multi:
+            raise ValueError("the in-process pipeline models one island (no bridge records)")
+        self.func = np.array([FUNC_CODES[p.func] for p in pattern], dtype=np.uint8)
+        self.nbytes = np.array([p.bytes for p in pattern], dtype=np.uint64)
+        self.dtype = np.array(
+            [DTYPE_FLOAT32 if p.func == "AllReduce" else DTYPE_INT8 for p in pattern],
+            dtype=np.uint8,
+        )
+
+    def window(self, arrive: np.ndarray, end: np.ndarray, first_step: int) -> np.ndarray:
+        """(ranks, steps x K) records from arrive/end [S, R, K] (device ns per host clock)."""
+        s, r, k = arrive.shape
+        n = s * k
+        recs = np.zeros((r, n), dtype=SLOT_DTYPE)
+        seqs = np.arange(first_step * k, first_step * k + n, dtype=np.uint64)
+        recs["kind"] = KIND_COLL
+        recs["state"] = STATE_DONE
+        recs["clock"] = REC_DEVICE
+        recs["nchannels"] = CHANNELS
+        recs["peer"] = -1
+        recs["func"] = np.tile(self.func, s)[None, :]
+        recs["dtype"] = np.tile(self.dtype, s)[None, :]
+        recs["bytes"] = np.tile(self.nbytes, s)[None, :]
+        recs["seq"] = seqs[None, :]
+        recs["coll_seq"] = seqs[None, :]
+        # the plugin keeps the earliest channel start and the latest channel end
+        start = arrive.transpose(1, 0, 2).reshape(r, n).astype(np.uint64)
+        recs["start"] = start
+        recs["enqueue_ns"] = start
+        recs["end"] = end.transpose(1, 0, 2).reshape(r, n).astype(np.uint64)
+        return recs
+
+
+@dataclass
+class RunResult:
+    flag_window: dict[int, int] = field(default_factory=dict)  # slow rank -> first flag window
+    cause: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # at that flag
+    finding: dict[int, Any] = field(default_factory=dict)  # the flagged finding
+    false_flags: int = 0  # flagged reports on any subject other than the slow ranks
+    false_by_kind: dict[str, int] = field(default_factory=dict)
+    healthy_rank_windows: int = 0  # judged rank-windows of the other ranks
+
+
+def run(
+    sc: Scenario,
+    slow_ranks: Collection[int] = (),
+    settings: Settings | None = None,
+    *,
+    telemetry: bool = True,
+) -> RunResult:
+    model = LockstepModel(sc)
+    maker = RecordMaker(model)
+    plan = telemetry_plan(sc) if telemetry else None
+    summ = [
+        WindowSummarizer(
+            JOB,
+            COMM,
+            r,
+            sc.ranks,
+            sc.host_name(sc.host_of(r)),
+            sc.window_steps,
+            clock_kind=CLOCK_DEVICE_NS,
+        )
+        for r in range(sc.ranks)
+    ]
+    det = Detector(settings or Settings(), JOB, sc.ranks)
+    pending: dict[int, list[RankWindow]] = {}
+    out = RunResult()
+    slow = set(slow_ranks)
+
+    def score(w: int) -> None:
+        res = det.score_window(w, pending.pop(w, []))
+        if w >= 1:
+            out.healthy_rank_windows += sc.ranks - len(res.missing) - len(slow)
+        for f in res.findings:
+            if f.state != "flagged":
+                continue
+            if f.kind in ("rank", "degraded") and f.rank in slow:
+                if f.rank not in out.flag_window:
+                    out.flag_window[f.rank] = w
+                    out.cause[f.rank] = f.cause
+                    out.finding[f.rank] = f
+            else:
+                out.false_flags += 1
+                out.false_by_kind[f.kind] = out.false_by_kind.get(f.kind, 0) + 1
+
+    scored = 0
+    for w in range(sc.windows):
+        wt = model.window(w)
+        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
+        last = w == sc.windows - 1
+        for r, s in enumerate(summ):
+            s.feed(recs[r])
+            for rw in s.take_windows(final=last):
+                if plan is not None:
+                    rw = dataclasses.replace(rw, telemetry=merge([overlay(plan[r], rw.window)]))
+                pending.setdefault(rw.window, []).append(rw)
+        # a window is scored once every rank has summarised it (the assembly's job)
+        while scored in pending and len(pending[scored]) == sc.ranks:
+            score(scored)
+            scored += 1
+    while scored < sc.windows:
+        score(scored)
+        scored += 1
+    return out
