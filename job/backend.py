@@ -222,6 +222,11 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
 
+    def next_coll_seq(self, device: str = "cpu") -> int:
+        """The coll_seq the next collective on ``device`` will get (0 before the first)."""
+        comm = self._comms.get(device)
+        return comm.coll_seq if comm is not None else 0
+
     @property
     def inner(self) -> dict[str, Any]:
         """The wrapped backends by device type ("cpu", "cuda")."""
