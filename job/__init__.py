@@ -34,6 +34,15 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> object:
+    # Detector and PrometheusExporter need torch and the agent's summariser: loaded on use.
+    if name in ("Detector", "PrometheusExporter"):
+        from . import detector
+
+        return getattr(detector, name)
+    raise AttributeError(f"module 'artemis.job' has no attribute {name!r}")
+
+
 def register_backend() -> None:
     """Register the ``artemis`` torch.distributed backend now (needs torch)."""
     from .backend import register
@@ -90,4 +99,4 @@ def _register_when_torch_loads() -> None:
 
 
 _register_when_torch_loads()
-__all__ += ["register_backend"]
+__all__ += ["Detector", "PrometheusExporter", "register_backend"]

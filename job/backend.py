@@ -222,6 +222,21 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
 
+    @property
+    def job(self) -> str:
+        return self._job
+
+    @property
+    def global_rank(self) -> int:
+        return self._ranks[self._rank]
+
+    def ring_path(self, device: str = "cpu") -> Path:
+        """This rank's ring for collectives on ``device`` (made now if need be)."""
+        comm = self._comm(device)
+        if comm is None:
+            raise RuntimeError(f"{device} collectives are recorded by the NCCL plugin here")
+        return comm.ring.path
+
     def next_coll_seq(self, device: str = "cpu") -> int:
         """The coll_seq the next collective on ``device`` will get (0 before the first)."""
         comm = self._comms.get(device)

@@ -11,6 +11,7 @@ DIR/findings.jsonl (no agent, no coordinator). Exit code: ``--exit-code``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -24,8 +25,6 @@ def _loader(rank: int, args: argparse.Namespace) -> Any:
     g = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
         if rank == args.stall_rank and step == args.stall_from and args.mark:
-            import json
-
             import torch.distributed as dist
 
             # where the stall starts in the collectives' numbering (what windows count)
@@ -49,7 +48,9 @@ def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     )
     det = (
         artemis.job.Detector(
-            jsonl=os.path.join(args.detector, "findings.jsonl"), window_steps=args.window_steps
+            jsonl=os.path.join(args.detector, "findings.jsonl"),
+            window_steps=args.window_steps,
+            **json.loads(args.settings),
         )
         if args.detector
         else None
@@ -82,7 +83,8 @@ def main() -> int:
     p.add_argument("--stall-from", type=int, default=0)
     p.add_argument("--stall-ms", type=float, default=60.0)
     p.add_argument("--window-steps", type=int, default=20)
-    p.add_argument("--detector", default="")
+    p.add_argument("--detector", default="", help="folder: run artemis.job.Detector")
+    p.add_argument("--settings", default="{}", help="detector settings (JSON)")
     p.add_argument("--mark", default="", help="JSON file: where the stall started")
     p.add_argument("--exit-code", type=int, default=0)
     args = p.parse_args()
