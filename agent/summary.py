@@ -302,6 +302,11 @@ class WindowSummarizer:
         funcs[idx] = self._recs["func"]
         sizes[idx] = self._recs["bytes"].astype(np.int64)
         self._c = infer_period(funcs, sizes, self.max_period)
+        if self._c is None and n > self.max_period:
+            # A real job's start-up collectives (DDP's parameter broadcast and
+            # checks) precede the steady pattern: retry without them.
+            skip = self.max_period
+            self._c = infer_period(funcs[skip:], sizes[skip:], self.max_period)
 
     def take_windows(self, final: bool = False) -> list[RankWindow]:
         """Windows complete since the last call; with ``final`` also the partial last one."""

@@ -32,3 +32,71 @@ __all__ = [
     "scale_gradients",
     "uniform_split",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Detector and PrometheusExporter need torch and the agent's summariser: loaded on use.
+    if name in ("Detector", "PrometheusExporter"):
+        from . import detector
+
+        return getattr(detector, name)
+    raise AttributeError(f"module 'artemis.job' has no attribute {name!r}")
+
+
+def register_backend() -> None:
+    """Register the ``artemis`` torch.distributed backend now (needs torch)."""
+    from .backend import register
+
+    register()
+
+
+def _register_when_torch_loads() -> None:
+    """``import artemis.job`` registers the backend without importing torch itself.
+
+    The node agent imports this package too and must not pay for torch; so when
+    torch is not loaded yet, a meta-path finder registers the backend right after
+    ``torch.distributed`` finishes loading.
+    """
+    import importlib.abc
+    import importlib.machinery
+    import sys
+    from collections.abc import Sequence
+    from types import ModuleType
+
+    if "torch.distributed" in sys.modules:
+        register_backend()
+        return
+    if any(getattr(f, "_artemis", False) for f in sys.meta_path):
+        return
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        _artemis = True
+
+        def find_spec(
+            self,
+            name: str,
+            path: Sequence[str] | None = None,
+            target: ModuleType | None = None,
+        ) -> importlib.machinery.ModuleSpec | None:
+            if name != "torch.distributed":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            loader = spec.loader
+            real_exec = loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                real_exec(module)
+                if getattr(module, "is_available", lambda: False)():
+                    register_backend()
+
+            loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+_register_when_torch_loads()
+__all__ += ["Detector", "PrometheusExporter", "register_backend"]

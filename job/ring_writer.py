@@ -56,6 +56,7 @@ _OFF_FLAGS = rf.header_offset("flags")
 _OFF_FINISHED_NS = rf.header_offset("finished_ns")
 _OFF_WRITE_INDEX = rf.header_offset("write_index")
 _OFF_STATE = rf.slot_offset("state")
+_OFF_START = rf.slot_offset("start")
 _OFF_END = rf.slot_offset("end")
 _OFF_CPU_START = rf.slot_offset("cpu_start_ns")
 _OFF_CPU_END = rf.slot_offset("cpu_end_ns")
@@ -231,8 +232,16 @@ class RingWriter:
         _U64.pack_into(view, _OFF_WRITE_INDEX, t + 1)
         return t
 
-    def complete(self, ticket: int, *, end: int, cpu_end_ns: int = 0) -> bool:
-        """Mark an IN_FLIGHT record DONE with its end; False when the ring wrapped past it."""
+    def complete(
+        self, ticket: int, *, end: int, cpu_end_ns: int = 0, start: int | None = None
+    ) -> bool:
+        """Mark an IN_FLIGHT record DONE with its end; False when the ring wrapped past it.
+
+        ``start`` replaces the start written in flight (a device time resolved late).
+        A ring already closed takes nothing (a completion racing ``close``).
+        """
+        if self._mm.closed:
+            return False
         if not 0 <= ticket < self._next:
             raise ValueError(f"ticket {ticket} was never written (write_index {self._next})")
         if ticket < self._next - self.capacity:
@@ -242,6 +251,8 @@ class RingWriter:
         lock = _U32.unpack_from(view, off)[0]
         _U32.pack_into(view, off, lock + 1)
         _U8.pack_into(view, off + _OFF_STATE, rf.STATE_DONE)
+        if start is not None:
+            _U64.pack_into(view, off + _OFF_START, start)
         _U64.pack_into(view, off + _OFF_END, end)
         if self.cpu_times:
             _U64.pack_into(view, off + _OFF_CPU_END, cpu_end_ns)

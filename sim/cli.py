@@ -221,3 +221,55 @@ def loadtest(
         + (f", {res.late_windows} windows started late" if res.late_windows else "")
     )
     raise typer.Exit(0 if res.ok else 1)
+
+
+@app.command(
+    context_settings={"allow_interspersed_args": False},
+    help=(
+        "Run COMMAND under a one-node Artemis (real coordinator and agent on loopback).\n\n"
+        "  artemis run --jsonl findings.jsonl -- torchrun --nproc-per-node 4 train.py\n\n"
+        "NCCL jobs need no change; gloo jobs use dist.init_process_group('artemis')."
+    ),
+)
+def run(
+    command: Annotated[list[str] | None, typer.Argument(help="The job: COMMAND ARGS...")] = None,
+    jsonl: Annotated[Path | None, typer.Option(help="Findings JSONL (default: private).")] = None,
+    plans_jsonl: Annotated[Path | None, typer.Option(help="Rebalance plan events JSONL.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
+    ] = None,
+    rebalance: Annotated[
+        str | None, typer.Option(help="off | recommend | apply (default: the config's).")
+    ] = None,
+    window_steps: Annotated[int, typer.Option(help="Steps per window (the agent's).")] = 50,
+    colls_per_step: Annotated[
+        int, typer.Option(help="Collectives per step (0: inferred by the agent).")
+    ] = 0,
+    config: Annotated[Path | None, typer.Option(help="A coordinator TOML.")] = None,
+    job: Annotated[str | None, typer.Option(help="Job id (ARTEMIS_JOB; default: fresh).")] = None,
+    keep_workdir: Annotated[
+        bool, typer.Option("--keep-workdir", help="Keep the private folder (logs, rings).")
+    ] = False,
+) -> None:
+    from artemis.sim.run_job import RunError, RunOptions
+    from artemis.sim.run_job import run as run_job
+
+    try:
+        code = run_job(
+            RunOptions(
+                command=command or [],
+                jsonl=jsonl,
+                plans_jsonl=plans_jsonl,
+                metrics_port=metrics_port,
+                rebalance=rebalance,
+                window_steps=window_steps,
+                colls_per_step=colls_per_step,
+                config=config,
+                job=job,
+                keep_workdir=keep_workdir,
+            )
+        )
+    except RunError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)

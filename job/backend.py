@@ -1,0 +1,570 @@
+"""The ``artemis`` torch.distributed backend: a Python ProcessGroup that times every collective.
+
+``import artemis.job`` calls ``register()`` when torch is importable; then
+``dist.init_process_group(backend="artemis")`` (and every ``new_group`` of that
+job) builds an ``ArtemisProcessGroup``. It wraps the real backend (gloo for CPU
+tensors, nccl for CUDA tensors; ``ARTEMIS_INNER_BACKEND=gloo|nccl`` forces one)
+and hands each call to it unchanged, so results are the inner backend's, bit for
+bit. Around each call it writes one ring record (docs/DESIGN.md, "Ring format")
+into ``$ARTEMIS_SHM_DIR/<job>.<comm>.r<rank>.ring``: in flight at the call
+(enqueue and start from CLOCK_MONOTONIC, process CPU time at the start), done
+when the inner Work's future completes (end, CPU time at the end). The rings
+carry ``WRITER_BACKEND`` and 128-byte CPU slots; the node agent reads them like
+the plugin's.
+
+One source per collective: when the Artemis NCCL profiler plugin is loaded in
+this process (``NCCL_PROFILER_PLUGIN`` names it, as ``artemis run`` exports, or
+it is mapped), NCCL's collectives are left to the plugin, which sees them on the
+device; only what the plugin cannot see (the gloo ones) is recorded here.
+
+CUDA tensors without the plugin: CUDA events are recorded on the current stream
+around the call and resolved off the hot path by a resolver thread (no sync in
+the collective call); device times land as ``device_ns`` records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as _torch_dist
+from artemis.agent import ring_format as rf
+from artemis.rebalance.files import DEFAULT_SHM_DIR
+from torch.distributed import distributed_c10d as c10d
+
+from .ring_writer import RingWriter
+
+# torch's stubs type ProcessGroup's methods with overloads a forwarding wrapper
+# cannot restate one by one; the wrapper takes whatever c10d passes on.
+dist: Any = _torch_dist
+
+BACKEND_NAME = "artemis"
+_JOB_ENV = ("ARTEMIS_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+
+_DTYPES: dict[Any, int] = {
+    torch.int8: rf.DTYPE_CODES["ncclInt8"],
+    torch.uint8: rf.DTYPE_CODES["ncclUint8"],
+    torch.int32: rf.DTYPE_CODES["ncclInt32"],
+    torch.int64: rf.DTYPE_CODES["ncclInt64"],
+    torch.float16: rf.DTYPE_CODES["ncclFloat16"],
+    torch.float32: rf.DTYPE_CODES["ncclFloat32"],
+    torch.float64: rf.DTYPE_CODES["ncclFloat64"],
+    torch.bfloat16: rf.DTYPE_CODES["ncclBfloat16"],
+}
+_F = rf.FUNC_CODES
+_mono = time.monotonic_ns
+_cpu = time.process_time_ns  # CLOCK_PROCESS_CPUTIME_ID: every thread of the process
+
+
+def job_name() -> str:
+    """The job id the rings are filed under (``ARTEMIS_JOB``, else the scheduler's, else "job")."""
+    return next((os.environ[k] for k in _JOB_ENV if os.environ.get(k)), "job")
+
+
+def plugin_loaded() -> bool:
+    """True when the Artemis NCCL profiler plugin is (or will be) loaded by NCCL here."""
+    env = os.environ.get("NCCL_PROFILER_PLUGIN", "")
+    if "artemis" in os.path.basename(env):
+        return True
+    try:
+        return "nccl-profiler-artemis" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+def _flat(tensors: Any) -> list[Any]:
+    """Tensors of a (nested) tensor list."""
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    out: list[Any] = []
+    for t in tensors:
+        out.extend(_flat(t))
+    return out
+
+
+def _nbytes(tensors: list[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _Comm:
+    """One ring (one communicator of one inner backend) and its sequence counters."""
+
+    def __init__(
+        self, shm_dir: Path, job: str, key: str, rank: int, size: int, global_rank: int, cuda: bool
+    ) -> None:
+        comm_hash = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+        self.ring = RingWriter(
+            shm_dir,
+            job,
+            comm_hash,
+            rank,
+            size,
+            clock_kind="device_ns" if cuda else "host",
+            comm_name=key[: rf.NAME_LEN - 1],
+            host=socket.gethostname(),
+            global_rank=global_rank,
+            cpu_times=True,
+            writer_flags=rf.WRITER_BACKEND,
+        )
+        self.coll_seq = 0
+        self.p2p_seq = 0
+        self.lock = threading.Lock()  # completions come from the inner backend's threads
+
+
+class _CudaTimer:
+    """Resolves CUDA events of finished collectives in a thread (never on the hot path).
+
+    Device times are anchored to the host clock once: an event recorded with its
+    host time at start; each later event is that host time plus ``elapsed_time``.
+    """
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._anchor = torch.cuda.Event(enable_timing=True)
+        self._anchor.record()
+        self._anchor.synchronize()
+        self._anchor_ns = _mono()
+        threading.Thread(target=self._run, name="artemis-cuda-events", daemon=True).start()
+
+    def submit(self, comm: _Comm, ticket: int, start_ev: Any, end_ev: Any, cpu0: int) -> None:
+        self._q.put((comm, ticket, start_ev, end_ev, cpu0))
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            comm, ticket, start_ev, end_ev, _ = item
+            end_ev.synchronize()  # this thread waits; the training thread never does
+            s = self._anchor_ns + int(self._anchor.elapsed_time(start_ev) * 1e6)
+            e = self._anchor_ns + int(self._anchor.elapsed_time(end_ev) * 1e6)
+            with comm.lock:
+                comm.ring.complete(ticket, end=e, cpu_end_ns=_cpu(), start=s)
+
+
+class ArtemisProcessGroup(dist.ProcessGroup):
+    """A ProcessGroup that forwards every call to the inner backend and records it."""
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        group_id: str = "",
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        super().__init__(rank, size)
+        forced = os.environ.get("ARTEMIS_INNER_BACKEND", "").strip().lower()
+        if forced and forced not in ("gloo", "nccl"):
+            raise ValueError(f"ARTEMIS_INNER_BACKEND={forced!r}: expected gloo or nccl")
+        # The inner backends sit in a plain c10d ProcessGroup, built as
+        # init_process_group builds one, so every call below is forwarded by name
+        # and c10d's own dispatch (coalesced ops included) does the rest.
+        self._inner: dict[str, Any] = {}
+        want_nccl = forced == "nccl" or (
+            not forced and torch.cuda.is_available() and c10d.is_nccl_available()
+        )
+        pg = dist.ProcessGroup(store, rank, size)
+        if forced in ("", "gloo"):
+            gloo = c10d.ProcessGroupGloo(c10d.PrefixStore("cpu/", store), rank, size, timeout)
+            gloo._set_sequence_number_for_group()
+            self._inner["cpu"] = gloo
+            pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        if want_nccl:
+            opts = c10d.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            nccl = c10d.ProcessGroupNCCL(c10d.PrefixStore("cuda/", store), rank, size, opts)
+            nccl._set_sequence_number_for_group()
+            self._inner["cuda"] = nccl
+            pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
+            if forced == "nccl":
+                self._inner["cpu"] = nccl
+        pg._set_default_backend(
+            dist.ProcessGroup.BackendType.GLOO
+            if "cpu" in self._inner and self._inner["cpu"] is not self._inner.get("cuda")
+            else dist.ProcessGroup.BackendType.NCCL
+        )
+        self._pg = pg
+        self._rank, self._size = rank, size
+        self._ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._group_id = group_id or "default"
+        self._shm = Path(os.environ.get("ARTEMIS_SHM_DIR") or DEFAULT_SHM_DIR)
+        self._job = job_name()
+        self._comms: dict[str, _Comm | None] = {}
+        self._plugin = plugin_loaded()
+        self._cuda_timer: _CudaTimer | None = None
+
+    # -- plumbing -------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    # A Python ProcessGroup has no backend to keep its name in; keep it here.
+    @property
+    def group_name(self) -> str:
+        return self._group_id
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_id = name
+        self._pg._set_group_name(name)
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def job(self) -> str:
+        return self._job
+
+    @property
+    def global_rank(self) -> int:
+        return self._ranks[self._rank]
+
+    def ring_path(self, device: str = "cpu") -> Path:
+        """This rank's ring for collectives on ``device`` (made now if need be)."""
+        comm = self._comm(device)
+        if comm is None:
+            raise RuntimeError(f"{device} collectives are recorded by the NCCL plugin here")
+        return comm.ring.path
+
+    def next_coll_seq(self, device: str = "cpu") -> int:
+        """The coll_seq the next collective on ``device`` will get (0 before the first)."""
+        comm = self._comms.get(device)
+        return comm.coll_seq if comm is not None else 0
+
+    @property
+    def inner(self) -> dict[str, Any]:
+        """The wrapped backends by device type ("cpu", "cuda")."""
+        return dict(self._inner)
+
+    def _pick(self, tensors: list[Any]) -> tuple[Any, str]:
+        dev = "cuda" if tensors and tensors[0].is_cuda else "cpu"
+        if dev not in self._inner:
+            raise RuntimeError(f"the artemis backend has no inner backend for {dev} tensors")
+        return self._pg, dev
+
+    def _comm(self, dev: str) -> _Comm | None:
+        """The ring for collectives on ``dev``; None when the plugin records those."""
+        if dev in self._comms:
+            return self._comms[dev]
+        inner_name = "nccl" if dev == "cuda" or "cuda" not in self._inner else "gloo"
+        if dev == "cuda" and self._plugin:
+            comm = None  # NCCL's collectives are the plugin's (one source per collective)
+        else:
+            key = f"{inner_name}:{self._group_id}:{','.join(map(str, self._ranks))}"
+            comm = _Comm(
+                self._shm,
+                self._job,
+                key,
+                self._rank,
+                self._size,
+                self._ranks[self._rank],
+                dev == "cuda",
+            )
+        self._comms[dev] = comm
+        return comm
+
+    def _run(
+        self, func: str, tensors: list[Any], call: Callable[[Any], Any], peer: int = -1
+    ) -> Any:
+        inner, dev = self._pick(tensors)
+        comm = self._comms[dev] if dev in self._comms else self._comm(dev)
+        if comm is None:
+            return call(inner)
+        p2p = func in ("Send", "Recv")
+        dtype = _DTYPES.get(tensors[0].dtype, 0) if tensors else 0
+        nbytes = _nbytes(tensors)
+        enq = _mono()
+        cpu0 = _cpu()
+        cuda = dev == "cuda"
+        if cuda:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+        work = call(inner)
+        start = enq if cuda else _mono()
+        with comm.lock:
+            if p2p:
+                seq = comm.p2p_seq
+                comm.p2p_seq += 1
+            else:
+                seq = comm.coll_seq
+                comm.coll_seq += 1
+            ticket = comm.ring.record(
+                kind=rf.KIND_P2P if p2p else rf.KIND_COLL,
+                func=_F[func],
+                dtype=dtype,
+                coll_seq=seq,
+                nbytes=nbytes,
+                start=start,
+                state=rf.STATE_IN_FLIGHT,
+                clock=rf.REC_DEVICE if cuda else rf.REC_HOST,
+                peer=peer,
+                enqueue_ns=enq,
+                cpu_start_ns=cpu0,
+            )
+        if cuda:
+            end_ev = torch.cuda.Event(enable_timing=True)
+            fut = work.get_future()
+
+            def cuda_done(f: Any) -> None:
+                # runs once the collective's stream work is enqueued behind NCCL's
+                end_ev.record()
+                if self._cuda_timer is None:
+                    self._cuda_timer = _CudaTimer()
+                self._cuda_timer.submit(comm, ticket, start_ev, end_ev, cpu0)
+
+            fut.then(cuda_done)
+            return work
+        try:
+            fut = work.get_future()
+        except RuntimeError:  # a Work without a future (gloo send/recv): time its wait
+            return _TimedWork(work, comm, ticket)
+
+        def done(f: Any) -> None:
+            end, cpu1 = _mono(), _cpu()
+            with comm.lock:
+                comm.ring.complete(ticket, end=end, cpu_end_ns=cpu1)
+
+        fut.then(done)
+        return work
+
+    def close_rings(self) -> None:
+        """Mark this group's rings finished (the agent then ships their last windows)."""
+        for comm in self._comms.values():
+            if comm is not None:
+                with comm.lock:
+                    comm.ring.close()
+
+    def shutdown(self) -> None:
+        """``destroy_process_group`` calls this: shut the inner backends, finish the rings."""
+        self._pg.shutdown()
+        self.close_rings()
+
+    def abort(self) -> None:
+        self._pg.abort()
+        self.close_rings()
+
+    # -- collectives: each forwards to the inner backend unchanged -----------------
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+        ts = _flat(tensors)
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        return self._run("AllReduce", ts, lambda b: b.allreduce(tensors, opts))
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllreduceCoalescedOptions()
+        return self._run(
+            "AllReduce", _flat(tensors), lambda b: b.allreduce_coalesced(tensors, opts)
+        )
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.BroadcastOptions()
+        return self._run("Broadcast", _flat(tensors), lambda b: b.broadcast(tensors, opts))
+
+    def reduce(self, tensors: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ReduceOptions()
+        return self._run("Reduce", _flat(tensors), lambda b: b.reduce(tensors, opts))
+
+    def allgather(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllgatherOptions()
+        return self._run("AllGather", _flat(input), lambda b: b.allgather(output, input, opts))
+
+    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllgatherOptions()
+        return self._run("AllGather", [input], lambda b: b._allgather_base(output, input, opts))
+
+    def allgather_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllgatherOptions()
+        return self._run(
+            "AllGather", _flat(input), lambda b: b.allgather_coalesced(output, input, opts)
+        )
+
+    def allgather_into_tensor_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllgatherOptions()
+        return self._run(
+            "AllGather",
+            _flat(input),
+            lambda b: b.allgather_into_tensor_coalesced(output, input, opts),
+        )
+
+    def gather(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.GatherOptions()
+        return self._run("Gather", _flat(input), lambda b: b.gather(output, input, opts))
+
+    def scatter(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ScatterOptions()
+        return self._run("Scatter", _flat(output), lambda b: b.scatter(output, input, opts))
+
+    def reduce_scatter(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ReduceScatterOptions()
+        return self._run(
+            "ReduceScatter", _flat(input), lambda b: b.reduce_scatter(output, input, opts)
+        )
+
+    def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ReduceScatterOptions()
+        return self._run(
+            "ReduceScatter", [input], lambda b: b._reduce_scatter_base(output, input, opts)
+        )
+
+    def reduce_scatter_tensor_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ReduceScatterOptions()
+        return self._run(
+            "ReduceScatter",
+            _flat(input),
+            lambda b: b.reduce_scatter_tensor_coalesced(output, input, opts),
+        )
+
+    def alltoall(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllToAllOptions()
+        return self._run("AlltoAll", _flat(input), lambda b: b.alltoall(output, input, opts))
+
+    def alltoall_base(
+        self, output: Any, input: Any, out_split: Any, in_split: Any, opts: Any = None
+    ) -> Any:
+        if opts is None:
+            opts = dist.AllToAllOptions()
+        return self._run(
+            "AlltoAll",
+            [input],
+            lambda b: b.alltoall_base(output, input, out_split, in_split, opts),
+        )
+
+    # torch >= 2.13 names of the single-tensor collectives (dist.all_gather_into_tensor etc.)
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllgatherOptions()
+        return self._run("AllGather", [input], lambda b: b.all_gather_single(output, input, opts))
+
+    def all_gather_single_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.AllgatherOptions()
+        return self._run(
+            "AllGather", _flat(input), lambda b: b.all_gather_single_coalesced(output, input, opts)
+        )
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ReduceScatterOptions()
+        return self._run(
+            "ReduceScatter", [input], lambda b: b.reduce_scatter_single(output, input, opts)
+        )
+
+    def reduce_scatter_single_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.ReduceScatterOptions()
+        return self._run(
+            "ReduceScatter",
+            _flat(input),
+            lambda b: b.reduce_scatter_single_coalesced(output, input, opts),
+        )
+
+    def all_to_all_single(
+        self, output: Any, input: Any, out_split: Any, in_split: Any, opts: Any = None
+    ) -> Any:
+        if opts is None:
+            opts = dist.AllToAllOptions()
+        return self._run(
+            "AlltoAll",
+            [input],
+            lambda b: b.all_to_all_single(output, input, out_split, in_split, opts),
+        )
+
+    def barrier(self, opts: Any = None) -> Any:
+        if opts is None:
+            opts = dist.BarrierOptions()
+        dev = "cuda" if "cpu" not in self._inner else "cpu"
+        probe = [torch.empty(0, device=dev)]
+        return self._run("Unknown", probe, lambda b: b.barrier(opts))
+
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+        return self._run("Send", _flat(tensors), lambda b: b.send(tensors, dst, tag), peer=dst)
+
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
+        return self._run("Recv", _flat(tensors), lambda b: b.recv(tensors, src, tag), peer=src)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+        return self._run("Recv", _flat(tensors), lambda b: b.recv_anysource(tensors, tag))
+
+
+class _TimedWork(dist._Work):
+    """Wraps an inner Work that has no future: the record completes when it is waited on."""
+
+    def __init__(self, inner: Any, comm: _Comm, ticket: int) -> None:
+        super().__init__()
+        self._w, self._comm, self._ticket, self._done = inner, comm, ticket, False
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            end, cpu1 = _mono(), _cpu()
+            with self._comm.lock:
+                self._comm.ring.complete(self._ticket, end=end, cpu_end_ns=cpu1)
+
+    def wait(self, timeout: Any = None) -> bool:
+        ok = self._w.wait() if timeout is None else self._w.wait(timeout)
+        self._finish()
+        return bool(ok) if ok is not None else True
+
+    def is_completed(self) -> bool:
+        c = bool(self._w.is_completed())
+        if c:
+            self._finish()
+        return c
+
+    def is_success(self) -> bool:
+        return bool(self._w.is_success())
+
+    def exception(self) -> Any:
+        return self._w.exception()
+
+    def source_rank(self) -> int:
+        return int(self._w.source_rank())
+
+    def result(self) -> Any:
+        return self._w.result()
+
+
+def _create(opts: Any, pg_options: Any) -> ArtemisProcessGroup:
+    return ArtemisProcessGroup(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        group_id=str(opts.group_id),
+        global_ranks=list(opts.global_ranks_in_group),
+    )
+
+
+def register() -> None:
+    """Register the ``artemis`` backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+__all__ = ["BACKEND_NAME", "ArtemisProcessGroup", "job_name", "plugin_loaded", "register"]

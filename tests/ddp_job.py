@@ -1,0 +1,99 @@
+"""A real DDP job for the tests of ``artemis run`` and the in-process detector.
+
+``python tests/ddp_job.py --world 4 --steps 240 [--stall-rank R --stall-from S --stall-ms M]``
+spawns WORLD gloo-backed ranks through the ``artemis`` backend (one CPU thread
+each). From step S, rank R's data loader sleeps M ms per step before handing
+out the batch (an input stall: the process is idle, not busy). With
+``--detector DIR`` each rank also runs ``artemis.job.Detector`` writing
+DIR/findings.jsonl (no agent, no coordinator). Exit code: ``--exit-code``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def _loader(rank: int, args: argparse.Namespace) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    for step in range(args.steps):
+        if rank == args.stall_rank and step == args.stall_from and args.mark:
+            import torch.distributed as dist
+
+            # where the stall starts in the collectives' numbering (what windows count)
+            seq = dist.group.WORLD.next_coll_seq()
+            with open(args.mark, "w") as fh:
+                json.dump({"step": step, "coll_seq": seq}, fh)
+        if rank == args.stall_rank and step >= args.stall_from:
+            time.sleep(args.stall_ms / 1e3)  # waiting on storage: idle
+        yield torch.randn(128, 64, generator=g), torch.randn(128, 1, generator=g)
+
+
+def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
+    import artemis.job
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "artemis", init_method=f"file://{init}", rank=rank, world_size=args.world
+    )
+    det = (
+        artemis.job.Detector(
+            jsonl=os.path.join(args.detector, "findings.jsonl"),
+            window_steps=args.window_steps,
+            **json.loads(args.settings),
+        )
+        if args.detector
+        else None
+    )
+    torch.manual_seed(0)
+    model = DDP(
+        torch.nn.Sequential(
+            torch.nn.Linear(64, 256),
+            torch.nn.Tanh(),
+            torch.nn.Linear(256, 256),
+            torch.nn.Tanh(),
+            torch.nn.Linear(256, 1),
+        )
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in _loader(rank, args):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    if det is not None:
+        det.close()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--steps", type=int, default=240)
+    p.add_argument("--stall-rank", type=int, default=-1)
+    p.add_argument("--stall-from", type=int, default=0)
+    p.add_argument("--stall-ms", type=float, default=60.0)
+    p.add_argument("--window-steps", type=int, default=20)
+    p.add_argument("--detector", default="", help="folder: run artemis.job.Detector")
+    p.add_argument("--settings", default="{}", help="detector settings (JSON)")
+    p.add_argument("--mark", default="", help="JSON file: where the stall started")
+    p.add_argument("--exit-code", type=int, default=0)
+    args = p.parse_args()
+    import torch.multiprocessing as mp
+
+    init = os.path.join(tempfile.mkdtemp(prefix="ddp-job-"), "store")
+    mp.start_processes(_worker, args=(args, init), nprocs=args.world, start_method="spawn")
+    return args.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""`artemis run` end to end: a real 4-rank DDP job (gloo through the ``artemis`` backend)
+under a real coordinator and agent on loopback, started by the CLI as a user would.
+
+The job is tests/ddp_job.py. In the stall run, rank 2's data loader sleeps 40 ms
+per step from step 135 on (collective 140: the start of window 7) (an input stall). The job writes where the stall
+started in collective numbering (``--mark``), so the window it starts in is
+known exactly. Detector settings: four ranks share this machine's two cores with
+whatever else runs, so the peer ratio that makes a suspect is raised to 1.3 (the
+stall is a ratio of several), and the job-wide history rules (island drift,
+collective time against the warm-up) to 2.0: the machine's load changes during
+a run, and those rules rightly report a whole job slowed by it, which is not
+what these tests are about.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+BIN = Path(sys.executable).parent
+JOB = Path(__file__).resolve().parent / "ddp_job.py"
+WINDOW_STEPS = 20
+STEPS = 295  # with the job's 5 start-up collectives, 300 collectives: whole windows
+
+
+def _artemis_run(
+    tmp: Path, *job_args: str, timeout: float = 240.0
+) -> tuple[int, str, list[dict[str, Any]]]:
+    cfg = tmp / "coordinator.toml"
+    cfg.write_text("[detector]\nsuspect_ratio = 1.3\ndrift_ratio = 2.0\ncollective_ratio = 2.0\n")
+    jsonl = tmp / "findings.jsonl"
+    p = subprocess.run(
+        [
+            str(BIN / "artemis"),
+            "run",
+            "--jsonl",
+            str(jsonl),
+            "--window-steps",
+            str(WINDOW_STEPS),
+            "--config",
+            str(cfg),
+            "--",
+            sys.executable,
+            str(JOB),
+            "--steps",
+            str(STEPS),
+            *job_args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp,
+    )
+    found = [json.loads(x) for x in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    return p.returncode, p.stdout + p.stderr, found
+
+
+def _flagged(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in found if f["state"] == "flagged"]
+
+
+@pytest.mark.slow
+def test_run_flags_a_stalled_data_loader(tmp_path: Path) -> None:
+    mark = tmp_path / "stall.json"
+    code, out, found = _artemis_run(
+        tmp_path,
+        "--stall-rank",
+        "2",
+        "--stall-from",
+        "135",
+        "--stall-ms",
+        "40",
+        "--mark",
+        str(mark),
+        "--exit-code",
+        "7",
+    )
+    assert code == 7, out  # COMMAND's exit code
+    stall_window = json.loads(mark.read_text())["coll_seq"] // WINDOW_STEPS
+    flags = _flagged(found)
+    assert flags, out
+    assert {(f["kind"], f["rank"]) for f in flags} == {("rank", 2)}, flags  # nothing else
+    first = flags[0]
+    assert stall_window <= first["window"] <= stall_window + 2, (stall_window, first)
+    assert first["cause"]["kind"] == "host", first["cause"]
+    # the live line and the summary were printed
+    assert "flagged rank 2" in out and "summary: 1 flagged" in out, out
+
+
+@pytest.mark.slow
+def test_run_without_a_stall_flags_nothing(tmp_path: Path) -> None:
+    code, out, found = _artemis_run(tmp_path)
+    assert code == 0, out
+    assert found == [] or not _flagged(found), _flagged(found)
+    assert "summary: nothing flagged" in out, out
+
+
+def test_run_errors_are_clear(tmp_path: Path) -> None:
+    art = str(BIN / "artemis")
+    p = subprocess.run(
+        [art, "run", "--", "no-such-command-xyz"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2 and "COMMAND not found: 'no-such-command-xyz'" in p.stderr
+    p = subprocess.run([art, "run"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no COMMAND given" in p.stderr
+    p = subprocess.run(
+        [art, "run", "--rebalance", "maybe", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "--rebalance: expected one of off, recommend, apply" in p.stderr
+    p = subprocess.run(
+        [art, "run", "--window-steps", "x", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "window-steps" in p.stderr
+    p = subprocess.run(
+        [art, "run", "--", "sh", "-c", "exit 3"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 3, p.stdout + p.stderr
+
+
+def test_run_ctrl_c_reaches_the_job_first(tmp_path: Path) -> None:
+    """SIGINT to the foreground group (what a terminal's Ctrl-C sends) ends the job, whose
+    handler runs and whose exit code comes back; the run then still prints its summary."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "def h(*_):\n"
+        "    print('job got SIGINT', flush=True); sys.exit(42)\n"
+        "signal.signal(signal.SIGINT, h)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [str(BIN / "artemis"), "run", "--", sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group: the test plays the terminal
+    )
+    assert p.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        lines.append(line)
+        if line.strip() == "ready":
+            break
+    else:
+        p.kill()
+        pytest.fail("".join(lines))
+    os.killpg(p.pid, signal.SIGINT)
+    rest, _ = p.communicate(timeout=60)
+    out = "".join(lines) + rest
+    assert p.returncode == 42, out
+    assert "job got SIGINT" in out and "summary: nothing flagged" in out, out

@@ -1,0 +1,76 @@
+"""``artemis.job.Detector`` in a real 4-rank DDP job (tests/ddp_job.py): no agent, no
+coordinator. Same job, stall and settings as tests/test_artemis_run.py (see there why
+the suspect ratio and the job-wide history ratios are raised on this shared machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+JOB = Path(__file__).resolve().parent / "ddp_job.py"
+WINDOW_STEPS = 20
+STEPS = 295  # 300 collectives with the 5 start-up ones: whole windows
+SETTINGS = {"suspect_ratio": 1.3, "drift_ratio": 2.0, "collective_ratio": 2.0}
+
+
+def _run(tmp: Path, *args: str) -> list[dict[str, Any]]:
+    out = tmp / "det"
+    out.mkdir()
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(JOB),
+            "--steps",
+            str(STEPS),
+            "--window-steps",
+            str(WINDOW_STEPS),
+            "--detector",
+            str(out),
+            "--settings",
+            json.dumps(SETTINGS),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"ARTEMIS_SHM_DIR": str(tmp / "shm"), "ARTEMIS_JOB": "inproc", "PATH": "/usr/bin:/bin"},
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    f = out / "findings.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+
+@pytest.mark.slow
+def test_detector_flags_a_stalled_data_loader_in_process(tmp_path: Path) -> None:
+    mark = tmp_path / "stall.json"
+    found = _run(
+        tmp_path,
+        "--stall-rank",
+        "2",
+        "--stall-from",
+        "135",
+        "--stall-ms",
+        "40",
+        "--mark",
+        str(mark),
+    )
+    stall_window = json.loads(mark.read_text())["coll_seq"] // WINDOW_STEPS
+    flags = [f for f in found if f["state"] == "flagged"]
+    assert {(f["kind"], f["rank"]) for f in flags} == {("rank", 2)}, flags
+    assert stall_window <= flags[0]["window"] <= stall_window + 2, (stall_window, flags[0])
+    assert flags[0]["cause"]["kind"] == "host", flags[0]["cause"]
+    # every window of the run was scored, the partial last one included
+    assert max(f["window"] for f in found) == 300 // WINDOW_STEPS - 1
+
+
+@pytest.mark.slow
+def test_detector_without_a_stall_flags_nothing(tmp_path: Path) -> None:
+    found = _run(tmp_path)
+    assert not [f for f in found if f["state"] == "flagged"], found
