@@ -1,28 +1,25 @@
-"""Detection over a grid of slowdowns x noise: windows to flag, and false flags.
+"""Detection over a grid: slowdown x noise model x window length, and per fault kind.
 
-Everything downstream of the GPUs is the real code, run in-process: the
-simulator's lockstep model (``LockstepModel``) produces each rank's collective
-timings, they become ring records exactly as the plugin writes them (one DONE
-record per collective, device clock, start = the rank's arrival = the earliest
-channel start, end = the collective's end = the latest channel end; see
-``sim/hostproc.py`` and ``profiler_plugin/plugin.c`` ``op_complete``), one
-agent ``WindowSummarizer`` per rank turns them into ``RankWindow`` summaries
-(collectives per step inferred, as the agent does by default), and the
-coordinator's ``Detector`` with default ``Settings`` scores every window.
-No daemons and no wire, so thousands of rank-windows take seconds.
+Everything downstream of the GPUs is the real code, run in-process
+(`sim/inproc.py`): the simulator's lockstep model, ring records as the plugin
+writes them, one agent `WindowSummarizer` per rank, the rank's simulated
+telemetry through the agent's own reader, and the coordinator's `Detector`
+with default `Settings` (mode `adaptive`); the seed's rule (`mode = "seed"`)
+is measured on the same runs as the baseline.
 
-Job: 64 ranks, 8 per host, one island, 100 ms steps, 4 collectives per step,
-50-step windows. A ``clocks`` fault slows rank 13's compute from window 8 on.
+Job: 32 ranks, 8 per host, one island, 100 ms steps, 4 collectives per step.
+A fault slows rank 13 from window 8 on (after window 0 and the warm-up).
 
-* windows to flag: windows of faulty data the detector saw up to and including
-  the one in which it first reported the slow rank ``flagged`` (the onset window
-  counts as 1; the rules' floor is ``flag_after`` = 3), median over seeds;
-  "not flagged" when it never flagged within the run's 32 windows after onset.
-* false flags: ``flagged`` reports of any kind on any subject other than the
-  slow rank, per 10k healthy rank-windows (windows >= 1, the ones the detector
-  judges). Two measurements: the other 63 ranks of the fault runs of each cell,
-  and fault-free runs of 64 ranks x 200 windows per noise level. With none seen,
-  the 95% upper bound (rule of three: 3 / n) is printed next to the 0.
+* windows to flag: windows of faulty data up to and including the one in which
+  the slow rank was first reported `flagged` (the onset window counts as 1),
+  median over seeds, a miss counting as longer than any flag; "-" when most
+  seeds never flagged within the run's windows after onset.
+* false flags: `flagged` reports of any kind on any other subject, per 10k
+  healthy rank-windows, from fault-free runs (64 ranks) of each noise model
+  and window length; with none seen, the 95% upper bound (3 / n) in brackets.
+* per kind: recall = runs whose slow rank was flagged within 4 windows;
+  precision = true flags / all flags in those runs; diagnosis = flagged runs
+  whose cause names the fault's kind.
 """
 
 from __future__ import annotations
@@ -34,40 +31,65 @@ from typing import Any
 
 from artemis.coordinator.settings import Settings
 from artemis.sim import inproc
-from artemis.sim.scenario import Scenario, parse_scenario
+from artemis.sim.scenario import COMPUTE_FAULTS, Scenario, parse_scenario
 
-RANKS = 64
-RANKS_PER_HOST = 8
-STEP_MS = 100.0
-COLLS = 4
-WINDOW_STEPS = 50
+RANKS = 32
 SLOW_RANK = 13
-ONSET = 8  # after window 0 (not judged) and the 5 warm-up windows
-AFTER_ONSET = 32  # windows simulated from the onset on
+ONSET = 8
+AFTER_ONSET = 8
 SEEDS = 5
-HEALTHY_WINDOWS = 200
-SLOWDOWNS = (0.02, 0.05, 0.10, 0.15, 0.20)  # 15%: the flagship's fault, not in the issue's grid
-NOISES = (0.01, 0.03)
+KIND_SEEDS = 20
+HEALTHY_RANKS = 64
+HEALTHY_WINDOWS = 160
+SLOWDOWNS = (0.03, 0.05, 0.08, 0.10, 0.15, 0.20)
+WINDOW_STEPS = (50, 10)
+NOISE_MODELS: dict[str, dict[str, float]] = {
+    "clean": {"noise": 0.01},
+    "realistic": {
+        "noise": 0.01,
+        "rank_spread": 0.02,
+        "shared_jitter": 0.05,
+        "stall_prob": 0.005,
+        "stall_ms": 60.0,
+        "telemetry_noise": 0.03,
+    },
+    "heavy": {
+        "noise": 0.02,
+        "rank_spread": 0.02,
+        "shared_jitter": 0.08,
+        "stall_prob": 0.02,
+        "stall_ms": 100.0,
+        "telemetry_noise": 0.05,
+    },
+}
 
 
-def scenario(noise: float, seed: int, windows: int, slowdown: float | None) -> Scenario:
+def scenario(
+    model: str,
+    steps: int,
+    seed: int,
+    windows: int,
+    slowdown: float | None,
+    kind: str = "clocks",
+    ranks: int = RANKS,
+) -> Scenario:
     data: dict[str, Any] = {
         "job": {
-            "ranks": RANKS,
-            "ranks_per_host": RANKS_PER_HOST,
-            "step_ms": STEP_MS,
-            "collectives_per_step": COLLS,
-            "window_steps": WINDOW_STEPS,
+            "ranks": ranks,
+            "ranks_per_host": 8,
+            "step_ms": 100.0,
+            "collectives_per_step": 4,
+            "window_steps": steps,
             "windows": windows,
-            "noise": noise,
             "seed": seed,
+            **NOISE_MODELS[model],
         }
     }
     if slowdown is not None:
         data["fault"] = [
-            {"kind": "clocks", "rank": SLOW_RANK, "start_window": ONSET, "slowdown": slowdown}
+            {"kind": kind, "rank": SLOW_RANK, "start_window": ONSET, "slowdown": slowdown}
         ]
-    return parse_scenario(data, f"bench-detection(noise={noise}, seed={seed})")
+    return parse_scenario(data, f"bench-detection({model}, {steps} steps, seed={seed})")
 
 
 @dataclass
@@ -85,72 +107,102 @@ def run(sc: Scenario, slow_rank: int | None, settings: Settings | None = None) -
     return RunResult(fw, res.false_flags, res.healthy_rank_windows)
 
 
+def _median_windows(lat: list[int | None]) -> str:
+    if sum(x is not None for x in lat) * 2 <= len(lat):
+        return "-"
+    return str(statistics.median_low([x if x is not None else 10**9 for x in lat]))
+
+
 def _fmt_rate(flags: int, n: int) -> str:
     if flags:
         return f"{1e4 * flags / n:.2f}"
     return f"0 (<{3e4 / n:.2f})"
 
 
-def main() -> int:
-    t0 = time.perf_counter()
-    s = Settings()
-    print(
-        f"{RANKS} ranks ({RANKS_PER_HOST}/host, one island), {COLLS} collectives/step, "
-        f"{WINDOW_STEPS}-step windows of {STEP_MS:.0f} ms steps; clocks fault on rank "
-        f"{SLOW_RANK} from window {ONSET}; default Settings (suspect_ratio "
-        f"{s.suspect_ratio}, flag {s.flag_after} of {s.flag_window}); {SEEDS} seeds per cell"
-    )
-    print("windows to flag: faulty windows seen up to the flag, onset window = 1 (floor 3)")
-    print("false flags: per 10k healthy rank-windows; (<x) = 95% upper bound when none seen")
-    print()
-    hdr = (
-        f"{'slowdown':>8} {'noise':>5} {'windows to flag (median)':>24} {'flagged':>7} "
-        f"{'per seed':>18} {'false/10k':>13} {'rank-windows':>12}"
+def grid() -> None:
+    seed_mode = Settings(mode="seed")
+    print("windows to flag (median over seeds; adaptive / seed rule, same runs)")
+    hdr = f"{'slowdown':>8} " + " ".join(
+        f"{m + '/' + str(w):>16}" for m in NOISE_MODELS for w in WINDOW_STEPS
     )
     print(hdr)
     print("-" * len(hdr))
-    windows = ONSET + AFTER_ONSET
     for slow in SLOWDOWNS:
-        for noise in NOISES:
-            lat: list[int | None] = []
-            flags = n = 0
-            for seed in range(SEEDS):
-                res = run(scenario(noise, 1000 + seed, windows, slow), SLOW_RANK)
-                lat.append(None if res.flag_window is None else res.flag_window - ONSET + 1)
-                flags += res.false_flags
-                n += res.healthy_rank_windows
-            got = [x for x in lat if x is not None]
-            if len(got) * 2 > len(lat):
-                # median over all seeds, a miss counting as longer than any flag
-                med = statistics.median_low([x if x is not None else 10**9 for x in lat])
-                med_s = str(med) if med < 10**9 else "not flagged"
-            else:
-                med_s = f"not flagged in {AFTER_ONSET}"
-            per_seed = ",".join("-" if x is None else str(x) for x in lat)
-            print(
-                f"{slow:>8.0%} {noise:>5.0%} {med_s:>24} {len(got):>3}/{len(lat):<3} "
-                f"{per_seed:>18} {_fmt_rate(flags, n):>13} {n:>12}"
-            )
-    print()
-    print(f"fault-free runs: {RANKS} ranks x {HEALTHY_WINDOWS} windows per noise level")
-    hdr2 = f"{'noise':>5} {'false flags':>11} {'per 10k':>13} {'rank-windows':>12}"
-    print(hdr2)
-    print("-" * len(hdr2))
-    for noise in NOISES:
-        res = run(scenario(noise, 7, HEALTHY_WINDOWS, None), None)
-        print(
-            f"{noise:>5.0%} {res.false_flags:>11} "
-            f"{_fmt_rate(res.false_flags, res.healthy_rank_windows):>13} "
-            f"{res.healthy_rank_windows:>12}"
-        )
+        cells = []
+        for m in NOISE_MODELS:
+            for w in WINDOW_STEPS:
+                a: list[int | None] = []
+                b: list[int | None] = []
+                for seed in range(SEEDS):
+                    sc = scenario(m, w, 1000 + seed, ONSET + AFTER_ONSET, slow)
+                    for out, st in ((a, None), (b, seed_mode)):
+                        r = run(sc, SLOW_RANK, st)
+                        out.append(None if r.flag_window is None else r.flag_window - ONSET + 1)
+                cells.append(f"{_median_windows(a)} / {_median_windows(b)}")
+        print(f"{slow:>8.0%} " + " ".join(f"{c:>16}" for c in cells))
     print()
     print(
-        f"A slowdown below suspect_ratio - 1 ({s.suspect_ratio - 1:.0%}) is not flagged by "
-        "design: the threshold trades it for no false flags. At exactly 10% the slow rank's "
-        "gap ratio sits on the threshold: a window is suspect when the rank's median noise "
-        "beats its peers', a sign that does not depend on the noise level, so with the same "
-        "seeds both noise levels give the same windows."
+        f"false flags per 10k healthy rank-windows ({HEALTHY_RANKS} ranks x {HEALTHY_WINDOWS} windows)"
     )
+    hdr2 = f"{'model':>10} {'steps':>5} {'adaptive':>15} {'seed rule':>15} {'rank-windows':>12}"
+    print(hdr2)
+    print("-" * len(hdr2))
+    for m in NOISE_MODELS:
+        for w in WINDOW_STEPS:
+            sc = scenario(m, w, 7, HEALTHY_WINDOWS + 1, None, ranks=HEALTHY_RANKS)
+            ra = inproc.run(sc, (), None, telemetry=False)
+            rb = inproc.run(sc, (), seed_mode, telemetry=False)
+            kinds = ",".join(f"{k}:{v}" for k, v in sorted(ra.false_by_kind.items()))
+            print(
+                f"{m:>10} {w:>5} {_fmt_rate(ra.false_flags, ra.healthy_rank_windows):>15} "
+                f"{_fmt_rate(rb.false_flags, rb.healthy_rank_windows):>15} "
+                f"{ra.healthy_rank_windows:>12} {kinds}"
+            )
+
+
+def per_kind() -> None:
+    print()
+    print(
+        f"per kind, realistic noise, 50-step windows, {KIND_SEEDS} seeds: recall (flagged "
+        "within 4 windows), precision, diagnosis right (of flagged)"
+    )
+    hdr = f"{'kind':>8} {'slowdown':>8} {'recall':>7} {'precision':>9} {'diagnosis':>9} {'median explained':>16}"
+    print(hdr)
+    print("-" * len(hdr))
+    for kind in COMPUTE_FAULTS:
+        for slow in (0.05, 0.10):
+            hit = true = false = right = 0
+            expl: list[float] = []
+            for seed in range(KIND_SEEDS):
+                sc = scenario("realistic", 50, 2000 + seed, ONSET + 5, slow, kind)
+                r = inproc.run(sc, (SLOW_RANK,))
+                fw = r.flag_window.get(SLOW_RANK)
+                false += r.false_flags
+                if fw is not None:
+                    true += 1
+                    hit += fw - ONSET + 1 <= 4
+                    c = r.cause.get(SLOW_RANK) or {}
+                    right += c.get("kind") == kind
+                    if c.get("explained") is not None:
+                        expl.append(float(c["explained"]))
+            prec = true / (true + false) if true + false else float("nan")
+            med = f"{statistics.median(expl):.2f}" if expl else "-"
+            print(
+                f"{kind:>8} {slow:>8.0%} {hit / KIND_SEEDS:>7.2f} {prec:>9.2f} "
+                f"{(right / true if true else float('nan')):>9.2f} {med:>16}"
+            )
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    print(
+        f"{RANKS} ranks (8/host, one island), 4 collectives/step, 100 ms steps; fault on rank "
+        f"{SLOW_RANK} from window {ONSET}; default Settings (mode adaptive) vs mode seed"
+    )
+    print("noise models: " + "; ".join(f"{k}: {v}" for k, v in NOISE_MODELS.items()))
+    print()
+    grid()
+    per_kind()
     print(f"total {time.perf_counter() - t0:.1f} s")
     return 0
 

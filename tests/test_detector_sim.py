@@ -183,7 +183,6 @@ def test_seed_mode_keeps_the_fixed_rule() -> None:
 def test_restored_detector_continues_identically_mid_change() -> None:
     """The change test's state (warm-up ratios, CUSUM, the long window) is in the snapshot."""
     from artemis.protocol.columns import WindowColumns
-    from artemis.sim.inproc import RecordMaker  # noqa: F401  (the same pipeline as run)
 
     sc = scenario([fault(slowdown=0.04, duty=0.7)], windows=20, seed=2)
     cols: list[WindowColumns] = []

@@ -217,5 +217,7 @@ def test_finding_lines_have_design_keys(run: Run) -> None:
         assert isinstance(f["window"], int) and isinstance(f["ranks"], list)
         assert isinstance(f["hosts"], list) and isinstance(f["missing"], list)
         if f["cause"] is not None:
-            assert set(f["cause"]) == {"kind", "text", "evidence"}, f["cause"]
+            assert set(f["cause"]) == {"kind", "text", "evidence", "explained", "alternatives"}, f[
+                "cause"
+            ]
             assert f["cause"]["kind"] in CAUSE_KINDS and f["cause"]["text"]
