@@ -69,3 +69,17 @@ def test_idle_gap_on_a_crowded_host_is_still_a_stall_relative_to_its_peers() -> 
     # a rank as busy as its crowded peers is contention, not a stall
     c = diagnose(Telemetry(gap_busy_pct=35.0, psi_cpu_some=80.0, load1=24.0, ncpu=8), peers)
     assert c.kind == "host" and c.text.startswith("host CPU contention")
+
+
+def test_period_is_found_past_a_real_jobs_start_up_collectives() -> None:
+    # DDP's start-up (an all_gather, parameter broadcasts, the first bucket
+    # pass) precedes the steady pattern of 2 collectives per step.
+    n = 200
+    recs = _records(n, gap_ns=1_000_000, coll_ns=100_000, cpu_in_gap_ns=0)
+    recs["bytes"][1::2] = 1024
+    recs["func"][:6] = [rf.FUNC_CODES[f] for f in ("AllGather", "Broadcast", "Broadcast")] * 2
+    recs["bytes"][:6] = [8, 144, 330756, 28, 4, 330756]
+    s = WindowSummarizer("j", "c", 0, 2, "h", window_steps=10, clock_kind="host")
+    s.feed(recs)
+    assert s.colls_per_step == 2
+    assert len(s.flush()) == 10
