@@ -236,7 +236,10 @@ class Agent:
         res = []
         for w in ws:
             target = RankTarget(rank=w.rank, pid=t.header.pid, window=w.window, job=w.job)
-            parts = []
+            # what the summariser measured from the ring itself (gap_busy_pct)
+            parts = [
+                {k: v for k, v in w.telemetry.to_dict().items() if v is not None and k != "missing"}
+            ]
             if sim:
                 parts.append(collect(sim, target).to_dict())
             if averaged is not None:

@@ -69,7 +69,7 @@ from artemis.agent.ring_format import (
     REC_HOST,
     STATE_DONE,
 )
-from artemis.protocol.records import RankProgress, RankWindow
+from artemis.protocol.records import RankProgress, RankWindow, Telemetry
 
 NEEDED_FIELDS = ("coll_seq", "kind", "func", "clock", "peer", "bytes", "start", "end")
 
@@ -82,6 +82,8 @@ _COLL_DT = np.dtype(
         ("bytes", "<u8"),
         ("start", "<u8"),
         ("end", "<u8"),
+        ("cpu_start", "<u8"),  # process CPU time ns (CPU slots; 0 = not recorded)
+        ("cpu_end", "<u8"),
     ]
 )
 _BRIDGE_DT = np.dtype(
@@ -261,6 +263,10 @@ class WindowSummarizer:
         c["func"] = _as_int(coll, "func", "<i2")
         c["clock"] = coll["clock"]
         c["bytes"], c["start"], c["end"] = coll["bytes"], coll["start"], coll["end"]
+        if "cpu_start_ns" in (coll.dtype.names or ()):
+            c["cpu_start"], c["cpu_end"] = coll["cpu_start_ns"], coll["cpu_end_ns"]
+        else:
+            c["cpu_start"] = c["cpu_end"] = 0
         # The record just below the floor is kept as the "previous" collective of
         # the next window, so only strictly older ones are late.
         keep = c["coll_seq"] >= self._floor - 1
@@ -408,6 +414,7 @@ class WindowSummarizer:
             clock=label,
             island=self.island,
             hw_class=self.hw_class,
+            telemetry=Telemetry(gap_busy_pct=_gap_busy_pct(timed, lo)),
             **self._bridge_stats(lo, hi, c),
         )
 
@@ -424,6 +431,32 @@ class WindowSummarizer:
         peers = b["peer"][b["peer"] >= 0]
         peer = int(np.bincount(peers).argmax()) if peers.size else None
         return {"bridge_ms": float(np.median(per_step[has])), "bridge_peer": peer}
+
+
+def _gap_busy_pct(timed: np.ndarray, lo: int) -> float | None:
+    """CPU time the process spent in the window's compute gaps, % of the gaps' length.
+
+    The gap before collective i runs from the end of i-1 to the start of i; the
+    process CPU time over it is ``cpu_start[i] - cpu_end[i-1]`` (every thread of
+    the process: it can pass 100 with several busy threads). None without CPU
+    times or without a gap to measure. Host-clock records only: the CPU clock
+    and a device clock do not share a time base.
+    """
+    t = timed[(timed["clock"] == REC_HOST) & (timed["cpu_start"] > 0) & (timed["cpu_end"] > 0)]
+    if t.size < 2:
+        return None
+    seq = t["coll_seq"]
+    follow = (np.diff(seq) == 1) & (seq[1:] >= lo)
+    if not follow.any():
+        return None
+    prev, cur = t[:-1][follow], t[1:][follow]
+    wall = cur["start"].astype(np.int64) - prev["end"].astype(np.int64)
+    cpu = cur["cpu_start"].astype(np.int64) - prev["cpu_end"].astype(np.int64)
+    keep = wall > 0
+    total = int(wall[keep].sum())
+    if total <= 0:
+        return None
+    return float(round(100.0 * max(0, int(cpu[keep].sum())) / total, 2))
 
 
 def ring_position(

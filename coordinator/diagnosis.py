@@ -49,6 +49,12 @@ PSI_CPU_SOME = 20.0
 LOAD_PER_CPU = 1.0
 CPU_BUSY_PCT = 95.0
 PROC_STARVED_FRAC = 0.75  # the rank's process gets <= 75% of its peers' CPU
+# Input stall: the process is busy for at most GAP_IDLE_PCT % of its compute gap
+# (per-record CPU times, Telemetry.gap_busy_pct) and at most GAP_IDLE_FRAC of
+# its peers' share: it sleeps on its input (a data loader, storage). Relative to
+# the peers because on a crowded host every gap is partly spent waiting for a core.
+GAP_IDLE_PCT = 40.0
+GAP_IDLE_FRAC = 0.5
 CPU_ABOVE_PEERS_PCT = 25.0
 # The consistency model. A clock deficit smaller than CLOCK_NOISE_FRAC is within
 # healthy GPUs' boost wander and explains nothing; a cause is named when it
@@ -182,6 +188,20 @@ def _signal_key(words: str) -> str:
     """Which host signal a `_host_signals` phrase is ("CPU steal", "load", "host CPU", ...)."""
     parts = words.split()
     return parts[0] if parts[0] == "load" else " ".join(parts[:2])
+
+
+def _input_stall(t: Telemetry, peer_tels: Sequence[Telemetry]) -> str | None:
+    """An idle compute gap on a busy job: the rank waits on its input, not on a CPU."""
+    peers = _median([p.gap_busy_pct for p in peer_tels])
+    if t.gap_busy_pct is None or peers is None:
+        return None
+    if t.gap_busy_pct <= GAP_IDLE_PCT and t.gap_busy_pct <= GAP_IDLE_FRAC * peers:
+        return (
+            f"input stall: the process was idle for {100 - t.gap_busy_pct:.0f}% of its compute "
+            f"gap (busy {t.gap_busy_pct:.0f}% vs {peers:.0f}% on its peers): waiting on its data "
+            "loader or storage, not on a CPU"
+        )
+    return None
 
 
 def hardware_rises(t: Telemetry, peer_tels: Sequence[Telemetry]) -> dict[str, int]:
@@ -348,9 +368,17 @@ def diagnose(
                 f"PCIe link below its maximum (gen {t.pcie_gen}/{t.pcie_gen_max}, "
                 f"x{t.pcie_width}/x{t.pcie_width_max}: {pcie:.0%} of bandwidth lost{absent})"
             )
-        if host:
+        stall = _input_stall(t, peer_tels)
+        if stall:
+            fits["host"] = stall + absent
+        elif host:
             clocks = "GPU clocks normal" if not clocks_low else "GPU clocks low too"
-            fits["host"] = f"host CPU contention ({'; '.join(host)}{absent}) with {clocks}"
+            busy = (
+                f"; busy {t.gap_busy_pct:.0f}% of its compute gap"
+                if t.gap_busy_pct is not None
+                else ""
+            )
+            fits["host"] = f"host CPU contention ({'; '.join(host)}{busy}{absent}) with {clocks}"
     reported = {k: getattr(t, k) for k in HW_EVIDENCE if getattr(t, k) is not None}
     if hw or any(isinstance(v, int) and v > 0 for k, v in reported.items() if k in HW_SIGNALS):
         evidence["hardware"] = {
@@ -365,6 +393,8 @@ def diagnose(
             psi_cpu_some=_r(t.psi_cpu_some),
             load_per_cpu=None if t.load1 is None or not t.ncpu else round(t.load1 / t.ncpu, 2),
             proc_cpu_pct=_r(t.proc_cpu_pct),
+            gap_busy_pct=_r(t.gap_busy_pct),
+            peers_gap_busy_pct=_r(_median([p.gap_busy_pct for p in peer_tels])),
         )
 
     if fits:

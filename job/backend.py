@@ -159,7 +159,11 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         timeout: timedelta,
         group_id: str = "",
         global_ranks: list[int] | None = None,
+        *,
+        inner: Any = None,
     ) -> None:
+        """``inner``: an existing ProcessGroup to wrap (its device types as given) instead of
+        building gloo/nccl from ``store``; the benchmark wraps a do-nothing one this way."""
         super().__init__(rank, size)
         forced = os.environ.get("ARTEMIS_INNER_BACKEND", "").strip().lower()
         if forced and forced not in ("gloo", "nccl"):
@@ -168,6 +172,16 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         # init_process_group builds one, so every call below is forwarded by name
         # and c10d's own dispatch (coalesced ops included) does the rest.
         self._inner: dict[str, Any] = {}
+        if inner is not None:
+            self._inner["cpu"] = inner
+            self._pg = inner
+        else:
+            self._build_inner(store, rank, size, timeout, forced)
+        self._finish_init(rank, size, group_id, global_ranks)
+
+    def _build_inner(
+        self, store: Any, rank: int, size: int, timeout: timedelta, forced: str
+    ) -> None:
         want_nccl = forced == "nccl" or (
             not forced and torch.cuda.is_available() and c10d.is_nccl_available()
         )
@@ -192,6 +206,10 @@ class ArtemisProcessGroup(dist.ProcessGroup):
             else dist.ProcessGroup.BackendType.NCCL
         )
         self._pg = pg
+
+    def _finish_init(
+        self, rank: int, size: int, group_id: str, global_ranks: list[int] | None
+    ) -> None:
         self._rank, self._size = rank, size
         self._ranks = list(global_ranks) if global_ranks else list(range(size))
         self._group_id = group_id or "default"
@@ -335,7 +353,7 @@ class ArtemisProcessGroup(dist.ProcessGroup):
             with comm.lock:
                 comm.ring.complete(ticket, end=end, cpu_end_ns=cpu1)
 
-        fut.then(done)
+        fut.add_done_callback(done)
         return work
 
     def close_rings(self) -> None:

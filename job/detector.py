@@ -28,7 +28,7 @@ from typing import Any
 
 from artemis.agent.ring import RingReader
 from artemis.agent.summary import WindowSummarizer
-from artemis.agent.telemetry.base import RankTarget, TelemetryAccumulator
+from artemis.agent.telemetry.base import RankTarget, TelemetryAccumulator, merge
 from artemis.agent.telemetry.host import HostSource
 from artemis.protocol.records import RankWindow, Telemetry
 
@@ -146,9 +146,17 @@ class Detector:
     # -- every rank: summarise own ring -------------------------------------------
 
     def _emit(self, windows: list[RankWindow]) -> None:
+        if not windows:
+            return
+        # the host samples since the last batch (a first batch comes at once, when
+        # the step period is found: its windows share them)
+        live = self._acc.result().to_dict()
+        live.pop("missing", None)
+        self._acc.reset()
         for w in windows:
-            w = dataclasses.replace(w, telemetry=self._acc.result())
-            self._acc.reset()
+            own = {k: v for k, v in w.telemetry.to_dict().items() if v is not None}
+            own.pop("missing", None)
+            w = dataclasses.replace(w, telemetry=merge([own, live]))
             if self._sock is not None:
                 self._sock.sendall(_to_wire(w))
             else:

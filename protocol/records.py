@@ -111,6 +111,9 @@ class Telemetry:
     proc_cpu_pct: Annotated[Percent | None, HOST, DIAG] = (
         None  # the rank process's own CPU, % of one core
     )
+    # CPU time of the rank's process inside its compute gaps, % of their length
+    # (from the ring's CPU slots: artemis backend; low = idle, e.g. an input stall)
+    gap_busy_pct: Annotated[Percent | None, HOST, DIAG] = None
     # GPU identity, for an RMA ticket (agent/telemetry/nvml.py, amd.py)
     gpu_uuid: Annotated[Name | None, GPU, IDENT] = None
     gpu_serial: Annotated[Name | None, GPU, IDENT] = None
