@@ -210,6 +210,9 @@ class SimCluster:
             if opts.speed == "realtime" and opts.window_s:
                 scale = opts.window_s / (sc.window_steps * sc.step_ms / 1000.0)
             hang = any(f.kind == "hang" for f in sc.faults)
+            # One id for every host of this run, new each run (as NCCL's unique id):
+            # the communicator hashes follow from it.
+            run = secrets.token_hex(8)
             for h in range(sc.hosts):
                 procs[f"host-{h}"] = self._spawn(
                     [
@@ -234,6 +237,8 @@ class SimCluster:
                         str(opts.jsonl),
                         "--hang-wait-s",
                         "60",
+                        "--run",
+                        run,
                     ],
                     logs / f"host-{h}.log",
                 )

@@ -37,10 +37,12 @@ CHANNELS = 2
 CHANNEL_SKEW_NS = 800  # channels of one collective start and stop a little apart
 
 
-def comm_hash(job: str, name: str) -> int:
-    """A stable 64-bit communicator hash, the same in every host process."""
-    lo = zlib.crc32(f"{job}/{name}".encode())
-    hi = zlib.crc32(f"{name}/{job}".encode())
+def comm_hash(job: str, name: str, run: str = "") -> int:
+    """A 64-bit communicator hash, the same in every host process of one run and new
+    with each run, as NCCL's (it derives from the run's unique id): the coordinator
+    tells a new run of a job id from a resend by it (docs/DESIGN.md, "Runs")."""
+    lo = zlib.crc32(f"{job}/{name}/{run}".encode())
+    hi = zlib.crc32(f"{run}/{name}/{job}".encode())
     return (hi << 32) | lo
 
 
@@ -133,6 +135,8 @@ def run_host(
     scale: float,
     findings: Path | None,
     hang_wait_s: float,
+    *,
+    run: str = "",
 ) -> int:
     from artemis.agent.plugin_path import plugin_path
     from artemis.job.ring_writer import BridgeRingWriter
@@ -151,7 +155,7 @@ def run_host(
         members = sc.island_ranks(island)
         os.environ["RANK"] = str(r)
         comms[r] = nccl.comm_init(
-            comm_hash(job, island),
+            comm_hash(job, island, run),
             members.index(r),
             len(members),
             nnodes=len({sc.host_of(m) for m in members}),
@@ -164,7 +168,7 @@ def run_host(
                 bridges[i] = BridgeRingWriter(
                     shm,
                     job,
-                    comm_hash(job, f"bridge/{lead}"),
+                    comm_hash(job, f"bridge/{lead}", run),
                     lead,
                     sc.ranks,
                     host=sc.host_name(host),
@@ -283,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--findings", type=Path)
     ap.add_argument("--hang-wait-s", type=float, default=60.0)
+    ap.add_argument("--run", default="", help="this run's id (the same on every host)")
     a = ap.parse_args(argv)
     return run_host(
         a.scenario,
@@ -294,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         a.scale,
         a.findings,
         a.hang_wait_s,
+        run=a.run,
     )
 
 
