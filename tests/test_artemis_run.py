@@ -70,6 +70,7 @@ def _flagged(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_e2e
 def test_run_flags_a_stalled_data_loader(tmp_path: Path) -> None:
     mark = tmp_path / "stall.json"
     code, out, found = _artemis_run(
@@ -103,6 +104,7 @@ def test_run_flags_a_stalled_data_loader(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_e2e
 def test_run_without_a_stall_flags_nothing(tmp_path: Path) -> None:
     code, out, found = _artemis_run(tmp_path)
     assert code == 0, out

@@ -48,6 +48,7 @@ def _run(tmp: Path, *args: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_e2e
 def test_detector_flags_a_stalled_data_loader_in_process(tmp_path: Path) -> None:
     mark = tmp_path / "stall.json"
     found = _run(
@@ -76,6 +77,7 @@ def test_detector_flags_a_stalled_data_loader_in_process(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.torch_e2e
 def test_detector_without_a_stall_flags_nothing(tmp_path: Path) -> None:
     found = _run(tmp_path)
     assert not [f for f in found if f["state"] == "flagged"], found
