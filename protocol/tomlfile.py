@@ -8,6 +8,7 @@ command-line flags are applied on top (see each daemon's config module).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -35,6 +36,20 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: cannot read config file: {e.strerror or e}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
+
+
+def toml_value(v: Any) -> str:
+    """One value written as TOML (the generated daemon configs: scalars and lists).
+    Raises TypeError naming a value TOML cannot carry here."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write a value of type {type(v).__name__} as TOML")
 
 
 def _type_name(tp: Any) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from artemis.protocol.tomlfile import toml_value
 from artemis.sim.hostproc import metric_value
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import write_telemetry
@@ -53,18 +54,6 @@ def _bin(name: str) -> str:
     if not found:
         raise RuntimeError(f"{name} not found next to {sys.executable} or on PATH")
     return found
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
 
 
 @dataclass
@@ -142,7 +131,7 @@ class SimCluster:
                 f"global_batch = {sc.global_batch}",
                 f"control_socket = {json.dumps(str(work / 'coordinator.sock'))}",
                 "[detector]",
-                *(f"{k} = {_toml_value(v)}" for k, v in det.items()),
+                *(f"{k} = {toml_value(v)}" for k, v in det.items()),
             ]
             ccfg.write_text("\n".join(lines) + "\n")
             opts.jsonl.parent.mkdir(parents=True, exist_ok=True)

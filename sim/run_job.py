@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from artemis.protocol.tomlfile import ConfigError
+from artemis.protocol.tomlfile import ConfigError, toml_value
 
 REBALANCE_MODES = ("off", "recommend", "apply")
 _BIN = Path(sys.executable).parent
@@ -62,15 +62,10 @@ def _free_port() -> int:
 
 
 def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise RunError(f"--config: cannot carry a value of type {type(v).__name__}")
+    try:
+        return toml_value(v)
+    except TypeError as e:
+        raise RunError(f"--config: {e}") from None
 
 
 def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None) -> str:
