@@ -9,9 +9,12 @@
  * Writers (the plugin, several threads) claim a slot by fetch_add on
  * write_index; slot = ticket & (capacity - 1). Each slot is a seqlock: `lock`
  * is odd while a writer is inside, even when the slot is whole. A writer
- * enters with a CAS even -> odd (never spins: on failure the record is
- * dropped and counted in `dropped`), writes the body, then stores lock + 1
- * with release order. The reader (agent, Python + numpy) copies the slot,
+ * makes it odd, writes the body, then stores lock + 1 with release order;
+ * it never spins (a record it cannot write is dropped and counted in
+ * `dropped`). The plugin never overwrites a record in flight: a new record
+ * enters only a DONE or empty slot (CAS even -> odd), and the in-flight
+ * record's one completer enters with a plain store (plugin README "Slot
+ * writers"). The reader (agent, Python + numpy) copies the slot,
  * and accepts it only when lock was even and unchanged across the copy, and
  * the slot's `seq` is the ticket it expected.
  *

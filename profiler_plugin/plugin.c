@@ -186,18 +186,52 @@ static inline uint8_t str_code(ArtCtx *ctx, const char *s, uint32_t table) {
 #define A32(p) ((_Atomic uint32_t *)(void *)(p))
 #define A64(p) ((_Atomic uint64_t *)(void *)(p))
 
-/* Seqlock entry: CAS even -> odd (acquire). Never spins. No fence follows:
- * every body store is a release store (BODY below), which orders the odd lock
- * value before it; a reader that acquire-loads any body value therefore sees
- * the odd value or a later one when it loads the lock again. These are plain
- * release/acquire pairs on the same words, which ThreadSanitizer models (it
- * does not model atomic_thread_fence). On x86-64 a release store is a plain
- * mov; on aarch64 it is an stlr per body word. */
+/* Seqlock, with one rule that makes most of it plain stores: a start never
+ * overwrites an in-flight record (README "Slot writers"). So while a record is
+ * in flight its completer (one per op: whoever clears its last pend bit) is the
+ * slot's only writer and enters with a plain store of the odd value; a start
+ * enters only a slot whose record is whole and DONE (or empty), whose writers
+ * have all left, and takes it with a CAS from the even value it checked, which
+ * excludes only other starts (several starting threads, or the ring lapping
+ * during the single -> shared switch). A start that finds the record in flight
+ * drops its own record (counted), without writing.
+ *
+ * No fence follows an odd store: every body store is a release store (BODY
+ * below), which orders the odd lock value before it; a reader that
+ * acquire-loads any body value therefore sees the odd value or a later one
+ * when it loads the lock again. These are plain release/acquire pairs on the
+ * same words, which ThreadSanitizer models (it does not model
+ * atomic_thread_fence). On x86-64 a release store is a plain mov; on aarch64
+ * it is an stlr per body word. */
 #define BODY memory_order_release
-static inline int seq_enter(ArtemisSlot *s, uint32_t *odd) {
-    uint32_t v = atomic_load_explicit(A32(&s->lock), RLX);
+
+/* state byte of the kind word (slot bytes 4..7) */
+static inline uint8_t w4_state(uint32_t w4) {
+    uint8_t b[4];
+    memcpy(b, &w4, 4);
+    return b[3];
+}
+
+/* Start: enters slot s for ticket if its record is whole, not in flight and
+ * not newer than ticket. Never spins. */
+static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd) {
+    uint32_t v = atomic_load_explicit(A32(&s->lock), ACQ);
     if (v & 1u) return 0;
+    /* acquire: a body value read here was written after that writer's odd store */
+    uint32_t w4 = atomic_load_explicit(A32(&s->kind), ACQ);
+    uint64_t seq = atomic_load_explicit(A64(&s->seq), ACQ);
+    if (atomic_load_explicit(A32(&s->lock), RLX) != v) return 0; /* torn: a writer came */
+    if (w4_state(w4) == ARTEMIS_STATE_IN_FLIGHT || seq > ticket) return 0;
     if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
+    *odd = v + 1u;
+    return 1;
+}
+
+/* Completion: the in-flight record's only writer (see above). */
+static inline int seq_enter_own(ArtemisSlot *s, uint32_t *odd) {
+    uint32_t v = atomic_load_explicit(A32(&s->lock), RLX);
+    if (v & 1u) return 0; /* cannot happen under the rule; never write into a writer */
+    atomic_store_explicit(A32(&s->lock), v + 1u, RLX);
     *odd = v + 1u;
     return 1;
 }
@@ -346,10 +380,9 @@ static void op_complete(ArtOp *op, int reclaimed) {
 
     ArtemisSlot *s = op->slot;
     uint32_t odd;
-    if (atomic_load_explicit(A64(&s->seq), RLX) != ticket || !seq_enter(s, &odd)) {
-        count_drop(ctx);
-    } else if (atomic_load_explicit(A64(&s->seq), RLX) != ticket) {
-        seq_leave(s, odd); /* overwritten meanwhile: leave it unchanged */
+    /* the record stays ours until we complete it (no start overwrites an
+     * in-flight record): the check only guards against a broken invariant */
+    if (atomic_load_explicit(A64(&s->seq), RLX) != ticket || !seq_enter_own(s, &odd)) {
         count_drop(ctx);
     } else {
         atomic_store_explicit(A32(&s->kind), with_state(op->w4, ARTEMIS_STATE_DONE), BODY);
@@ -525,14 +558,8 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
      * for writing now, so its seqlock CAS does not wait for memory. */
     if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
-    if (!seq_enter(s, &odd)) {
-        op_release(op);
-        count_drop(ctx);
-        return;
-    }
-    if (atomic_load_explicit(A64(&s->seq), RLX) > ticket) {
-        /* a later ticket already owns this slot (tiny ring): keep it */
-        seq_leave(s, odd);
+    if (!seq_enter_start(s, ticket, &odd)) {
+        /* busy, still in flight, or a later ticket's (tiny ring): keep it */
         op_release(op);
         count_drop(ctx);
         return;

@@ -1168,6 +1168,53 @@ static void test_no_device_events(void) {
     clear_env();
 }
 
+/* A start never overwrites an in-flight record (README "Slot writers"): on a
+ * 4-slot ring, op 0 stays in flight (its KernelCh late) while four more ops
+ * run; the fifth start, whose slot op 0 holds, is dropped and counted, and op
+ * 0's completion lands whole, with its device times. (Before, the fifth start
+ * overwrote op 0's record and op 0's completion was the one dropped.) */
+static void test_lap_in_flight(void) {
+    clear_env();
+    setenv("ARTEMIS_RING_SLOTS", "4", 1);
+    Comm *cm = fixture("lap", 7, 0x41);
+    const ArtemisRingHeader *h = cm->ring.hdr;
+    Expect e;
+    coll_expect(0, &e, 2);
+    void *op0 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    stop_ev(op0);
+    void *k0 = start_ev(cm, ncclProfileKernelCh, op0, NULL, tstart(1, 0, 1, 0), 0);
+    void *k1 = start_ev(cm, ncclProfileKernelCh, op0, NULL, tstart(1, 0, 1, 1), 1);
+    for (uint64_t c = 1; c <= 3; c++) run_coll(cm, c, 2);
+    /* ticket 4 maps to op 0's slot */
+    coll_expect(4, &e, 2);
+    void *op4 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    CHECK(op4 == NULL && h->dropped == 1, "lap: start over an in-flight record: handle %p dropped %llu",
+          op4, (unsigned long long)h->dropped);
+    Rec r = slot_rec(cm, 0);
+    CHECK(r.seq == 0 && r.state == ARTEMIS_STATE_IN_FLIGHT, "lap: op 0 still there (seq %llu state %u)",
+          (unsigned long long)r.seq, r.state);
+    ncclProfilerEventStateArgs_t a;
+    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
+    record_ev(k0, ncclProfilerKernelChStop, &a);
+    stop_ev(k0);
+    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
+    record_ev(k1, ncclProfilerKernelChStop, &a);
+    stop_ev(k1);
+    r = slot_rec(cm, 0);
+    CHECK(r.seq == 0 && check_done(&r, 0, 2, "lap: op 0 completed"), "lap: op 0 record");
+    CHECK(h->dropped == 1, "lap: dropped %llu", (unsigned long long)h->dropped);
+    /* the next op (coll_seq 5: the dropped one counted as issued) takes
+     * ticket 5; a later lap finds op 0's slot free again */
+    run_coll(cm, 5, 2);
+    r = slot_rec(cm, 5);
+    CHECK(r.seq == 5 && check_done(&r, 5, 2, "lap: next op"), "lap: ticket 5 record");
+    for (uint64_t c = 6; c <= 8; c++) run_coll(cm, c, 2);
+    r = slot_rec(cm, 8);
+    CHECK(r.seq == 8 && check_done(&r, 8, 2, "lap: next lap") && h->dropped == 1,
+          "lap: ticket 8 in op 0's slot, dropped %llu", (unsigned long long)h->dropped);
+    clear_env();
+}
+
 /* concurrent init of many comms (NCCL async init threads) */
 static void *init_thread(void *arg) {
     uintptr_t i = (uintptr_t)arg;
@@ -1208,6 +1255,8 @@ int main(int argc, char **argv) {
     printf("  ops without device events done\n");
     test_concurrent_init();
     printf("  concurrent init done\n");
+    test_lap_in_flight();
+    printf("  lapping an in-flight record done\n");
 
     clear_env();
     int one6[] = {6};

@@ -1,0 +1,196 @@
+"""The C plugin's hot path per collective: this tree against a baseline git ref.
+
+Builds ``profiler_plugin/build/bench_plugin`` from this tree and from a baseline
+ref (default ``main``; ``ARTEMIS_BENCH_BASE=<ref>``) into a temporary folder,
+then for each ABI version and 2 / 8 KernelCh channels:
+
+- under ``valgrind --tool=callgrind --collect-bus=yes``, collecting only inside
+  ``run_artemis`` and then only inside ``run_nop`` (``--toggle-collect``), the
+  instructions over the do-nothing plugin, the locked read-modify-writes
+  (callgrind's global bus events: every ``lock``-prefixed instruction and
+  ``xchg`` with memory) and the calls of ``clock_gettime`` per collective.
+  These are exact counts, stable on a loaded machine;
+- the bench's own timing table (``bench_plugin``: medians of 9 interleaved
+  runs inside one process), run ``RUNS`` times alternating the two builds; the
+  table gives the median and range of those runs for the margin in ns and in
+  units of one ``clock_gettime(CLOCK_MONOTONIC)`` read timed in the same run.
+
+Needs ``cc``, ``make``, ``git`` and ``valgrind``; prints why and returns 1 if
+one is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = int(os.environ.get("ARTEMIS_BENCH_RUNS", "3"))
+# bench_plugin callgrind V NCH drives 2000 + 20000 collectives through each side
+CG_COLLS = 22000
+VERSIONS = (4, 5, 6, 7)
+CHANNELS = (2, 8)
+
+
+def _build(src: Path) -> Path:
+    subprocess.run(
+        ["make", "-s", "-C", str(src / "profiler_plugin"), "build/bench_plugin"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return src / "profiler_plugin" / "build" / "bench_plugin"
+
+
+def _callgrind(binary: Path, fn: str, version: int, nch: int, tmp: Path) -> dict[str, float]:
+    out = tmp / f"cg.{binary.parent.parent.parent.name}.{fn}.{version}.{nch}"
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--collect-bus=yes",
+            "--collect-atstart=no",
+            f"--toggle-collect={fn}",
+            f"--callgrind-out-file={out}",
+            str(binary),
+            "callgrind",
+            str(version),
+            str(nch),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    text = out.read_text()
+    events = re.search(r"^events: (.*)$", text, re.M)
+    totals = re.search(r"^totals: (.*)$", text, re.M) or re.search(r"^summary: (.*)$", text, re.M)
+    if not events or not totals:
+        raise RuntimeError(f"no totals in {out}")
+    vals = dict(
+        zip(events.group(1).split(), (int(x) for x in totals.group(1).split()), strict=False)
+    )
+    # calls=N lines that follow a cfn= naming clock_gettime
+    clock_calls = 0
+    cfn_names: dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line)
+        if m:
+            # names are compressed: the first mention of an id (fn= or cfn=) names it
+            if m.group(2):
+                cfn_names[m.group(1)] = m.group(2)
+            current = cfn_names.get(m.group(1), "") if line.startswith("cfn=") else ""
+        elif line.startswith("calls=") and current.startswith("clock_gettime"):
+            clock_calls += int(line.split("=")[1].split()[0])
+    return {
+        "ir": vals.get("Ir", 0) / CG_COLLS,
+        "locked": vals.get("Ge", 0) / CG_COLLS,
+        "clock": clock_calls / CG_COLLS,
+    }
+
+
+def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
+    res = {}
+    for v in VERSIONS:
+        for nch in CHANNELS:
+            a = _callgrind(binary, "run_artemis", v, nch, tmp)
+            n = _callgrind(binary, "run_nop", v, nch, tmp)
+            res[(v, nch)] = {
+                "ir": a["ir"] - n["ir"],
+                "locked": a["locked"] - n["locked"],
+                "clock": a["clock"] - n["clock"],
+            }
+    return res
+
+
+_ROW = re.compile(
+    r"^v(\d)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
+)
+
+
+def _timing(binary: Path) -> dict[tuple[int, int, int], tuple[float, float]]:
+    out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        m = _ROW.match(line)
+        if m:
+            v, nch, th = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            rows[(v, nch, th)] = (float(m.group(6)), float(m.group(8)))
+    return rows
+
+
+def _span(xs: list[float], fmt: str) -> str:
+    med = statistics.median(xs)
+    return f"{med:{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+
+def main() -> int:
+    for tool in ("cc", "make", "git", "valgrind"):
+        if shutil.which(tool) is None:
+            print(f"bench.plugin: {tool} not found; skipped")
+            return 1
+    base_ref = os.environ.get("ARTEMIS_BENCH_BASE", "main")
+    with tempfile.TemporaryDirectory(prefix="artemis-bench-plugin-") as d:
+        tmp = Path(d)
+        base_src = tmp / "base"
+        base_src.mkdir()
+        arc = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", base_ref, "profiler_plugin"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(base_src)], input=arc, check=True)
+        # both builds are driven by this tree's bench driver
+        shutil.copy(ROOT / "profiler_plugin" / "bench_plugin.c", base_src / "profiler_plugin")
+        shutil.rmtree(base_src / "profiler_plugin" / "build", ignore_errors=True)
+        builds = {"before": _build(base_src), "after": _build(ROOT)}
+
+        counts = {k: _counts(b, tmp) for k, b in builds.items()}
+        print(f"Per collective, callgrind (exact counts): before = {base_ref}, after = this tree")
+        print(
+            f"{'ABI':<4} {'ch':>3} {'locked before':>14} {'after':>6} "
+            f"{'clock calls before':>19} {'after':>6} {'instr over no-op before':>24} {'after':>6}"
+        )
+        for v in VERSIONS:
+            for nch in CHANNELS:
+                b, a = counts["before"][(v, nch)], counts["after"][(v, nch)]
+                print(
+                    f"v{v:<3} {nch:>3} {b['locked']:>14.2f} {a['locked']:>6.2f} "
+                    f"{b['clock']:>19.2f} {a['clock']:>6.2f} {b['ir']:>24.0f} {a['ir']:>6.0f}"
+                )
+
+        timing: dict[str, list[dict[tuple[int, int, int], tuple[float, float]]]] = {
+            "before": [],
+            "after": [],
+        }
+        for _ in range(RUNS):
+            for k, b in builds.items():
+                timing[k].append(_timing(b))
+        print(
+            f"\nMargin over the no-op plugin, median (range) of {RUNS} alternated runs of "
+            "bench_plugin (each a median of 9)"
+        )
+        print(
+            f"{'ABI':<4} {'ch':>3} {'thr':>3} {'clock reads before':>22} {'after':>18} "
+            f"{'ns before':>22} {'ns after':>22}"
+        )
+        for key in sorted(timing["after"][0]):
+            v, nch, th = key
+            cb = [r[key][1] for r in timing["before"]]
+            ca = [r[key][1] for r in timing["after"]]
+            nb = [r[key][0] for r in timing["before"]]
+            na = [r[key][0] for r in timing["after"]]
+            print(
+                f"v{v:<3} {nch:>3} {th:>3} {_span(cb, '.2f'):>22} {_span(ca, '.2f'):>18} "
+                f"{_span(nb, '.1f'):>22} {_span(na, '.1f'):>22}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
