@@ -1215,6 +1215,109 @@ static void test_lap_in_flight(void) {
     clear_env();
 }
 
+/* Two threads starting ops on one communicator at the same time (a CUDA
+ * host-callback thread beside the launching thread; shared mode): the starts'
+ * CAS and the completions' plain stores (README "Slot writers") on a 64-slot
+ * ring that laps all the time, read by a third thread. Every accepted record
+ * must be one op's, whole: its times and bytes are derived from its count. */
+#define TS_OPS 20000u
+typedef struct {
+    Comm *cm;
+    unsigned t;
+} TsArg;
+static _Atomic int g_ts_stop;
+static _Atomic long g_ts_accepted, g_ts_done;
+
+static uint64_t ts_t0(size_t count) { return 1000000ull + (uint64_t)count * 1000ull; }
+
+static void *ts_user(void *arg) {
+    TsArg *a = arg;
+    Comm *cm = a->cm;
+    for (unsigned i = 0; i < TS_OPS; i++) {
+        Expect e;
+        memset(&e, 0, sizeof e);
+        e.func_s = "AllReduce";
+        e.dtype_s = "ncclInt8";
+        e.algo_s = "RING";
+        e.proto_s = "SIMPLE";
+        e.count = ((size_t)a->t << 20) + i + 1u;
+        e.nch = 2;
+        void *op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+        int early = (i % 3) == 0; /* channels before the Coll stop */
+        if (!early) stop_ev(op);
+        void *kh[2];
+        for (unsigned k = 0; k < 2; k++)
+            kh[k] = start_ev(cm, ncclProfileKernelCh, op, NULL, ts_t0(e.count) + k, (int)k);
+        for (unsigned k = 0; k < 2; k++) {
+            ncclProfilerEventStateArgs_t sa;
+            sa.kernelCh.pTimer = ts_t0(e.count) + 500u + k;
+            record_ev(kh[k], ncclProfilerKernelChStop, &sa);
+            stop_ev(kh[k]);
+        }
+        if (early) stop_ev(op);
+    }
+    return NULL;
+}
+
+static int ts_check(const Rec *r) {
+    if (r->lock == 0 && r->seq == 0 && r->state == 0) return 0;
+    int ok = r->kind == ARTEMIS_KIND_COLL && r->func == ARTEMIS_FUNC_ALLREDUCE &&
+             r->dtype == ARTEMIS_DT_INT8 && r->nchannels == 2 && r->enqueue_ns != 0;
+    if (r->state == ARTEMIS_STATE_IN_FLIGHT) ok = ok && r->start == 0 && r->end == 0;
+    else
+        ok = ok && r->state == ARTEMIS_STATE_DONE && r->clock == ARTEMIS_REC_DEVICE &&
+             r->start == ts_t0(r->bytes) && r->end == ts_t0(r->bytes) + 501u;
+    CHECK(ok, "two starters: torn record seq %llu state %u bytes %llu start %llu end %llu",
+          (unsigned long long)r->seq, r->state, (unsigned long long)r->bytes,
+          (unsigned long long)r->start, (unsigned long long)r->end);
+    return r->state == ARTEMIS_STATE_DONE;
+}
+
+static void *ts_reader(void *arg) {
+    Comm *cm = arg;
+    while (!atomic_load(&g_ts_stop)) {
+        for (uint32_t s = 0; s < cm->ring.hdr->capacity; s++) {
+            Rec r;
+            if (!read_slot(&cm->ring.slots[s], &r)) continue;
+            atomic_fetch_add_explicit(&g_ts_accepted, 1, RLX);
+            if (ts_check(&r)) atomic_fetch_add_explicit(&g_ts_done, 1, RLX);
+        }
+    }
+    return NULL;
+}
+
+static void test_two_starters(void) {
+    clear_env();
+    setenv("ARTEMIS_RING_SLOTS", "64", 1);
+    setenv("ARTEMIS_RECLAIM_AGE_MS", "600000", 1);
+    Comm *cm = fixture("twostart", 6, 0x51);
+    const ArtemisRingHeader *h = cm->ring.hdr;
+    atomic_store(&g_ts_stop, 0);
+    pthread_t th[2], rd;
+    TsArg args[2] = {{cm, 1}, {cm, 2}};
+    pthread_create(&rd, NULL, ts_reader, cm);
+    for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, ts_user, &args[t]);
+    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    atomic_store(&g_ts_stop, 1);
+    pthread_join(rd, NULL);
+    uint64_t w = atomic_load(A64(&h->write_index)), dropped = atomic_load(A64(&h->dropped));
+    unsigned done = 0;
+    for (uint32_t s = 0; s < h->capacity; s++) {
+        Rec r;
+        CHECK(read_slot(&cm->ring.slots[s], &r), "two starters: slot %u locked at rest", s);
+        done += (unsigned)ts_check(&r);
+    }
+    /* every op ran to its end on its own thread: nothing stays in flight */
+    CHECK(done == h->capacity && w <= 2u * TS_OPS && dropped < w,
+          "two starters: %u of %u slots done, write_index %llu, dropped %llu", done, h->capacity,
+          (unsigned long long)w, (unsigned long long)dropped);
+    printf("  two starters: %llu tickets, %llu dropped, reader accepted %ld (%ld done)\n",
+           (unsigned long long)w, (unsigned long long)dropped, atomic_load(&g_ts_accepted),
+           atomic_load(&g_ts_done));
+    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "two starters: finalize");
+    clear_env();
+}
+
 /* concurrent init of many comms (NCCL async init threads) */
 static void *init_thread(void *arg) {
     uintptr_t i = (uintptr_t)arg;
@@ -1257,6 +1360,7 @@ int main(int argc, char **argv) {
     printf("  concurrent init done\n");
     test_lap_in_flight();
     printf("  lapping an in-flight record done\n");
+    test_two_starters();
 
     clear_env();
     int one6[] = {6};
