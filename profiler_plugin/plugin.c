@@ -3,7 +3,8 @@
  *
  * Hot path (startEvent / stopEvent / recordEventState) rules:
  *   - no allocation, no locks, no system calls except one clock_gettime per
- *     Coll/P2p start (plus one at completion when host timing is used);
+ *     Coll/P2p start (an rdtsc on the owner thread where the TSC is usable:
+ *     README "Host clock"), plus one at completion when host timing is used;
  *   - every shared word is a C11 atomic with an explicit memory order;
  *   - every failure (pool full, slot busy, slot overwritten) drops the record
  *     and counts it in header.dropped; nothing ever waits or spins.
@@ -276,6 +277,68 @@ static inline uint64_t with_clock(uint64_t w8, uint8_t clock) {
 }
 
 /* ------------------------------------------------------------------ */
+/* host clock: CLOCK_MONOTONIC ns from the TSC (README "Host clock")     */
+
+#define ART_TSC_PAIR_MAX (1ull << 11) /* widest (rdtsc, clock_gettime, rdtsc) pair kept */
+#define ART_TSC_SPAN (1ull << 25)     /* ticks between anchors (~10 ms at 3 GHz) */
+#define ART_TSC_BASE0 (1ull << 22)    /* first slope after ~1.4 ms (at 3 GHz) */
+#define ART_TSC_BASE1 (1ull << 28)    /* later slopes over >= ~90 ms ... */
+#define ART_TSC_BASEMAX (1ull << 30)  /* ... and the baseline restarts after ~0.35 s */
+
+static inline uint64_t rdtsc(void) {
+#if defined(__x86_64__)
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+#else
+    return 0; /* never called: art_tsc_usable is 0 off x86-64 */
+#endif
+}
+
+/* A new anchor from one clock_gettime between two TSC reads (their midpoint),
+ * kept only if the pair is tight (no preemption inside it); the slope is
+ * measured against the baseline once that is long enough. Returns the clock
+ * read, never less than the last value returned. Rare: once per span. */
+static __attribute__((noinline)) uint64_t tsc_anchor(ArtTsc *c) {
+    uint64_t a = rdtsc();
+    uint64_t ns = art_now_mono();
+    uint64_t b = rdtsc();
+    if (b >= a && b - a <= ART_TSC_PAIR_MAX) {
+        uint64_t mid = a + ((b - a) >> 1);
+        if (c->btsc == 0 || mid <= c->btsc || ns <= c->bns) {
+            c->btsc = mid, c->bns = ns; /* first pair, or the TSC went back: start over */
+            c->min_base = ART_TSC_BASE0;
+            if (mid <= c->tsc0) c->mult = 0;
+        } else {
+            uint64_t dt = mid - c->btsc, dn = ns - c->bns;
+            if (dt >= c->min_base && dn < (1ull << 31)) {
+                uint64_t m = (dn << 32) / dt;
+                if (m > 0 && m < (1ull << 34)) c->mult = m; /* a TSC of 0.25 GHz or faster */
+            }
+            if (dt >= ART_TSC_BASEMAX || dn >= (1ull << 31)) {
+                c->btsc = mid, c->bns = ns; /* the slope stands; measure a fresh one */
+                c->min_base = ART_TSC_BASE1;
+            }
+        }
+        c->tsc0 = mid, c->ns0 = ns;
+        c->span = c->mult ? ART_TSC_SPAN : 0;
+    }
+    if (ns < c->last) ns = c->last;
+    c->last = ns;
+    return ns;
+}
+
+/* (tsc - tsc0) < span <= 2^25 and mult < 2^34: the product fits in 64 bits. */
+static inline uint64_t tsc_now(ArtTsc *c) {
+    uint64_t d = rdtsc() - c->tsc0;
+    if (d >= c->span) return tsc_anchor(c); /* span 0 until the slope is known */
+    uint64_t ns = c->ns0 + ((d * c->mult) >> 32);
+    if (ns < c->last) ns = c->last;
+    c->last = ns;
+    return ns;
+}
+
+/* ------------------------------------------------------------------ */
 /* static dummy handles for API-level events: never recycled, stop no-op */
 
 typedef struct { uint64_t tag; } ArtDummy;
@@ -367,6 +430,7 @@ static void op_complete(ArtOp *op, int reclaimed) {
             atomic_store_explicit(&ctx->no_timer, 1u, RLX);
         start = atomic_load_explicit(&op->host_start, RLX);
         end = art_now_mono();
+        if (end < start) end = start; /* a TSC start can run a little ahead */
         clock = ARTEMIS_REC_HOST;
     } else {
         if (!atomic_load_explicit(&ctx->timer_seen, RLX))
@@ -511,7 +575,8 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         count_drop(ctx);
         return;
     }
-    uint64_t now = art_now_mono();
+    /* the owner's starts read the TSC (README "Host clock") */
+    uint64_t now = single && ctx->host_tsc ? tsc_now(&ctx->tsc) : art_now_mono();
     /* The owner's last four strings and their codes: a training loop repeats
      * the same collective, so four pointer compares usually replace four
      * cache lookups. Plain fields: only the owner, while single, uses them. */
@@ -772,6 +837,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->nops = ART_OP_POOL;
     ctx->device_timing = cfg.device_timing;
     ctx->reclaim_age_ns = cfg.reclaim_age_ns;
+    ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
@@ -791,13 +857,15 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
         return ncclSuccess;
     }
     art_log(logfn, NCCL_LOG_INFO,
-            "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s)",
+            "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s, "
+            "host clock %s)",
             version, ctx->path, cfg.slots,
             cfg.clock_kind == ARTEMIS_CLOCK_HOST ? "host"
             : cfg.clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS ? "device ticks" : "device ns",
             rt.rccl ? "RCCL" : "NCCL", cfg.nccl_version, (unsigned long long)cfg.tick_hz,
             cfg.tick_source == ARTEMIS_TICK_SRC_HIP ? "from HIP"
-            : cfg.tick_source == ARTEMIS_TICK_SRC_DEFAULT ? "default" : "unused");
+            : cfg.tick_source == ARTEMIS_TICK_SRC_DEFAULT ? "default" : "unused",
+            cfg.host_tsc ? "TSC" : "clock_gettime");
     *context = ctx;
     return ncclSuccess;
 }

@@ -95,6 +95,7 @@ typedef struct ArtRuntime {
 
 typedef struct ArtConfig {
     int disabled;          /* ARTEMIS_DISABLE=1 */
+    int host_tsc;          /* start times from the TSC (art_tsc_usable, ARTEMIS_HOST_TSC) */
     int device_timing;     /* 1: KernelCh timing, 0: host only */
     uint32_t clock_kind;   /* ARTEMIS_CLOCK_* */
     uint64_t tick_hz;
@@ -106,6 +107,20 @@ typedef struct ArtConfig {
     char dir[256];
     char job[ARTEMIS_NAME_LEN];
 } ArtConfig;
+
+/* CLOCK_MONOTONIC ns from the TSC, for the owner thread's starts (tsc_now in
+ * plugin.c; README "Host clock"): ns = ns0 + (tsc - tsc0) * mult / 2^32, the
+ * line re-anchored on a clock_gettime pair every span ticks, its slope
+ * measured over a baseline (btsc, bns) up to 2^30 ticks long. Plain fields:
+ * only the owner, while single, uses them. */
+typedef struct ArtTsc {
+    uint64_t tsc0, ns0;   /* anchor (0 = none yet) */
+    uint64_t btsc, bns;   /* baseline anchor for the slope */
+    uint64_t mult;        /* ns per tick x 2^32, 0 = not measured yet */
+    uint64_t span;        /* ticks between anchors */
+    uint64_t min_base;    /* baseline ticks needed to (re)measure the slope */
+    uint64_t last;        /* last value returned (never go back) */
+} ArtTsc;
 
 /* The owner thread's last Coll/P2p strings and their codes (op_start). */
 typedef struct ArtMemo {
@@ -144,6 +159,8 @@ typedef struct ArtCtx {
 
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
     ArtMemo memo;              /* owner only, while shared is 0 */
+    int host_tsc;              /* tsc below is used */
+    ArtTsc tsc;                /* owner only, while shared is 0 */
     /* thread key of the last KernelCh start that was not its op's expected
      * one: the guess for the next ops (read at every start, rarely written) */
     _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
@@ -154,6 +171,9 @@ typedef struct ArtCtx {
 /* ring.c */
 ART_HIDDEN uint64_t art_now_mono(void);
 ART_HIDDEN uint64_t art_now_real(void);
+/* 1 if the TSC can stand in for CLOCK_MONOTONIC here: x86-64, invariant TSC
+ * (constant_tsc and nonstop_tsc) and the kernel's clocksource is tsc. */
+ART_HIDDEN int art_tsc_usable(void);
 ART_HIDDEN void art_log(ncclDebugLogger_t logfn, ncclDebugLogLevel level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Looks at the library that called init (caller: a code address in it) and at

@@ -29,6 +29,35 @@ uint64_t art_now_real(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The kernel keeps CLOCK_MONOTONIC on the TSC itself only when it trusts it
+ * (invariant and synchronised across CPUs): then a line through
+ * (tsc, CLOCK_MONOTONIC) pairs follows the clock between NTP adjustments. */
+int art_tsc_usable(void) {
+#if defined(__x86_64__)
+    char buf[64] = {0};
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (!f) return 0;
+    int ok = fgets(buf, sizeof buf, f) != NULL && !strncmp(buf, "tsc", 3) &&
+             (buf[3] == '\n' || buf[3] == 0);
+    fclose(f);
+    if (!ok) return 0;
+    f = fopen("/proc/cpuinfo", "r");
+    if (!f) return 0;
+    char line[4096];
+    int constant = 0, nonstop = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5)) continue;
+        constant = strstr(line, " constant_tsc") != NULL;
+        nonstop = strstr(line, " nonstop_tsc") != NULL;
+        break;
+    }
+    fclose(f);
+    return constant && nonstop;
+#else
+    return 0;
+#endif
+}
+
 void art_log(ncclDebugLogger_t logfn, ncclDebugLogLevel level, const char *fmt, ...) {
     char msg[768];
     va_list ap;
@@ -200,6 +229,15 @@ int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errl
     if (cfg->clock_kind == ARTEMIS_CLOCK_DEVICE_TICKS) {
         cfg->tick_hz = rt->hip_tick_hz ? rt->hip_tick_hz : hz;
         cfg->tick_source = rt->hip_tick_hz ? ARTEMIS_TICK_SRC_HIP : ARTEMIS_TICK_SRC_DEFAULT;
+    }
+
+    cfg->host_tsc = art_tsc_usable();
+    if ((v = env_nonempty("ARTEMIS_HOST_TSC"))) {
+        if ((b = parse_bool(v)) < 0) {
+            snprintf(err, errlen, "bad ARTEMIS_HOST_TSC='%s' (want 0 or 1)", v);
+            return -1;
+        }
+        if (!b) cfg->host_tsc = 0; /* 1 cannot force it where the TSC is not usable */
     }
 
     uint64_t age_ms = ART_RECLAIM_AGE_MS;
