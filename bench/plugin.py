@@ -9,7 +9,13 @@ then for each ABI version and 2 / 8 KernelCh channels:
   instructions over the do-nothing plugin, the locked read-modify-writes
   (callgrind's global bus events: every ``lock``-prefixed instruction and
   ``xchg`` with memory) and the calls of ``clock_gettime`` per collective.
-  These are exact counts, stable on a loaded machine;
+  These are exact counts, stable on a loaded machine. They run with
+  ``ARTEMIS_HOST_TSC=0``: under valgrind ``clock_gettime`` is a system call, so
+  the plugin's TSC anchors are never tight and it would read the clock at
+  every start (profiler_plugin/README.md "Host clock");
+- natively, ``clock_gettime(CLOCK_MONOTONIC)`` calls per collective over
+  ``2000 + NATIVE_N`` collectives, counted by an ``LD_PRELOAD`` shim (the TSC
+  on where the machine allows it, as in production);
 - the bench's own timing table (``bench_plugin``: medians of 9 interleaved
   runs inside one process), run ``RUNS`` times alternating the two builds; the
   table gives the median and range of those runs for the margin in ns and in
@@ -34,7 +40,24 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = int(os.environ.get("ARTEMIS_BENCH_RUNS", "3"))
 # bench_plugin callgrind V NCH drives 2000 + 20000 collectives through each side
 CG_COLLS = 22000
+NATIVE_N = 1_000_000
 VERSIONS = (4, 5, 6, 7)
+
+# Counts clock_gettime(CLOCK_MONOTONIC) calls; prints the count at exit.
+_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <time.h>
+static unsigned long n;
+static int (*real)(clockid_t, struct timespec *);
+int clock_gettime(clockid_t c, struct timespec *t) {
+    if (!real) real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    if (c == CLOCK_MONOTONIC) n++;
+    return real(c, t);
+}
+__attribute__((destructor)) static void done(void) { fprintf(stderr, "clock_gettime %lu\n", n); }
+"""
 CHANNELS = (2, 8)
 
 
@@ -65,6 +88,7 @@ def _callgrind(binary: Path, fn: str, version: int, nch: int, tmp: Path) -> dict
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "ARTEMIS_HOST_TSC": "0"},
     )
     text = out.read_text()
     events = re.search(r"^events: (.*)$", text, re.M)
@@ -94,6 +118,21 @@ def _callgrind(binary: Path, fn: str, version: int, nch: int, tmp: Path) -> dict
     }
 
 
+def _native_clock_calls(binary: Path, shim: Path, version: int, nch: int) -> float:
+    """clock_gettime(CLOCK_MONOTONIC) per collective, natively; run_nop reads none."""
+    p = subprocess.run(
+        [str(binary), "callgrind", str(version), str(nch), str(NATIVE_N)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LD_PRELOAD": str(shim)},
+    )
+    m = re.search(r"clock_gettime (\d+)", p.stderr)
+    if not m:
+        raise RuntimeError(f"no count from the shim: {p.stderr!r}")
+    return int(m.group(1)) / (2000 + NATIVE_N)
+
+
 def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
     res = {}
     for v in VERSIONS:
@@ -104,6 +143,7 @@ def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
                 "ir": a["ir"] - n["ir"],
                 "locked": a["locked"] - n["locked"],
                 "clock": a["clock"] - n["clock"],
+                "native_clock": _native_clock_calls(binary, tmp / "shim.so", v, nch),
             }
     return res
 
@@ -149,28 +189,46 @@ def main() -> int:
         shutil.copy(ROOT / "profiler_plugin" / "bench_plugin.c", base_src / "profiler_plugin")
         shutil.rmtree(base_src / "profiler_plugin" / "build", ignore_errors=True)
         builds = {"before": _build(base_src), "after": _build(ROOT)}
+        (tmp / "shim.c").write_text(_SHIM)
+        subprocess.run(
+            [
+                "cc",
+                "-shared",
+                "-fPIC",
+                "-O2",
+                "-o",
+                str(tmp / "shim.so"),
+                str(tmp / "shim.c"),
+                "-ldl",
+            ],
+            check=True,
+        )
 
         counts = {k: _counts(b, tmp) for k, b in builds.items()}
         print(f"Per collective, callgrind (exact counts): before = {base_ref}, after = this tree")
         print(
             f"{'ABI':<4} {'ch':>3} {'locked before':>14} {'after':>6} "
-            f"{'clock calls before':>19} {'after':>6} {'instr over no-op before':>24} {'after':>6}"
+            f"{'clock calls before':>19} {'after':>6} {'instr over no-op before':>24} {'after':>6} "
+            f"{'native clock calls before':>26} {'after':>8}"
         )
         for v in VERSIONS:
             for nch in CHANNELS:
-                b, a = counts["before"][(v, nch)], counts["after"][(v, nch)]
+                cb, ca = counts["before"][(v, nch)], counts["after"][(v, nch)]
                 print(
-                    f"v{v:<3} {nch:>3} {b['locked']:>14.2f} {a['locked']:>6.2f} "
-                    f"{b['clock']:>19.2f} {a['clock']:>6.2f} {b['ir']:>24.0f} {a['ir']:>6.0f}"
+                    f"v{v:<3} {nch:>3} {cb['locked']:>14.2f} {ca['locked']:>6.2f} "
+                    f"{cb['clock']:>19.2f} {ca['clock']:>6.2f} {cb['ir']:>24.0f} {ca['ir']:>6.0f} "
+                    f"{cb['native_clock']:>26.4f} {ca['native_clock']:>8.4f}"
                 )
 
+        if RUNS < 1:
+            return 0
         timing: dict[str, list[dict[tuple[int, int, int], tuple[float, float]]]] = {
             "before": [],
             "after": [],
         }
         for _ in range(RUNS):
-            for k, b in builds.items():
-                timing[k].append(_timing(b))
+            for k, binary in builds.items():
+                timing[k].append(_timing(binary))
         print(
             f"\nMargin over the no-op plugin, median (range) of {RUNS} alternated runs of "
             "bench_plugin (each a median of 9)"
@@ -181,12 +239,12 @@ def main() -> int:
         )
         for key in sorted(timing["after"][0]):
             v, nch, th = key
-            cb = [r[key][1] for r in timing["before"]]
-            ca = [r[key][1] for r in timing["after"]]
+            rb = [r[key][1] for r in timing["before"]]
+            ra = [r[key][1] for r in timing["after"]]
             nb = [r[key][0] for r in timing["before"]]
             na = [r[key][0] for r in timing["after"]]
             print(
-                f"v{v:<3} {nch:>3} {th:>3} {_span(cb, '.2f'):>22} {_span(ca, '.2f'):>18} "
+                f"v{v:<3} {nch:>3} {th:>3} {_span(rb, '.2f'):>22} {_span(ra, '.2f'):>18} "
                 f"{_span(nb, '.1f'):>22} {_span(na, '.1f'):>22}"
             )
     return 0

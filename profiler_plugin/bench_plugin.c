@@ -13,8 +13,9 @@
  * "2 threads" = two threads issuing collectives on the same communicator.
  *
  *   bench_plugin                  the table
- *   bench_plugin callgrind V NCH  20000 collectives through run_artemis and
- *                                 through run_nop, for valgrind --tool=callgrind
+ *   bench_plugin callgrind V NCH [N]  2000 + N (default 20000) collectives
+ *                                 through run_artemis and through run_nop, for
+ *                                 valgrind --tool=callgrind
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -241,11 +242,12 @@ int main(int argc, char **argv) {
     }
     if (argc >= 4 && !strcmp(argv[1], "callgrind")) {
         int v = atoi(argv[2]), nch = atoi(argv[3]);
-        if (v < 4 || v > 7) return 2;
+        int n = argc >= 5 ? atoi(argv[4]) : 20000;
+        if (v < 4 || v > 7 || n < 1) return 2;
         run_nop(v == 4 ? &nop4 : &nop, nch, 2000); /* warm-up of both paths */
         run_artemis(&art[v], nch, 2000);
-        run_nop(v == 4 ? &nop4 : &nop, nch, 20000);
-        run_artemis(&art[v], nch, 20000);
+        run_nop(v == 4 ? &nop4 : &nop, nch, n);
+        run_artemis(&art[v], nch, n);
     } else {
         printf("Artemis profiler plugin: CPU time per collective (whole event sequence), median of %d "
                "interleaved runs x %d collectives\n", RUNS, ITERS);

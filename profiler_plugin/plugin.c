@@ -214,15 +214,20 @@ static inline uint8_t w4_state(uint32_t w4) {
 }
 
 /* Start: enters slot s for ticket if its record is whole, not in flight and
- * not newer than ticket. Never spins. */
-static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd) {
+ * not newer than ticket: returns 1. Never spins: 0 if busy or newer, 2 if the
+ * record of ticket *held is in flight. */
+static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd, uint64_t *held) {
     uint32_t v = atomic_load_explicit(A32(&s->lock), ACQ);
     if (v & 1u) return 0;
     /* acquire: a body value read here was written after that writer's odd store */
     uint32_t w4 = atomic_load_explicit(A32(&s->kind), ACQ);
     uint64_t seq = atomic_load_explicit(A64(&s->seq), ACQ);
     if (atomic_load_explicit(A32(&s->lock), RLX) != v) return 0; /* torn: a writer came */
-    if (w4_state(w4) == ARTEMIS_STATE_IN_FLIGHT || seq > ticket) return 0;
+    if (seq > ticket) return 0;
+    if (w4_state(w4) == ARTEMIS_STATE_IN_FLIGHT) {
+        *held = seq;
+        return 2;
+    }
     if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
     *odd = v + 1u;
     return 1;
@@ -623,12 +628,27 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
      * for writing now, so its seqlock CAS does not wait for memory. */
     if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
-    if (!seq_enter_start(s, ticket, &odd)) {
-        /* busy, still in flight, or a later ticket's (tiny ring): keep it */
+    uint64_t held = 0;
+    int in = seq_enter_start(s, ticket, &odd, &held);
+    if (in == 2 && ctx->slot_op) {
+        /* The ring has lapped an op still in flight. If it only waits for its
+         * KernelCh (its Coll/P2p stop came) and is older than the reclaim age,
+         * reclaim it now, as the scan would (README "Slot writers"): it
+         * completes as a host record, and this start takes the slot. Younger,
+         * its KernelCh may still come (and would land on a recycled handle). */
+        ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
+        if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
+            op_reclaim(old, held, 1))
+            in = seq_enter_start(s, ticket, &odd, &held);
+    }
+    if (in != 1) {
+        /* busy, in flight, or a later ticket's (tiny ring): keep it */
         op_release(op);
         count_drop(ctx);
         return;
     }
+    if (ctx->slot_op)
+        atomic_store_explicit(&ctx->slot_op[ticket & ctx->slot_mask], (uint16_t)(op - ctx->ops), RLX);
     atomic_store_explicit(A32(&s->kind), w4, BODY);
     atomic_store_explicit(A64(&s->clock), w8, BODY);
     atomic_store_explicit(A64(&s->seq), ticket, BODY);
@@ -855,6 +875,12 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
                 err, (unsigned long long)comm_hash, rank);
         return ncclSuccess;
+    }
+    /* one entry per slot; without it a lapped in-flight op only drops the new record */
+    void *so = NULL;
+    if (posix_memalign(&so, ART_CACHELINE, ((size_t)cfg.slots * sizeof(uint16_t) + 63u) & ~(size_t)63u) == 0) {
+        memset(so, 0, (size_t)cfg.slots * sizeof(uint16_t));
+        ctx->slot_op = (_Atomic uint16_t *)so;
     }
     art_log(logfn, NCCL_LOG_INFO,
             "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s, "

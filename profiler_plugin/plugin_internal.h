@@ -152,6 +152,9 @@ typedef struct ArtCtx {
     _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
     _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
     _Atomic uint16_t recent[ART_RECENT];
+    /* slot -> op index of the last start that wrote it (capacity entries; NULL
+     * if it could not be allocated): finds the op of a lapped in-flight record */
+    _Atomic uint16_t *slot_op;
     /* written on the hot path: own cache lines. coll_count and the header's
      * write_index have one writer while `shared` is 0: the owner thread. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;

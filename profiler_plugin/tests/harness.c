@@ -1170,50 +1170,71 @@ static void test_no_device_events(void) {
     clear_env();
 }
 
-/* A start never overwrites an in-flight record (README "Slot writers"): on a
- * 4-slot ring, op 0 stays in flight (its KernelCh late) while four more ops
- * run; the fifth start, whose slot op 0 holds, is dropped and counted, and op
- * 0's completion lands whole, with its device times. (Before, the fifth start
- * overwrote op 0's record and op 0's completion was the one dropped.) */
+/* A start never overwrites an in-flight record (README "Slot writers"), on a
+ * 4-slot ring that laps op 0 while it is in flight:
+ * (a) op 0's Coll stop has not come: the lapping start is dropped and counted,
+ *     and op 0's completion lands whole, with its device times;
+ * (b) op 0 only waits for its KernelCh and is older than the reclaim age (0
+ *     here): it is reclaimed at the lap (a host record, counted in
+ *     host_fallback), the lapping start takes the slot, and op 0's late
+ *     KernelCh stops change nothing.
+ * (Before, the lapping start overwrote op 0's record in both cases and op 0's
+ * completion was the one dropped.) */
 static void test_lap_in_flight(void) {
     clear_env();
     setenv("ARTEMIS_RING_SLOTS", "4", 1);
+    setenv("ARTEMIS_RECLAIM_AGE_MS", "0", 1); /* (a) is not reclaimable: no Coll stop yet */
     Comm *cm = fixture("lap", 7, 0x41);
     const ArtemisRingHeader *h = cm->ring.hdr;
+    ncclProfilerEventStateArgs_t a;
+    /* (a) */
     Expect e;
     coll_expect(0, &e, 2);
     void *op0 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
-    stop_ev(op0);
     void *k0 = start_ev(cm, ncclProfileKernelCh, op0, NULL, tstart(1, 0, 1, 0), 0);
     void *k1 = start_ev(cm, ncclProfileKernelCh, op0, NULL, tstart(1, 0, 1, 1), 1);
     for (uint64_t c = 1; c <= 3; c++) run_coll(cm, c, 2);
-    /* ticket 4 maps to op 0's slot */
-    coll_expect(4, &e, 2);
+    coll_expect(4, &e, 2); /* ticket 4 maps to op 0's slot */
     void *op4 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
-    CHECK(op4 == NULL && h->dropped == 1, "lap: start over an in-flight record: handle %p dropped %llu",
+    CHECK(op4 == NULL && h->dropped == 1, "lap (a): start over an in-flight record: handle %p dropped %llu",
           op4, (unsigned long long)h->dropped);
     Rec r = slot_rec(cm, 0);
-    CHECK(r.seq == 0 && r.state == ARTEMIS_STATE_IN_FLIGHT, "lap: op 0 still there (seq %llu state %u)",
+    CHECK(r.seq == 0 && r.state == ARTEMIS_STATE_IN_FLIGHT, "lap (a): op 0 still there (seq %llu state %u)",
           (unsigned long long)r.seq, r.state);
-    ncclProfilerEventStateArgs_t a;
     a.kernelCh.pTimer = tstop(1, 0, 1, 0);
     record_ev(k0, ncclProfilerKernelChStop, &a);
     stop_ev(k0);
     a.kernelCh.pTimer = tstop(1, 0, 1, 1);
     record_ev(k1, ncclProfilerKernelChStop, &a);
     stop_ev(k1);
+    stop_ev(op0);
     r = slot_rec(cm, 0);
-    CHECK(r.seq == 0 && check_done(&r, 0, 2, "lap: op 0 completed"), "lap: op 0 record");
-    CHECK(h->dropped == 1, "lap: dropped %llu", (unsigned long long)h->dropped);
-    /* the next op (coll_seq 5: the dropped one counted as issued) takes
-     * ticket 5; a later lap finds op 0's slot free again */
-    run_coll(cm, 5, 2);
-    r = slot_rec(cm, 5);
-    CHECK(r.seq == 5 && check_done(&r, 5, 2, "lap: next op"), "lap: ticket 5 record");
-    for (uint64_t c = 6; c <= 8; c++) run_coll(cm, c, 2);
+    CHECK(r.seq == 0 && check_done(&r, 0, 2, "lap (a): op 0 completed"), "lap (a): op 0 record");
+    /* the next ops (coll_seq 5..: the dropped one counted as issued), a later
+     * lap finds op 0's slot free again */
+    for (uint64_t c = 5; c <= 8; c++) run_coll(cm, c, 2);
     r = slot_rec(cm, 8);
-    CHECK(r.seq == 8 && check_done(&r, 8, 2, "lap: next lap") && h->dropped == 1,
-          "lap: ticket 8 in op 0's slot, dropped %llu", (unsigned long long)h->dropped);
+    CHECK(r.seq == 8 && check_done(&r, 8, 2, "lap (a): next lap") && h->dropped == 1,
+          "lap (a): ticket 8 in op 0's slot, dropped %llu", (unsigned long long)h->dropped);
+    /* (b): ticket 9 (coll 9) waits for its KernelCh; tickets 10..12 run; 13 laps it */
+    uint64_t fb = h->host_fallback;
+    coll_expect(9, &e, 2);
+    void *op9 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    stop_ev(op9);
+    k0 = start_ev(cm, ncclProfileKernelCh, op9, NULL, tstart(1, 9, 1, 0), 0);
+    for (uint64_t c = 10; c <= 12; c++) run_coll(cm, c, 2);
+    run_coll(cm, 13, 2);
+    r = slot_rec(cm, 13);
+    CHECK(r.seq == 13 && check_done(&r, 13, 2, "lap (b): the lapping op") && h->dropped == 1 &&
+              h->host_fallback == fb + 1,
+          "lap (b): seq %llu dropped %llu host_fallback %llu", (unsigned long long)r.seq,
+          (unsigned long long)h->dropped, (unsigned long long)(h->host_fallback - fb));
+    a.kernelCh.pTimer = tstop(1, 9, 1, 0);
+    record_ev(k0, ncclProfilerKernelChStop, &a);
+    stop_ev(k0);
+    r = slot_rec(cm, 13);
+    CHECK(r.seq == 13 && check_done(&r, 13, 2, "lap (b): after late KernelCh") && h->dropped == 1,
+          "lap (b): late KernelCh of the reclaimed op");
     clear_env();
 }
 
