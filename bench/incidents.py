@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.agent.summary import WindowSummarizer
+from artemis.coordinator import incidents
 from artemis.coordinator.monitor import JobMonitor
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankWindow
@@ -199,10 +200,61 @@ def stalls() -> None:
             print(f"{noise:>6.0%} {share:>6.0%} {_cell(used):>16} {_cell(plain):>16}")
 
 
+def cost() -> None:
+    """The book's own time per window (rows, one open incident's update and its confirm
+    test) against the detector's on the same window: JobMonitor.on_window minus
+    Detector.score_window would mix in the missing-rank rule, so both are timed."""
+    from artemis.coordinator.detector import Detector
+    from artemis.protocol.columns import WindowColumns
+
+    from bench.scoring import _records
+
+    print()
+    print("cost per window: IncidentBook.on_window (one open incident) vs Detector.score_window")
+    hdr = f"{'ranks':>7} {'detector ms':>12} {'book ms':>8} {'ratio':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    rng = np.random.default_rng(0)
+    for n in (1000, 16000, 100000):
+        det = Detector(Settings(), "bench", n)
+        cols = None
+        res = None
+        for w in range(8):
+            recs = _records(n, w, rng)
+            q = [
+                dataclasses.replace(r, gap_q1_ms=r.gap_ms * 0.99, gap_q2_ms=r.gap_ms) for r in recs
+            ]
+            cols = WindowColumns.from_records(q)
+            res = det.score_window(w, cols)
+        assert cols is not None and res is not None
+        flagged = [f for f in res.findings if f.state in ("flagged", "ongoing")]
+        assert flagged, "the bench window has no open finding"
+        snap = det.snapshot()
+        dts, bts = [], []
+        for _ in range(5):
+            d = Detector(Settings(), "bench", n)
+            d.restore_state(snap)
+            t = time.perf_counter()
+            r8 = d.score_window(8, cols)
+            dts.append(time.perf_counter() - t)
+            book = incidents.IncidentBook("bench")
+            view = incidents.WindowView(
+                8, 0.0, cols, r8.ranks, r8.pace_values, r8.island_labels, r8.step_ms, None, n
+            )
+            book.on_window(view, flagged)  # opens it
+            t = time.perf_counter()
+            book.on_window(view, r8.findings)
+            book.take()
+            bts.append(time.perf_counter() - t)
+        dm, bm = float(np.median(dts)) * 1e3, float(np.median(bts)) * 1e3
+        print(f"{n:>7} {dm:>12.1f} {bm:>8.2f} {bm / dm:>6.3f}")
+
+
 def main() -> int:
     t0 = time.perf_counter()
     slowdowns()
     stalls()
+    cost()
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     return 0
 

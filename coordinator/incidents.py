@@ -45,6 +45,8 @@ MARKERS = ("onset", "flagged", "confirmed", "applied", "verified", "rolled_back"
 CONFIRM_Q1_SHARE = 0.5
 # Kinds confirmed by the per-step gap quartiles; the others by their flag.
 QUARTILE_KINDS = frozenset({"rank", "degraded"})
+# Peers whose telemetry median is taken per window (an even sample beyond this).
+TELEMETRY_PEERS = 256
 # Telemetry whose episode means (rank vs its peers) go into `evidence.telemetry`.
 TELEMETRY_MEANS = (
     "sm_mhz",
@@ -176,6 +178,8 @@ class WindowView:
     step_ms: float | None
     samples_per_s: float | None
     gpus: int
+    # rows of each island (and class) in `cols`, found once per window
+    peers: dict[tuple[int, str, str | None], np.ndarray] = field(default_factory=dict)
 
 
 class IncidentBook:
@@ -406,6 +410,9 @@ class IncidentBook:
         row, peers = self._rows_of(f, view)
         if row is None:
             return
+        if peers.size > TELEMETRY_PEERS:
+            # a bounded, evenly spread sample of the peers (as the diagnosis reads them)
+            peers = peers[np.linspace(0, peers.size - 1, TELEMETRY_PEERS).astype(np.int64)]
         for name in TELEMETRY_MEANS:
             a = view.cols.floats(f"tel_{name}")
             inc.add(f"tel:{name}", _num(a[row]))
@@ -425,25 +432,38 @@ class IncidentBook:
         if not mine.size:
             return None, np.zeros(0, dtype=np.int64)
         row = int(mine[-1])
+        cls = (f.evidence or {}).get("hw_class")
+        key = (view.window, str(f.island), None if cls is None else str(cls))
+        cached = view.peers.get(key)
+        if cached is not None:
+            return row, cached[ranks[cached] != f.rank]
         # island labels per row as the detector assigned them (the result's, by rank):
-        # arrays only, this runs per finding per window at any job size
+        # arrays only, and once per island and window (this runs per finding)
         pos = np.minimum(np.searchsorted(view.ranks, ranks), max(view.ranks.size - 1, 0))
         known = view.ranks.size > 0
         ok = (view.ranks[pos] == ranks) if known else np.zeros(ranks.size, dtype=bool)
         labels = np.where(ok, view.islands[pos], None) if known else ok.astype(object)
-        same = ok & (labels == f.island) & (ranks != f.rank)
-        cls = (f.evidence or {}).get("hw_class")
+        same = ok & (labels == f.island)
         if cls is not None:
             hw = np.asarray(cols["hw_class"], dtype=object)
             model = np.asarray(cols["tel_gpu_model"], dtype=object)
             hw = np.where(hw == np.array(None, dtype=object), model, hw)
             same &= hw == cls
-        # the last row of each peer rank (a rank may report on two communicators)
-        peers = np.flatnonzero(same)
-        if peers.size:
-            _, last = np.unique(ranks[peers][::-1], return_index=True)
-            peers = peers[::-1][last]
-        return row, peers
+        # the last row of each rank (a rank may report on two communicators)
+        members = np.flatnonzero(same)
+        # (more rows than usable ranks is the only way to have a rank twice: test cheaply)
+        if (
+            members.size
+            and cols.n > view.ranks.size
+            and np.unique(ranks[members]).size < members.size
+        ):
+            _, last = np.unique(ranks[members][::-1], return_index=True)
+            members = np.sort(members[::-1][last])
+        view.peers[key] = members
+        mine_last = np.flatnonzero(ranks[members] == f.rank)
+        if mine_last.size:
+            row = int(members[mine_last[-1]])
+        return row, members[ranks[members] != f.rank]
 
     def _try_confirm(self, inc: _Incident, f: Finding, view: WindowView | None) -> None:
         t = view.time if view is not None else self._last[1]
