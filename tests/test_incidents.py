@@ -556,3 +556,20 @@ def test_incidents_writer_appends_json_lines(tmp_path: Path) -> None:
         "escalation", "verdict", "reason", "markers",
     }  # fmt: skip
     assert keys <= set(lines[0])
+
+
+def test_peers_are_the_ranks_island_and_class() -> None:
+    """Where classes split an island the confirm test compares within the class (the
+    detector's scoring group): an older GPU's slower pace is not the subject's peers'."""
+    cols = _cols(6, {2: (112.0, 115.0, 118.0), 4: (139.0, 140.0, 141.0), 5: (139.0, 140.0, 141.0)})
+    cols.cols["hw_class"][:] = ["A100", "A100", "A100", "A100", "V100", "V100"]
+    view = _view(5, cols)
+    f = _finding("flagged", 5)
+    f.evidence = {**(f.evidence or {}), "hw_class": "A100"}
+    book = IncidentBook("j")
+    row, peers = book._rows_of(f, view)
+    assert row == 2 and sorted(cols.ints("rank")[peers].tolist()) == [0, 1, 3]
+    book.on_window(view, [f])
+    (rec,) = book.take()[0]
+    assert rec["confirmed"] is not None and rec["confirmed"]["peers"] == 3
+    assert rec["confirmed"]["peers_median_ms"] == 100.0
