@@ -1,11 +1,12 @@
 """`JobMonitor`: the pure core of one job.
 
 It owns the job's detector, its rebalance policy, the missing-rank rule,
-hang tracking and the job's incidents (coordinator/incidents.py). The caller feeds it what arrives (a window's columns, the
-ranks' progress, plan acknowledgements, dump paths) and `now`, a monotonic
-reading, and forwards what it returns (`MonitorOutput`): findings, plan events,
-incident records and control intents for the agents. Wall times (unix s) for
-the incident records come in as `wall`, read by the shell. No sockets, files or clocks, so the
+hang tracking and the job's incidents (coordinator/incidents.py). The caller
+feeds it what arrives (a window's columns, the ranks' progress, plan
+acknowledgements, dump paths) and `now`, a monotonic reading, and forwards
+what it returns (`MonitorOutput`): findings, plan events, incident records and
+control intents for the agents. Wall times (unix s) for the incident records
+come in as `wall`, read by the shell. No sockets, files or clocks, so the
 coordinator daemon (one monitor per job) and the in-process detector run the
 same class. Its whole state serialises (`snapshot`, `JobMonitor.restore`), so a
 restarted coordinator carries on where the last one stopped: a persistent
