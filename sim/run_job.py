@@ -197,6 +197,31 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def incident_lines(path: Path, job: str) -> list[str]:
+    """One line per incident of ``job`` in ``incidents.jsonl`` (its last record): the
+    verdict, why, and the recommended check."""
+    last: dict[str, dict[str, Any]] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    rec = json.loads(line)
+                    if rec.get("job") == job:
+                        last[rec["id"]] = rec
+    except FileNotFoundError:
+        return []
+    out = []
+    for rec in last.values():
+        out.append(
+            f"  incident {rec['id']}: {rec.get('verdict') or rec.get('status')}"
+            + (f" ({rec['reason']})" if rec.get("reason") else "")
+        )
+        esc = rec.get("escalation") or {}
+        if esc.get("check"):
+            out.append(f"    check: {esc['check']}")
+    return out
+
+
 def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
     """Run COMMAND under a one-node Artemis; returns COMMAND's exit code."""
     if not opts.command:
@@ -303,7 +328,8 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             pass  # no plugin built: gloo jobs through the artemis backend still work
         print(
             f"[artemis] job {job}: coordinator 127.0.0.1:{port}, metrics "
-            f"http://127.0.0.1:{mport}/metrics, findings {jsonl}",
+            f"http://127.0.0.1:{mport}/metrics, findings {jsonl}, incidents "
+            f"{jsonl.parent / 'incidents.jsonl'}",
             file=out,
             flush=True,
         )
@@ -339,6 +365,9 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             time.sleep(0.1)
         follower.stop()
         for line in summary_lines([f for f in follower.findings if f.get("job") == job]):
+            print(line, file=out, flush=True)
+        # the coordinator writes incidents.jsonl next to the findings (DESIGN "Incidents")
+        for line in incident_lines(jsonl.parent / "incidents.jsonl", job):
             print(line, file=out, flush=True)
         return code if code >= 0 else 128 - code
     finally:

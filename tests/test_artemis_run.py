@@ -101,6 +101,12 @@ def test_run_flags_a_stalled_data_loader(tmp_path: Path) -> None:
     assert ev["gap_busy_pct"] <= 0.5 * ev["peers_gap_busy_pct"], ev
     # the live line and the summary were printed
     assert "flagged rank 2" in out and "summary: 1 flagged" in out, out
+    # incidents.jsonl next to the findings: one incident, confirmed, closed at the job's end
+    last = {r["id"]: r for r in map(json.loads, (tmp_path / "incidents.jsonl").open())}
+    (inc,) = last.values()
+    assert inc["rank"] == 2 and inc["confirmed"] is not None, inc
+    assert inc["verdict"] == "unresolved" and inc["closed"]["why"] == "job_end", inc["reason"]
+    assert f"incident {inc['id']}: unresolved" in out and "check: input stall" in out, out
 
 
 @pytest.mark.slow

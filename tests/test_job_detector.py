@@ -74,6 +74,14 @@ def test_detector_flags_a_stalled_data_loader_in_process(tmp_path: Path) -> None
     assert ev["gap_busy_pct"] <= 0.5 * ev["peers_gap_busy_pct"], ev
     # every window of the run was scored, the partial last one included
     assert max(f["window"] for f in found) == 300 // WINDOW_STEPS - 1
+    # one incident, confirmed (every step stalls: the whole distribution moved), open
+    # to the end of the job, with the check for an input stall (docs/DESIGN.md "Incidents")
+    lines = (tmp_path / "det" / "incidents.jsonl").read_text().splitlines()
+    last = {r["id"]: r for r in map(json.loads, lines)}
+    (inc,) = last.values()
+    assert inc["rank"] == 2 and inc["opened"]["window"] == flags[0]["window"], inc
+    assert inc["confirmed"] is not None and inc["verdict"] == "unresolved", inc["reason"]
+    assert inc["escalation"]["cause"] == "host" and "input stall" in inc["escalation"]["check"]
 
 
 @pytest.mark.slow
