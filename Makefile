@@ -39,6 +39,7 @@ demo: setup
 
 test: setup
 	bash tests/setup/install-prometheus.sh
+	bash tests/setup/install-chromium.sh
 	$(MAKE) -C profiler_plugin test
 	$(BIN)/python -m pytest -q -m "not torch_e2e" $(PYTEST_ARGS)
 
@@ -54,7 +55,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job rebalance
+	$(BIN)/mypy agent coordinator protocol sim job rebalance report
 
 clean:
 	rm -rf $(VENV) agent/_plugin build *.egg-info

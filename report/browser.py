@@ -93,14 +93,17 @@ class Browser:
             f"--user-data-dir={self._profile}",
             "about:blank",
         ]
-        self.proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=child_fds,
-            pass_fds=(3, 4),
-        )
+        # Its log goes to a file: a pipe nobody drains would stall it once full.
+        self._stderr_path = Path(self._profile) / "chromium.log"
+        with open(self._stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=child_fds,
+                pass_fds=(3, 4),
+            )
         os.close(to_r)
         os.close(from_w)
         self._buf = b""
@@ -124,7 +127,7 @@ class Browser:
                 continue
             chunk = os.read(self._from_r, 1 << 20)
             if not chunk:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                err = self._stderr_path.read_text(errors="replace")
                 raise BrowserError(f"chromium closed its DevTools pipe: {err[-2000:]}")
             self._buf += chunk
         raw, self._buf = self._buf.split(b"\0", 1)
@@ -176,8 +179,6 @@ class Browser:
         for fd in (self._to_w, self._from_r):
             with suppress(OSError):
                 os.close(fd)
-        if self.proc.stderr:
-            self.proc.stderr.close()
         shutil.rmtree(self._profile, ignore_errors=True)
 
 
@@ -238,25 +239,29 @@ def _collect(log: PageLog, events: list[dict[str, Any]]) -> None:
             log.failed.append(f"request failed: {p.get('errorText')}")
 
 
+def new_page(b: Browser, path: Path) -> Page:
+    """Load ``path`` in a new tab of ``b``; the page's log has what happened as it loaded."""
+    target = b.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = b.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    for dom in ("Page", "Runtime", "Log", "Network"):
+        b.call(f"{dom}.enable", {}, session)
+    b.events = [e for e in b.events if e.get("sessionId") != session]  # about:blank's own
+    b.call("Page.navigate", {"url": path.resolve().as_uri()}, session)
+    b.wait_event("Page.loadEventFired", session)
+    # One round trip more so that events queued behind the load are read.
+    b.call("Runtime.evaluate", {"expression": "1"}, session)
+    log = PageLog()
+    _collect(log, [e for e in b.events if e.get("sessionId") == session])
+    b.events = [e for e in b.events if e.get("sessionId") != session]
+    return Page(b, session, log)
+
+
 @contextmanager
 def open_page(path: Path, exe: str | None = None, timeout_s: float = 30.0) -> Iterator[Page]:
-    """Load ``path`` in a fresh headless Chromium; the page's log fills as it loads."""
+    """Load ``path`` in a fresh headless Chromium (closed on exit)."""
     b = Browser(exe, timeout_s)
     try:
-        target = b.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = b.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
-            "sessionId"
-        ]
-        for dom in ("Page", "Runtime", "Log", "Network"):
-            b.call(f"{dom}.enable", {}, session)
-        b.events.clear()  # about:blank's own events
-        b.call("Page.navigate", {"url": path.resolve().as_uri()}, session)
-        b.wait_event("Page.loadEventFired", session)
-        # One round trip more so that events queued behind the load are read.
-        b.call("Runtime.evaluate", {"expression": "1"}, session)
-        log = PageLog()
-        _collect(log, [e for e in b.events if e.get("sessionId") == session])
-        yield Page(b, session, log)
+        yield new_page(b, path)
     finally:
         b.close()
 
