@@ -54,7 +54,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job rebalance
+	$(BIN)/mypy agent coordinator protocol sim job rebalance store
 
 clean:
 	rm -rf $(VENV) agent/_plugin build *.egg-info
