@@ -301,3 +301,27 @@ def test_sink_logs_and_stays_off(tmp_path: Path) -> None:
     with open_store(store_url(tmp_path / "ok.db"), readonly=True) as s:
         assert [r["change"] for r in s.incidents()] == ["opened"]
     assert StoreSink.open("off", tmp_path / "f.jsonl").on is False
+
+
+def test_config_keys_and_flags(tmp_path: Path) -> None:
+    from artemis.protocol.tomlfile import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(CoordinatorConfig, root / "deploy" / "coordinator.toml", {}).validated()
+    assert (cfg.store, cfg.report_dir) == ("auto", "")  # documented there, as the defaults
+    cfg = load_config(
+        CoordinatorConfig,
+        root / "deploy" / "coordinator.toml",
+        {"store": "off", "report_dir": str(tmp_path)},
+    ).validated()
+    assert (cfg.store, cfg.report_dir) == ("off", str(tmp_path))
+    bin_ = Path(sys.executable).parent / "artemis-coordinator"
+    r = subprocess.run(
+        [str(bin_), "serve", "--store", "postgresql://db/artemis", "--secret-file", "/nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "PostgreSQL stores come with the next issue" in r.stderr
+    r = subprocess.run([str(bin_), "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert "--store" in r.stdout and "--report-dir" in r.stdout
