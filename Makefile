@@ -55,7 +55,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job rebalance report
+	$(BIN)/mypy agent coordinator protocol sim job rebalance store report
 
 clean:
 	rm -rf $(VENV) agent/_plugin build *.egg-info

@@ -42,6 +42,7 @@ from artemis.coordinator.monitor import (
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, PeerInfo
+from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
 
@@ -61,6 +62,8 @@ class Coordinator:
         journal: AssemblyJournal | None = None,
         job_linger_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        store: StoreSink | None = None,
+        report_dir: str = "",
     ) -> None:
         self.journal = journal
         self.global_batch = global_batch
@@ -80,6 +83,9 @@ class Coordinator:
         self.server: Any = None  # ProtocolServer, set by serve()
         self.dump_dir = findings.path.parent / (findings.path.stem + ".dumps")
         self._outbox: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
+        # The incident store (off unless given): jobs, incidents, per-window rows.
+        self.store = store if store is not None else StoreSink(None)
+        self.report_dir = report_dir  # each job's report at its end (artemis report)
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -147,6 +153,8 @@ class Coordinator:
         self._score_all(self.assembler.flush(), final=True)
         for job, m in self.monitors.items():
             self._emit(job, m.finish())
+            self._store_job(job, m, ended=True)
+        self.store.close()
         self.findings.close()
         self.plans.close()
         if self.journal is not None:
@@ -211,6 +219,9 @@ class Coordinator:
 
     def _end_job(self, job: str, keep_assembly: bool = False) -> None:
         """The one thing that clears a job: its monitor, its series, its pending windows."""
+        m = self.monitors.get(job)
+        if m is not None:
+            self._store_job(job, m, ended=True)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -253,12 +264,29 @@ class Coordinator:
             if extra:
                 self.metrics.observe_findings(extra)
             self.metrics.set_active(True)
+            self._store_job(aw.job, m)
             self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
         # Marked scored only once its findings are written; then the job's state.
         comms = self.assembler.comms_of(aw.job, aw.run)
         if self.journal is not None and self.journal.released(aw.job, aw.window, comms):
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
         self._save(aw.job)
+
+    def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
+        """The job's row in the store: what a report's summary needs (a shallow merge)."""
+        if not self.store.on or m.last_window < 0:
+            return
+        info: dict[str, Any] = {
+            "run": m.run,
+            "ranks": m.nranks,
+            "hosts": sorted(set(m.hosts.values())),
+            "window_steps": m.window_steps,
+            "gpu_count": self.settings.gpu_count or m.nranks,
+            "last_window": m.last_window,
+            "last_time": time.time(),
+        }
+        info["ended"] = info["last_time"] if ended else None  # a new run of it: not ended
+        self.store.write_job(job, info)
 
     def _dropped(self, aw: AssembledWindow, reason: str) -> None:
         self.metrics.observe_dropped(aw.job, reason, aw.columns.n)
