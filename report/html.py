@@ -166,6 +166,7 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
     windows = [r["window"] for r in rows if isinstance(r.get("window"), int)]
     times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
     ranks = job.get("ranks")
+    gpus = job.get("gpu_count") or ranks  # the coordinator's gpu_count setting, else a GPU a rank
     gpu_hours = job.get("gpu_hours")
     wall_s = None
     if len(times) >= 2:
@@ -173,8 +174,15 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
         # estimated as the mean interval.
         span = max(times) - min(times)
         wall_s = span * len(times) / (len(times) - 1)
-    if gpu_hours is None and isinstance(ranks, int) and wall_s is not None:
-        gpu_hours = ranks * wall_s / 3600.0
+    elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
+        job.get("last_time"), (int, float)
+    ):
+        wall_s = float(job["last_time"]) - float(job["first_seen"])
+    if gpu_hours is None and isinstance(gpus, int) and wall_s is not None:
+        gpu_hours = gpus * wall_s / 3600.0
+    hosts = job.get("hosts")
+    if isinstance(hosts, Sequence) and not isinstance(hosts, str):
+        hosts = len(hosts)
     islands = job.get("islands")
     if isinstance(islands, Mapping):
         island_text = ", ".join(f"{k} ({v})" for k, v in islands.items())
@@ -184,13 +192,15 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
         island_text = ", ".join(names)
         n_islands = len(names)
     else:
+        # Not in the job's record: say which islands its incidents name, no count.
         n_islands = None
-        island_text = ""
+        named = sorted({str(i["island"]) for i in incidents if i.get("island")})
+        island_text = ("not recorded; incidents name " + ", ".join(named)) if named else ""
     return {
         "job": job.get("job") or bundle.get("job_id") or "?",
         "run": job.get("run"),
         "ranks": ranks,
-        "hosts": job.get("hosts"),
+        "hosts": hosts,
         "islands": n_islands,
         "island_text": island_text,
         "windows": (min(windows), max(windows)) if windows else None,

@@ -14,7 +14,8 @@ app = typer.Typer(
         "Artemis on a simulated cluster: real plugin, agents and coordinator, simulated GPUs.\n\n"
         "  artemis demo                      the flagship job live (a straggler appears at "
         "window 16)\n"
-        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT"
+        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
+        "  artemis report --findings F --out DIR   an HTML incident report per job"
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -273,3 +274,10 @@ def run(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+# `artemis report` lives in its own room (report/cli.py); registered here so that
+# every operator command is under `artemis`.
+from artemis.report.cli import report as _report  # noqa: E402
+
+app.command("report")(_report)
