@@ -154,6 +154,7 @@ class Coordinator:
         for job, m in self.monitors.items():
             self._emit(job, m.finish())
             self._store_job(job, m, ended=True)
+            self._write_report(job)
         self.store.close()
         self.findings.close()
         self.plans.close()
@@ -222,6 +223,7 @@ class Coordinator:
         m = self.monitors.get(job)
         if m is not None:
             self._store_job(job, m, ended=True)
+            self._write_report(job)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -287,6 +289,24 @@ class Coordinator:
         }
         info["ended"] = info["last_time"] if ended else None  # a new run of it: not ended
         self.store.write_job(job, info)
+
+    def _write_report(self, job: str) -> None:
+        """The job's incident report into report_dir at its end (report/README.md);
+        a failure is logged, never fatal."""
+        m = self.monitors.get(job)
+        if not self.report_dir or m is None or m.last_window < 0:
+            return
+        if self.store.store is None:
+            log.warning("report_dir set but the incident store is off: no report", job=job)
+            return
+        from artemis.report.load import ReportError, write_job_report
+
+        try:
+            path = write_job_report(self.store.store, job, self.report_dir)
+        except (ReportError, OSError) as e:
+            log.error("incident report not written", job=job, error=str(e))
+            return
+        log.info("incident report written", job=job, path=str(path))
 
     def _dropped(self, aw: AssembledWindow, reason: str) -> None:
         self.metrics.observe_dropped(aw.job, reason, aw.columns.n)
