@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,10 @@ class Coordinator:
             "last_time": time.time(),
         }
         info["ended"] = info["last_time"] if ended else None  # a new run of it: not ended
+        if ended:
+            # Ranks per island for the report's summary: once, at the end (a pass
+            # over every rank, kept off the per-window path).
+            info["islands"] = dict(Counter(m.detector.islands().values()))
         self.store.write_job(job, info)
 
     def _write_report(self, job: str) -> None:

@@ -42,18 +42,26 @@ MARKER_TEXT = {
 # Telemetry names in evidence.telemetry and the finding's cause.evidence, and how to show them.
 METRICS = {
     "sm_mhz": ("SM clock", "MHz"),
+    "sm_mhz_max": ("SM clock, max", "MHz"),
     "mem_mhz": ("memory clock", "MHz"),
     "temp_c": ("GPU temperature", "°C"),
     "power_w": ("power draw", "W"),
+    "power_limit_w": ("power limit", "W"),
     "power_frac": ("power / board limit", ""),
     "util_pct": ("GPU utilisation", "%"),
     "pcie_gen": ("PCIe generation", ""),
+    "pcie_gen_max": ("PCIe generation, max", ""),
     "pcie_width": ("PCIe width", "lanes"),
+    "pcie_width_max": ("PCIe width, max", "lanes"),
     "pcie_degraded": ("PCIe degraded", ""),
     "cpu_pct": ("host CPU busy", "%"),
+    "steal_pct": ("host CPU steal", "%"),
+    "proc_cpu_pct": ("rank's process CPU", "%"),
     "gap_busy_pct": ("GPU busy in the gap", "%"),
     "nic_xmit_wait": ("NIC xmit wait", ""),
 }
+# A telemetry bar is drawn for a metric this far (percent) from its peers' value.
+BAR_MIN_PCT = 0.5
 # Past this many windows on one axis a series is summarised per bucket (bands
 # keep their extremes), so a page stays bounded for any episode length.
 MAX_POINTS = 1200
@@ -178,8 +186,17 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
         job.get("last_time"), (int, float)
     ):
         wall_s = float(job["last_time"]) - float(job["first_seen"])
-    if gpu_hours is None and isinstance(gpus, int) and wall_s is not None:
-        gpu_hours = gpus * wall_s / 3600.0
+    # The job's own time: its step times over its windows, the measure the incidents'
+    # costs use (a simulator's wall clock runs faster); else the wall time.
+    steps = job.get("window_steps")
+    step_ms = [float(r["step_ms"]) for r in rows if isinstance(r.get("step_ms"), (int, float))]
+    train_s = None
+    if isinstance(steps, int) and step_ms and len(step_ms) == len(rows):
+        train_s = sum(step_ms) * steps / 1000.0
+    if gpu_hours is None and isinstance(gpus, int):
+        t = train_s if train_s is not None else wall_s
+        if t is not None:
+            gpu_hours = gpus * t / 3600.0
     hosts = job.get("hosts")
     if isinstance(hosts, Sequence) and not isinstance(hosts, str):
         hosts = len(hosts)
@@ -207,6 +224,7 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
         "started": min(times) if times else job.get("started"),
         "ended": max(times) if times else job.get("ended"),
         "wall_s": wall_s,
+        "train_s": train_s,
         "gpu_hours": gpu_hours,
         "lost_gpu_hours": lost,
         "lost_pct": (100.0 * lost / gpu_hours) if gpu_hours else None,
@@ -464,7 +482,6 @@ def step_charts(
             lines=[svg.Line("samples_per_s", "samples/s", xs, tput, color=svg.PEERS)] if jr else [],
             markers=_markers(inc),
             height=170,
-            y_floor=0.0,
             note=""
             if any(v is not None for v in tput)
             else "useful throughput not measured (no global batch known)",
@@ -517,7 +534,8 @@ def evidence_part(inc: Mapping[str, Any], slug: str) -> str:
             f'<td class="num">{_num(p, 2 if abs(p) < 10 else 0)} {escape(unit)}</td>'
             f'<td class="num">{_signed(rel)}</td></tr>'
         )
-        if rel is not None:
+        # The plot shows what differs; the table keeps every metric.
+        if rel is not None and abs(rel) >= BAR_MIN_PCT:
             bars.append(svg.Bar(_slug(k), name, rel, _signed(rel)))
     cause = inc.get("cause") or {}
     alts = cause.get("alternatives") or []
@@ -533,7 +551,7 @@ def evidence_part(inc: Mapping[str, Any], slug: str) -> str:
     expl = cause.get("explained")
     expl_text = (
         f" The SM clock deficit explains {100 * expl:.0f}% of the measured slowdown."
-        if isinstance(expl, (int, float))
+        if isinstance(expl, (int, float)) and "explains" not in str(cause.get("text", ""))
         else ""
     )
     table = (
@@ -541,8 +559,12 @@ def evidence_part(inc: Mapping[str, Any], slug: str) -> str:
         '<th class="num">this rank</th><th class="num">peers</th><th class="num">difference</th>'
         "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
     )
-    chart = svg.bar_chart(
-        svg.BarChart(f"telemetry-{slug}", "telemetry", "Telemetry against peers", bars)
+    same = len(pairs) - len(bars)
+    title = "Telemetry against peers" + (
+        f" ({same} within {BAR_MIN_PCT:g}% of the peers not drawn)" if same else ""
+    )
+    chart = (
+        svg.bar_chart(svg.BarChart(f"telemetry-{slug}", "telemetry", title, bars)) if bars else ""
     )
     return (
         f"<p>Cause <strong>{escape(str(cause.get('kind', 'unknown')))}</strong>: "
@@ -651,6 +673,7 @@ def summary_part(s: Mapping[str, Any]) -> str:
         ("hosts", _num(s["hosts"])),
         ("windows", f"{rng[0]}–{rng[1]}" if rng else "—"),
         ("wall time", (_num(s["wall_s"] / 60, 1, "min") if s["wall_s"] else "—")),
+        ("training time", (_num(s["train_s"] / 60, 1, "min") if s["train_s"] else "—")),
         ("GPU-hours", _hours(s["gpu_hours"])),
         (
             "GPU-hours lost",

@@ -101,8 +101,8 @@ class BarChart:
     width: int = 860
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About n round tick values covering [lo, hi]."""
+def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
+    """About n round tick values covering [lo, hi] (whole numbers only if ``integer``)."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return []
     if hi <= lo:
@@ -110,6 +110,8 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     raw = (hi - lo) / max(n, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(1.0, float(math.ceil(step)))
     first = math.ceil(lo / step - 1e-9) * step
     ticks = []
     t = first
@@ -249,7 +251,7 @@ def line_chart(chart: Chart) -> str:
     )
     out.append("</g>")
     out.append('<g class="axis axis-x">')
-    for t in nice_ticks(x_lo, x_hi, 8):
+    for t in nice_ticks(x_lo, x_hi, 8, integer=True):
         x = px(t)
         out.append(
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt + ph:.1f}" y2="{mt + ph + 4:.1f}" '

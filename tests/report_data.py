@@ -272,3 +272,12 @@ def contract_bundle(
         "source": "tests/report_data.py",
         "generated": T0 + windows * window_s + 1,
     }
+
+
+def drawn_bars(inc: dict[str, Any]) -> set[str]:
+    """The telemetry bars a record should get: metrics at least 0.5% from the peers."""
+    return {
+        k
+        for k, v in inc["evidence"]["telemetry"].items()
+        if v["peers"] != 0 and abs(v["rank"] / v["peers"] - 1) >= 0.005
+    }

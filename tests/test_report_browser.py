@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,12 @@ from typing import Any
 import pytest
 from artemis.report import render
 from artemis.report.browser import Browser, Page, find_chromium, new_page
-from report_data import contract_bundle
+from artemis.report.load import bundles_from_findings
+from report_data import contract_bundle, drawn_bars
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "out" / "test-artifacts" / "report"
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "out" / "test-artifacts" / "report"
+ARTEMIS = Path(sys.executable).parent / "artemis"
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +129,7 @@ def check_page(page: Page, bundle: dict[str, Any], url: str) -> None:
             p = d["plots"][f"{key}-{iid}"]
             assert set(p["series"]) == {name} and p["series"][name]["w"] > 100
             assert p["markers"] == want_markers
-        tele = {k for k, v in inc["evidence"]["telemetry"].items() if v["peers"] != 0}
+        tele = drawn_bars(inc)
         if tele:
             p = d["plots"][f"telemetry-{iid}"]
             assert set(p["series"]) == tele
@@ -172,3 +177,42 @@ def test_console_errors_and_requests_are_seen(browser: Browser, tmp_path: Path) 
     problems = new_page(browser, bad).log.problems()
     assert any("boom" in p for p in problems), problems
     assert any("Content Security Policy" in p or "x.png" in p for p in problems), problems
+
+
+@pytest.mark.slow
+def test_report_of_a_real_simulated_run(browser: Browser, tmp_path: Path) -> None:
+    """The whole path: `artemis sim` of the rebalancing scenario (real plugin, agent and
+    coordinator, its store next to the findings), `artemis report`, the page in Chromium."""
+    run = tmp_path / "run"
+    sim = subprocess.run(
+        [
+            str(ARTEMIS), "sim", "--scenario", str(REPO / "sim" / "scenarios" / "rebalance.toml"),
+            "--jsonl", str(run / "findings.jsonl"), "--plans-jsonl", str(run / "plans.jsonl"),
+        ],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    assert (run / "artemis.db").is_file()
+    rep = subprocess.run(
+        [str(ARTEMIS), "report", "--findings", str(run / "findings.jsonl"), "--out", str(run)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert rep.returncode == 0, rep.stderr
+    (bundle,) = bundles_from_findings(run / "findings.jsonl")
+    job = bundle["job"]["job"]
+    # Rank 1's clocks drop at window 8 and the job rebalances away from it: one incident,
+    # with its plan, its markers through `verified`, and the rows to draw it.
+    (inc,) = bundle["incidents"]
+    assert inc["rank"] == 1 and inc["cause"]["kind"] == "clocks"
+    assert [a["status"] for a in inc["actions"]] == ["verified"]
+    kinds = [m["marker"] for m in inc["markers"]]
+    assert kinds[:3] == ["onset", "flagged", "confirmed"] and "applied" in kinds
+    assert bundle["windows"] and bundle["subjects"][inc["id"]]
+    page_path = run / f"{job}.html"
+    page = new_page(browser, page_path)
+    check_page(page, bundle, page_path.resolve().as_uri())
+    png = page.screenshot(1100)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "rebalance-sim.png").write_bytes(png)
+    stats = pixel_stats(browser, png, tmp_path)
+    assert stats["variance"] > 100.0 and stats["colours"] > 50, stats
