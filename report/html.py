@@ -96,8 +96,12 @@ section.part { break-inside: avoid; }
 """
 
 
-def _slug(s: str) -> str:
+def anchor(s: str) -> str:
+    """An incident id as an HTML id and URL fragment (``#incident-<anchor>``)."""
     return re.sub(r"[^A-Za-z0-9_-]+", "-", s).strip("-") or "x"
+
+
+_slug = anchor
 
 
 def _num(v: Any, digits: int = 1, unit: str = "") -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from artemis.store import Store, StoreError, open_for_findings, open_store
 
-from .html import render
+from .html import anchor, render
 
 
 class ReportError(Exception):
@@ -39,6 +39,12 @@ def report_name(job: str, incident: str | None = None) -> str:
 def report_path(out_dir: str | Path, job: str, incident: str | None = None) -> Path:
     """Where ``write_job_report`` puts a job's report (for annotations and logs)."""
     return Path(out_dir) / report_name(job, incident)
+
+
+def incident_link(out_dir: str | Path, job: str, incident: str) -> str:
+    """The report's path with the incident's anchor: what an annotation or alert can
+    carry to point at one incident (``<dir>/<job>.html#incident-<id>``)."""
+    return f"{report_path(out_dir, job)}#incident-{anchor(incident)}"
 
 
 def _matches(finding: Mapping[str, Any], inc: Mapping[str, Any]) -> bool:

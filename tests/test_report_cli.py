@@ -14,6 +14,7 @@ import pytest
 from artemis.report.load import (
     ReportError,
     bundles_from_findings,
+    incident_link,
     report_path,
     rows_from_findings,
     write_job_report,
@@ -203,3 +204,12 @@ def test_write_job_report(tmp_path: Path) -> None:
     assert [x.name for x in (tmp_path / "reports").iterdir()] == [
         "flagship-sim.html"
     ]  # no temp left
+
+
+def test_incident_link_points_at_its_section(tmp_path: Path) -> None:
+    b = contract_bundle()
+    iid = b["incidents"][1]["id"]
+    link = incident_link(tmp_path, "flagship-sim", iid)
+    path, frag = link.split("#")
+    assert Path(path) == write_job_report(b, "flagship-sim", tmp_path)
+    assert f'id="{frag}"' in Path(path).read_text()
