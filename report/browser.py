@@ -11,10 +11,10 @@ JavaScript in it and take a PNG screenshot.
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import os
 import select
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -68,13 +68,6 @@ class Browser:
         to_r, self._to_w = os.pipe()
         self._from_r, from_w = os.pipe()
 
-        def child_fds() -> None:
-            # Move both ends out of the way first, then onto 3 and 4.
-            a = fcntl.fcntl(to_r, fcntl.F_DUPFD, 10)
-            b = fcntl.fcntl(from_w, fcntl.F_DUPFD, 10)
-            os.dup2(a, 3)
-            os.dup2(b, 4)
-
         args = [
             exe,
             "--headless",
@@ -95,14 +88,16 @@ class Browser:
         ]
         # Its log goes to a file: a pipe nobody drains would stall it once full.
         self._stderr_path = Path(self._profile) / "chromium.log"
+        # The pipe ends go to fds 3 and 4 by a shell redirection (no preexec_fn: that
+        # is unsafe in a process with threads); bash, as dash refuses fds past 9.
+        cmd = f"exec {' '.join(shlex.quote(a) for a in args)} 3<&{to_r} 4>&{from_w}"
         with open(self._stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                args,
+                [shutil.which("bash") or "/bin/bash", "-c", cmd],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                preexec_fn=child_fds,
-                pass_fds=(3, 4),
+                pass_fds=(to_r, from_w),
             )
         os.close(to_r)
         os.close(from_w)

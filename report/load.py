@@ -247,7 +247,7 @@ def bundles_from_findings(
                 generated=generated,
                 source=f"{store.url} and {findings}",
                 notes=[
-                    "Made from incidents.jsonl and the findings file: the peers' bands and "
+                    "Made from the incident records and the findings file: the peers' bands and "
                     "the job's useful throughput per window are kept only in the store "
                     "(coordinator setting store), so the plots show the subject's own series "
                     "and the step time of the windows that had a finding."
