@@ -8,17 +8,20 @@ from typing import Annotated
 
 import typer
 from artemis.sim.scenario import ScenarioError
+from artemis.store.cli import app as incidents_app
 
 app = typer.Typer(
     help=(
         "Artemis on a simulated cluster: real plugin, agents and coordinator, simulated GPUs.\n\n"
         "  artemis demo                      the flagship job live (a straggler appears at "
         "window 16)\n"
-        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT"
+        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
+        "  artemis incidents list --findings OUT  the incidents of a run (show ID: one)"
     ),
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(incidents_app, name="incidents")
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
