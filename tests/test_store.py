@@ -325,3 +325,22 @@ def test_config_keys_and_flags(tmp_path: Path) -> None:
     assert r.returncode == 2 and "PostgreSQL stores come with the next issue" in r.stderr
     r = subprocess.run([str(bin_), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert "--store" in r.stdout and "--report-dir" in r.stdout
+
+
+def test_sink_takes_the_monitors_rows(tmp_path: Path) -> None:
+    """The monitor returns one list of rows, `row` telling job and subject rows apart."""
+    rows: list[dict[str, Any]] = [
+        {"row": "job", "run": "c0ffee", **r} for r in job_rows("j", 0, 3)
+    ] + [{"row": "subject", "job": "j", "gpu_hours": 0.5, **r} for r in incident_rows("i", 1, 3)]
+    sink = StoreSink.open(store_url(tmp_path / "a.db"), tmp_path / "f.jsonl")
+    sink.write_monitor_rows(rows)
+    assert sink.store is not None
+    got = sink.store.job_windows("j")
+    assert got == [{**r, "run": "c0ffee"} for r in job_rows("j", 0, 3)]
+    assert sink.store.incident_windows("i") == [
+        {**r, "job": "j", "gpu_hours": 0.5} for r in incident_rows("i", 1, 3)
+    ]
+    with structlog.testing.capture_logs() as logs:
+        sink.write_monitor_rows([{"row": "what", "job": "j", "window": 1}])
+    assert not sink.on and "unknown kind" in logs[0]["error"]
+    sink.close()
