@@ -86,6 +86,7 @@ class Coordinator:
         # The incident store (off unless given): jobs, incidents, per-window rows.
         self.store = store if store is not None else StoreSink(None)
         self.report_dir = report_dir  # each job's report at its end (artemis report)
+        self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -222,6 +223,7 @@ class Coordinator:
         m = self.monitors.get(job)
         if m is not None:
             self._store_job(job, m, ended=True)
+        self._stored_job.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -273,20 +275,31 @@ class Coordinator:
         self._save(aw.job)
 
     def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
-        """The job's row in the store: what a report's summary needs (a shallow merge)."""
+        """The job's row in the store: what a report's summary needs. Only the keys that
+        changed are written (the store merges them): per window that is its last
+        window and time, not its list of hosts."""
         if not self.store.on or m.last_window < 0:
             return
+        now = time.time()
+        last = self._stored_job.setdefault(job, {})
         info: dict[str, Any] = {
             "run": m.run,
             "ranks": m.nranks,
-            "hosts": sorted(set(m.hosts.values())),
             "window_steps": m.window_steps,
             "gpu_count": self.settings.gpu_count or m.nranks,
             "last_window": m.last_window,
-            "last_time": time.time(),
+            "last_time": now,
+            "ended": now if ended else None,  # None again for a new run of it
         }
-        info["ended"] = info["last_time"] if ended else None  # a new run of it: not ended
-        self.store.write_job(job, info)
+        # The hosts (a rank's, as announced) only when they may have changed: a
+        # sort of a big job's hosts is not for every window.
+        hosts_key = (m.run, len(m.hosts))
+        if last.get("_hosts_key") != hosts_key:
+            info["hosts"] = sorted(set(m.hosts.values()))
+            last["_hosts_key"] = hosts_key
+        changed = {k: v for k, v in info.items() if last.get(k, ...) != v}
+        last.update(changed)
+        self.store.write_job(job, changed)
 
     def _dropped(self, aw: AssembledWindow, reason: str) -> None:
         self.metrics.observe_dropped(aw.job, reason, aw.columns.n)
