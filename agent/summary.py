@@ -30,6 +30,8 @@ Per window (W steps, times in ms):
 * ``coll_ms``: median per-step sum of ``end - start``.
 * ``step_ms``: median of ``end`` of the step's last collective minus ``end`` of
   the previous step's last collective.
+* ``gap_q1_ms``/``gap_q2_ms``/``gap_q3_ms``: quartiles of the per-step gap over the
+  whole steps (``gap_q2_ms`` is ``gap_ms``); None when no step is whole.
 
 Medians are taken over the steps whose every needed record is present. When
 records were lost so that no step is whole, ``gap_ms``/``coll_ms`` fall back to
@@ -175,6 +177,18 @@ def _per_step(values: np.ndarray) -> float:
     if values.size == 0 or not cols.all():
         return float("nan")
     return float(np.nanmedian(values, axis=0).sum())
+
+
+def _gap_quartiles(gaps: np.ndarray) -> dict[str, float | None]:
+    """Quartiles over the whole steps of the per-step compute gap (``gaps`` is (steps, C),
+    NaN where a record is missing); None when no step is whole. The coordinator
+    confirms an incident with them: a rank whose lower quartile is above its peers'
+    median is slow in most of its steps, not in a few long stalls (DESIGN "Incidents")."""
+    whole = ~np.isnan(gaps).any(axis=1)
+    if not whole.any():
+        return {"gap_q1_ms": None, "gap_q2_ms": None, "gap_q3_ms": None}
+    q1, q2, q3 = np.quantile(gaps[whole].sum(axis=1), (0.25, 0.5, 0.75)).tolist()
+    return {"gap_q1_ms": float(q1), "gap_q2_ms": float(q2), "gap_q3_ms": float(q3)}
 
 
 class WindowSummarizer:
@@ -416,6 +430,7 @@ class WindowSummarizer:
             hw_class=self.hw_class,
             telemetry=Telemetry(gap_busy_pct=_gap_busy_pct(timed, lo)),
             **self._bridge_stats(lo, hi, c),
+            **_gap_quartiles(gaps),
         )
 
     def _bridge_stats(self, lo: int, hi: int, c: int) -> dict[str, Any]:

@@ -453,4 +453,45 @@ class FindingsWriter:
         self.close()
 
 
+INCIDENTS_FILE = "incidents.jsonl"
+
+
+def incidents_path(findings: str | Path) -> Path:
+    """Where the incidents of a findings file go: `incidents.jsonl` in its folder."""
+    return Path(findings).parent / INCIDENTS_FILE
+
+
+class IncidentsWriter:
+    """Appends one JSON object per incident change (docs/DESIGN.md "Incidents"), flushing
+    once per batch; the coordinator and the in-process detector both write with it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh: IO[str] | None = None
+
+    def write(self, records: Iterable[Mapping[str, Any]]) -> int:
+        batch = list(records)
+        if not batch:
+            return 0
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("a", encoding="utf-8")
+        for rec in batch:
+            self._fh.write(json.dumps(_clean(dict(rec)), allow_nan=False, separators=(", ", ": ")))
+            self._fh.write("\n")
+        self._fh.flush()
+        return len(batch)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> IncidentsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 assert tuple(f.name for f in fields(Finding)) == FIELDS + ADDED_FIELDS  # checked at import

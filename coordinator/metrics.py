@@ -111,6 +111,28 @@ class Metrics:
             ["job", "kind", "subject"],
             registry=reg,
         )
+        # Incidents (docs/DESIGN.md "Incidents"): a counter of closed ones by verdict, and
+        # two gauges for the open ones only, removed when an incident closes, so the
+        # series stay as many as the incidents open at once.
+        self.incidents_total = Counter(
+            "straggler_incidents",
+            "Incidents closed, by kind and verdict",
+            ["job", "kind", "verdict"],
+            registry=reg,
+        )
+        self.incident_open = Gauge(
+            "straggler_incident_open",
+            "1 while an incident is open; labels say what and the cause",
+            ["job", "kind", "subject", "cause"],
+            registry=reg,
+        )
+        self.incident_hours = Gauge(
+            "straggler_incident_gpu_hours_lost",
+            "GPU-hours an open incident has cost so far",
+            ["job", "incident"],
+            registry=reg,
+        )
+        self._incident_labels: dict[tuple[str, str], tuple[str, ...]] = {}  # (job, id) -> open
         self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._hours_seen: dict[str, float] = {}
         # Every labelled series made, per job, so forget_job removes exactly those.
@@ -151,6 +173,38 @@ class Metrics:
         with self._lock:
             self._observe_findings(findings)
 
+    def observe_incidents(self, records: list[dict[str, Any]]) -> None:
+        """Incident records (coordinator/incidents.py): open ones set their series, a
+        closed one removes them and counts its verdict."""
+        with self._lock:
+            for rec in records:
+                job, ident = str(rec["job"]), str(rec["id"])
+                cause = str((rec.get("cause") or {}).get("kind") or "")
+                labels = (job, str(rec["kind"]), str(rec["subject"]), cause)
+                old = self._incident_labels.get((job, ident))
+                if old is not None and (old != labels or rec["status"] == "closed"):
+                    self._remove(self.incident_open, *old)
+                    del self._incident_labels[(job, ident)]
+                if rec["status"] == "closed":
+                    self._remove(self.incident_hours, job, ident)
+                    verdict = str(rec.get("verdict") or "")
+                    self._child(self.incidents_total, job, str(rec["kind"]), verdict).inc()
+                    continue
+                self._child(self.incident_open, *labels).set(1)
+                self._incident_labels[(job, ident)] = labels
+                hours = (rec.get("cost") or {}).get("gpu_hours")
+                self._child(self.incident_hours, job, ident).set(float(hours or 0.0))
+
+    def observe_incident_rows(self, rows: list[dict[str, Any]]) -> None:
+        """The per-window subject rows: an open incident's GPU-hours so far."""
+        with self._lock:
+            for row in rows:
+                if row.get("row") != "subject" or row.get("gpu_hours") is None:
+                    continue
+                job, ident = str(row["job"]), str(row["incident"])
+                if (job, ident) in self._incident_labels:
+                    self._child(self.incident_hours, job, ident).set(float(row["gpu_hours"]))
+
     def observe_dropped(self, job: str, reason: str, rows: int) -> None:
         with self._lock:
             self._child(self.dropped, job, reason).inc(rows)
@@ -165,6 +219,8 @@ class Metrics:
             self._hours_seen.pop(job, None)
             for key in [k for k in self._info_labels if k[0] == job]:
                 del self._info_labels[key]
+            for ikey in [k for k in self._incident_labels if k[0] == job]:
+                del self._incident_labels[ikey]
 
     def _observe_findings(self, findings: list[Finding]) -> None:
         for f in findings:

@@ -1,10 +1,11 @@
 """`JobMonitor`: the pure core of one job.
 
-It owns the job's detector, its rebalance policy, the missing-rank rule and
-hang tracking. The caller feeds it what arrives (a window's columns, the
+It owns the job's detector, its rebalance policy, the missing-rank rule,
+hang tracking and the job's incidents (coordinator/incidents.py). The caller feeds it what arrives (a window's columns, the
 ranks' progress, plan acknowledgements, dump paths) and `now`, a monotonic
-reading, and forwards what it returns (`MonitorOutput`): findings, plan events
-and control intents for the agents. No sockets, files or clocks, so the
+reading, and forwards what it returns (`MonitorOutput`): findings, plan events,
+incident records and control intents for the agents. Wall times (unix s) for
+the incident records come in as `wall`, read by the shell. No sockets, files or clocks, so the
 coordinator daemon (one monitor per job) and the in-process detector run the
 same class. Its whole state serialises (`snapshot`, `JobMonitor.restore`), so a
 restarted coordinator carries on where the last one stopped: a persistent
@@ -26,6 +27,7 @@ from artemis.coordinator import findings as F
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
 from artemis.coordinator.hang import HangVerdict, check_hang
+from artemis.coordinator.incidents import IncidentBook, WindowView
 from artemis.coordinator.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
@@ -60,11 +62,17 @@ class MonitorOutput:
     plans: list[PlanEvent] = field(default_factory=list)
     controls: list[Intent] = field(default_factory=list)
     result: WindowResult | None = None  # the scored window, for metrics
+    # Incident records that changed (docs/DESIGN.md "Incidents"), and the per-window
+    # rows (job bands, subjects of open incidents) a store keeps to redraw them.
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    incident_rows: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: MonitorOutput) -> MonitorOutput:
         self.findings += other.findings
         self.plans += other.plans
         self.controls += other.controls
+        self.incidents += other.incidents
+        self.incident_rows += other.incident_rows
         return self
 
 
@@ -118,6 +126,7 @@ class JobMonitor:
         self.hosts: dict[int, str] = {}  # announced (hello, heartbeats)
         self.progress: dict[int, RankProgress] = {}
         self.hang: _Hang | None = None
+        self.incidents = IncidentBook(job, run=run, flag_window=settings.flag_window)
 
     @property
     def nranks(self) -> int:
@@ -152,10 +161,12 @@ class JobMonitor:
         missing: Sequence[int] = (),
         *,
         final: bool = False,
+        wall: float | None = None,
     ) -> MonitorOutput:
         """Score one assembled window. `final`: the coordinator is shutting down and the
         window is partial by nature, so an absent rank there is not evidence it went
-        missing. A window at or before the last one scored is refused (empty output)."""
+        missing. `wall`: the wall time (unix s) for the incident records. A window at
+        or before the last one scored is refused (empty output)."""
         if not isinstance(cols, WindowColumns):
             cols = WindowColumns.from_records(cols)
         if window <= self.last_window:
@@ -178,12 +189,18 @@ class JobMonitor:
         self._learn_steps(cols)
         if res.step_ms == res.step_ms:
             self.step_ms = res.step_ms
+        # The incidents first: a flag confirmed in this window reaches the policy now.
+        self.incidents.run = self.run
+        self.incidents.on_window(self._view(window, cols, res, wall), out.findings)
+        self.incidents.on_plans(out.plans, window=window)
         # With rebalancing off the policy is not fed: it saves its per-rank history
         # (about 190 B a rank) and its time per window; plans start a few windows after
         # a switch to recommend or apply.
         if self.policy is not None and cols.n and self.policy.mode != "off":
-            out.extend(self._plan_window(window, cols, res))
-        return out
+            planned = self._plan_window(window, cols, res)
+            self.incidents.on_plans(planned.plans, window=window)
+            out.extend(planned)
+        return self._incidents_out(out)
 
     def on_progress(self, progress: Iterable[RankProgress]) -> None:
         """Where ranks stand now (heartbeats), on the communicator each is judged on."""
@@ -196,7 +213,10 @@ class JobMonitor:
         if self.policy is None:
             return MonitorOutput()
         events = self.policy.on_ack(plan_id, rank, step)
-        return MonitorOutput(plans=events, controls=self._plan_controls(events))
+        self.incidents.on_plans(events, window=self.last_window)
+        return self._incidents_out(
+            MonitorOutput(plans=events, controls=self._plan_controls(events))
+        )
 
     def on_dump(self, rank: int, path: str) -> None:
         """A rank's dump (hang evidence) was written at `path`."""
@@ -217,20 +237,27 @@ class JobMonitor:
             if h.requested_at is None:
                 h.requested_at = now
             if set(h.dumps) >= set(h.expected) or now - h.requested_at >= self.dump_wait_s:
-                out.findings.append(self._hang_finding())
-        return out
+                f = self._hang_finding()
+                out.findings.append(f)
+                self.incidents.on_finding(f)
+        return self._incidents_out(out)
 
-    def finish(self) -> MonitorOutput:
-        """Shutdown: report a hang still waiting for its dumps."""
+    def finish(self, wall: float | None = None) -> MonitorOutput:
+        """The job's end (or the coordinator's): report a hang still waiting for its
+        dumps, and close every open incident (`job_end`) with its verdict."""
         out = MonitorOutput()
         if self.hang is not None and not self.hang.reported:
-            out.findings.append(self._hang_finding())
-        return out
+            f = self._hang_finding()
+            out.findings.append(f)
+            self.incidents.on_finding(f)
+        self.incidents.close_all(self.last_window, wall)
+        return self._incidents_out(out)
 
     def update_settings(self, settings: Settings) -> MonitorOutput:
         """Live settings: the detector's and the policy's, from the next window on."""
         self.settings = settings
         self.detector.update_settings(settings)
+        self.incidents.flag_window = max(1, settings.flag_window)
         out = MonitorOutput()
         if self.policy is not None:
             self.policy.update_settings(self._policy_settings(settings))
@@ -238,7 +265,38 @@ class JobMonitor:
                 events = self.policy.set_mode(settings.rebalance)
                 out.plans += events
                 out.controls += self._plan_controls(events)
+                self.incidents.on_plans(events, window=self.last_window)
+        return self._incidents_out(out)
+
+    # ------------------------------------------------------------------ incidents
+
+    def _incidents_out(self, out: MonitorOutput) -> MonitorOutput:
+        recs, rows = self.incidents.take()
+        out.incidents += recs
+        out.incident_rows += rows
         return out
+
+    def _view(
+        self, window: int, cols: WindowColumns, res: WindowResult, wall: float | None
+    ) -> WindowView:
+        step_ms = res.step_ms if res.step_ms == res.step_ms else None
+        samples = cols.floats("samples")
+        batch: float | None = None
+        if cols.n and bool(np.isfinite(samples).all()):
+            batch = float(samples.sum())
+        elif self.global_batch is not None:
+            batch = float(self.global_batch)
+        return WindowView(
+            window=window,
+            time=wall,
+            cols=cols,
+            ranks=res.ranks,
+            pace=res.pace_values,
+            islands=res.island_labels,
+            step_ms=step_ms,
+            samples_per_s=None if batch is None or not step_ms else batch / step_ms * 1000.0,
+            gpus=self.settings.gpu_count or self.nranks,
+        )
 
     # ------------------------------------------------------------------ rules
 
@@ -321,14 +379,19 @@ class JobMonitor:
         gap[r[keep]] = cols.floats("gap_ms")[keep]
         samples = np.full(n, np.nan)
         samples[r[keep]] = cols.floats("samples")[keep]
+        # Only confirmed incidents reach the policy (docs/DESIGN.md "Incidents"); a window
+        # with an unconfirmed one open is not healthy either: it never feeds the
+        # policy's throughput baseline.
+        allowed = [f for f in res.findings if self.incidents.allows(f)]
         events = self.policy.on_window(
             window,
-            res.findings,
+            allowed,
             gap,
             res.step_ms if res.step_ms == res.step_ms else None,
             samples,
             step_lo=int(cols.ints("step_lo").min()),
             step_hi=int(cols.ints("step_hi").max()),
+            held=len(allowed) < len(res.findings),
         )
         return MonitorOutput(plans=events, controls=self._plan_controls(events))
 
@@ -356,6 +419,8 @@ class JobMonitor:
             "colls_per_step": self.colls_per_step,
             "hosts": self.hosts,
             "detector": self.detector.snapshot(),
+            # Added within version 1: a snapshot without it restores with no open incident.
+            "incidents": self.incidents.snapshot(),
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
             # A hang being reported (dumps outstanding) is found again from the next
             # heartbeats; one already reported is kept so it is not reported twice.
@@ -397,6 +462,8 @@ class JobMonitor:
         m.missing_since = state["missing_since"]
         m.colls_per_step = state["colls_per_step"]
         m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
+        if state.get("incidents") is not None:
+            m.incidents = IncidentBook.restore(state["incidents"], flag_window=settings.flag_window)
         if state["policy"] is not None:
             m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
         h = state["hang"]

@@ -6,7 +6,8 @@ with the absent ranks missing) goes to its job's `JobMonitor`, the pure core
 that owns the detector, the rebalance policy, the missing-rank rule and hang
 tracking (coordinator/monitor.py). What the monitor returns is written here:
 findings to the JSONL, plan events to the plans JSONL, both to Prometheus, and
-control intents to the job's agents. Heartbeats carry progress and plan acks;
+control intents to the job's agents, incident records to `incidents.jsonl` next
+to the findings (and Prometheus). Heartbeats carry progress and plan acks;
 dumps are written next to the findings and their paths handed to the monitor.
 
 After each scored window the job's monitor and assembly state are saved
@@ -29,7 +30,7 @@ from typing import Any
 import msgpack
 import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
-from artemis.coordinator.findings import FindingsWriter
+from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.monitor import (
@@ -62,6 +63,8 @@ class Coordinator:
         journal: AssemblyJournal | None = None,
         job_linger_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        incidents: IncidentsWriter | None = None,
         store: StoreSink | None = None,
         report_dir: str = "",
     ) -> None:
@@ -70,12 +73,16 @@ class Coordinator:
         self.settings = settings
         self.findings = findings
         self.plans = plans
+        self.incidents = (
+            incidents if incidents is not None else IncidentsWriter(incidents_path(findings.path))
+        )
         self.metrics = metrics
         self.plan_metrics: PlanMetrics = register_plan_metrics(metrics.registry)
         self.assembler = WindowAssembler(deadline_s=deadline_s, grace_s=grace_s)
         self.dump_wait_s = dump_wait_s
         self.job_linger_s = job_linger_s
         self.clock = clock
+        self.wall = wall  # unix time, for the incident records only
         self.monitors: dict[str, JobMonitor] = {}
         self.agents: dict[str, set[str]] = {}  # job -> agent ids that serve it
         self._finished_at: dict[str, float] = {}  # job -> when every rank reported finished
@@ -153,11 +160,12 @@ class Coordinator:
         # but an absent rank there is not evidence that it went missing.
         self._score_all(self.assembler.flush(), final=True)
         for job, m in self.monitors.items():
-            self._emit(job, m.finish())
+            self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
         self.store.close()
         self.findings.close()
         self.plans.close()
+        self.incidents.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -219,9 +227,11 @@ class Coordinator:
             self._end_job(job)
 
     def _end_job(self, job: str, keep_assembly: bool = False) -> None:
-        """The one thing that clears a job: its monitor, its series, its pending windows."""
+        """The one thing that clears a job: its monitor, its series, its pending windows.
+        Its open incidents close first (`job_end`)."""
         m = self.monitors.get(job)
         if m is not None:
+            self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
         self._stored_job.pop(job, None)
         self.monitors.pop(job, None)
@@ -255,7 +265,7 @@ class Coordinator:
             return
         m.resize(self.assembler.nranks(aw.job))
         t0 = time.perf_counter()
-        out = m.on_window(aw.window, aw.columns, aw.missing, final=final)
+        out = m.on_window(aw.window, aw.columns, aw.missing, final=final, wall=self.wall())
         dt = time.perf_counter() - t0
         if out.result is None:
             self._dropped(aw, "already_scored")
@@ -267,6 +277,7 @@ class Coordinator:
                 self.metrics.observe_findings(extra)
             self.metrics.set_active(True)
             self._store_job(aw.job, m)
+            self._incidents(out)
             self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
         # Marked scored only once its findings are written; then the job's state.
         comms = self.assembler.comms_of(aw.job, aw.run)
@@ -305,11 +316,24 @@ class Coordinator:
         self.metrics.observe_dropped(aw.job, reason, aw.columns.n)
         log.info("window dropped", job=aw.job, run=aw.run, window=aw.window, reason=reason)
 
+    def _incidents(self, out: MonitorOutput) -> None:
+        """Incident records to incidents.jsonl, Prometheus and the store; the per-window
+        rows (`out.incident_rows`) to Prometheus and the store. The JSONL first: a
+        store that fails (logged, then off) never costs a line of it."""
+        if out.incidents:
+            self.incidents.write(out.incidents)
+            self.metrics.observe_incidents(out.incidents)
+            self.store.write_incidents(out.incidents)
+        if out.incident_rows:
+            self.metrics.observe_incident_rows(out.incident_rows)
+            self.store.write_monitor_rows(out.incident_rows)
+
     def _emit(self, job: str, out: MonitorOutput) -> None:
         """Write what a monitor returned outside a window's scoring (or its plans)."""
         if out.findings:
             self.findings.write(out.findings)
             self.metrics.observe_findings(out.findings)
+        self._incidents(out)
         for ev in out.plans:
             self.plans.write({**ev.to_dict(), "job": job})
             self.plan_metrics.observe(ev)
@@ -328,7 +352,7 @@ class Coordinator:
             if c.action == "dump":
                 log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
             self._outbox.append((job, c.action, c.body))
-        if out.findings or out.plans:
+        if out.findings or out.plans or out.incidents:
             # A plan acknowledged, a hang reported, a mode changed: state that must
             # survive a crash as much as a scored window's does.
             self._save(job)

@@ -9,7 +9,8 @@ address rank 0 publishes in the job's c10d store (never a collective: it cannot
 block or reorder a training step). Rank 0 scores each window, once every rank's
 summary is in (or ``deadline_s`` after the first), with the coordinator's
 ``JobMonitor`` and writes what it returns like the coordinator does: the findings
-JSONL, the ``straggler`` logger, and the ``straggler_*`` metrics of an optional
+JSONL, ``incidents.jsonl`` next to it (closed at ``close()``: the job's end), the
+``straggler`` logger, and the ``straggler_*`` metrics of an optional
 ``PrometheusExporter`` (served from its own thread).
 """
 
@@ -115,7 +116,11 @@ class Detector:
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         if self.rank == 0:
-            from artemis.coordinator.findings import FindingsWriter
+            from artemis.coordinator.findings import (
+                FindingsWriter,
+                IncidentsWriter,
+                incidents_path,
+            )
             from artemis.coordinator.monitor import JobMonitor
             from artemis.coordinator.settings import Settings
 
@@ -124,6 +129,8 @@ class Detector:
                 pg.job, dataclasses.replace(base, **settings), run="inproc", nranks=self.world
             )
             self._writer = FindingsWriter(jsonl) if jsonl is not None else None
+            self._incidents = IncidentsWriter(incidents_path(jsonl)) if jsonl is not None else None
+            self.incidents: list[dict[str, Any]] = []
             self._exporter = exporter
             self._metrics = exporter.start() if exporter is not None else None
             self._deadline_s = deadline_s
@@ -210,12 +217,21 @@ class Detector:
         t0 = time.perf_counter()
         present = {r.rank for r in rows}
         missing = [r for r in range(self.world) if r not in present]
-        out = self._monitor.on_window(window, rows, missing)
+        out = self._monitor.on_window(window, rows, missing, wall=time.time())
         if self._writer is not None:
             self._writer.write(out.findings)
         self.findings += out.findings
         if self._metrics is not None and out.result is not None:
             self._metrics.observe_window(out.result, time.perf_counter() - t0)
+        self._write_incidents(out)
+
+    def _write_incidents(self, out: Any) -> None:
+        self.incidents += out.incidents
+        if self._incidents is not None:
+            self._incidents.write(out.incidents)
+        if self._metrics is not None:
+            self._metrics.observe_incidents(out.incidents)
+            self._metrics.observe_incident_rows(out.incident_rows)
 
     def _score_loop(self) -> None:
         pending: dict[int, list[RankWindow]] = {}
@@ -253,8 +269,15 @@ class Detector:
             t.join(max(0.0, end - time.monotonic()))
         if self.rank == 0:
             self._srv.close()
+            # the job's end: its open incidents close with their verdicts
+            end = self._monitor.finish(time.time())
+            if self._writer is not None:
+                self._writer.write(end.findings)
+            self._write_incidents(end)
             if self._writer is not None:
                 self._writer.close()
+            if self._incidents is not None:
+                self._incidents.close()
             if self._exporter is not None:
                 self._exporter.close()
 

@@ -178,6 +178,13 @@ class RankWindow:
     samples: Count | None = None  # samples per step this rank processed (rebalance plans)
     bridge_ms: Millis | None = None  # median per-step time in bridge records, if any
     bridge_peer: Count | None = None  # bridge peer island index
+    # Quartiles over the window's whole steps of the per-step compute gap (q2 is
+    # gap_ms where every step is whole): an incident is confirmed when the rank's
+    # lower quartile is above its peers' median (docs/DESIGN.md "Incidents"), so
+    # a few long stalls cannot fake a slowdown. Absent from older agents.
+    gap_q1_ms: Millis | None = None
+    gap_q2_ms: Millis | None = None
+    gap_q3_ms: Millis | None = None
     telemetry: Telemetry = field(default_factory=Telemetry)
 
     def __post_init__(self) -> None:

@@ -412,6 +412,7 @@ class RebalancePolicy:
         *,
         step_lo: int | None = None,
         step_hi: int | None = None,
+        held: bool = False,
     ) -> list[PlanEvent]:
         """Feed one assembled window; returns the plan events it caused (maybe none).
 
@@ -421,7 +422,9 @@ class RebalancePolicy:
         an array indexed by rank (NaN: not measured); ``samples`` the samples per
         step each rank reported, likewise (absent: the split the policy believes
         in). ``step_lo``/``step_hi`` bound the window's steps (default: window *
-        window_steps, one window long).
+        window_steps, one window long). ``held``: the window is not healthy whatever
+        ``findings`` say (the caller holds back an unconfirmed finding): it never
+        feeds the throughput baseline.
         """
         ws = self.settings.window_steps
         lo = window * ws if step_lo is None else step_lo
@@ -447,7 +450,13 @@ class RebalancePolicy:
             flagged=frozenset(fmap),
         )
         self._history.append(w)
-        if not w.flagged and self._pending is None and self._in_force is None and thr is not None:
+        if (
+            not w.flagged
+            and not held
+            and self._pending is None
+            and self._in_force is None
+            and thr is not None
+        ):
             self._healthy.append(thr)
         if self._mode == "off" or self.global_batch is None or self._split is None:
             return []
