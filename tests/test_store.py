@@ -76,6 +76,19 @@ def test_rows_replace_and_extra_keys(tmp_path: Path) -> None:
         assert got[1]["islands"] == {"nvidia": 1.0}  # a key without a column survives
 
 
+def test_a_new_run_of_a_job_keeps_the_old_runs_windows(tmp_path: Path) -> None:
+    """A job id reused by a new run: windows from 0 again, the old run's rows kept."""
+    with open_store(store_url(tmp_path / "a.db")) as s:
+        old = [{**r, "run": "r1"} for r in job_rows("j", 0, 5)]
+        new = [{**r, "run": "r2", "time": r["time"] + 1e4} for r in job_rows("j", 0, 3)]
+        s.write_rows(old, [])
+        s.write_rows(new, [])
+        assert s.job_windows("j") == new  # the latest run by default
+        assert s.job_windows("j", run="r1") == old  # an incident's run
+        assert s.job_windows("j", 1, 2, run="r1") == old[1:3]
+        assert s.job_windows("nope") == []
+
+
 def _write_v1(path: Path) -> None:
     """A store as version 1 wrote it: its migration, then v1's own rows."""
     db = sqlite3.connect(str(path), isolation_level=None)
