@@ -64,10 +64,10 @@ class Coordinator:
         journal: AssemblyJournal | None = None,
         job_linger_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
-        store: StoreSink | None = None,
-        report_dir: str = "",
         wall: Callable[[], float] = time.time,
         incidents: IncidentsWriter | None = None,
+        store: StoreSink | None = None,
+        report_dir: str = "",
     ) -> None:
         self.journal = journal
         self.global_batch = global_batch
@@ -94,6 +94,7 @@ class Coordinator:
         # The incident store (off unless given): jobs, incidents, per-window rows.
         self.store = store if store is not None else StoreSink(None)
         self.report_dir = report_dir  # each job's report at its end (artemis report)
+        self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -235,6 +236,7 @@ class Coordinator:
             self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
             self._write_report(job)
+        self._stored_job.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -287,24 +289,35 @@ class Coordinator:
         self._save(aw.job)
 
     def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
-        """The job's row in the store: what a report's summary needs (a shallow merge)."""
+        """The job's row in the store: what a report's summary needs. Only the keys that
+        changed are written (the store merges them): per window that is its last
+        window and time, not its list of hosts."""
         if not self.store.on or m.last_window < 0:
             return
+        now = time.time()
+        last = self._stored_job.setdefault(job, {})
         info: dict[str, Any] = {
             "run": m.run,
             "ranks": m.nranks,
-            "hosts": sorted(set(m.hosts.values())),
             "window_steps": m.window_steps,
             "gpu_count": self.settings.gpu_count or m.nranks,
             "last_window": m.last_window,
-            "last_time": time.time(),
+            "last_time": now,
+            "ended": now if ended else None,  # None again for a new run of it
         }
-        info["ended"] = info["last_time"] if ended else None  # a new run of it: not ended
         if ended:
             # Ranks per island for the report's summary: once, at the end (a pass
             # over every rank, kept off the per-window path).
             info["islands"] = dict(Counter(m.detector.islands().values()))
-        self.store.write_job(job, info)
+        # The hosts (a rank's, as announced) only when they may have changed: a
+        # sort of a big job's hosts is not for every window.
+        hosts_key = (m.run, len(m.hosts))
+        if last.get("_hosts_key") != hosts_key:
+            info["hosts"] = sorted(set(m.hosts.values()))
+            last["_hosts_key"] = hosts_key
+        changed = {k: v for k, v in info.items() if last.get(k, ...) != v}
+        last.update(changed)
+        self.store.write_job(job, changed)
 
     def _write_report(self, job: str) -> None:
         """The job's incident report into report_dir at its end (report/README.md);
@@ -329,19 +342,16 @@ class Coordinator:
         log.info("window dropped", job=aw.job, run=aw.run, window=aw.window, reason=reason)
 
     def _incidents(self, out: MonitorOutput) -> None:
-        """Incident records to incidents.jsonl and Prometheus. The per-window rows
-        (`out.incident_rows`) are for the embedded store, which plugs in here."""
+        """Incident records to incidents.jsonl, Prometheus and the store; the per-window
+        rows (`out.incident_rows`) to Prometheus and the store. The JSONL first: a
+        store that fails (logged, then off) never costs a line of it."""
         if out.incidents:
             self.incidents.write(out.incidents)
             self.metrics.observe_incidents(out.incidents)
+            self.store.write_incidents(out.incidents)
         if out.incident_rows:
             self.metrics.observe_incident_rows(out.incident_rows)
-        # The same records and rows into the store (a failure there turns it off, logged).
-        self.store.write_incidents(out.incidents)
-        self.store.write_rows(
-            [r for r in out.incident_rows if r.get("row") == "job"],
-            [r for r in out.incident_rows if r.get("row") == "subject"],
-        )
+            self.store.write_monitor_rows(out.incident_rows)
 
     def _emit(self, job: str, out: MonitorOutput) -> None:
         """Write what a monitor returned outside a window's scoring (or its plans)."""

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from artemis.sim.scenario import ScenarioError
+from artemis.store.cli import app as incidents_app
 
 app = typer.Typer(
     help=(
@@ -15,11 +16,13 @@ app = typer.Typer(
         "  artemis demo                      the flagship job live (a straggler appears at "
         "window 16)\n"
         "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
-        "  artemis report --findings F --out DIR   an HTML incident report per job"
+        "  artemis report --findings F --out DIR   an HTML incident report per job\n"
+        "  artemis incidents list --findings OUT  the incidents of a run (show ID: one)"
     ),
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(incidents_app, name="incidents")
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 

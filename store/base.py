@@ -53,9 +53,9 @@ class Store(abc.ABC):
         self, job_rows: list[dict[str, Any]], incident_rows: list[dict[str, Any]]
     ) -> None:
         """Per-window rows: ``{job, window, time, step_ms, samples_per_s, ratio_p10,
-        ratio_p50, ratio_p90}`` and ``{incident, window, time, ratio, gap_ms,
-        peers_gap_ms}``; a row already there for the same (job|incident, window) is
-        replaced."""
+        ratio_p50, ratio_p90}`` (and ``run``) and ``{incident, window, time, ratio,
+        gap_ms, peers_gap_ms}``; a row already there for the same (job, run, window)
+        or (incident, window) is replaced."""
 
     # ------------------------------------------------------------------ reads
     @abc.abstractmethod
@@ -73,9 +73,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def job_windows(
-        self, job: str, lo: int | None = None, hi: int | None = None
+        self, job: str, lo: int | None = None, hi: int | None = None, *, run: str | None = None
     ) -> list[dict[str, Any]]:
-        """The job's per-window rows with ``lo <= window <= hi``, by window."""
+        """The job's per-window rows of one run with ``lo <= window <= hi``, by window:
+        ``run`` (an incident's ``run``), or by default the job's latest run. A row's
+        ``run`` comes back as it went in (absent if it had none)."""
 
     @abc.abstractmethod
     def incident_windows(self, id: str) -> list[dict[str, Any]]:

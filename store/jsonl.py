@@ -84,7 +84,7 @@ class JsonlIncidents(Store):
         return self._latest.get(id)
 
     def job_windows(
-        self, job: str, lo: int | None = None, hi: int | None = None
+        self, job: str, lo: int | None = None, hi: int | None = None, *, run: str | None = None
     ) -> list[dict[str, Any]]:
         return []
 

@@ -141,9 +141,23 @@ def _v2(db: sqlite3.Connection) -> None:
             history           TEXT NOT NULL,     -- JSON list of {status, window, time}
             PRIMARY KEY (incident, plan)
         ) WITHOUT ROWID;
-        ALTER TABLE job_windows ADD COLUMN ratio_p10 REAL;
-        ALTER TABLE job_windows ADD COLUMN ratio_p90 REAL;
-        ALTER TABLE job_windows ADD COLUMN extra TEXT;   -- JSON of keys not in a column
+        CREATE TABLE job_windows_v2 (
+            job           TEXT NOT NULL,
+            run           TEXT NOT NULL,    -- '' for rows v1 wrote (it kept no run)
+            win           INTEGER NOT NULL,
+            time          REAL,
+            step_ms       REAL,
+            samples_per_s REAL,
+            ratio_p10     REAL,
+            ratio_p50     REAL,
+            ratio_p90     REAL,
+            extra         TEXT,             -- JSON of keys not in a column
+            PRIMARY KEY (job, run, win)
+        ) WITHOUT ROWID;
+        INSERT INTO job_windows_v2 (job, run, win, time, step_ms, samples_per_s, ratio_p50)
+            SELECT job, '', win, time, step_ms, samples_per_s, ratio_p50 FROM job_windows;
+        DROP TABLE job_windows;
+        ALTER TABLE job_windows_v2 RENAME TO job_windows;
         CREATE TABLE incident_windows (
             incident     TEXT NOT NULL,
             win          INTEGER NOT NULL,

@@ -50,6 +50,24 @@ def check_setting(setting: str) -> str | None:
     return f"store: expected auto, off, sqlite:///PATH or postgresql://..., got {setting!r}"
 
 
+def split_rows(
+    rows: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(job rows, incident rows) of the monitor's one list of rows, without the
+    ``row`` key that told them apart."""
+    jobs, subjects = [], []
+    for r in rows:
+        kind = r.get("row")
+        rest = {k: v for k, v in r.items() if k != "row"}
+        if kind == "job":
+            jobs.append(rest)
+        elif kind == "subject":
+            subjects.append(rest)
+        else:
+            raise ValueError(f"a per-window row of an unknown kind {kind!r}")
+    return jobs, subjects
+
+
 class StoreSink:
     """A store that logs its failures instead of raising them, then stays off."""
 
@@ -115,6 +133,13 @@ class StoreSink:
     ) -> None:
         if (job_rows or incident_rows) and self.store is not None:
             self._do("rows", self.store.write_rows, job_rows, incident_rows)
+
+    def write_monitor_rows(self, rows: list[dict[str, Any]]) -> None:
+        """The per-window rows as the monitor returns them (``MonitorOutput.incident_rows``):
+        one list, each row's ``row`` saying ``job`` or ``subject``."""
+        if rows and self.store is not None:
+            store = self.store
+            self._do("rows", lambda: store.write_rows(*split_rows(rows)))
 
     def close(self) -> None:
         if self.store is not None:

@@ -51,9 +51,12 @@ def _guarded(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
 
 
 def _row_values(key: str, row: dict[str, Any], cols: tuple[str, ...]) -> tuple[Any, ...]:
-    extra = {k: v for k, v in row.items() if k not in cols and k not in (key, "window")}
+    """A row's values for its table; a job row's ``run`` is a key column."""
+    keyed = (key, "window", "run") if key == "job" else (key, "window")
+    extra = {k: v for k, v in row.items() if k not in cols and k not in keyed}
     return (
         str(row[key]),
+        *((str(row.get("run") or ""),) if key == "job" else ()),
         int(row["window"]),
         *(row.get(c) for c in cols),
         _dumps(extra) if extra else None,
@@ -204,8 +207,9 @@ class SqliteStore(Store):
         with self._tx() as db:
             if job_rows:
                 db.executemany(
-                    "INSERT OR REPLACE INTO job_windows (job, win, time, step_ms, samples_per_s,"
-                    " ratio_p10, ratio_p50, ratio_p90, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO job_windows (job, run, win, time, step_ms,"
+                    " samples_per_s, ratio_p10, ratio_p50, ratio_p90, extra)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [_row_values("job", r, JOB_COLS) for r in job_rows],
                 )
             if incident_rows:
@@ -245,14 +249,30 @@ class SqliteStore(Store):
 
     @_guarded("job_windows")
     def job_windows(
-        self, job: str, lo: int | None = None, hi: int | None = None
+        self, job: str, lo: int | None = None, hi: int | None = None, *, run: str | None = None
     ) -> list[dict[str, Any]]:
+        if run is None:
+            # The job's latest run: the one of its most recently written row.
+            row = self.db.execute(
+                "SELECT run FROM job_windows WHERE job = ? ORDER BY time DESC, win DESC LIMIT 1",
+                (job,),
+            ).fetchone()
+            if row is None:
+                return []
+            run = str(row[0])
         rows = self.db.execute(
-            "SELECT job, win, time, step_ms, samples_per_s, ratio_p10, ratio_p50, ratio_p90, extra"
-            " FROM job_windows WHERE job = ? AND win >= ? AND win <= ? ORDER BY win",
-            (job, -(2**62) if lo is None else lo, 2**62 if hi is None else hi),
+            "SELECT job, win, time, step_ms, samples_per_s, ratio_p10, ratio_p50, ratio_p90,"
+            " extra, run FROM job_windows WHERE job = ? AND run = ? AND win >= ? AND win <= ?"
+            " ORDER BY win",
+            (job, run, -(2**62) if lo is None else lo, 2**62 if hi is None else hi),
         ).fetchall()
-        return [_row_dict("job", r, JOB_COLS) for r in rows]
+        out = []
+        for r in rows:
+            d = _row_dict("job", r[:-1], JOB_COLS)
+            if r[-1]:
+                d["run"] = r[-1]
+            out.append(d)
+        return out
 
     @_guarded("incident_windows")
     def incident_windows(self, id: str) -> list[dict[str, Any]]:

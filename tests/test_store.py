@@ -76,6 +76,19 @@ def test_rows_replace_and_extra_keys(tmp_path: Path) -> None:
         assert got[1]["islands"] == {"nvidia": 1.0}  # a key without a column survives
 
 
+def test_a_new_run_of_a_job_keeps_the_old_runs_windows(tmp_path: Path) -> None:
+    """A job id reused by a new run: windows from 0 again, the old run's rows kept."""
+    with open_store(store_url(tmp_path / "a.db")) as s:
+        old = [{**r, "run": "r1"} for r in job_rows("j", 0, 5)]
+        new = [{**r, "run": "r2", "time": r["time"] + 1e4} for r in job_rows("j", 0, 3)]
+        s.write_rows(old, [])
+        s.write_rows(new, [])
+        assert s.job_windows("j") == new  # the latest run by default
+        assert s.job_windows("j", run="r1") == old  # an incident's run
+        assert s.job_windows("j", 1, 2, run="r1") == old[1:3]
+        assert s.job_windows("nope") == []
+
+
 def _write_v1(path: Path) -> None:
     """A store as version 1 wrote it: its migration, then v1's own rows."""
     db = sqlite3.connect(str(path), isolation_level=None)
@@ -325,3 +338,22 @@ def test_config_keys_and_flags(tmp_path: Path) -> None:
     assert r.returncode == 2 and "PostgreSQL stores come with the next issue" in r.stderr
     r = subprocess.run([str(bin_), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert "--store" in r.stdout and "--report-dir" in r.stdout
+
+
+def test_sink_takes_the_monitors_rows(tmp_path: Path) -> None:
+    """The monitor returns one list of rows, `row` telling job and subject rows apart."""
+    rows: list[dict[str, Any]] = [
+        {"row": "job", "run": "c0ffee", **r} for r in job_rows("j", 0, 3)
+    ] + [{"row": "subject", "job": "j", "gpu_hours": 0.5, **r} for r in incident_rows("i", 1, 3)]
+    sink = StoreSink.open(store_url(tmp_path / "a.db"), tmp_path / "f.jsonl")
+    sink.write_monitor_rows(rows)
+    assert sink.store is not None
+    got = sink.store.job_windows("j")
+    assert got == [{**r, "run": "c0ffee"} for r in job_rows("j", 0, 3)]
+    assert sink.store.incident_windows("i") == [
+        {**r, "job": "j", "gpu_hours": 0.5} for r in incident_rows("i", 1, 3)
+    ]
+    with structlog.testing.capture_logs() as logs:
+        sink.write_monitor_rows([{"row": "what", "job": "j", "window": 1}])
+    assert not sink.on and "unknown kind" in logs[0]["error"]
+    sink.close()
