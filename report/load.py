@@ -155,12 +155,26 @@ def bundle_from_store(
     if job not in jobs and not incs:
         known = ", ".join(sorted(jobs)) or "none"
         raise ReportError(f"job {job!r} is not in {store.url} (jobs there: {known})")
+    notes = list(notes)
+    run = (jobs.get(job) or {}).get("run")
     if incident is not None:
         incs = [i for i in incs if i.get("id") == incident]
         if not incs:
             raise ReportError(f"incident {incident!r} of job {job!r} is not in {store.url}")
+        run = incs[0].get("run") or run
+    elif run is not None:
+        # A reused job id: the page is its latest run's (the rows are kept per run).
+        older = [i for i in incs if i.get("run") not in (None, run)]
+        if older:
+            incs = [i for i in incs if i.get("run") in (None, run)]
+            notes.append(
+                f"{len(older)} incident(s) of earlier runs of this job are not on this page; "
+                "artemis report --incident ID draws any one of them with its run's windows."
+            )
     try:
-        rows = store.job_windows(job)
+        rows = store.job_windows(job, run=run) if run is not None else []
+        if not rows and run == (jobs.get(job) or {}).get("run"):
+            rows = store.job_windows(job)  # the latest run's, rows written without a run
         subjects = {str(i["id"]): store.incident_windows(str(i["id"])) for i in incs}
     except StoreError as e:
         raise ReportError(str(e)) from e
@@ -171,7 +185,7 @@ def bundle_from_store(
         "subjects": subjects,
         "source": source or store.url,
         "generated": generated,
-        "notes": list(notes),
+        "notes": notes,
     }
 
 

@@ -44,6 +44,7 @@ def contract_bundle(
         rows.append(
             {
                 "job": job,
+                "run": "c0ffee12",
                 "window": w,
                 "time": T0 + (w + 1) * window_s,
                 "step_ms": round(step, 3),

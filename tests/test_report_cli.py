@@ -213,3 +213,30 @@ def test_incident_link_points_at_its_section(tmp_path: Path) -> None:
     path, frag = link.split("#")
     assert Path(path) == write_job_report(b, "flagship-sim", tmp_path)
     assert f'id="{frag}"' in Path(path).read_text()
+
+
+def test_a_reused_job_id_reports_its_latest_run(tmp_path: Path) -> None:
+    old, new = contract_bundle(), contract_bundle()
+    for b, run, step in ((old, "run-1", 200.0), (new, "run-2", 100.0)):
+        b["job"]["run"] = run
+        for inc in b["incidents"]:
+            inc["run"] = run
+            old_id = inc["id"]
+            inc["id"] = f"{old_id}-{run}"
+            b["subjects"][inc["id"]] = [
+                {**r, "incident": inc["id"]} for r in b["subjects"].pop(old_id)
+            ]
+        for r in b["windows"]:
+            r["run"], r["step_ms"] = run, step
+    url = fill_store(tmp_path / "artemis.db", old)
+    fill_store(tmp_path / "artemis.db", new)
+    from artemis.report.load import bundles_from_store
+
+    (b,) = bundles_from_store(url)
+    assert {i["run"] for i in b["incidents"]} == {"run-2"}
+    assert {r["step_ms"] for r in b["windows"]} == {100.0}
+    assert "3 incident(s) of earlier runs" in b["notes"][0]
+    first_old = old["incidents"][0]["id"]
+    (one,) = bundles_from_store(url, incident=first_old)
+    assert [i["id"] for i in one["incidents"]] == [first_old]
+    assert {r["step_ms"] for r in one["windows"]} == {200.0}  # its own run's windows
