@@ -254,9 +254,10 @@ def story(inc: Mapping[str, Any]) -> str:
     head = who[0].upper() + who[1:]
     if where:
         head += f" ({'; '.join(where)})"
-    slow = f"{head} slowed"
+    verb = {"hang": "hung", "missing": "stopped reporting"}.get(str(inc.get("kind")), "slowed")
+    slow = f"{head} {verb}"
     if onset is not None:
-        slow += f" from window {onset}"
+        slow += f" {'at' if verb != 'slowed' else 'from'} window {onset}"
     ratio = ev.get("ratio")
     if isinstance(ratio, (int, float)) and ev.get("gap_ms") is not None:
         slow += (
