@@ -403,6 +403,17 @@ def _col(rows: Sequence[Mapping[str, Any]], key: str) -> list[float | None]:
     return out
 
 
+def pace_title(inc: Mapping[str, Any]) -> str:
+    """What the pace plot's subject line is measured against, by kind."""
+    who = subject_name(inc)
+    kind = inc.get("kind")
+    if kind in ("island", "collective", "link"):
+        return f"Pace: {who} against its warm-up baseline; the band is every rank against its peers"
+    if kind == "degraded":
+        return f"Pace: {who}'s compute gap against its own history; the band is every rank against its peers"
+    return f"Pace: compute gap against the peers' median ({who} highlighted)"
+
+
 def pace_chart(
     inc: Mapping[str, Any],
     job_rows: Sequence[Mapping[str, Any]],
@@ -441,7 +452,7 @@ def pace_chart(
         svg.Chart(
             f"pace-{slug}",
             "pace",
-            f"Pace: compute gap against the peers' median ({subject_name(inc)} highlighted)",
+            pace_title(inc),
             "gap ratio",
             (lo, hi),
             lines=lines,
