@@ -198,6 +198,7 @@ def test_write_job_report(tmp_path: Path) -> None:
     finally:
         st.close()
     assert p == report_path(tmp_path / "reports", "flagship-sim")
+    assert p.stat().st_mode & 0o777 == 0o644  # readable by others, like any report
     assert p.read_text().count('class="incident"') == 3
     q = write_job_report(b, "flagship-sim", tmp_path / "b")
     assert q.read_text().count('class="incident"') == 3
