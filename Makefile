@@ -2,7 +2,7 @@
 #   make demo   - set up, then run the simulated cluster with a straggler, live
 #   make test   - set up, then run the whole test suite
 # Also: make test-torch (real-PyTorch DDP runs judged end to end), make bench,
-# make lint, make plugin, make clean.
+# make lint, make plugin, make docs-screenshot, make clean.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
 PYTEST_ARGS ?=
 
-.PHONY: all setup plugin demo sim test test-torch test-c bench lint clean
+.PHONY: all setup plugin demo sim test test-torch test-c bench lint clean docs-screenshot
 
 all: setup
 
@@ -39,6 +39,7 @@ demo: setup
 
 test: setup
 	bash tests/setup/install-prometheus.sh
+	bash tests/setup/install-chromium.sh
 	$(MAKE) -C profiler_plugin test
 	$(BIN)/python -m pytest -q -m "not torch_e2e" $(PYTEST_ARGS)
 
@@ -54,7 +55,18 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job rebalance
+	$(BIN)/mypy agent coordinator protocol sim job rebalance store report
+
+# docs/incident-report.png: the report of a real simulated run (the flagship
+# scenario, rebalancing on), rendered by headless Chromium (README "Reading an incident").
+DOCS_RUN := out/docs-report
+docs-screenshot: setup
+	bash tests/setup/install-chromium.sh
+	rm -rf $(DOCS_RUN) && mkdir -p $(DOCS_RUN)
+	$(BIN)/artemis sim --scenario sim/scenarios/flagship.toml --rebalance apply \
+		--jsonl $(DOCS_RUN)/findings.jsonl --plans-jsonl $(DOCS_RUN)/plans.jsonl
+	$(BIN)/artemis report --findings $(DOCS_RUN)/findings.jsonl --out $(DOCS_RUN)
+	$(BIN)/python -m artemis.report.browser $(DOCS_RUN)/flagship-sim.html docs/incident-report.png 1650
 
 clean:
 	rm -rf $(VENV) agent/_plugin build *.egg-info

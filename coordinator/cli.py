@@ -43,6 +43,15 @@ def serve(
     control_socket: Annotated[
         Path | None, typer.Option(help="Unix socket for `artemis-coordinator set`.")
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="Incident store: auto (artemis.db next to the findings), off, or sqlite:///PATH."
+        ),
+    ] = None,
+    report_dir: Annotated[
+        Path | None, typer.Option(help="Write each job's HTML report here when it ends.")
+    ] = None,
     log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
 ) -> None:
     """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
@@ -61,6 +70,8 @@ def serve(
                 "plans_jsonl": str(plans_jsonl) if plans_jsonl else None,
                 "secret_file": str(secret_file) if secret_file else None,
                 "control_socket": str(control_socket) if control_socket else None,
+                "store": store,
+                "report_dir": str(report_dir) if report_dir else None,
                 "log_json": log_json or None,
             },
         ).validated()

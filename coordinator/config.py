@@ -3,7 +3,9 @@
 The `[detector]` table holds the detector's tunables (thresholds, hardware
 classes, rebalance mode and bounds); they are validated by
 `artemis.coordinator.settings.Settings` and can be changed while running with
-`artemis-coordinator set KEY VALUE`.
+`artemis-coordinator set KEY VALUE`. `store` and `report_dir` are not: they
+are where the coordinator keeps its incident store and writes reports, fixed
+for its life (store/README.md).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
+from artemis.store.sink import check_setting
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ class CoordinatorConfig:
     # artemis.job (0 = learn it from the job; such jobs then get no plans).
     global_batch: int = 0
     log_json: bool = False
+    # The incident store: auto = a SQLite file next to the findings (artemis.db),
+    # off = none, or a URL: sqlite:///PATH (postgresql:// with the next issue).
+    store: str = "auto"
+    # Where the HTML report of each job is written when the job ends ("" = none).
+    report_dir: str = ""
     tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
     detector: dict[str, Any] = field(default_factory=dict)
@@ -50,4 +58,7 @@ class CoordinatorConfig:
             raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         if self.assembly_deadline_s <= 0:
             raise ConfigError("assembly_deadline_s must be > 0")
+        bad = check_setting(self.store)
+        if bad is not None:
+            raise ConfigError(bad)
         return self

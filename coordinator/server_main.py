@@ -26,6 +26,7 @@ from artemis.protocol.server import ProtocolServer
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import Transport, build_transport
 from artemis.rebalance.outputs import PlansWriter
+from artemis.store.sink import StoreSink
 
 REFUSAL_REASONS = ("auth", "protocol", "timeout", "version")
 
@@ -146,6 +147,9 @@ class CoordinatorServer(Lifecycle):
             global_batch=cfg.global_batch or None,
             grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
             job_linger_s=cfg.job_linger_s,
+            # A store that cannot be opened is logged and left off: never fatal.
+            store=StoreSink.open(cfg.store, cfg.jsonl),
+            report_dir=cfg.report_dir,
         )
         server = ProtocolServer(transport, cfg.listen, secret, coord, settings=settings.to_dict())
         coord.server = server
@@ -166,6 +170,7 @@ class CoordinatorServer(Lifecycle):
             metrics_port=cfg.metrics_port,
             findings=cfg.jsonl,
             plans=cfg.plans_jsonl,
+            store=coord.store.url if coord.store.on else None,
             control_socket=cfg.control_socket,
         )
         self.started.set()

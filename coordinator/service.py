@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from artemis.coordinator.monitor import (
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, PeerInfo
+from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
 
@@ -64,6 +66,8 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         incidents: IncidentsWriter | None = None,
+        store: StoreSink | None = None,
+        report_dir: str = "",
     ) -> None:
         self.journal = journal
         self.global_batch = global_batch
@@ -87,6 +91,10 @@ class Coordinator:
         self.server: Any = None  # ProtocolServer, set by serve()
         self.dump_dir = findings.path.parent / (findings.path.stem + ".dumps")
         self._outbox: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
+        # The incident store (off unless given): jobs, incidents, per-window rows.
+        self.store = store if store is not None else StoreSink(None)
+        self.report_dir = report_dir  # each job's report at its end (artemis report)
+        self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -154,6 +162,9 @@ class Coordinator:
         self._score_all(self.assembler.flush(), final=True)
         for job, m in self.monitors.items():
             self._emit(job, m.finish(self.wall()))
+            self._store_job(job, m, ended=True)
+            self._write_report(job)
+        self.store.close()
         self.findings.close()
         self.plans.close()
         self.incidents.close()
@@ -219,10 +230,13 @@ class Coordinator:
 
     def _end_job(self, job: str, keep_assembly: bool = False) -> None:
         """The one thing that clears a job: its monitor, its series, its pending windows.
-        Its open incidents close first (`job_end`)."""
+        Its open incidents close first (`job_end`), then its report is written."""
         m = self.monitors.get(job)
         if m is not None:
             self._emit(job, m.finish(self.wall()))
+            self._store_job(job, m, ended=True)
+            self._write_report(job)
+        self._stored_job.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -265,6 +279,7 @@ class Coordinator:
             if extra:
                 self.metrics.observe_findings(extra)
             self.metrics.set_active(True)
+            self._store_job(aw.job, m)
             self._incidents(out)
             self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
         # Marked scored only once its findings are written; then the job's state.
@@ -273,18 +288,70 @@ class Coordinator:
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
         self._save(aw.job)
 
+    def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
+        """The job's row in the store: what a report's summary needs. Only the keys that
+        changed are written (the store merges them): per window that is its last
+        window and time, not its list of hosts."""
+        if not self.store.on or m.last_window < 0:
+            return
+        now = time.time()
+        last = self._stored_job.setdefault(job, {})
+        info: dict[str, Any] = {
+            "run": m.run,
+            "ranks": m.nranks,
+            "window_steps": m.window_steps,
+            "gpu_count": self.settings.gpu_count or m.nranks,
+            "last_window": m.last_window,
+            "last_time": now,
+            "ended": now if ended else None,  # None again for a new run of it
+        }
+        if ended:
+            # Ranks per island for the report's summary: once, at the end (a pass
+            # over every rank, kept off the per-window path).
+            info["islands"] = dict(Counter(m.detector.islands().values()))
+        # The hosts (a rank's, as announced) only when they may have changed: a
+        # sort of a big job's hosts is not for every window.
+        hosts_key = (m.run, len(m.hosts))
+        if last.get("_hosts_key") != hosts_key:
+            info["hosts"] = sorted(set(m.hosts.values()))
+            last["_hosts_key"] = hosts_key
+        changed = {k: v for k, v in info.items() if last.get(k, ...) != v}
+        last.update(changed)
+        self.store.write_job(job, changed)
+
+    def _write_report(self, job: str) -> None:
+        """The job's incident report into report_dir at its end (report/README.md);
+        a failure is logged, never fatal."""
+        m = self.monitors.get(job)
+        if not self.report_dir or m is None or m.last_window < 0:
+            return
+        if self.store.store is None:
+            log.warning("report_dir set but the incident store is off: no report", job=job)
+            return
+        from artemis.report.load import ReportError, write_job_report
+
+        try:
+            path = write_job_report(self.store.store, job, self.report_dir)
+        except (ReportError, OSError) as e:
+            log.error("incident report not written", job=job, error=str(e))
+            return
+        log.info("incident report written", job=job, path=str(path))
+
     def _dropped(self, aw: AssembledWindow, reason: str) -> None:
         self.metrics.observe_dropped(aw.job, reason, aw.columns.n)
         log.info("window dropped", job=aw.job, run=aw.run, window=aw.window, reason=reason)
 
     def _incidents(self, out: MonitorOutput) -> None:
-        """Incident records to incidents.jsonl and Prometheus. The per-window rows
-        (`out.incident_rows`) are for the embedded store, which plugs in here."""
+        """Incident records to incidents.jsonl, Prometheus and the store; the per-window
+        rows (`out.incident_rows`) to Prometheus and the store. The JSONL first: a
+        store that fails (logged, then off) never costs a line of it."""
         if out.incidents:
             self.incidents.write(out.incidents)
             self.metrics.observe_incidents(out.incidents)
+            self.store.write_incidents(out.incidents)
         if out.incident_rows:
             self.metrics.observe_incident_rows(out.incident_rows)
+            self.store.write_monitor_rows(out.incident_rows)
 
     def _emit(self, job: str, out: MonitorOutput) -> None:
         """Write what a monitor returned outside a window's scoring (or its plans)."""

@@ -8,17 +8,21 @@ from typing import Annotated
 
 import typer
 from artemis.sim.scenario import ScenarioError
+from artemis.store.cli import app as incidents_app
 
 app = typer.Typer(
     help=(
         "Artemis on a simulated cluster: real plugin, agents and coordinator, simulated GPUs.\n\n"
         "  artemis demo                      the flagship job live (a straggler appears at "
         "window 16)\n"
-        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT"
+        "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
+        "  artemis report --findings F --out DIR   an HTML incident report per job\n"
+        "  artemis incidents list --findings OUT  the incidents of a run (show ID: one)"
     ),
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(incidents_app, name="incidents")
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
@@ -273,3 +277,10 @@ def run(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+# `artemis report` lives in its own room (report/cli.py); registered here so that
+# every operator command is under `artemis`.
+from artemis.report.cli import report as _report  # noqa: E402
+
+app.command("report")(_report)

@@ -1,0 +1,153 @@
+"""The ``Store`` interface, its error, and the URLs that pick a backend.
+
+One interface, several backends: ``SqliteStore`` (store/sqlite.py, embedded,
+the default) and ``JsonlIncidents`` (store/jsonl.py, a read-only view of an
+``incidents.jsonl`` for stores that were off). A PostgreSQL backend (the next
+issue) implements the same methods and registers its scheme in ``open_store``;
+nothing that reads or writes a store names a backend.
+
+The records are plain dicts in the shapes of docs/DESIGN.md "Incidents
+(coordinator -> world)": the incident record, the per-window job rows and the
+per-window incident rows. A store keeps the latest record of every incident id
+(the JSONL keeps every change) and its action rows.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STORE_NAME = "artemis.db"  # next to the findings file
+INCIDENTS_JSONL_NAME = "incidents.jsonl"  # next to the findings file (docs/DESIGN.md)
+
+
+class StoreError(Exception):
+    """A store cannot be opened, read or written; the message names the store."""
+
+
+class Store(abc.ABC):
+    """Jobs, incidents (latest record per id), actions and per-window rows."""
+
+    url: str = ""  # where it is, for messages
+    readonly: bool = False
+
+    # ------------------------------------------------------------------ writes
+    @abc.abstractmethod
+    def write_job(self, job: str, info: dict[str, Any]) -> None:
+        """Create or update a job: ``info``'s keys replace the ones stored (a shallow
+        merge, so a writer adds what it learns: hosts, ranks, end time)."""
+
+    @abc.abstractmethod
+    def write_incident(self, record: dict[str, Any]) -> None:
+        """Upsert an incident record by its ``id`` (the latest record wins) and its
+        ``actions`` rows (one per plan, replaced with the record)."""
+
+    def write_incidents(self, records: list[dict[str, Any]]) -> None:
+        """Several records in one transaction where the backend has them."""
+        for r in records:
+            self.write_incident(r)
+
+    @abc.abstractmethod
+    def write_rows(
+        self, job_rows: list[dict[str, Any]], incident_rows: list[dict[str, Any]]
+    ) -> None:
+        """Per-window rows: ``{job, window, time, step_ms, samples_per_s, ratio_p10,
+        ratio_p50, ratio_p90}`` (and ``run``) and ``{incident, window, time, ratio,
+        gap_ms, peers_gap_ms}``; a row already there for the same (job, run, window)
+        or (incident, window) is replaced."""
+
+    # ------------------------------------------------------------------ reads
+    @abc.abstractmethod
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job: its info plus ``job``, ``first_seen``, ``updated`` (unix s) and
+        ``incidents`` (how many), oldest first."""
+
+    @abc.abstractmethod
+    def incidents(self, job: str | None = None) -> list[dict[str, Any]]:
+        """The latest record of every incident (of ``job``), by opening window."""
+
+    @abc.abstractmethod
+    def incident(self, id: str) -> dict[str, Any] | None:
+        """The latest record of one incident, or None."""
+
+    @abc.abstractmethod
+    def job_windows(
+        self, job: str, lo: int | None = None, hi: int | None = None, *, run: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The job's per-window rows of one run with ``lo <= window <= hi``, by window:
+        ``run`` (an incident's ``run``), or by default the job's latest run. A row's
+        ``run`` comes back as it went in (absent if it had none)."""
+
+    @abc.abstractmethod
+    def incident_windows(self, id: str) -> list[dict[str, Any]]:
+        """The incident subject's per-window rows, by window."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def store_url(path: str | Path) -> str:
+    """The URL of a SQLite store file (absolute or relative, as given)."""
+    return f"sqlite:///{path}"
+
+
+def default_store_path(findings: str | Path) -> Path:
+    """Where the store of a findings file lives by default: next to it."""
+    return Path(findings).parent / DEFAULT_STORE_NAME
+
+
+def incidents_jsonl_path(findings: str | Path) -> Path:
+    return Path(findings).parent / INCIDENTS_JSONL_NAME
+
+
+def sqlite_path(url: str) -> Path:
+    """``sqlite:///PATH`` -> PATH, SQLAlchemy's spelling: ``sqlite:///rel/x.db`` is
+    relative to the working directory, ``sqlite:////abs/x.db`` absolute."""
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/") or rest == "/":
+        raise StoreError(f"store {url!r}: expected sqlite:///PATH")
+    return Path(rest[1:])
+
+
+def open_store(url: str, *, readonly: bool = False) -> Store:
+    """Open (and, read-write, create or upgrade) the store at ``url``.
+
+    ``sqlite:///PATH``: an embedded SQLite file. ``postgresql://...``: not yet
+    (the next issue). Raises ``StoreError`` naming the store for anything else,
+    for a file that is not an Artemis store, or one written by a newer Artemis."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "sqlite":
+        from artemis.store.sqlite import SqliteStore
+
+        return SqliteStore(sqlite_path(url), readonly=readonly)
+    if scheme in ("postgresql", "postgres"):
+        raise StoreError(
+            f"store {url!r}: PostgreSQL stores come with the next issue; "
+            "use sqlite:///PATH (the default: a file next to the findings)"
+        )
+    raise StoreError(f"store {url!r}: expected sqlite:///PATH (or postgresql://, not yet)")
+
+
+def open_for_findings(findings: str | Path) -> Store:
+    """What sits next to a findings file, read-only: its store when there is one,
+    else its ``incidents.jsonl`` (the latest line per id; no per-window rows).
+    Raises ``StoreError`` when there is neither."""
+    db = default_store_path(findings)
+    if db.exists():
+        return open_store(store_url(db), readonly=True)
+    jl = incidents_jsonl_path(findings)
+    if jl.exists():
+        from artemis.store.jsonl import JsonlIncidents
+
+        return JsonlIncidents(jl)
+    raise StoreError(
+        f"no incident store next to {findings}: neither {db} nor {jl} exists "
+        '(was the coordinator that wrote it run with store = "off"?)'
+    )

@@ -1,0 +1,174 @@
+"""artemis.report: the page from plain data (render is pure), its plots and its bounds."""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from artemis.report import render
+from artemis.report.html import MAX_POINTS, job_summary, story
+from artemis.report.svg import nice_ticks
+from report_data import contract_bundle, drawn_bars
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def svgs(html: str) -> dict[str, ET.Element]:
+    """Every inline SVG of the page, parsed as XML (so each one is well formed), by id."""
+    out = {}
+    for m in re.finditer(r"<svg\b.*?</svg>", html, re.S):
+        el = ET.fromstring(m.group(0))
+        out[el.attrib["id"]] = el
+    return out
+
+
+def series(el: ET.Element) -> set[str]:
+    return {g.attrib["data-series"] for g in el.iter(f"{SVG_NS}g") if "data-series" in g.attrib}
+
+
+def markers(el: ET.Element) -> list[tuple[str, int]]:
+    return [
+        (g.attrib["data-marker"], int(float(g.attrib["data-window"])))
+        for g in el.iter(f"{SVG_NS}g")
+        if "data-marker" in g.attrib
+    ]
+
+
+def test_every_incident_has_every_part() -> None:
+    b = contract_bundle()
+    html = render(b)
+    for inc in b["incidents"]:
+        m = re.search(
+            rf'<section class="incident" id="incident-[^"]+" data-incident="{inc["id"]}".*?'
+            r'(?=<section class="incident"|</main>)',
+            html,
+            re.S,
+        )
+        assert m, inc["id"]
+        sec = m.group(0)
+        parts = re.findall(r'data-part="([a-z]+)"', sec)
+        assert parts == ["story", "pace", "throughput", "evidence", "cost", "action", "check"]
+        assert f'data-verdict="{inc["verdict"]}"' in sec
+
+
+def test_plots_have_their_series_and_the_records_markers() -> None:
+    b = contract_bundle()
+    plots = svgs(render(b))
+    for inc in b["incidents"]:
+        slug = inc["id"]
+        want = [(m["marker"], m["window"]) for m in inc["markers"]]
+        pace = plots[f"pace-{slug}"]
+        assert pace.attrib["data-plot"] == "pace"
+        assert series(pace) == {"peers", "subject"}
+        assert markers(pace) == want
+        for key, s in (("step", "step_ms"), ("tput", "samples_per_s")):
+            assert series(plots[f"{key}-{slug}"]) == {s}
+            assert markers(plots[f"{key}-{slug}"]) == want
+        tele = plots.get(f"telemetry-{slug}")
+        if drawn_bars(inc):
+            assert tele is not None
+            assert series(tele) == drawn_bars(inc)
+        else:
+            assert tele is None
+
+
+def test_pace_subject_line_follows_its_rows() -> None:
+    b = contract_bundle()
+    inc = b["incidents"][0]
+    pace = svgs(render(b))[f"pace-{inc['id']}"]
+    subject = next(g for g in pace.iter(f"{SVG_NS}g") if g.attrib.get("data-series") == "subject")
+    (poly,) = subject.iter(f"{SVG_NS}polyline")
+    pts = [tuple(map(float, p.split(","))) for p in poly.attrib["points"].split()]
+    rows = b["subjects"][inc["id"]]
+    assert len(pts) == len(rows)
+    # Higher ratio, higher on the page (smaller y): the order of the points' y follows the rows'.
+    ys = [p[1] for p in pts]
+    ratios = [r["ratio"] for r in rows]
+    hi, lo = ratios.index(max(ratios)), ratios.index(min(ratios))
+    assert ys[hi] == min(ys) and ys[lo] == max(ys)
+
+
+def test_summary_numbers() -> None:
+    b = contract_bundle(windows=60, ranks=8, window_s=5.0)
+    s = job_summary(b)
+    assert s["ranks"] == 8 and s["islands"] == 2
+    assert s["wall_s"] == 300.0
+    assert abs(s["gpu_hours"] - 8 * 300 / 3600) < 1e-9
+    assert abs(s["lost_gpu_hours"] - (0.0041 + 0.0004 + 0.0001)) < 1e-12
+    assert s["by_verdict"] == {"mitigated": 1, "recovered": 1, "dismissed": 1}
+    html = render(b)
+    assert "3: 1 recovered, 1 mitigated, 1 dismissed" in html
+
+
+def test_story_tells_the_record() -> None:
+    inc = contract_bundle()["incidents"][0]
+    text = story(inc)
+    for piece in (
+        "Rank 2 (island nvidia; host node-a) slowed from window 16",
+        "15% over its peers'",
+        "flagged it at window 18 and confirmed it at window 18",
+        "Plan p1-w20-r2 was applied at window 23 and verified at window 28",
+        "2,226.1 → 2,433.9 samples/s (+9.3%)",
+        "Verdict: mitigated",
+    ):
+        assert piece in text, piece
+    dismissed = contract_bundle()["incidents"][2]
+    assert "never confirmed" in story(dismissed)
+    assert "None: the incident was dismissed" in render(contract_bundle())
+
+
+def test_no_external_reference_and_escaped_text() -> None:
+    b = contract_bundle()
+    b["incidents"][0]["cause"]["text"] = '<script>alert("x")</script> & <img src=http://e/x>'
+    html = render(b)
+    assert "<script" not in html
+    assert "&lt;script&gt;" in html
+    assert "&lt;img src=http://e/x&gt;" in html  # shown as text, not a tag
+    assert not re.search(r"""<[a-zA-Z][^<>]*\s(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "url(" not in html and "@import" not in html
+    assert "default-src 'none'" in html  # the CSP that makes any slip a console error
+    svgs(html)  # still well formed
+
+
+def test_an_empty_job() -> None:
+    html = render({"job": {"job": "quiet"}, "incidents": [], "windows": []})
+    assert "No incidents" in html and "<svg" not in html
+
+
+def test_missing_rows_say_so() -> None:
+    b = contract_bundle()
+    b["windows"], b["subjects"] = [], {}
+    html = render(b)
+    assert "peer bands not recorded" in html
+    assert "step time not recorded" in html
+
+
+def big_bundle(windows: int) -> dict[str, Any]:
+    b = contract_bundle(windows=windows)
+    # The first incident spans the whole job: its plots must be bounded however long it is.
+    inc = b["incidents"][0]
+    inc["closed"]["window"] = windows - 1
+    inc["markers"].append({"marker": "cleared", "window": windows - 1})
+    return b
+
+
+def test_page_is_bounded_for_long_episodes() -> None:
+    small = len(render(big_bundle(1000)))
+    huge_b = big_bundle(20000)
+    t0 = time.perf_counter()
+    huge = render(huge_b)
+    took = time.perf_counter() - t0
+    # Decimated to MAX_POINTS per series: 20x the windows, well under 2x the page.
+    assert len(huge) < 2 * small, (len(huge), small)
+    pace = svgs(huge)[f"pace-{huge_b['incidents'][0]['id']}"]
+    for poly in pace.iter(f"{SVG_NS}polyline"):
+        assert len(poly.attrib["points"].split()) <= MAX_POINTS
+    assert took < 10.0
+
+
+def test_nice_ticks() -> None:
+    assert nice_ticks(0, 100, 5) == [0, 20, 40, 60, 80, 100]
+    assert nice_ticks(0.97, 1.16, 4) == [1.0, 1.05, 1.1, 1.15]
+    assert nice_ticks(5, 5) == [5]
