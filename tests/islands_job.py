@@ -12,7 +12,9 @@ extra time inside the bridge transfer, a slow link between the islands).
 partial outputs are all-reduced in the pair, forward and backward) with data
 parallel across the pairs ({0,2}, {1,3}: the gradients all-reduced), each group a
 ``dist.new_group`` of the artemis backend. From step S rank R's input takes M ms
-longer (it sleeps before its forward pass).
+longer (it sleeps before its forward pass). Each step ends with the job's mean loss
+all-reduced over the whole job (for the log, as trainers do): three communicators
+per rank, of which the job-wide one is each rank's largest.
 
 ``--compute-ms C``: each step also spends C ms of modelled device time (a sleep).
 ``--mark FILE``: rank 0 writes where the slowdown started (step, and coll_seq on
@@ -75,20 +77,23 @@ def _tp(rank: int, args: argparse.Namespace, dist: Any) -> None:
     g = torch.Generator().manual_seed(100 + rank // 2)  # one batch per pair
     for step in range(args.steps):
         if rank == args.slow_rank and step == args.slow_from and args.mark:
-            _mark(args.mark, step, dp.next_coll_seq())
+            _mark(args.mark, step, dist.group.WORLD.next_coll_seq())
         if rank == args.slow_rank and step >= args.slow_from:
             time.sleep(args.slow_ms / 1e3)  # its input is late
         x, y = torch.randn(64, 64, generator=g), torch.randn(64, 1, generator=g)
         opt.zero_grad()
         _device_compute(args)
         out = all_reduce(torch.tanh(x @ w1) @ w2, group=tp)  # row-parallel: sum the partials
-        torch.nn.functional.mse_loss(out, y).backward()
+        loss = torch.nn.functional.mse_loss(out, y)
+        loss.backward()
         flat = torch.cat([w1.grad.reshape(-1), w2.grad.reshape(-1)])
         dist.all_reduce(flat, group=dp)
         flat /= 2
         w1.grad.copy_(flat[: w1.numel()].view_as(w1))
         w2.grad.copy_(flat[w1.numel() :].view_as(w2))
         opt.step()
+        logged = loss.detach().reshape(1) / 4
+        dist.all_reduce(logged)  # the job's mean loss, for the log
 
 
 def _device_compute(args: argparse.Namespace) -> None:
