@@ -20,6 +20,13 @@ device; only what the plugin cannot see (the gloo ones) is recorded here.
 CUDA tensors without the plugin: CUDA events are recorded on the current stream
 around the call and resolved off the hot path by a resolver thread (no sync in
 the collective call); device times land as ``device_ns`` records.
+
+Islands (``ARTEMIS_ISLANDS``, one island name per global rank): a group whose
+members span several islands composes its CPU all_reduce as a mixed-vendor job
+must (reduce in each island, the leaders over a bridge group, broadcast back),
+writes the leaders' exchange as bridge records (``BridgeRingWriter``, as the
+simulator does) and passes its other collectives through to the job-wide gloo
+group; docs/DESIGN.md, "Ring", has the contract.
 """
 
 from __future__ import annotations
