@@ -386,6 +386,10 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         return self._job
 
     @property
+    def shm_dir(self) -> Path:
+        return self._shm
+
+    @property
     def global_rank(self) -> int:
         return self._ranks[self._rank]
 
