@@ -9,7 +9,8 @@ through to the job-wide gloo group. One spawn checks, on every rank:
   sums are exact in any order), including MAX and an async all_reduce's future;
 * 20 steps of DDP through the islands agree with the same DDP on plain gloo within
   float tolerance (the summation order changes, so not bit for bit), and the
-  control (a different learning rate) does not;
+  control (a different learning rate) does not; 20 steps of FSDP (its all_gather
+  and reduce_scatter passed through) equal gloo's bit for bit;
 
 then the parent reads the rings with the agent's reader: one island ring per rank
 (its island's communicator: rank and size inside the island, the global rank in the
@@ -77,10 +78,22 @@ def _model() -> Any:
     ).double()
 
 
-def _train(rank: int, g: Any, lr: float = 0.05) -> dict[str, Any]:
+def _train(rank: int, g: Any, lr: float = 0.05, kind: str = "ddp") -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(_model(), process_group=g, bucket_cap_mb=0.001)  # several buckets
+    model: Any
+    if kind == "ddp":
+        model = DDP(_model(), process_group=g, bucket_cap_mb=0.001)  # several buckets
+    else:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        m = _model()
+        mesh = DeviceMesh.from_group(g, "cpu")
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        model = fully_shard(m, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(STEPS):
@@ -89,9 +102,13 @@ def _train(rank: int, g: Any, lr: float = 0.05) -> dict[str, Any]:
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+
+    def full(p: Any) -> Any:
+        return p.full_tensor() if hasattr(p, "full_tensor") else p
+
     return {
-        "params": [p.detach().flatten().tolist() for p in model.parameters()],
-        "grads": [p.grad.flatten().tolist() for p in model.parameters()],
+        "params": [full(p.detach()).flatten().tolist() for p in model.parameters()],
+        "grads": [full(p.grad).flatten().tolist() for p in model.parameters()],
     }
 
 
@@ -115,6 +132,9 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
         res["ddp_ours"] = _train(rank, pg)
         res["ddp_ref"] = _train(rank, gloo)
         res["ddp_control"] = _train(rank, gloo, lr=0.06)
+        # FSDP's all_gather and reduce_scatter are passed through: gloo's results
+        res["fsdp_ours"] = _train(rank, pg, kind="fsdp")
+        res["fsdp_ref"] = _train(rank, gloo, kind="fsdp")
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -142,6 +162,7 @@ def _close(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_e2e  # not timing-sensitive, but 4 torch processes take ~50 s here
 def test_islands_compose_like_gloo_and_write_bridge_records(tmp_path: Path) -> None:
     shm = tmp_path / "shm"
     _spawn(_worker, (str(tmp_path / "store"), str(shm), str(tmp_path)), JOIN_TIMEOUT_S)
@@ -153,6 +174,7 @@ def test_islands_compose_like_gloo_and_write_bridge_records(tmp_path: Path) -> N
         for key in ("params", "grads"):
             assert all(_close(a, b) for a, b in zip(ours[key], ref[key], strict=True)), key
             assert not all(_close(a, b) for a, b in zip(ours[key], ctl[key], strict=True)), key
+        assert res[r]["fsdp_ours"] == res[r]["fsdp_ref"]  # bit for bit
     # the values are real: all four ranks took part
     assert res[0]["ours"]["all_reduce"] == [2.0, 12.0, 22.0, 32.0]
     assert res[0]["ours"]["all_reduce_prod_int"] == [2 * 3 * 4 * 5]

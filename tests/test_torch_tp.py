@@ -112,6 +112,8 @@ def test_a_slow_rank_with_three_communicators_is_flagged_once(tmp_path: Path) ->
     assert f"flagged rank {SLOW_RANK}" in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.torch_e2e  # not timing-sensitive, but 4 torch processes take ~30 s here
 def test_each_group_of_a_rank_writes_its_own_ring_with_the_global_rank(tmp_path: Path) -> None:
     """The rings the agent judges from: per rank, one per group it is in, each naming
     the rank inside that group and the job-wide rank (no timing, a short run)."""
