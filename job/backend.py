@@ -187,9 +187,12 @@ class _Islands:
         self._q.put(run)
         return _C10D._create_work_from_future(fut)
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """No more jobs; with ``wait``, let the queued ones finish first (an abort
+        does not wait: a job may sit in a collective whose peer is gone)."""
         self._q.put(None)
-        self._thread.join(timeout=30)
+        if wait:
+            self._thread.join(timeout=30)
 
 
 class _Comm:
@@ -660,7 +663,7 @@ class ArtemisProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         if self._isl is not None:
-            self._isl.stop()
+            self._isl.stop(wait=False)
         self._pg.abort()
         self.close_rings()
 

@@ -219,3 +219,35 @@ def test_islands_compose_like_gloo_and_write_bridge_records(tmp_path: Path) -> N
             assert c["start"] <= b["start"] <= b["end"] <= c["end"]
     src = SimulatedSource(shm, JOB)
     assert [src.sample(RankTarget(rank=r, pid=0)).get("vendor") for r in range(WORLD)] == ISLANDS
+
+
+def test_islands_variable_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from artemis.job.backend import island_names
+
+    monkeypatch.delenv("ARTEMIS_ISLANDS", raising=False)
+    assert island_names(4) is None  # unset: no islands
+    monkeypatch.setenv("ARTEMIS_ISLANDS", " nvidia, nvidia ,amd,amd ")
+    assert island_names(4) == ISLANDS
+    with pytest.raises(ValueError, match="names 4 islands for a world of 2 ranks"):
+        island_names(2)
+    monkeypatch.setenv("ARTEMIS_ISLANDS", "nvidia,,amd")
+    with pytest.raises(ValueError, match="an empty island name"):
+        island_names()
+
+
+def test_a_wrong_islands_variable_fails_init_clearly(tmp_path: Path) -> None:
+    """One real process: init_process_group refuses a list of the wrong length."""
+    import subprocess
+    import sys
+
+    code = (
+        "import artemis.job, torch.distributed as dist\n"
+        f"dist.init_process_group('artemis', init_method='file://{tmp_path}/s', rank=0,"
+        " world_size=1)\n"
+    )
+    env = {**os.environ, "ARTEMIS_ISLANDS": "nvidia,amd", "ARTEMIS_SHM_DIR": str(tmp_path)}
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert p.returncode != 0
+    assert "ARTEMIS_ISLANDS names 2 islands for a world of 1 ranks" in p.stderr, p.stderr
