@@ -131,7 +131,8 @@ def island_names(world: int | None = None) -> list[str] | None:
 
 
 class _Islands:
-    """How one group composes its collectives by island (docs/DESIGN.md, "Islands").
+    """How one group composes its collectives by island (docs/DESIGN.md, "Ring":
+    "Islands in a real job").
 
     Each rank is in its island's group (gloo over the island's members) and each
     island's first rank, its leader, in the bridge group (gloo over the leaders).
@@ -165,7 +166,7 @@ class _Islands:
             self.bridge = c10d.ProcessGroupGloo(
                 c10d.PrefixStore("bridge/", store), self.index, len(self.names), timeout
             )
-        self.bridge_ring: Any = None  # BridgeRingWriter, made with the first exchange
+        self.bridge_ring: Any = None  # the leader's BridgeRingWriter (set by the group)
         self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="artemis-islands", daemon=True)
         self._thread.start()
