@@ -100,7 +100,9 @@ def _judge(found: list[dict[str, Any]], mark: Path) -> dict[str, Any]:
     """One link finding, within 3 windows of the onset; nothing else flagged."""
     onset = json.loads(mark.read_text())["coll_seq"] // (WINDOW_STEPS * COLLS_PER_STEP)
     flags = [f for f in found if f["state"] == "flagged"]
-    assert [(f["kind"], f["island"]) for f in flags] == [("link", "amd<->nvidia")], flags
+    assert [(f["kind"], f["island"]) for f in flags] == [("link", "amd<->nvidia")], [
+        (f["kind"], f["rank"], f["island"], f["window"], f["ratio"]) for f in flags
+    ]
     link = flags[0]
     assert onset <= link["window"] <= onset + 2, (onset, link)  # the onset window counts
     assert sorted(link["ranks"]) == [0, 2]  # the island leaders, by their global ranks
