@@ -169,12 +169,19 @@ class Agent:
         ]
 
     def _main_ring(self, job: str, grank: int) -> Tracked | None:
-        best: Tracked | None = None
+        return self._mains().get((job, grank))
+
+    def _mains(self) -> dict[tuple[str, int], Tracked]:
+        """Each rank's main ring: its largest communicator, ties to the lowest hash, the
+        same choice as the coordinator's (coordinator/assembly.py)."""
+        best: dict[tuple[str, int], Tracked] = {}
         for t in self.rings.values():
-            if t.is_bridge or t.header.job != job or t.grank != grank:
+            if t.is_bridge:
                 continue
-            if best is None or t.header.nranks > best.header.nranks:
-                best = t
+            key = (t.header.job, t.grank)
+            b = best.get(key)
+            if b is None or (-t.header.nranks, t.header.comm) < (-b.header.nranks, b.header.comm):
+                best[key] = t
         return best
 
     # ----------------------------------------------------------------- reading
@@ -182,7 +189,13 @@ class Agent:
         """Read every ring once; return the windows that completed."""
         self._acks.clear()
         out: list[RankWindow] = []
-        for t in list(self.rings.values()):
+        mains = self._mains()
+        main_set = {id(t) for t in mains.values()}
+        # Main rings first: a rank writes a collective of another communicator before
+        # the main-ring record that follows it, so reading the others afterwards has
+        # every one a window's gaps contain when that window is cut (below).
+        order = sorted(self.rings.values(), key=lambda t: id(t) not in main_set)
+        for t in order:
             try:
                 batch = t.reader.poll()
                 t.header = t.reader.header()
@@ -192,9 +205,12 @@ class Agent:
                 continue
             done = batch.done
             target = t.summarizer
+            main = mains.get((t.header.job, t.grank))
             if t.is_bridge:
-                main = self._main_ring(t.header.job, t.grank)
                 target = main.summarizer if main else None
+            elif main is not None and main is not t and main.summarizer is not None:
+                # another communicator of the rank (tensor parallel): its time is not compute
+                main.summarizer.feed_nested(done)
             if target is not None:
                 if batch.lost:
                     target.add_lost(int(batch.lost))

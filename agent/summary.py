@@ -91,6 +91,7 @@ _COLL_DT = np.dtype(
 _BRIDGE_DT = np.dtype(
     [("coll_seq", "<i8"), ("peer", "<i4"), ("clock", "u1"), ("start", "<u8"), ("end", "<u8")]
 )
+_NESTED_DT = np.dtype([("clock", "u1"), ("start", "<u8"), ("end", "<u8")])
 # Records kept while the period is still unknown (an irregular stream must not
 # grow the buffer without bound).
 _INFER_CAP = 16384
@@ -230,6 +231,8 @@ class WindowSummarizer:
         self._c: int | None = colls_per_step
         self._recs = np.empty(0, dtype=_COLL_DT)
         self._bridge = np.empty(0, dtype=_BRIDGE_DT)
+        # The rank's collectives on its other communicators (feed_nested)
+        self._nested = np.empty(0, dtype=_NESTED_DT)
         self._next_window: int | None = None
         self._floor = 0  # records below this coll_seq belong to emitted windows
         self._min_seq: int | None = None
@@ -294,6 +297,21 @@ class WindowSummarizer:
         lo, hi = int(c["coll_seq"].min()), int(c["coll_seq"].max())
         self._min_seq = lo if self._min_seq is None else min(self._min_seq, lo)
         self._max_seq = max(self._max_seq, hi)
+
+    def feed_nested(self, records: np.ndarray) -> None:
+        """The same rank's collectives on its other communicators (tensor parallel inside
+        this data-parallel one): time inside them is not compute, so `gap_ms` leaves it
+        out (docs/DESIGN.md, "Protocol": a rank with several communicators)."""
+        if records.size == 0:
+            return
+        keep = _is_done(records) & (np.asarray(records["kind"]) == KIND_COLL)
+        keep &= (records["start"] > 0) & (records["end"] >= records["start"])
+        r = records[keep]
+        if r.size == 0:
+            return
+        n = np.empty(r.size, dtype=_NESTED_DT)
+        n["clock"], n["start"], n["end"] = r["clock"], r["start"], r["end"]
+        self._nested = np.concatenate([self._nested, n])[-_INFER_CAP:]
 
     def _merge(self) -> None:
         if not self._pending:
@@ -361,6 +379,9 @@ class WindowSummarizer:
             # keep the window's last collective as the next one's "previous"
             self._recs = self._recs[np.searchsorted(seqs, hi_eff - 1) :]
             self._bridge = self._bridge[self._bridge["coll_seq"] >= hi_eff]
+            if self._nested.size and self._recs.size:
+                # what ends before the next window's first gap opens is not needed again
+                self._nested = self._nested[self._nested["end"] > self._recs["end"][0]]
             # jump over windows with no records at all (agent restart, big loss)
             rest = self._recs["coll_seq"][self._recs["coll_seq"] >= hi_eff]
             self._next_window = max(w + 1, int(rest[0]) // span) if rest.size else w + 1
@@ -400,7 +421,16 @@ class WindowSummarizer:
             # subtract in integers first: device ns since the epoch lose precision as float
             start[pos] = (timed["start"] - np.uint64(base)).astype(np.float64) * scale
             end[pos] = (timed["end"] - np.uint64(base)).astype(np.float64) * scale
-        gaps = np.maximum(start[1:] - end[:-1], 0.0).reshape(steps, c)
+        gaps = np.maximum(start[1:] - end[:-1], 0.0)
+        if self._nested.size and timed.size:
+            # time spent inside the rank's other communicators' collectives within a gap
+            nest = self._nested[self._nested["clock"] == chosen]
+            if nest.size:
+                ns = (nest["start"].astype(np.int64) - base).astype(np.float64) * scale
+                ne = (nest["end"].astype(np.int64) - base).astype(np.float64) * scale
+                covered = _covered(ns, ne, start[1:]) - _covered(ns, ne, end[:-1])
+                gaps = np.maximum(gaps - np.maximum(covered, 0.0), 0.0)
+        gaps = gaps.reshape(steps, c)
         durs = (end[1:] - start[1:]).reshape(steps, c)
         step_times = np.diff(end[0::c])
         lost_here = (hi - lo) - n_in
@@ -446,6 +476,22 @@ class WindowSummarizer:
         peers = b["peer"][b["peer"] >= 0]
         peer = int(np.bincount(peers).argmax()) if peers.size else None
         return {"bridge_ms": float(np.median(per_step[has])), "bridge_peer": peer}
+
+
+def _covered(start: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Length of the union of the intervals [start, end) below each time in `t`."""
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], np.maximum.accumulate(end[o])
+    # merge overlapping intervals: a new segment opens where a start passes every earlier end
+    new = np.ones(s.size, dtype=bool)
+    new[1:] = s[1:] > e[:-1]
+    seg_s = s[new]
+    seg_e = np.append(e[np.flatnonzero(new)[1:] - 1], e[-1])
+    before = np.concatenate([[0.0], np.cumsum(seg_e - seg_s)])
+    j = np.searchsorted(seg_s, t, side="right") - 1  # the last segment opened by t
+    k = np.maximum(j, 0)
+    out = before[k] + np.clip(t - seg_s[k], 0.0, seg_e[k] - seg_s[k])
+    return np.where(j >= 0, out, 0.0)
 
 
 def _gap_busy_pct(timed: np.ndarray, lo: int) -> float | None:

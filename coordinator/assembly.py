@@ -28,7 +28,12 @@ an older run, are dropped, counted per reason (`dropped`) and listed in
 A rank may take part in several communicators (data, tensor, pipeline
 parallel). The detector judges each rank on one of them: its largest (ties:
 the lowest communicator hash), which in data-parallel training is the one
-whose all-reduce ends every step.
+whose all-reduce ends every step. The agent measures that row's `gap_ms`
+across all of the rank's communicators (time inside none of its collectives,
+agent/summary.py `feed_nested`), so a rank waiting inside its tensor-parallel
+group's collectives for a slow partner shows no extra compute. Rows of a
+smaller communicator of ranks already judged on a larger one are ignored
+(`secondary`), neither scored nor counted as drops.
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ class _Pending:
     parts: list[WindowColumns] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)  # each part's communicator (_Job.code)
     seen: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # the communicator (code) of each seen rank's row: a row of another one is no duplicate
+    seen_code: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     count: int = 0  # ranks with a row
 
 
@@ -154,6 +161,7 @@ class WindowAssembler:
         self.dropped: Counter[tuple[str, str]] = Counter()  # (job, reason) -> summaries
         self.drops: list[Drop] = []  # since the caller last took them (take_drops)
         self.duplicates = 0
+        self.secondary = 0  # rows of communicators smaller than their ranks' primary
 
     # -- jobs ---------------------------------------------------------------
 
@@ -306,7 +314,13 @@ class WindowAssembler:
         if self._born is None:
             self._born = now
         out: list[AssembledWindow] = []
-        for job, comm, window, idx in _groups(cols):
+        groups = _groups(cols)
+        if len(groups) > 1:
+            # A batch's largest communicators first: a rank's DP row then comes before
+            # its TP group's row of the same window, which is never scored instead.
+            nr = cols.ints("nranks")
+            groups.sort(key=lambda g: -int(nr[g[3]].max()) if g[3] is not None else 0)
+        for job, comm, window, idx in groups:
             part = cols if idx is None else cols.take(idx)
             out.extend(self._add_group(job, comm, window, part, now))
         return out
@@ -335,15 +349,19 @@ class WindowAssembler:
             j.run_of[comm] = run
         if run != j.run:
             return out + self._drop(job, run, window, comm, r.size, "old_run")
-        if (run, window) in j.released:
-            return out + self._drop(job, run, window, comm, r.size, "late")
-        # Primary communicator per rank: the largest, ties to the lowest hash.
+        cur = j.prim_n[r]
+        if ((cur != 0) & (cur < -n)).all():
+            # Every rank is judged on a larger communicator (a tensor-parallel group's
+            # own): nothing here is scored; not a drop, whether early or late.
+            self.secondary += r.size
+            return out
+        # Primary communicator per rank: the largest, ties to the lowest hash. Taken
+        # from late rows too: a rank judged on its TP group's row for want of its DP
+        # row is judged on the DP one from the next window on.
         code = j.code(comm)
         cur_n = j.prim_n[r]
-        if (j.prim_code[r] == code).all() and (cur_n == -n).all():
-            better = np.zeros(r.size, dtype=bool)  # the usual batch: nothing changes
-            no_better = True
-        else:
+        if not ((j.prim_code[r] == code).all() and (cur_n == -n).all()):
+            # (the usual batch, every rank already primary on this communicator, skips this)
             cur_c = j.prim_comm[r]
             better = (cur_n == 0) | (-n < cur_n) | ((-n == cur_n) & (cur_c > comm))
             same = (-n == cur_n) & (cur_c == comm)
@@ -355,28 +373,32 @@ class WindowAssembler:
                 return out
             if not keep.all():
                 part = part.take(np.flatnonzero(keep))
-                r, better = r[keep], better[keep]
-            no_better = not better.any()
+                r = r[keep]
+        if (run, window) in j.released:
+            return out + self._drop(job, run, window, comm, r.size, "late")
         key = (job, run, window)
         p = self._pending.get(key)
         if p is None:
             p = self._pending[key] = _Pending(first_seen=now)
             heapq.heappush(j.order, (run, window))
         if p.seen.size < j.prim_n.size:
-            p.seen = np.concatenate([p.seen, np.zeros(j.prim_n.size - p.seen.size, bool)])
+            grow = j.prim_n.size - p.seen.size
+            p.seen = np.concatenate([p.seen, np.zeros(grow, bool)])
+            p.seen_code = np.concatenate([p.seen_code, np.zeros(grow, np.int64)])
         already = p.seen[r]
         seen_before = already.any()
         if seen_before:
             # Seen already: a resend of the same communicator's row is a duplicate; a
-            # row of a communicator that just became primary replaces the old one
+            # row of a communicator that became primary since replaces the old one
             # (the old row is filtered out at release, see _release).
-            dup = already if no_better else already & ~better
+            dup = already & (p.seen_code[r] == code)
             self.duplicates += int(dup.sum())
             if dup.all():
                 return out
             part = part.take(np.flatnonzero(~dup))
             r = r[~dup]
         p.seen[r] = True
+        p.seen_code[r] = code
         if seen_before:
             p.count = int(p.seen.sum())
         elif r.size < 2 or (r[1:] > r[:-1]).all():
@@ -394,11 +416,13 @@ class WindowAssembler:
 
     def _starts_run(self, j: _Job, r: I64, n: int, window: int) -> bool:
         """An unseen communicator starts a new run when the run already scored this window
-        and its ranks already have a primary communicator no larger than it."""
+        and its ranks already have a primary communicator of its size: a rerun brings
+        the same topology. A larger one is this run's data-parallel communicator whose
+        summaries came after those of its ranks' tensor-parallel groups."""
         if window > j.front:
             return False
         cur = j.prim_n[r]
-        return bool(((cur != 0) & (-n <= cur)).all())
+        return bool(((cur != 0) & (-n == cur)).all())
 
     def _close_run(self, job: str, j: _Job) -> list[AssembledWindow]:
         """A new run began: the old run's windows still pending will get no more rows."""

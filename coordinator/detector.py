@@ -887,15 +887,16 @@ class Detector:
         maxgap = np.array([gap[v.isl_id == k].max() for k in range(n_isl)])
         drifts: dict[int, float] = {}
         # Islands on separate communicators meet at a bridge between their leaders;
-        # an island that arrives first waits there for the others, inside a
-        # collective. Its leader's bridge time over the quickest leader's is that
-        # wait, and is taken off the island's transfer time as well.
+        # every rank of an island waits inside a collective while its leader is on
+        # the bridge (waiting for the other islands, then the transfer). That time
+        # is the link's signal, not the island's transfer: it is taken off, so a
+        # slow link is a `link` finding and not a `collective` one as well.
         bridge_of: dict[int, float] = {}
         bridge = v.bridge
         for i in v.leaders.tolist():
             k = int(v.isl_id[i])
             bridge_of[k] = min(bridge_of.get(k, math.inf), float(bridge[i]))
-        bridge_min = min(bridge_of.values()) if len(bridge_of) > 1 else None
+        bridged = len(bridge_of) > 1
         for k in range(n_isl):
             name = str(v.isl_names[k])
             members = v.isl_id == k
@@ -929,8 +930,8 @@ class Detector:
             others = np.delete(maxgap, k)
             wait = np.maximum(0.0, others.max() - gap[members]) if others.size else 0.0
             transfer = float(np.min(np.maximum(0.0, coll[members] - wait)))
-            if bridge_min is not None and k in bridge_of:
-                transfer = max(0.0, transfer - (bridge_of[k] - bridge_min))
+            if bridged and k in bridge_of:
+                transfer = max(0.0, transfer - bridge_of[k])
             state, cratio, excess, track = self._subject_step(
                 "collective", name, transfer, s.collective_ratio, ctx
             )

@@ -20,11 +20,19 @@ device; only what the plugin cannot see (the gloo ones) is recorded here.
 CUDA tensors without the plugin: CUDA events are recorded on the current stream
 around the call and resolved off the hot path by a resolver thread (no sync in
 the collective call); device times land as ``device_ns`` records.
+
+Islands (``ARTEMIS_ISLANDS``, one island name per global rank): a group whose
+members span several islands composes its CPU all_reduce as a mixed-vendor job
+must (reduce in each island, the leaders over a bridge group, broadcast back),
+writes the leaders' exchange as bridge records (``BridgeRingWriter``, as the
+simulator does) and passes its other collectives through to the job-wide gloo
+group; docs/DESIGN.md, "Ring", has the contract.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import queue
 import socket
@@ -46,6 +54,7 @@ from .ring_writer import RingWriter
 # torch's stubs type ProcessGroup's methods with overloads a forwarding wrapper
 # cannot restate one by one; the wrapper takes whatever c10d passes on.
 dist: Any = _torch_dist
+_C10D: Any = torch._C._distributed_c10d
 
 BACKEND_NAME = "artemis"
 _JOB_ENV = ("ARTEMIS_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
@@ -81,6 +90,11 @@ def plugin_loaded() -> bool:
         return False
 
 
+def _key_hash(key: str) -> int:
+    """A ring's 64-bit communicator hash from its key (group, inner backend, ranks)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
 def _flat(tensors: Any) -> list[Any]:
     """Tensors of a (nested) tensor list."""
     if isinstance(tensors, torch.Tensor):
@@ -95,13 +109,100 @@ def _nbytes(tensors: list[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+_ISLANDS_ENV = "ARTEMIS_ISLANDS"
+# Reductions that compose (associative and commutative): island, then bridge, then back.
+_COMPOSABLE = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+
+
+def island_names(world: int | None = None) -> list[str] | None:
+    """``ARTEMIS_ISLANDS`` (one island name per global rank, comma-separated), or None."""
+    raw = os.environ.get(_ISLANDS_ENV, "").strip()
+    if not raw:
+        return None
+    names = [x.strip() for x in raw.split(",")]
+    if any(not x for x in names):
+        raise ValueError(f"{_ISLANDS_ENV}={raw!r}: an empty island name")
+    if world is not None and len(names) != world:
+        raise ValueError(
+            f"{_ISLANDS_ENV} names {len(names)} islands for a world of {world} ranks: "
+            "give one island name per global rank"
+        )
+    return names
+
+
+class _Islands:
+    """How one group composes its collectives by island (docs/DESIGN.md, "Ring":
+    "Islands in a real job").
+
+    Each rank is in its island's group (gloo over the island's members) and each
+    island's first rank, its leader, in the bridge group (gloo over the leaders).
+    Everything the group runs on CPU tensors goes through one worker thread in
+    call order, so the composed collectives and the passed-through ones keep the
+    order of the calls (as the inner backend's own queue would).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        timeout: timedelta,
+        rank: int,
+        members: list[int],
+        islands: list[str],
+    ) -> None:
+        labels = [islands[g] for g in members]  # per group rank
+        self.names = list(dict.fromkeys(labels))  # islands in order of first appearance
+        self.name = labels[rank]
+        self.index = self.names.index(self.name)
+        mine = [r for r, lab in enumerate(labels) if lab == self.name]
+        self.ranks = [members[r] for r in mine]  # global ranks of my island
+        self.island_rank = mine.index(rank)
+        self.leader = self.island_rank == 0
+        self.peer = (self.index + 1) % len(self.names)  # as the simulator names bridge peers
+        self.pg: Any = c10d.ProcessGroupGloo(
+            c10d.PrefixStore(f"island/{self.index}/", store), self.island_rank, len(mine), timeout
+        )
+        self.bridge: Any = None
+        if self.leader:
+            self.bridge = c10d.ProcessGroupGloo(
+                c10d.PrefixStore("bridge/", store), self.index, len(self.names), timeout
+            )
+        self.bridge_ring: Any = None  # the leader's BridgeRingWriter (set by the group)
+        self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="artemis-islands", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (job := self._q.get()) is not None:
+            job()
+
+    def submit(self, job: Callable[[], Any]) -> Any:
+        """Run ``job`` (returns the op's result tensors) in call order; a Work for it."""
+        fut: Any = torch.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(job())
+            except Exception as e:  # the caller's wait() raises it
+                fut.set_exception(e)
+
+        self._q.put(run)
+        return _C10D._create_work_from_future(fut)
+
+    def stop(self, wait: bool = True) -> None:
+        """No more jobs; with ``wait``, let the queued ones finish first (an abort
+        does not wait: a job may sit in a collective whose peer is gone)."""
+        self._q.put(None)
+        if wait:
+            self._thread.join(timeout=30)
+
+
 class _Comm:
     """One ring (one communicator of one inner backend) and its sequence counters."""
 
     def __init__(
         self, shm_dir: Path, job: str, key: str, rank: int, size: int, global_rank: int, cuda: bool
     ) -> None:
-        comm_hash = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+        comm_hash = _key_hash(key)
         self.ring = RingWriter(
             shm_dir,
             job,
@@ -178,6 +279,12 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         else:
             self._build_inner(store, rank, size, timeout, forced)
         self._finish_init(rank, size, group_id, global_ranks)
+        # Fault injection for tests and demos: extra seconds inside each of this
+        # rank's bridge transfers (a slow link between islands). Leaders only.
+        self.bridge_delay_s = 0.0
+        self._isl: _Islands | None = None
+        if inner is None and "cpu" in self._inner and forced != "nccl":
+            self._setup_islands(store, timeout)
 
     def _build_inner(
         self, store: Any, rank: int, size: int, timeout: timedelta, forced: str
@@ -219,6 +326,44 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         self._plugin = plugin_loaded()
         self._cuda_timer: _CudaTimer | None = None
 
+    def _setup_islands(self, store: Any, timeout: timedelta) -> None:
+        """Compose this group's CPU collectives by island when ``ARTEMIS_ISLANDS`` says
+        its members span two or more islands."""
+        names = island_names(None if c10d.is_initialized() else self._size)
+        if names is None:
+            return
+        if max(self._ranks) >= len(names):
+            raise ValueError(
+                f"{_ISLANDS_ENV} names {len(names)} islands; rank {max(self._ranks)} has none"
+            )
+        _publish_island(self._shm, self._job, self.global_rank, names[self.global_rank])
+        if len({names[g] for g in self._ranks}) < 2:
+            return  # a group inside one island: nothing crosses a bridge
+        self._isl = isl = _Islands(store, timeout, self._rank, self._ranks, names)
+        if isl.leader:
+            from .ring_writer import BridgeRingWriter
+
+            isl.bridge_ring = BridgeRingWriter(
+                self._shm,
+                self._job,
+                _key_hash(f"bridge:{self._group_id}:{self.global_rank}"),
+                self._rank,
+                self._size,
+                clock_kind="host",
+                host=socket.gethostname(),
+                global_rank=self.global_rank,
+            )
+
+    @property
+    def island(self) -> str | None:
+        """This rank's island when this group composes by island, else None."""
+        return self._isl.name if self._isl is not None else None
+
+    def bridge_ring_path(self) -> Path | None:
+        """The ring of this rank's bridge records (island leaders only), else None."""
+        isl = self._isl
+        return isl.bridge_ring.path if isl is not None and isl.bridge_ring is not None else None
+
     # -- plumbing -------------------------------------------------------------
 
     def getBackendName(self) -> str:
@@ -243,6 +388,10 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     @property
     def job(self) -> str:
         return self._job
+
+    @property
+    def shm_dir(self) -> Path:
+        return self._shm
 
     @property
     def global_rank(self) -> int:
@@ -275,9 +424,24 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         """The ring for collectives on ``dev``; None when the plugin records those."""
         if dev in self._comms:
             return self._comms[dev]
-        inner_name = "nccl" if dev == "cuda" or "cuda" not in self._inner else "gloo"
+        # the cpu inner is nccl only when ARTEMIS_INNER_BACKEND=nccl put it there
+        inner_name = "nccl" if self._inner.get(dev) is self._inner.get("cuda") else "gloo"
         if dev == "cuda" and self._plugin:
             comm = None  # NCCL's collectives are the plugin's (one source per collective)
+        elif dev == "cpu" and self._isl is not None:
+            # Composed by island: the rank's ring is its island's communicator, as a
+            # job with one communicator per vendor island has (the simulator's too).
+            isl = self._isl
+            key = f"{inner_name}:{self._group_id}:island:{isl.name}:{','.join(map(str, isl.ranks))}"
+            comm = _Comm(
+                self._shm,
+                self._job,
+                key,
+                isl.island_rank,
+                len(isl.ranks),
+                self.global_rank,
+                False,
+            )
         else:
             key = f"{inner_name}:{self._group_id}:{','.join(map(str, self._ranks))}"
             comm = _Comm(
@@ -300,6 +464,8 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         if comm is None:
             return call(inner)
         p2p = func in ("Send", "Recv")
+        if self._isl is not None and dev == "cpu" and not p2p:
+            call = self._isl_deferred(call)
         dtype = _DTYPES.get(tensors[0].dtype, 0) if tensors else 0
         nbytes = _nbytes(tensors)
         enq = _mono()
@@ -356,19 +522,149 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         fut.add_done_callback(done)
         return work
 
+    # -- islands ----------------------------------------------------------------
+
+    def _isl_deferred(self, call: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """A passed-through collective, run on the job-wide inner group by the islands
+        worker (so it keeps its place among the composed ones)."""
+        isl = self._isl
+        assert isl is not None
+
+        def deferred(inner: Any) -> Any:
+            def job() -> Any:
+                work = call(inner)
+                try:
+                    return work.get_future().wait()
+                except RuntimeError:  # a Work without a future
+                    work.wait()
+                    return []
+
+            return isl.submit(job)
+
+        return deferred
+
+    def _composable(self, tensors: list[Any], op: Any) -> bool:
+        return (
+            self._isl is not None
+            and bool(tensors)
+            and all(not t.is_cuda and t.layout == torch.strided for t in tensors)
+            and len({t.dtype for t in tensors}) == 1
+            and any(op == getattr(dist.ReduceOp, n) for n in _COMPOSABLE)
+        )
+
+    def _composed_allreduce(self, tensors: list[Any], op: Any) -> Any:
+        """all_reduce by island: reduce to each island's leader, exchange between the
+        leaders over the bridge (a bridge record), broadcast back inside each island.
+
+        The island's ring gets two records: a Reduce, then a Broadcast that every
+        rank of the island waits in while its leader is on the bridge, so waiting
+        for another island is time inside a collective, never compute gap (as the
+        simulator models it, sim/model.py).
+        """
+        isl = self._isl
+        assert isl is not None
+        comm = self._comm("cpu")
+        assert comm is not None
+        dtype = _DTYPES.get(tensors[0].dtype, 0)
+        nbytes = _nbytes(tensors)
+        enq, cpu0 = _mono(), _cpu()
+        with comm.lock:
+            seq = comm.coll_seq
+            comm.coll_seq += 2
+            t1 = comm.ring.record(
+                kind=rf.KIND_COLL,
+                func=_F["Reduce"],
+                dtype=dtype,
+                coll_seq=seq,
+                nbytes=nbytes,
+                start=enq,
+                state=rf.STATE_IN_FLIGHT,
+                clock=rf.REC_HOST,
+                enqueue_ns=enq,
+                cpu_start_ns=cpu0,
+            )
+
+        def job() -> list[Any]:
+            one = len(tensors) == 1 and tensors[0].is_contiguous()
+            buf = tensors[0] if one else torch.cat([t.reshape(-1) for t in tensors])
+            ro = dist.ReduceOptions()
+            ro.reduceOp, ro.rootRank, ro.rootTensor = op, 0, 0
+            isl.pg.reduce([buf], ro).wait()
+            e1, c1 = _mono(), _cpu()
+            with comm.lock:
+                comm.ring.complete(t1, end=e1, cpu_end_ns=c1)
+                t2 = comm.ring.record(
+                    kind=rf.KIND_COLL,
+                    func=_F["Broadcast"],
+                    dtype=dtype,
+                    coll_seq=seq + 1,
+                    nbytes=nbytes,
+                    start=e1,
+                    state=rf.STATE_IN_FLIGHT,
+                    clock=rf.REC_HOST,
+                    enqueue_ns=e1,
+                    cpu_start_ns=c1,
+                )
+            if isl.leader:
+                self._bridge_exchange(buf, op, seq + 1, nbytes)
+            bo = dist.BroadcastOptions()
+            bo.rootRank, bo.rootTensor = 0, 0
+            isl.pg.broadcast([buf], bo).wait()
+            if not one:
+                off = 0
+                for t in tensors:
+                    n = t.numel()
+                    t.copy_(buf[off : off + n].view_as(t))
+                    off += n
+            e2, c2 = _mono(), _cpu()
+            with comm.lock:
+                comm.ring.complete(t2, end=e2, cpu_end_ns=c2)
+            return tensors
+
+        return isl.submit(job)
+
+    def _bridge_exchange(self, buf: Any, op: Any, seq: int, nbytes: int) -> None:
+        """The leaders' all_reduce over the bridge group, written as a bridge record
+        whose coll_seq is the island Broadcast's it sits in (the agent counts it in
+        that collective's step)."""
+        isl = self._isl
+        assert isl is not None and isl.bridge is not None and isl.bridge_ring is not None
+        start = _mono()
+        if self.bridge_delay_s > 0:
+            time.sleep(self.bridge_delay_s)  # a slow link: extra time in the transfer
+        ao = dist.AllreduceOptions()
+        ao.reduceOp = op
+        isl.bridge.allreduce([buf], ao).wait()
+        isl.bridge_ring.append(
+            peer=isl.peer,
+            nbytes=nbytes,
+            start=start,
+            end=_mono(),
+            coll_seq=seq,
+            clock=rf.REC_HOST,
+            enqueue_ns=start,
+        )
+
     def close_rings(self) -> None:
         """Mark this group's rings finished (the agent then ships their last windows)."""
         for comm in self._comms.values():
             if comm is not None:
                 with comm.lock:
                     comm.ring.close()
+        isl = self._isl
+        if isl is not None and isl.bridge_ring is not None:
+            isl.bridge_ring.close()
 
     def shutdown(self) -> None:
         """``destroy_process_group`` calls this: shut the inner backends, finish the rings."""
+        if self._isl is not None:
+            self._isl.stop()
         self._pg.shutdown()
         self.close_rings()
 
     def abort(self) -> None:
+        if self._isl is not None:
+            self._isl.stop(wait=False)
         self._pg.abort()
         self.close_rings()
 
@@ -378,11 +674,15 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         ts = _flat(tensors)
         if opts is None:
             opts = dist.AllreduceOptions()
+        if self._composable(ts, opts.reduceOp):
+            return self._composed_allreduce(ts, opts.reduceOp)
         return self._run("AllReduce", ts, lambda b: b.allreduce(tensors, opts))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         if opts is None:
             opts = dist.AllreduceCoalescedOptions()
+        if self._composable(_flat(tensors), opts.reduceOp):
+            return self._composed_allreduce(_flat(tensors), opts.reduceOp)
         return self._run(
             "AllReduce", _flat(tensors), lambda b: b.allreduce_coalesced(tensors, opts)
         )
@@ -567,6 +867,27 @@ class _TimedWork(dist._Work):
         return self._w.result()
 
 
+_published: set[tuple[str, str, int]] = set()
+
+
+def _publish_island(shm: Path, job: str, global_rank: int, island: str) -> None:
+    """Tell the detector this rank's island the way the simulator tells it: as the rank's
+    vendor in the per-rank telemetry file (agent/telemetry/simulated.py), which the
+    agent's ``simulated`` source and ``artemis.job.Detector`` read. An emulated island
+    has no GPU to report a vendor; this file is its one source."""
+    key = (str(shm), job, global_rank)
+    if key in _published:
+        return
+    from artemis.agent.telemetry.simulated import sim_telemetry_path
+
+    path = sim_telemetry_path(shm, job, global_rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"base": {"vendor": island}}))
+    os.replace(tmp, path)
+    _published.add(key)
+
+
 def _create(opts: Any, pg_options: Any) -> ArtemisProcessGroup:
     return ArtemisProcessGroup(
         opts.store,
@@ -585,4 +906,11 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-__all__ = ["BACKEND_NAME", "ArtemisProcessGroup", "job_name", "plugin_loaded", "register"]
+__all__ = [
+    "BACKEND_NAME",
+    "ArtemisProcessGroup",
+    "island_names",
+    "job_name",
+    "plugin_loaded",
+    "register",
+]

@@ -31,6 +31,7 @@ from artemis.agent.ring import RingReader
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import RankTarget, TelemetryAccumulator, merge
 from artemis.agent.telemetry.host import HostSource
+from artemis.agent.telemetry.simulated import SimulatedSource
 from artemis.protocol.records import RankWindow, Telemetry
 
 _STORE_KEY = "artemis/detector/address"
@@ -95,6 +96,10 @@ class Detector:
             )
         self.rank, self.world = pg.rank(), pg.size()
         self._ring_path = pg.ring_path("cpu")
+        # islands (ARTEMIS_ISLANDS): a leader's bridge records, and the island as the
+        # agent learns it (the per-rank telemetry file's vendor, docs/DESIGN.md "Ring")
+        self._bridge_path = pg.bridge_ring_path()
+        self._sim = SimulatedSource(pg.shm_dir, pg.job)
         self._stop = threading.Event()
         self._poll_s = poll_interval_s
         self._sum = WindowSummarizer(
@@ -163,7 +168,8 @@ class Detector:
         for w in windows:
             own = {k: v for k, v in w.telemetry.to_dict().items() if v is not None}
             own.pop("missing", None)
-            w = dataclasses.replace(w, telemetry=merge([own, live]))
+            sim = self._sim.sample(RankTarget(rank=w.rank, pid=self._pid, window=w.window))
+            w = dataclasses.replace(w, telemetry=merge([own, sim, live]))
             if self._sock is not None:
                 self._sock.sendall(_to_wire(w))
             else:
@@ -171,11 +177,15 @@ class Detector:
 
     def _summarise_loop(self) -> None:
         reader: RingReader | None = None
+        bridge = RingReader(self._bridge_path) if self._bridge_path is not None else None
         while True:
             stopping = self._stop.is_set()
             if reader is None and Path(self._ring_path).exists():
                 reader = RingReader(self._ring_path)
             if reader is not None:
+                if bridge is not None:  # before the windows are cut, as the agent does
+                    bb = bridge.poll()
+                    self._sum.feed(bb.done)
                 b = reader.poll()
                 self._sum.add_lost(b.lost)
                 self._sum.feed(b.done)
@@ -187,6 +197,8 @@ class Detector:
             self._stop.wait(self._poll_s)
         if reader is not None:
             reader.close()
+        if bridge is not None:
+            bridge.close()
         if self._sock is not None:
             self._sock.sendall(b"done\n")
             self._sock.close()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from artemis.sim.model import LockstepModel
+from artemis.sim.model import TP_BYTES, LockstepModel
 from artemis.sim.scenario import Scenario, load_scenario
 
 LAG = 1  # windows a host may run ahead of the coordinator's scoring
@@ -150,17 +150,28 @@ def run_host(
     local = [r for r in range(sc.ranks) if sc.host_of(r) == host]
     nccl = NcclStandIn(str(plugin_path()), version=7)
     comms: dict[int, Any] = {}
+    tp_comms: dict[int, Any] = {}
     for r in local:
         island = sc.islands[r]
         members = sc.island_ranks(island)
+        name = island
+        if sc.tp > 1:
+            # data parallel: one communicator per TP position (the job is one island)
+            members, name = sc.dp_group(r), f"{island}/dp{r % sc.tp}"
         os.environ["RANK"] = str(r)
         comms[r] = nccl.comm_init(
-            comm_hash(job, island, run),
+            comm_hash(job, name, run),
             members.index(r),
             len(members),
             nnodes=len({sc.host_of(m) for m in members}),
-            name=f"{island}",
+            name=name,
         )
+        if sc.tp > 1:
+            group = sc.tp_group(r)
+            tname = f"{island}/tp{r // sc.tp}"
+            tp_comms[r] = nccl.comm_init(
+                comm_hash(job, tname, run), group.index(r), len(group), nnodes=1, name=tname
+            )
     bridges: dict[int, Any] = {}
     if model.multi:
         for i, lead in enumerate(model.leaders):
@@ -226,6 +237,17 @@ def run_host(
                         )
                     _wait_for_hang(findings, hang_wait_s)
                     return 0
+                if wt.tp_arrive is not None and wt.tp_end is not None:
+                    for j, nbytes in enumerate(TP_BYTES):
+                        for r in local:
+                            _emit(
+                                tp_comms[r],
+                                "AllReduce",
+                                nbytes // 4,
+                                "ncclFloat32",
+                                int(wt.tp_arrive[s, r, j]),
+                                int(wt.tp_end[s, r, j]),
+                            )
                 for k in range(K):
                     c = pattern[k]
                     for r in local:
@@ -256,10 +278,19 @@ def run_host(
                 pacer.after_step()
         return 0
     finally:
-        for c in comms.values():
+        for c in [*comms.values(), *tp_comms.values()]:
             c.finalize()
         for b in bridges.values():
             b.close(finish=True)
+
+
+def _emit(comm: Any, func: str, count: int, dtype: str, arrive: int, end: int) -> None:
+    """One collective of one rank, its channels a little apart as a real kernel's."""
+    kt = [
+        (arrive + ch * CHANNEL_SKEW_NS, end - (CHANNELS - 1 - ch) * CHANNEL_SKEW_NS)
+        for ch in range(CHANNELS)
+    ]
+    comm.collective(func, count, dtype, nchannels=CHANNELS, kernel_times=kt)
 
 
 def _wait_for_hang(findings: Path | None, wait_s: float) -> None:

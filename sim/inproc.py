@@ -8,7 +8,9 @@ turns them into `RankWindow` summaries; the rank's simulated telemetry
 (`telemetry.telemetry_plan`, read back through the agent's own
 `SimulatedSource.overlay` and `merge`) rides on each summary; the
 coordinator's `Detector` scores every window. No daemons and no wire, so
-thousands of rank-windows take seconds. One island (no bridge records).
+thousands of rank-windows take seconds. One island (no bridge records). With
+`tp > 1` each rank is summarised on its data-parallel communicator, its TP
+collectives fed in as the agent does (`WindowSummarizer.feed_nested`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from artemis.agent.telemetry.simulated import overlay
 from artemis.coordinator.detector import Detector
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankWindow
-from artemis.sim.model import LockstepModel
+from artemis.sim.model import TP_BYTES, CollSpec, LockstepModel
 from artemis.sim.scenario import Scenario
 from artemis.sim.telemetry import telemetry_plan
 
@@ -38,12 +40,15 @@ CHANNELS = 2
 
 
 class RecordMaker:
-    """Each rank's ring records for one window of the model, as the plugin writes them."""
+    """Each rank's ring records for one window of the model, as the plugin writes them
+    (`tp = True`: those of its tensor-parallel communicator)."""
 
-    def __init__(self, model: LockstepModel) -> None:
+    def __init__(self, model: LockstepModel, tp: bool = False) -> None:
         pattern = list(model.pattern)
         if model.multi:
             raise ValueError("the in-process pipeline models one island (no bridge records)")
+        if tp:
+            pattern = [CollSpec("AllReduce", b, 0.0, 0.0) for b in TP_BYTES]
         self.func = np.array([FUNC_CODES[p.func] for p in pattern], dtype=np.uint8)
         self.nbytes = np.array([p.bytes for p in pattern], dtype=np.uint64)
         self.dtype = np.array(
@@ -94,6 +99,7 @@ def run(
 ) -> RunResult:
     model = LockstepModel(sc)
     maker = RecordMaker(model)
+    tp_maker = RecordMaker(model, tp=True) if sc.tp > 1 else None
     plan = telemetry_plan(sc) if telemetry else None
     summ = [
         WindowSummarizer(
@@ -133,6 +139,11 @@ def run(
         wt = model.window(w)
         recs = maker.window(wt.arrive, wt.end, wt.steps.start)
         last = w == sc.windows - 1
+        if tp_maker is not None and wt.tp_arrive is not None and wt.tp_end is not None:
+            # each rank's TP communicator, as the agent routes it to the rank's main ring
+            tp_recs = tp_maker.window(wt.tp_arrive, wt.tp_end, wt.steps.start)
+            for r, s in enumerate(summ):
+                s.feed_nested(tp_recs[r])
         for r, s in enumerate(summ):
             s.feed(recs[r])
             for rw in s.take_windows(final=last):

@@ -32,6 +32,12 @@ BRIDGE_FRAC = 0.03  # bridge exchange per step, relative to step_ms
 BCAST_MS = 0.05  # the island broadcast after the bridge
 LAUNCH_MS = 0.01  # arrival at the broadcast right after the previous collective
 HOST_CLOCK_OFFSET_NS = 1_000_000_000_000  # per host: clocks never agree across hosts
+# Tensor parallelism (`[job] tp`): each step first runs the layers' TP all-reduces
+# inside each group (sizes differ, so a step is their period, as the agent infers
+# it), taking TP_SHARE of the compute before them; the data-parallel buckets follow.
+TP_BYTES = (16 << 20, 8 << 20, 8 << 20, 4 << 20)
+TP_SHARE = 0.4
+TP_FRAC = 0.04  # TP transfer per step, relative to step_ms
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,9 @@ class WindowTimes:
     compute_ms: np.ndarray  # float [S, R] compute time per step, for checks
     hang_rank: int | None = None  # the rank that stops arriving in this window
     hang_step: int | None = None
+    # tp > 1: the TP collectives of each step, on each rank's group communicator
+    tp_arrive: np.ndarray | None = None  # int64 [S, R, len(TP_BYTES)]
+    tp_end: np.ndarray | None = None
 
 
 class LockstepModel:
@@ -179,6 +188,9 @@ class LockstepModel:
             * np.clip(1.0 + sc.noise * x.standard_normal(S), 0.2, None)
         )
 
+        if sc.tp > 1:
+            return self._window_tp(w, compute, weights, transfer_ms[:, 0, :], xfer_slow[0])
+
         arrive = np.zeros((S, R, K), dtype=np.int64)
         end = np.zeros((S, R, K), dtype=np.int64)
         b_start = np.zeros((S, nI), dtype=np.int64) if self.multi else None
@@ -227,4 +239,67 @@ class LockstepModel:
             compute,
             hang_rank=self.hang_at(w),
             hang_step=steps.start if self.hang_at(w) is not None else None,
+        )
+
+    def _window_tp(
+        self,
+        w: int,
+        compute: np.ndarray,
+        weights: np.ndarray,
+        transfer_ms: np.ndarray,
+        xfer_slow: float,
+    ) -> WindowTimes:
+        """One island with tensor parallelism: groups of `tp` consecutive ranks, each
+        on its own communicator, and one data-parallel communicator per TP position.
+        Each rank keeps its own time: a collective ends for its members when the
+        last of them arrives plus the transfer, so a slow rank delays its group's
+        TP collectives and, through its partners, every DP communicator."""
+        sc = self.sc
+        S, R, K, tp = sc.window_steps, sc.ranks, len(self.pattern), sc.tp
+        T = len(TP_BYTES)
+        G = R // tp
+        tp_w = TP_SHARE * np.asarray(TP_BYTES, float) / sum(TP_BYTES)
+        tp_ms = (sc.step_ms * TP_FRAC * np.asarray(TP_BYTES, float) / sum(TP_BYTES))[
+            None, None, :
+        ] * np.clip(1.0 + sc.noise * self.rng_x.standard_normal((S, G, 1)), 0.2, None)
+        dp_w = weights * (1.0 - TP_SHARE)
+        arrive = np.zeros((S, R, K), dtype=np.int64)
+        end = np.zeros((S, R, K), dtype=np.int64)
+        tp_arrive = np.zeros((S, R, T), dtype=np.int64)
+        tp_end = np.zeros((S, R, T), dtype=np.int64)
+        ms = 1_000_000.0
+        t = np.full(R, float(self.t_ns))
+        for s in range(S):
+            for j in range(T):
+                a = t + compute[s] * tp_w[j] * ms
+                last = a.reshape(G, tp).max(axis=1)  # per TP group
+                t = np.repeat(last + tp_ms[s, :, j] * ms, tp)
+                tp_arrive[s, :, j] = a.astype(np.int64)
+                tp_end[s, :, j] = t.astype(np.int64)
+            for k in range(K):
+                a = t + compute[s] * dp_w[k] * ms
+                last = a.reshape(G, tp).max(axis=0)  # per DP communicator (TP position)
+                t = np.tile(last + transfer_ms[s, k] * (1.0 + xfer_slow) * ms, G)
+                arrive[s, :, k] = a.astype(np.int64)
+                end[s, :, k] = t.astype(np.int64)
+        self.t_ns = int(t.max())
+        off = self.host_offset
+        arrive += off[None, :, None]
+        end += off[None, :, None]
+        tp_arrive += off[None, :, None]
+        tp_end += off[None, :, None]
+        steps = range(w * S, (w + 1) * S)
+        hang = self.hang_at(w)
+        return WindowTimes(
+            w,
+            steps,
+            arrive,
+            end,
+            None,
+            None,
+            compute,
+            hang_rank=hang,
+            hang_step=steps.start if hang is not None else None,
+            tp_arrive=tp_arrive,
+            tp_end=tp_end,
         )

@@ -257,7 +257,9 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
     (work / "agent.toml").write_text(
         "\n".join(
             [
-                'telemetry = ["nvml", "amdsmi", "host"]',
+                # simulated: the per-rank file where ARTEMIS_ISLANDS publishes each
+                # rank's island (job/backend.py); absent files read as nothing
+                'telemetry = ["nvml", "amdsmi", "host", "simulated"]',
                 "poll_interval_s = 0.05",
                 "heartbeat_s = 0.3",
                 "scan_interval_s = 0.1",

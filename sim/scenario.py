@@ -89,6 +89,19 @@ class Scenario:
     stall_prob: float = 0.0
     stall_ms: float = 40.0
     telemetry_noise: float = 0.0
+    # Tensor-parallel groups of `tp` consecutive ranks, each with its own
+    # communicator; data parallel across the groups, one communicator per TP
+    # position (DESIGN.md "Scenario files"). 1 = plain data parallel.
+    tp: int = 1
+
+    def tp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks of `rank`'s tensor-parallel group (itself alone when tp = 1)."""
+        g = rank // self.tp
+        return tuple(range(g * self.tp, (g + 1) * self.tp))
+
+    def dp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks sharing `rank`'s data-parallel communicator (its TP position)."""
+        return tuple(range(rank % self.tp, self.ranks, self.tp))
 
     @property
     def hosts(self) -> int:
@@ -134,6 +147,7 @@ _JOB_KEYS = {
     "stall_prob",
     "stall_ms",
     "telemetry_noise",
+    "tp",
 }
 _FAULT_KEYS = {
     "kind",
@@ -215,6 +229,15 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
     stall_prob = number("stall_prob", 0.0, 0.5, 0.0)
     stall_ms = number("stall_ms", 0.0, 1e6, 40.0)
     telemetry_noise = number("telemetry_noise", 0.0, 0.5, 0.0)
+    tp = integer("tp", 1, 1)
+    if tp > 1:
+        if ranks % tp or ranks // tp < 2:
+            raise err("[job].tp", f"expected a divisor of ranks ({ranks}) at most {ranks // 2}")
+        if rph % tp:
+            raise err(
+                "[job].tp",
+                f"expected a divisor of ranks_per_host ({rph}): a TP group sits on one host",
+            )
 
     def per_rank(key: str) -> tuple[str, ...] | None:
         v = job.get(key)
@@ -227,6 +250,8 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
         return tuple(v)
 
     islands = per_rank("islands") or tuple("nvidia" for _ in range(ranks))
+    if tp > 1 and len(set(islands)) > 1:
+        raise err("[job].tp", "tensor parallelism is simulated in one-island jobs only")
     classes = per_rank("classes")
     cs_raw = job.get("class_speed", {})
     if not isinstance(cs_raw, dict):
@@ -276,6 +301,7 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
         stall_prob=stall_prob,
         stall_ms=stall_ms,
         telemetry_noise=telemetry_noise,
+        tp=tp,
     )
 
 

@@ -197,3 +197,47 @@ def test_batches_of_interleaved_ranks_leave_sorted_by_rank() -> None:
     a.add(WindowColumns.from_records([rw(r, 0, nranks=5) for r in (4, 0, 2)]), 0.0)
     (done,) = a.add(WindowColumns.from_records([rw(r, 0, nranks=5) for r in (3, 1)]), 0.0)
     assert [x.rank for x in done.ranks] == [0, 1, 2, 3, 4] and done.complete
+
+
+def test_tensor_parallel_rows_first_do_not_start_a_run_and_are_ignored_once_dp_is_known() -> None:
+    # 6 ranks, tp = 2: TP groups {0,1} {2,3} {4,5} (size 2), DP communicators
+    # {0,2,4} and {1,3,5} (size 3). The TP summaries of window 0 come first and
+    # complete it; the DP ones that follow are this run's, not a new run.
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", range(6))
+    out = []
+    for g in range(3):
+        out += a.add([rw(2 * g, 0, f"t{g}", 2), rw(2 * g + 1, 0, f"t{g}", 2)], 0.0)
+    assert [w.window for w in out] == [0]
+    run = a.run("j")
+    released = {}
+    for w in (0, 1, 2, 3):
+        for p in range(2):
+            out = a.add([rw(r, w, f"d{p}", 3) for r in range(p, 6, 2)], 0.1 * w)
+            for g in range(3):  # the groups' own rows of the same window, after
+                out += a.add([rw(2 * g, w, f"t{g}", 2), rw(2 * g + 1, w, f"t{g}", 2)], 0.1 * w)
+            released.update({x.window: x for x in out})
+    assert a.run("j") == run  # one run
+    assert a.primary_comm("j", 3) == "d1" and a.primary_comm("j", 4) == "d0"
+    # The late DP rows of window 0 made DP primary (window 1 still took the TP rows of
+    # ranks whose DP row came after them); from then on every rank is judged on DP,
+    # and TP rows are ignored without counting as drops.
+    for w in (2, 3):
+        assert [r.comm for r in released[w].ranks] == ["d0", "d1"] * 3
+    # windows 2 and 3: every group's two rows, twice each (after each DP communicator)
+    assert a.secondary >= 2 * 3 * 2 * 2 and a.late == 9
+
+
+def test_a_batch_with_tp_rows_before_dp_rows_keeps_every_rank_on_dp() -> None:
+    # One node's first batch: windows 0-2 of its TP communicator ("a": sorts first)
+    # and of its DP one ("z"). Each rank's DP row must replace its TP row in every
+    # window; a DP row is no duplicate of the TP row seen before it.
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", [0, 1])
+    batch = [rw(r, w, "a", 2) for w in range(3) for r in (0, 1)]
+    batch += [rw(r, w, "z", 4) for w in range(3) for r in (0, 1)]
+    out = a.add(batch, 0.0) + a.expire(10.0)
+    assert [w.window for w in out] == [0, 1, 2]
+    for w in out:
+        assert [(r.rank, r.comm) for r in w.ranks] == [(0, "z"), (1, "z")] and not w.missing
+    assert a.duplicates == 0
