@@ -139,6 +139,7 @@ class _Incident:
     markers: list[dict[str, Any]] = field(default_factory=list)
     wait_left: int = 0
     last_check: dict[str, Any] | None = None  # the latest confirm test that failed
+    checks: list[bool] = field(default_factory=list)  # the confirm test, window by window
     verdict: str | None = None
     reason: str = ""
     recovery: dict[str, Any] | None = None
@@ -191,6 +192,9 @@ class IncidentBook:
         self._rows: list[dict[str, Any]] = []
         self._gpus = 1
         self._last: tuple[int, float | None] = (-1, None)  # latest (window, time) seen
+        # The confirm test in the suspect windows before a flag (the windows that flag
+        # it): key -> [(window, passed)], kept for the last 2 x flag_window windows.
+        self._pre: dict[tuple[str, str], list[tuple[int, bool]]] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -226,6 +230,13 @@ class IncidentBook:
         for key, inc in list(self._open.items()):
             if key not in seen:
                 self._subject_row(inc, view, None)
+        horizon = view.window - 2 * self.flag_window
+        for key in list(self._pre):
+            kept = [(w, ok) for w, ok in self._pre[key] if w > horizon]
+            if kept:
+                self._pre[key] = kept
+            else:
+                del self._pre[key]
 
     def on_finding(self, f: Finding, view: WindowView | None = None) -> None:
         """One finding line (a window's, or a hang reported from the tick)."""
@@ -233,6 +244,10 @@ class IncidentBook:
         window = f.window
         t = view.time if view is not None else self._last[1]
         if f.state == "suspect":
+            if f.kind in QUARTILE_KINDS and key not in self._open:
+                check = self._quartile_check(f, view)
+                if check is not None:
+                    self._pre.setdefault(key, []).append((f.window, bool(check["passed"])))
             return
         if f.state == "cleared":
             self._ignored.discard(key)
@@ -410,19 +425,18 @@ class IncidentBook:
         if not mine.size:
             return None, np.zeros(0, dtype=np.int64)
         row = int(mine[-1])
-        # island labels per rank as the detector assigned them (the result's)
-        isl_of = dict(zip(view.ranks.tolist(), view.islands.tolist(), strict=True))
-        labels = np.array([isl_of.get(int(r)) for r in ranks.tolist()], dtype=object)
-        same = (labels == f.island) & (ranks != f.rank)
+        # island labels per row as the detector assigned them (the result's, by rank):
+        # arrays only, this runs per finding per window at any job size
+        pos = np.minimum(np.searchsorted(view.ranks, ranks), max(view.ranks.size - 1, 0))
+        known = view.ranks.size > 0
+        ok = (view.ranks[pos] == ranks) if known else np.zeros(ranks.size, dtype=bool)
+        labels = np.where(ok, view.islands[pos], None) if known else ok.astype(object)
+        same = ok & (labels == f.island) & (ranks != f.rank)
         cls = (f.evidence or {}).get("hw_class")
         if cls is not None:
-            hw = np.array(
-                [
-                    c if c is not None else m
-                    for c, m in zip(cols["hw_class"], cols["tel_gpu_model"], strict=True)
-                ],
-                dtype=object,
-            )
+            hw = np.asarray(cols["hw_class"], dtype=object)
+            model = np.asarray(cols["tel_gpu_model"], dtype=object)
+            hw = np.where(hw == np.array(None, dtype=object), model, hw)
             same &= hw == cls
         # the last row of each peer rank (a rank may report on two communicators)
         peers = np.flatnonzero(same)
@@ -442,14 +456,25 @@ class IncidentBook:
                 {"rule": "flag: no per-step gap quartiles for this rank (an older agent)"},
             )
             return
-        if check["passed"]:
-            self._confirm(inc, f.window, t, {k: v for k, v in check.items() if k != "passed"})
+        if not inc.checks:
+            # the suspect windows of this streak count with the flag window
+            since = f.since if f.since is not None else f.window
+            inc.checks = [ok for w, ok in self._pre.pop(_key(f), []) if w >= since]
+        inc.checks.append(bool(check["passed"]))
+        # Confirmed when the test passes now and in at least half of the windows checked
+        # (from the streak's first suspect window): one lucky window among stalls is
+        # not a shifted distribution.
+        if check["passed"] and 2 * sum(inc.checks) >= len(inc.checks):
+            how = {k: v for k, v in check.items() if k != "passed"}
+            how["windows_passed"] = f"{sum(inc.checks)}/{len(inc.checks)}"
+            self._confirm(inc, f.window, t, how)
             return
         inc.last_check = check
         inc.wait_left -= 1
         if inc.wait_left <= 0:
             inc.reason = (
-                f"not confirmed within {self.flag_window} windows of the flag: "
+                f"not confirmed within {self.flag_window} windows of the flag (the test "
+                f"passed in {sum(inc.checks)} of {len(inc.checks)} windows): "
                 + self._not_shifted(check)
             )
             self._ignored.add(_key(f))
@@ -523,7 +548,9 @@ class IncidentBook:
                 out["pace"] = _r(pace, 4)
         s1, s2 = q1 / ref1 - 1.0, q2 / ref2 - 1.0
         out["q1_shift"], out["median_shift"] = _r(s1, 4), _r(s2, 4)
-        out["passed"] = bool(s2 > 0 and s1 >= CONFIRM_Q1_SHARE * s2 and q1 > ref2)
+        # like with like: the lower quartile against the peers' lower quartiles (a
+        # step-length jitter every rank shares moves both alike)
+        out["passed"] = bool(s2 > 0 and s1 >= CONFIRM_Q1_SHARE * s2)
         return out
 
     @staticmethod
@@ -741,6 +768,7 @@ class IncidentBook:
             "gpus": self._gpus,
             "last": list(self._last),
             "ignored": sorted([list(k) for k in self._ignored]),
+            "pre": [[k, sub, [[w, ok] for w, ok in v]] for (k, sub), v in self._pre.items()],
             "open": [_inc_state(inc) for inc in self._open.values()],
         }
 
@@ -755,6 +783,10 @@ class IncidentBook:
         last = state.get("last") or [-1, None]
         b._last = (int(last[0]), last[1])
         b._ignored = {(str(k), str(s)) for k, s in state.get("ignored", [])}
+        b._pre = {
+            (str(k), str(sub)): [(int(w), bool(ok)) for w, ok in v]
+            for k, sub, v in state.get("pre", [])
+        }
         for d in state.get("open", []):
             inc = _inc_from_state(d)
             b._open[(inc.kind, _k(inc))] = inc
@@ -784,6 +816,7 @@ _PLAIN = (
     "markers",
     "wait_left",
     "last_check",
+    "checks",
     "reason",
 )
 

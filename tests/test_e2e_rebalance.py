@@ -34,6 +34,7 @@ from e2e_expect import (
     lockstep_throughput,
     read_jsonl,
 )
+from incidents_expect import check_incidents, incidents_file
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +100,12 @@ def _run_in_process(path: Path, tmp: Path) -> tuple[Scenario, list[dict[str, Any
     )
     res = cluster.run()
     assert res.ok, f"{path.name}: {res.reason}"
+    check_incidents(
+        cluster.sc,
+        read_jsonl(tmp / "findings.jsonl"),
+        incidents_file(tmp / "findings.jsonl"),
+        cluster.job,
+    )
     return cluster.sc, read_jsonl(tmp / "plans.jsonl"), tmp / "work", cluster.job
 
 
@@ -179,6 +186,14 @@ def test_plan_recommended_applied_verified(applied_run: dict[str, Any]) -> None:
     )
     # No split can beat the healthy job: the same work, one rank still slow.
     assert after_tp <= tp.healthy * 1.02, (after_tp, tp)
+
+
+def test_incident_mitigated_with_the_measured_gain(applied_run: dict[str, Any]) -> None:
+    """The plan's verified gain ends the incident `mitigated` (issue 12)."""
+    findings = applied_run["work"].parent / "findings.jsonl"
+    check_incidents(
+        applied_run["sc"], read_jsonl(findings), incidents_file(findings), applied_run["job"]
+    )
 
 
 def test_job_acknowledged_the_plan(applied_run: dict[str, Any]) -> None:

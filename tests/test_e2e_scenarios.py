@@ -38,6 +38,7 @@ from e2e_expect import (
     read_jsonl,
     scenario_files,
 )
+from incidents_expect import check_incidents, incidents_file
 
 pytestmark = pytest.mark.slow
 
@@ -221,3 +222,8 @@ def test_finding_lines_have_design_keys(run: Run) -> None:
                 "cause"
             ]
             assert f["cause"]["kind"] in CAUSE_KINDS and f["cause"]["text"]
+
+
+def test_incidents(run: Run) -> None:
+    """One incident per flagged episode, each ending as the scenario says (issue 12)."""
+    check_incidents(run.sc, run.findings, incidents_file(run.res.findings), f"{run.path.stem}-sim")

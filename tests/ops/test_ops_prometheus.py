@@ -99,6 +99,7 @@ FIXED_NAME_LINTS = (
     re.compile(
         r'^straggler_gpu_hours_lost_(total|created) use base unit "seconds" instead of "hours"$'
     ),
+    re.compile(r'^straggler_incident_gpu_hours_lost use base unit "seconds" instead of "hours"$'),
 )
 
 
@@ -273,6 +274,19 @@ def test_prometheus_scrapes_coordinator_and_every_query_has_data(
     for metric in sorted(referenced_metrics(list(rules.values()))):
         checks.append(Check(f"rules read {metric}", f'count({metric}{{instance=~".+"}})'))
     quiet = {name: rules[name] for name in MUST_STAY_QUIET}
+    # The slowed rank's incident while it is open (docs/DESIGN.md "Metrics").
+    checks.append(
+        Check(
+            "incident open",
+            f'straggler_incident_open{{job="{TRAINING_JOB}",kind="rank",subject="1",'
+            'cause="clocks"} == 1',
+        )
+    )
+    checks.append(
+        Check(
+            "incident GPU-hours", f'straggler_incident_gpu_hours_lost{{job="{TRAINING_JOB}"}} > 0'
+        )
+    )
 
     exposition = ""
     coordinator_up = False  # quiet alerts are judged once the first scrape succeeded
@@ -328,6 +342,11 @@ def test_prometheus_scrapes_coordinator_and_every_query_has_data(
             assert family in declared or family.removesuffix("_total") in declared, (
                 f"{where}: {metric} not declared in the coordinator's /metrics"
             )
+
+    # Closed incidents are counted by verdict: declared before the first one closes.
+    assert "straggler_incidents_total" in declared or "straggler_incidents" in declared
+    hours = next(c for c in checks if c.what == "incident GPU-hours").results
+    assert any(h["metric"]["incident"].startswith(f"{TRAINING_JOB}-r1-") for h in hours), hours
 
     # All alert rules load and evaluate.
     rules_api = json.loads(_get(f"{prometheus.url}/api/v1/rules"))["data"]["groups"]
