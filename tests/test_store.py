@@ -357,3 +357,25 @@ def test_sink_takes_the_monitors_rows(tmp_path: Path) -> None:
         sink.write_monitor_rows([{"row": "what", "job": "j", "window": 1}])
     assert not sink.on and "unknown kind" in logs[0]["error"]
     sink.close()
+
+
+def test_written_from_another_thread(tmp_path: Path) -> None:
+    """artemis.job.Detector opens its store on the caller's thread and writes it from
+    its scorer thread (one at a time)."""
+    import threading
+
+    errors: list[BaseException] = []
+    with open_store(store_url(tmp_path / "a.db")) as s:
+
+        def write() -> None:
+            try:
+                s.write_rows(job_rows("j", 0, 3), [])
+                s.write_incidents(flagship())
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(30)
+        assert not errors and len(s.job_windows("j")) == 3
+        s.write_job("j", {"ended": 1.0})  # and back on this thread
