@@ -10,6 +10,7 @@ block or reorder a training step). Rank 0 scores each window, once every rank's
 summary is in (or ``deadline_s`` after the first), with the coordinator's
 ``JobMonitor`` and writes what it returns like the coordinator does: the findings
 JSONL, ``incidents.jsonl`` next to it (closed at ``close()``: the job's end), the
+incident store next to it (``incident_store``, by default ``artemis.db``: store/README.md), the
 ``straggler`` logger, and the ``straggler_*`` metrics of an optional
 ``PrometheusExporter`` (served from its own thread).
 """
@@ -82,6 +83,7 @@ class Detector:
         group: Any = None,
         poll_interval_s: float = 0.1,
         deadline_s: float = 10.0,
+        incident_store: str = "auto",
         **settings: Any,
     ) -> None:
         import torch.distributed as dist
@@ -135,6 +137,14 @@ class Detector:
             )
             self._writer = FindingsWriter(jsonl) if jsonl is not None else None
             self._incidents = IncidentsWriter(incidents_path(jsonl)) if jsonl is not None else None
+            from artemis.store.sink import StoreSink
+
+            # The incident store next to the findings, as the coordinator keeps one
+            # (auto | off | sqlite:///PATH; a broken one is logged, then off).
+            self._store = (
+                StoreSink.open(incident_store, jsonl) if jsonl is not None else StoreSink(None)
+            )
+            self._store.write_job(pg.job, {"run": "inproc", "ranks": self.world, "ended": None})
             self.incidents: list[dict[str, Any]] = []
             self._exporter = exporter
             self._metrics = exporter.start() if exporter is not None else None
@@ -241,6 +251,8 @@ class Detector:
         self.incidents += out.incidents
         if self._incidents is not None:
             self._incidents.write(out.incidents)
+        self._store.write_incidents(out.incidents)
+        self._store.write_monitor_rows(out.incident_rows)
         if self._metrics is not None:
             self._metrics.observe_incidents(out.incidents)
             self._metrics.observe_incident_rows(out.incident_rows)
@@ -290,6 +302,9 @@ class Detector:
                 self._writer.close()
             if self._incidents is not None:
                 self._incidents.close()
+            last = self._monitor.last_window
+            self._store.write_job(self._monitor.job, {"last_window": last, "ended": time.time()})
+            self._store.close()
             if self._exporter is not None:
                 self._exporter.close()
 

@@ -75,12 +75,21 @@ class SqliteStore(Store):
         try:
             if readonly:
                 self.db = sqlite3.connect(
-                    f"file:{self.path}?mode=ro", uri=True, isolation_level=None
+                    f"file:{self.path}?mode=ro",
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
                 )
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                # check_same_thread off: a writer may open it on one thread and write
+                # from another (artemis.job.Detector's scorer); its calls are never
+                # concurrent (one Store, one user at a time; several: one each).
                 self.db = sqlite3.connect(
-                    str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None
+                    str(self.path),
+                    timeout=BUSY_TIMEOUT_S,
+                    isolation_level=None,
+                    check_same_thread=False,
                 )
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"{self.path}: cannot open the store: {e}") from e

@@ -236,34 +236,50 @@ READER = textwrap.dedent(
         s.db.execute("COMMIT")
         print(json.dumps({"inside": inside, "after": len(s.job_windows("j"))}), flush=True)
     else:
-        seen = []
+        import time
+        seen = []  # the row counts read, each change once
         print(json.dumps({"ready": True}), flush=True)
-        while True:
+        deadline = time.monotonic() + 120  # never outlive a writer that failed
+        while time.monotonic() < deadline:
             rows = s.job_windows("j")
-            seen.append(len(rows))
+            if not seen or seen[-1] != len(rows):
+                seen.append(len(rows))
             if rows and rows[-1]["window"] == int(sys.argv[3]) - 1:
                 break
-        print(json.dumps({"reads": len(seen), "seen": seen}), flush=True)
+        print(json.dumps({"seen": seen}), flush=True)
     """
 )
 
 
-def _reader(url: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", READER, url, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+@pytest.fixture
+def reader() -> Any:
+    """Start the reader process; it is killed at the end whatever the test did."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(url: str, *args: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen(
+            [sys.executable, "-c", READER, url, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(30)
 
 
-def test_reader_holding_a_snapshot_never_blocks_the_writer(tmp_path: Path) -> None:
+def test_reader_holding_a_snapshot_never_blocks_the_writer(tmp_path: Path, reader: Any) -> None:
     """Without WAL the writer's commit would wait for the reader's shared lock (and
     fail after the busy timeout): the reader here holds it until the writer is done."""
     url = store_url(tmp_path / "a.db")
     with open_store(url) as w:
         w.write_rows(job_rows("j", 0, 10), [])
-        rd = _reader(url, "snapshot")
+        rd = reader(url, "snapshot")
         assert rd.stdout is not None and rd.stdin is not None
         assert json.loads(rd.stdout.readline()) == {"held": 10}
         for win in range(10, 210):  # one transaction per window, as the coordinator
@@ -276,12 +292,12 @@ def test_reader_holding_a_snapshot_never_blocks_the_writer(tmp_path: Path) -> No
     assert got == {"inside": 10, "after": 210}  # its snapshot, then every commit whole
 
 
-def test_reader_polling_during_writes(tmp_path: Path) -> None:
+def test_reader_polling_during_writes(tmp_path: Path, reader: Any) -> None:
     url = store_url(tmp_path / "a.db")
     n = 300
     with open_store(url) as w:
         w.write_job("j", {})
-        rd = _reader(url, "poll", str(n))
+        rd = reader(url, "poll", str(n))
         assert rd.stdout is not None
         assert json.loads(rd.stdout.readline()) == {"ready": True}
         for win in range(n):
@@ -289,7 +305,8 @@ def test_reader_polling_during_writes(tmp_path: Path) -> None:
         got = json.loads(rd.stdout.readline())
         assert rd.wait(30) == 0
     seen = got["seen"]
-    assert seen[-1] == n and seen == sorted(seen)  # never an error, never a partial commit
+    # Never an error, never a partial commit, and reads between the commits.
+    assert seen[-1] == n and seen == sorted(seen) and len(seen) > 2, seen
 
 
 def test_sink_logs_and_stays_off(tmp_path: Path) -> None:
@@ -357,3 +374,25 @@ def test_sink_takes_the_monitors_rows(tmp_path: Path) -> None:
         sink.write_monitor_rows([{"row": "what", "job": "j", "window": 1}])
     assert not sink.on and "unknown kind" in logs[0]["error"]
     sink.close()
+
+
+def test_written_from_another_thread(tmp_path: Path) -> None:
+    """artemis.job.Detector opens its store on the caller's thread and writes it from
+    its scorer thread (one at a time)."""
+    import threading
+
+    errors: list[BaseException] = []
+    with open_store(store_url(tmp_path / "a.db")) as s:
+
+        def write() -> None:
+            try:
+                s.write_rows(job_rows("j", 0, 3), [])
+                s.write_incidents(flagship())
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(30)
+        assert not errors and len(s.job_windows("j")) == 3
+        s.write_job("j", {"ended": 1.0})  # and back on this thread

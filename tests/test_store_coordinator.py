@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from artemis.store.jsonl import JsonlIncidents
 from daemon_harness import (
     JOB,
     Coordinator,
@@ -73,6 +74,8 @@ def test_damaged_store_logged_and_coordinator_keeps_going(
     try:
         flagged = [f for f in coord.findings() if f["kind"] == "rank" and f["state"] == "flagged"]
         assert [f["rank"] for f in flagged] == [SLOW]  # scored and written as ever
+        log = JsonlIncidents(tmp_path / "incidents.jsonl")  # and its incidents too
+        assert [(r["kind"], r["rank"]) for r in log.incidents()] == [("rank", SLOW)]
         assert coord.daemon is not None
         errors = [
             r
@@ -105,3 +108,12 @@ def test_store_written_while_the_job_runs(tmp_path: Path, plugin_lib: Path, env:
     with open_for_findings(coord.jsonl) as s:
         (job,) = s.jobs()
         assert job["ended"] is not None  # the flush at shutdown ended the job
+        # Every incident change went to both; the store has the latest of each.
+        log = JsonlIncidents(tmp_path / "incidents.jsonl")
+        assert s.incidents() == log.incidents()
+        (inc,) = s.incidents()
+        assert inc["rank"] == SLOW and inc["status"] == "closed"  # closed at the job's end
+        rows = s.incident_windows(inc["id"])
+        assert [r["window"] for r in rows] == list(
+            range(inc["opened"]["window"], inc["closed"]["window"] + 1)
+        )
