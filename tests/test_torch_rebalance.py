@@ -105,7 +105,6 @@ def test_a_per_sample_slowdown_gets_a_verified_plan_and_the_job_speeds_up(
     # samples moved off the slow rank, the global batch kept
     after = first["after"]
     assert after[2] < GLOBAL_BATCH // 4 and sum(after) == GLOBAL_BATCH, first
-    assert all(after[i] > GLOBAL_BATCH // 4 - 1 for i in (0, 1, 3)), first
     verified = next(e for e in r["plans"] if e["status"] == "verified")
     assert verified["throughput_after"] > verified["throughput_before"], verified
     # the job itself switched at the plan's step, every rank together ...
