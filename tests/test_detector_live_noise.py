@@ -6,8 +6,8 @@ different one each time, and how much changes with the machine's load. The fixed
 peer ratio (``suspect_ratio``) and a warm-up spread measured once over five windows
 both sit inside that noise, so some rank reached 3 bad windows of 4 in most runs.
 The detector now measures the job's live noise (the spread across ranks of each
-rank's window-to-window change in log peer ratio) and asks a rank's excess to be
-beyond it (coordinator/detector.py ``NOISE_WINDOWS``, DETECTOR.md "The combined test").
+rank's window-to-window change in log gap, against its group's) and asks a rank's
+log peer ratio to be beyond 3 times it (coordinator/detector.py ``NOISE_WINDOWS``, DETECTOR.md "The combined test").
 
 tests/data/loaded_ddp_windows.json holds the window summaries of six real runs of
 tests/ddp_job.py on this machine under load (three quiet, three with rank 2's data
