@@ -58,6 +58,18 @@ CHANGE_Z = 3.0
 # Island, collective and link kinds (adaptive): the limit is at least this many of
 # the scalar's own warm-up robust sds above its baseline.
 SCALAR_Z = 5.0
+# The job's live noise (adaptive; DETECTOR.md "The combined test"): the robust sd,
+# across ranks, of each rank's change in log gap from one window to the next against
+# its group's (/sqrt 2: the noise of one window), pooled over the last NOISE_WINDOWS
+# windows. It follows noise that every rank shares but that lands on one rank at a
+# time and changes during a run (CPU jobs on a shared host: which rank the scheduler
+# delays is luck), which a warm-up spread measured once, over five windows, misses.
+# Both peer tests need a rank's log peer ratio to be at least NOISE_Z of it.
+NOISE_WINDOWS = 8
+NOISE_Z = 3.0
+# ... or, where higher, that of the last NOISE_RECENT windows alone: the load can rise
+# at once, and the longer pool would follow it windows late.
+NOISE_RECENT = 3
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -289,6 +301,9 @@ class Detector:
         # Adaptive mode: warm-up log peer ratios (fed with the gap samples) and the CUSUM.
         self._ratio_samples: F64 = np.full((0, settings.warmup_windows), np.nan)
         self._cusum: F64 = np.zeros(0)
+        self._prev_lg: F64 = np.zeros(0)  # last judged window's log gap (NaN: none)
+        # per recent window: each rank's change in log gap less its group's (see NOISE_WINDOWS)
+        self._live_noise: deque[F64] = deque(maxlen=NOISE_WINDOWS)
         self._ratio_cache: tuple[tuple[int, bool], tuple[F64, F64]] | None = None
         self.resize(nranks)
         for r, h in (hosts or {}).items():
@@ -329,6 +344,7 @@ class Detector:
         self._rank_samples = np.vstack([self._rank_samples, np.full((extra, w), np.nan)])
         self._ratio_samples = np.vstack([self._ratio_samples, np.full((extra, w), np.nan)])
         self._cusum = np.concatenate([self._cusum, np.zeros(extra)])
+        self._prev_lg = np.concatenate([self._prev_lg, np.full(extra, np.nan)])
         self._rank_count = np.concatenate([self._rank_count, np.zeros(extra, dtype=np.int64)])
         self.nranks = nranks
         self._samples_version = getattr(self, "_samples_version", 0) + 1
@@ -380,6 +396,8 @@ class Detector:
             "rank_count": _pack(self._rank_count[: self.nranks]),
             "ratio_samples": _pack(self._ratio_samples[: self.nranks]),
             "cusum": _pack(self._cusum[: self.nranks]),
+            "prev_lr": _pack(self._prev_lg[: self.nranks]),
+            "live_noise": [_pack(d) for d in self._live_noise],
             "host": self._host[: self.nranks].tolist(),
             "island_of": self._island_of[: self.nranks].tolist(),
             "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
@@ -404,6 +422,11 @@ class Detector:
             rs = _unpack(state["ratio_samples"], np.float64).reshape(n, -1)
             self._ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
             self._cusum[:n] = _unpack(state["cusum"], np.float64)
+        self._prev_lg[:n] = np.nan
+        self._live_noise.clear()
+        if "prev_lr" in state:  # snapshots from before the live noise lack it
+            self._prev_lg[:n] = _unpack(state["prev_lr"], np.float64)
+            self._live_noise.extend(_unpack(d, np.float64) for d in state["live_noise"])
         self._host[:n] = _objects(state["host"])
         self._island_of[:n] = _objects(state["island_of"])
         self._baselines = {(k, s): _Baseline(v[:w]) for k, s, v in state["baselines"]}
@@ -594,9 +617,17 @@ class Detector:
                 peer_bad |= (
                     judging & peers_ok & (peers.ratio - 1.0 >= PEER_MIN) & (peers.z >= PEER_Z)
                 )
+                lr = np.log(peers.ratio)
+                if window >= 1:
+                    self._observe_noise(v.r, np.log(v.gap), v.gid, peers_ok)
+                live = self._noise_now()
+                if math.isfinite(live):
+                    # slower than its peers, but within what every rank's ratio moves
+                    # by from window to window now: noise, whatever the ratio
+                    peer_bad &= lr >= NOISE_Z * live
                 rbase, rsd = self._ratio_baseline(window)
-                shift = np.log(peers.ratio) - rbase[v.r]
-                noise = rsd[v.r]
+                shift = lr - rbase[v.r]
+                noise = np.fmax(rsd[v.r], live) if math.isfinite(live) else rsd[v.r]
                 ref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * noise)
                 step = (shift - ref) / noise
                 ok = judging & peers_ok & np.isfinite(step)
@@ -616,6 +647,36 @@ class Detector:
             noise=noise,
             cusum=cusum,
         )
+
+    def _noise_now(self) -> float:
+        """The job's live noise sd of one window's log peer ratio (NaN until measured)."""
+        if not self._live_noise:
+            return math.nan
+        recent = list(self._live_noise)[-NOISE_RECENT:]
+        return max(_noise_sd(np.concatenate(self._live_noise)), _noise_sd(np.concatenate(recent)))
+
+    def _observe_noise(self, r: I64, lg: F64, gid: I64, peers_ok: npt.NDArray[np.bool_]) -> None:
+        """Feed this window's log gaps to the live noise: each rank's change since the
+        last window against its group's (what every rank shares, e.g. a data-dependent
+        step length, cancels)."""
+        with np.errstate(invalid="ignore"):
+            d = lg - self._prev_lg[r]
+        self._prev_lg[r] = lg
+        idx = np.flatnonzero(peers_ok & np.isfinite(d))
+        if idx.size < 3:
+            return
+        if idx.size > 4 * DIAG_PEERS:  # an evenly spaced sample says as much, for less
+            idx = idx[np.linspace(0, idx.size - 1, 4 * DIAG_PEERS).astype(np.int64)]
+        # each rank's change against the median change of the others of its group (the
+        # leave-one-out median: in a group of four, centring on the median of all
+        # would make two of the four near zero); the sd of that difference is the
+        # rank's own times sqrt(1 + pi / (2 (n - 1))), the error of a median of n - 1
+        sc = scoring.score(np.exp(d[idx]), gid[idx])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.log(sc.ratio) / np.sqrt(1.0 + 0.5 * math.pi / np.maximum(1, sc.group_size - 1))
+        d = d[np.isfinite(d) & (sc.group_size >= 3)]
+        if d.size >= 3:
+            self._live_noise.append(d)
 
     def _ratio_baseline(self, window: int) -> tuple[F64, F64]:
         """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
@@ -1093,6 +1154,12 @@ def _f(v: Any) -> float | None:
 
 def _pct(excess: float, step_ms: float) -> float | None:
     return 100.0 * excess / step_ms if step_ms > 0 else None
+
+
+def _noise_sd(d: F64) -> float:
+    """One window's noise sd from pooled changes of log gap (robust: a rank's real
+    change, a stall starting, is an outlier among them)."""
+    return scoring.MAD_SCALE * float(np.median(np.abs(d))) / math.sqrt(2.0)
 
 
 def _per_sample_scale(samples: F64) -> F64 | None:

@@ -81,7 +81,7 @@ class Detector:
         colls_per_step: int | None = None,
         *,
         group: Any = None,
-        poll_interval_s: float = 0.1,
+        poll_interval_s: float = 0.5,
         deadline_s: float = 10.0,
         incident_store: str = "auto",
         **settings: Any,
@@ -103,6 +103,10 @@ class Detector:
         self._bridge_path = pg.bridge_ring_path()
         self._sim = SimulatedSource(pg.shm_dir, pg.job)
         self._stop = threading.Event()
+        # Every 0.5 s by default: each poll (ring read, summariser, host sample) costs
+        # about 1 ms of CPU; at 0.1 s the detector's threads took 6-8% of a rank's CPU
+        # on the benchmark's job, at 0.5 s 2.5-4% (bench/README.md, "The artemis
+        # backend"). Windows still go out within half a second of their end.
         self._poll_s = poll_interval_s
         self._sum = WindowSummarizer(
             pg.job,

@@ -77,6 +77,12 @@ def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None) -
     top.setdefault("tick_s", 0.1)
     # the ranks of a job on one busy node may finish seconds apart
     top.setdefault("assembly_deadline_s", 10.0)
+    # The grace (no window complete until then; by default the deadline) is for a
+    # restarted coordinator waiting for agents to reconnect. This one is new and its
+    # one agent finds the job's rings, made at init_process_group, within a scan or
+    # two; ten seconds of grace held every early window back and then released them
+    # at once, so a rebalance plan reached the job after its step and timed out.
+    top.setdefault("assembly_grace_s", 2.0)
     top["job_linger_s"] = 0.5  # the job's end is what `artemis run` waits for
     if rebalance is not None:
         tables.setdefault("detector", {})["rebalance"] = rebalance

@@ -2,14 +2,13 @@
 under a real coordinator and agent on loopback, started by the CLI as a user would.
 
 The job is tests/ddp_job.py. In the stall run, rank 2's data loader sleeps 40 ms
-per step from step 135 on (collective 140: the start of window 7) (an input stall). The job writes where the stall
-started in collective numbering (``--mark``), so the window it starts in is
-known exactly. Detector settings: four ranks share this machine's two cores with
-whatever else runs, so the peer ratio that makes a suspect is raised to 1.5 (the
-stall is a ratio of several), and the job-wide history rules (island drift,
-collective time against the warm-up) to 2.0: the machine's load changes during
-a run, and those rules rightly report a whole job slowed by it, which is not
-what these tests are about.
+per step from step 135 on (collective 140: the start of window 7) (an input stall).
+The job writes where the stall started in collective numbering (``--mark``), so the
+window it starts in is known exactly. The detector runs at its default settings:
+four ranks share this machine's two cores with whatever else runs, so which rank
+the scheduler delays in a window is luck, and how much changes with the load; the
+adaptive rule measures that noise as the run goes (coordinator/DETECTOR.md, "The
+combined test": the job's live noise) and judges the stall against it.
 """
 
 from __future__ import annotations
@@ -36,8 +35,6 @@ STEPS = 295  # with the job's 5 start-up collectives, 300 collectives: whole win
 def _artemis_run(
     tmp: Path, *job_args: str, timeout: float = 240.0
 ) -> tuple[int, str, list[dict[str, Any]]]:
-    cfg = tmp / "coordinator.toml"
-    cfg.write_text("[detector]\nsuspect_ratio = 1.5\ndrift_ratio = 2.0\ncollective_ratio = 2.0\n")
     jsonl = tmp / "findings.jsonl"
     p = subprocess.run(
         [
@@ -47,8 +44,6 @@ def _artemis_run(
             str(jsonl),
             "--window-steps",
             str(WINDOW_STEPS),
-            "--config",
-            str(cfg),
             "--",
             sys.executable,
             str(JOB),
