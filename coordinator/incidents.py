@@ -225,7 +225,20 @@ class IncidentBook:
         """One scored window's findings (all kinds), in the detector's order."""
         self._gpus = max(1, view.gpus)
         self._last = (view.window, view.time)
-        self._job_row(view)
+        findings = list(findings)
+        # The bands are the peers': ranks this window finds slow (suspect on) or that an
+        # open incident is about are left out, so a straggler does not lift its own band.
+        slow = {
+            int(f.rank)
+            for f in findings
+            if f.kind in QUARTILE_KINDS and f.rank is not None and f.state != "cleared"
+        }
+        slow.update(
+            inc.rank
+            for inc in self._open.values()
+            if inc.kind in QUARTILE_KINDS and inc.rank is not None
+        )
+        self._job_row(view, slow)
         seen: set[tuple[str, str]] = set()
         for f in findings:
             key = _key(f)
@@ -648,8 +661,11 @@ class IncidentBook:
 
     # ------------------------------------------------------------------ rows
 
-    def _job_row(self, view: WindowView) -> None:
-        p = view.pace[np.isfinite(view.pace)]
+    def _job_row(self, view: WindowView, slow: set[int]) -> None:
+        keep = np.isfinite(view.pace)
+        if slow:
+            keep &= ~np.isin(view.ranks, np.fromiter(slow, dtype=np.int64, count=len(slow)))
+        p = view.pace[keep]
         q = np.quantile(p, (0.1, 0.5, 0.9)).tolist() if p.size else [None, None, None]
         self._rows.append(
             {

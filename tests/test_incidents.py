@@ -161,12 +161,13 @@ def test_incident_rows_bands_and_subject(flagship: Scenario) -> None:
     for r in job_rows:
         assert r["ratio_p10"] <= r["ratio_p50"] <= r["ratio_p90"]
         assert r["step_ms"] > 0 and r["time"] == T0 + r["window"]
-    # the subject's own line from its flag to the end, above the peers' band
+    # the subject's own line from its flag to the end, above the peers' band: the
+    # band is the peers' alone (a straggler among 8 ranks would lift a p90 of all)
     assert subj and len({r["incident"] for r in subj}) == 1
     assert [r["window"] for r in subj] == list(range(subj[0]["window"], flagship.windows))
     bands = {r["window"]: r for r in job_rows}
     for r in subj:
-        assert r["ratio"] > bands[r["window"]]["ratio_p50"]
+        assert r["ratio"] > bands[r["window"]]["ratio_p90"] + 0.05
         assert r["gap_ms"] > r["peers_gap_ms"]
 
 
