@@ -195,6 +195,7 @@ class IncidentBook:
         self._out: list[_Incident] = []  # changed since the last take(), in order
         self._rows: list[dict[str, Any]] = []
         self._gpus = 1
+        self._window_steps = 0  # steps per window, learned from the columns
         self._last: tuple[int, float | None] = (-1, None)  # latest (window, time) seen
         # The confirm test in the suspect windows before a flag (the windows that flag
         # it): key -> [(window, passed)], kept for the last 2 x flag_window windows.
@@ -225,6 +226,9 @@ class IncidentBook:
         """One scored window's findings (all kinds), in the detector's order."""
         self._gpus = max(1, view.gpus)
         self._last = (view.window, view.time)
+        if view.cols.n:
+            span = view.cols.ints("step_hi") - view.cols.ints("step_lo")
+            self._window_steps = max(1, int(np.median(span)))
         findings = list(findings)
         # The bands are the peers': ranks this window finds slow (suspect on) or that an
         # open incident is about are left out, so a straggler does not lift its own band.
@@ -313,7 +317,13 @@ class IncidentBook:
             last = a["history"][-1]["status"] if a["history"] else None
             if last != ev.status:
                 a["history"].append({"status": ev.status, "window": w, "time": t})
-                if ev.status in ("applied", "verified", "rolled_back"):
+                if ev.status == "applied" and ev.apply_at_step is not None:
+                    # Acknowledged in window w, but the split changes at its step: the
+                    # marker goes where the job's step time can move.
+                    a["apply_at_step"] = int(ev.apply_at_step)
+                    at = int(ev.apply_at_step) // self._window_steps if self._window_steps else w
+                    inc.mark("applied", max(w, at), t)
+                elif ev.status in ("applied", "verified", "rolled_back"):
                     inc.mark(ev.status, w, t)
             a["status"] = ev.status
             a["escalate"] = bool(ev.escalate) or a["escalate"]

@@ -575,3 +575,16 @@ def test_peers_are_the_ranks_island_and_class() -> None:
     (rec,) = book.take()[0]
     assert rec["confirmed"] is not None and rec["confirmed"]["peers"] == 3
     assert rec["confirmed"]["peers_median_ms"] == 100.0
+
+
+def test_plan_applied_marker_is_the_window_of_its_switch_step() -> None:
+    """A plan is acknowledged (applied) a window or two before its `apply_at_step`;
+    the marker goes to the window that step falls in, where step time can move."""
+    applied = dataclasses.replace(_plan("applied", 7, 2000.0, None), apply_at_step=11 * 50 + 20)
+    plans = [(7, _plan("recommended", 7, 2000.0, None)), (9, applied)]
+    rec = _book_through(plans, "job_end")
+    (a,) = rec["actions"]
+    assert [h["window"] for h in a["history"]] == [7, 9]  # when it happened
+    assert a["apply_at_step"] == 570
+    marks = {m["marker"]: m["window"] for m in rec["markers"]}
+    assert marks["applied"] == 11  # where it takes effect
