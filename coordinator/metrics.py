@@ -132,6 +132,16 @@ class Metrics:
             ["job", "incident"],
             registry=reg,
         )
+        # With report_dir set (the coordinator writes each job's report there at its
+        # end), each open incident also has a series naming where its report will be,
+        # for the dashboard's annotation (grafana/: "Incident report").
+        self.incident_report = Gauge(
+            "straggler_incident_report",
+            "1 while an incident is open; `path` is its section of the job's report",
+            ["job", "incident", "path"],
+            registry=reg,
+        )
+        self.report_dir = ""
         self._incident_labels: dict[tuple[str, str], tuple[str, ...]] = {}  # (job, id) -> open
         self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._hours_seen: dict[str, float] = {}
@@ -185,8 +195,11 @@ class Metrics:
                 if old is not None and (old != labels or rec["status"] == "closed"):
                     self._remove(self.incident_open, *old)
                     del self._incident_labels[(job, ident)]
+                link = self._report_link(job, ident)
                 if rec["status"] == "closed":
                     self._remove(self.incident_hours, job, ident)
+                    if link:
+                        self._remove(self.incident_report, job, ident, link)
                     verdict = str(rec.get("verdict") or "")
                     self._child(self.incidents_total, job, str(rec["kind"]), verdict).inc()
                     continue
@@ -194,6 +207,15 @@ class Metrics:
                 self._incident_labels[(job, ident)] = labels
                 hours = (rec.get("cost") or {}).get("gpu_hours")
                 self._child(self.incident_hours, job, ident).set(float(hours or 0.0))
+                if link:
+                    self._child(self.incident_report, job, ident, link).set(1)
+
+    def _report_link(self, job: str, ident: str) -> str:
+        if not self.report_dir:
+            return ""
+        from artemis.report.load import incident_link  # the one place report paths are made
+
+        return incident_link(self.report_dir, job, ident)
 
     def observe_incident_rows(self, rows: list[dict[str, Any]]) -> None:
         """The per-window subject rows: an open incident's GPU-hours so far."""

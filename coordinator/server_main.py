@@ -137,6 +137,7 @@ class CoordinatorServer(Lifecycle):
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).touch()
         metrics = self.metrics = Metrics()
+        metrics.report_dir = cfg.report_dir
         coord = self.coord = Coordinator(
             settings,
             FindingsWriter(cfg.jsonl),

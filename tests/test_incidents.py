@@ -588,3 +588,22 @@ def test_plan_applied_marker_is_the_window_of_its_switch_step() -> None:
     assert a["apply_at_step"] == 570
     marks = {m["marker"]: m["window"] for m in rec["markers"]}
     assert marks["applied"] == 11  # where it takes effect
+
+
+def test_metrics_name_the_report_of_an_open_incident_when_report_dir_is_set() -> None:
+    from prometheus_client import generate_latest
+
+    metrics = Metrics()
+    metrics.report_dir = "/srv/reports"
+    b = IncidentBook("j", flag_window=4)
+    b.on_window(_view(5, _cols(4, SLOW)), [_finding("flagged", 5)])
+    metrics.observe_incidents(b.take()[0])
+    ident = b.open_incidents[0]["id"]
+    text = generate_latest(metrics.registry).decode()
+    assert (
+        f'straggler_incident_report{{incident="{ident}",job="j",'
+        f'path="/srv/reports/j.html#incident-{ident}"}} 1.0'
+    ) in text
+    b.close_all(6, T0)
+    metrics.observe_incidents(b.take()[0])
+    assert "straggler_incident_report{" not in generate_latest(metrics.registry).decode()
