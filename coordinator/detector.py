@@ -56,8 +56,21 @@ SIGMA_FLOOR = 0.002
 # each rank's noise and the baseline's own error never reads as a change.
 CHANGE_Z = 3.0
 # Island, collective and link kinds (adaptive): the limit is at least this many of
-# the scalar's own warm-up robust sds above its baseline.
+# the scalar's own robust sds above its baseline, in log units. The sd is that of
+# its last SCALAR_HISTORY healthy windows (warm-up included), not of the five
+# warm-up ones alone: a transfer time in short windows with common stalls has a
+# wide body (a window median of 10 steps, a third of them stalled somewhere), and
+# five samples can be tight by luck. It is widened by (1 + SCALAR_SMALL / sqrt(n))
+# for the error of an sd from n samples, and floored at SCALAR_SD_FLOOR.
+# A scalar whose window went over its limit in the last SCALAR_HISTORY windows has
+# shown a tail (a 10-step window whose median landed in stalls): its next excursion
+# is bad only from its second window in a row. Such windows come at random, a real
+# slowdown is there in every window, so a fault loses one window and a tail needs
+# four in a row (or five of six) to reach 3 of 4.
 SCALAR_Z = 5.0
+SCALAR_HISTORY = 32
+SCALAR_SMALL = 1.5
+SCALAR_SD_FLOOR = 0.005
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -196,12 +209,45 @@ class _Track:
 
 
 class _Baseline:
-    """Warm-up baseline of one scalar: median of its first healthy windows after window 0."""
+    """Warm-up baseline of one scalar: median of its first healthy windows after window 0;
+    `recent` holds its last SCALAR_HISTORY healthy values, for its noise (adaptive)."""
 
-    __slots__ = ("samples",)
+    __slots__ = ("last_above", "needs_two", "recent", "run_start", "samples")
 
-    def __init__(self, samples: Sequence[float] = ()) -> None:
+    def __init__(
+        self,
+        samples: Sequence[float] = (),
+        recent: Sequence[float] | None = None,
+        tail: Sequence[int] = (-(10**9), -(10**9), 0),
+    ) -> None:
         self.samples: list[float] = [float(x) for x in samples]
+        self.recent: list[float] = [float(x) for x in (self.samples if recent is None else recent)]
+        # the tail rule (adaptive): last window over the limit, start of the current
+        # run of such windows, and whether that run needs a second window to be bad
+        self.last_above, self.run_start, self.needs_two = (int(x) for x in tail)
+
+    def tail(self) -> list[int]:
+        return [self.last_above, self.run_start, self.needs_two]
+
+    def excursion(self, window: int, above: bool) -> bool:
+        """Whether an over-limit window is bad under the tail rule (see SCALAR_HISTORY)."""
+        if not above:
+            return False
+        if self.last_above != window - 1:  # a new run: was there one recently?
+            self.needs_two = int(window - self.last_above <= SCALAR_HISTORY)
+            self.run_start = window
+        self.last_above = window
+        return not self.needs_two or window > self.run_start
+
+    def log_sd(self, ref: float) -> float | None:
+        """Robust sd of log(value / ref) over the recent healthy values, widened for
+        their number (None with fewer than 3)."""
+        n = len(self.recent)
+        if n < 3:
+            return None
+        lg = np.log(np.asarray(self.recent) / ref) if ref > 0 else np.zeros(n)
+        sd = scoring.MAD_SCALE * float(np.median(np.abs(lg - np.median(lg))))
+        return max(SCALAR_SD_FLOOR, sd) * (1.0 + SCALAR_SMALL / math.sqrt(n))
 
     def value(self, window: int, s: Settings) -> float | None:
         n = len(self.samples)
@@ -210,8 +256,12 @@ class _Baseline:
         return None
 
     def feed(self, window: int, x: float, s: Settings) -> None:
-        if window >= 1 and len(self.samples) < s.warmup_windows and math.isfinite(x):
-            self.samples.append(x)
+        if window >= 1 and math.isfinite(x):
+            if len(self.samples) < s.warmup_windows:
+                self.samples.append(x)
+            if x > 0:
+                self.recent.append(x)
+                del self.recent[:-SCALAR_HISTORY]
 
 
 @dataclass(frozen=True)
@@ -382,7 +432,9 @@ class Detector:
             "cusum": _pack(self._cusum[: self.nranks]),
             "host": self._host[: self.nranks].tolist(),
             "island_of": self._island_of[: self.nranks].tolist(),
-            "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
+            "baselines": [
+                [k, s, b.samples, b.recent, b.tail()] for (k, s), b in self._baselines.items()
+            ],
             "tracks": [[k, s, t.snapshot()] for (k, s), t in self._tracks.items()],
             "gpu_hours": self._gpu_hours,
         }
@@ -406,7 +458,8 @@ class Detector:
             self._cusum[:n] = _unpack(state["cusum"], np.float64)
         self._host[:n] = _objects(state["host"])
         self._island_of[:n] = _objects(state["island_of"])
-        self._baselines = {(k, s): _Baseline(v[:w]) for k, s, v in state["baselines"]}
+        # (snapshots from before the scalar noise history have no `recent`)
+        self._baselines = {(b[0], b[1]): _Baseline(b[2][:w], *b[3:5]) for b in state["baselines"]}
         fw = self.settings.flag_window
         self._tracks = {(k, s): _Track.restore(t, fw) for k, s, t in state["tracks"]}
         self._gpu_hours = float(state["gpu_hours"])
@@ -825,22 +878,23 @@ class Detector:
             b.feed(ctx.window, value, s)
             return None, None, 0.0, None
         ratio = value / ref
-        if s.mode == "adaptive" and len(b.samples) >= 3:
+        sd = b.log_sd(ref) if s.mode == "adaptive" else None
+        if sd is not None:
             # A scalar that is noisy by nature (the transfer time of short windows:
             # a minimum of per-rank medians) gets a limit above its own spread; the
             # seed's ratio stays the floor, so this never flags more.
-            med = float(np.median(b.samples))
-            rel_sd = scoring.MAD_SCALE * float(np.median(np.abs(np.subtract(b.samples, med)))) / med
-            ratio_limit = max(ratio_limit, 1.0 + SCALAR_Z * rel_sd)
-        bad = ratio >= ratio_limit
+            ratio_limit = max(ratio_limit, math.exp(SCALAR_Z * sd))
+        above = ratio >= ratio_limit
+        bad = b.excursion(ctx.window, above) if s.mode == "adaptive" else above
         track = self._tracks.get(key)
         if track is None and not bad:
-            b.feed(ctx.window, value, s)
+            if not above:  # (an excursion the tail rule let pass is no healthy sample)
+                b.feed(ctx.window, value, s)
             return None, ratio, 0.0, None
         track = self._tracks.setdefault(key, _Track(s.flag_window))
         excess = max(0.0, value - ref)
         state = self._advance(track, ctx.window, bad, excess, ctx)
-        if not bad and not track.active:
+        if not above and not track.active:
             b.feed(ctx.window, value, s)
         if track.idle:
             del self._tracks[key]
