@@ -339,7 +339,9 @@ class Detector:
         # Adaptive mode: warm-up log peer ratios (fed with the gap samples) and the CUSUM.
         self._ratio_samples: F64 = np.full((0, settings.warmup_windows), np.nan)
         self._cusum: F64 = np.zeros(0)
+        self._dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
         self._ratio_cache: tuple[tuple[int, bool], tuple[F64, F64]] | None = None
+        self._gap_noise_cache: tuple[tuple[int, bool], F64] | None = None
         self.resize(nranks)
         for r, h in (hosts or {}).items():
             self._host[r] = h
@@ -379,6 +381,7 @@ class Detector:
         self._rank_samples = np.vstack([self._rank_samples, np.full((extra, w), np.nan)])
         self._ratio_samples = np.vstack([self._ratio_samples, np.full((extra, w), np.nan)])
         self._cusum = np.concatenate([self._cusum, np.zeros(extra)])
+        self._dcusum = np.concatenate([self._dcusum, np.zeros(extra)])
         self._rank_count = np.concatenate([self._rank_count, np.zeros(extra, dtype=np.int64)])
         self.nranks = nranks
         self._samples_version = getattr(self, "_samples_version", 0) + 1
@@ -430,6 +433,7 @@ class Detector:
             "rank_count": _pack(self._rank_count[: self.nranks]),
             "ratio_samples": _pack(self._ratio_samples[: self.nranks]),
             "cusum": _pack(self._cusum[: self.nranks]),
+            "dcusum": _pack(self._dcusum[: self.nranks]),
             "host": self._host[: self.nranks].tolist(),
             "island_of": self._island_of[: self.nranks].tolist(),
             "baselines": [
@@ -452,6 +456,9 @@ class Detector:
         self._rank_count[:n] = np.minimum(count, w)
         self._ratio_samples[:n] = np.nan
         self._cusum[:n] = 0.0
+        self._dcusum[:n] = 0.0
+        if "dcusum" in state:  # (snapshots from before the adaptive degraded rule lack it)
+            self._dcusum[:n] = _unpack(state["dcusum"], np.float64)
         if "ratio_samples" in state:  # snapshots from before the adaptive rule lack it
             rs = _unpack(state["ratio_samples"], np.float64).reshape(n, -1)
             self._ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
@@ -656,6 +663,25 @@ class Detector:
                 cusum = np.where(ok, np.clip(self._cusum[v.r] + step, 0.0, CUSUM_CAP), 0.0)
                 change_bad = ok & (cusum >= CUSUM_H) & (shift >= ref)
             self._cusum[v.r[ok]] = cusum[ok]
+            # `degraded` (no peers): the same change test on the rank's own gap against
+            # its warm-up median, in the noise of its warm-up gaps. Nothing shared is
+            # taken out here (no peers), so that noise includes the job's jitter.
+            with np.errstate(invalid="ignore", divide="ignore"):
+                dsd = self._gap_noise(window)[v.r]
+                dshift = np.log(history)
+                dref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * dsd)
+                dstep = (dshift - dref) / dsd
+                dok = judging & ~peers_ok & np.isfinite(dstep)
+                dc = np.where(dok, np.clip(self._dcusum[v.r] + dstep, 0.0, CUSUM_CAP), 0.0)
+                hist_bad = dok & (dc >= CUSUM_H) & (dshift >= dref)
+                # and the seed's fixed ratio, where it is at least PEER_Z of that noise
+                hist_bad |= dok & (history >= s.suspect_ratio) & (dshift >= PEER_Z * dsd)
+            self._dcusum[v.r[dok]] = dc[dok]
+            shift, noise, cusum = (
+                np.where(peers_ok, a, b) for a, b in ((shift, dshift), (noise, dsd), (cusum, dc))
+            )
+        else:
+            hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
         return _RankScores(
             peers=peers,
             cost=cost,
@@ -663,12 +689,35 @@ class Detector:
             history=history,
             peers_ok=peers_ok,
             peer_bad=peer_bad,
-            hist_bad=judging & ~peers_ok & (history >= s.suspect_ratio),
+            hist_bad=hist_bad,
             change_bad=change_bad,
             shift=shift,
             noise=noise,
             cusum=cusum,
         )
+
+    def _gap_noise(self, window: int) -> F64:
+        """Per rank: the robust sd of its warm-up log gaps around their median, no less
+        than the median of every rank's (five samples can be small by luck) and
+        SIGMA_FLOOR; NaN until its baseline is in use."""
+        s = self.settings
+        key = (self._samples_version, window > s.warmup_windows)
+        if self._gap_noise_cache is not None and self._gap_noise_cache[0] == key:
+            return self._gap_noise_cache[1]
+        cnt = self._rank_count
+        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
+        sd = np.full(cnt.size, np.nan)
+        if ready.any():
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                x = np.log(self._rank_samples[ready])
+                med = np.nanmedian(x, axis=1)
+                own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
+                own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
+                pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
+            sd[ready] = np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)
+        self._gap_noise_cache = (key, sd)
+        return sd
 
     def _ratio_baseline(self, window: int) -> tuple[F64, F64]:
         """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
@@ -825,9 +874,10 @@ class Detector:
         if v.class_of[i] is not None:
             evidence["hw_class"] = v.class_of[i]
         basis = "peers"
-        if kind == "rank" and self.settings.mode == "adaptive":
-            pb, cb = bool(sc.peer_bad[i]), bool(sc.change_bad[i])
-            basis = "both" if pb and cb else "history" if cb else "peers"
+        if self.settings.mode == "adaptive":
+            if kind == "rank":
+                pb, cb = bool(sc.peer_bad[i]), bool(sc.change_bad[i])
+                basis = "both" if pb and cb else "history" if cb else "peers"
             if math.isfinite(sc.shift[i]):
                 # the change test: shift from its own confirmed pace, in its own noise
                 evidence["shift"] = round(float(math.expm1(sc.shift[i])), 4)
