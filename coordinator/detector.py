@@ -331,6 +331,7 @@ class Detector:
         # Per rank, as object arrays (host, island from config, class from config,
         # last island seen) so a window updates them with one fancy assignment.
         self._host: OBJ = np.empty(0, dtype=object)
+        self._hosts_seen: tuple[list[str], I64] | None = None  # (host column, ranks) learnt
         self._cfg_island: OBJ = np.empty(0, dtype=object)
         self._cfg_class: OBJ = np.empty(0, dtype=object)
         self._island_of: OBJ = np.empty(0, dtype=object)
@@ -349,6 +350,7 @@ class Detector:
             self._cfg_island[r] = lab
         for r, c in (classes or {}).items():
             self._cfg_class[r] = c
+        self._any_cfg_class = any(c is not None for c in (classes or {}).values())
         self._island_order: list[str] | None = list(island_order) if island_order else None
         self._samples_version = 0
         self._base_cache: tuple[tuple[int, bool], F64] | None = None
@@ -374,6 +376,7 @@ class Detector:
             return np.concatenate([a, np.full(extra, None, dtype=object)])
 
         self._host = grow(self._host)
+        self._hosts_seen = None
         self._cfg_island = grow(self._cfg_island)
         self._cfg_class = grow(self._cfg_class)
         self._island_of = grow(self._island_of)
@@ -464,6 +467,7 @@ class Detector:
             self._ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
             self._cusum[:n] = _unpack(state["cusum"], np.float64)
         self._host[:n] = _objects(state["host"])
+        self._hosts_seen = None
         self._island_of[:n] = _objects(state["island_of"])
         # (snapshots from before the scalar noise history have no `recent`)
         self._baselines = {(b[0], b[1]): _Baseline(b[2][:w], *b[3:5]) for b in state["baselines"]}
@@ -529,13 +533,21 @@ class Detector:
         times = np.stack([cols.floats("gap_ms"), cols.floats("coll_ms"), cols.floats("step_ms")])
         with np.errstate(invalid="ignore"):
             ok = (np.isfinite(times) & (times >= 0)).all(axis=0)
-        # Last row per rank: unique over the reversed ranks gives first-in-reverse.
-        _, first_rev = np.unique(r_all[::-1], return_index=True)
-        last = (r_all.size - 1 - first_rev).astype(np.int64)
-        host = _objects(cols["host"])
-        if host.size:
-            named = last[np.not_equal(host[last], "")]
-            self._host[r_all[named]] = host[named]
+        if r_all.size < 2 or (r_all[1:] > r_all[:-1]).all():
+            last = np.arange(r_all.size, dtype=np.int64)  # the assembly's order: one row each
+        else:
+            # Last row per rank: unique over the reversed ranks gives first-in-reverse.
+            _, first_rev = np.unique(r_all[::-1], return_index=True)
+            last = (r_all.size - 1 - first_rev).astype(np.int64)
+        hosts = cols["host"]
+        seen = self._hosts_seen
+        # the same ranks on the same hosts as last window (the usual): nothing to learn
+        if seen is None or not np.array_equal(seen[1], r_all) or hosts != seen[0]:
+            host = _objects(hosts)
+            if host.size:
+                named = last[np.not_equal(host[last], "")]
+                self._host[r_all[named]] = host[named]
+            self._hosts_seen = (hosts, r_all.copy()) if isinstance(hosts, list) else None
         unusable = r_all[last[~ok[last]]]
         row = last[ok[last]]
         if row.size == 0:
@@ -543,12 +555,7 @@ class Detector:
         r = r_all[row]
         gap = cols.floats("gap_ms")[row]
         isl_labels = self._island_labels(cols, row, r)
-        if (isl_labels == isl_labels[0]).all():  # one island: skip the sort of strings
-            isl_names = isl_labels[:1].copy()
-            isl_id = np.zeros(r.size, dtype=np.int64)
-        else:
-            isl_names, inv = np.unique(isl_labels, return_inverse=True)
-            isl_id = inv.ravel().astype(np.int64)
+        isl_names, isl_id = _factorize(isl_labels)
         gid, class_of = self._groups(cols, row, r, isl_id, len(isl_names))
         # Under a rebalance plan ranks run different sample counts: judge the
         # compute gap per sample (scaled to the mean split), so a slow rank that a
@@ -578,6 +585,12 @@ class Detector:
         """Island per rank: the summary's, else the telemetry's vendor, else the config,
         else the rank's last known island, else "default"."""
         lab = _objects(cols["island"])[row]
+        if _none(lab).any():
+            lab = self._fill_islands(cols, row, r, lab)
+        self._island_of[r] = lab
+        return lab
+
+    def _fill_islands(self, cols: WindowColumns, row: I64, r: I64, lab: OBJ) -> OBJ:
         for fallback in (
             lambda m: _objects(cols["tel_vendor"])[row[m]],
             lambda m: self._cfg_island[r[m]],
@@ -588,7 +601,6 @@ class Detector:
                 break
             lab[unknown] = fallback(unknown)
         lab[_none(lab)] = DEFAULT_ISLAND
-        self._island_of[r] = lab
         return lab
 
     def _groups(
@@ -599,16 +611,22 @@ class Detector:
         none: OBJ = np.full(r.size, None, dtype=object)
         if mode == "off":
             return isl_id, none
+        absent = _all_none(cols["hw_class"]) and _all_none(cols["tel_gpu_model"])
+        if absent and not self._any_cfg_class:
+            return isl_id, none  # no class anywhere (the usual one-generation job)
         cls = _objects(cols["hw_class"])[row]
+        unknown = _none(cls)
         for fallback in (
             lambda m: _objects(cols["tel_gpu_model"])[row[m]],
             lambda m: self._cfg_class[r[m]],
         ):
-            unknown = _none(cls)
             if not unknown.any():
                 break
             cls[unknown] = fallback(unknown)
-        known = ~_none(cls)
+            unknown = _none(cls)
+        known = ~unknown
+        if not known.any():
+            return isl_id, none
         if mode == "auto":
             # Only islands whose known classes differ are split: an older
             # generation is slower by design, not faulty.
@@ -666,8 +684,9 @@ class Detector:
             # `degraded` (no peers): the same change test on the rank's own gap against
             # its warm-up median, in the noise of its warm-up gaps. Nothing shared is
             # taken out here (no peers), so that noise includes the job's jitter.
+            no_peers = judging & ~peers_ok
             with np.errstate(invalid="ignore", divide="ignore"):
-                dsd = self._gap_noise(window)[v.r]
+                dsd = self._gap_noise(window)[v.r] if no_peers.any() else nan
                 dshift = np.log(history)
                 dref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * dsd)
                 dstep = (dshift - dref) / dsd
@@ -1121,15 +1140,47 @@ class Detector:
 # --------------------------------------------------------------------------- helpers
 
 
+def _factorize(labels: OBJ) -> tuple[OBJ, I64]:
+    """Distinct labels (sorted) and each one's index, for a few distinct strings in
+    many rows: a set and one comparison pass per label, where np.unique would sort
+    every row's string."""
+    if labels.size == 0:
+        return labels[:0].copy(), np.zeros(0, dtype=np.int64)
+    names = sorted(set(labels.tolist()))
+    if len(names) > 64:
+        uniq, inv = np.unique(labels, return_inverse=True)
+        return uniq, inv.ravel().astype(np.int64)
+    out: OBJ = np.empty(len(names), dtype=object)
+    out[:] = names
+    ids = np.zeros(labels.size, dtype=np.int64)
+    for k, name in enumerate(names[1:], start=1):
+        ids[labels == name] = k
+    return out, ids
+
+
+def _all_none(col: Any) -> bool:
+    """A column that is absent in every row (identity checks only: cheap)."""
+    return isinstance(col, list) and (not col or (col[0] is None and col.count(None) == len(col)))
+
+
 def _none(a: OBJ) -> npt.NDArray[np.bool_]:
-    """Elementwise `is None` of an object array."""
-    return np.asarray(a == None, dtype=bool)  # noqa: E711 - elementwise, not identity
+    """Elementwise `is None` of an object array. Truth is a cheap C call per element,
+    a comparison with None a slow one: only the falsy ones ("" or None) are compared."""
+    out = ~a.astype(bool)
+    if out.any():
+        out[out] = np.asarray(a[out] == None, dtype=bool)  # noqa: E711 - elementwise
+    return out
 
 
 def _objects(values: Any) -> OBJ:
     """A string column as an object array (None kept), without a per-row Python loop."""
     out: OBJ = np.empty(len(values), dtype=object)
-    if isinstance(values, list) and values and values.count(None) == len(values):
+    if (
+        isinstance(values, list)
+        and values
+        and values[0] is None
+        and values.count(None) == len(values)
+    ):
         return out  # an absent column (no island, no class): already all None
     out[:] = values
     return out
