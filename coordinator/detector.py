@@ -40,6 +40,11 @@ DIAG_PEERS = 256
 # seed's suspect_ratio, whatever the spread).
 PEER_MIN = 0.05
 PEER_Z = 5.0
+# The peers' spread is a robust sd only with enough of them: the MAD of three
+# peers (a 4-rank job) is luck, and a real job's noise then reads as z of 50. Smaller
+# groups keep the fixed suspect_ratio (and the change test). PEER_MIN scales with
+# suspect_ratio (5% at its default 1.10): a user who raises it says peers differ.
+PEER_Z_MIN_GROUP = 8
 # History: a CUSUM over the window's log peer ratio against the rank's own confirmed
 # (warm-up) value, in units of the rank's own measured noise. It is tuned to a
 # change of MIN_SHIFT: each window adds (deviation - MIN_SHIFT/2) / sd; a window is
@@ -670,7 +675,11 @@ class Detector:
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
                 peer_bad |= (
-                    judging & peers_ok & (peers.ratio - 1.0 >= PEER_MIN) & (peers.z >= PEER_Z)
+                    judging
+                    & peers_ok
+                    & (peers.group_size >= PEER_Z_MIN_GROUP)
+                    & (peers.ratio - 1.0 >= PEER_MIN * (s.suspect_ratio - 1.0) / 0.10)
+                    & (peers.z >= PEER_Z)
                 )
                 rbase, rsd = self._ratio_baseline(window)
                 shift = np.log(peers.ratio) - rbase[v.r]
