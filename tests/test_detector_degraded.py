@@ -27,7 +27,9 @@ def _gaps(windows: int, sd: float, seed: int = 4) -> np.ndarray:
 
 def _first_flag(res: list[WindowResult], rank: int) -> int | None:
     for i, r in enumerate(res):
-        if any(f.kind == "degraded" and f.rank == rank and f.state == "flagged" for f in r.findings):
+        if any(
+            f.kind == "degraded" and f.rank == rank and f.state == "flagged" for f in r.findings
+        ):
             return i
     return None
 
