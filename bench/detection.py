@@ -9,6 +9,9 @@ is measured on the same runs as the baseline.
 
 Job: 32 ranks, 8 per host, one island, 100 ms steps, 4 collectives per step.
 A fault slows rank 13 from window 8 on (after window 0 and the warm-up).
+The last table runs the same job with `tp = 2`: the slow rank's TP partner waits
+for it inside their group's collectives (sim/inproc.py feeds those to the
+summariser as the agent does).
 
 * windows to flag: windows of faulty data up to and including the one in which
   the slow rank was first reported `flagged` (the onset window counts as 1),
@@ -72,9 +75,11 @@ def scenario(
     slowdown: float | None,
     kind: str = "clocks",
     ranks: int = RANKS,
+    tp: int = 1,
 ) -> Scenario:
     data: dict[str, Any] = {
         "job": {
+            "tp": tp,
             "ranks": ranks,
             "ranks_per_host": 8,
             "step_ms": 100.0,
@@ -193,6 +198,26 @@ def per_kind() -> None:
             )
 
 
+def tensor_parallel() -> None:
+    print()
+    print(
+        f"tp = 2 (TP groups of 2, a DP communicator per position), realistic noise, 50-step "
+        f"windows, {SEEDS} seeds: windows to flag (median), false flags (any other subject)"
+    )
+    hdr = f"{'slowdown':>8} {'windows':>8} {'false flags':>12}"
+    print(hdr)
+    print("-" * len(hdr))
+    for slow in (0.05, 0.10):
+        lat: list[int | None] = []
+        false = 0
+        for seed in range(SEEDS):
+            sc = scenario("realistic", 50, 3000 + seed, ONSET + AFTER_ONSET, slow, tp=2)
+            r = run(sc, SLOW_RANK)
+            lat.append(None if r.flag_window is None else r.flag_window - ONSET + 1)
+            false += r.false_flags
+        print(f"{slow:>8.0%} {_median_windows(lat):>8} {false:>12}")
+
+
 def main() -> int:
     t0 = time.perf_counter()
     print(
@@ -203,6 +228,7 @@ def main() -> int:
     print()
     grid()
     per_kind()
+    tensor_parallel()
     print(f"total {time.perf_counter() - t0:.1f} s")
     return 0
 

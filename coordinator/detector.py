@@ -40,6 +40,11 @@ DIAG_PEERS = 256
 # seed's suspect_ratio, whatever the spread).
 PEER_MIN = 0.05
 PEER_Z = 5.0
+# The peers' spread is a robust sd only with enough of them: the MAD of three
+# peers (a 4-rank job) is luck, and a real job's noise then reads as z of 50. Smaller
+# groups keep the fixed suspect_ratio (and the change test). PEER_MIN scales with
+# suspect_ratio (5% at its default 1.10): a user who raises it says peers differ.
+PEER_Z_MIN_GROUP = 8
 # History: a CUSUM over the window's log peer ratio against the rank's own confirmed
 # (warm-up) value, in units of the rank's own measured noise. It is tuned to a
 # change of MIN_SHIFT: each window adds (deviation - MIN_SHIFT/2) / sd; a window is
@@ -56,7 +61,17 @@ SIGMA_FLOOR = 0.002
 # each rank's noise and the baseline's own error never reads as a change.
 CHANGE_Z = 3.0
 # Island, collective and link kinds (adaptive): the limit is at least this many of
-# the scalar's own warm-up robust sds above its baseline.
+# the scalar's own robust sds above its baseline, in log units. The sd is that of
+# its last SCALAR_HISTORY healthy windows (warm-up included), not of the five
+# warm-up ones alone: a transfer time in short windows with common stalls has a
+# wide body (a window median of 10 steps, a third of them stalled somewhere), and
+# five samples can be tight by luck. It is widened by (1 + SCALAR_SMALL / sqrt(n))
+# for the error of an sd from n samples, and floored at SCALAR_SD_FLOOR.
+# A scalar whose window went over its limit in the last SCALAR_HISTORY windows has
+# shown a tail (a 10-step window whose median landed in stalls): its next excursion
+# is bad only from its second window in a row. Such windows come at random, a real
+# slowdown is there in every window, so a fault loses one window and a tail needs
+# four in a row (or five of six) to reach 3 of 4.
 SCALAR_Z = 5.0
 # The job's live noise (adaptive; DETECTOR.md "The combined test"): the robust sd,
 # across ranks, of each rank's change in log gap from one window to the next against
@@ -70,6 +85,9 @@ NOISE_Z = 3.0
 # ... or, where higher, that of the last NOISE_RECENT windows alone: the load can rise
 # at once, and the longer pool would follow it windows late.
 NOISE_RECENT = 3
+SCALAR_HISTORY = 32
+SCALAR_SMALL = 1.5
+SCALAR_SD_FLOOR = 0.005
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -208,12 +226,45 @@ class _Track:
 
 
 class _Baseline:
-    """Warm-up baseline of one scalar: median of its first healthy windows after window 0."""
+    """Warm-up baseline of one scalar: median of its first healthy windows after window 0;
+    `recent` holds its last SCALAR_HISTORY healthy values, for its noise (adaptive)."""
 
-    __slots__ = ("samples",)
+    __slots__ = ("last_above", "needs_two", "recent", "run_start", "samples")
 
-    def __init__(self, samples: Sequence[float] = ()) -> None:
+    def __init__(
+        self,
+        samples: Sequence[float] = (),
+        recent: Sequence[float] | None = None,
+        tail: Sequence[int] = (-(10**9), -(10**9), 0),
+    ) -> None:
         self.samples: list[float] = [float(x) for x in samples]
+        self.recent: list[float] = [float(x) for x in (self.samples if recent is None else recent)]
+        # the tail rule (adaptive): last window over the limit, start of the current
+        # run of such windows, and whether that run needs a second window to be bad
+        self.last_above, self.run_start, self.needs_two = (int(x) for x in tail)
+
+    def tail(self) -> list[int]:
+        return [self.last_above, self.run_start, self.needs_two]
+
+    def excursion(self, window: int, above: bool) -> bool:
+        """Whether an over-limit window is bad under the tail rule (see SCALAR_HISTORY)."""
+        if not above:
+            return False
+        if self.last_above != window - 1:  # a new run: was there one recently?
+            self.needs_two = int(window - self.last_above <= SCALAR_HISTORY)
+            self.run_start = window
+        self.last_above = window
+        return not self.needs_two or window > self.run_start
+
+    def log_sd(self, ref: float) -> float | None:
+        """Robust sd of log(value / ref) over the recent healthy values, widened for
+        their number (None with fewer than 3)."""
+        n = len(self.recent)
+        if n < 3:
+            return None
+        lg = np.log(np.asarray(self.recent) / ref) if ref > 0 else np.zeros(n)
+        sd = scoring.MAD_SCALE * float(np.median(np.abs(lg - np.median(lg))))
+        return max(SCALAR_SD_FLOOR, sd) * (1.0 + SCALAR_SMALL / math.sqrt(n))
 
     def value(self, window: int, s: Settings) -> float | None:
         n = len(self.samples)
@@ -222,8 +273,12 @@ class _Baseline:
         return None
 
     def feed(self, window: int, x: float, s: Settings) -> None:
-        if window >= 1 and len(self.samples) < s.warmup_windows and math.isfinite(x):
-            self.samples.append(x)
+        if window >= 1 and math.isfinite(x):
+            if len(self.samples) < s.warmup_windows:
+                self.samples.append(x)
+            if x > 0:
+                self.recent.append(x)
+                del self.recent[:-SCALAR_HISTORY]
 
 
 @dataclass(frozen=True)
@@ -293,6 +348,7 @@ class Detector:
         # Per rank, as object arrays (host, island from config, class from config,
         # last island seen) so a window updates them with one fancy assignment.
         self._host: OBJ = np.empty(0, dtype=object)
+        self._hosts_seen: tuple[list[str], I64] | None = None  # (host column, ranks) learnt
         self._cfg_island: OBJ = np.empty(0, dtype=object)
         self._cfg_class: OBJ = np.empty(0, dtype=object)
         self._island_of: OBJ = np.empty(0, dtype=object)
@@ -304,7 +360,9 @@ class Detector:
         self._prev_lg: F64 = np.zeros(0)  # last judged window's log gap (NaN: none)
         # per recent window: each rank's change in log gap less its group's (see NOISE_WINDOWS)
         self._live_noise: deque[F64] = deque(maxlen=NOISE_WINDOWS)
+        self._dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
         self._ratio_cache: tuple[tuple[int, bool], tuple[F64, F64]] | None = None
+        self._gap_noise_cache: tuple[tuple[int, bool], F64] | None = None
         self.resize(nranks)
         for r, h in (hosts or {}).items():
             self._host[r] = h
@@ -312,6 +370,7 @@ class Detector:
             self._cfg_island[r] = lab
         for r, c in (classes or {}).items():
             self._cfg_class[r] = c
+        self._any_cfg_class = any(c is not None for c in (classes or {}).values())
         self._island_order: list[str] | None = list(island_order) if island_order else None
         self._samples_version = 0
         self._base_cache: tuple[tuple[int, bool], F64] | None = None
@@ -337,6 +396,7 @@ class Detector:
             return np.concatenate([a, np.full(extra, None, dtype=object)])
 
         self._host = grow(self._host)
+        self._hosts_seen = None
         self._cfg_island = grow(self._cfg_island)
         self._cfg_class = grow(self._cfg_class)
         self._island_of = grow(self._island_of)
@@ -345,6 +405,7 @@ class Detector:
         self._ratio_samples = np.vstack([self._ratio_samples, np.full((extra, w), np.nan)])
         self._cusum = np.concatenate([self._cusum, np.zeros(extra)])
         self._prev_lg = np.concatenate([self._prev_lg, np.full(extra, np.nan)])
+        self._dcusum = np.concatenate([self._dcusum, np.zeros(extra)])
         self._rank_count = np.concatenate([self._rank_count, np.zeros(extra, dtype=np.int64)])
         self.nranks = nranks
         self._samples_version = getattr(self, "_samples_version", 0) + 1
@@ -398,9 +459,12 @@ class Detector:
             "cusum": _pack(self._cusum[: self.nranks]),
             "prev_lr": _pack(self._prev_lg[: self.nranks]),
             "live_noise": [_pack(d) for d in self._live_noise],
+            "dcusum": _pack(self._dcusum[: self.nranks]),
             "host": self._host[: self.nranks].tolist(),
             "island_of": self._island_of[: self.nranks].tolist(),
-            "baselines": [[k, s, b.samples] for (k, s), b in self._baselines.items()],
+            "baselines": [
+                [k, s, b.samples, b.recent, b.tail()] for (k, s), b in self._baselines.items()
+            ],
             "tracks": [[k, s, t.snapshot()] for (k, s), t in self._tracks.items()],
             "gpu_hours": self._gpu_hours,
         }
@@ -418,6 +482,9 @@ class Detector:
         self._rank_count[:n] = np.minimum(count, w)
         self._ratio_samples[:n] = np.nan
         self._cusum[:n] = 0.0
+        self._dcusum[:n] = 0.0
+        if "dcusum" in state:  # (snapshots from before the adaptive degraded rule lack it)
+            self._dcusum[:n] = _unpack(state["dcusum"], np.float64)
         if "ratio_samples" in state:  # snapshots from before the adaptive rule lack it
             rs = _unpack(state["ratio_samples"], np.float64).reshape(n, -1)
             self._ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
@@ -428,8 +495,10 @@ class Detector:
             self._prev_lg[:n] = _unpack(state["prev_lr"], np.float64)
             self._live_noise.extend(_unpack(d, np.float64) for d in state["live_noise"])
         self._host[:n] = _objects(state["host"])
+        self._hosts_seen = None
         self._island_of[:n] = _objects(state["island_of"])
-        self._baselines = {(k, s): _Baseline(v[:w]) for k, s, v in state["baselines"]}
+        # (snapshots from before the scalar noise history have no `recent`)
+        self._baselines = {(b[0], b[1]): _Baseline(b[2][:w], *b[3:5]) for b in state["baselines"]}
         fw = self.settings.flag_window
         self._tracks = {(k, s): _Track.restore(t, fw) for k, s, t in state["tracks"]}
         self._gpu_hours = float(state["gpu_hours"])
@@ -492,13 +561,21 @@ class Detector:
         times = np.stack([cols.floats("gap_ms"), cols.floats("coll_ms"), cols.floats("step_ms")])
         with np.errstate(invalid="ignore"):
             ok = (np.isfinite(times) & (times >= 0)).all(axis=0)
-        # Last row per rank: unique over the reversed ranks gives first-in-reverse.
-        _, first_rev = np.unique(r_all[::-1], return_index=True)
-        last = (r_all.size - 1 - first_rev).astype(np.int64)
-        host = _objects(cols["host"])
-        if host.size:
-            named = last[np.not_equal(host[last], "")]
-            self._host[r_all[named]] = host[named]
+        if r_all.size < 2 or (r_all[1:] > r_all[:-1]).all():
+            last = np.arange(r_all.size, dtype=np.int64)  # the assembly's order: one row each
+        else:
+            # Last row per rank: unique over the reversed ranks gives first-in-reverse.
+            _, first_rev = np.unique(r_all[::-1], return_index=True)
+            last = (r_all.size - 1 - first_rev).astype(np.int64)
+        hosts = cols["host"]
+        seen = self._hosts_seen
+        # the same ranks on the same hosts as last window (the usual): nothing to learn
+        if seen is None or not np.array_equal(seen[1], r_all) or hosts != seen[0]:
+            host = _objects(hosts)
+            if host.size:
+                named = last[np.not_equal(host[last], "")]
+                self._host[r_all[named]] = host[named]
+            self._hosts_seen = (hosts, r_all.copy()) if isinstance(hosts, list) else None
         unusable = r_all[last[~ok[last]]]
         row = last[ok[last]]
         if row.size == 0:
@@ -506,12 +583,7 @@ class Detector:
         r = r_all[row]
         gap = cols.floats("gap_ms")[row]
         isl_labels = self._island_labels(cols, row, r)
-        if (isl_labels == isl_labels[0]).all():  # one island: skip the sort of strings
-            isl_names = isl_labels[:1].copy()
-            isl_id = np.zeros(r.size, dtype=np.int64)
-        else:
-            isl_names, inv = np.unique(isl_labels, return_inverse=True)
-            isl_id = inv.ravel().astype(np.int64)
+        isl_names, isl_id = _factorize(isl_labels)
         gid, class_of = self._groups(cols, row, r, isl_id, len(isl_names))
         # Under a rebalance plan ranks run different sample counts: judge the
         # compute gap per sample (scaled to the mean split), so a slow rank that a
@@ -541,6 +613,12 @@ class Detector:
         """Island per rank: the summary's, else the telemetry's vendor, else the config,
         else the rank's last known island, else "default"."""
         lab = _objects(cols["island"])[row]
+        if _none(lab).any():
+            lab = self._fill_islands(cols, row, r, lab)
+        self._island_of[r] = lab
+        return lab
+
+    def _fill_islands(self, cols: WindowColumns, row: I64, r: I64, lab: OBJ) -> OBJ:
         for fallback in (
             lambda m: _objects(cols["tel_vendor"])[row[m]],
             lambda m: self._cfg_island[r[m]],
@@ -551,7 +629,6 @@ class Detector:
                 break
             lab[unknown] = fallback(unknown)
         lab[_none(lab)] = DEFAULT_ISLAND
-        self._island_of[r] = lab
         return lab
 
     def _groups(
@@ -562,16 +639,22 @@ class Detector:
         none: OBJ = np.full(r.size, None, dtype=object)
         if mode == "off":
             return isl_id, none
+        absent = _all_none(cols["hw_class"]) and _all_none(cols["tel_gpu_model"])
+        if absent and not self._any_cfg_class:
+            return isl_id, none  # no class anywhere (the usual one-generation job)
         cls = _objects(cols["hw_class"])[row]
+        unknown = _none(cls)
         for fallback in (
             lambda m: _objects(cols["tel_gpu_model"])[row[m]],
             lambda m: self._cfg_class[r[m]],
         ):
-            unknown = _none(cls)
             if not unknown.any():
                 break
             cls[unknown] = fallback(unknown)
-        known = ~_none(cls)
+            unknown = _none(cls)
+        known = ~unknown
+        if not known.any():
+            return isl_id, none
         if mode == "auto":
             # Only islands whose known classes differ are split: an older
             # generation is slower by design, not faulty.
@@ -615,7 +698,11 @@ class Detector:
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
                 peer_bad |= (
-                    judging & peers_ok & (peers.ratio - 1.0 >= PEER_MIN) & (peers.z >= PEER_Z)
+                    judging
+                    & peers_ok
+                    & (peers.group_size >= PEER_Z_MIN_GROUP)
+                    & (peers.ratio - 1.0 >= PEER_MIN * (s.suspect_ratio - 1.0) / 0.10)
+                    & (peers.z >= PEER_Z)
                 )
                 lr = np.log(peers.ratio)
                 if window >= 1:
@@ -634,6 +721,26 @@ class Detector:
                 cusum = np.where(ok, np.clip(self._cusum[v.r] + step, 0.0, CUSUM_CAP), 0.0)
                 change_bad = ok & (cusum >= CUSUM_H) & (shift >= ref)
             self._cusum[v.r[ok]] = cusum[ok]
+            # `degraded` (no peers): the same change test on the rank's own gap against
+            # its warm-up median, in the noise of its warm-up gaps. Nothing shared is
+            # taken out here (no peers), so that noise includes the job's jitter.
+            no_peers = judging & ~peers_ok
+            with np.errstate(invalid="ignore", divide="ignore"):
+                dsd = self._gap_noise(window)[v.r] if no_peers.any() else nan
+                dshift = np.log(history)
+                dref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * dsd)
+                dstep = (dshift - dref) / dsd
+                dok = judging & ~peers_ok & np.isfinite(dstep)
+                dc = np.where(dok, np.clip(self._dcusum[v.r] + dstep, 0.0, CUSUM_CAP), 0.0)
+                hist_bad = dok & (dc >= CUSUM_H) & (dshift >= dref)
+                # and the seed's fixed ratio, where it is at least PEER_Z of that noise
+                hist_bad |= dok & (history >= s.suspect_ratio) & (dshift >= PEER_Z * dsd)
+            self._dcusum[v.r[dok]] = dc[dok]
+            shift, noise, cusum = (
+                np.where(peers_ok, a, b) for a, b in ((shift, dshift), (noise, dsd), (cusum, dc))
+            )
+        else:
+            hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
         return _RankScores(
             peers=peers,
             cost=cost,
@@ -641,7 +748,7 @@ class Detector:
             history=history,
             peers_ok=peers_ok,
             peer_bad=peer_bad,
-            hist_bad=judging & ~peers_ok & (history >= s.suspect_ratio),
+            hist_bad=hist_bad,
             change_bad=change_bad,
             shift=shift,
             noise=noise,
@@ -677,6 +784,29 @@ class Detector:
         d = d[np.isfinite(d) & (sc.group_size >= 3)]
         if d.size >= 3:
             self._live_noise.append(d)
+
+    def _gap_noise(self, window: int) -> F64:
+        """Per rank: the robust sd of its warm-up log gaps around their median, no less
+        than the median of every rank's (five samples can be small by luck) and
+        SIGMA_FLOOR; NaN until its baseline is in use."""
+        s = self.settings
+        key = (self._samples_version, window > s.warmup_windows)
+        if self._gap_noise_cache is not None and self._gap_noise_cache[0] == key:
+            return self._gap_noise_cache[1]
+        cnt = self._rank_count
+        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
+        sd = np.full(cnt.size, np.nan)
+        if ready.any():
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                x = np.log(self._rank_samples[ready])
+                med = np.nanmedian(x, axis=1)
+                own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
+                own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
+                pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
+            sd[ready] = np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)
+        self._gap_noise_cache = (key, sd)
+        return sd
 
     def _ratio_baseline(self, window: int) -> tuple[F64, F64]:
         """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
@@ -833,9 +963,10 @@ class Detector:
         if v.class_of[i] is not None:
             evidence["hw_class"] = v.class_of[i]
         basis = "peers"
-        if kind == "rank" and self.settings.mode == "adaptive":
-            pb, cb = bool(sc.peer_bad[i]), bool(sc.change_bad[i])
-            basis = "both" if pb and cb else "history" if cb else "peers"
+        if self.settings.mode == "adaptive":
+            if kind == "rank":
+                pb, cb = bool(sc.peer_bad[i]), bool(sc.change_bad[i])
+                basis = "both" if pb and cb else "history" if cb else "peers"
             if math.isfinite(sc.shift[i]):
                 # the change test: shift from its own confirmed pace, in its own noise
                 evidence["shift"] = round(float(math.expm1(sc.shift[i])), 4)
@@ -886,22 +1017,23 @@ class Detector:
             b.feed(ctx.window, value, s)
             return None, None, 0.0, None
         ratio = value / ref
-        if s.mode == "adaptive" and len(b.samples) >= 3:
+        sd = b.log_sd(ref) if s.mode == "adaptive" else None
+        if sd is not None:
             # A scalar that is noisy by nature (the transfer time of short windows:
             # a minimum of per-rank medians) gets a limit above its own spread; the
             # seed's ratio stays the floor, so this never flags more.
-            med = float(np.median(b.samples))
-            rel_sd = scoring.MAD_SCALE * float(np.median(np.abs(np.subtract(b.samples, med)))) / med
-            ratio_limit = max(ratio_limit, 1.0 + SCALAR_Z * rel_sd)
-        bad = ratio >= ratio_limit
+            ratio_limit = max(ratio_limit, math.exp(SCALAR_Z * sd))
+        above = ratio >= ratio_limit
+        bad = b.excursion(ctx.window, above) if s.mode == "adaptive" else above
         track = self._tracks.get(key)
         if track is None and not bad:
-            b.feed(ctx.window, value, s)
+            if not above:  # (an excursion the tail rule let pass is no healthy sample)
+                b.feed(ctx.window, value, s)
             return None, ratio, 0.0, None
         track = self._tracks.setdefault(key, _Track(s.flag_window))
         excess = max(0.0, value - ref)
         state = self._advance(track, ctx.window, bad, excess, ctx)
-        if not bad and not track.active:
+        if not above and not track.active:
             b.feed(ctx.window, value, s)
         if track.idle:
             del self._tracks[key]
@@ -1079,15 +1211,47 @@ class Detector:
 # --------------------------------------------------------------------------- helpers
 
 
+def _factorize(labels: OBJ) -> tuple[OBJ, I64]:
+    """Distinct labels (sorted) and each one's index, for a few distinct strings in
+    many rows: a set and one comparison pass per label, where np.unique would sort
+    every row's string."""
+    if labels.size == 0:
+        return labels[:0].copy(), np.zeros(0, dtype=np.int64)
+    names = sorted(set(labels.tolist()))
+    if len(names) > 64:
+        uniq, inv = np.unique(labels, return_inverse=True)
+        return uniq, inv.ravel().astype(np.int64)
+    out: OBJ = np.empty(len(names), dtype=object)
+    out[:] = names
+    ids = np.zeros(labels.size, dtype=np.int64)
+    for k, name in enumerate(names[1:], start=1):
+        ids[labels == name] = k
+    return out, ids
+
+
+def _all_none(col: Any) -> bool:
+    """A column that is absent in every row (identity checks only: cheap)."""
+    return isinstance(col, list) and (not col or (col[0] is None and col.count(None) == len(col)))
+
+
 def _none(a: OBJ) -> npt.NDArray[np.bool_]:
-    """Elementwise `is None` of an object array."""
-    return np.asarray(a == None, dtype=bool)  # noqa: E711 - elementwise, not identity
+    """Elementwise `is None` of an object array. Truth is a cheap C call per element,
+    a comparison with None a slow one: only the falsy ones ("" or None) are compared."""
+    out = ~a.astype(bool)
+    if out.any():
+        out[out] = np.asarray(a[out] == None, dtype=bool)  # noqa: E711 - elementwise
+    return out
 
 
 def _objects(values: Any) -> OBJ:
     """A string column as an object array (None kept), without a per-row Python loop."""
     out: OBJ = np.empty(len(values), dtype=object)
-    if isinstance(values, list) and values and values.count(None) == len(values):
+    if (
+        isinstance(values, list)
+        and values
+        and values[0] is None
+        and values.count(None) == len(values)
+    ):
         return out  # an absent column (no island, no class): already all None
     out[:] = values
     return out

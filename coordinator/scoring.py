@@ -33,6 +33,9 @@ MAD_SCALE = 1.4826
 # A MAD of zero (identical peers) would make z infinite for any difference; a
 # floor relative to the median keeps z finite and scale-free.
 MAD_FLOOR_REL = 1e-3
+# Up to this many groups (islands x classes: a few), each group is partitioned
+# around its middle (O(n), no sort); more groups take the sorted path below.
+FEW_GROUPS = 32
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,11 @@ def score(values: npt.ArrayLike, gid: npt.ArrayLike) -> Scores:
     if g.min() < 0:
         raise ValueError("group ids must be non-negative")
 
+    groups = int(g.max()) + 1
+    if groups <= FEW_GROUPS and np.isfinite(x).all():
+        loo, mad, group_size = _few_groups(x, g, groups)
+        return _finish(x, loo, mad, group_size)
+
     order, start, n, pos = _sorted_layout(x, g)
     s = x[order]
     loo_sorted = _loo_median_sorted(s, start, n, pos)
@@ -149,13 +157,62 @@ def score(values: npt.ArrayLike, gid: npt.ArrayLike) -> Scores:
     mad[order] = mad_sorted
     group_size = np.empty(size, dtype=np.int64)
     group_size[order] = n
+    return _finish(x, loo, mad, group_size)
 
+
+def _finish(x: F64, loo: F64, mad: F64, group_size: I64) -> Scores:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(loo > 0, x / loo, np.nan)
         scale = MAD_SCALE * np.maximum(mad, MAD_FLOOR_REL * np.abs(loo))
         z = (x - loo) / scale
     z = np.where(scale > 0, z, np.nan)
     return Scores(loo_median=loo, ratio=ratio, z=z, group_size=group_size)
+
+
+def _pick(v: F64, t: F64, k: int) -> F64:
+    """Order statistic k of a group's n values once each slot's own value v is left
+    out (t: the values partitioned at k and k + 1): t[k] when v lies above it (the slot
+    sits above k), else t[k + 1]. A tie picks t[k + 1], which then equals t[k]."""
+    return np.where(v > t[k], t[k], t[k + 1])
+
+
+def _loo_median_partitioned(v: F64) -> tuple[F64, list[float]]:
+    """Each slot's leave-one-out median of one group's values `v` (n >= 2), by two
+    order statistics per slot, and the distinct values it can take (at most four)."""
+    n = v.size
+    lo, hi = (n - 2) // 2, (n - 1) // 2  # middle indices of the remaining n - 1
+    t = np.partition(v, sorted({lo, lo + 1, hi, hi + 1}))
+    loo = 0.5 * (_pick(v, t, lo) + _pick(v, t, hi))
+    centres = {0.5 * (a + b) for a in (t[lo], t[lo + 1]) for b in (t[hi], t[hi + 1])}
+    return loo, sorted(float(c) for c in centres)
+
+
+def _few_groups(x: F64, g: I64, groups: int) -> tuple[F64, F64, I64]:
+    """Leave-one-out median and MAD without sorting: per group, a partition around the
+    middle gives both (O(n)), and the MAD needs one more per distinct centre (at most
+    three in use). Same values as the sorted path, which serves many groups."""
+    size = x.size
+    loo = np.full(size, np.nan)
+    mad = np.full(size, np.nan)
+    group_size = np.empty(size, dtype=np.int64)
+    for k in range(groups):
+        idx: slice | I64 = slice(None) if groups == 1 else np.flatnonzero(g == k)
+        v = x[idx]
+        n = v.size
+        group_size[idx] = n
+        if n < 2:
+            continue
+        c, centres = _loo_median_partitioned(v)
+        m = np.empty(n)
+        for centre in centres:
+            use = c == centre  # exact: c holds these very sums
+            if not use.any():
+                continue
+            dev = np.abs(v - centre)
+            m[use] = _loo_median_partitioned(dev)[0][use]
+        loo[idx] = c
+        mad[idx] = m
+    return loo, mad, group_size
 
 
 def score_reference(values: npt.ArrayLike, gid: npt.ArrayLike) -> Scores:

@@ -88,6 +88,7 @@ class RunResult:
     false_flags: int = 0  # flagged reports on any subject other than the slow ranks
     false_by_kind: dict[str, int] = field(default_factory=dict)
     healthy_rank_windows: int = 0  # judged rank-windows of the other ranks
+    first_flag: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, subject)
 
 
 def run(
@@ -125,6 +126,8 @@ def run(
         for f in res.findings:
             if f.state != "flagged":
                 continue
+            subject = str(f.rank) if f.rank is not None else str(f.island)
+            out.first_flag.setdefault((f.kind, subject), w)
             if f.kind in ("rank", "degraded") and f.rank in slow:
                 if f.rank not in out.flag_window:
                     out.flag_window[f.rank] = w

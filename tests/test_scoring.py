@@ -92,3 +92,34 @@ def test_scale_and_permutation_invariance(n: int, c: float, seed: int) -> None:
     shuffled = score(x[perm], g[perm])
     _same(shuffled.ratio, base.ratio[perm])
     _same(shuffled.z, base.z[perm])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.integers(1, 80),
+        elements=st.one_of(st.sampled_from([1.0, 2.0]), st.floats(0.1, 1000.0, allow_nan=False)),
+    ),
+    st.sampled_from([1, 3, 40]),
+    st.integers(0, 2**31 - 1),
+)
+def test_partitioned_and_sorted_paths_agree(x: np.ndarray, ngroups: int, seed: int) -> None:
+    """Few groups are partitioned around their middle, many are sorted (scoring.FEW_GROUPS):
+    the same numbers either way, ties included."""
+    import artemis.coordinator.scoring as scoring
+
+    raw = np.random.default_rng(seed).integers(0, ngroups, x.size)
+    g = np.unique(raw, return_inverse=True)[1].astype(np.int64)
+    few = scoring.score(x, g)
+    saved = scoring.FEW_GROUPS
+    scoring.FEW_GROUPS = 0
+    try:
+        many = scoring.score(x, g)
+    finally:
+        scoring.FEW_GROUPS = saved
+    ref = score_reference(x, g)
+    for name in ("loo_median", "ratio", "z"):
+        _same(getattr(few, name), getattr(many, name))
+        _same(getattr(many, name), getattr(ref, name))
+    assert np.array_equal(few.group_size, many.group_size)

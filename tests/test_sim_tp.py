@@ -12,6 +12,7 @@ the coordinator judges each rank on its largest communicator
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,11 @@ from artemis.sim.cluster import SimCluster, SimOptions
 from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import ScenarioError, parse_scenario
 from e2e_expect import read_jsonl
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 JOB = """
 [job]
@@ -47,7 +53,7 @@ slowdown = 0.15
 
 def _gaps(sc_text: str, nested: bool) -> np.ndarray:
     """gap_ms [window, rank] on each rank's DP communicator, in process."""
-    sc = parse_scenario(__import__("tomllib").loads(sc_text))
+    sc = parse_scenario(tomllib.loads(sc_text))
     model = LockstepModel(sc)
     dp, tp = inproc.RecordMaker(model), inproc.RecordMaker(model, tp=True)
     summ = [
@@ -81,7 +87,7 @@ def test_the_partner_waits_inside_tp_collectives_not_in_its_gap() -> None:
 def test_tp_must_divide_ranks_and_hosts() -> None:
     bad = JOB.format(windows=6).replace("tp = 2", "tp = 3")
     with pytest.raises(ScenarioError, match=r"\[job\]\.tp"):
-        parse_scenario(__import__("tomllib").loads(bad))
+        parse_scenario(tomllib.loads(bad))
 
 
 @pytest.mark.slow

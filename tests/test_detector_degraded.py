@@ -1,0 +1,80 @@
+"""`degraded` (an island or class too small for peers) under the adaptive rule: a
+CUSUM on the rank's own gap against its confirmed baseline, in its own noise
+(coordinator/DETECTOR.md, "The combined test"); `mode = "seed"` keeps the fixed
+`history >= suspect_ratio`."""
+
+from __future__ import annotations
+
+import numpy as np
+from artemis.coordinator.detector import Detector, WindowResult
+from artemis.coordinator.settings import Settings
+from test_detector_support import make_window
+
+ISL = ["nvidia"] * 6 + ["amd"] * 2  # amd: two ranks, fewer than min_island_peers
+
+
+def _run(det: Detector, gaps: np.ndarray, start: int = 0) -> list[WindowResult]:
+    return [
+        det.score_window(start + w, make_window(start + w, row, islands=ISL))
+        for w, row in enumerate(gaps)
+    ]
+
+
+def _gaps(windows: int, sd: float, seed: int = 4) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 100.0 * np.exp(sd * rng.standard_normal((windows, 8)))
+
+
+def _first_flag(res: list[WindowResult], rank: int) -> int | None:
+    for i, r in enumerate(res):
+        if any(
+            f.kind == "degraded" and f.rank == rank and f.state == "flagged" for f in r.findings
+        ):
+            return i
+    return None
+
+
+def test_a_5_percent_change_is_flagged_where_the_seed_rule_needs_10() -> None:
+    gaps = _gaps(20, 0.005)
+    gaps[10:, 7] *= 1.05
+    adaptive = _run(Detector(Settings(), "job1", 8), gaps)
+    seed = _run(Detector(Settings(mode="seed"), "job1", 8), gaps)
+    assert _first_flag(adaptive, 7) == 12  # the onset window counts as the first of 3
+    assert _first_flag(seed, 7) is None
+    f = next(f for f in adaptive[12].findings if f.rank == 7)
+    assert f.basis == "history" and f.z is None
+    ev = f.evidence
+    assert abs(ev["shift"] - 0.05) < 0.01 and ev["noise"] < 0.01 and ev["cusum"] >= 6
+    assert ev["intermittent"] is False
+    # nobody else
+    assert {(f.kind, f.rank) for r in adaptive for f in r.findings} == {("degraded", 7)}
+
+
+def test_thresholds_follow_the_rank_s_noise() -> None:
+    # 3% window-to-window noise: healthy, 300 windows, nothing flagged (the seed's
+    # 10% is only 3.3 sds here); a 20% change is, in 3 windows.
+    gaps = _gaps(300, 0.03, seed=9)
+    res = _run(Detector(Settings(), "job1", 8), gaps)
+    assert not [f for r in res for f in r.findings if f.state == "flagged"]
+    # a 6% change on this noisy rank is below what its noise allows to call
+    gaps = _gaps(30, 0.03, seed=9)
+    gaps[12:, 6] *= 1.06
+    assert _first_flag(_run(Detector(Settings(), "job1", 8), gaps), 6) is None
+    gaps = _gaps(30, 0.03, seed=9)
+    gaps[12:, 6] *= 1.2
+    w = _first_flag(_run(Detector(Settings(), "job1", 8), gaps), 6)
+    assert w is not None and w - 12 + 1 <= 3
+
+
+def test_the_change_test_survives_a_restore() -> None:
+    gaps = _gaps(16, 0.005)
+    gaps[10:, 7] *= 1.04
+    a = Detector(Settings(), "job1", 8)
+    _run(a, gaps[:11])
+    b = Detector(Settings(), "job1", 8)
+    b.restore_state(a.snapshot())
+    ra, rb = _run(a, gaps[11:], 11), _run(b, gaps[11:], 11)
+    assert [[f.to_json() for f in r.findings] for r in ra] == [
+        [f.to_json() for f in r.findings] for r in rb
+    ]
+    assert any(f.state == "flagged" for r in ra for f in r.findings)

@@ -1,0 +1,138 @@
+"""The scalar kinds' adaptive rule (island, collective, link): a limit scaled by the
+scalar's own recent noise, and the tail rule (coordinator/DETECTOR.md, "The combined
+test"). Short windows with common stalls make the island's transfer time heavy-tailed:
+these must not flag, while a real collective slowdown still does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from artemis.coordinator.detector import Detector
+from artemis.coordinator.settings import Settings
+from artemis.sim.inproc import run
+from artemis.sim.scenario import parse_scenario
+from test_detector_support import make_window
+
+REALISTIC = {
+    "noise": 0.01,
+    "rank_spread": 0.02,
+    "shared_jitter": 0.05,
+    "stall_prob": 0.005,
+    "stall_ms": 60.0,
+}
+
+
+def _states(det: Detector, colls: np.ndarray, start: int) -> list[str | None]:
+    out: list[str | None] = []
+    for i, c in enumerate(colls):
+        w = start + i
+        res = det.score_window(w, make_window(w, np.full(4, 100.0), coll=np.full(4, c)))
+        hit = [f.state for f in res.findings if f.kind == "collective"]
+        out.append(hit[0] if hit else None)
+    return out
+
+
+def _warm(mode: str) -> Detector:
+    det = Detector(Settings(mode=mode), "job1", 4)
+    rng = np.random.default_rng(2)
+    _states(det, 10.0 * (1 + 0.01 * rng.standard_normal(30)), 0)
+    return det
+
+
+def test_scattered_excursions_flag_only_under_the_seed_rule() -> None:
+    # A tail: one excursion, then three over the limit in four windows (two in a row,
+    # a gap, one more). The seed rule flags it; the adaptive one, having seen the
+    # tail, counts only second windows in a row: one bad window, no flag.
+    pattern = np.array([10.0, 10, 16, 10, 10, 10, 16, 16, 10, 16, 10, 10, 10])
+    assert "flagged" in _states(_warm("seed"), pattern, 30)
+    assert "flagged" not in _states(_warm("adaptive"), pattern, 30)
+
+
+def test_a_persistent_collective_slowdown_still_flags_after_a_tail() -> None:
+    pattern = np.array([10.0, 10, 16, 10, 10, 10, 13, 13, 13, 13, 13])
+    st = _states(_warm("adaptive"), pattern, 30)
+    # the tail at window 32 costs the slowdown (from window 36) one window: flagged
+    # in its 4th window instead of its 3rd
+    assert st[6:10] == [None, "suspect", "suspect", "flagged"], st
+
+
+def test_without_a_tail_the_first_window_counts() -> None:
+    st = _states(_warm("adaptive"), np.full(4, 13.0), 30)
+    assert st[:3] == ["suspect", "suspect", "flagged"]
+
+
+@pytest.mark.parametrize("seed", [1, 8])
+def test_healthy_short_windows_with_stalls_flag_nothing(seed: int) -> None:
+    """10-step windows of 100 ms, stalls in 0.5% of rank-steps at 60 ms on 64 ranks (a
+    quarter of all steps has one somewhere): no flag of any kind in >= 10k rank-windows.
+    Both seeds flagged `collective` under the earlier rule (a limit from five warm-up
+    windows, any three over it in four)."""
+    sc = parse_scenario(
+        {
+            "job": {
+                "ranks": 64,
+                "ranks_per_host": 8,
+                "step_ms": 100.0,
+                "collectives_per_step": 4,
+                "window_steps": 10,
+                "windows": 162,
+                "seed": seed,
+                **REALISTIC,
+            }
+        }
+    )
+    res = run(sc, telemetry=False)
+    assert res.healthy_rank_windows >= 10_000
+    assert res.false_flags == 0, res.false_by_kind
+
+
+def test_a_30_percent_collective_slowdown_in_short_windows_is_flagged() -> None:
+    sc = parse_scenario(
+        {
+            "job": {
+                "ranks": 32,
+                "ranks_per_host": 8,
+                "step_ms": 100.0,
+                "collectives_per_step": 4,
+                "window_steps": 10,
+                "windows": 24,
+                "seed": 0,
+                **REALISTIC,
+            },
+            "fault": [
+                {"kind": "collective", "island": "nvidia", "start_window": 16, "slowdown": 0.3}
+            ],
+        }
+    )
+    res = run(sc, telemetry=False)
+    w = res.first_flag.get(("collective", "default"))
+    assert w is not None and w - 16 + 1 <= 4
+
+
+def test_short_windows_flag_a_10_percent_straggler_within_3_under_realistic_noise() -> None:
+    """The issue's part 3: `window_steps = 10` at 100 ms steps, stalls and jitter as
+    above: a 10% straggler within 3 windows (3 s), nothing else flagged. Measured: 19
+    of seeds 100-119 within 3, seed 101 in 4 (its onset window shifts it 6.8 noise sds,
+    short of the CUSUM's one-window reach: DETECTOR.md, "Known limits")."""
+    took = []
+    for seed in range(100, 108):
+        sc = parse_scenario(
+            {
+                "job": {
+                    "ranks": 32,
+                    "ranks_per_host": 8,
+                    "step_ms": 100.0,
+                    "collectives_per_step": 4,
+                    "window_steps": 10,
+                    "windows": 16 + 4,
+                    "seed": seed,
+                    **REALISTIC,
+                },
+                "fault": [{"kind": "clocks", "rank": 13, "start_window": 16, "slowdown": 0.1}],
+            }
+        )
+        res = run(sc, [13], telemetry=False)
+        assert res.false_flags == 0, (seed, res.false_by_kind)
+        w = res.flag_window.get(13)
+        took.append(99 if w is None else w - 16 + 1)
+    assert max(took) <= 4 and sum(t <= 3 for t in took) >= 7, took
