@@ -54,6 +54,10 @@ def sim(
         typer.Option(help="Keep shm dirs, configs and logs here (default: a temp dir)."),
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 300.0,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option(help="Write the job's incident report (HTML) here when it ends."),
+    ] = None,
 ) -> None:
     """Run a whole simulated cluster for one scenario; exit 0 when the run completed."""
     from artemis.sim.cluster import SimCluster, SimOptions
@@ -75,6 +79,7 @@ def sim(
                 workdir=workdir,
                 keep_workdir=workdir is not None,
                 timeout_s=timeout_s,
+                report_dir=report_dir,
             ),
         )
     except ScenarioError as e:
@@ -97,7 +102,9 @@ def demo(
     ] = "off",
     metrics_port: Annotated[int, typer.Option(help="Prometheus endpoint for Grafana.")] = 9464,
     window_s: Annotated[float, typer.Option(help="Wall seconds per window of 50 steps.")] = 1.0,
-    out: Annotated[Path, typer.Option(help="Folder for findings and plans.")] = Path("out"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for findings, plans, incidents, the store and reports/.")
+    ] = Path("out"),
 ) -> None:
     """The flagship job live: 4 NVIDIA + 4 AMD ranks, rank 2's clocks drop at window 16."""
     from artemis.sim.cluster import SimCluster, SimContext, SimOptions
@@ -137,6 +144,7 @@ def demo(
                 rebalance=rebalance,
                 on_tick=tick,
                 timeout_s=600,
+                report_dir=out / "reports",
             ),
         )
     except ScenarioError as e:
@@ -156,6 +164,9 @@ def demo(
         f"{res.windows_scored} windows scored in {res.elapsed_s:.0f} s"
         + ("" if res.ok else f"; run failed: {res.reason}")
     )
+    reports = sorted((out / "reports").glob("*.html"))
+    if reports:
+        console.print(f"incident report: {reports[-1]} (open it in a browser)")
     raise typer.Exit(0 if res.ok else 1)
 
 

@@ -79,6 +79,7 @@ class SimOptions:
     keep_workdir: bool = False
     timeout_s: float = 300.0
     log_dir: Path | None = None
+    report_dir: Path | None = None  # the coordinator writes the job's report here at its end
     on_tick: Callable[[SimContext], None] | None = None
 
 
@@ -130,6 +131,11 @@ class SimCluster:
                 'metrics_addr = "127.0.0.1"',
                 f"global_batch = {sc.global_batch}",
                 f"control_socket = {json.dumps(str(work / 'coordinator.sock'))}",
+                *(
+                    [f"report_dir = {toml_value(str(opts.report_dir.resolve()))}"]
+                    if opts.report_dir is not None
+                    else []
+                ),
                 "[detector]",
                 *(f"{k} = {toml_value(v)}" for k, v in det.items()),
             ]

@@ -229,6 +229,9 @@ def sim(tmp_path: Path, sim_port: int) -> Iterator[tuple[subprocess.Popen[bytes]
                 str(int(DEADLINE_S) + 30),
                 "--workdir",
                 str(tmp_path / "work"),
+                # the dashboard's "Incident report" annotation needs report_dir
+                "--report-dir",
+                str(tmp_path / "reports"),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
