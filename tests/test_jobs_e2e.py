@@ -135,6 +135,13 @@ def _series(samples: dict[Any, float], job: str) -> set[Any]:
     return {k for k in samples if ("job", job) in k[1]}
 
 
+def _stable(series: set[Any]) -> set[Any]:
+    """The series without their `cause` label: these feeders have no GPU telemetry, so
+    the cause comes from this host's own CPU readings, and it may move (host <->
+    unknown) with the machine's load between two scrapes; the series is the same."""
+    return {(name, frozenset(kv for kv in labels if kv[0] != "cause")) for name, labels in series}
+
+
 # ---------------------------------------------------------------- two jobs
 
 
@@ -179,7 +186,7 @@ def test_two_jobs_on_one_coordinator_keep_their_own_findings_and_series(
     b.write_steps(W_STEPS)
     s.wait_window("job-b", n)
     left = s.coord.samples()
-    assert b_series <= _series(left, "job-b")
+    assert _stable(b_series) <= _stable(_series(left, "job-b"))
     assert metric(left, "straggler_flagged", job="job-b", kind="rank", subject="6") == 1
     # Process-wide series have no job label and stay.
     assert metric(left, "straggler_agents_connected") == 2
