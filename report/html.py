@@ -294,7 +294,13 @@ def story(inc: Mapping[str, Any]) -> str:
         applied = next((h for h in hist if h.get("status") == "applied"), None)
         s = f"Plan {act.get('plan')}"
         if applied is not None:
-            s += f" was applied at window {applied.get('window')}"
+            # the marker's window: where the split changes (apply_at_step), which can
+            # be a window or two after the acknowledgement in the history
+            at = next(
+                (m.get("window") for m in inc.get("markers") or [] if m.get("marker") == "applied"),
+                applied.get("window"),
+            )
+            s += f" was applied at window {at}"
         else:
             s += f" was {act.get('status')}"
         end = next((h for h in hist if h.get("status") in ("verified", "rolled_back")), None)

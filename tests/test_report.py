@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -172,3 +173,13 @@ def test_nice_ticks() -> None:
     assert nice_ticks(0, 100, 5) == [0, 20, 40, 60, 80, 100]
     assert nice_ticks(0.97, 1.16, 4) == [1.0, 1.05, 1.1, 1.15]
     assert nice_ticks(5, 5) == [5]
+
+
+def test_story_places_a_plan_where_its_marker_is_not_at_its_acknowledgement() -> None:
+    """The plan's history has the window its acknowledgement came in (21 here); the
+    split changes at its apply_at_step, in the window the `applied` marker names."""
+    inc = copy.deepcopy(contract_bundle()["incidents"][0])
+    for h in inc["actions"][0]["history"]:
+        if h["status"] == "applied":
+            h["window"] = 21
+    assert "was applied at window 23 " in story(inc)
