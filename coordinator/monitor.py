@@ -27,6 +27,7 @@ import numpy as np
 from artemis.coordinator import findings as F
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
+from artemis.coordinator.fingerprint import JobFingerprint
 from artemis.coordinator.hang import HangVerdict, check_hang
 from artemis.coordinator.incidents import IncidentBook, WindowView
 from artemis.coordinator.settings import Settings
@@ -128,6 +129,8 @@ class JobMonitor:
         self.progress: dict[int, RankProgress] = {}
         self.hang: _Hang | None = None
         self.incidents = IncidentBook(job, run=run, flag_window=settings.flag_window)
+        # rank -> (software dict, workload signature): each rank's last fingerprint
+        self.fingerprints: dict[int, tuple[dict[str, Any], str | None]] = {}
 
     @property
     def nranks(self) -> int:
@@ -217,6 +220,28 @@ class JobMonitor:
         self.incidents.on_plans(events, window=self.last_window)
         return self._incidents_out(
             MonitorOutput(plans=events, controls=self._plan_controls(events))
+        )
+
+    def on_fingerprint(self, rank: int, software: Mapping[str, Any], workload: str | None) -> bool:
+        """A rank's software fingerprint and workload signature (its agent sends them once
+        and again when they change); True when that changed what the monitor held."""
+        new = (dict(software), workload)
+        if self.fingerprints.get(rank) == new:
+            return False
+        self.fingerprints[rank] = new
+        return True
+
+    def fingerprint(self) -> JobFingerprint | None:
+        """The job's fingerprint (coordinator/fingerprint.py) once every rank of the job
+        has sent its own, else None."""
+        n = self.nranks
+        if any(r not in self.fingerprints for r in range(n)):
+            return None
+        fps = {r: self.fingerprints[r] for r in range(n)}
+        return JobFingerprint.of(
+            {r: fp[0] for r, fp in fps.items()},
+            {r: fp[1] for r, fp in fps.items()},
+            n,
         )
 
     def on_dump(self, rank: int, path: str) -> None:
@@ -423,6 +448,10 @@ class JobMonitor:
             # Added within version 1: a snapshot without it restores with no open incident.
             "incidents": self.incidents.snapshot(),
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
+            # Added within version 1: a snapshot without it restores with none.
+            "fingerprints": {
+                r: {"software": sw, "workload": wl} for r, (sw, wl) in self.fingerprints.items()
+            },
             # A hang being reported (dumps outstanding) is found again from the next
             # heartbeats; one already reported is kept so it is not reported twice.
             "hang": None
@@ -465,6 +494,8 @@ class JobMonitor:
         m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
         if state.get("incidents") is not None:
             m.incidents = IncidentBook.restore(state["incidents"], flag_window=settings.flag_window)
+        for r, fp in (state.get("fingerprints") or {}).items():
+            m.fingerprints[int(r)] = (dict(fp["software"]), fp["workload"])
         if state["policy"] is not None:
             m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
         h = state["hang"]
