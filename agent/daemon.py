@@ -74,6 +74,8 @@ class Tracked:
     # The rank's software fingerprint, put together once (its process's env and
     # libraries are fixed for the life of the ring).
     software: Software | None = None
+    step_signature: tuple[tuple[int, int], ...] | None = None  # the one `workload` hashes
+    workload: str | None = None
 
 
 def _global_rank(h: RingHeader) -> int:
@@ -295,7 +297,9 @@ class Agent:
                     host_software(self.sources, target), ring_software(t.header)
                 )
             sig = t.summarizer.step_signature if t.summarizer is not None else None
-            wl = workload_signature(sig) if sig else None
+            if sig != t.step_signature:
+                t.step_signature, t.workload = sig, workload_signature(sig) if sig else None
+            wl = t.workload
             cur = (t.path, t.software, wl)
             if self._fp_sent.get((job, grank)) == cur:
                 continue

@@ -19,6 +19,7 @@ policy and its outputs from.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -131,6 +132,7 @@ class JobMonitor:
         self.incidents = IncidentBook(job, run=run, flag_window=settings.flag_window)
         # rank -> (software dict, workload signature): each rank's last fingerprint
         self.fingerprints: dict[int, tuple[dict[str, Any], str | None]] = {}
+        self._software: dict[str, dict[str, Any]] = {}  # interned software dicts
 
     @property
     def nranks(self) -> int:
@@ -225,7 +227,11 @@ class JobMonitor:
     def on_fingerprint(self, rank: int, software: Mapping[str, Any], workload: str | None) -> bool:
         """A rank's software fingerprint and workload signature (its agent sends them once
         and again when they change); True when that changed what the monitor held."""
-        new = (dict(software), workload)
+        # Ranks share their software: one dict per distinct fingerprint (interned), so
+        # a 100k-rank job holds (and snapshots) a handful of them, not one per rank.
+        key = json.dumps(software, sort_keys=True, separators=(",", ":"))
+        sw = self._software.setdefault(key, dict(software))
+        new = (sw, workload)
         if self.fingerprints.get(rank) == new:
             return False
         self.fingerprints[rank] = new
@@ -449,15 +455,26 @@ class JobMonitor:
             "incidents": self.incidents.snapshot(),
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
             # Added within version 1: a snapshot without it restores with none.
-            "fingerprints": {
-                r: {"software": sw, "workload": wl} for r, (sw, wl) in self.fingerprints.items()
-            },
+            "fingerprints": self._fingerprints_state(),
             # A hang being reported (dumps outstanding) is found again from the next
             # heartbeats; one already reported is kept so it is not reported twice.
             "hang": None
             if h is None or not h.reported
             else {"verdict": asdict(h.verdict), "window": h.window, "dumps": h.dumps},
         }
+
+    def _fingerprints_state(self) -> dict[str, Any]:
+        """The ranks' fingerprints with each distinct software dict once."""
+        index: dict[int, int] = {}
+        pool: list[dict[str, Any]] = []
+        ranks = []
+        for r, (sw, wl) in self.fingerprints.items():
+            i = index.get(id(sw))
+            if i is None:
+                i = index[id(sw)] = len(pool)
+                pool.append(sw)
+            ranks.append([r, i, wl])
+        return {"software": pool, "ranks": ranks}
 
     @classmethod
     def restore(
@@ -494,8 +511,10 @@ class JobMonitor:
         m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
         if state.get("incidents") is not None:
             m.incidents = IncidentBook.restore(state["incidents"], flag_window=settings.flag_window)
-        for r, fp in (state.get("fingerprints") or {}).items():
-            m.fingerprints[int(r)] = (dict(fp["software"]), fp["workload"])
+        fps = state.get("fingerprints")
+        if fps:
+            for r, i, wl in fps["ranks"]:
+                m.on_fingerprint(int(r), fps["software"][int(i)], wl)
         if state["policy"] is not None:
             m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
         h = state["hang"]

@@ -407,7 +407,7 @@ class Coordinator:
         self.agents.setdefault(fp.job, set()).add(peer.agent_id)
         m = self._monitor(fp.job)
         if m.on_fingerprint(fp.rank, fp.software.to_dict(), fp.workload):
-            log.info(
+            log.debug(
                 "fingerprint",
                 job=fp.job,
                 rank=fp.rank,

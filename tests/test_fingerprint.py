@@ -202,3 +202,17 @@ def test_incidents_show_names_the_jobs_fingerprint(tmp_path: Path) -> None:
     assert "driver 550.54.15 | 560.28.03" in line and "nccl 2.21.5" in line
     assert fp.workload is not None
     assert "1 env" in line and f"workload {fp.workload[:12]}" in line
+
+
+def test_a_fingerprint_is_kept_until_acked_and_resent_like_any_data_message() -> None:
+    from artemis.protocol.session import Outbox
+
+    box = Outbox()
+    seq, dropped = box.add(Fingerprint(job="j", rank=1, software=Software.from_dict(SW)))
+    assert dropped == []
+    # a reconnect resends from the first unacked seq: the frame decodes to the message
+    ((s, frame),) = list(box.frames_from(1))
+    back = decode_body(frame[4:])
+    assert s == seq and isinstance(back, Fingerprint) and back.software.to_dict() == SW
+    box.ack(seq)
+    assert list(box.frames_from(1)) == []
