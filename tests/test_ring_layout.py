@@ -205,3 +205,23 @@ def test_job_writer_imports_no_agent_machinery() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout
     assert out.strip() == ""
+
+
+def test_env_sidecar_round_trip_and_bounds(tmp_path: Path) -> None:
+    env = {f"NCCL_V{i:03d}": "x" * 300 for i in range(rf.ENV_MAX_VARS + 10)}
+    raw = rf.encode_env_sidecar(42, env, torch="2.5.1")
+    assert len(raw) <= rf.ENV_MAX_BYTES and raw.startswith(rf.ENV_MAGIC + b"\0pid=42\0")
+    got = rf.decode_env_sidecar(raw)
+    assert got is not None
+    pid, torch, back = got
+    assert (pid, torch) == (42, "2.5.1")
+    assert list(back) == sorted(back) and all(env[k] == v for k, v in back.items())
+    assert len(back) < rf.ENV_MAX_VARS  # 64 KiB holds fewer of these than the count bound
+    assert rf.decode_env_sidecar(b"something else\0pid=1\0") is None
+    ring = tmp_path / "j.0000000000000001.r0.ring"
+    assert rf.write_env_sidecar(ring, raw)
+    assert Path(rf.env_sidecar_path(ring)).read_bytes() == raw
+    # a path the file system refuses: False, nothing left behind
+    (tmp_path / "x.ring.env").mkdir()
+    assert not rf.write_env_sidecar(tmp_path / "x.ring", raw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ring.name + ".env", "x.ring.env"]
