@@ -324,6 +324,9 @@ class Coordinator:
         t0 = time.perf_counter()
         out = m.on_window(aw.window, aw.columns, aw.missing, final=final, wall=self.wall())
         dt = time.perf_counter() - t0
+        if out.clock:
+            self.metrics.observe_clock(aw.job, out.clock)
+            log.info("device-clock anomalies handled", job=aw.job, window=aw.window, **out.clock)
         if out.result is None:
             self._dropped(aw, "already_scored")
         else:

@@ -17,7 +17,9 @@ import pytest
 from artemis.agent.ring import RingReader
 from artemis.agent.ring_format import FUNC_CODES, KIND_COLL, REC_DEVICE
 from artemis.agent.summary import WindowSummarizer, device_timeline
+from artemis.coordinator.clockrate import correct_rates
 from artemis.job.ring_writer import RingWriter
+from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
 C, W, WINDOWS = (
@@ -134,3 +136,52 @@ def test_a_real_pause_seen_by_the_host_clock_is_not_a_jump() -> None:
     tl = device_timeline(start, end, enq, np.ones(2, bool), 1e9)
     assert not any(tl.counts.values()) and not tl.broken.any()
     assert int(tl.start[1] - tl.end[0]) == HOUR + 10**6
+
+
+def _cols(step: list[float], gap: list[float]) -> WindowColumns:
+    rows = [
+        RankWindow(
+            job="j",
+            comm="c",
+            rank=r,
+            nranks=len(step),
+            host="h",
+            window=3,
+            step_lo=30,
+            step_hi=40,
+            coll_lo=0,
+            coll_hi=40,
+            gap_ms=gap[r],
+            coll_ms=5.0,
+            step_ms=step[r],
+            collectives=40,
+            bytes=0,
+            lost=0,
+            clock="device",
+        )
+        for r in range(len(step))
+    ]
+    return WindowColumns.from_records(rows)
+
+
+def test_a_clock_at_the_wrong_rate_is_rescaled_to_its_peers_step_time() -> None:
+    # Rank 5's clock runs 30% fast: all its durations are 1.3x. Rank 2 is really slow:
+    # a longer gap, but the same step time as everyone (it waits in the collectives).
+    step = [100.0] * 8
+    gap = [60.0] * 8
+    step[5], gap[5] = 130.0, 78.0
+    gap[2] = 75.0
+    fixed, rates = correct_rates(_cols(step, gap))
+    assert rates == {5: pytest.approx(1 / 1.3)}
+    assert fixed.floats("gap_ms").tolist() == pytest.approx([60, 60, 75, 60, 60, 60, 60, 60])
+    assert fixed.floats("step_ms").tolist() == pytest.approx([100.0] * 8)
+    assert fixed.floats("coll_ms")[5] == pytest.approx(5.0 / 1.3)
+
+
+def test_rate_correction_needs_a_majority_and_leaves_agreeing_steps_alone() -> None:
+    cols = _cols([100.0, 101.0, 99.0, 104.0], [60.0, 61.0, 59.0, 70.0])
+    fixed, rates = correct_rates(cols)
+    assert rates == {} and fixed is cols  # within the tolerance: a real slow rank stays
+    # Two of four disagree: no majority, nothing is trusted, nothing rescaled.
+    _, rates = correct_rates(_cols([100.0, 100.0, 130.0, 130.0], [60.0] * 4))
+    assert rates == {}
