@@ -46,3 +46,44 @@ def test_a_dump_that_cannot_be_written_is_counted_and_the_next_one_written(
     assert [json.loads(x) for x in target.read_text().splitlines()] == [{"seq": 1}]
     assert h in c.write_health()
     c.flush()
+
+
+def test_retention_prunes_old_dumps_rotated_files_and_store_rows(tmp_path: Path) -> None:
+    """The coordinator's tick applies [retention]: dumps by age then size, rotated JSONL
+    generations by age, store rows by age (once at the first tick, then every
+    prune_every_s)."""
+    import os
+    import time
+
+    from artemis.coordinator.config import RetentionConfig
+    from artemis.store.sink import StoreSink
+
+    now = time.time()
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for name, age_days in (("old.jsonl", 40), ("new.jsonl", 1)):
+        q = dumps / name
+        q.write_text("{}\n")
+        os.utime(q, (now - age_days * 86400, now - age_days * 86400))
+    old_gen = tmp_path / "f.jsonl.1"
+    old_gen.write_text("{}\n")
+    os.utime(old_gen, (now - 40 * 86400, now - 40 * 86400))
+    store = StoreSink.open("sqlite:///" + str(tmp_path / "a.db"), tmp_path / "f.jsonl")
+    assert store.store is not None
+    store.write_rows([{"job": "j", "window": 0, "time": now - 40 * 86400}], [])
+    store.write_rows([{"job": "j", "window": 1, "time": now}], [])
+    r = RetentionConfig(max_age_days=30.0, keep_files=2)
+    c = Coordinator(
+        Settings(),
+        FindingsWriter(tmp_path / "f.jsonl", r.jsonl()),
+        PlansWriter(tmp_path / "p.jsonl", r.jsonl()),
+        Metrics(),
+        dumps_dir=dumps,
+        store=store,
+        retention=r,
+    )
+    asyncio.run(c.tick())
+    assert sorted(q.name for q in dumps.iterdir()) == ["new.jsonl"]
+    assert not old_gen.exists()
+    assert [w["window"] for w in store.store.job_windows("j")] == [1]
+    c.flush()
