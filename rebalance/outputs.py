@@ -33,6 +33,9 @@ class PlansWriter:
     def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The file exists from the start, empty while no plan was made (as before).
+        with contextlib.suppress(OSError):
+            self.path.touch()
         self.out: JsonlAppender | None = JsonlAppender(self.path, "plans", retention)
         self.health = self.out.health
         # The coordinator may write from its event loop and a shutdown hook alike;
