@@ -15,7 +15,10 @@ anomalies"). Pure: columns in, columns out.
 The agent cannot do this itself: a rank's host clock is a reference only when
 the job runs in real time (the simulator's device times are virtual), and an
 agent sees only its own node's ranks. A communicator of fewer than
-`RATE_MIN_RANKS` timed ranks is left alone (no majority to trust).
+`RATE_MIN_RANKS` timed ranks is left alone (no majority to trust). Only rows
+timed on a device clock are rescaled: the host's CLOCK_MONOTONIC runs at the
+true rate, so a host-timed rank off its peers' step time is left as it is
+(and counts in the peers' median like any other).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def correct_rates(cols: WindowColumns) -> tuple[WindowColumns, dict[int, float]]
         return cols, {}
     step = cols.floats("step_ms")
     comm = np.asarray(cols["comm"], dtype=object)
+    device = np.asarray(cols["clock"], dtype=object) != "host"
     factor = np.ones(cols.n)
     band = math.log1p(RATE_TOLERANCE)
     for c in set(cols["comm"]):
@@ -47,6 +51,7 @@ def correct_rates(cols: WindowColumns) -> tuple[WindowColumns, dict[int, float]]
         off = np.abs(np.log(ratio)) > band
         if 2 * int(off.sum()) >= idx.size:
             continue  # no majority agrees on the step time: nothing to trust
+        off &= device[idx]
         factor[idx[off]] = 1.0 / ratio[off]
     fix = np.flatnonzero(factor != 1.0)
     if not fix.size:

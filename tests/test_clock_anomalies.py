@@ -138,7 +138,7 @@ def test_a_real_pause_seen_by_the_host_clock_is_not_a_jump() -> None:
     assert int(tl.start[1] - tl.end[0]) == HOUR + 10**6
 
 
-def _cols(step: list[float], gap: list[float]) -> WindowColumns:
+def _cols(step: list[float], gap: list[float], clock: str = "device") -> WindowColumns:
     rows = [
         RankWindow(
             job="j",
@@ -157,7 +157,7 @@ def _cols(step: list[float], gap: list[float]) -> WindowColumns:
             collectives=40,
             bytes=0,
             lost=0,
-            clock="device",
+            clock=clock,  # type: ignore[arg-type]
         )
         for r in range(len(step))
     ]
@@ -184,4 +184,7 @@ def test_rate_correction_needs_a_majority_and_leaves_agreeing_steps_alone() -> N
     assert rates == {} and fixed is cols  # within the tolerance: a real slow rank stays
     # Two of four disagree: no majority, nothing is trusted, nothing rescaled.
     _, rates = correct_rates(_cols([100.0, 100.0, 130.0, 130.0], [60.0] * 4))
+    assert rates == {}
+    # The host clock runs at the true rate: a host-timed rank is never rescaled.
+    _, rates = correct_rates(_cols([100.0, 100.0, 100.0, 130.0], [60.0] * 4, clock="host"))
     assert rates == {}
