@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
 PYTEST_ARGS ?=
 
-.PHONY: all setup plugin demo sim test test-torch test-c bench lint clean docs-screenshot
+.PHONY: all setup plugin demo sim test test-torch reliability test-c bench lint clean docs-screenshot
 
 all: setup
 
@@ -46,7 +46,11 @@ test: setup
 	bash tests/setup/install-prometheus.sh
 	bash tests/setup/install-chromium.sh
 	$(MAKE) -C profiler_plugin test
-	$(BIN)/python -m pytest -q -m "not torch_e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not torch_e2e and not reliability" $(PYTEST_ARGS)
+
+# The long forms of docs/RELIABILITY.md's tests (each section says which).
+reliability: setup
+	$(BIN)/python -m pytest -q -m reliability $(PYTEST_ARGS)
 
 # Real-PyTorch DDP jobs judged end to end (artemis run, artemis.job.Detector):
 # timing-sensitive on a shared 2-core machine, so kept out of `make test`.

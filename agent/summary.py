@@ -86,6 +86,7 @@ _COLL_DT = np.dtype(
         ("end", "<u8"),
         ("cpu_start", "<u8"),  # process CPU time ns (CPU slots; 0 = not recorded)
         ("cpu_end", "<u8"),
+        ("enqueue", "<u8"),  # host CLOCK_MONOTONIC ns at enqueue (0 = not recorded)
     ]
 )
 _BRIDGE_DT = np.dtype(
@@ -287,6 +288,7 @@ class WindowSummarizer:
             c["cpu_start"], c["cpu_end"] = coll["cpu_start_ns"], coll["cpu_end_ns"]
         else:
             c["cpu_start"] = c["cpu_end"] = 0
+        c["enqueue"] = coll["enqueue_ns"] if "enqueue_ns" in (coll.dtype.names or ()) else 0
         # The record just below the floor is kept as the "previous" collective of
         # the next window, so only strictly older ones are late.
         keep = c["coll_seq"] >= self._floor - 1
@@ -431,21 +433,40 @@ class WindowSummarizer:
         clocks = np.bincount(inside["clock"], minlength=2)
         chosen = int(np.argmax(clocks))
         scale, label = self._scale(chosen)
-        timed = recs[
-            (recs["clock"] == chosen) & (recs["start"] > 0) & (recs["end"] >= recs["start"])
-        ]
         steps = -(-(hi - lo) // c)
         n = steps * c + 1  # position 0 is collective lo-1
         start = np.full(n, np.nan)
         end = np.full(n, np.nan)
-        if timed.size:
-            base = min(int(timed["start"].min()), int(timed["end"].min()))
-            pos = timed["coll_seq"] - (lo - 1)
-            # subtract in integers first: device ns since the epoch lose precision as float
-            start[pos] = (timed["start"] - np.uint64(base)).astype(np.float64) * scale
-            end[pos] = (timed["end"] - np.uint64(base)).astype(np.float64) * scale
+        broken = np.empty(0, dtype=np.int64)  # positions whose preceding gap is unknown
+        anomalies = dict.fromkeys(CLOCK_REASONS, 0)
+        if chosen == REC_DEVICE and self.clock_kind != CLOCK_HOST:
+            cand = recs[(recs["clock"] == chosen) & (recs["start"] > 0) & (recs["end"] > 0)]
+            tl = device_timeline(
+                cand["start"], cand["end"], cand["enqueue"], cand["coll_seq"] >= lo, 1e3 / scale
+            )
+            timed = cand[tl.keep]
+            anomalies = tl.counts
+            if timed.size:
+                base = int(timed["start"][0])
+                pos = timed["coll_seq"] - (lo - 1)
+                start[pos] = tl.start.astype(np.float64) * scale
+                end[pos] = tl.end.astype(np.float64) * scale
+                broken = pos[tl.broken]
+        else:
+            timed = recs[
+                (recs["clock"] == chosen) & (recs["start"] > 0) & (recs["end"] >= recs["start"])
+            ]
+            if timed.size:
+                base = min(int(timed["start"].min()), int(timed["end"].min()))
+                pos = timed["coll_seq"] - (lo - 1)
+                # subtract in integers first: device ns since the epoch lose precision as float
+                start[pos] = (timed["start"] - np.uint64(base)).astype(np.float64) * scale
+                end[pos] = (timed["end"] - np.uint64(base)).astype(np.float64) * scale
         gaps = np.maximum(start[1:] - end[:-1], 0.0)
-        if self._nested.size and timed.size:
+        gaps[broken - 1] = np.nan  # a jump or a reset of the clock: that gap is not known
+        fixed = any(anomalies.values())
+        if self._nested.size and timed.size and not fixed:
+            # (after a correction the raw nested times no longer share the timeline)
             # time spent inside the rank's other communicators' collectives within a gap
             nest = self._nested[self._nested["clock"] == chosen]
             if nest.size:
@@ -456,6 +477,7 @@ class WindowSummarizer:
         gaps = gaps.reshape(steps, c)
         durs = (end[1:] - start[1:]).reshape(steps, c)
         step_times = np.diff(end[0::c])
+        step_times[(broken - 1) // c] = np.nan  # the steps that hold an unknown gap
         lost_here = (hi - lo) - n_in
         # reader losses not explained by any gap in coll_seq seen so far
         gaps_seen = (self._max_seq - (self._min_seq or 0) + 1) - self._n_seen
@@ -484,6 +506,7 @@ class WindowSummarizer:
             telemetry=Telemetry(gap_busy_pct=_gap_busy_pct(timed, lo)),
             **self._bridge_stats(lo, hi, c),
             **_gap_quartiles(gaps),
+            **{f"clock_{k}": v or None for k, v in anomalies.items()},
         )
 
     def _bridge_stats(self, lo: int, hi: int, c: int) -> dict[str, Any]:
@@ -541,6 +564,112 @@ def _gap_busy_pct(timed: np.ndarray, lo: int) -> float | None:
     if total <= 0:
         return None
     return float(round(100.0 * max(0, int(cpu[keep].sum())) / total, 2))
+
+
+# Device-clock anomalies (docs/RELIABILITY.md "4. Device-clock anomalies"), per reason.
+CLOCK_REASONS = ("reversed", "jump", "wrap", "reset")
+WRAP_BITS = (32, 40, 48, 56)  # device counters narrower than 64 bits (64 wraps modulo 2**64)
+JUMP_S = 600.0  # the device clock stepping this much further than the host's did is a jump
+BACK_S = 1.0  # the device clock going back more than this (no wrap explains it) is a reset
+
+
+class Timeline:
+    """A window's device times made continuous: see `device_timeline`."""
+
+    __slots__ = ("broken", "counts", "end", "keep", "start")
+
+    def __init__(
+        self,
+        keep: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        broken: np.ndarray,
+        counts: dict[str, int],
+    ) -> None:
+        self.keep, self.start, self.end, self.broken, self.counts = keep, start, end, broken, counts
+
+
+def _wrap_fix(a: int, b: int, lo: int, hi: int) -> int | None:
+    """`b - a` on a counter narrower than 64 bits that wrapped between a and b, when that
+    difference lands in [lo, hi]; else None."""
+    for k in WRAP_BITS:
+        top = 1 << k
+        if a < top and b < top and lo <= b + top - a <= hi:
+            return b + top - a
+    return None
+
+
+def device_timeline(
+    start: np.ndarray,
+    end: np.ndarray,
+    enqueue: np.ndarray,
+    inside: np.ndarray,
+    units_per_s: float,
+) -> Timeline:
+    """One rank's device-clock records (sorted by coll_seq), checked for the clock's
+    anomalies and laid on one continuous timeline in device units from the first kept
+    start: ``start``/``end`` int64 for the kept records, ``broken`` where the gap before a
+    kept record is unknown, ``counts`` per reason (only records/gaps ``inside`` the window:
+    the one before it belongs to the previous window). Per record, end before start is a
+    counter wrap when a 64-bit or narrower wrap explains it (corrected), else ``reversed``
+    (the record is left out of the timings). Between two records, a step back past
+    ``BACK_S`` is a ``wrap`` when one explains it (corrected: the true gap is kept), else a
+    ``reset`` (a GPU reset restarts the timer); a step forward ``JUMP_S`` past what the
+    host clock (enqueue times) saw is a ``jump``. After a reset or a jump the times go on
+    from the previous record's end, and that gap is ``broken`` (unknown), never a
+    fabricated compute gap."""
+    n = int(start.size)
+    counts = dict.fromkeys(CLOCK_REASONS, 0)
+    s = np.asarray(start, dtype=np.uint64)
+    e = np.asarray(end, dtype=np.uint64)
+    jump = int(JUMP_S * units_per_s)
+    back = int(BACK_S * units_per_s)
+    dur = (e - s).view(np.int64).copy()  # modulo 2**64: a 64-bit wrap comes out right
+    keep = np.ones(n, dtype=bool)
+    for i in np.flatnonzero(e < s).tolist():
+        d = int(dur[i])
+        fixed = d if 0 <= d <= jump else _wrap_fix(int(s[i]), int(e[i]), 0, jump)
+        reason = "reversed" if fixed is None else "wrap"
+        if fixed is None:
+            keep[i] = False
+        else:
+            dur[i] = fixed
+        counts[reason] += bool(inside[i])
+    idx = np.flatnonzero(keep)
+    s, e, dur = s[idx], e[idx], dur[idx]
+    k = int(idx.size)
+    gap = np.zeros(k, dtype=np.int64)
+    broken = np.zeros(k, dtype=bool)
+    if k > 1:
+        gap[1:] = (s[1:] - e[:-1]).view(np.int64)
+        enq = np.asarray(enqueue, dtype=np.uint64)[idx]
+        host = np.zeros(k, dtype=np.float64)
+        both = (enq[1:] > 0) & (enq[:-1] > 0)
+        host[1:][both] = (enq[1:][both] - enq[:-1][both]).view(np.int64) * (units_per_s / 1e9)
+        odd = (gap < -back) | ((gap > jump) & (gap > host + jump))
+        # numerically back by more than `back` (a 64-bit wrap leaves a small modular gap)
+        odd[1:] |= (e[:-1] > s[1:]) & ((e[:-1] - s[1:]) > np.uint64(back))
+        odd[0] = False
+        for i in np.flatnonzero(odd).tolist():
+            g = int(gap[i])
+            a, b = int(e[i - 1]), int(s[i])
+            if b < a - back and -back <= g <= jump:
+                counts["wrap"] += 1  # a 64-bit counter wrapped: g is the true gap
+            elif g < -back:
+                w = _wrap_fix(a, b, -back, jump)
+                if w is None:
+                    counts["reset"] += 1
+                    gap[i], broken[i] = 0, True
+                else:
+                    counts["wrap"] += 1
+                    gap[i] = w
+            elif g > jump and g > host[i] + jump:
+                counts["jump"] += 1
+                gap[i], broken[i] = 0, True
+    rel_s = np.zeros(k, dtype=np.int64)
+    if k > 1:
+        rel_s[1:] = np.cumsum(dur[:-1] + gap[1:])
+    return Timeline(keep, rel_s, rel_s + dur, broken, counts)
 
 
 def ring_position(

@@ -37,6 +37,14 @@ def serve(
     ] = None,
     jsonl: Annotated[Path | None, typer.Option(help="Findings, one JSON object per line.")] = None,
     plans_jsonl: Annotated[Path | None, typer.Option(help="Rebalance plan events (JSONL).")] = None,
+    journal: Annotated[
+        Path | None,
+        typer.Option(help="Assembly journal (default: next to the findings, <findings>.assembly)."),
+    ] = None,
+    dumps_dir: Annotated[
+        Path | None,
+        typer.Option(help="Hang dumps folder (default: <findings stem>.dumps next to them)."),
+    ] = None,
     secret_file: Annotated[
         Path | None, typer.Option(help="Shared secret (mode 0600) agents authenticate with.")
     ] = None,
@@ -68,6 +76,8 @@ def serve(
                 "metrics_port": metrics_port,
                 "jsonl": str(jsonl) if jsonl else None,
                 "plans_jsonl": str(plans_jsonl) if plans_jsonl else None,
+                "journal": str(journal) if journal else None,
+                "dumps_dir": str(dumps_dir) if dumps_dir else None,
                 "secret_file": str(secret_file) if secret_file else None,
                 "control_socket": str(control_socket) if control_socket else None,
                 "store": store,

@@ -5,17 +5,55 @@ classes, rebalance mode and bounds); they are validated by
 `artemis.coordinator.settings.Settings` and can be changed while running with
 `artemis-coordinator set KEY VALUE`. `store` and `report_dir` are not: they
 are where the coordinator keeps its incident store and writes reports, fixed
-for its life (store/README.md).
+for its life (store/README.md). `[retention]` bounds what the outputs keep
+on disk (rotation by size and age, dumps and store rows pruned by age).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from artemis.protocol.diskio import Retention
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """``[retention]``: how much of each output a long-running coordinator keeps, so it
+    never fills its disk (docs/RELIABILITY.md "3. Full disks"). 0 = no limit."""
+
+    # The findings, incidents and plans JSONL: rotated (NAME.1, NAME.2, ...) when
+    # the live file would pass this size, or when its oldest line is older than
+    # max_age_days; keep_files rotated generations are kept per file.
+    jsonl_max_mb: float = 256.0
+    keep_files: int = 5
+    # Rotated JSONL files, hang dumps and store rows older than this are deleted.
+    max_age_days: float = 30.0
+    # The hang dumps folder: oldest dumps deleted first beyond this total size.
+    dumps_max_mb: float = 512.0
+    # How often the age and size limits are applied (the tick checks the clock).
+    prune_every_s: float = 3600.0
+
+    def jsonl(self) -> Retention:
+        return Retention(
+            max_bytes=int(self.jsonl_max_mb * (1 << 20)),
+            max_age_s=self.max_age_days * 86400.0,
+            keep_files=self.keep_files,
+        )
+
+    def validated(self) -> RetentionConfig:
+        for name in ("jsonl_max_mb", "max_age_days", "dumps_max_mb"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"retention.{name}: expected >= 0 (0 = no limit)")
+        if self.keep_files < 1:
+            raise ConfigError("retention.keep_files: expected at least 1")
+        if self.prune_every_s <= 0:
+            raise ConfigError("retention.prune_every_s: expected > 0")
+        return self
 
 
 @dataclass(frozen=True)
@@ -25,6 +63,10 @@ class CoordinatorConfig:
     metrics_addr: str = "0.0.0.0"
     jsonl: str = "findings.jsonl"
     plans_jsonl: str = "plans.jsonl"
+    # The assembly journal ("" = next to the findings: <findings>.assembly) and the
+    # hang dumps folder ("" = <findings dir>/<findings stem>.dumps).
+    journal: str = ""
+    dumps_dir: str = ""
     secret_file: str = "/etc/artemis/secret"
     control_socket: str = "/run/artemis/coordinator.sock"  # for `artemis-coordinator set`
     transport: str = "tcp"  # tcp | rdma
@@ -48,6 +90,11 @@ class CoordinatorConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
     detector: dict[str, Any] = field(default_factory=dict)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+
+    @property
+    def journal_path(self) -> Path:
+        return Path(self.journal) if self.journal else Path(self.jsonl).with_suffix(".assembly")
 
     def validated(self) -> CoordinatorConfig:
         if self.transport not in ("tcp", "rdma"):
@@ -61,4 +108,5 @@ class CoordinatorConfig:
         bad = check_setting(self.store)
         if bad is not None:
             raise ConfigError(bad)
+        self.retention.validated()
         return self

@@ -22,7 +22,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
+
+from artemis.protocol.diskio import FileHealth, JsonlAppender, Retention
 
 if TYPE_CHECKING:
     from artemis.coordinator.hang import HangVerdict
@@ -420,31 +422,36 @@ def log_flags(findings: Iterable[Finding]) -> int:
 
 
 class FindingsWriter:
-    """Appends one JSON object per finding to `path`, flushing once per window."""
+    """Appends one JSON object per finding to `path`, one write per window.
 
-    def __init__(self, path: str | Path) -> None:
+    The lines go through `JsonlAppender` (protocol/diskio.py): on a full disk they
+    wait in memory (bounded) and are written when space returns, whole lines
+    only; `retention` rotates the file by size and age."""
+
+    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
         self.path = Path(path)
-        self._fh: IO[str] | None = None
+        self.out = JsonlAppender(self.path, "findings", retention)
+
+    @property
+    def health(self) -> FileHealth:
+        return self.out.health
 
     def write(self, findings: Iterable[Finding]) -> int:
-        """Write one window's findings; returns the number of lines written."""
+        """Write one window's findings; returns the number of findings taken."""
         batch = list(findings)
         if not batch:
             return 0
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("a", encoding="utf-8")
-        for f in batch:
-            self._fh.write(json.dumps(f.to_json(), allow_nan=False, separators=(", ", ": ")))
-            self._fh.write("\n")
-        self._fh.flush()
+        self.out.write_lines(
+            json.dumps(f.to_json(), allow_nan=False, separators=(", ", ": ")) for f in batch
+        )
         log_flags(batch)
         return len(batch)
 
+    def retry(self) -> None:
+        self.out.retry()
+
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self.out.close()
 
     def __enter__(self) -> FindingsWriter:
         return self
@@ -462,30 +469,32 @@ def incidents_path(findings: str | Path) -> Path:
 
 
 class IncidentsWriter:
-    """Appends one JSON object per incident change (docs/DESIGN.md "Incidents"), flushing
-    once per batch; the coordinator and the in-process detector both write with it."""
+    """Appends one JSON object per incident change (docs/DESIGN.md "Incidents"), one
+    write per batch, through `JsonlAppender` as the findings; the coordinator and
+    the in-process detector both write with it."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
         self.path = Path(path)
-        self._fh: IO[str] | None = None
+        self.out = JsonlAppender(self.path, "incidents", retention)
+
+    @property
+    def health(self) -> FileHealth:
+        return self.out.health
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> int:
         batch = list(records)
         if not batch:
             return 0
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("a", encoding="utf-8")
-        for rec in batch:
-            self._fh.write(json.dumps(_clean(dict(rec)), allow_nan=False, separators=(", ", ": ")))
-            self._fh.write("\n")
-        self._fh.flush()
+        self.out.write_lines(
+            json.dumps(_clean(dict(rec)), allow_nan=False, separators=(", ", ": ")) for rec in batch
+        )
         return len(batch)
 
+    def retry(self) -> None:
+        self.out.retry()
+
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self.out.close()
 
     def __enter__(self) -> IncidentsWriter:
         return self

@@ -21,10 +21,20 @@ Journals of the first format (`["h", names, names]`, `["w", values, values]`
 per summary) are still read. Appends are not fsynced: the journal covers a
 crash of the coordinator process (the kernel keeps the written pages), not of
 the machine. A torn tail (the process died inside a write) is ignored.
+
+A full disk: an append that fails is cut back to the file's size before it
+(whole entries only) and raises `JournalUnavailable`; the coordinator then
+refuses the batch (not acked: the agent keeps it and resends), so nothing is
+acked that the journal does not hold. A release mark that cannot be written
+waits in memory and goes out before the next batch (a coordinator killed while
+the disk is full may score those windows again after its restart: their
+findings repeated, nothing lost). A compaction that cannot write its new file
+keeps appending to the old one (docs/RELIABILITY.md "3. Full disks").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +45,7 @@ import msgspec
 import numpy as np
 import structlog
 from artemis.protocol.columns import ColumnError, WindowBatch, WindowColumns, from_wire, to_wire
+from artemis.protocol.diskio import FileHealth
 from artemis.protocol.records import RankWindow, Telemetry
 
 log = structlog.get_logger("artemis.coordinator")
@@ -73,11 +84,17 @@ def _v1_window(rw: Sequence[str], tel: Sequence[str], values: Any, tvalues: Any)
     return RankWindow(**kw, telemetry=Telemetry(**t))
 
 
+class JournalUnavailable(OSError):
+    """The journal could not keep a batch (its disk is full, or failing)."""
+
+
 class AssemblyJournal:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._fh: IO[bytes] | None = None
         self._marks = 0
+        self._unwritten: list[bytes] = []  # release marks waiting for space
+        self.health = FileHealth("journal", str(self.path))
 
     def load_columns(self) -> tuple[WindowColumns, set[Mark]]:
         """(summaries taken but not scored, windows already scored) from the file."""
@@ -140,35 +157,68 @@ class AssemblyJournal:
         self, pending: Summaries, released: Iterable[tuple[str, int, Sequence[str]]] = ()
     ) -> None:
         """Start a fresh file holding only `pending` and the release marks (compaction),
-        then append to it."""
-        self.close()
+        then append to it. Where the new file cannot be written, the old one is kept
+        (and appended to) and the failure counted."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         cols = _columns(pending)
-        with open(tmp, "wb") as fh:
-            fh.write(_HEADER)
-            for job, window, comms in released:
-                fh.write(msgpack.packb(["r", job, window, list(comms)]))
-            if cols.n:
-                fh.write(_entry(cols))
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(_HEADER)
+                for job, window, comms in released:
+                    fh.write(msgpack.packb(["r", job, window, list(comms)]))
+                if cols.n:
+                    fh.write(_entry(cols))
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            self.health.failed(e, "compaction")
+            if self._fh is None:
+                # The old file still holds all of it: keep appending there.
+                self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115
+            return
+        self.close()
         os.replace(tmp, self.path)
-        self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
+        # Unbuffered: a failed write must leave nothing queued to go out later.
+        self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open for appends
         self._marks = 0
+        self._unwritten = []
+
+    def _append(self, data: bytes) -> None:
+        """Write the marks waiting for space, then `data`; all of it or none."""
+        assert self._fh is not None
+        fd = self._fh.fileno()
+        blob = b"".join([*self._unwritten, data])
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # whole entries only
+            self.health.failed(e)
+            raise JournalUnavailable(e.errno, f"assembly journal {self.path}: {e.strerror}") from e
+        self._unwritten = []
+        self.health.ok()
 
     def added(self, windows: Summaries) -> None:
+        """Journal a batch before it is acked; raises `JournalUnavailable` when it cannot."""
         if self._fh is None:
             return
         cols = _columns(windows)
         if cols.n:
-            self._fh.write(_entry(cols))
-            self._fh.flush()
+            self._append(_entry(cols))
 
     def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
         """Mark a window scored by the run of `comms`; True when due for compaction."""
         if self._fh is None:
             return False
-        self._fh.write(msgpack.packb(["r", job, window, list(comms)]))
-        self._fh.flush()
+        mark = msgpack.packb(["r", job, window, list(comms)])
+        try:
+            self._append(mark)
+        except JournalUnavailable:
+            self._unwritten.append(mark)  # written before the next batch
+            return False
         self._marks += 1
         return self._marks >= COMPACT_EVERY
 

@@ -88,6 +88,14 @@ class Metrics:
             buckets=SCORING_BUCKETS,
             registry=reg,
         )
+        self.clock_anomalies = Counter(
+            "straggler_clock_anomalies",
+            "Device-clock anomalies in the ranks' records, corrected or left out of the"
+            " timings: reversed, jump, wrap, reset (the agents') and rate (a rank whose"
+            " clock runs at the wrong rate, rescaled here), in rank-windows",
+            ["job", "reason"],
+            registry=reg,
+        )
         self.last_window = Gauge(
             "straggler_last_window", "Index of the last window scored", ["job"], registry=reg
         )
@@ -226,6 +234,11 @@ class Metrics:
                 job, ident = str(row["job"]), str(row["incident"])
                 if (job, ident) in self._incident_labels:
                     self._child(self.incident_hours, job, ident).set(float(row["gpu_hours"]))
+
+    def observe_clock(self, job: str, counts: dict[str, int]) -> None:
+        with self._lock:
+            for reason, n in counts.items():
+                self._child(self.clock_anomalies, job, reason).inc(n)
 
     def observe_dropped(self, job: str, reason: str, rows: int) -> None:
         with self._lock:

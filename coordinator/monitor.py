@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from artemis.coordinator import findings as F
+from artemis.coordinator.clockrate import correct_rates, reported
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
 from artemis.coordinator.fingerprint import JobFingerprint
@@ -69,6 +70,9 @@ class MonitorOutput:
     # rows (job bands, subjects of open incidents) a store keeps to redraw them.
     incidents: list[dict[str, Any]] = field(default_factory=list)
     incident_rows: list[dict[str, Any]] = field(default_factory=list)
+    # Device-clock anomalies of the window, by reason: the agents' counts and the
+    # wrong-rate ranks corrected here (coordinator/clockrate.py).
+    clock: dict[str, int] = field(default_factory=dict)
 
     def extend(self, other: MonitorOutput) -> MonitorOutput:
         self.findings += other.findings
@@ -177,6 +181,10 @@ class JobMonitor:
             cols = WindowColumns.from_records(cols)
         if window <= self.last_window:
             return MonitorOutput()
+        clock = reported(cols)
+        cols, rates = correct_rates(cols)
+        if rates:
+            clock["rate"] = len(rates)
         ranks = cols.ints("rank")
         top = max(int(ranks.max()) if ranks.size else -1, max(missing, default=-1))
         self.resize(top + 1)
@@ -184,7 +192,7 @@ class JobMonitor:
             self.window_steps = max(1, int(np.median(cols.ints("step_hi") - cols.ints("step_lo"))))
             self.policy = self._new_policy(self.nranks)
         res = self.detector.score_window(window, cols, missing)
-        out = MonitorOutput(findings=list(res.findings), result=res)
+        out = MonitorOutput(findings=list(res.findings), result=res, clock=clock)
         if self._resized:
             out.plans += self._resized
             out.controls += self._plan_controls(self._resized)

@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 from artemis.coordinator.cli import prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
-from artemis.coordinator.findings import FindingsWriter
+from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
@@ -83,11 +83,59 @@ def register_protocol_metrics(
                 )
                 dup.add_metric([], a.duplicates)
                 yield dup
+                yield from _write_health_metrics(coord)
 
         def describe(self) -> Any:
             return []
 
     registry.register(_Collector())
+
+
+WRITE_FILES = ("findings", "incidents", "plans", "journal", "state", "dumps", "store")
+
+
+def _write_health_metrics(coord: Coordinator) -> Any:
+    """straggler_write_* and straggler_disk_full: each output's write state
+    (protocol/diskio.py; docs/RELIABILITY.md "3. Full disks")."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    health = coord.write_health()
+    err = CounterMetricFamily(
+        "straggler_write_errors",
+        "Failed writes of an output (findings, journal, store, ...) by reason",
+        labels=["file", "reason"],
+    )
+    lost = CounterMetricFamily(
+        "straggler_write_lost",
+        "Lines or records of an output given up (never written), by reason",
+        labels=["file", "reason"],
+    )
+    full = GaugeMetricFamily(
+        "straggler_disk_full", "1 while the last write of an output failed", labels=["file"]
+    )
+    backlog = GaugeMetricFamily(
+        "straggler_write_backlog_lines",
+        "Lines held in memory until their output's disk has space again",
+        labels=["file"],
+    )
+    for h in health:
+        full.add_metric([h.label], 1.0 if h.failing else 0.0)
+        backlog.add_metric([h.label], float(h.backlog))
+        for reason, n in sorted(h.errors.items()):
+            err.add_metric([h.label, reason], n)
+        for reason, n in sorted(h.lost.items()):
+            lost.add_metric([h.label, reason], n)
+    yield err
+    yield lost
+    yield full
+    yield backlog
+    nt = CounterMetricFamily(
+        "straggler_windows_not_taken",
+        "Window batches refused (not acked; the agent resends) because the journal"
+        " could not keep them",
+    )
+    nt.add_metric([], coord.refused_batches)
+    yield nt
 
 
 class CoordinatorServer(Lifecycle):
@@ -140,8 +188,8 @@ class CoordinatorServer(Lifecycle):
         metrics.report_dir = cfg.report_dir
         coord = self.coord = Coordinator(
             settings,
-            FindingsWriter(cfg.jsonl),
-            PlansWriter(cfg.plans_jsonl),
+            FindingsWriter(cfg.jsonl, cfg.retention.jsonl()),
+            PlansWriter(cfg.plans_jsonl, cfg.retention.jsonl()),
             metrics,
             deadline_s=cfg.assembly_deadline_s,
             dump_wait_s=cfg.dump_wait_s,
@@ -151,11 +199,14 @@ class CoordinatorServer(Lifecycle):
             # A store that cannot be opened is logged and left off: never fatal.
             store=StoreSink.open(cfg.store, cfg.jsonl),
             report_dir=cfg.report_dir,
+            dumps_dir=cfg.dumps_dir or None,
+            incidents=IncidentsWriter(incidents_path(cfg.jsonl), cfg.retention.jsonl()),
+            retention=cfg.retention,
         )
         server = ProtocolServer(transport, cfg.listen, secret, coord, settings=settings.to_dict())
         coord.server = server
         # Summaries taken but not scored by an earlier life of this coordinator.
-        coord.restore(AssemblyJournal(Path(cfg.jsonl).with_suffix(".assembly")))
+        coord.restore(AssemblyJournal(cfg.journal_path))
         register_protocol_metrics(metrics.registry, server, coord)
         metrics.set_active(False)
         if cfg.metrics_port:

@@ -19,6 +19,7 @@ ended `job_linger_s` later: its series leave /metrics, its monitor is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,8 +32,9 @@ from typing import Any
 import msgpack
 import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
+from artemis.coordinator.config import RetentionConfig
 from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
-from artemis.coordinator.journal import AssemblyJournal
+from artemis.coordinator.journal import AssemblyJournal, JournalUnavailable
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.monitor import (
     JobMonitor,
@@ -42,8 +44,9 @@ from artemis.coordinator.monitor import (
     register_plan_metrics,
 )
 from artemis.coordinator.settings import Settings
+from artemis.protocol.diskio import FileHealth, prune_dir
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
-from artemis.protocol.server import NotConnected, PeerInfo
+from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
 from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
@@ -68,6 +71,8 @@ class Coordinator:
         incidents: IncidentsWriter | None = None,
         store: StoreSink | None = None,
         report_dir: str = "",
+        dumps_dir: str | Path | None = None,
+        retention: RetentionConfig | None = None,
     ) -> None:
         self.journal = journal
         self.global_batch = global_batch
@@ -89,7 +94,15 @@ class Coordinator:
         self._finished_at: dict[str, float] = {}  # job -> when every rank reported finished
         self.state_dir: Path | None = None  # set by restore()
         self.server: Any = None  # ProtocolServer, set by serve()
-        self.dump_dir = findings.path.parent / (findings.path.stem + ".dumps")
+        self.dump_dir = (
+            Path(dumps_dir) if dumps_dir else findings.path.parent / (findings.path.stem + ".dumps")
+        )
+        # Write health of the outputs not written through a JsonlAppender.
+        self.state_health = FileHealth("state")
+        self.dumps_health = FileHealth("dumps", str(self.dump_dir))
+        self.refused_batches = 0  # windows messages not taken: the journal could not keep them
+        self.retention = retention  # None: nothing pruned (tests, tools)
+        self._pruned_at: float | None = None
         self._outbox: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
         # The incident store (off unless given): jobs, incidents, per-window rows.
         self.store = store if store is not None else StoreSink(None)
@@ -114,7 +127,12 @@ class Coordinator:
         now = self.clock()
         if isinstance(msg, Windows):
             if self.journal is not None:
-                self.journal.added(msg.columns)  # before the ack: see journal.py
+                try:
+                    self.journal.added(msg.columns)  # before the ack: see journal.py
+                except JournalUnavailable as e:
+                    # Not taken, not acked: the agent keeps the batch and resends it.
+                    self.refused_batches += 1
+                    raise NotTaken(str(e)) from e
             cols = msg.columns
             for job in set(cols["job"]):
                 self.agents.setdefault(job, set()).add(peer.agent_id)
@@ -150,11 +168,47 @@ class Coordinator:
     # ------------------------------------------------------------------ periodic
     async def tick(self) -> None:
         now = self.clock()
+        self.retry_writes()
+        self._prune(now)
         self._score_all(self.assembler.expire(now))
         for job, m in list(self.monitors.items()):
             self._emit(job, m.tick(now))
             self._check_ended(job, m, now)
         await self._flush_controls()
+
+    def retry_writes(self) -> None:
+        """Lines held in memory by a full disk go out as soon as there is space."""
+        self.findings.retry()
+        self.incidents.retry()
+        self.plans.retry()
+
+    def _prune(self, now: float) -> None:
+        """Retention ([retention]): old rotated JSONL files, old or surplus dumps and old
+        store rows are deleted, every prune_every_s (and once at the first tick)."""
+        r = self.retention
+        if r is None or (self._pruned_at is not None and now - self._pruned_at < r.prune_every_s):
+            return
+        self._pruned_at = now
+        wall = self.wall()
+        age_s = r.max_age_days * 86400.0
+        for out in (self.findings.out, self.incidents.out, self.plans.out):
+            if out is not None:
+                out.prune()
+        n = prune_dir(
+            self.dump_dir, max_bytes=int(r.dumps_max_mb * (1 << 20)), max_age_s=age_s, now=wall
+        )
+        if n:
+            log.info("hang dumps pruned", path=str(self.dump_dir), deleted=n)
+        if age_s > 0:
+            self.store.prune(wall - age_s)
+
+    def write_health(self) -> list[FileHealth]:
+        """Every output's write state, for the metrics (straggler_write_*)."""
+        out = [self.findings.health, self.incidents.health, self.plans.health]
+        if self.journal is not None:
+            out.append(self.journal.health)
+        out += [self.state_health, self.dumps_health, self.store.health]
+        return out
 
     def flush(self) -> None:
         """Shutdown: score whatever is still pending, close outputs."""
@@ -274,6 +328,9 @@ class Coordinator:
         t0 = time.perf_counter()
         out = m.on_window(aw.window, aw.columns, aw.missing, final=final, wall=self.wall())
         dt = time.perf_counter() - t0
+        if out.clock:
+            self.metrics.observe_clock(aw.job, out.clock)
+            log.info("device-clock anomalies handled", job=aw.job, window=aw.window, **out.clock)
         if out.result is None:
             self._dropped(aw, "already_scored")
         else:
@@ -417,11 +474,20 @@ class Coordinator:
             self._save(fp.job)
 
     def _dump(self, d: Dump) -> None:
-        self.dump_dir.mkdir(parents=True, exist_ok=True)
         path = self.dump_dir / f"{d.job}-r{d.rank}-{d.comm}.jsonl"
-        with open(path, "w", encoding="utf-8") as fh:
-            for rec in d.records:
-                fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        data = "".join(json.dumps(rec, separators=(",", ":")) + "\n" for rec in d.records)
+        try:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(data)
+        except OSError as e:
+            # The hang finding goes out without this dump (named lost in the metrics).
+            self.dumps_health.failed(e)
+            self.dumps_health.give_up(1, "dump_not_written")
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return
+        self.dumps_health.ok()
         m = self.monitors.get(d.job)
         if m is not None:
             m.on_dump(d.rank, str(path))
@@ -433,6 +499,7 @@ class Coordinator:
         assembly state (saved after each scored window), then the summaries it took but
         never scored (the journal). Returns how many summaries were replayed."""
         self.state_dir = journal.path.with_name(journal.path.name + ".jobs")
+        self.state_health.path = str(self.state_dir)
         for path in sorted(self.state_dir.glob("*.state")) if self.state_dir.exists() else ():
             try:
                 state = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
@@ -476,11 +543,20 @@ class Coordinator:
         }
         if state["assembly"] is None:
             return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self.state_dir / (hashlib.sha1(job.encode()).hexdigest()[:16] + ".state")
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(msgpack.packb(state, use_bin_type=True))
-        os.replace(tmp, path)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(msgpack.packb(state, use_bin_type=True))
+            os.replace(tmp, path)
+        except OSError as e:
+            # The previous state file stays whole; this one is saved again after the
+            # job's next window (the journal still holds what was not scored).
+            self.state_health.failed(e)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            return
+        self.state_health.ok()
 
     # ------------------------------------------------------------------ control out
     async def _flush_controls(self) -> None:

@@ -192,6 +192,14 @@ class RankWindow:
     gap_q1_ms: Millis | None = None
     gap_q2_ms: Millis | None = None
     gap_q3_ms: Millis | None = None
+    # Device-clock anomalies the agent found in this window's records, per reason
+    # (agent/summary.py `device_timeline`; docs/RELIABILITY.md "4. Device-clock
+    # anomalies"): end before start (record left out), a forward jump, a counter
+    # wrap (corrected), a reset (the gap across it left out). None = none.
+    clock_reversed: Count | None = None
+    clock_jump: Count | None = None
+    clock_wrap: Count | None = None
+    clock_reset: Count | None = None
     telemetry: Telemetry = field(default_factory=Telemetry)
 
     def __post_init__(self) -> None:

@@ -93,6 +93,7 @@ class ProtocolStats:
     delivered_total: int = 0  # data messages handed to the app
     duplicates_total: int = 0  # resent data already handed over (re-acked, not delivered)
     app_errors_total: int = 0  # on_message raised (logged; the message counts as handed over)
+    not_taken_total: int = 0  # the app could not keep a message (NotTaken): not acked
     controls_sent_total: int = 0
     control_acks_total: int = 0
 
@@ -105,6 +106,13 @@ class ProtocolStats:
 
 class NotConnected(LookupError):
     """No authenticated connection for that agent right now."""
+
+
+class NotTaken(Exception):
+    """Raised by the app's ``on_message``: it could not keep the message (its journal's
+    disk is full). The message is not acked and not recorded as delivered; the
+    connection is closed, so the agent keeps it (and everything after it) and
+    resends on its next connection (docs/RELIABILITY.md "3. Full disks")."""
 
 
 def _bump(d: dict[str, int], key: str) -> None:
@@ -412,7 +420,8 @@ class ProtocolServer:
     async def _apply(self, conn: _Conn, eff: Effect) -> bool:
         assert conn.peer is not None
         if isinstance(eff, Deliver):
-            await self._deliver(conn, eff.msg)
+            if not await self._deliver(conn, eff.msg):
+                return False
         elif isinstance(eff, Send):
             await self._send(conn, eff.msg)
         elif isinstance(eff, Duplicate):
@@ -433,12 +442,27 @@ class ProtocolServer:
             return False
         return True
 
-    async def _deliver(self, conn: _Conn, msg: DataMessage) -> None:
+    async def _deliver(self, conn: _Conn, msg: DataMessage) -> bool:
+        """Hand ``msg`` to the app; False when the app could not take it (NotTaken)."""
         assert conn.peer is not None
         try:
             await self.app.on_message(conn.peer, msg)
         except asyncio.CancelledError:
             raise
+        except NotTaken as e:
+            # Acks are cumulative: nothing after this message may be acked either, so
+            # the connection ends here and the agent resends from it.
+            self.stats.not_taken_total += 1
+            log.warning(
+                "message not taken: not acked, closing so the agent resends",
+                agent=conn.peer.agent_id,
+                type=msg.TYPE,
+                seq=msg.seq,
+                reason=str(e),
+            )
+            with contextlib.suppress(ChannelClosed):
+                await self._send(conn, Error(code="unavailable", text=str(e)[:512]))
+            return False
         except Exception:
             # Retrying a message the app chokes on would wedge the agent's
             # outbox forever; count it, log it, and treat it as handed over.
@@ -449,6 +473,7 @@ class ProtocolServer:
         self.stats.delivered_total += 1
         conn.ack_upto = conn.session.delivered(msg)
         conn.ack_event.set()
+        return True
 
     async def _acker(self, conn: _Conn) -> None:
         # Acks are coalesced: while one is being written, later deliveries only

@@ -17,20 +17,27 @@ import json
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
+from artemis.protocol.diskio import JsonlAppender, Retention
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .policy import STATUSES, PlanEvent
 
 
 class PlansWriter:
-    """Appends plan events to a JSONL file, one line per status change, flushed per line."""
+    """Appends plan events to a JSONL file, one line per status change, written at once
+    (through `JsonlAppender`, protocol/diskio.py: a full disk holds the lines in
+    memory until space returns; `retention` rotates the file)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] | None = self.path.open("a", encoding="utf-8")
+        # The file exists from the start, empty while no plan was made (as before).
+        with contextlib.suppress(OSError):
+            self.path.touch()
+        self.out: JsonlAppender | None = JsonlAppender(self.path, "plans", retention)
+        self.health = self.out.health
         # The coordinator may write from its event loop and a shutdown hook alike;
         # one lock keeps lines whole.
         self._lock = threading.Lock()
@@ -38,13 +45,17 @@ class PlansWriter:
 
     def write(self, event: PlanEvent | dict[str, Any]) -> None:
         rec = event.to_dict() if isinstance(event, PlanEvent) else dict(event)
-        line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+        line = json.dumps(rec, separators=(",", ":"), allow_nan=False)
         with self._lock:
-            if self._fh is None:
+            if self.out is None:
                 raise ValueError(f"plans file {self.path} is closed")
-            self._fh.write(line)
-            self._fh.flush()
+            self.out.write_lines([line])
             self.lines += 1
+
+    def retry(self) -> None:
+        with self._lock:
+            if self.out is not None:
+                self.out.retry()
 
     def write_all(self, events: list[PlanEvent]) -> None:
         for e in events:
@@ -52,9 +63,9 @@ class PlansWriter:
 
     def close(self) -> None:
         with self._lock:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
+            if self.out is not None:
+                self.out.close()
+                self.out = None
 
     def __enter__(self) -> PlansWriter:
         return self

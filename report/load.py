@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from artemis.protocol.diskio import rotated_paths
 from artemis.store import Store, StoreError, open_for_findings, open_store
 
 from .html import anchor, render
@@ -97,8 +98,10 @@ def rows_from_findings(
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The file's lines as objects, its rotated generations (``NAME.N`` .. ``NAME.1``,
+    the coordinator's retention) first, oldest first."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = "".join(q.read_text(encoding="utf-8") for q in rotated_paths(path) or [path])
     except (OSError, UnicodeDecodeError) as e:
         raise ReportError(f"{path}: cannot read: {e}") from e
     out = []

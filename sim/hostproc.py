@@ -211,6 +211,10 @@ def run_host(
                 rank=r, world_size=sc.ranks, global_batch=sc.global_batch, job=job, shm_dir=str(shm)
             )
 
+    from artemis.sim.clockfault import DeviceClock
+
+    # A rank with a clock_anomaly fault: its timer values pass through its DeviceClock.
+    clocks = {r: c for r in local if (c := DeviceClock.for_rank(sc, r)) is not None}
     step_wall = sc.step_ms / 1000.0 * scale
     pacer = Pacer(metrics_url, speed, step_wall)
     K = model.colls_per_step
@@ -261,6 +265,7 @@ def run_host(
                                 "ncclFloat32",
                                 int(wt.tp_arrive[s, r, j]),
                                 int(wt.tp_end[s, r, j]),
+                                None if r not in clocks else (clocks[r], w, s),
                             )
                 for k in range(K):
                     c = pattern[k]
@@ -271,6 +276,8 @@ def run_host(
                             (a + ch * CHANNEL_SKEW_NS, e - (CHANNELS - 1 - ch) * CHANNEL_SKEW_NS)
                             for ch in range(CHANNELS)
                         ]
+                        if r in clocks:
+                            kt = clocks[r].kernel_times(w, s, k, kt)
                         comms[r].collective(
                             c.func,
                             c.bytes if c.func in ("AllGather", "Broadcast") else c.bytes // 4,
@@ -298,12 +305,23 @@ def run_host(
             b.close(finish=True)
 
 
-def _emit(comm: Any, func: str, count: int, dtype: str, arrive: int, end: int) -> None:
-    """One collective of one rank, its channels a little apart as a real kernel's."""
+def _emit(
+    comm: Any,
+    func: str,
+    count: int,
+    dtype: str,
+    arrive: int,
+    end: int,
+    clock: tuple[Any, int, int] | None = None,
+) -> None:
+    """One collective of one rank, its channels a little apart as a real kernel's
+    (`clock`: the rank's DeviceClock, window and step, for a clock_anomaly fault)."""
     kt = [
         (arrive + ch * CHANNEL_SKEW_NS, end - (CHANNELS - 1 - ch) * CHANNEL_SKEW_NS)
         for ch in range(CHANNELS)
     ]
+    if clock is not None:
+        kt = clock[0].kernel_times(clock[1], clock[2], -1, kt)
     comm.collective(func, count, dtype, nchannels=CHANNELS, kernel_times=kt)
 
 

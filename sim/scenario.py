@@ -23,7 +23,11 @@ else:  # pragma: no cover - Python 3.10
 
 COMPUTE_FAULTS = ("clocks", "thermal", "power", "pcie", "host")
 ISLAND_FAULTS = ("island", "collective")
-FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down")
+FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down", "clock_anomaly")
+# What a clock_anomaly fault does to its ranks' device timer (sim/clockfault.py).
+CLOCK_ANOMALIES = ("reversed", "jump", "wrap", "reset", "rate")
+# Kinds that slow nothing: no finding is expected for them.
+NO_SLOWDOWN = ("hang", "agent_down", "clock_anomaly")
 REBALANCE_MODES = ("off", "recommend", "apply")
 
 
@@ -42,6 +46,8 @@ class Fault:
     ramp_windows: int = 0  # the slowdown grows linearly to full size over these windows
     duty: float = 1.0  # fraction of windows (pseudo-random, fixed by seed) the fault is on
     seed: int = 0  # the scenario's seed and the fault's index: fixes the duty pattern
+    anomaly: str | None = None  # clock_anomaly: one of CLOCK_ANOMALIES
+    rate: float = 1.0  # clock_anomaly "rate": device seconds per true second
 
     def active(self, window: int) -> bool:
         return window >= self.start_window and (self.end_window is None or window < self.end_window)
@@ -177,6 +183,8 @@ _FAULT_KEYS = {
     "slowdown",
     "ramp_windows",
     "duty",
+    "anomaly",
+    "rate",
 }
 _TOP_KEYS = {"job", "fault", "detector", "software"}
 
@@ -451,7 +459,18 @@ def _parse_fault(
     ):
         raise err("end_window", f"expected an integer in ({start}, {windows}], got {end!r}")
     slowdown = f.get("slowdown", 0.0)
-    if kind not in ("hang", "agent_down"):
+    anomaly = f.get("anomaly")
+    rate = f.get("rate", 1.3 if anomaly == "rate" else 1.0)
+    if kind == "clock_anomaly":
+        if anomaly not in CLOCK_ANOMALIES:
+            raise err("anomaly", f"expected one of {', '.join(CLOCK_ANOMALIES)}, got {anomaly!r}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (0.2 <= rate <= 5):
+            raise err("rate", f"expected a number in [0.2, 5], got {rate!r}")
+        if "rate" in f and anomaly != "rate":
+            raise err("rate", "only for anomaly = 'rate'")
+    elif "anomaly" in f or "rate" in f:
+        raise err("anomaly" if "anomaly" in f else "rate", "only for kind 'clock_anomaly'")
+    if kind not in NO_SLOWDOWN:
         if "slowdown" not in f:
             raise err("slowdown", f"required for kind {kind!r}: extra time as a fraction")
         if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)):
@@ -464,7 +483,7 @@ def _parse_fault(
     duty = f.get("duty", 1.0)
     if isinstance(duty, bool) or not isinstance(duty, (int, float)) or not (0 < duty <= 1):
         raise err("duty", f"expected a number in (0, 1], got {duty!r}")
-    if (ramp or duty < 1) and kind in ("hang", "agent_down"):
+    if (ramp or duty < 1) and kind in NO_SLOWDOWN:
         raise err("kind", f"ramp_windows and duty do not apply to kind {kind!r}")
     return Fault(
         kind=kind,
@@ -476,4 +495,6 @@ def _parse_fault(
         ramp_windows=ramp,
         duty=float(duty),
         seed=seed * 1000 + i,
+        anomaly=anomaly,
+        rate=float(rate),
     )

@@ -86,6 +86,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def prune(self, before: float) -> dict[str, int]:
+        """Delete rows older than `before` (unix s); per table, how many. A store that
+        cannot (read-only ones) says so."""
+        raise StoreError(f"{self.url}: this store cannot prune")
+
     def __enter__(self) -> Store:
         return self
 

@@ -4,6 +4,9 @@ For findings written with the store off: the incident records are there (the
 last line of an id is its current state, docs/DESIGN.md "Incidents"), the
 per-window rows are not (``job_windows`` and ``incident_windows`` are empty).
 A line that is not JSON (a line cut by a crash, at the end) is skipped.
+Rotated generations (``incidents.jsonl.N`` ... ``.1``, written by the
+coordinator's retention, protocol/diskio.py) are read first, oldest first, so
+an incident opened before a rotation keeps its history.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from artemis.protocol.diskio import rotated_paths
 from artemis.store.base import Store, StoreError
 
 
@@ -25,18 +29,19 @@ class JsonlIncidents(Store):
         latest: dict[str, dict[str, Any]] = {}
         self._job_order: dict[str, int] = {}  # jobs in the order of their first line
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        self.skipped += line.strip() != ""
-                        continue
-                    if not isinstance(rec, dict) or not rec.get("id"):
-                        self.skipped += 1
-                        continue
-                    latest[str(rec["id"])] = rec
-                    self._job_order.setdefault(str(rec.get("job")), len(self._job_order))
+            for path in rotated_paths(self.path) or [self.path]:
+                with open(path, encoding="utf-8") as fh:
+                    for line in fh:
+                        try:
+                            rec = json.loads(line)
+                        except ValueError:
+                            self.skipped += line.strip() != ""
+                            continue
+                        if not isinstance(rec, dict) or not rec.get("id"):
+                            self.skipped += 1
+                            continue
+                        latest[str(rec["id"])] = rec
+                        self._job_order.setdefault(str(rec.get("job")), len(self._job_order))
         except (OSError, UnicodeDecodeError) as e:
             raise StoreError(f"{self.path}: cannot read incidents: {e}") from e
         self._latest = latest

@@ -6,6 +6,11 @@ coordinator: a store that cannot be opened (a damaged file, a file that is not
 SQLite, a newer schema) is logged as an error naming the file and the sink is
 off; a write that fails turns it off the same way (one error in the log, not
 one per window). The findings and incidents JSONL go on either way.
+
+A full disk is the exception: the store stays on, the writes that fail are
+counted (``FileHealth``, protocol/diskio.py: ``straggler_write_errors_total{file="store"}``
+and the rows given up in ``straggler_write_lost_total``), and it writes again
+by itself once there is space (docs/RELIABILITY.md "3. Full disks").
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from artemis.protocol.diskio import FileHealth, reason_of
 from artemis.store.base import Store, StoreError, default_store_path, open_store, store_url
 
 log = structlog.get_logger("artemis.store")
@@ -75,6 +81,7 @@ class StoreSink:
         self.store = store
         self.url = url or (store.url if store is not None else None)
         self.failed: str | None = None  # the error that turned it off
+        self.health = FileHealth("store", self.url or "")
 
     @classmethod
     def open(cls, setting: str, findings: str | Path) -> StoreSink:
@@ -107,18 +114,32 @@ class StoreSink:
             return
         try:
             fn(*args)
-        except (StoreError, OSError, ValueError, TypeError, KeyError) as e:
-            # ValueError/TypeError/KeyError: a row or record the store cannot take
-            # (a bug upstream): log it like a broken file rather than stop scoring.
-            log.error(
-                "incident store write failed: the store is off until restart (findings"
-                " and incidents still go to their JSONL)",
-                store=self.url,
-                write=what,
-                error=str(e),
-            )
-            self.failed = str(e)
-            self.close()
+        except (StoreError, OSError) as e:
+            if reason_of(e) not in ("no_space", "quota"):
+                self._off(what, e)
+                return
+            # Disk full: this write is given up (the JSONL keeps the records), the
+            # store stays on and the next write tries again.
+            self.health.failed(e, what)
+            self.health.give_up(1, f"{what}_not_written")
+            return
+        except (ValueError, TypeError, KeyError) as e:
+            self._off(what, e)
+            return
+        self.health.ok()
+
+    def _off(self, what: str, e: BaseException) -> None:
+        # ValueError/TypeError/KeyError: a row or record the store cannot take
+        # (a bug upstream): log it like a broken file rather than stop scoring.
+        log.error(
+            "incident store write failed: the store is off until restart (findings"
+            " and incidents still go to their JSONL)",
+            store=self.url,
+            write=what,
+            error=str(e),
+        )
+        self.failed = str(e)
+        self.close()
 
     def write_job(self, job: str, info: dict[str, Any]) -> None:
         if self.store is not None:
@@ -140,6 +161,15 @@ class StoreSink:
         if rows and self.store is not None:
             store = self.store
             self._do("rows", lambda: store.write_rows(*split_rows(rows)))
+
+    def prune(self, before: float) -> None:
+        """Retention: rows older than `before` (unix s) leave the store."""
+        if self.store is not None:
+            store = self.store
+            out: dict[str, int] = {}
+            self._do("prune", lambda: out.update(store.prune(before)))
+            if any(out.values()):
+                log.info("incident store pruned", store=self.url, before=before, deleted=out)
 
     def close(self) -> None:
         if self.store is not None:

@@ -292,6 +292,35 @@ class SqliteStore(Store):
         ).fetchall()
         return [_row_dict("incident", r, INC_COLS) for r in rows]
 
+    @_guarded("prune")
+    def prune(self, before: float) -> dict[str, int]:
+        """Delete what is older than `before` (unix s): per-window rows of that age,
+        incidents last updated before it (their actions and rows with them), and jobs
+        last updated before it that no incident still names. Returns rows deleted per
+        table. Plain SQL in one transaction (the retention of docs/RELIABILITY.md)."""
+        old = "SELECT id FROM incidents WHERE updated < ?"
+        with self._tx() as db:
+            out = {
+                "job_windows": db.execute(
+                    "DELETE FROM job_windows WHERE time < ?", (before,)
+                ).rowcount,
+                "actions": db.execute(
+                    f"DELETE FROM actions WHERE incident IN ({old})", (before,)
+                ).rowcount,
+                "incident_windows": db.execute(
+                    f"DELETE FROM incident_windows WHERE time < ? OR incident IN ({old})",
+                    (before, before),
+                ).rowcount,
+                "incidents": db.execute(
+                    "DELETE FROM incidents WHERE updated < ?", (before,)
+                ).rowcount,
+                "jobs": db.execute(
+                    "DELETE FROM jobs WHERE updated < ? AND job NOT IN (SELECT job FROM incidents)",
+                    (before,),
+                ).rowcount,
+            }
+        return out
+
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self.db.close()

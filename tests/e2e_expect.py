@@ -74,13 +74,18 @@ DEFAULT_MAX_SHIFT_FRAC = 0.25
 def scenario_files(*, rebalance: bool = False) -> list[Path]:
     """Every scenario of /work/shared/scenarios and sim/scenarios, deduplicated by name.
 
-    rebalance=False leaves out rebalance*.toml (tests/test_e2e_rebalance.py runs those)."""
+    rebalance=False leaves out rebalance*.toml (tests/test_e2e_rebalance.py runs those);
+    clock_*.toml are left out either way (tests/test_clock_scenarios.py runs those)."""
     found: dict[str, Path] = {}
     for folder in (SHARED_SCENARIOS, SIM_SCENARIOS):
         if folder.is_dir():
             for p in sorted(folder.glob("*.toml")):
                 found.setdefault(p.name, p)
-    return [p for name, p in sorted(found.items()) if name.startswith("rebalance") == rebalance]
+    return [
+        p
+        for name, p in sorted(found.items())
+        if name.startswith("rebalance") == rebalance and not name.startswith("clock_")
+    ]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
