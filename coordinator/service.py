@@ -48,6 +48,9 @@ from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
 
+# How long a job's end waits for its queued store writes before its report reads the store.
+REPORT_FLUSH_S = 5.0
+
 
 class Coordinator:
     def __init__(
@@ -325,9 +328,15 @@ class Coordinator:
         m = self.monitors.get(job)
         if not self.report_dir or m is None or m.last_window < 0:
             return
-        if self.store.store is None:
+        if not self.store.on:
             log.warning("report_dir set but the incident store is off: no report", job=job)
             return
+        # The report reads the store: what is queued for it first. Never a wait on a
+        # store that is down (the report is then skipped; `artemis report` later).
+        if not self.store.connected or not self.store.flush(REPORT_FLUSH_S):
+            log.warning("incident store not reachable: no report", job=job, store=self.store.url)
+            return
+        assert self.store.store is not None
         from artemis.report.load import ReportError, write_job_report
 
         try:

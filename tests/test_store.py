@@ -381,6 +381,7 @@ def test_sink_logs_and_stays_off(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         sink.write_incidents([{"job": "j"}])  # no id: refused, the sink turns off
         sink.write_incidents(flagship())
+        assert sink.flush()
     assert not sink.on and [e["log_level"] for e in logs] == ["error"]
     assert "ok.db" in logs[0]["error"]
     with open_store(store_url(tmp_path / "ok.db"), readonly=True) as s:
@@ -419,7 +420,7 @@ def test_sink_takes_the_monitors_rows(url: str, tmp_path: Path) -> None:
     ] + [{"row": "subject", "job": "j", "gpu_hours": 0.5, **r} for r in incident_rows("i", 1, 3)]
     sink = StoreSink.open(url, tmp_path / "f.jsonl")
     sink.write_monitor_rows(rows)
-    assert sink.store is not None
+    assert sink.flush() and sink.store is not None
     got = sink.store.job_windows("j")
     assert got == [{**r, "run": "c0ffee"} for r in job_rows("j", 0, 3)]
     assert sink.store.incident_windows("i") == [
@@ -427,6 +428,7 @@ def test_sink_takes_the_monitors_rows(url: str, tmp_path: Path) -> None:
     ]
     with structlog.testing.capture_logs() as logs:
         sink.write_monitor_rows([{"row": "what", "job": "j", "window": 1}])
+        assert sink.flush()
     assert not sink.on and "unknown kind" in logs[0]["error"]
     sink.close()
 
