@@ -27,7 +27,11 @@ app = typer.Typer(
 
 StoreOpt = Annotated[
     str | None,
-    typer.Option("--store", help="The store URL, e.g. sqlite:////var/lib/artemis/artemis.db."),
+    typer.Option(
+        "--store",
+        help="The store URL, e.g. sqlite:////var/lib/artemis/artemis.db or"
+        " postgresql://artemis@db/artemis.",
+    ),
 ]
 FindingsOpt = Annotated[
     Path | None,

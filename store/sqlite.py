@@ -24,7 +24,14 @@ BUSY_TIMEOUT_S = 5.0  # another writer (a second coordinator on the same file) h
 class SqliteStore(SqlStore):
     driver_errors = (sqlite3.Error,)
 
-    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+    def is_transient(self, e: BaseException) -> bool:
+        # Another writer held the file's lock past the busy timeout: a retry later
+        # may pass (the sink reopens it with back-off); anything else is the file's.
+        return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+
+    def __init__(
+        self, path: str | Path, *, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S
+    ) -> None:
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
         self.where = str(self.path)
@@ -48,7 +55,7 @@ class SqliteStore(SqlStore):
                 # calls are never concurrent (one Store, one user at a time).
                 self.db = sqlite3.connect(
                     str(self.path),
-                    timeout=BUSY_TIMEOUT_S,
+                    timeout=busy_timeout_s,
                     isolation_level=None,
                     check_same_thread=False,
                 )
@@ -93,7 +100,9 @@ class SqliteStore(SqlStore):
                 self.db.execute("PRAGMA synchronous = NORMAL")
                 self.upgraded = migrate(self._db)
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path}: cannot open the store: {e}") from e
+            raise StoreError(
+                f"{self.path}: cannot open the store: {e}", transient=self.is_transient(e)
+            ) from e
         self.version = CURRENT
 
     def close(self) -> None:

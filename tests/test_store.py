@@ -389,6 +389,33 @@ def test_sink_logs_and_stays_off(tmp_path: Path) -> None:
     assert StoreSink.open("off", tmp_path / "f.jsonl").on is False
 
 
+def test_sink_retries_a_sqlite_file_locked_past_its_busy_timeout(tmp_path: Path) -> None:
+    """Another writer holding the file's lock past the busy timeout is a transient
+    failure: the sink reopens the file with back-off and writes the queue once the
+    lock is gone (a refusal would turn it off)."""
+    path = tmp_path / "a.db"
+    store = SqliteStore(path, busy_timeout_s=0.05)
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, held
+    sink = StoreSink(
+        store,
+        opener=lambda: SqliteStore(path, busy_timeout_s=0.05),  # reopened while locked too
+        retry_min_s=0.05,
+        retry_max_s=0.1,
+    )
+    with structlog.testing.capture_logs() as logs:
+        for w in range(3):
+            sink.write_rows(job_rows("j", w, w + 1), [])
+        assert not sink.flush(0.5) and sink.depth == 3 and sink.on  # waiting, not off
+        holder.execute("COMMIT")
+        assert sink.flush(30)
+    assert sink.on and sink.dropped == 0 and sink.reconnects >= 1
+    assert any("connection lost" in e["event"] and "locked" in e["error"] for e in logs)
+    assert sink.store is not None and sink.store.job_windows("j") == job_rows("j", 0, 3)
+    sink.close()
+    holder.close()
+
+
 def test_config_keys_and_flags(tmp_path: Path) -> None:
     from artemis.protocol.tomlfile import load_config
 
