@@ -29,7 +29,6 @@ The findings and incidents JSONL go on either way: they are the durable log.
 
 from __future__ import annotations
 
-import copy
 import random
 import threading
 import time
@@ -114,6 +113,26 @@ def split_rows(
         else:
             raise ValueError(f"a per-window row of an unknown kind {kind!r}")
     return jobs, subjects
+
+
+def _snapshot(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as it is now, for a write run later. The incident tracker builds
+    each record fresh (docs/DESIGN.md: each change is the whole record) but for
+    its plans' ``history`` lists, which it goes on appending to
+    (coordinator/incidents.py): those are copied, the rest is shared. A deep copy
+    would cost more than the store's write itself at 10k ranks (bench/README.md)."""
+    acts = record.get("actions")
+    if not acts:
+        return dict(record)
+    return {
+        **record,
+        "actions": [
+            {**a, "history": list(a["history"])}
+            if isinstance(a, dict) and isinstance(a.get("history"), list)
+            else a
+            for a in acts
+        ],
+    }
 
 
 # A queued write: (what, the call on a store).
@@ -244,8 +263,7 @@ class StoreSink:
 
     def write_incidents(self, records: list[dict[str, Any]]) -> None:
         if records and self._on:
-            # Snapshots: a record's action history is the live list of its incident.
-            recs = copy.deepcopy(records)
+            recs = [_snapshot(r) for r in records]
             self._put("incidents", lambda s: s.write_incidents(recs))
 
     def write_rows(

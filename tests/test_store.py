@@ -416,6 +416,32 @@ def test_sink_retries_a_sqlite_file_locked_past_its_busy_timeout(tmp_path: Path)
     holder.close()
 
 
+def test_sink_writes_records_as_they_were_when_queued(tmp_path: Path) -> None:
+    """The incident tracker goes on appending to a plan's history list after it
+    hands a record out; the queued write keeps the record as it was then (written
+    here only after the change: the file's lock is held until then)."""
+    path = tmp_path / "a.db"
+    store = SqliteStore(path, busy_timeout_s=0.05)
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    sink = StoreSink(
+        store,
+        opener=lambda: SqliteStore(path, busy_timeout_s=0.05),
+        retry_min_s=0.05,
+        retry_max_s=0.1,
+    )
+    rec = flagship()[3]  # with a plan and its history
+    want = json.loads(json.dumps(rec))
+    sink.write_incidents([rec])
+    rec["actions"][0]["history"].append({"status": "rolled_back", "window": 99, "time": 1.0})
+    rec["status"] = "changed later"
+    holder.execute("COMMIT")
+    assert sink.flush(30) and sink.store is not None
+    assert sink.store.incident(rec["id"]) == want
+    sink.close()
+    holder.close()
+
+
 def test_config_keys_and_flags(tmp_path: Path) -> None:
     from artemis.protocol.tomlfile import load_config
 
