@@ -152,6 +152,12 @@ class Db:
             if stmt.strip():
                 self.conn.execute(stmt)
 
+    def pipeline(self) -> Any:
+        """Statements sent without waiting for each one's answer (PostgreSQL's pipeline
+        mode: one round trip for many; their errors come at its end); none on SQLite,
+        which has no round trips."""
+        return self.conn.pipeline() if self.dialect.postgres else contextlib.nullcontext()
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Db]:
         """One transaction; SQLite's takes the write lock at its start (BEGIN

@@ -157,7 +157,7 @@ class SqlStore(Store):
         if not records:
             return
         now = time.time()
-        with self._tx() as db:
+        with self._tx() as db, db.pipeline():
             for r in records:
                 self._upsert_incident(db, r, now)
 
@@ -169,7 +169,7 @@ class SqlStore(Store):
             return
         jobs = [_row_values("job", r, JOB_COLS) for r in job_rows]
         incs = [_row_values("incident", r, INC_COLS) for r in incident_rows]
-        with self._tx() as db:
+        with self._tx() as db, db.pipeline():
             db.executemany(UPSERT_JOB_ROW, jobs)
             db.executemany(UPSERT_INC_ROW, incs)
 
