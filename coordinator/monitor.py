@@ -241,6 +241,11 @@ class JobMonitor:
 
     # ------------------------------------------------------------------ baselines
 
+    def baseline_wanted(self) -> list[tuple[str, str]]:
+        """(workload, hardware class) pairs whose stored baselines the shell should read
+        and hand to `on_baselines`: none until the job's fingerprint is known."""
+        return self.baselines.wanted()
+
     def on_baselines(
         self, hw_class: str, latest: Mapping[str, Any] | None, own: Mapping[str, Any] | None
     ) -> None:
