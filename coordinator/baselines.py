@@ -30,13 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from artemis.coordinator import findings as F
 from artemis.coordinator.findings import Finding
+from artemis.coordinator.fingerprint import diff, flatten
 from artemis.coordinator.incidents import CONFIRM_Q1_SHARE
 from artemis.coordinator.settings import Settings
 from artemis.protocol.columns import WindowColumns
@@ -249,16 +250,6 @@ class _Class:
     last: WindowStats | None = None
 
 
-Diff = Callable[[Mapping[str, Any], Mapping[str, Any]], Mapping[str, Sequence[Any]]]
-
-
-def _plain_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """Top-level components only; JobMonitor passes coordinator/fingerprint.diff."""
-    return {
-        k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
-    }
-
-
 class BaselineBook:
     """The job's classes against their stored baselines, and its healthy windows."""
 
@@ -301,8 +292,6 @@ class BaselineBook:
         hw_class: str,
         latest: Mapping[str, Any] | None,
         own: Mapping[str, Any] | None = None,
-        *,
-        diff: Diff = _plain_diff,
     ) -> None:
         """The store's answer for one class: `latest`, the newest baseline of (workload,
         class), what the job is judged by; `own`, the one of the job's own software
@@ -314,6 +303,7 @@ class BaselineBook:
         c.own = Baseline.from_record(own) if own is not None else None
         c.changed = {}
         if c.baseline is not None and c.baseline.software_hash != self.software_hash:
+            # coordinator/fingerprint.py: per component, env.NAME per variable
             c.changed = {k: list(v) for k, v in diff(c.baseline.software, self.software).items()}
 
     # ------------------------------------------------------------------ windows
@@ -464,11 +454,7 @@ class BaselineBook:
         if c.changed:
             evidence["changed"] = {k: list(v) for k, v in c.changed.items()}
             return F.change_finding(**kw, evidence=evidence)
-        sw = self.software or {}
-        evidence["checked"] = sorted(
-            [k for k, v in sw.items() if not isinstance(v, dict)]
-            + [f"env.{k}" for k in (sw.get("env") or {})]
-        )
+        evidence["checked"] = sorted(flatten(self.software or {}))
         return F.regression_finding(**kw, evidence=evidence)
 
     # ------------------------------------------------------------------ out

@@ -28,6 +28,7 @@ from artemis.coordinator import findings as F
 from artemis.coordinator.baselines import BaselineBook
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
+from artemis.coordinator.fingerprint import JobFingerprint
 from artemis.coordinator.hang import HangVerdict, check_hang
 from artemis.coordinator.incidents import IncidentBook, WindowView
 from artemis.coordinator.settings import Settings
@@ -129,8 +130,14 @@ class JobMonitor:
         self.progress: dict[int, RankProgress] = {}
         self.hang: _Hang | None = None
         self.incidents = IncidentBook(job, run=run, flag_window=settings.flag_window)
+        # rank -> (software dict, workload signature): each rank's last fingerprint
+        self.fingerprints: dict[int, tuple[dict[str, Any], str | None]] = {}
         # The job against the stored baselines of its workload (coordinator/baselines.py).
         self.baselines = BaselineBook(job, settings, run=run)
+        # fingerprints changed since the baselines were told (a job-wide combine
+        # is a pass over every rank: only when something changed)
+        self._fp_version = 0
+        self._fp_told = -1
 
     @property
     def nranks(self) -> int:
@@ -239,11 +246,40 @@ class JobMonitor:
             MonitorOutput(plans=events, controls=self._plan_controls(events))
         )
 
+    def on_fingerprint(self, rank: int, software: Mapping[str, Any], workload: str | None) -> bool:
+        """A rank's software fingerprint and workload signature (its agent sends them once
+        and again when they change); True when that changed what the monitor held."""
+        new = (dict(software), workload)
+        if self.fingerprints.get(rank) == new:
+            return False
+        self.fingerprints[rank] = new
+        self._fp_version += 1
+        return True
+
+    def fingerprint(self) -> JobFingerprint | None:
+        """The job's fingerprint (coordinator/fingerprint.py) once every rank of the job
+        has sent its own, else None."""
+        n = self.nranks
+        if any(r not in self.fingerprints for r in range(n)):
+            return None
+        fps = {r: self.fingerprints[r] for r in range(n)}
+        return JobFingerprint.of(
+            {r: fp[0] for r, fp in fps.items()},
+            {r: fp[1] for r, fp in fps.items()},
+            n,
+        )
+
     # ------------------------------------------------------------------ baselines
 
     def baseline_wanted(self) -> list[tuple[str, str]]:
         """(workload, hardware class) pairs whose stored baselines the shell should read
-        and hand to `on_baselines`: none until the job's fingerprint is known."""
+        and hand to `on_baselines`: none until the job's fingerprint is known (every
+        rank's, with its workload signature); a changed fingerprint asks again."""
+        if self._fp_told != self._fp_version:
+            fp = self.fingerprint()
+            if fp is not None and fp.workload is not None:
+                self.baselines.identify(fp.workload, fp.software)
+                self._fp_told = self._fp_version
         return self.baselines.wanted()
 
     def on_baselines(
@@ -466,6 +502,10 @@ class JobMonitor:
             # Added within version 1 too: without it, no baseline state (read again).
             "baselines": self.baselines.snapshot(),
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
+            # Added within version 1: a snapshot without it restores with none.
+            "fingerprints": {
+                r: {"software": sw, "workload": wl} for r, (sw, wl) in self.fingerprints.items()
+            },
             # A hang being reported (dumps outstanding) is found again from the next
             # heartbeats; one already reported is kept so it is not reported twice.
             "hang": None
@@ -508,6 +548,8 @@ class JobMonitor:
         m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
         if state.get("incidents") is not None:
             m.incidents = IncidentBook.restore(state["incidents"], flag_window=settings.flag_window)
+        for r, fp in (state.get("fingerprints") or {}).items():
+            m.fingerprints[int(r)] = (dict(fp["software"]), fp["workload"])
         if state.get("baselines") is not None:
             m.baselines = BaselineBook.restore(state["baselines"], settings)
         if state["policy"] is not None:

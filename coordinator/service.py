@@ -45,7 +45,7 @@ from artemis.coordinator.monitor import (
     register_plan_metrics,
 )
 from artemis.coordinator.settings import Settings
-from artemis.protocol.messages import Dump, Heartbeat, Message, Windows
+from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, PeerInfo
 from artemis.store.sink import StoreSink
 
@@ -149,6 +149,8 @@ class Coordinator:
             # Hangs are checked on the tick, once for all ranks, not per heartbeat.
         elif isinstance(msg, Dump):
             self._dump(msg)
+        elif isinstance(msg, Fingerprint):
+            self._fingerprint(peer, msg)
         await self._flush_controls()
 
     # ------------------------------------------------------------------ periodic
@@ -215,6 +217,8 @@ class Coordinator:
         self._end_job(aw.job, keep_assembly=True)
         fresh = self._monitor(aw.job, aw.run)
         fresh.hosts.update(m.hosts)
+        # Sent once per rank: a new run on the same processes' rings keeps them.
+        fresh.fingerprints.update(m.fingerprints)
         fresh.expect(self.assembler.expected(aw.job))
         return fresh
 
@@ -319,6 +323,9 @@ class Coordinator:
             # Ranks per island for the report's summary: once, at the end (a pass
             # over every rank, kept off the per-window path).
             info["islands"] = dict(Counter(m.detector.islands().values()))
+            fp = m.fingerprint()
+            if fp is not None:
+                info["fingerprint"] = fp.to_dict()
         # The hosts (a rank's, as announced) only when they may have changed: a
         # sort of a big job's hosts is not for every window.
         hosts_key = (m.run, len(m.hosts))
@@ -436,6 +443,21 @@ class Coordinator:
             log.warning("bad plan ack", ack=a)
             return
         self._emit(job, out)
+
+    def _fingerprint(self, peer: PeerInfo, fp: Fingerprint) -> None:
+        """A rank's software fingerprint and workload signature, into its job's monitor
+        (its state saved: the agent forgets the message once it is acked)."""
+        self.agents.setdefault(fp.job, set()).add(peer.agent_id)
+        m = self._monitor(fp.job)
+        if m.on_fingerprint(fp.rank, fp.software.to_dict(), fp.workload):
+            log.info(
+                "fingerprint",
+                job=fp.job,
+                rank=fp.rank,
+                workload=fp.workload,
+                **{k: v for k, v in fp.software.to_dict().items() if k != "env"},
+            )
+            self._save(fp.job)
 
     def _dump(self, d: Dump) -> None:
         self.dump_dir.mkdir(parents=True, exist_ok=True)

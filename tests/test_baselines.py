@@ -15,6 +15,7 @@ import msgpack
 from artemis.agent.ring_format import CLOCK_DEVICE_NS
 from artemis.agent.summary import WindowSummarizer
 from artemis.coordinator.baselines import UNKNOWN_CLASS, BaselineBook, software_hash
+from artemis.coordinator.fingerprint import workload_hash
 from artemis.coordinator.monitor import JobMonitor
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankWindow
@@ -24,7 +25,7 @@ from artemis.sim.scenario import parse_scenario
 
 OLD = {"driver": "535.104.05", "cuda": "12.2", "nccl": "2.19.3", "env": {"NCCL_ALGO": "Ring"}}
 NEW = {**OLD, "driver": "550.54.14"}
-WORKLOAD = "w" * 32
+WORKLOAD = workload_hash(["sig-of-the-step"] * 8, 8)
 
 
 def windows(seed: int, faults: list[dict[str, Any]] | None = None) -> list[list[RankWindow]]:
@@ -79,8 +80,11 @@ def play(
         found += out.findings
         recs += out.incidents
         if i == 0:
-            m.baselines.identify(WORKLOAD, software)
-            for _, cls in m.baselines.wanted():
+            # every rank's fingerprint (as its agent sends it), then the store read
+            assert m.baseline_wanted() == []
+            for r in range(8):
+                m.on_fingerprint(r, software, "sig-of-the-step")
+            for _, cls in m.baseline_wanted():
                 same = [b for b in stored if b["hw_class"] == cls]
                 own = [b for b in same if b["software_hash"] == software_hash(software)]
                 m.on_baselines(cls, same[-1] if same else None, own[-1] if own else None)
