@@ -197,6 +197,21 @@ def _story(r: dict[str, Any]) -> str:
     )
 
 
+def _software(fp: dict[str, Any]) -> str:
+    """The job fingerprint in one cell: each component (a list where ranks differ), the
+    number of kept env variables, the workload hash's head."""
+    sw = fp.get("software") or {}
+    parts = []
+    for c in ("gpu_model", "driver", "cuda", "nccl", "torch", "kernel"):
+        v = sw.get(c)
+        if v:
+            parts.append(f"{c} {' | '.join(v) if isinstance(v, list) else v}")
+    parts.append(f"{len(sw.get('env') or {})} env")
+    if fp.get("workload"):
+        parts.append(f"workload {str(fp['workload'])[:12]}")
+    return ", ".join(parts)
+
+
 @app.command()
 def show(
     id: Annotated[str, typer.Argument(help="The incident id (see `artemis incidents list`).")],
@@ -212,6 +227,11 @@ def show(
     with _open(store, findings) as s:
         try:
             r = s.incident(id)
+            # the job's fingerprint (docs/DESIGN.md "Fingerprints"), once its job ended
+            fp = next(
+                (j.get("fingerprint") for j in s.jobs() if r and j.get("job") == r.get("job")),
+                None,
+            )
         except StoreError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
@@ -231,6 +251,8 @@ def show(
     head.add_row("subject", f"{r.get('kind')} {r.get('subject')}  island {r.get('island') or '-'}")
     head.add_row("hosts", ", ".join(r.get("hosts") or []) or "-")
     head.add_row("verdict", f"[{style}]{verdict}[/]" if style else verdict)
+    if isinstance(fp, dict):
+        head.add_row("software", _software(fp))
     if r.get("reason"):
         head.add_row("why", str(r["reason"]))
     for key in ("opened", "confirmed", "closed"):

@@ -33,7 +33,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,7 @@ class StoreSink:
         if opener is None and url is not None:
             self._opener = lambda: open_store(url)
         self._q: deque[_Write] = deque()
+        self._reads: dict[Hashable, tuple[str, Any]] = {}  # read() key -> (state, answer)
         self._cv = threading.Condition()
         self._closing = False
         self._on = store is not None or self._opener is not None
@@ -272,6 +273,68 @@ class StoreSink:
         if (job_rows or incident_rows) and self._on:
             jr, ir = list(job_rows), list(incident_rows)
             self._put("rows", lambda s: s.write_rows(jr, ir))
+
+    def write_baselines(self, records: list[dict[str, Any]]) -> None:
+        """Baselines across jobs (the job's end: `JobMonitor.baseline_records`)."""
+        if records and self._on:
+            recs = [dict(r) for r in records]
+            self._put("baselines", lambda s: s.write_baselines(recs))
+
+    def read_baseline(
+        self, workload: str, hw_class: str, software_hash: str | None = None
+    ) -> tuple[str, dict[str, Any] | None]:
+        """(state, the baseline or None), never waiting on the database (``read``):
+        ``pending`` until the writer thread has read it, then ``done`` once with its
+        answer; ``failed`` for a store off or a read that failed (logged; the store
+        stays on: a reader's error is not a broken file): the job is then not
+        compared, nor are its windows stored as a baseline."""
+        return self.read(
+            ("baseline", workload, hw_class, software_hash),
+            lambda s: s.baseline(workload, hw_class, software_hash),
+            what=f"baseline {workload} {hw_class}",
+        )
+
+    def read(
+        self, key: Hashable, fn: Callable[[Store], Any], what: str = "read"
+    ) -> tuple[str, Any]:
+        """A read through the writer thread, so the caller (the event loop) never waits
+        on the database: the first call queues it (after the writes queued before it,
+        so it sees them) and returns ``("pending", None)``, as do the calls until it is
+        answered; then one call returns ``("done", value)`` and forgets it. A store off,
+        a full queue or a read that failed: ``("failed", None)``. A lost connection
+        keeps it pending: it is run again after the reconnect, like a write."""
+        with self._cv:
+            if not self._on or self._closing:
+                return "failed", None
+            got = self._reads.get(key)
+            if got is not None and got[0] != "pending":
+                del self._reads[key]
+                return got
+            if got is None:
+                if len(self._q) >= self.queue_max:
+                    return "failed", None
+                self._reads[key] = ("pending", None)
+                self._q.append(("read", lambda s: self._answer(key, fn, s, what)))
+                self._cv.notify_all()
+            return "pending", None
+
+    def _answer(self, key: Hashable, fn: Callable[[Store], Any], store: Store, what: str) -> None:
+        """Run a queued read on the writer thread; a transient error is raised (the
+        writer reconnects and runs it again), any other is the read's alone."""
+        try:
+            got: tuple[str, Any] = ("done", fn(store))
+        except StoreError as e:
+            if e.transient:
+                raise
+            got = self._read_failed(what, e)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            got = self._read_failed(what, e)
+        with self._cv:
+            self._reads[key] = got
+
+    def _read_failed(self, what: str, e: BaseException) -> tuple[str, Any]:
+        log.error("incident store read failed", store=self.url, read=what, error=str(e))
+        return "failed", None
 
     def write_monitor_rows(self, rows: list[dict[str, Any]]) -> None:
         """The per-window rows as the monitor returns them (``MonitorOutput.incident_rows``):
