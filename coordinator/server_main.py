@@ -105,11 +105,13 @@ def register_store_metrics(registry: Any, sink: StoreSink) -> None:
             q = GaugeMetricFamily("straggler_store_queue_depth", "Store writes queued, not done")
             q.add_metric([], sink.depth)
             yield q
-            c = GaugeMetricFamily(
-                "straggler_store_connected", "1 while the store is open, 0 while it is reached"
-            )
-            c.add_metric([], 1 if sink.connected else 0)
-            yield c
+            if sink.url is not None:  # a store configured (none with store = "off")
+                c = GaugeMetricFamily(
+                    "straggler_store_connected",
+                    "1 while the incident store is open, 0 while it is being reached (or refused)",
+                )
+                c.add_metric([], 1 if sink.connected else 0)
+                yield c
 
         def describe(self) -> Any:
             return []
