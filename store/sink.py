@@ -57,9 +57,6 @@ RETRY_MAX_S = 30.0  # the longest wait between reconnects
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the queue to be written
 DROP_LOG_EVERY_S = 60.0  # one drop warning per this while drops go on
 
-# What a write the store cannot take raises (a bug upstream): logged like a
-# refused store, never raised into scoring.
-_REFUSALS = (StoreError, OSError, ValueError, TypeError, KeyError)
 
 
 def resolve_url(setting: str, findings: str | Path) -> str | None:
@@ -434,6 +431,9 @@ class StoreSink:
                 if self._wait(wait):
                     return False
                 continue
+            except Exception as e:  # an opener's bug: off, never a dead writer
+                self._off("open", e)
+                return False
             with self._cv:
                 self.store = store
             upgraded = getattr(store, "upgraded", [])
@@ -482,7 +482,9 @@ class StoreSink:
                     if self._wait(self._backoff(0)):
                         return
                     continue  # the same write again, after the reconnect
-                except _REFUSALS as e:
+                except Exception as e:
+                    # A write the store cannot take (a bug upstream: a bad record):
+                    # logged like a refused store; the writer never dies silently.
                     self._off(what, e)
                     return
                 with self._cv:
