@@ -80,7 +80,10 @@ class PgServer:
         self.bindir = bindir
         self.password = secrets.token_hex(8)
         self.port = free_port()
-        self.base = Path(tempfile.mkdtemp(prefix="artemis-pg-"))
+        # As root the server runs as UNPRIVILEGED, who must reach its directory: /tmp
+        # (world-traversable), not a TMPDIR that may be root's own.
+        root = os.geteuid() == 0 and Path("/tmp").is_dir()
+        self.base = Path(tempfile.mkdtemp(prefix="artemis-pg-", dir="/tmp" if root else None))
         self.data = self.base / "data"
         self.log = self.base / "server.log"
         self._as: dict[str, Any] = {}
