@@ -6,8 +6,9 @@
   opening and closing in the JSONL), and after `pg_ctl start` the store catches
   up: every window's row and every incident's latest record and rows present.
 - The sink's bounded queue: with the server down, writes beyond the bound are
-  dropped and counted; the ones queued are written in order once it is up. A
-  write never waits on a server that does not answer.
+  dropped and counted; the ones queued are written in order once it is up, and a
+  read queued before them answered. A write never waits on a server that does
+  not answer.
 """
 
 from __future__ import annotations
@@ -162,14 +163,18 @@ def test_queue_bound_drops_counted_then_written_in_order(tmp_path: Path) -> None
                 srv.url(), tmp_path / "f.jsonl", queue_max=5, retry_min_s=0.05, retry_max_s=0.2
             )
             assert sink.on and not sink.connected
+            # A read waits in the queue like a write (pending, never a wait here).
+            assert sink.read_baseline("wl", "H100") == ("pending", None)
             for w in range(12):
                 sink.write_rows(job_rows("j", w, w + 1), [])
-            assert (sink.depth, sink.dropped) == (5, 7)
+            assert (sink.depth, sink.dropped) == (5, 8)  # the read and 4 writes queued
+            assert sink.read_baseline("wl", "H100") == ("pending", None)
             srv.start()
             assert sink.flush(60)
-        assert sink.connected and sink.depth == 0 and sink.dropped == 7
+        assert sink.connected and sink.depth == 0 and sink.dropped == 8
+        assert sink.read_baseline("wl", "H100") == ("done", None)  # answered after the start
         with open_store(srv.url(), readonly=True) as s:
-            assert s.job_windows("j") == job_rows("j", 0, 5)  # the first five, in order
+            assert s.job_windows("j") == job_rows("j", 0, 4)  # the first four, in order
         drops = [e for e in logs if "queue full" in e["event"]]
         assert len(drops) == 1 and drops[0]["store"].startswith("postgresql://artemis@127.0.0.1")
         assert all(srv.password not in str(e) for e in logs)
