@@ -132,8 +132,11 @@ def window_stats(
     if np.isfinite(samples).all() and (samples > 0).all():
         scale = samples.mean() / samples
         q1, q2, gap = q1 * scale, q2 * scale, gap * scale
-    if _all_none(cols["hw_class"]) and _all_none(cols["tel_gpu_model"]):
+    hw, model = cols["hw_class"], cols["tel_gpu_model"]
+    if _all_none(hw) and _all_none(model):
         names, ids = np.array([UNKNOWN_CLASS], dtype=object), np.zeros(rows.size, np.int64)
+    elif _all_same(hw):  # one class in every row (the usual job): no pass per row
+        names, ids = np.array([hw[0]], dtype=object), np.zeros(rows.size, np.int64)
     else:
         cls = _objects(cols["hw_class"])[rows]
         unknown = _none(cls)
@@ -161,6 +164,13 @@ def window_stats(
         )
         out[str(name)] = (st, ClassRows(cols, rows if one else rows[ids == k]))
     return out
+
+
+def _all_same(col: object) -> bool:
+    """A string column with one value, not None, in every row (a C-level count)."""
+    return (
+        isinstance(col, list) and bool(col) and col[0] is not None and col.count(col[0]) == len(col)
+    )
 
 
 @dataclass
