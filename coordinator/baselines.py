@@ -304,13 +304,16 @@ class BaselineBook:
         sw = dict(software)
         if workload == self.workload and sw == self.software:
             return
-        changed_workload = self.workload is not None and workload != self.workload
+        known = self.workload is not None
         self.workload, self.software = workload, sw
         for c in self.classes.values():
             c.settled, c.baseline, c.own, c.changed = False, None, None, {}
             c.recent, c.streak = [], []
-            if changed_workload:
-                c.committed, c.pending = [], []  # another workload: its windows are not ours
+            if known:
+                # windows of another fingerprint are not this one's baseline (the first
+                # identity keeps the windows seen before it: they are judged when the
+                # store answers)
+                c.committed, c.pending = [], []
 
     @property
     def software_hash(self) -> str | None:
