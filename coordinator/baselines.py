@@ -90,18 +90,43 @@ class WindowStats:
 
 @dataclass
 class ClassRows:
-    """The rows of one class in a window's columns: who a finding names, built only
-    when there is a finding (a pass over the class's ranks)."""
+    """The rows of one class in a window's columns: who a finding names, found only
+    when there is a finding (a pass over every row)."""
 
     cols: WindowColumns
-    rows: np.ndarray
+    rows: np.ndarray  # the window's usable rows (every class)
+    name: str
+    single: bool  # the only class of the window: every row is its
+
+    def _mine(self) -> np.ndarray:
+        if self.single:
+            return self.rows
+        return self.rows[_classes(self.cols, self.rows) == self.name]
 
     def ranks(self) -> list[int]:
-        return sorted(int(r) for r in self.cols.ints("rank")[self.rows])
+        return sorted(int(r) for r in self.cols.ints("rank")[self._mine()])
 
     def hosts(self) -> list[str]:
         h = self.cols["host"]
-        return sorted({str(h[i]) for i in self.rows.tolist()})
+        return sorted({str(h[i]) for i in self._mine().tolist()})
+
+
+# The class medians come from an even sample of at most this many rows: their
+# error (about the ranks' spread / sqrt(SAMPLE)) is far below the change
+# threshold, and a window costs the same at any size. A class of fewer than
+# one in (rows / SAMPLE) consecutive ranks may go unsampled in a big job.
+SAMPLE = 16384
+
+
+def _classes(cols: WindowColumns, rows: np.ndarray) -> np.ndarray:
+    """Each row's class: its `hw_class`, else its GPU model, else UNKNOWN_CLASS."""
+    cls = _objects(cols["hw_class"])[rows]
+    unknown = _none(cls)
+    if unknown.any():
+        cls[unknown] = _objects(cols["tel_gpu_model"])[rows[unknown]]
+        unknown = _none(cls)
+        cls[unknown] = UNKNOWN_CLASS
+    return cls
 
 
 def window_stats(
@@ -111,7 +136,7 @@ def window_stats(
     without the ranks in `exclude` (those a finding is about: a straggler does not move
     the class's medians). Per sample where the ranks run different batch shares, as the
     detector judges them. A rank reporting on two communicators counts once (its last
-    row). Arrays only: about a few ms at 100k ranks (bench/README.md)."""
+    row). From at most `SAMPLE` rows, evenly spread (bench/README.md "Baselines")."""
     if not cols.n:
         return {}
     ranks = cols.ints("rank")
@@ -124,24 +149,27 @@ def window_stats(
         rows = rows[~np.isin(ranks[rows], np.asarray(ex, dtype=np.int64))]
     if not rows.size:
         return {}
-    q1 = cols.floats("gap_q1_ms")[rows]
-    q2 = cols.floats("gap_q2_ms")[rows]
-    gap = cols.floats("gap_ms")[rows]
+    hw, model = cols["hw_class"], cols["tel_gpu_model"]
+    single: str | None = None
+    if _all_none(hw) and _all_none(model):
+        single = UNKNOWN_CLASS
+    elif _all_same(hw):  # one class in every row (the usual job): no pass per row
+        single = str(hw[0])
+    picked = rows
+    if rows.size > SAMPLE:
+        picked = rows[np.linspace(0, rows.size - 1, SAMPLE).astype(np.int64)]
+    q1 = cols.floats("gap_q1_ms")[picked]
+    q2 = cols.floats("gap_q2_ms")[picked]
+    gap = cols.floats("gap_ms")[picked]
     q2 = np.where(np.isfinite(q2), q2, gap)
-    samples = cols.floats("samples")[rows]
+    samples = cols.floats("samples")[picked]
     if np.isfinite(samples).all() and (samples > 0).all():
         scale = samples.mean() / samples
         q1, q2, gap = q1 * scale, q2 * scale, gap * scale
-    if _all_none(cols["hw_class"]) and _all_none(cols["tel_gpu_model"]):
-        names, ids = np.array([UNKNOWN_CLASS], dtype=object), np.zeros(rows.size, np.int64)
+    if single is not None:
+        names, ids = np.array([single], dtype=object), np.zeros(picked.size, np.int64)
     else:
-        cls = _objects(cols["hw_class"])[rows]
-        unknown = _none(cls)
-        if unknown.any():
-            cls[unknown] = _objects(cols["tel_gpu_model"])[rows[unknown]]
-            unknown = _none(cls)
-            cls[unknown] = UNKNOWN_CLASS
-        names, ids = _factorize(cls)
+        names, ids = _factorize(_classes(cols, picked))
     ok = np.isfinite(q1) & np.isfinite(q2) & (q2 > 0)
     one = len(names) == 1
     out: dict[str, tuple[WindowStats, ClassRows]] = {}
@@ -159,8 +187,15 @@ def window_stats(
             gap_p10_ms=float(p10),
             gap_p90_ms=float(p90),
         )
-        out[str(name)] = (st, ClassRows(cols, rows if one else rows[ids == k]))
+        out[str(name)] = (st, ClassRows(cols, rows, str(name), single is not None))
     return out
+
+
+def _all_same(col: object) -> bool:
+    """A string column with one value, not None, in every row (a C-level count)."""
+    return (
+        isinstance(col, list) and bool(col) and col[0] is not None and col.count(col[0]) == len(col)
+    )
 
 
 @dataclass
@@ -294,13 +329,16 @@ class BaselineBook:
         sw = dict(software)
         if workload == self.workload and sw == self.software:
             return
-        changed_workload = self.workload is not None and workload != self.workload
+        known = self.workload is not None
         self.workload, self.software = workload, sw
         for c in self.classes.values():
             c.settled, c.baseline, c.own, c.changed = False, None, None, {}
             c.recent, c.streak = [], []
-            if changed_workload:
-                c.committed, c.pending = [], []  # another workload: its windows are not ours
+            if known:
+                # windows of another fingerprint are not this one's baseline (the first
+                # identity keeps the windows seen before it: they are judged when the
+                # store answers)
+                c.committed, c.pending = [], []
 
     @property
     def software_hash(self) -> str | None:

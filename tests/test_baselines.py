@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import numpy as np
 from artemis.agent.ring_format import CLOCK_DEVICE_NS
 from artemis.agent.summary import WindowSummarizer
 from artemis.coordinator.baselines import UNKNOWN_CLASS, BaselineBook, software_hash
@@ -253,3 +254,30 @@ def test_a_late_agent_makes_the_job_fingerprint_again() -> None:
     for r in range(4, 8):
         m.on_fingerprint(r, OLD, "sig-of-the-step")
     assert m.baseline_wanted() == [(WORKLOAD, UNKNOWN_CLASS)]
+
+
+def test_window_stats_of_a_big_two_class_job_from_a_sample() -> None:
+    """Past SAMPLE rows the medians come from an even sample (within 0.1% of all the
+    rows' here); who a finding names is every rank of its class, exactly."""
+    from artemis.coordinator.baselines import SAMPLE, window_stats
+    from artemis.protocol.columns import WindowColumns
+
+    n = 2 * SAMPLE + 1000
+    rng = np.random.default_rng(5)
+    gap = np.where(np.arange(n) < n // 3, 100.0, 140.0) * (1 + 0.02 * rng.standard_normal(n))
+    rows = [
+        RankWindow(job="j", comm="c" * 16, rank=r, nranks=n, host=f"h{r // 8}", window=7,
+                   step_lo=0, step_hi=50, coll_lo=0, coll_hi=200, gap_ms=float(gap[r]),
+                   coll_ms=5.0, step_ms=150.0, collectives=200, bytes=1, lost=0, clock="device",
+                   hw_class="A100" if r < n // 3 else "H100", gap_q1_ms=float(gap[r]) * 0.99,
+                   gap_q2_ms=float(gap[r]))
+        for r in range(n)
+    ]  # fmt: skip
+    got = window_stats(7, WindowColumns.from_records(rows), 150.0, exclude={3})
+    assert sorted(got) == ["A100", "H100"]
+    for name, sel in (("A100", np.arange(n) < n // 3), ("H100", np.arange(n) >= n // 3)):
+        st, who = got[name]
+        assert abs(st.gap_q2_ms / float(np.median(gap[sel])) - 1) < 1e-3
+        want = [r for r in np.flatnonzero(sel).tolist() if r != 3]
+        assert who.ranks() == want
+        assert who.hosts() == sorted({f"h{r // 8}" for r in want})
