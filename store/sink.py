@@ -58,7 +58,6 @@ CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the queue to be written
 DROP_LOG_EVERY_S = 60.0  # one drop warning per this while drops go on
 
 
-
 def resolve_url(setting: str, findings: str | Path) -> str | None:
     """The store URL a ``store`` setting means: ``auto`` = a SQLite file next to the
     findings (``artemis.db``), ``off`` (or empty) = none, else the URL itself."""
