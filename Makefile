@@ -44,6 +44,7 @@ demo: setup
 
 test: setup
 	bash tests/setup/install-prometheus.sh
+	bash tests/setup/install-postgresql.sh
 	bash tests/setup/install-chromium.sh
 	$(MAKE) -C profiler_plugin test
 	$(BIN)/python -m pytest -q -m "not torch_e2e and not reliability" $(PYTEST_ARGS)

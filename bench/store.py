@@ -1,4 +1,5 @@
-"""The incident store's cost per window, at job sizes of 64, 1k and 10k ranks.
+"""The incident store's cost per window, at job sizes of 64, 1k and 10k ranks, on
+SQLite and on PostgreSQL.
 
 What the coordinator writes to its store for each scored window (coordinator/
 service.py, through ``StoreSink``): the job's changed info (its last window and
@@ -8,28 +9,39 @@ Here two incidents are open and both change every window (the worst case): a
 rank incident (one host) and an island incident naming every host of the job
 (N/8 hosts), so the part of the cost that grows with the job shows.
 
-* store: the median time of one window's writes into a SQLite store (WAL,
-  ``synchronous = NORMAL``: the store's settings);
+* scoring: the median time the scoring path spends in the sink's calls for one
+  window (they queue the writes: store/sink.py), what a window's scoring pays;
+* write: the median time of one window's writes into the store itself (what the
+  sink's writer thread spends): SQLite with the store's settings (WAL,
+  ``synchronous = NORMAL``), PostgreSQL over loopback TCP (a server of
+  tests/pg.py: ``fsync = off``, so no disk flush on either side);
 * JSONL: the same records and rows appended as JSON lines to a file and
   flushed (what the incidents JSONL writer does), the baseline measured in the
-  same run; the ratio is store / JSONL;
+  same run; the ratio is write / JSONL;
 * read: ``job_windows`` of the whole job (WINDOWS rows) and ``incidents``, the
   reads a report makes, once the windows are written.
 
-Every figure is the median of RUNS runs of WINDOWS windows each.
+Every figure is the median of RUNS runs of WINDOWS windows each. PostgreSQL:
+``ARTEMIS_BENCH_PG_URL`` (a database this may fill with tables: a fresh one per
+run is created next to it, so the role needs CREATEDB), else a server started
+here (tests/pg.py) when PostgreSQL is installed, else its rows are left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from artemis.store import open_store, store_url
-from artemis.store.sink import StoreSink
+from artemis.store.sink import StoreSink, split_rows
 
 SIZES = (64, 1_000, 10_000)
 RUNS = 5
@@ -102,19 +114,29 @@ def _window(n: int, w: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[
     return {"last_window": w, "last_time": float(w)}, recs, rows
 
 
-def _one(n: int, tmp: Path) -> tuple[float, float, float, float]:
+def _one(n: int, tmp: Path, url: str) -> tuple[float, float, float, float, float]:
     wins = [_window(n, w) for w in range(WINDOWS)]
-    db = tmp / f"s{n}.db"
-    sink = StoreSink.open(store_url(db), tmp / "f.jsonl")
-    store_s = []
+    sink = StoreSink.open(url, tmp / "f.jsonl")
+    scoring_s = []
     for info, recs, rows in wins:
         t0 = time.perf_counter()
         sink.write_job("bench", info)
         sink.write_monitor_rows(rows)
         sink.write_incidents(recs)
-        store_s.append(time.perf_counter() - t0)
-    assert sink.on, sink.failed
+        scoring_s.append(time.perf_counter() - t0)
+    assert sink.flush(600) and sink.on, sink.failed
     sink.close()
+    # The writer's side: the same writes straight into the store, on a new job.
+    write_s = []
+    with open_store(url) as st:
+        for info, recs, rows in wins:
+            recs = [{**r, "job": "bench2", "id": r["id"] + "-2"} for r in recs]
+            jr, ir = split_rows([{**r, "job": "bench2"} for r in rows])
+            t0 = time.perf_counter()
+            st.write_job("bench2", info)
+            st.write_rows(jr, ir)
+            st.write_incidents(recs)
+            write_s.append(time.perf_counter() - t0)
     jsonl_s = []
     with open(tmp / f"i{n}.jsonl", "w", encoding="utf-8") as fh:
         for _, recs, rows in wins:
@@ -122,7 +144,7 @@ def _one(n: int, tmp: Path) -> tuple[float, float, float, float]:
             fh.write("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in recs + rows))
             fh.flush()
             jsonl_s.append(time.perf_counter() - t0)
-    with open_store(store_url(db), readonly=True) as s:
+    with open_store(url, readonly=True) as s:
         t0 = time.perf_counter()
         got = s.job_windows("bench")
         read_rows = time.perf_counter() - t0
@@ -131,11 +153,46 @@ def _one(n: int, tmp: Path) -> tuple[float, float, float, float]:
         read_inc = time.perf_counter() - t0
     assert len(got) == WINDOWS
     return (
-        statistics.median(store_s),
+        statistics.median(scoring_s),
+        statistics.median(write_s),
         statistics.median(jsonl_s),
         read_rows,
         read_inc,
     )
+
+
+@contextlib.contextmanager
+def _postgres() -> Iterator[Callable[[str], str] | None]:
+    """A function naming a fresh database per run, or None without PostgreSQL."""
+    import psycopg
+
+    given = os.environ.get("ARTEMIS_BENCH_PG_URL")
+    if given:
+        base = given.rsplit("/", 1)[0]
+
+        def fresh(name: str) -> str:
+            with psycopg.connect(given, autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+                c.execute(f'CREATE DATABASE "{name}"')
+            return f"{base}/{name}"
+
+        yield fresh
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    try:
+        import pg
+    except ImportError:
+        yield None
+        return
+    if pg.missing() is not None:
+        yield None
+        return
+    srv = pg.PgServer()
+    try:
+        srv.start()
+        yield srv.create_db
+    finally:
+        srv.destroy()
 
 
 def main() -> int:
@@ -150,21 +207,29 @@ def main() -> int:
         f"{RUNS} runs x {WINDOWS} windows"
     )
     print(
-        f"{'ranks':>7} {'hosts':>6} {'store us':>9} {'JSONL us':>9} {'ratio':>6}"
-        f" {'read rows ms':>13} {'read incidents ms':>18}"
+        f"{'engine':>10} {'ranks':>7} {'hosts':>6} {'scoring us':>10} {'write us':>9}"
+        f" {'JSONL us':>9} {'ratio':>6} {'read rows ms':>13} {'read incidents ms':>18}"
     )
-    with tempfile.TemporaryDirectory() as d:
-        for n in SIZES:
-            runs = []
-            for i in range(RUNS):
-                sub = Path(d) / f"{n}-{i}"
-                sub.mkdir()
-                runs.append(_one(n, sub))
-            st, jl, rr, ri = (statistics.median(x) for x in zip(*runs, strict=True))
-            print(
-                f"{n:>7} {max(1, n // 8):>6} {st * 1e6:>9.0f} {jl * 1e6:>9.0f} {st / jl:>6.1f}"
-                f" {rr * 1e3:>13.2f} {ri * 1e3:>18.2f}"
-            )
+    with tempfile.TemporaryDirectory() as d, _postgres() as fresh_pg:
+        engines: list[tuple[str, Callable[[Path, str], str]]] = [
+            ("sqlite", lambda sub, name: store_url(sub / "s.db"))
+        ]
+        if fresh_pg is not None:
+            engines.append(("postgresql", lambda sub, name: fresh_pg(name)))
+        else:
+            print("(no PostgreSQL here: its rows are left out)")
+        for engine, url_of in engines:
+            for n in SIZES:
+                runs = []
+                for i in range(RUNS):
+                    sub = Path(d) / f"{engine}-{n}-{i}"
+                    sub.mkdir()
+                    runs.append(_one(n, sub, url_of(sub, f"bench_{n}_{i}")))
+                sc, wr, jl, rr, ri = (statistics.median(x) for x in zip(*runs, strict=True))
+                print(
+                    f"{engine:>10} {n:>7} {max(1, n // 8):>6} {sc * 1e6:>10.0f} {wr * 1e6:>9.0f}"
+                    f" {jl * 1e6:>9.0f} {wr / jl:>6.1f} {rr * 1e3:>13.2f} {ri * 1e3:>18.2f}"
+                )
     return 0
 
 

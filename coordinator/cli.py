@@ -54,7 +54,8 @@ def serve(
     store: Annotated[
         str | None,
         typer.Option(
-            help="Incident store: auto (artemis.db next to the findings), off, or sqlite:///PATH."
+            help="Incident store: auto (artemis.db next to the findings), off, sqlite:///PATH"
+            " or postgresql://USER:PASSWORD@HOST/DB."
         ),
     ] = None,
     report_dir: Annotated[

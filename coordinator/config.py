@@ -83,8 +83,13 @@ class CoordinatorConfig:
     global_batch: int = 0
     log_json: bool = False
     # The incident store: auto = a SQLite file next to the findings (artemis.db),
-    # off = none, or a URL: sqlite:///PATH (postgresql:// with the next issue).
+    # off = none, or a URL: sqlite:///PATH, postgresql://... (store/README.md).
     store: str = "auto"
+    # Writes queued in memory while the store is slow or unreachable; more are
+    # dropped and counted (straggler_store_writes_dropped_total).
+    store_queue_max: int = 10_000
+    # The longest wait between reconnects to a store that went away (back-off).
+    store_retry_max_s: float = 30.0
     # Where the HTML report of each job is written when the job ends ("" = none).
     report_dir: str = ""
     tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
@@ -105,6 +110,10 @@ class CoordinatorConfig:
             raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         if self.assembly_deadline_s <= 0:
             raise ConfigError("assembly_deadline_s must be > 0")
+        if self.store_queue_max < 1:
+            raise ConfigError("store_queue_max must be >= 1")
+        if self.store_retry_max_s <= 0:
+            raise ConfigError("store_retry_max_s must be > 0")
         bad = check_setting(self.store)
         if bad is not None:
             raise ConfigError(bad)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from artemis.coordinator import findings as F
 from artemis.coordinator.clockrate import correct_rates, reported
+from artemis.coordinator.baselines import BaselineBook
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
 from artemis.coordinator.fingerprint import JobFingerprint
@@ -137,6 +138,12 @@ class JobMonitor:
         # rank -> (software dict, workload signature): each rank's last fingerprint
         self.fingerprints: dict[int, tuple[dict[str, Any], str | None]] = {}
         self._software: dict[str, dict[str, Any]] = {}  # interned software dicts
+        # The job against the stored baselines of its workload (coordinator/baselines.py).
+        self.baselines = BaselineBook(job, settings, run=run)
+        # fingerprints changed since the baselines were told (a job-wide combine
+        # is a pass over every rank: only when something changed)
+        self._fp_version = 0
+        self._fp_told: tuple[int, int] | None = None
 
     @property
     def nranks(self) -> int:
@@ -203,9 +210,26 @@ class JobMonitor:
         self._learn_steps(cols)
         if res.step_ms == res.step_ms:
             self.step_ms = res.step_ms
+        # Against the stored baseline of the workload: the ranks a finding is about are
+        # left out of their class's medians (a straggler is not the whole class).
+        self.baselines.run = self.run
+        slow = {
+            int(f.rank)
+            for f in out.findings
+            if f.kind in ("rank", "degraded") and f.rank is not None and f.state != "cleared"
+        }
+        slow.update(self.incidents.open_ranks())
+        out.findings += self.baselines.on_window(
+            window, cols, res.step_ms if res.step_ms == res.step_ms else None, slow
+        )
         # The incidents first: a flag confirmed in this window reaches the policy now.
         self.incidents.run = self.run
         self.incidents.on_window(self._view(window, cols, res, wall), out.findings)
+        # A healthy window (no finding line of any kind, no incident open) may feed the
+        # job's baseline, once confirmed (coordinator/baselines.py).
+        self.baselines.after_window(
+            window, healthy=not final and not out.findings and not self.incidents.any_open()
+        )
         self.incidents.on_plans(out.plans, window=window)
         # With rebalancing off the policy is not fed: it saves its per-rank history
         # (about 190 B a rank) and its time per window; plans start a few windows after
@@ -243,6 +267,7 @@ class JobMonitor:
         if self.fingerprints.get(rank) == new:
             return False
         self.fingerprints[rank] = new
+        self._fp_version += 1
         return True
 
     def fingerprint(self) -> JobFingerprint | None:
@@ -257,6 +282,35 @@ class JobMonitor:
             {r: fp[1] for r, fp in fps.items()},
             n,
         )
+
+    # ------------------------------------------------------------------ baselines
+
+    def baseline_wanted(self) -> list[tuple[str, str]]:
+        """(workload, hardware class) pairs whose stored baselines the shell should read
+        and hand to `on_baselines`: none until the job's fingerprint is known (every
+        rank's, with its workload signature); a changed fingerprint asks again."""
+        # A rank's new fingerprint, or more ranks (a late agent's hello): the job's
+        # fingerprint may have changed (its workload hash has the rank count).
+        seen = (self._fp_version, self.nranks)
+        if self._fp_told != seen:
+            fp = self.fingerprint()
+            if fp is not None and fp.workload is not None:
+                self.baselines.identify(fp.workload, fp.software)
+                self._fp_told = seen
+        return self.baselines.wanted()
+
+    def on_baselines(
+        self, hw_class: str, latest: Mapping[str, Any] | None, own: Mapping[str, Any] | None
+    ) -> None:
+        """The store's baselines for one class of the job (`baseline_wanted`): the latest
+        of (workload, class), what the job is judged by, and the one of the job's own
+        software fingerprint (None: there is none)."""
+        self.baselines.settle(hw_class, latest, own)
+
+    def baseline_records(self, wall: float | None = None) -> list[dict[str, Any]]:
+        """The baselines to store (the job's end): per class, its confirmed healthy
+        windows added to the stored baseline of its fingerprint."""
+        return self.baselines.records(wall)
 
     def on_dump(self, rank: int, path: str) -> None:
         """A rank's dump (hang evidence) was written at `path`."""
@@ -298,6 +352,7 @@ class JobMonitor:
         self.settings = settings
         self.detector.update_settings(settings)
         self.incidents.flag_window = max(1, settings.flag_window)
+        self.baselines.settings = settings
         out = MonitorOutput()
         if self.policy is not None:
             self.policy.update_settings(self._policy_settings(settings))
@@ -461,6 +516,8 @@ class JobMonitor:
             "detector": self.detector.snapshot(),
             # Added within version 1: a snapshot without it restores with no open incident.
             "incidents": self.incidents.snapshot(),
+            # Added within version 1 too: without it, no baseline state (read again).
+            "baselines": self.baselines.snapshot(),
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
             # Added within version 1: a snapshot without it restores with none.
             "fingerprints": self._fingerprints_state(),
@@ -523,6 +580,8 @@ class JobMonitor:
         if fps:
             for r, i, wl in fps["ranks"]:
                 m.on_fingerprint(int(r), fps["software"][int(i)], wl)
+        if state.get("baselines") is not None:
+            m.baselines = BaselineBook.restore(state["baselines"], settings)
         if state["policy"] is not None:
             m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
         h = state["hang"]

@@ -138,6 +138,35 @@ def _write_health_metrics(coord: Coordinator) -> Any:
     yield nt
 
 
+def register_store_metrics(registry: Any, sink: StoreSink) -> None:
+    """The store sink's queue (store/sink.py), read at scrape time."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Collector:
+        def collect(self) -> Any:
+            d = CounterMetricFamily(
+                "straggler_store_writes_dropped",
+                "Store writes dropped: its queue was full (the store slow or unreachable)",
+            )
+            d.add_metric([], sink.dropped)
+            yield d
+            q = GaugeMetricFamily("straggler_store_queue_depth", "Store writes queued, not done")
+            q.add_metric([], sink.depth)
+            yield q
+            if sink.url is not None:  # a store configured (none with store = "off")
+                c = GaugeMetricFamily(
+                    "straggler_store_connected",
+                    "1 while the incident store is open, 0 while it is being reached (or refused)",
+                )
+                c.add_metric([], 1 if sink.connected else 0)
+                yield c
+
+        def describe(self) -> Any:
+            return []
+
+    registry.register(_Collector())
+
+
 class CoordinatorServer(Lifecycle):
     """The coordinator process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
 
@@ -197,7 +226,12 @@ class CoordinatorServer(Lifecycle):
             grace_s=None if cfg.assembly_grace_s < 0 else cfg.assembly_grace_s,
             job_linger_s=cfg.job_linger_s,
             # A store that cannot be opened is logged and left off: never fatal.
-            store=StoreSink.open(cfg.store, cfg.jsonl),
+            store=StoreSink.open(
+                cfg.store,
+                cfg.jsonl,
+                queue_max=cfg.store_queue_max,
+                retry_max_s=cfg.store_retry_max_s,
+            ),
             report_dir=cfg.report_dir,
             dumps_dir=cfg.dumps_dir or None,
             incidents=IncidentsWriter(incidents_path(cfg.jsonl), cfg.retention.jsonl()),
@@ -208,6 +242,7 @@ class CoordinatorServer(Lifecycle):
         # Summaries taken but not scored by an earlier life of this coordinator.
         coord.restore(AssemblyJournal(cfg.journal_path))
         register_protocol_metrics(metrics.registry, server, coord)
+        register_store_metrics(metrics.registry, coord.store)
         metrics.set_active(False)
         if cfg.metrics_port:
             self._mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr)

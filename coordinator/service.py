@@ -7,7 +7,10 @@ that owns the detector, the rebalance policy, the missing-rank rule and hang
 tracking (coordinator/monitor.py). What the monitor returns is written here:
 findings to the JSONL, plan events to the plans JSONL, both to Prometheus, and
 control intents to the job's agents, incident records to `incidents.jsonl` next
-to the findings (and Prometheus). Heartbeats carry progress and plan acks;
+to the findings (and Prometheus). Once a job's fingerprint is known the stored
+baselines of its workload are read (on the tick) and handed to its monitor; at
+its end the baselines it confirmed are written (coordinator/baselines.py).
+Heartbeats carry progress and plan acks;
 dumps are written next to the findings and their paths handed to the monitor.
 
 After each scored window the job's monitor and assembly state are saved
@@ -50,6 +53,10 @@ from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
 from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
+
+# How long a job's end waits for its queued store writes before its report reads the store.
+REPORT_FLUSH_S = 5.0
+BASELINE_RETRY_S = 30.0  # a baseline read that failed is tried again this much later
 
 
 class Coordinator:
@@ -108,6 +115,7 @@ class Coordinator:
         self.store = store if store is not None else StoreSink(None)
         self.report_dir = report_dir  # each job's report at its end (artemis report)
         self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
+        self._baseline_retry: dict[str, float] = {}  # job -> when to read its baselines again
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -173,6 +181,7 @@ class Coordinator:
         self._score_all(self.assembler.expire(now))
         for job, m in list(self.monitors.items()):
             self._emit(job, m.tick(now))
+            self._load_baselines(m, now)
             self._check_ended(job, m, now)
         await self._flush_controls()
 
@@ -219,6 +228,7 @@ class Coordinator:
         for job, m in self.monitors.items():
             self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
+            self.store.write_baselines(m.baseline_records(self.wall()))
             self._write_report(job)
         self.store.close()
         self.findings.close()
@@ -247,6 +257,7 @@ class Coordinator:
                 global_batch=self.global_batch,
                 dump_wait_s=self.dump_wait_s,
             )
+            m.baselines.enabled = self.store.on  # no store: no baselines to judge by
         return m
 
     def _monitor_of(self, aw: AssembledWindow) -> JobMonitor | None:
@@ -293,8 +304,10 @@ class Coordinator:
         if m is not None:
             self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
+            self.store.write_baselines(m.baseline_records(self.wall()))
             self._write_report(job)
         self._stored_job.pop(job, None)
+        self._baseline_retry.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -383,15 +396,55 @@ class Coordinator:
         last.update(changed)
         self.store.write_job(job, changed)
 
+    def _load_baselines(self, m: JobMonitor, now: float) -> None:
+        """The stored baselines of the job's workload, read once its fingerprint is known
+        (on the tick, never while scoring; coordinator/baselines.py): per hardware class,
+        the latest one (what the job is judged by) and the one of its own software. The
+        reads never wait on the database: the store's writer thread runs them (after the
+        writes queued before them) and a later tick takes the answer ("pending" until
+        then). A read that fails is tried again BASELINE_RETRY_S later; until then the
+        job is not compared and none of its windows can become a baseline."""
+        if now < self._baseline_retry.get(m.job, 0.0):
+            return
+        wanted = m.baseline_wanted()
+        if not wanted or not self.store.on:
+            return
+        own_hash = m.baselines.software_hash
+        for workload, cls in wanted:
+            state, latest = self.store.read_baseline(workload, cls)
+            own = latest
+            if state == "done" and latest is not None and latest.get("software_hash") != own_hash:
+                state, own = self.store.read_baseline(workload, cls, own_hash)
+            if state == "failed":
+                self._baseline_retry[m.job] = now + BASELINE_RETRY_S  # not compared (logged)
+            if state != "done":
+                return  # asked again on a later tick
+            m.on_baselines(cls, latest, own)
+            self._baseline_retry.pop(m.job, None)
+            log.info(
+                "baseline of the workload read",
+                job=m.job,
+                workload=workload,
+                hw_class=cls,
+                baseline=None if latest is None else latest.get("software_hash"),
+                windows=None if latest is None else latest.get("windows"),
+            )
+
     def _write_report(self, job: str) -> None:
         """The job's incident report into report_dir at its end (report/README.md);
         a failure is logged, never fatal."""
         m = self.monitors.get(job)
         if not self.report_dir or m is None or m.last_window < 0:
             return
-        if self.store.store is None:
+        if not self.store.on:
             log.warning("report_dir set but the incident store is off: no report", job=job)
             return
+        # The report reads the store: what is queued for it first. Never a wait on a
+        # store that is down (the report is then skipped; `artemis report` later).
+        if not self.store.connected or not self.store.flush(REPORT_FLUSH_S):
+            log.warning("incident store not reachable: no report", job=job, store=self.store.url)
+            return
+        assert self.store.store is not None
         from artemis.report.load import ReportError, write_job_report
 
         try:
@@ -508,6 +561,7 @@ class Coordinator:
                     m = JobMonitor.restore(
                         state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
                     )
+                    m.baselines.enabled = self.store.on
                     self.monitors[m.job] = m
                     self._emit(m.job, m.update_settings(self.settings))
                     log.info(

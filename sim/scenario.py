@@ -23,9 +23,12 @@ else:  # pragma: no cover - Python 3.10
 
 COMPUTE_FAULTS = ("clocks", "thermal", "power", "pcie", "host")
 ISLAND_FAULTS = ("island", "collective")
-FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down", "clock_anomaly")
+FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down", "clock_anomaly", "software")
 # What a clock_anomaly fault does to its ranks' device timer (sim/clockfault.py).
 CLOCK_ANOMALIES = ("reversed", "jump", "wrap", "reset", "rate")
+# `software`: a driver, library or configuration that makes every kernel (and every
+# collective's transfer) of its ranks slower at healthy clocks, all ranks by default;
+# the whole-job slowdown a change finding is about (docs/DESIGN.md "Scenarios").
 # Kinds that slow nothing: no finding is expected for them.
 NO_SLOWDOWN = ("hang", "agent_down", "clock_anomaly")
 REBALANCE_MODES = ("off", "recommend", "apply")
@@ -434,6 +437,8 @@ def _parse_fault(
         if len(set(islands)) < 2:
             raise err("kind", "'link' needs a job with two or more islands ([job].islands)")
         targets = ()
+    elif kind == "software" and "rank" not in f and "ranks" not in f:
+        targets = tuple(range(ranks))  # the whole job: every rank runs the same software
     else:
         if "rank" in f and "ranks" in f:
             raise err("rank", "give either rank or ranks, not both")

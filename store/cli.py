@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from artemis.coordinator.findings import BASELINE_KINDS
 from artemis.store.base import Store, StoreError, open_for_findings, open_store
 
 app = typer.Typer(
@@ -27,7 +28,11 @@ app = typer.Typer(
 
 StoreOpt = Annotated[
     str | None,
-    typer.Option("--store", help="The store URL, e.g. sqlite:////var/lib/artemis/artemis.db."),
+    typer.Option(
+        "--store",
+        help="The store URL, e.g. sqlite:////var/lib/artemis/artemis.db or"
+        " postgresql://artemis@db/artemis.",
+    ),
 ]
 FindingsOpt = Annotated[
     Path | None,
@@ -179,11 +184,15 @@ def _story(r: dict[str, Any]) -> str:
         "island": f"island {r.get('subject')}",
         "link": f"link {r.get('subject')}",
         "collective": f"the collectives of {r.get('subject')}",
+        "change": f"class {r.get('subject')} (after a software change)",
+        "regression": f"class {r.get('subject')}",
     }.get(str(r.get("kind")), f"{r.get('kind')} {r.get('subject')}")
     hosts = r.get("hosts") or []
     on = f" on {', '.join(hosts)}" if hosts else ""
     ratio = ev.get("ratio")
-    slow = f" ran {100 * (ratio - 1):.1f}% slow against its peers" if ratio else " was slow"
+    # change/regression: against the stored baseline of its workload (earlier jobs)
+    against = "its workload's baseline" if r.get("kind") in BASELINE_KINDS else "its peers"
+    slow = f" ran {100 * (ratio - 1):.1f}% slow against {against}" if ratio else " was slow"
     cause = (r.get("cause") or {}).get("kind") or "unknown"
     verdict = r.get("verdict") or "still open"
     return (
@@ -258,10 +267,12 @@ def show(
             continue
         extra = ""
         if key == "confirmed" and ph.get("rule"):
-            extra = (
-                f"  rule {ph['rule']}: q1 {_num(ph.get('q1_ms'))} ms vs peers' median"
-                f" {_num(ph.get('peers_median_ms'))} ms"
-            )
+            extra = f"  rule {ph['rule']}"
+            if "q1_ms" in ph:  # the quartile test (rank, degraded)
+                extra += (
+                    f": q1 {_num(ph.get('q1_ms'))} ms vs peers' median"
+                    f" {_num(ph.get('peers_median_ms'))} ms"
+                )
         if key == "closed" and ph.get("why"):
             extra = f"  ({ph['why']})"
         head.add_row(key, f"window {ph.get('window')}  {_when(ph.get('time'))}{extra}")
@@ -284,8 +295,10 @@ def show(
         con.print(f"  or {alt.get('kind')}{exs}: {alt.get('text')}")
 
     ev = r.get("evidence") or {}
-    et = Table(title=f"evidence over {ev.get('windows', '?')} windows: rank vs peers")
-    for col in ("", "rank", "peers", "rank/peers"):
+    base = r.get("kind") in BASELINE_KINDS
+    vs = ("class", "baseline") if base else ("rank", "peers")
+    et = Table(title=f"evidence over {ev.get('windows', '?')} windows: {vs[0]} vs {vs[1]}")
+    for col in ("", *vs, f"{vs[0]}/{vs[1]}"):
         et.add_column(col, justify="left" if not col else "right")
     rows: list[tuple[str, Any, Any]] = [("gap ms", ev.get("gap_ms"), ev.get("peers_gap_ms"))]
     for name, v in (ev.get("telemetry") or {}).items():

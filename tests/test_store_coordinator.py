@@ -96,7 +96,14 @@ def test_store_written_while_the_job_runs(tmp_path: Path, plugin_lib: Path, env:
     coord = _run(tmp_path, plugin_lib, {}, windows=6)  # store = "auto": next to the findings
     try:
         assert (tmp_path / "artemis.db").exists()
-        # Read from this process while the coordinator holds the store open.
+
+        # Read from this process while the coordinator holds the store open. Its
+        # writes are queued (store/sink.py): the last window's lands just after.
+        def stored_last() -> Any:
+            with open_for_findings(coord.jsonl) as s:
+                return [j.get("last_window") for j in s.jobs()] == [5]
+
+        wait_for(stored_last, 30, "window 5 in the store")
         with open_for_findings(coord.jsonl) as s:
             (job,) = s.jobs()
             assert job["job"] == JOB and job["ranks"] == len(SPEED) and job["hosts"] == ["h0"]

@@ -52,6 +52,9 @@ PROCESS_WIDE = {
     "straggler_protocol_bad_frames_total",
     "straggler_protocol_refused_peers_total",
     "straggler_protocol_duplicates_total",
+    "straggler_store_writes_dropped_total",
+    "straggler_store_queue_depth",
+    "straggler_store_connected",
 }
 
 
