@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from artemis.protocol.server import PeerLimits
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
@@ -47,6 +48,8 @@ class CoordinatorConfig:
     report_dir: str = ""
     tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
+    # What an unauthenticated or silent peer may cost (docs/DESIGN.md "Hostile peers").
+    limits: PeerLimits = field(default_factory=PeerLimits)
     detector: dict[str, Any] = field(default_factory=dict)
 
     def validated(self) -> CoordinatorConfig:
@@ -58,6 +61,10 @@ class CoordinatorConfig:
             raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         if self.assembly_deadline_s <= 0:
             raise ConfigError("assembly_deadline_s must be > 0")
+        try:
+            self.limits.validated()
+        except ValueError as e:
+            raise ConfigError(f"[limits]: {e}") from None
         bad = check_setting(self.store)
         if bad is not None:
             raise ConfigError(bad)
