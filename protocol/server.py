@@ -100,7 +100,9 @@ class PeerLimits:
     bytes each (docs/DESIGN.md "Hostile peers" has the measured cost).
     """
 
-    handshake_timeout_s: float = 10.0  # TLS + hello + auth, from accept
+    # hello + auth, from the accept (a TLS handshake comes before it, under the
+    # transport's own time-out: TcpTransport.tls_timeout).
+    handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0  # authenticated and silent this long: closed (0 = never)
     max_unauthenticated_per_peer: int = 64  # per source address
     max_unauthenticated: int = 4096  # over all sources
@@ -117,6 +119,9 @@ class PeerLimits:
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
         return self
+
+
+LOG_REFUSALS_PER_S = 20
 
 
 def source_of(peer: str) -> str:
@@ -247,6 +252,9 @@ class ProtocolServer:
         self._closing = False
         self._unauth: dict[str, int] = {}  # source address -> connections not yet authenticated
         self._unauth_total = 0
+        self._refusal_log: dict[
+            str, tuple[float, int, int]
+        ] = {}  # reason -> (second, logged, hidden)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -366,7 +374,7 @@ class ProtocolServer:
         try:
             if self._closing:
                 return
-            # Admission comes first, before any TLS or HMAC work is spent on the peer.
+            # Admission comes first, before any decoding or HMAC work is spent on the peer.
             if self._unauth.get(source, 0) >= lim.max_unauthenticated_per_peer:
                 self._refuse(
                     conn,
@@ -461,7 +469,19 @@ class ProtocolServer:
 
     def _refuse(self, conn: _Conn, reason: str, text: str) -> None:
         _bump(self.stats.refused_peers_total, reason)
-        log.warning("peer refused", peer=conn.ch.peer, reason=reason, detail=text)
+        # A flood must not become a flood of log lines: at most LOG_REFUSALS_PER_S
+        # lines per reason and second; the counter above has every refusal.
+        now = time.monotonic()
+        sec, n, hidden = self._refusal_log.get(reason, (0.0, 0, 0))
+        if now - sec >= 1.0:
+            sec, n = now, 0
+        if n >= LOG_REFUSALS_PER_S:
+            self._refusal_log[reason] = (sec, n, hidden + 1)
+            return
+        self._refusal_log[reason] = (sec, n + 1, 0)
+        log.warning(
+            "peer refused", peer=conn.ch.peer, reason=reason, detail=text, not_logged_before=hidden
+        )
 
     def _count_bad(self, conn: _Conn, reason: str, text: str) -> None:
         _bump(self.stats.bad_frames_total, reason)
