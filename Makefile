@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
 PYTEST_ARGS ?=
 
-.PHONY: all setup plugin demo sim test test-torch reliability test-c bench lint clean docs-screenshot
+.PHONY: all setup plugin demo sim test test-torch reliability test-c bench lint clean docs-screenshot fuzz
 
 all: setup
 
@@ -57,6 +57,22 @@ reliability: setup
 # timing-sensitive on a shared 2-core machine, so kept out of `make test`.
 test-torch: setup
 	$(BIN)/python -m pytest -q -m torch_e2e $(PYTEST_ARGS)
+
+# Coverage-guided fuzzing (atheris), long form: FUZZ_SECONDS per target (`make test`
+# runs 10 s each). A crash stops it; the input is kept as out/fuzz/TARGET-crash-*:
+# fix it and add it to tests/fuzz/corpus/TARGET/ (docs/RELIABILITY.md "6. Fuzzing").
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := frame ring scenario config store_url
+fuzz: setup
+	mkdir -p out/fuzz
+	for t in $(FUZZ_TARGETS); do \
+		$(BIN)/python tests/fuzz/fuzz_$$t.py --corpus out/fuzz/corpus-$$t \
+			-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=out/fuzz/$$t- \
+			-timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
+			| tee out/fuzz/$$t.log | grep -E "^(Done|stat::number_of_executed_units|.*ERROR)" \
+			|| exit 1; \
+		grep -q "^Done" out/fuzz/$$t.log || exit 1; \
+	done
 
 bench: setup
 	$(MAKE) -C profiler_plugin bench

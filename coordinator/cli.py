@@ -105,6 +105,13 @@ def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
         s.settimeout(10)
         try:
             s.connect(str(sock_path))
+        except PermissionError:
+            typer.echo(
+                f"error: permission denied on the coordinator's control socket {sock_path}: "
+                "only its owner and group may change or read the settings",
+                err=True,
+            )
+            raise typer.Exit(2) from None
         except OSError as e:
             typer.echo(
                 f"error: cannot reach the coordinator at {sock_path}: {e.strerror or e} "
@@ -147,6 +154,9 @@ def settings(
 ) -> None:
     """Print the running coordinator's settings (TOML-like)."""
     reply = _ask(socket_path, {"cmd": "get"})
+    if not reply.get("ok"):
+        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
+        raise typer.Exit(1)
     for k, v in reply.get("settings", {}).items():
         typer.echo(f"{k} = {json.dumps(v)}")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from artemis.protocol.diskio import Retention
+from artemis.protocol.server import PeerLimits
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
@@ -94,6 +95,8 @@ class CoordinatorConfig:
     report_dir: str = ""
     tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
+    # What an unauthenticated or silent peer may cost (docs/DESIGN.md "Hostile peers").
+    limits: PeerLimits = field(default_factory=PeerLimits)
     detector: dict[str, Any] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
 
@@ -114,6 +117,10 @@ class CoordinatorConfig:
             raise ConfigError("store_queue_max must be >= 1")
         if self.store_retry_max_s <= 0:
             raise ConfigError("store_retry_max_s must be > 0")
+        try:
+            self.limits.validated()
+        except ValueError as e:
+            raise ConfigError(f"[limits]: {e}") from None
         bad = check_setting(self.store)
         if bad is not None:
             raise ConfigError(bad)

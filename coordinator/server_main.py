@@ -7,6 +7,10 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
+import socket
+import stat
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +26,11 @@ from artemis.protocol.auth import load_secret
 from artemis.protocol.lifecycle import Lifecycle, capture_signals
 from artemis.protocol.messages import REASONS
 from artemis.protocol.rdma.transport import RdmaUnavailable
-from artemis.protocol.server import ProtocolServer
+from artemis.protocol.server import REFUSAL_REASONS, ProtocolServer
 from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import Transport, build_transport
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
-
-REFUSAL_REASONS = ("auth", "protocol", "timeout", "version")
 
 log = structlog.get_logger("artemis.coordinator")
 
@@ -64,6 +66,12 @@ def register_protocol_metrics(
             g = GaugeMetricFamily("straggler_agents_connected", "Authenticated agents connected")
             g.add_metric([], st["established"])
             yield g
+            u = GaugeMetricFamily(
+                "straggler_protocol_unauthenticated",
+                "Connections open and not (yet) authenticated ([limits] bounds them)",
+            )
+            u.add_metric([], st["unauthenticated"])
+            yield u
             d = CounterMetricFamily(
                 "straggler_protocol_duplicates", "Resent data messages already delivered"
             )
@@ -237,7 +245,10 @@ class CoordinatorServer(Lifecycle):
             incidents=IncidentsWriter(incidents_path(cfg.jsonl), cfg.retention.jsonl()),
             retention=cfg.retention,
         )
-        server = ProtocolServer(transport, cfg.listen, secret, coord, settings=settings.to_dict())
+        raise_open_files_limit()
+        server = ProtocolServer(
+            transport, cfg.listen, secret, coord, settings=settings.to_dict(), limits=cfg.limits
+        )
         coord.server = server
         # Summaries taken but not scored by an earlier life of this coordinator.
         coord.restore(AssemblyJournal(cfg.journal_path))
@@ -302,14 +313,68 @@ async def main(cfg: CoordinatorConfig) -> None:
         await server.serve()
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open files to the hard one: every agent (and every
+    peer still in its handshake, up to ``[limits] max_unauthenticated``) holds one.
+    Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-files limit", soft=soft, hard=hard, error=str(e))
+    return soft
+
+
+def control_peer_refusal(path: str, sock: socket.socket | None) -> str | None:
+    """Why a control-socket peer may not use it (None = allowed): only the socket
+    file's owner and its group may (SO_PEERCRED: the connecting process's uid,
+    gid and, from /proc, its supplementary groups)."""
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return "cannot identify the connecting process (no SO_PEERCRED here)"
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"control socket {path} is gone: {e.strerror}"
+    if uid == st.st_uid or gid == st.st_gid or st.st_gid in _groups_of(pid):
+        return None
+    return (
+        f"uid {uid} (gid {gid}) may not change the coordinator's settings: the control socket"
+        f" {path} is for its owner (uid {st.st_uid}) and group (gid {st.st_gid}) only"
+    )
+
+
+def _groups_of(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
 async def _control_server(path: str, coord: Coordinator) -> asyncio.base_events.Server | None:
-    """`artemis-coordinator set KEY VALUE` talks to this unix socket (owner-only)."""
+    """`artemis-coordinator set KEY VALUE` talks to this unix socket (mode 0660:
+    its owner and group; every connection's credentials are checked too)."""
     if not path:
         return None
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            # The request is read first so the client gets the answer, not a broken pipe.
             line = await reader.readline()
+            refusal = control_peer_refusal(path, writer.get_extra_info("socket"))
+            if refusal is not None:
+                log.warning("control socket peer refused", reason=refusal)
+                writer.write(json.dumps({"ok": False, "error": refusal}).encode() + b"\n")
+                await writer.drain()
+                return
             try:
                 req = json.loads(line or b"{}")
                 if req.get("cmd") == "set":
@@ -329,7 +394,7 @@ async def _control_server(path: str, coord: Coordinator) -> asyncio.base_events.
     try:
         prepare_socket_path(path)
         srv = await asyncio.start_unix_server(handle, path=path)
-        os.chmod(path, 0o600)
+        os.chmod(path, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
     except OSError as e:
         log.warning("control socket unavailable: `set` will not work", path=path, error=str(e))
         return None

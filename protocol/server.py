@@ -11,6 +11,14 @@ If the same agent connects again while its old connection is still open (a
 half-open socket the agent gave up on), the old connection is closed and the
 new one waits for the old handler to finish before it takes data, so one
 agent's messages are never handed over by two tasks at once.
+
+Hostile peers (docs/DESIGN.md "Hostile peers"): what a peer that never
+authenticates may cost is bounded by ``PeerLimits``: so many unauthenticated
+connections per source address and in all, a handshake deadline (a slowloris
+peer is cut off at it), a smaller frame limit before auth, and an idle
+time-out on authenticated connections. With mutual TLS the channel carries the
+identity of the agent's certificate, and a hello naming another agent is
+refused. Every refusal is counted by reason (``REFUSAL_REASONS``).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import contextlib
 import inspect
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import structlog
@@ -67,6 +75,61 @@ class PeerInfo:
     conn_id: int  # unique per connection in this server
 
 
+# Why a connection was refused or closed by the coordinator: the labels of
+# straggler_protocol_refused_peers_total (exported at 0 from the start).
+REFUSAL_REASONS = (
+    "auth",  # a proof did not match the shared secret
+    "protocol",  # a bad frame or a message out of place before auth
+    "oversize",  # a length prefix above the (pre-auth) frame limit
+    "timeout",  # the handshake did not finish before its deadline (slowloris, idle)
+    "version",  # another major protocol version
+    "peer_limit",  # too many unauthenticated connections from that source address
+    "busy",  # too many unauthenticated connections in all
+    "idle",  # an authenticated connection sent nothing for idle_timeout_s
+    "identity",  # mTLS: no usable identity in the certificate, or a hello naming another agent
+    "superseded",  # the same agent connected again; its old connection was closed
+)
+
+
+@dataclass(frozen=True)
+class PeerLimits:
+    """``[limits]`` of the coordinator: what one peer may cost before it authenticates.
+
+    Worst case, unauthenticated peers hold ``max_unauthenticated`` connections
+    for ``handshake_timeout_s`` each, buffering at most ``max_handshake_frame``
+    bytes each (docs/DESIGN.md "Hostile peers" has the measured cost).
+    """
+
+    # hello + auth, from the accept (a TLS handshake comes before it, under the
+    # transport's own time-out: TcpTransport.tls_timeout).
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0  # authenticated and silent this long: closed (0 = never)
+    max_unauthenticated_per_peer: int = 64  # per source address
+    max_unauthenticated: int = 4096  # over all sources
+    # Before auth only a hello or an auth may come: the largest valid hello
+    # (4096 ranks with long names) is about 0.5 MiB.
+    max_handshake_frame: int = 1 << 20
+
+    def validated(self) -> PeerLimits:
+        if self.handshake_timeout_s <= 0:
+            raise ValueError(f"handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
+        if self.idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        for k in ("max_unauthenticated_per_peer", "max_unauthenticated", "max_handshake_frame"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        return self
+
+
+LOG_REFUSALS_PER_S = 20
+
+
+def source_of(peer: str) -> str:
+    """The source address of a ``host:port`` / ``[v6]:port`` peer string (the per-peer key)."""
+    host, sep, _ = peer.rpartition(":")
+    return host if sep else peer
+
+
 class App(Protocol):
     """What the server needs from the coordinator.
 
@@ -88,6 +151,7 @@ class ProtocolStats:
     refused_peers_total: dict[str, int] = field(default_factory=dict)  # by reason
     connections: int = 0  # open right now
     connections_total: int = 0  # accepted since start
+    unauthenticated: int = 0  # open right now and not (yet) authenticated
     established: int = 0  # authenticated right now
     reconnects: int = 0  # authenticated connections of an agent seen before
     delivered_total: int = 0  # data messages handed to the app
@@ -163,8 +227,9 @@ class ProtocolServer:
         settings: dict[str, Any] | None = None,
         tracker: SeqTracker | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float | None = None,
         supersede_timeout: float = 10.0,
+        limits: PeerLimits | None = None,
         version: tuple[int, int] = PROTOCOL_VERSION,
     ) -> None:
         self.transport = transport
@@ -176,7 +241,11 @@ class ProtocolServer:
         # of the listener inside one coordinator process.
         self.tracker = tracker if tracker is not None else SeqTracker()
         self.max_frame = max_frame
-        self.handshake_timeout = handshake_timeout
+        lim = limits or PeerLimits()
+        if handshake_timeout is not None:
+            lim = replace(lim, handshake_timeout_s=handshake_timeout)
+        self.limits = lim.validated()
+        self.handshake_timeout = lim.handshake_timeout_s
         self.supersede_timeout = supersede_timeout
         self.version = version
         self.stats = ProtocolStats()
@@ -189,6 +258,11 @@ class ProtocolServer:
         self._controls: dict[str, tuple[_Conn, asyncio.Future[Ack]]] = {}
         self._control_done: OrderedDict[str, asyncio.Future[Ack]] = OrderedDict()
         self._closing = False
+        self._unauth: dict[str, int] = {}  # source address -> connections not yet authenticated
+        self._unauth_total = 0
+        self._refusal_log: dict[
+            str, tuple[float, int, int]
+        ] = {}  # reason -> (second, logged, hidden)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -296,16 +370,42 @@ class ProtocolServer:
             version=self.version,
         )
         conn = _Conn(self._next_conn, ch, session)
-        decoder = FrameDecoder(self.max_frame, version=self.version)
+        lim = self.limits
+        # Until auth only a hello or an auth may come: a smaller frame limit.
+        decoder = FrameDecoder(min(lim.max_handshake_frame, self.max_frame), version=self.version)
         self._conns.add(conn)
         self.stats.connections += 1
         self.stats.connections_total += 1
         acker: asyncio.Task[None] | None = None
+        source = source_of(ch.peer)
+        admitted = False
         try:
             if self._closing:
                 return
-            if not await self._handshake(conn, decoder):
+            # Admission comes first, before any decoding or HMAC work is spent on the peer.
+            if self._unauth.get(source, 0) >= lim.max_unauthenticated_per_peer:
+                self._refuse(
+                    conn,
+                    "peer_limit",
+                    f"{source} already has {lim.max_unauthenticated_per_peer} unauthenticated"
+                    " connections",
+                )
                 return
+            if self._unauth_total >= lim.max_unauthenticated:
+                self._refuse(
+                    conn, "busy", f"{lim.max_unauthenticated} unauthenticated connections open"
+                )
+                return
+            admitted = True
+            self._admit(source, +1)
+            _set_frame_limit(ch, decoder.max_frame)
+            ok = await self._handshake(conn, decoder)
+            self._admit(source, -1)
+            admitted = False
+            if not ok:
+                return
+            decoder.max_frame = self.max_frame
+            _set_frame_limit(ch, self.max_frame)
             acker = asyncio.create_task(self._acker(conn))
             await self._traffic(conn, decoder)
         except ChannelClosed:
@@ -313,6 +413,8 @@ class ProtocolServer:
         except Exception:
             log.exception("connection failed", peer=ch.peer, conn=conn.id)
         finally:
+            if admitted:
+                self._admit(source, -1)
             trunc = decoder.eof()
             if trunc is not None:
                 self._count_bad(conn, trunc.reason, trunc.text)
@@ -321,9 +423,31 @@ class ProtocolServer:
                 await asyncio.gather(acker, return_exceptions=True)
             await self._cleanup(conn)
 
+    def _admit(self, source: str, delta: int) -> None:
+        n = self._unauth.get(source, 0) + delta
+        if n > 0:
+            self._unauth[source] = n
+        else:
+            self._unauth.pop(source, None)
+        self._unauth_total += delta
+        self.stats.unauthenticated = self._unauth_total
+
     async def _handshake(self, conn: _Conn, decoder: FrameDecoder) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handshake_timeout
+        identity = getattr(conn.ch, "identity", None)
+        if identity is not None:
+            if not identity:
+                self._refuse(
+                    conn,
+                    "identity",
+                    "the client certificate names no agent (no artemis://agent/ID URI, no CN)",
+                )
+                with contextlib.suppress(ChannelClosed):
+                    text = "the client certificate names no agent"
+                    await self._send(conn, Error(code="identity", text=text, fatal=True))
+                return False
+            conn.session.identity = identity
         while True:
             left = deadline - loop.time()
             try:
@@ -342,7 +466,10 @@ class ProtocolServer:
                     elif isinstance(eff, BadFrame):
                         self._count_bad(conn, eff.error.reason, eff.error.text)
                     elif isinstance(eff, Refused):
-                        self._refuse(conn, eff.reason, eff.text)
+                        reason = eff.reason
+                        if reason == "protocol" and decoder.poisoned:
+                            reason = "oversize"
+                        self._refuse(conn, reason, eff.text)
                         return False
                     elif isinstance(eff, PeerEstablished):
                         await self._established(conn, eff)
@@ -350,7 +477,19 @@ class ProtocolServer:
 
     def _refuse(self, conn: _Conn, reason: str, text: str) -> None:
         _bump(self.stats.refused_peers_total, reason)
-        log.warning("peer refused", peer=conn.ch.peer, reason=reason, detail=text)
+        # A flood must not become a flood of log lines: at most LOG_REFUSALS_PER_S
+        # lines per reason and second; the counter above has every refusal.
+        now = time.monotonic()
+        sec, n, hidden = self._refusal_log.get(reason, (0.0, 0, 0))
+        if now - sec >= 1.0:
+            sec, n = now, 0
+        if n >= LOG_REFUSALS_PER_S:
+            self._refusal_log[reason] = (sec, n, hidden + 1)
+            return
+        self._refusal_log[reason] = (sec, n + 1, 0)
+        log.warning(
+            "peer refused", peer=conn.ch.peer, reason=reason, detail=text, not_logged_before=hidden
+        )
 
     def _count_bad(self, conn: _Conn, reason: str, text: str) -> None:
         _bump(self.stats.bad_frames_total, reason)
@@ -362,6 +501,7 @@ class ProtocolServer:
         old = self._by_agent.get(hello.agent_id)
         if old is not None and old is not conn:
             old.superseded = True
+            _bump(self.stats.refused_peers_total, "superseded")
             log.info("agent reconnected; closing its previous connection", agent=hello.agent_id)
             with contextlib.suppress(ChannelClosed):
                 await self._send(
@@ -407,8 +547,17 @@ class ProtocolServer:
     async def _traffic(self, conn: _Conn, decoder: FrameDecoder) -> None:
         # Stop at once when closing or superseded: frames still buffered here
         # are not acked, so the agent resends them to whoever serves it next.
+        idle = self.limits.idle_timeout_s or None
         while not (conn.superseded or self._closing):
-            frame = await conn.ch.recv()
+            try:
+                frame = await asyncio.wait_for(conn.ch.recv(), idle)
+            except asyncio.TimeoutError:
+                assert conn.peer is not None
+                text = f"nothing received for {idle:g} s"
+                self._refuse(conn, "idle", f"agent {conn.peer.agent_id!r}: {text}")
+                with contextlib.suppress(ChannelClosed):
+                    await self._send(conn, Error(code="idle", text=text, fatal=True))
+                return
             self.stats.frames_total += 1
             for item in decoder.feed(frame):
                 for eff in conn.session.receive(item):
@@ -519,6 +668,14 @@ class ProtocolServer:
             except Exception:
                 log.exception("app on_disconnect failed", agent=peer.agent_id)
         conn.done.set()
+
+
+def _set_frame_limit(ch: FrameChannel, n: int) -> None:
+    # A transport that reads the length prefix itself (TCP) refuses a longer
+    # frame before buffering its body; others leave it to the decoder.
+    setter = getattr(ch, "set_max_frame", None)
+    if setter is not None:
+        setter(n)
 
 
 def _fail(fut: asyncio.Future[Ack], text: str) -> None:

@@ -60,6 +60,8 @@ SESSION_CODES = (
     "unexpected",  # a message out of place after the handshake (frame dropped)
     "timeout",  # the handshake did not finish in time
     "superseded",  # the same agent connected again; the old connection is closed
+    "identity",  # mTLS: the hello names another agent than the client certificate
+    "idle",  # an authenticated connection sent nothing for the idle time-out
     "shutdown",  # the coordinator is closing
 )
 
@@ -457,6 +459,9 @@ class CoordinatorSession:
         self.version = version
         self.state = "await_hello"  # -> await_auth -> established | closed
         self.hello: Hello | None = None
+        # The agent id of a verified client certificate (mutual TLS); the hello
+        # must name it as both agent_id and host, so one agent cannot speak for another.
+        self.identity: str | None = None
         self._nonce = auth.make_nonce()
         self._seq = 0
         self._controls = 0
@@ -495,6 +500,14 @@ class CoordinatorSession:
             if not isinstance(msg, Hello):
                 text = f"expected hello, got {msg.TYPE}"
                 return self._refuse("protocol", text, text)
+            if self.identity is not None and (
+                msg.agent_id != self.identity or msg.host != self.identity
+            ):
+                text = (
+                    f"hello claims agent {msg.agent_id!r} on host {msg.host!r}, but the client"
+                    f" certificate is agent {self.identity!r}"
+                )
+                return self._refuse("identity", text, text)
             self.hello = msg
             self.state = "await_auth"
             p = auth.proof(self.secret, "coordinator", msg.nonce, self._nonce)

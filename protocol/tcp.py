@@ -12,6 +12,11 @@ reason codes and the server counts them:
 * the stream ending inside a frame: the channel returns the partial bytes
   once (the decoder keeps them as pending and reports "truncated" at EOF),
   then raises ChannelClosed.
+
+The listener's TLS handshake must finish within ``tls_timeout`` (a peer that
+stalls in it is dropped by asyncio). With client certificates verified,
+``identity`` is the agent id the certificate names: its ``artemis://agent/ID``
+SAN URI, else its subject CN (docs/DESIGN.md "Agent identities").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
 import structlog
 from artemis.protocol.codec import DEFAULT_MAX_FRAME, HEADER
@@ -44,16 +50,39 @@ def format_address(host: str, port: int) -> str:
 
 
 def server_ssl_context(
-    cert: str | Path, key: str | Path, ca: str | Path | None = None
+    cert: str | Path,
+    key: str | Path,
+    ca: str | Path | None = None,
+    *,
+    require_client_cert: bool = True,
 ) -> ssl.SSLContext:
-    """TLS for the coordinator; with ``ca`` agents must present a certificate signed by it."""
+    """TLS for the coordinator; with ``ca`` agents' certificates are verified against it
+    (required, or only when presented with ``require_client_cert=False``)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(str(cert), str(key))
     if ca is not None:
         ctx.load_verify_locations(str(ca))
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return ctx
+
+
+IDENTITY_URI = "artemis://agent/"
+
+
+def cert_identity(cert: dict[str, Any] | None) -> str:
+    """The agent id a verified client certificate names: the ``artemis://agent/ID``
+    subjectAltName URI, else the subject CN; "" when it names none."""
+    if not cert:
+        return ""
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind == "URI" and str(value).startswith(IDENTITY_URI):
+            return str(value)[len(IDENTITY_URI) :]
+    for rdn in cert.get("subject", ()):
+        for k, v in rdn:
+            if k == "commonName":
+                return str(v)
+    return ""
 
 
 def client_ssl_context(
@@ -88,6 +117,8 @@ class TcpChannel:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         max_frame: int = DEFAULT_MAX_FRAME,
+        *,
+        server_side: bool = False,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -95,6 +126,10 @@ class TcpChannel:
         self._closed = False
         self._eof = False
         self._send_lock = asyncio.Lock()
+        # None: no client certificate verified (plain TCP, or TLS without a ``ca``).
+        self.identity: str | None = None
+        self._server_side = server_side
+        self._note_identity()
         peer = writer.get_extra_info("peername")
         self._peer = (
             format_address(str(peer[0]), int(peer[1]))
@@ -105,6 +140,20 @@ class TcpChannel:
     @property
     def peer(self) -> str:
         return self._peer
+
+    def set_max_frame(self, n: int) -> None:
+        """Longer frames are refused at their length prefix from now on (the server
+        lowers this until the peer authenticated)."""
+        self._max_frame = n
+
+    def _note_identity(self) -> None:
+        obj = self._writer.get_extra_info("ssl_object")
+        if not self._server_side or obj is None or obj.context.verify_mode == ssl.CERT_NONE:
+            return
+        cert = obj.getpeercert()
+        self.identity = cert_identity(cert) if cert else None
+        if self.identity is None and obj.context.verify_mode == ssl.CERT_REQUIRED:
+            self.identity = ""
 
     async def send(self, frame: bytes) -> None:
         if self._closed or self._writer.is_closing():
@@ -198,8 +247,10 @@ class TcpTransport:
         client_ssl: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
         connect_timeout: float = 10.0,
+        tls_timeout: float = 10.0,
     ) -> None:
         self.max_frame = max_frame
+        self.tls_timeout = tls_timeout
         self.server_ssl = server_ssl
         self.client_ssl = client_ssl
         self.server_hostname = server_hostname
@@ -228,7 +279,12 @@ class TcpTransport:
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             _tune(writer)
-            ch = TcpChannel(reader, writer, self.max_frame)
+            ch = TcpChannel(
+                reader,
+                writer,
+                self.max_frame,
+                server_side=True,
+            )
             task = asyncio.current_task()
             channels.add(ch)
             if task is not None:
@@ -248,6 +304,15 @@ class TcpTransport:
                     tasks.discard(task)
 
         server = await asyncio.start_server(
-            on_client, host, port, ssl=self.server_ssl, limit=1 << 20, reuse_address=True
+            on_client,
+            host,
+            port,
+            ssl=self.server_ssl,
+            ssl_handshake_timeout=self.tls_timeout if self.server_ssl is not None else None,
+            limit=1 << 20,
+            reuse_address=True,
+            # After a coordinator restart every agent reconnects at once; a short
+            # accept queue would drop their SYNs into retransmit back-off.
+            backlog=4096,
         )
         return TcpListener(server, tasks, channels)

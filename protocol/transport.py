@@ -81,7 +81,11 @@ class TlsConfig:
     """``[tls]``: TLS on TCP (and on RDMA's TCP fallback); all empty = plaintext.
 
     coordinator: ``cert`` + ``key`` are its certificate; with ``ca``, agents must
-    present a client certificate signed by it (mutual TLS).
+    present a client certificate signed by it (mutual TLS; with
+    ``require_client_cert = false`` only agents that present one are checked).
+    A verified certificate is the agent's identity: its ``artemis://agent/ID``
+    URI subjectAltName, else its subject CN, must equal the hello's agent id and
+    host (docs/DESIGN.md "Agent identities").
     agent: ``ca`` verifies the coordinator (system CAs when only ``cert`` is
     set); ``cert`` + ``key`` are its client certificate for mutual TLS.
     """
@@ -89,6 +93,7 @@ class TlsConfig:
     cert: str = ""
     key: str = ""
     ca: str = ""
+    require_client_cert: bool = True  # coordinator with ``ca``: refuse agents without one
 
     def enabled(self, role: Role) -> bool:
         return bool(self.cert) if role == "coordinator" else bool(self.ca or self.cert)
@@ -135,12 +140,16 @@ def build_transport(config: TransportSettings, role: Role) -> Transport:
             return TcpTransport()
         try:
             if role == "coordinator":
-                ctx = server_ssl_context(tls.cert, tls.key, tls.ca or None)
+                ctx = server_ssl_context(
+                    tls.cert, tls.key, tls.ca or None, require_client_cert=tls.require_client_cert
+                )
                 return TcpTransport(server_ssl=ctx)
             ctx = client_ssl_context(tls.ca or None, tls.cert or None, tls.key or None)
             return TcpTransport(client_ssl=ctx)
         except OSError as e:  # ssl.SSLError is one; neither names the file
-            files = ", ".join(f"{k} = {v!r}" for k, v in vars(tls).items() if v)
+            files = ", ".join(
+                f"{k} = {v!r}" for k, v in vars(tls).items() if v and isinstance(v, str)
+            )
             raise ValueError(f"[tls] {files}: cannot load: {e}") from None
 
     if config.transport == "tcp":

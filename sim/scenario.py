@@ -34,6 +34,12 @@ NO_SLOWDOWN = ("hang", "agent_down", "clock_anomaly")
 REBALANCE_MODES = ("off", "recommend", "apply")
 
 
+MAX_RANKS = 1 << 20
+MAX_WINDOWS = 10_000_000
+MAX_WINDOW_STEPS = 1_000_000
+_INT_MAX = (1 << 63) - 1
+
+
 class ScenarioError(ValueError):
     """A scenario file is malformed; the message names the file, key and what is allowed."""
 
@@ -234,12 +240,12 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
             "[job]." + sorted(unknown)[0], f"unknown key; allowed: {', '.join(sorted(_JOB_KEYS))}"
         )
 
-    def integer(key: str, lo: int, default: int | None = None) -> int:
+    def integer(key: str, lo: int, default: int | None = None, hi: int = _INT_MAX) -> int:
         v = job.get(key, default)
         if v is None:
-            raise err(f"[job].{key}", f"required: an integer >= {lo}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise err(f"[job].{key}", f"expected an integer >= {lo}, got {v!r}")
+            raise err(f"[job].{key}", f"required: an integer in [{lo}, {hi}]")
+        if isinstance(v, bool) or not isinstance(v, int) or not (lo <= v <= hi):
+            raise err(f"[job].{key}", f"expected an integer in [{lo}, {hi}], got {v!r}")
         return v
 
     def number(key: str, lo: float, hi: float, default: float | None = None) -> float:
@@ -250,14 +256,17 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
             raise err(f"[job].{key}", f"expected a number in [{lo}, {hi}], got {v!r}")
         return float(v)
 
-    ranks = integer("ranks", 2)
-    rph = integer("ranks_per_host", 1)
+    # Upper bounds: the simulator holds per-rank and per-window state, so an
+    # absurd count must be refused by name, not run out of memory (found by
+    # tests/fuzz, scenario target).
+    ranks = integer("ranks", 2, hi=MAX_RANKS)
+    rph = integer("ranks_per_host", 1, hi=MAX_RANKS)
     step_ms = number("step_ms", 0.01, 1e6)
     cps = integer("collectives_per_step", 1)
     if cps > 32:
         raise err("[job].collectives_per_step", f"expected at most 32, got {cps}")
-    wsteps = integer("window_steps", 2)
-    windows = integer("windows", 1)
+    wsteps = integer("window_steps", 2, hi=MAX_WINDOW_STEPS)
+    windows = integer("windows", 1, hi=MAX_WINDOWS)
     noise = number("noise", 0.0, 0.5, 0.0)
     seed = integer("seed", 0, 0)
     hp = job.get("honours_plans", True)

@@ -176,6 +176,7 @@ class Coordinator:
     metrics_port: int = field(default_factory=free_port)
     detector: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # top-level keys of its TOML
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # e.g. [limits]
     daemon: Daemon | None = None
     lives: int = 0
 
@@ -204,6 +205,11 @@ class Coordinator:
             'metrics_addr = "127.0.0.1"',
             f"control_socket = {json.dumps(str(self.work / 'coordinator.sock'))}",
             *(f"{k} = {json.dumps(v)}" for k, v in self.config.items()),
+            *(
+                line
+                for name, table in self.tables.items()
+                for line in (f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items()))
+            ),
             "[detector]",
             *(f"{k} = {json.dumps(v)}" for k, v in det.items()),
         ]
@@ -240,6 +246,11 @@ class Coordinator:
         )
         assert self.daemon.alive(), f"coordinator exited:\n{self.daemon.log_text()[-3000:]}"
         return self
+
+    @property
+    def pid(self) -> int:
+        assert self.daemon is not None
+        return self.daemon.pid
 
     def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         return scrape(self.url)

@@ -43,7 +43,7 @@ def _with(**job: object) -> dict:
     ("data", "needle"),
     [
         ({"job": {**BASE["job"], "rank": 3}}, "[job].rank: unknown key"),
-        (_with(ranks=1), "[job].ranks: expected an integer >= 2"),
+        (_with(ranks=1), "[job].ranks: expected an integer in [2, 1048576]"),
         (_with(islands=["a", "b"]), "[job].islands: expected 4 entries"),
         (_with(noise=0.9), "[job].noise"),
         (

@@ -1,0 +1,8 @@
+"""atheris harness: fuzz_targets.config (see run_fuzz.py; `make fuzz` runs it long)."""
+
+import sys
+
+from run_fuzz import main
+
+if __name__ == "__main__":
+    main("config", sys.argv[1:])
