@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 from artemis.coordinator import findings as F
-from artemis.coordinator.clockrate import correct_rates, reported
 from artemis.coordinator.baselines import BaselineBook
+from artemis.coordinator.clockrate import correct_rates, reported
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
 from artemis.coordinator.fingerprint import JobFingerprint
