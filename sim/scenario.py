@@ -23,7 +23,15 @@ else:  # pragma: no cover - Python 3.10
 
 COMPUTE_FAULTS = ("clocks", "thermal", "power", "pcie", "host")
 ISLAND_FAULTS = ("island", "collective")
-FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down", "clock_anomaly", "software")
+FAULT_KINDS = (
+    *COMPUTE_FAULTS,
+    *ISLAND_FAULTS,
+    "link",
+    "hang",
+    "agent_down",
+    "clock_anomaly",
+    "software",
+)
 # What a clock_anomaly fault does to its ranks' device timer (sim/clockfault.py).
 CLOCK_ANOMALIES = ("reversed", "jump", "wrap", "reset", "rate")
 # `software`: a driver, library or configuration that makes every kernel (and every
