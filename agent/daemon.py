@@ -17,6 +17,7 @@ is counted twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from artemis.agent import ring_format as rf
 from artemis.agent.config import AgentConfig
+from artemis.agent.fingerprint import host_software, ring_software, software_of, workload_signature
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
 from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
 from artemis.agent.summary import ProgressTracker, WindowSummarizer
@@ -39,8 +42,8 @@ from artemis.agent.telemetry.base import (
     merge,
 )
 from artemis.protocol.lifecycle import Lifecycle
-from artemis.protocol.messages import Control, Dump, Heartbeat, RankInfo, Windows
-from artemis.protocol.records import RankProgress, RankWindow
+from artemis.protocol.messages import Control, Dump, Fingerprint, Heartbeat, RankInfo, Windows
+from artemis.protocol.records import RankProgress, RankWindow, Software
 from artemis.protocol.transport import Transport
 from artemis.rebalance.files import UNIFORM_PLAN_ID
 
@@ -68,6 +71,9 @@ class Tracked:
     drained: bool = False
     # Telemetry sampled during the window being summarised, averaged when it closes.
     telemetry: TelemetryAccumulator = field(default_factory=TelemetryAccumulator)
+    # The rank's software fingerprint, put together once (its process's env and
+    # libraries are fixed for the life of the ring).
+    software: Software | None = None
 
 
 def _global_rank(h: RingHeader) -> int:
@@ -97,6 +103,8 @@ class Agent:
         self._acks: dict[str, dict[int, dict[str, Any]]] = {}
         self.windows_sent = 0
         self.removed = 0
+        # (job, rank) -> (main ring, software, workload) of the last fingerprint sent
+        self._fp_sent: dict[tuple[str, int], tuple[Path, Software, str | None]] = {}
 
     # ----------------------------------------------------------------- discovery
     def scan(self) -> list[Tracked]:
@@ -275,6 +283,26 @@ class Agent:
             )
         return res
 
+    def fingerprints(self) -> list[Fingerprint]:
+        """A fingerprint for each rank whose software or workload signature is new or
+        changed since the last one sent (docs/DESIGN.md "Fingerprints"): once per rank,
+        again on a change (the signature found, a new run's ring)."""
+        out: list[Fingerprint] = []
+        for (job, grank), t in self._mains().items():
+            if t.software is None:
+                target = RankTarget(rank=grank, pid=t.header.pid, job=job)
+                t.software = software_of(
+                    host_software(self.sources, target), ring_software(t.header)
+                )
+            sig = t.summarizer.step_signature if t.summarizer is not None else None
+            wl = workload_signature(sig) if sig else None
+            cur = (t.path, t.software, wl)
+            if self._fp_sent.get((job, grank)) == cur:
+                continue
+            self._fp_sent[(job, grank)] = cur
+            out.append(Fingerprint(job=job, rank=grank, software=t.software, workload=wl))
+        return out
+
     def _samples_for(self, w: RankWindow) -> int | None:
         """Samples per step the rank ran in this window, when the job said so (its
         latest ack names the split it switched to and from which step)."""
@@ -394,10 +422,16 @@ class Agent:
                 pass
             except OSError as e:
                 log.warning("cannot remove finished ring", path=t.path.name, error=str(e))
+            with contextlib.suppress(OSError):
+                os.unlink(rf.env_sidecar_path(t.path))
 
     def _drop(self, t: Tracked) -> None:
         self.rings.pop(t.path, None)
         t.reader.close()
+        key = (t.header.job, t.grank)
+        sent = self._fp_sent.get(key)
+        if sent is not None and sent[0] == t.path:
+            del self._fp_sent[key]
 
     def ship(self, windows: list[RankWindow]) -> None:
         if not windows:
@@ -495,6 +529,8 @@ class AgentDaemon(Lifecycle):
             agent.scan()
             self._last_scan = now
         agent.ship(agent.tick(now))
+        for fp in agent.fingerprints():
+            link.enqueue(fp)
         if now - self._last_tel >= cfg.telemetry_interval_s:
             agent.sample_telemetry()
             self._last_tel = now

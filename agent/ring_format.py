@@ -21,6 +21,8 @@ prefix of every slot layout.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from typing import Any
 
@@ -61,6 +63,7 @@ TICK_SOURCE_NAMES = {TICK_SRC_NONE: "none", TICK_SRC_DEFAULT: "default", TICK_SR
 WRITER_RCCL = 1 << 0
 WRITER_TSC = 1 << 1
 WRITER_BACKEND = 1 << 2
+WRITER_ENV = 1 << 3  # an env sidecar was written beside the ring (see the end of this file)
 
 RING_FINISHED = 1 << 0
 
@@ -273,3 +276,103 @@ def comm_hex(comm_hash: int) -> str:
 def ring_filename(job: str, comm_hash: int, rank: int) -> str:
     """The file name the plugin (and the job-side writer) give a ring."""
     return f"{job}.{comm_hash:016x}.r{rank}.ring"
+
+
+# -- the env sidecar (artemis_ring.h "Env sidecar") -----------------------------
+#
+# Beside a ring ``<name>.ring`` its writer leaves ``<name>.ring.env``, written
+# once at creation, before the ring's rename (so a reader that sees the ring sees
+# its sidecar whole) and only when the header's WRITER_ENV bit is set: NUL-ended
+# ``key=value`` records, the first ``artemis-env=1``, then ``pid=<writer pid>``,
+# optionally ``torch=<version>`` (the artemis backend), then ``env.NAME=VALUE``
+# for every kept variable (protocol.records.keep_env_name; a writer that cannot
+# fit one in ENV_MAX_BYTES leaves it out). A writer that cannot write it (a full
+# /dev/shm) leaves the bit clear and carries on.
+
+ENV_SUFFIX = ".env"
+ENV_MAX_BYTES = 65536
+ENV_MAX_VARS = 256
+ENV_VALUE_MAX = 1024
+ENV_MAGIC = b"artemis-env=1"
+
+
+# The variables a fingerprint keeps: the job's communication and runtime settings.
+# A name holding one of SECRET_MARKERS (any case) is never kept (README
+# "Regressions across changes", privacy). The plugin applies the same rule in C
+# (profiler_plugin/ring.c art_env_keep); tests/test_fingerprint_plugin.py checks
+# that both keep the same names.
+ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "CUDA_", "HSA_")
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def keep_env_name(name: str) -> bool:
+    """A variable the fingerprint keeps: one of ENV_PREFIXES, no secret marker."""
+    upper = name.upper()
+    return name.startswith(ENV_PREFIXES) and not any(m in upper for m in SECRET_MARKERS)
+
+
+def filter_env(env: Any) -> dict[str, str]:
+    """The kept variables of a name -> value mapping, values cut at ENV_VALUE_MAX, at
+    most ENV_MAX_VARS of them (by sorted name)."""
+    kept = sorted((str(k), str(v)[:ENV_VALUE_MAX]) for k, v in env.items() if keep_env_name(str(k)))
+    return dict(kept[:ENV_MAX_VARS])
+
+
+def env_sidecar_path(ring_path: str | os.PathLike[str]) -> str:
+    return os.fspath(ring_path) + ENV_SUFFIX
+
+
+def encode_env_sidecar(pid: int, env: dict[str, str], torch: str | None = None) -> bytes:
+    """The sidecar's bytes (variables already filtered by the caller), bounded like
+    the plugin's: values cut at ENV_VALUE_MAX, at most ENV_MAX_VARS, ENV_MAX_BYTES."""
+    recs = [ENV_MAGIC, f"pid={pid}".encode()]
+    if torch:
+        recs.append(f"torch={torch}".encode())
+    out = b"".join(r + b"\0" for r in recs)
+    for name in sorted(env)[:ENV_MAX_VARS]:
+        rec = f"env.{name}={env[name][:ENV_VALUE_MAX]}".encode(errors="replace") + b"\0"
+        if len(out) + len(rec) <= ENV_MAX_BYTES:
+            out += rec
+    return out
+
+
+def decode_env_sidecar(raw: bytes) -> tuple[int, str | None, dict[str, str]] | None:
+    """(pid, torch version or None, env) from a sidecar's bytes; None when it is not one."""
+    recs = raw[:ENV_MAX_BYTES].split(b"\0")
+    if not recs or recs[0] != ENV_MAGIC:
+        return None
+    pid, torch = -1, None
+    env: dict[str, str] = {}
+    for r in recs[1:]:
+        key, sep, value = r.decode("utf-8", "replace").partition("=")
+        if not sep:
+            continue
+        if key == "pid" and value.isdigit():
+            pid = int(value)
+        elif key == "torch" and value:
+            torch = value
+        elif key.startswith("env.") and len(env) < ENV_MAX_VARS:
+            env[key[4:]] = value[:ENV_VALUE_MAX]
+    return pid, torch, env
+
+
+def write_env_sidecar(ring_path: str | os.PathLike[str], data: bytes) -> bool:
+    """Write a sidecar atomically (temp file, rename); False (nothing left behind, an
+    older sidecar of the path removed) when the file system refuses it."""
+    path = env_sidecar_path(ring_path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        for p in (tmp, path):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        return False

@@ -243,6 +243,9 @@ class WindowSummarizer:
         self._pending: list[np.ndarray] = []
         self._infer_at = 0  # records seen before the next inference attempt
         self.late = 0  # records that arrived after their window was emitted
+        # One steady step's (func, bytes) per collective, in order: the rank's workload
+        # signature (agent/fingerprint.py); None until two whole steps agree.
+        self.step_signature: tuple[tuple[int, int], ...] | None = None
 
     @property
     def colls_per_step(self) -> int | None:
@@ -358,6 +361,7 @@ class WindowSummarizer:
         if nxt is not None and not final and self._max_seq < (nxt + 1) * span - 1 + settle:
             return []  # nothing can be cut yet: skip the merge
         self._merge()
+        self._learn_signature(c)
         if self._next_window is None:
             self._next_window = max(self._min_seq, 0) // span
         out: list[RankWindow] = []
@@ -386,6 +390,25 @@ class WindowSummarizer:
             rest = self._recs["coll_seq"][self._recs["coll_seq"] >= hi_eff]
             self._next_window = max(w + 1, int(rest[0]) // span) if rest.size else w + 1
         return out
+
+    def _learn_signature(self, c: int) -> None:
+        """The last whole step that repeats the one before it, as (func, bytes) pairs: a
+        steady step, not one of the start-up collectives. Runs once per window cut, over
+        at most a few steps of the buffer."""
+        seqs = self._recs["coll_seq"]
+        if seqs.size < 2 * c:
+            return
+        k = (int(seqs[-1]) + 1) // c - 1  # the last step that can be whole
+        for step in range(k, max(k - 4, 0), -1):
+            lo = (step - 1) * c
+            a, b = np.searchsorted(seqs, [lo, lo + 2 * c])
+            if b - a != 2 * c:  # coll_seq is unique and sorted: all present iff 2c of them
+                continue
+            f = self._recs["func"][a:b].astype(np.int64)
+            by = self._recs["bytes"][a:b].astype(np.int64)
+            if np.array_equal(f[:c], f[c:]) and np.array_equal(by[:c], by[c:]):
+                self.step_signature = tuple(zip(f[c:].tolist(), by[c:].tolist(), strict=True))
+                return
 
     def flush(self) -> list[RankWindow]:
         """The ring is finished: every window left, including a partial last one."""

@@ -76,6 +76,8 @@ def escalation(
                 f"shared power or cooling domain on {', '.join(hosts) or 'its hosts'}"
             ),
         }
+    if kind in ("change", "regression"):
+        return {"cause": kind, "check": _baseline_check(kind, subject, fe)}
     if kind == "hang":
         dumps = fe.get("dumps") or []
         return {
@@ -215,3 +217,27 @@ def _network(kind: str, subject: str, hosts: Sequence[str], fe: Mapping[str, Any
             "congestion from other jobs on the same switches)"
         )
     return f"{what}; {where}"
+
+
+def _baseline_check(kind: str, subject: str, fe: Mapping[str, Any]) -> str:
+    """What to check when a class is slower than its workload's stored baseline."""
+    base = fe.get("baseline") or {}
+    slower = (
+        f"{_n(fe.get('step_ms'), '.1f', ' ms')} per step vs "
+        f"{_n(fe.get('baseline_step_ms'), '.1f', ' ms')} in the baseline "
+        f"({_n(fe.get('slower_pct'), '+.1f', '%')}, from jobs {', '.join(base.get('jobs') or [])})"
+    )
+    if kind == "change":
+        changed = fe.get("changed") or {}
+        what = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in sorted(changed.items()))
+        return (
+            f"class {subject or 'of the job'} runs this workload slower than its baseline, "
+            f"{slower}, since a software change: {what}. Rerun on the old version to "
+            "confirm (`artemis regress` on one node), then report it to the vendor or pin it"
+        )
+    return (
+        f"class {subject or 'of the job'} runs this workload slower than its baseline, "
+        f"{slower}, with the same fingerprint (driver, libraries, NCCL_* settings): look "
+        "for what is not fingerprinted: the input pipeline, the storage, the network "
+        "fabric's congestion, firmware or BIOS settings, other jobs on the nodes"
+    )

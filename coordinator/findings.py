@@ -11,7 +11,8 @@ Every kind is built by one named constructor below (`rank_finding`,
 null there, once, instead of at every call site. `confidence` says what the
 verdict rests on (`peers`, `history`, `baseline`: a scalar's warm-up value,
 `progress`); `basis` says what judged it (`peers` for rank, `history` for
-degraded and the scalar kinds, `progress` for hang and missing).
+degraded and the scalar kinds, `progress` for hang and missing, `baseline` for
+change and regression: the stored baseline of the job's workload, across jobs).
 """
 
 from __future__ import annotations
@@ -28,10 +29,25 @@ if TYPE_CHECKING:
     from artemis.coordinator.hang import HangVerdict
 
 # `missing` (ranks that stopped reporting: their agent or node is gone) is an
-# addition to DESIGN.md's kinds, documented in docs/DESIGN.md.
-KINDS = ("rank", "degraded", "island", "link", "collective", "hang", "missing")
+# addition to DESIGN.md's kinds, documented in docs/DESIGN.md; so are `change` and
+# `regression` (a whole job slower than the stored baseline of its workload, with or
+# without a fingerprint change: coordinator/baselines.py).
+KINDS = (
+    "rank",
+    "degraded",
+    "island",
+    "link",
+    "collective",
+    "hang",
+    "missing",
+    "change",
+    "regression",
+)
 STATES = ("suspect", "flagged", "ongoing", "cleared")
-CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "hardware", "unknown")
+# `software`: a change finding's cause, the fingerprint components that changed.
+CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "hardware", "software", "unknown")
+# Kinds judged against the stored baseline of the job's workload (across jobs).
+BASELINE_KINDS = ("change", "regression")
 
 # The JSON keys, in the DESIGN.md order.
 FIELDS = (
@@ -101,6 +117,9 @@ class Finding:
             return str(self.rank)
         if self.kind in ("hang", "missing"):
             return ",".join(str(r) for r in self.ranks)
+        if self.kind in BASELINE_KINDS:
+            # one per hardware class of the job (its baseline's key with the workload)
+            return str((self.evidence or {}).get("hw_class") or "")
         return self.island or ""
 
     def to_json(self) -> dict[str, Any]:
@@ -383,6 +402,143 @@ def missing_finding(
     )
 
 
+def _baseline_finding(
+    kind: str,
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    ranks: Sequence[int],
+    hosts: Sequence[str],
+    since: int | None,
+    ratio: float | None,
+    drift: float | None,
+    excess_ms: float | None,
+    loss_pct: float | None,
+    evidence: dict[str, Any],
+    cause: dict[str, Any] | None,
+) -> Finding:
+    return Finding(
+        kind=kind,
+        state=state,
+        window=window,
+        steps=list(steps),
+        island=None,
+        rank=None,
+        ranks=list(ranks),
+        hosts=list(hosts),
+        since=since,
+        ratio=ratio,
+        z=None,
+        history=None,
+        drift=drift,
+        excess_ms=excess_ms,
+        loss_pct=loss_pct,
+        confidence="baseline",
+        signal="gap",
+        basis="baseline",
+        missing=[],
+        evidence=evidence,
+        cause=cause,
+        job=job,
+    )
+
+
+def change_finding(
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    ranks: Sequence[int],
+    hosts: Sequence[str],
+    since: int | None,
+    ratio: float | None,
+    drift: float | None,
+    excess_ms: float | None,
+    loss_pct: float | None,
+    evidence: dict[str, Any],
+) -> Finding:
+    """A whole hardware class of the job slower than the stored baseline of its workload,
+    its software fingerprint changed since: `evidence.changed` maps each component that
+    differs to [old, new]; the cause (`software`) names them. `ratio`: the class's median
+    compute gap over the baseline's; `drift`: the job's step time over the baseline's."""
+    changed = evidence.get("changed") or {}
+    if state != "cleared" and not changed:
+        raise ValueError("a change finding names what changed (evidence.changed)")
+    text = "; ".join(f"{k} {_v(v[0])} -> {_v(v[1])}" for k, v in sorted(changed.items()))
+    return _baseline_finding(
+        "change",
+        job=job,
+        state=state,
+        window=window,
+        steps=steps,
+        ranks=ranks,
+        hosts=hosts,
+        since=since,
+        ratio=ratio,
+        drift=drift,
+        excess_ms=excess_ms,
+        loss_pct=loss_pct,
+        evidence=evidence,
+        cause=None
+        if state == "cleared"
+        else {"kind": "software", "text": f"since {text}", "evidence": {"changed": changed}},
+    )
+
+
+def regression_finding(
+    *,
+    job: str,
+    state: str,
+    window: int,
+    steps: Sequence[int],
+    ranks: Sequence[int],
+    hosts: Sequence[str],
+    since: int | None,
+    ratio: float | None,
+    drift: float | None,
+    excess_ms: float | None,
+    loss_pct: float | None,
+    evidence: dict[str, Any],
+) -> Finding:
+    """As `change_finding`, with nothing in the fingerprint changed: cause `unknown`, its
+    evidence what was checked (the components compared, equal)."""
+    checked = evidence.get("checked") or []
+    return _baseline_finding(
+        "regression",
+        job=job,
+        state=state,
+        window=window,
+        steps=steps,
+        ranks=ranks,
+        hosts=hosts,
+        since=since,
+        ratio=ratio,
+        drift=drift,
+        excess_ms=excess_ms,
+        loss_pct=loss_pct,
+        evidence=evidence,
+        cause=None
+        if state == "cleared"
+        else {
+            "kind": "unknown",
+            "text": "slower than the baseline of this workload with the same fingerprint "
+            f"({', '.join(checked) or 'no component known'}): not a fingerprinted change",
+            "evidence": {"checked": list(checked), "workload": evidence.get("workload")},
+        },
+    )
+
+
+def _v(v: Any) -> str:
+    if v is None:
+        return "(none)"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
+
 def flag_message(f: Finding) -> str:
     """One readable line for a new flag."""
     who = {
@@ -393,6 +549,8 @@ def flag_message(f: Finding) -> str:
         "link": f"link {f.island}",
         "hang": f"hang: ranks {f.subject} behind",
         "missing": f"ranks {f.subject} stopped reporting",
+        "change": f"class {f.subject} slower than its workload's baseline after a change",
+        "regression": f"class {f.subject} slower than its workload's baseline",
     }[f.kind]
     parts = [f"straggler {f.kind}: {who}"]
     if f.hosts:
@@ -402,6 +560,8 @@ def flag_message(f: Finding) -> str:
         parts.append(f"ratio {f.ratio:.3f} vs {f.basis}")
     if f.drift is not None and math.isfinite(f.drift):
         parts.append(f"drift {f.drift:.3f}")
+    if f.kind in BASELINE_KINDS and (f.evidence or {}).get("slower_pct") is not None:
+        parts.append(f"{(f.evidence or {})['slower_pct']:.1f}% slower per step")
     if f.loss_pct is not None and math.isfinite(f.loss_pct):
         parts.append(f"costs {f.loss_pct:.1f}% of each step")
     if f.cause:

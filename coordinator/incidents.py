@@ -15,7 +15,9 @@ per-window rows that let a report redraw an incident's plots.
   class where classes split the island), in the flag window or any of the
   `flag_window` windows after it. Not confirmed by then, or cleared first: it is
   `dismissed`, with the numbers that say why. Kinds without per-rank quartiles
-  (island, link, collective, hang, missing) are confirmed by their flag.
+  (island, link, collective, hang, missing, and change and regression, whose flag
+  already is the quartile rule against the stored baseline: coordinator/baselines.py)
+  are confirmed by their flag.
 - Only confirmed incidents reach the rebalance policy (`JobMonitor`).
 - Closed incidents leave the book once their last record is out: memory is
   bounded by the incidents open at once.
@@ -71,6 +73,8 @@ _PREFIX = {
     "link": "link-",
     "hang": "hang",
     "missing": "missing",
+    "change": "change-",
+    "regression": "regression-",
 }
 _CONFIRM_AT_FLAG = {
     "island": "flag: an island is judged against its own warm-up baseline; "
@@ -81,6 +85,10 @@ _CONFIRM_AT_FLAG = {
     "flag_after of flag_window slow windows confirm it",
     "hang": "flag: no progress past the hang bound, with the dumps",
     "missing": "flag: no window summary within the assembly deadline",
+    "change": "flag: the class's gap quartiles shifted against the stored baseline of its "
+    "workload (q1 with the median) in flag_after of flag_window windows",
+    "regression": "flag: the class's gap quartiles shifted against the stored baseline of its "
+    "workload (q1 with the median) in flag_after of flag_window windows",
 }
 
 
@@ -215,6 +223,18 @@ class IncidentBook:
             return True
         inc = self._open.get(_key(f))
         return inc is not None and inc.confirmed is not None
+
+    def open_ranks(self) -> set[int]:
+        """The ranks of the open rank and degraded incidents."""
+        return {
+            int(i.rank)
+            for i in self._open.values()
+            if i.kind in QUARTILE_KINDS and i.rank is not None
+        }
+
+    def any_open(self) -> bool:
+        """Whether an incident of any kind is open (a window then is not healthy)."""
+        return bool(self._open)
 
     @property
     def open_incidents(self) -> list[dict[str, Any]]:

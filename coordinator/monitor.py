@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 from artemis.coordinator import findings as F
+from artemis.coordinator.baselines import BaselineBook
 from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.findings import Finding
+from artemis.coordinator.fingerprint import JobFingerprint
 from artemis.coordinator.hang import HangVerdict, check_hang
 from artemis.coordinator.incidents import IncidentBook, WindowView
 from artemis.coordinator.settings import Settings
@@ -128,6 +130,14 @@ class JobMonitor:
         self.progress: dict[int, RankProgress] = {}
         self.hang: _Hang | None = None
         self.incidents = IncidentBook(job, run=run, flag_window=settings.flag_window)
+        # rank -> (software dict, workload signature): each rank's last fingerprint
+        self.fingerprints: dict[int, tuple[dict[str, Any], str | None]] = {}
+        # The job against the stored baselines of its workload (coordinator/baselines.py).
+        self.baselines = BaselineBook(job, settings, run=run)
+        # fingerprints changed since the baselines were told (a job-wide combine
+        # is a pass over every rank: only when something changed)
+        self._fp_version = 0
+        self._fp_told = -1
 
     @property
     def nranks(self) -> int:
@@ -190,9 +200,26 @@ class JobMonitor:
         self._learn_steps(cols)
         if res.step_ms == res.step_ms:
             self.step_ms = res.step_ms
+        # Against the stored baseline of the workload: the ranks a finding is about are
+        # left out of their class's medians (a straggler is not the whole class).
+        self.baselines.run = self.run
+        slow = {
+            int(f.rank)
+            for f in out.findings
+            if f.kind in ("rank", "degraded") and f.rank is not None and f.state != "cleared"
+        }
+        slow.update(self.incidents.open_ranks())
+        out.findings += self.baselines.on_window(
+            window, cols, res.step_ms if res.step_ms == res.step_ms else None, slow
+        )
         # The incidents first: a flag confirmed in this window reaches the policy now.
         self.incidents.run = self.run
         self.incidents.on_window(self._view(window, cols, res, wall), out.findings)
+        # A healthy window (no finding line of any kind, no incident open) may feed the
+        # job's baseline, once confirmed (coordinator/baselines.py).
+        self.baselines.after_window(
+            window, healthy=not final and not out.findings and not self.incidents.any_open()
+        )
         self.incidents.on_plans(out.plans, window=window)
         # With rebalancing off the policy is not fed: it saves its per-rank history
         # (about 190 B a rank) and its time per window; plans start a few windows after
@@ -218,6 +245,55 @@ class JobMonitor:
         return self._incidents_out(
             MonitorOutput(plans=events, controls=self._plan_controls(events))
         )
+
+    def on_fingerprint(self, rank: int, software: Mapping[str, Any], workload: str | None) -> bool:
+        """A rank's software fingerprint and workload signature (its agent sends them once
+        and again when they change); True when that changed what the monitor held."""
+        new = (dict(software), workload)
+        if self.fingerprints.get(rank) == new:
+            return False
+        self.fingerprints[rank] = new
+        self._fp_version += 1
+        return True
+
+    def fingerprint(self) -> JobFingerprint | None:
+        """The job's fingerprint (coordinator/fingerprint.py) once every rank of the job
+        has sent its own, else None."""
+        n = self.nranks
+        if any(r not in self.fingerprints for r in range(n)):
+            return None
+        fps = {r: self.fingerprints[r] for r in range(n)}
+        return JobFingerprint.of(
+            {r: fp[0] for r, fp in fps.items()},
+            {r: fp[1] for r, fp in fps.items()},
+            n,
+        )
+
+    # ------------------------------------------------------------------ baselines
+
+    def baseline_wanted(self) -> list[tuple[str, str]]:
+        """(workload, hardware class) pairs whose stored baselines the shell should read
+        and hand to `on_baselines`: none until the job's fingerprint is known (every
+        rank's, with its workload signature); a changed fingerprint asks again."""
+        if self._fp_told != self._fp_version:
+            fp = self.fingerprint()
+            if fp is not None and fp.workload is not None:
+                self.baselines.identify(fp.workload, fp.software)
+                self._fp_told = self._fp_version
+        return self.baselines.wanted()
+
+    def on_baselines(
+        self, hw_class: str, latest: Mapping[str, Any] | None, own: Mapping[str, Any] | None
+    ) -> None:
+        """The store's baselines for one class of the job (`baseline_wanted`): the latest
+        of (workload, class), what the job is judged by, and the one of the job's own
+        software fingerprint (None: there is none)."""
+        self.baselines.settle(hw_class, latest, own)
+
+    def baseline_records(self, wall: float | None = None) -> list[dict[str, Any]]:
+        """The baselines to store (the job's end): per class, its confirmed healthy
+        windows added to the stored baseline of its fingerprint."""
+        return self.baselines.records(wall)
 
     def on_dump(self, rank: int, path: str) -> None:
         """A rank's dump (hang evidence) was written at `path`."""
@@ -259,6 +335,7 @@ class JobMonitor:
         self.settings = settings
         self.detector.update_settings(settings)
         self.incidents.flag_window = max(1, settings.flag_window)
+        self.baselines.settings = settings
         out = MonitorOutput()
         if self.policy is not None:
             self.policy.update_settings(self._policy_settings(settings))
@@ -422,7 +499,13 @@ class JobMonitor:
             "detector": self.detector.snapshot(),
             # Added within version 1: a snapshot without it restores with no open incident.
             "incidents": self.incidents.snapshot(),
+            # Added within version 1 too: without it, no baseline state (read again).
+            "baselines": self.baselines.snapshot(),
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
+            # Added within version 1: a snapshot without it restores with none.
+            "fingerprints": {
+                r: {"software": sw, "workload": wl} for r, (sw, wl) in self.fingerprints.items()
+            },
             # A hang being reported (dumps outstanding) is found again from the next
             # heartbeats; one already reported is kept so it is not reported twice.
             "hang": None
@@ -465,6 +548,10 @@ class JobMonitor:
         m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
         if state.get("incidents") is not None:
             m.incidents = IncidentBook.restore(state["incidents"], flag_window=settings.flag_window)
+        for r, fp in (state.get("fingerprints") or {}).items():
+            m.fingerprints[int(r)] = (dict(fp["software"]), fp["workload"])
+        if state.get("baselines") is not None:
+            m.baselines = BaselineBook.restore(state["baselines"], settings)
         if state["policy"] is not None:
             m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
         h = state["hang"]

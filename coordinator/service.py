@@ -7,7 +7,10 @@ that owns the detector, the rebalance policy, the missing-rank rule and hang
 tracking (coordinator/monitor.py). What the monitor returns is written here:
 findings to the JSONL, plan events to the plans JSONL, both to Prometheus, and
 control intents to the job's agents, incident records to `incidents.jsonl` next
-to the findings (and Prometheus). Heartbeats carry progress and plan acks;
+to the findings (and Prometheus). Once a job's fingerprint is known the stored
+baselines of its workload are read (on the tick) and handed to its monitor; at
+its end the baselines it confirmed are written (coordinator/baselines.py).
+Heartbeats carry progress and plan acks;
 dumps are written next to the findings and their paths handed to the monitor.
 
 After each scored window the job's monitor and assembly state are saved
@@ -42,11 +45,13 @@ from artemis.coordinator.monitor import (
     register_plan_metrics,
 )
 from artemis.coordinator.settings import Settings
-from artemis.protocol.messages import Dump, Heartbeat, Message, Windows
+from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, PeerInfo
 from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
+
+BASELINE_RETRY_S = 30.0  # a baseline read that failed is tried again this much later
 
 
 class Coordinator:
@@ -95,6 +100,7 @@ class Coordinator:
         self.store = store if store is not None else StoreSink(None)
         self.report_dir = report_dir  # each job's report at its end (artemis report)
         self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
+        self._baseline_retry: dict[str, float] = {}  # job -> when to read its baselines again
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -143,6 +149,8 @@ class Coordinator:
             # Hangs are checked on the tick, once for all ranks, not per heartbeat.
         elif isinstance(msg, Dump):
             self._dump(msg)
+        elif isinstance(msg, Fingerprint):
+            self._fingerprint(peer, msg)
         await self._flush_controls()
 
     # ------------------------------------------------------------------ periodic
@@ -151,6 +159,7 @@ class Coordinator:
         self._score_all(self.assembler.expire(now))
         for job, m in list(self.monitors.items()):
             self._emit(job, m.tick(now))
+            self._load_baselines(m, now)
             self._check_ended(job, m, now)
         await self._flush_controls()
 
@@ -163,6 +172,7 @@ class Coordinator:
         for job, m in self.monitors.items():
             self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
+            self.store.write_baselines(m.baseline_records(self.wall()))
             self._write_report(job)
         self.store.close()
         self.findings.close()
@@ -207,6 +217,8 @@ class Coordinator:
         self._end_job(aw.job, keep_assembly=True)
         fresh = self._monitor(aw.job, aw.run)
         fresh.hosts.update(m.hosts)
+        # Sent once per rank: a new run on the same processes' rings keeps them.
+        fresh.fingerprints.update(m.fingerprints)
         fresh.expect(self.assembler.expected(aw.job))
         return fresh
 
@@ -235,8 +247,10 @@ class Coordinator:
         if m is not None:
             self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
+            self.store.write_baselines(m.baseline_records(self.wall()))
             self._write_report(job)
         self._stored_job.pop(job, None)
+        self._baseline_retry.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -309,6 +323,9 @@ class Coordinator:
             # Ranks per island for the report's summary: once, at the end (a pass
             # over every rank, kept off the per-window path).
             info["islands"] = dict(Counter(m.detector.islands().values()))
+            fp = m.fingerprint()
+            if fp is not None:
+                info["fingerprint"] = fp.to_dict()
         # The hosts (a rank's, as announced) only when they may have changed: a
         # sort of a big job's hosts is not for every window.
         hosts_key = (m.run, len(m.hosts))
@@ -318,6 +335,39 @@ class Coordinator:
         changed = {k: v for k, v in info.items() if last.get(k, ...) != v}
         last.update(changed)
         self.store.write_job(job, changed)
+
+    def _load_baselines(self, m: JobMonitor, now: float) -> None:
+        """The stored baselines of the job's workload, read once its fingerprint is known
+        (on the tick, never while scoring; coordinator/baselines.py): per hardware class,
+        the latest one (what the job is judged by) and the one of its own software. A
+        read that fails is tried again BASELINE_RETRY_S later; until then the job is not
+        compared and none of its windows can become a baseline."""
+        if now < self._baseline_retry.get(m.job, 0.0):
+            return
+        wanted = m.baseline_wanted()
+        if not wanted or not self.store.on:
+            return
+        self._baseline_retry[m.job] = now + BASELINE_RETRY_S
+        own_hash = m.baselines.software_hash
+        for workload, cls in wanted:
+            ok, latest = self.store.read_baseline(workload, cls)
+            if not ok:
+                return  # not compared (logged); asked again on the next tick
+            own = latest
+            if latest is not None and latest.get("software_hash") != own_hash:
+                ok, own = self.store.read_baseline(workload, cls, own_hash)
+                if not ok:
+                    return
+            m.on_baselines(cls, latest, own)
+            self._baseline_retry.pop(m.job, None)
+            log.info(
+                "baseline of the workload read",
+                job=m.job,
+                workload=workload,
+                hw_class=cls,
+                baseline=None if latest is None else latest.get("software_hash"),
+                windows=None if latest is None else latest.get("windows"),
+            )
 
     def _write_report(self, job: str) -> None:
         """The job's incident report into report_dir at its end (report/README.md);
@@ -393,6 +443,21 @@ class Coordinator:
             log.warning("bad plan ack", ack=a)
             return
         self._emit(job, out)
+
+    def _fingerprint(self, peer: PeerInfo, fp: Fingerprint) -> None:
+        """A rank's software fingerprint and workload signature, into its job's monitor
+        (its state saved: the agent forgets the message once it is acked)."""
+        self.agents.setdefault(fp.job, set()).add(peer.agent_id)
+        m = self._monitor(fp.job)
+        if m.on_fingerprint(fp.rank, fp.software.to_dict(), fp.workload):
+            log.info(
+                "fingerprint",
+                job=fp.job,
+                rank=fp.rank,
+                workload=fp.workload,
+                **{k: v for k, v in fp.software.to_dict().items() if k != "env"},
+            )
+            self._save(fp.job)
 
     def _dump(self, d: Dump) -> None:
         self.dump_dir.mkdir(parents=True, exist_ok=True)

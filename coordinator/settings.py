@@ -47,6 +47,9 @@ class Settings:
     drift_ratio: float = 1.10  # island median gap vs its warm-up
     collective_ratio: float = 1.15  # island transfer time vs its warm-up
     link_ratio: float = 1.15  # bridge time vs its warm-up
+    # A hardware class's median compute gap vs the stored baseline of the job's workload
+    # (across jobs, coordinator/baselines.py): `change` / `regression` from this share on.
+    change_ratio: float = 1.05
     # Hang bound = max(hang_floor_s, hang_step_factor x median step time).
     hang_floor_s: float = 10.0
     hang_step_factor: float = 20.0
@@ -226,6 +229,7 @@ _RULES: dict[str, tuple[_Parser, Callable[[Any], str], str]] = {
     "drift_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
     "collective_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
     "link_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
+    "change_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
     "hang_floor_s": (_parse_float, _pos, "a number greater than 0"),
     "hang_step_factor": (_parse_float, _pos, "a number greater than 0"),
     "rebalance": (_parse_choice(REBALANCE, {}), _choice(REBALANCE), "one of off, recommend, apply"),

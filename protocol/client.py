@@ -155,7 +155,7 @@ class AgentLink:
         return self._connected.is_set()
 
     def enqueue(self, msg: Message) -> int:
-        """Queue a data message (Windows, Heartbeat, Dump); returns its seq.
+        """Queue a data message (Windows, Heartbeat, Dump, Fingerprint); returns its seq.
 
         Never blocks. Raises ProtocolError("oversize") for a message that
         cannot fit one frame (split it) and TypeError for non-data messages.

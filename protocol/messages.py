@@ -37,6 +37,7 @@ from artemis.protocol.records import (
     RankProgress,
     RankWindow,
     ShortName,
+    Software,
     Telemetry,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "DataMessage",
     "Dump",
     "Error",
+    "Fingerprint",
     "Heartbeat",
     "Hello",
     "Message",
@@ -269,6 +271,25 @@ class Dump(_Wire, Message, tag="dump", frozen=True, kw_only=True):
             _check_free_list("records", self.records)
 
 
+Workload = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16,64}$")]
+
+
+class Fingerprint(_Wire, Message, tag="fingerprint", frozen=True, kw_only=True):
+    """Agent -> coordinator: one rank's software fingerprint and workload signature.
+
+    Sent once per rank and again whenever either changes (docs/DESIGN.md
+    "Fingerprints"); a data message, so kept until acked and resent after a
+    reconnect. ``workload``: hex hash of the rank's per-step collective
+    signature on its main communicator, None until its steps are known.
+    """
+
+    TYPE: ClassVar[str] = "fingerprint"
+    job: Name
+    rank: Count
+    software: Software = msgspec.field(default_factory=Software)
+    workload: Workload | None = None
+
+
 ControlAction: TypeAlias = Literal["dump", "plan", "settings"]
 CONTROL_ACTIONS: tuple[str, ...] = ("dump", "plan", "settings")
 
@@ -395,10 +416,11 @@ class Windows(Message):
         return f"Windows(seq={self.seq}, version={self.version}, host={self.host!r}, n={self.columns.n})"
 
 
-DATA_TYPES: tuple[type[Message], ...] = (Windows, Heartbeat, Dump)
-DataMessage: TypeAlias = Windows | Heartbeat | Dump
+DATA_TYPES: tuple[type[Message], ...] = (Windows, Heartbeat, Dump, Fingerprint)
+DataMessage: TypeAlias = Windows | Heartbeat | Dump | Fingerprint
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Hello, Welcome, Auth, Windows, Heartbeat, Dump, Control, Ack, Error)
+    c.TYPE: c
+    for c in (Hello, Welcome, Auth, Windows, Heartbeat, Dump, Fingerprint, Control, Ack, Error)
 }
 
 
@@ -408,7 +430,9 @@ def is_data(msg: Message) -> bool:
 
 # --------------------------------------------------------------------------- decode
 
-_WireMessage = Hello | Welcome | Auth | _WindowsWire | Heartbeat | Dump | Control | Ack | Error
+_WireMessage = (
+    Hello | Welcome | Auth | _WindowsWire | Heartbeat | Dump | Fingerprint | Control | Ack | Error
+)
 _DECODER = msgspec.msgpack.Decoder(_WireMessage)
 _GENERIC = msgspec.msgpack.Decoder()
 _ENCODER = msgspec.msgpack.Encoder()

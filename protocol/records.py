@@ -25,6 +25,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
+from artemis.agent.ring_format import ENV_MAX_VARS, ENV_VALUE_MAX, filter_env, keep_env_name
 from msgspec import Meta
 
 # -- field types: the bounds every decoder applies ----------------------------
@@ -241,6 +242,57 @@ class RankInfo:
     gpu_index: Count | None = None
     vendor: ShortName | None = None
     gpu_model: Name | None = None
+
+
+# -- software fingerprint (docs/DESIGN.md "Fingerprints") ----------------------
+
+# The env filter and its bounds are the ring format's (the writers apply them
+# first): artemis.agent.ring_format, numpy-only, so the job side shares them.
+ENV_MAX = ENV_MAX_VARS
+SOFTWARE_COMPONENTS = ("gpu_model", "driver", "cuda", "nccl", "torch", "kernel")
+
+
+EnvName = Annotated[str, Meta(min_length=1, max_length=128)]
+EnvValue = Annotated[str, Meta(max_length=ENV_VALUE_MAX)]
+Version = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+@dataclass(frozen=True, slots=True)
+class Software:
+    """One rank's software fingerprint (docs/DESIGN.md "Fingerprints").
+
+    Every component is a non-empty string or absent (None: unknown, never "").
+    ``cuda`` is the CUDA version, or the ROCm version as ``rocm-X.Y``; ``nccl``
+    the NCCL/RCCL version as ``2.21.5``; ``env`` the kept variables
+    (``keep_env_name``): a name that is not is refused on decode.
+    """
+
+    gpu_model: Version | None = None
+    driver: Version | None = None
+    cuda: Version | None = None
+    nccl: Version | None = None
+    torch: Version | None = None
+    kernel: Version | None = None
+    env: Annotated[dict[EnvName, EnvValue], Meta(max_length=ENV_MAX)] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = sorted(k for k in self.env if not keep_env_name(k))
+        if bad:
+            raise ValueError(f"env: {bad[0]!r} is not a kept variable name")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The contract's form: present components as strings, ``env`` a dict."""
+        d: dict[str, Any] = {
+            c: getattr(self, c) for c in SOFTWARE_COMPONENTS if getattr(self, c) is not None
+        }
+        d["env"] = dict(self.env)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Software:
+        """From the contract's form (unknown keys and empty values dropped, env filtered)."""
+        comps = {c: str(d[c]) for c in SOFTWARE_COMPONENTS if d.get(c) not in (None, "")}
+        return cls(**comps, env=filter_env(d.get("env") or {}))
 
 
 def _plain(v: Any) -> Any:

@@ -17,6 +17,7 @@ app = typer.Typer(
         "  artemis demo                      the flagship job live (a straggler appears at "
         "window 16)\n"
         "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
+        "  artemis sim ... --store sqlite:///S.db  runs sharing a store: baselines across jobs\n"
         "  artemis report --findings F --out DIR   an HTML incident report per job\n"
         "  artemis incidents list --findings OUT  the incidents of a run (show ID: one)\n"
         "  artemis regress --store URL            this node's micro-benchmark against its "
@@ -62,6 +63,14 @@ def sim(
         Path | None,
         typer.Option(help="Write the job's incident report (HTML) here when it ends."),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="The coordinator's store URL (sqlite:///PATH, postgresql://...; default: a "
+            "file next to the findings). Runs that share one compare each job with the "
+            "stored baseline of its workload: change and regression findings."
+        ),
+    ] = None,
 ) -> None:
     """Run a whole simulated cluster for one scenario; exit 0 when the run completed."""
     from artemis.sim.cluster import SimCluster, SimOptions
@@ -71,6 +80,12 @@ def sim(
         raise typer.BadParameter("expected virtual or realtime", param_hint="--speed")
     if rebalance not in (None, "off", "recommend", "apply"):
         raise typer.BadParameter("expected off, recommend or apply", param_hint="--rebalance")
+    if store is not None:
+        from artemis.store.sink import check_setting
+
+        bad = check_setting(store)
+        if bad is not None:
+            raise typer.BadParameter(bad, param_hint="--store")
     try:
         cluster = SimCluster(
             scenario,
@@ -84,6 +99,7 @@ def sim(
                 keep_workdir=workdir is not None,
                 timeout_s=timeout_s,
                 report_dir=report_dir,
+                store=store,
             ),
         )
     except ScenarioError as e:

@@ -80,6 +80,9 @@ class SimOptions:
     timeout_s: float = 300.0
     log_dir: Path | None = None
     report_dir: Path | None = None  # the coordinator writes the job's report here at its end
+    # The coordinator's store URL (None: its default, a file next to the findings). Runs
+    # that share one compare each job with the stored baselines of its workload.
+    store: str | None = None
     on_tick: Callable[[SimContext], None] | None = None
 
 
@@ -136,6 +139,7 @@ class SimCluster:
                     if opts.report_dir is not None
                     else []
                 ),
+                *([f"store = {toml_value(opts.store)}"] if opts.store is not None else []),
                 "[detector]",
                 *(f"{k} = {toml_value(v)}" for k, v in det.items()),
             ]

@@ -136,6 +136,12 @@ class LockstepModel:
             if f.kind in COMPUTE_FAULTS:
                 # the physical model: e.g. a thermal fault's slowdown follows from its clocks
                 comp[list(f.ranks)] += fault_state(f.kind, f.slowdown, lvl, 0.0).slowdown
+            elif f.kind == "software":
+                # its kernels and its collectives' transfers alike (physics.fault_state)
+                s = fault_state(f.kind, f.slowdown, lvl, 0.0).slowdown
+                comp[list(f.ranks)] += s
+                for i in sorted({int(self.island_of[r]) for r in f.ranks}):
+                    xfer[i] += s
             elif f.kind == "island":
                 comp[list(f.ranks)] += f.slowdown * lvl
             elif f.kind == "collective" and f.island is not None:

@@ -86,6 +86,10 @@ def fault_state(kind: str, slowdown: float, level: float, temp_c: float) -> Faul
         # A link trained below its width or generation: host-device copies slow.
         lanes, gen = (8, 4) if s < 0.1 else (4, 3)
         return FaultState(pcie_lanes=lanes, pcie_gen=gen, slowdown=s)
+    if kind == "software":
+        # A slower driver, library or setting: the same kernels take longer at the
+        # same clocks, nothing in the GPU's or host's readings moves.
+        return FaultState(slowdown=s)
     if kind == "host":
         # Other work on the host: the process gets a share of the CPU it needs.
         return FaultState(cpu_share=cpu_share(s), slowdown=s)

@@ -23,7 +23,10 @@ else:  # pragma: no cover - Python 3.10
 
 COMPUTE_FAULTS = ("clocks", "thermal", "power", "pcie", "host")
 ISLAND_FAULTS = ("island", "collective")
-FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down")
+# `software`: a driver, library or configuration that makes every kernel (and every
+# collective's transfer) of its ranks slower at healthy clocks, all ranks by default;
+# the whole-job slowdown a change finding is about (docs/DESIGN.md "Scenarios").
+FAULT_KINDS = (*COMPUTE_FAULTS, *ISLAND_FAULTS, "link", "hang", "agent_down", "software")
 REBALANCE_MODES = ("off", "recommend", "apply")
 
 
@@ -334,6 +337,8 @@ def _parse_fault(
         if len(set(islands)) < 2:
             raise err("kind", "'link' needs a job with two or more islands ([job].islands)")
         targets = ()
+    elif kind == "software" and "rank" not in f and "ranks" not in f:
+        targets = tuple(range(ranks))  # the whole job: every rank runs the same software
     else:
         if "rank" in f and "ranks" in f:
             raise err("rank", "give either rank or ranks, not both")

@@ -57,7 +57,24 @@ class Store(abc.ABC):
         gap_ms, peers_gap_ms}``; a row already there for the same (job, run, window)
         or (incident, window) is replaced."""
 
+    def write_baselines(self, records: list[dict[str, Any]]) -> None:
+        """Upsert baselines (coordinator/baselines.py ``Baseline.to_record``), one per
+        (workload, hw_class, software_hash), with their software fingerprints, in one
+        transaction. A store that keeps none (a JSONL view) raises ``StoreError``."""
+        raise StoreError(f"{self.url}: this store keeps no baselines")
+
     # ------------------------------------------------------------------ reads
+    def baseline(
+        self, workload: str, hw_class: str, software_hash: str | None = None
+    ) -> dict[str, Any] | None:
+        """The latest baseline written for (workload, hw_class), or the one of that
+        software fingerprint; None when there is none."""
+        return None
+
+    def baselines(self, workload: str | None = None) -> list[dict[str, Any]]:
+        """Every baseline (of ``workload``), latest first."""
+        return []
+
     @abc.abstractmethod
     def jobs(self) -> list[dict[str, Any]]:
         """Every job: its info plus ``job``, ``first_seen``, ``updated`` (unix s) and

@@ -10,11 +10,16 @@ opens and upgrades (tests/test_store.py).
 
 v1, the first schema: jobs, incidents (the latest record as JSON, by id) and
 per-window job rows with the peers' median gap ratio only.
-v2, the current one: incidents get the columns a listing filters and sorts on
+v2: incidents get the columns a listing filters and sorts on
 (kind, subject, status, verdict, cause, windows, GPU-hours lost), backfilled
 from their records; actions get their own table (one row per plan of an
 incident), backfilled too; the job rows get the p10/p90 bands; per-window rows
 of an incident's subject get a table (what redraws an incident's plots).
+v3, the current one: baselines across jobs (coordinator/baselines.py): the
+software fingerprints by hash, and one baseline per (workload fingerprint,
+hardware class, software fingerprint) with its reference values in columns and
+its whole distribution as JSON; the latest of a (workload, class) is what a job
+is judged by (index on `updated`).
 """
 
 from __future__ import annotations
@@ -194,9 +199,36 @@ def _v2(db: sqlite3.Connection) -> None:
         )
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    _script(
+        db,
+        """
+        CREATE TABLE fingerprints (
+            hash       TEXT PRIMARY KEY,   -- coordinator/baselines.py software_hash
+            software   TEXT NOT NULL,      -- JSON: the job's software fingerprint
+            first_seen REAL NOT NULL       -- unix s
+        );
+        CREATE TABLE baselines (
+            workload  TEXT NOT NULL,       -- the job's workload fingerprint
+            hw_class  TEXT NOT NULL,
+            software  TEXT NOT NULL,       -- fingerprints.hash
+            updated   REAL NOT NULL,       -- unix s of the last write
+            windows   INTEGER NOT NULL,    -- healthy windows that ever fed it
+            step_ms   REAL,                -- reference values: medians over its windows
+            gap_q1_ms REAL,
+            gap_q2_ms REAL,
+            record    TEXT NOT NULL,       -- JSON: distribution and jobs (docs/DESIGN.md)
+            PRIMARY KEY (workload, hw_class, software)
+        );
+        CREATE INDEX baselines_latest ON baselines (workload, hw_class, updated);
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incidents, job windows (median ratio)", _v1),
     Migration(2, "incident columns, actions, p10/p90 bands, incident windows", _v2),
+    Migration(3, "baselines across jobs, software fingerprints", _v3),
 )
 CURRENT = MIGRATIONS[-1].version
 

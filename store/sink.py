@@ -134,6 +134,31 @@ class StoreSink:
         if (job_rows or incident_rows) and self.store is not None:
             self._do("rows", self.store.write_rows, job_rows, incident_rows)
 
+    def write_baselines(self, records: list[dict[str, Any]]) -> None:
+        """Baselines across jobs (the job's end: `JobMonitor.baseline_records`)."""
+        if records and self.store is not None:
+            self._do("baselines", self.store.write_baselines, records)
+
+    def read_baseline(
+        self, workload: str, hw_class: str, software_hash: str | None = None
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """(read, the baseline or None). A store off, or a read that failed (logged; the
+        store stays on: a reader's error is not a broken file), is (False, None): the job
+        is then not compared, nor are its windows stored as a baseline."""
+        if self.store is None:
+            return False, None
+        try:
+            return True, self.store.baseline(workload, hw_class, software_hash)
+        except (StoreError, OSError, ValueError, TypeError, KeyError) as e:
+            log.error(
+                "baseline read failed: the job is not compared with its workload's baseline",
+                store=self.url,
+                workload=workload,
+                hw_class=hw_class,
+                error=str(e),
+            )
+            return False, None
+
     def write_monitor_rows(self, rows: list[dict[str, Any]]) -> None:
         """The per-window rows as the monitor returns them (``MonitorOutput.incident_rows``):
         one list, each row's ``row`` saying ``job`` or ``subject``."""

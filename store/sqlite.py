@@ -228,7 +228,60 @@ class SqliteStore(Store):
                     [_row_values("incident", r, INC_COLS) for r in incident_rows],
                 )
 
+    @_guarded("write_baselines")
+    def write_baselines(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        now = time.time()
+        with self._tx() as db:
+            for r in records:
+                sw = str(r["software_hash"])
+                db.execute(
+                    "INSERT INTO fingerprints (hash, software, first_seen) VALUES (?, ?, ?)"
+                    " ON CONFLICT (hash) DO NOTHING",
+                    (sw, _dumps(r.get("software") or {}), now),
+                )
+                rest = {k: v for k, v in r.items() if k not in BASELINE_KEYS}
+                db.execute(
+                    "INSERT INTO baselines (workload, hw_class, software, updated, windows,"
+                    " step_ms, gap_q1_ms, gap_q2_ms, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (workload, hw_class, software) DO UPDATE SET"
+                    " updated = excluded.updated, windows = excluded.windows,"
+                    " step_ms = excluded.step_ms, gap_q1_ms = excluded.gap_q1_ms,"
+                    " gap_q2_ms = excluded.gap_q2_ms, record = excluded.record",
+                    (
+                        str(r["workload"]),
+                        str(r["hw_class"]),
+                        sw,
+                        float(r.get("updated") or now),
+                        int(r.get("windows") or 0),
+                        r.get("step_ms"),
+                        r.get("gap_q1_ms"),
+                        r.get("gap_q2_ms"),
+                        _dumps(rest),
+                    ),
+                )
+
     # ------------------------------------------------------------------ reads
+    @_guarded("baseline")
+    def baseline(
+        self, workload: str, hw_class: str, software_hash: str | None = None
+    ) -> dict[str, Any] | None:
+        q = BASELINE_SELECT + " WHERE b.workload = ? AND b.hw_class = ?"
+        args: tuple[Any, ...] = (workload, hw_class)
+        if software_hash is not None:
+            q += " AND b.software = ?"
+            args += (software_hash,)
+        row = self.db.execute(q + " ORDER BY b.updated DESC, b.software LIMIT 1", args).fetchone()
+        return None if row is None else _baseline_dict(row)
+
+    @_guarded("baselines")
+    def baselines(self, workload: str | None = None) -> list[dict[str, Any]]:
+        q = BASELINE_SELECT + (" WHERE b.workload = ?" if workload is not None else "")
+        args: tuple[Any, ...] = (workload,) if workload is not None else ()
+        q += " ORDER BY b.updated DESC, b.workload, b.hw_class, b.software"
+        return [_baseline_dict(r) for r in self.db.execute(q, args).fetchall()]
+
     @_guarded("jobs")
     def jobs(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
@@ -295,6 +348,41 @@ class SqliteStore(Store):
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self.db.close()
+
+
+# The keys of a baseline record held in their own columns (the rest is its JSON).
+BASELINE_KEYS = (
+    "workload",
+    "hw_class",
+    "software_hash",
+    "software",
+    "updated",
+    "windows",
+    "step_ms",
+    "gap_q1_ms",
+    "gap_q2_ms",
+)
+BASELINE_SELECT = (
+    "SELECT b.workload, b.hw_class, b.software, f.software, b.updated, b.windows, b.step_ms,"
+    " b.gap_q1_ms, b.gap_q2_ms, b.record FROM baselines b"
+    " LEFT JOIN fingerprints f ON f.hash = b.software"
+)
+
+
+def _baseline_dict(r: tuple[Any, ...]) -> dict[str, Any]:
+    """A baseline row as the record that went in (``Baseline.to_record``)."""
+    return {
+        **json.loads(r[9]),
+        "workload": r[0],
+        "hw_class": r[1],
+        "software_hash": r[2],
+        "software": json.loads(r[3]) if r[3] else {},
+        "updated": r[4],
+        "windows": r[5],
+        "step_ms": r[6],
+        "gap_q1_ms": r[7],
+        "gap_q2_ms": r[8],
+    }
 
 
 def _row_dict(key: str, r: tuple[Any, ...], cols: tuple[str, ...]) -> dict[str, Any]:
