@@ -31,14 +31,15 @@ baseline (an unconfirmed slowdown never becomes the norm).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from artemis.coordinator.baselines import software_hash
+from artemis.coordinator.findings import Finding, change_finding, regression_finding
+from artemis.coordinator.fingerprint import diff, flatten
 
 # The smallest slowdown reported, relative, per device (``--margin`` overrides it).
 # GPU: 5%, so an 8% slower driver is seen on a quiet baseline (a GEMM's run-to-run
@@ -70,12 +71,6 @@ def summarise(samples: Sequence[float]) -> dict[str, Any]:
         "n": int(a.size),
         "samples": [float(v) for v in a],
     }
-
-
-def software_hash(software: Mapping[str, Any]) -> str:
-    """A stable short hash of a software fingerprint (components and env, any order)."""
-    text = json.dumps(software, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -360,16 +355,11 @@ def evidence(run: Mapping[str, Any], c: Comparison) -> dict[str, Any]:
     }
 
 
-def findings_of(run: Mapping[str, Any], j: Judgement, *, window: int) -> list[Any]:
+def findings_of(run: Mapping[str, Any], j: Judgement, *, window: int) -> list[Finding]:
     """The run's findings, built by the finding constructors of coordinator/findings.py:
     one per comparison that is slower. ``window`` numbers the node's runs (its earlier
     runs' count); ``job`` is ``regress/<node>``; the subject is the hardware class."""
-    out: list[Any] = []
-    if not j.flagged:
-        return out
-    from artemis.coordinator.findings import change_finding, regression_finding
-    from artemis.coordinator.fingerprint import diff, flatten
-
+    out: list[Finding] = []
     for kind, c in j.flagged:
         ev = evidence(run, c)
         ev["hw_class"] = run.get("hardware")

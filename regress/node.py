@@ -37,20 +37,33 @@ def hardware_class(device: str, software: dict[str, Any]) -> str:
 
 
 def software(device: str) -> dict[str, Any]:
-    """This process's software fingerprint (torch is imported: the benchmark ran)."""
+    """This process's software fingerprint, put together as the agent puts a rank's
+    (agent/fingerprint.py): ``kernel`` from uname and what the GPU's telemetry source
+    says (NVML or AMD SMI: ``gpu_model``, ``driver``, ``cuda``), then what torch says
+    in this process (``torch``; on a GPU ``nccl`` from torch's NCCL/RCCL, and
+    ``gpu_model`` / ``cuda`` where no telemetry source knows them), and ``env``:
+    this process's kept variables (the privacy filter of agent/ring_format.py). torch
+    is imported already: the benchmark ran."""
     import torch
+    from artemis.agent.fingerprint import host_software, nccl_version, software_of
+    from artemis.agent.ring_format import filter_env
+    from artemis.agent.telemetry import AmdSmiSource, NvmlSource, RankTarget
 
-    out: dict[str, Any] = {"kernel": os.uname().release, "torch": str(torch.__version__)}
-    if device == "cuda":
-        out["gpu_model"] = torch.cuda.get_device_name(0)
+    cuda = device == "cuda"
+    own: dict[str, Any] = {"torch": str(torch.__version__), "env": filter_env(dict(os.environ))}
+    if cuda:
+        own["gpu_model"] = torch.cuda.get_device_name(0)
         hip = getattr(torch.version, "hip", None)
-        out["cuda"] = f"rocm-{hip}" if hip else str(torch.version.cuda)
+        own["cuda"] = f"rocm-{hip}" if hip else torch.version.cuda
         v = torch.cuda.nccl.version()
-        out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    out["env"] = {
-        k: v
-        for k, v in os.environ.items()
-        if k.startswith(("NCCL_", "RCCL_", "TORCH_NCCL_", "CUDA_", "HSA_"))
-        and not any(m in k.upper() for m in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
-    }  # PROVISIONAL: replaced by agent.fingerprint's helpers when the fprint branch lands
-    return out
+        if isinstance(v, tuple):  # (major, minor, patch)
+            own["nccl"] = ".".join(str(x) for x in v)
+        elif isinstance(v, int):
+            own["nccl"] = nccl_version(v)
+    sources: list[Any] = [NvmlSource(), AmdSmiSource()] if cuda else []
+    host = host_software(
+        sources, RankTarget(rank=0, pid=os.getpid(), gpu_index=0 if cuda else None)
+    )
+    # Later parts win: the telemetry source's driver-level view over torch's.
+    torch_part = {k: v for k, v in own.items() if k not in ("env",)}
+    return software_of(torch_part, host, {"env": own["env"], "torch": own["torch"]}).to_dict()
