@@ -1,10 +1,10 @@
 """The ``Store`` interface, its error, and the URLs that pick a backend.
 
 One interface, several backends: ``SqliteStore`` (store/sqlite.py, embedded,
-the default) and ``JsonlIncidents`` (store/jsonl.py, a read-only view of an
-``incidents.jsonl`` for stores that were off). A PostgreSQL backend (the next
-issue) implements the same methods and registers its scheme in ``open_store``;
-nothing that reads or writes a store names a backend.
+the default), ``PostgresStore`` (store/postgres.py, a database shared by a
+fleet's coordinators; both share their SQL, store/sql.py) and
+``JsonlIncidents`` (store/jsonl.py, a read-only view of an ``incidents.jsonl``
+for stores that were off). Nothing that reads or writes a store names a backend.
 
 The records are plain dicts in the shapes of docs/DESIGN.md "Incidents
 (coordinator -> world)": the incident record, the per-window job rows and the
@@ -17,13 +17,22 @@ from __future__ import annotations
 import abc
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 DEFAULT_STORE_NAME = "artemis.db"  # next to the findings file
 INCIDENTS_JSONL_NAME = "incidents.jsonl"  # next to the findings file (docs/DESIGN.md)
 
 
 class StoreError(Exception):
-    """A store cannot be opened, read or written; the message names the store."""
+    """A store cannot be opened, read or written; the message names the store.
+
+    ``transient``: the connection to the store was lost or could not be made (a
+    database server restarting, a network cut): worth a reconnect later, unlike a
+    refusal (a damaged file, a newer schema, a record the store cannot take)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class Store(abc.ABC):
@@ -133,23 +142,43 @@ def sqlite_path(url: str) -> Path:
     return Path(rest[1:])
 
 
+_SECRET_PARAMS = ("password", "sslpassword")
+
+
+def redact(url: str) -> str:
+    """A store URL without its password (in the user part or as a query parameter):
+    how every message and log line names a store."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.rpartition("@")[2]
+    user, at, hosts = parts.netloc.rpartition("@")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in query if k.lower() not in _SECRET_PARAMS]
+    if ":" not in user and len(kept) == len(query):
+        return url  # nothing secret in it (and a sqlite:////abs path stays as written)
+    netloc = f"{user.partition(':')[0]}@{hosts}" if at else hosts
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(kept), parts.fragment))
+
+
 def open_store(url: str, *, readonly: bool = False) -> Store:
     """Open (and, read-write, create or upgrade) the store at ``url``.
 
-    ``sqlite:///PATH``: an embedded SQLite file. ``postgresql://...``: not yet
-    (the next issue). Raises ``StoreError`` naming the store for anything else,
-    for a file that is not an Artemis store, or one written by a newer Artemis."""
+    ``sqlite:///PATH``: an embedded SQLite file. ``postgresql://...`` (or
+    ``postgres://``): a PostgreSQL database, libpq's URL (psycopg 3). Raises
+    ``StoreError`` naming the store (a URL without its password) for anything
+    else, for a database that is not an Artemis store, or one written by a newer
+    Artemis; ``transient`` set when the server could not be reached."""
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         from artemis.store.sqlite import SqliteStore
 
         return SqliteStore(sqlite_path(url), readonly=readonly)
     if scheme in ("postgresql", "postgres"):
-        raise StoreError(
-            f"store {url!r}: PostgreSQL stores come with the next issue; "
-            "use sqlite:///PATH (the default: a file next to the findings)"
-        )
-    raise StoreError(f"store {url!r}: expected sqlite:///PATH (or postgresql://, not yet)")
+        from artemis.store.postgres import PostgresStore
+
+        return PostgresStore(url, readonly=readonly)
+    raise StoreError(f"store {redact(url)!r}: expected sqlite:///PATH or postgresql://...")
 
 
 def open_for_findings(findings: str | Path) -> Store:

@@ -1,20 +1,33 @@
-"""The SQLite store's schema: an ordered list of migrations, one per version.
+"""The store's schema: one ordered list of migrations, run on SQLite and PostgreSQL.
 
 A store records every migration applied to it in ``schema_version`` (one row
 per version); its version is the highest. Opening a store read-write applies
-the migrations after its version, each in its own transaction (SQLite's DDL is
-transactional, so a migration that fails leaves the store at the version
-before it). A version is never edited once released: a change is a new
-migration appended here, with a test that a store of the previous version
-opens and upgrades (tests/test_store.py).
+the migrations after its version, each in its own transaction (both engines'
+DDL is transactional, so a migration that fails leaves the store at the
+version before it). A version is never edited once released: a change is a
+new migration appended here, with a test that a store of the previous version
+opens and upgrades (tests/test_store.py, on both engines).
+
+**One text, two engines.** A migration is written once, in SQLite's spelling,
+against ``Db`` (below): ``db.script(DDL)`` and ``db.execute(SQL, args)`` with
+``?`` placeholders. What differs between the engines is in ``Dialect`` alone:
+placeholders (``?`` -> ``%s``), the column types (``REAL`` -> ``DOUBLE
+PRECISION``, ``INTEGER`` -> ``BIGINT``, ``WITHOUT ROWID`` dropped), the
+byte-order collation (``COLLATE BINARY`` -> ``COLLATE "C"``), how the tables
+are listed, the row lock (``FOR UPDATE``) and the migration lock (SQLite's
+``BEGIN IMMEDIATE`` write lock; PostgreSQL's ``pg_advisory_xact_lock``, so
+coordinators of a fleet opening one old database at once migrate it once).
+JSON is kept as TEXT on both (the readers decode it). Upserts are ``INSERT ...
+ON CONFLICT (key) DO UPDATE SET c = excluded.c`` / ``DO NOTHING``, which both
+engines take as written (``upsert()``).
 
 v1, the first schema: jobs, incidents (the latest record as JSON, by id) and
 per-window job rows with the peers' median gap ratio only.
-v2: incidents get the columns a listing filters and sorts on
-(kind, subject, status, verdict, cause, windows, GPU-hours lost), backfilled
-from their records; actions get their own table (one row per plan of an
-incident), backfilled too; the job rows get the p10/p90 bands; per-window rows
-of an incident's subject get a table (what redraws an incident's plots).
+v2: incidents get the columns a listing filters and sorts on (kind, subject,
+status, verdict, cause, windows, GPU-hours lost), backfilled from their
+records; actions get their own table (one row per plan of an incident),
+backfilled too; the job rows get the p10/p90 bands; per-window rows of an
+incident's subject get a table (what redraws an incident's plots).
 v3, the current one: baselines across jobs (coordinator/baselines.py): the
 software fingerprints by hash, and one baseline per (workload fingerprint,
 hardware class, software fingerprint) with its reference values in columns and
@@ -24,32 +37,163 @@ is judged by (index on `updated`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+
+# The key of PostgreSQL's advisory lock that serialises migrations of a database
+# (any 64-bit number no other program of that database uses: "artemis1" in ASCII).
+PG_MIGRATION_LOCK = 0x617274656D697331
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """Everything that differs between the engines' SQL, in one place."""
+
+    name: str  # "sqlite" | "postgresql"
+
+    @property
+    def postgres(self) -> bool:
+        return self.name == "postgresql"
+
+    def sql(self, q: str) -> str:
+        """A statement written in SQLite's spelling, in this engine's."""
+        return _pg_sql(q) if self.postgres else q
+
+    def ddl(self, q: str) -> str:
+        """DDL written in SQLite's spelling (types, WITHOUT ROWID), in this engine's."""
+        return _pg_ddl(q) if self.postgres else q
+
+    @property
+    def tables(self) -> str:
+        """The names of the tables of the store's schema."""
+        if self.postgres:
+            return (
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema()"
+            )
+        return "SELECT name FROM sqlite_master WHERE type = 'table'"
+
+    @property
+    def for_update(self) -> str:
+        """Appended to a SELECT whose row the transaction then rewrites. SQLite's
+        BEGIN IMMEDIATE already holds the whole file's write lock."""
+        return " FOR UPDATE" if self.postgres else ""
+
+
+SQLITE = Dialect("sqlite")
+POSTGRES = Dialect("postgresql")
+
+
+@lru_cache(maxsize=256)
+def _pg_sql(q: str) -> str:
+    # psycopg's placeholders are %s, so a literal % is %%; COLLATE BINARY (SQLite's
+    # byte order, its default) is "C" there, whatever the database's locale.
+    return q.replace("%", "%%").replace("?", "%s").replace("COLLATE BINARY", 'COLLATE "C"')
+
+
+_PG_TYPES = ((re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\bINTEGER\b"), "BIGINT"))
+_WITHOUT_ROWID = re.compile(r"\)\s*WITHOUT ROWID")
+
+
+def _pg_ddl(q: str) -> str:
+    for pat, typ in _PG_TYPES:
+        q = pat.sub(typ, q)
+    return _pg_sql(_WITHOUT_ROWID.sub(")", q))
+
+
+def upsert(
+    table: str,
+    cols: Sequence[str],
+    key: Sequence[str],
+    *,
+    update: bool = True,
+    keep: Sequence[str] = (),
+) -> str:
+    """``INSERT INTO table (cols) VALUES (?, ...)`` that replaces the row of the same
+    ``key`` (``update``; but for the columns in ``keep``) or leaves it (not), in the
+    spelling both engines take."""
+    head = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    rest = [c for c in cols if c not in key and c not in keep]
+    if not update or not rest:
+        return f"{head} ON CONFLICT ({', '.join(key)}) DO NOTHING"
+    sets = ", ".join(f"{c} = excluded.{c}" for c in rest)
+    return f"{head} ON CONFLICT ({', '.join(key)}) DO UPDATE SET {sets}"
+
+
+class Db:
+    """A connection (``sqlite3`` in autocommit mode, or psycopg's with autocommit on)
+    and its dialect: what the migrations and the stores' shared SQL run through."""
+
+    def __init__(self, conn: Any, dialect: Dialect) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        """Run one statement (SQLite's spelling); returns its cursor."""
+        return self.conn.execute(self.dialect.sql(sql), tuple(args))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        q = self.dialect.sql(sql)
+        if self.dialect.postgres:
+            with self.conn.cursor() as cur:
+                cur.executemany(q, rows)
+        else:
+            self.conn.executemany(q, rows)
+
+    def script(self, sql: str) -> None:
+        """Each statement of the DDL ``sql`` in the caller's transaction (SQLite's
+        ``executescript`` would commit it first)."""
+        for stmt in self.dialect.ddl(sql).split(";"):
+            if stmt.strip():
+                self.conn.execute(stmt)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Db]:
+        """One transaction; SQLite's takes the write lock at its start (BEGIN
+        IMMEDIATE), so what it reads is not changed under it."""
+        if self.dialect.postgres:
+            with self.conn.transaction():
+                yield self
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+
+def wrap(conn: Any) -> Db:
+    """A ``Db`` of a raw connection (a ``Db`` stays as it is)."""
+    if isinstance(conn, Db):
+        return conn
+    if isinstance(conn, sqlite3.Connection):
+        return Db(conn, SQLITE)
+    if type(conn).__module__.startswith("psycopg"):
+        return Db(conn, POSTGRES)
+    raise TypeError(f"not a store connection: {type(conn).__name__}")
 
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     what: str
-    apply: Callable[[sqlite3.Connection], None]
+    apply: Callable[[Db], None]
 
 
-def _script(db: sqlite3.Connection, sql: str) -> None:
-    """Each statement of ``sql`` in the caller's transaction (``executescript`` would
-    commit it first)."""
-    for stmt in sql.split(";"):
-        if stmt.strip():
-            db.execute(stmt)
-
-
-def _v1(db: sqlite3.Connection) -> None:
-    _script(
-        db,
+def _v1(db: Db) -> None:
+    db.script(
         """
         CREATE TABLE schema_version (
             version INTEGER PRIMARY KEY,
@@ -100,6 +244,18 @@ def incident_columns(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+ACTION_COLS = (
+    "incident",
+    "plan",
+    "seq",
+    "status",
+    "throughput_before",
+    "throughput_after",
+    "gain_pct",
+    "history",
+)
+
+
 def action_rows(record: dict[str, Any]) -> list[tuple[Any, ...]]:
     """The actions table's rows (v2) of a record: (incident, plan, seq, status,
     throughput_before, throughput_after, gain_pct, history JSON)."""
@@ -120,7 +276,7 @@ def action_rows(record: dict[str, Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _v2(db: sqlite3.Connection) -> None:
+def _v2(db: Db) -> None:
     for col, typ in (
         ("kind", "TEXT"),
         ("subject", "TEXT"),
@@ -130,9 +286,8 @@ def _v2(db: sqlite3.Connection) -> None:
         ("closed_window", "INTEGER"),
         ("gpu_hours", "REAL"),
     ):
-        db.execute(f"ALTER TABLE incidents ADD COLUMN {col} {typ}")
-    _script(
-        db,
+        db.script(f"ALTER TABLE incidents ADD COLUMN {col} {typ}")
+    db.script(
         """
         CREATE INDEX incidents_by_job ON incidents (job, opened_window);
         CREATE TABLE actions (
@@ -194,14 +349,13 @@ def _v2(db: sqlite3.Connection) -> None:
             ),
         )
         db.executemany(
-            "INSERT OR REPLACE INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            upsert("actions", ACTION_COLS, ("incident", "plan")),
             action_rows({**rec, "id": id_}),
         )
 
 
-def _v3(db: sqlite3.Connection) -> None:
-    _script(
-        db,
+def _v3(db: Db) -> None:
+    db.script(
         """
         CREATE TABLE fingerprints (
             hash       TEXT PRIMARY KEY,   -- coordinator/baselines.py software_hash
@@ -233,10 +387,11 @@ MIGRATIONS: tuple[Migration, ...] = (
 CURRENT = MIGRATIONS[-1].version
 
 
-def version_of(db: sqlite3.Connection) -> int:
+def version_of(db: Any) -> int:
     """0 for an empty database; raises LookupError for one that has tables but no
     ``schema_version`` (some other program's database)."""
-    names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    db = wrap(db)
+    names = {r[0] for r in db.execute(db.dialect.tables).fetchall()}
     if "schema_version" not in names:
         if names:
             raise LookupError(f"tables {sorted(names)[:5]} but no schema_version")
@@ -245,29 +400,28 @@ def version_of(db: sqlite3.Connection) -> int:
     return int(row[0] or 0)
 
 
-def migrate(db: sqlite3.Connection, target: int = CURRENT) -> list[int]:
+def migrate(conn: Any, target: int = CURRENT) -> list[int]:
     """Apply the migrations after the store's version up to ``target``, each in its
-    own transaction; returns the versions applied. ``db`` is in autocommit mode
-    (isolation_level None): the transactions are explicit here."""
+    own transaction; returns the versions applied. ``conn``: a ``Db``, or a raw
+    connection in autocommit mode (the transactions are explicit here)."""
+    db = wrap(conn)
     applied = []
     for m in MIGRATIONS:
         if m.version > target:
             break
-        # BEGIN IMMEDIATE: the version is read under the write lock, so two
-        # processes opening an old store do not both migrate it.
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with db.transaction():
+            # The version is read under the migration lock, so two processes opening
+            # an old store do not both migrate it: SQLite's BEGIN IMMEDIATE holds the
+            # file's write lock; PostgreSQL's advisory lock lasts to this commit, and
+            # a waiter reads the version the winner committed.
+            if db.dialect.postgres:
+                db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
             if version_of(db) >= m.version:
-                db.execute("ROLLBACK")
                 continue
             m.apply(db)
             db.execute(
                 "INSERT INTO schema_version (version, applied, what) VALUES (?, ?, ?)",
                 (m.version, time.time(), m.what),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         applied.append(m.version)
     return applied

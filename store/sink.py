@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from artemis.store.base import Store, StoreError, default_store_path, open_store, store_url
+from artemis.store.base import (
+    Store,
+    StoreError,
+    default_store_path,
+    open_store,
+    redact,
+    store_url,
+)
 
 log = structlog.get_logger("artemis.store")
 
@@ -43,11 +50,17 @@ def check_setting(setting: str) -> str | None:
             return f"store: expected sqlite:///PATH, got {setting!r}"
         return None
     if scheme in ("postgresql", "postgres"):
-        return (
-            f"store: {setting!r}: PostgreSQL stores come with the next issue;"
-            " use sqlite:///PATH, auto (a file next to the findings) or off"
-        )
-    return f"store: expected auto, off, sqlite:///PATH or postgresql://..., got {setting!r}"
+        from psycopg import Error
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(s)
+        except Error as e:
+            # libpq may quote the URL back: never with its password.
+            msg = str(e).replace(s, redact(s))
+            return f"store: not a PostgreSQL URL: {redact(s)!r}: {msg}"
+        return None
+    return f"store: expected auto, off, sqlite:///PATH or postgresql://..., got {redact(setting)!r}"
 
 
 def split_rows(

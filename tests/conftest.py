@@ -59,3 +59,8 @@ def shm_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         monkeypatch.delenv(var, raising=False)
     yield d
     assert os.path.isdir(d)
+
+
+# A real PostgreSQL server (tests/pg.py): `pg_server` for the session, `pg_url` a
+# fresh database per test.
+from pg import pg_server, pg_url  # noqa: E402, F401

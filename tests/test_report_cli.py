@@ -167,7 +167,10 @@ def test_rows_from_findings_ignore_cleared_and_other_subjects() -> None:
         ),
         (["--store", "sqlite:///{tmp}/corrupt.db"], "corrupt.db"),
         (["--store", "sqlite:///{tmp}/none.db"], "none.db"),
-        (["--store", "postgresql://x/y"], "PostgreSQL"),
+        (
+            ["--store", "postgresql://a:pw@127.0.0.1:1/y"],
+            "postgresql://a@127.0.0.1:1/y: cannot connect",
+        ),
         ([], "exactly one of --store"),
         (
             ["--plans", "{tmp}/p.jsonl", "--store", "sqlite:///{tmp}/artemis.db"],

@@ -1,5 +1,8 @@
 """The incident store (artemis.store): round trip, migration from v1, readers during
-writes (WAL, a real second process), damaged files, the JSONL fallback, the sink."""
+writes (a real second process), damaged files, the JSONL fallback, the sink.
+
+The tests taking ``url`` run twice: on a SQLite file and on a fresh database of a
+real PostgreSQL server (tests/pg.py), the same assertions for both."""
 
 from __future__ import annotations
 
@@ -10,16 +13,42 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import structlog
 from artemis.coordinator.config import CoordinatorConfig
 from artemis.protocol.tomlfile import ConfigError
 from artemis.store import StoreError, open_for_findings, open_store, store_url
-from artemis.store.schema import CURRENT, MIGRATIONS, migrate
+from artemis.store.schema import CURRENT, MIGRATIONS, Db, migrate, wrap
 from artemis.store.sink import StoreSink, resolve_url
+from artemis.store.sql import SqlStore
 from artemis.store.sqlite import SqliteStore
 from store_records import dismissed, flagship, incident_rows, job_rows, t
+
+ENGINES = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=ENGINES)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return store_url(tmp_path / "a.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _password(url: str) -> str:
+    """The URL's password, or a string no message holds."""
+    return (urlsplit(url).password or "") or "\x00no password"
+
+
+def _connect(url: str) -> Db:
+    """A raw connection to the store at ``url`` (autocommit), outside any Store."""
+    if url.startswith("sqlite:"):
+        return wrap(sqlite3.connect(url[len("sqlite:///") :], isolation_level=None))
+    import psycopg
+
+    return wrap(psycopg.connect(url, autocommit=True))
 
 
 def _fill(url: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -34,8 +63,7 @@ def _fill(url: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return changes, dis
 
 
-def test_round_trip(tmp_path: Path) -> None:
-    url = store_url(tmp_path / "a.db")
+def test_round_trip(url: str) -> None:
     changes, dis = _fill(url)
     with open_store(url, readonly=True) as s:
         assert s.incidents() == [changes[-1], dis]  # the latest record per id, by job
@@ -48,7 +76,7 @@ def test_round_trip(tmp_path: Path) -> None:
         assert s.job_windows("flagship-sim") == job_rows("flagship-sim", 0, 61)
         assert s.job_windows("flagship-sim", 10, 12) == job_rows("flagship-sim", 10, 13)
         assert s.incident_windows(changes[0]["id"]) == incident_rows(changes[0]["id"], 18, 61)
-        assert isinstance(s, SqliteStore)
+        assert isinstance(s, SqlStore)
         acts = s.db.execute("SELECT plan, status, gain_pct, history FROM actions").fetchall()
         assert [(p, st, g) for p, st, g, _ in acts] == [("p-2-20", "verified", 9.9)]
         assert [h["status"] for h in json.loads(acts[0][3])] == [
@@ -60,14 +88,14 @@ def test_round_trip(tmp_path: Path) -> None:
             "SELECT kind, subject, status, verdict, cause, opened_window, closed_window,"
             " gpu_hours FROM incidents ORDER BY id"
         ).fetchall()
-        assert cols == [
+        assert [tuple(c) for c in cols] == [
             ("rank", "2", "closed", "mitigated", "clocks", 18, 60, 0.011),
             ("rank", "5", "closed", "dismissed", "unknown", 9, 13, 0.0001),
         ]
 
 
-def test_rows_replace_and_extra_keys(tmp_path: Path) -> None:
-    with open_store(store_url(tmp_path / "a.db")) as s:
+def test_rows_replace_and_extra_keys(url: str) -> None:
+    with open_store(url) as s:
         s.write_rows(job_rows("j", 0, 3), [])
         again = [{**r, "step_ms": 1.0, "islands": {"nvidia": 1.0}} for r in job_rows("j", 1, 2)]
         s.write_rows(again, [])
@@ -76,9 +104,9 @@ def test_rows_replace_and_extra_keys(tmp_path: Path) -> None:
         assert got[1]["islands"] == {"nvidia": 1.0}  # a key without a column survives
 
 
-def test_a_new_run_of_a_job_keeps_the_old_runs_windows(tmp_path: Path) -> None:
+def test_a_new_run_of_a_job_keeps_the_old_runs_windows(url: str) -> None:
     """A job id reused by a new run: windows from 0 again, the old run's rows kept."""
-    with open_store(store_url(tmp_path / "a.db")) as s:
+    with open_store(url) as s:
         old = [{**r, "run": "r1"} for r in job_rows("j", 0, 5)]
         new = [{**r, "run": "r2", "time": r["time"] + 1e4} for r in job_rows("j", 0, 3)]
         s.write_rows(old, [])
@@ -89,9 +117,9 @@ def test_a_new_run_of_a_job_keeps_the_old_runs_windows(tmp_path: Path) -> None:
         assert s.job_windows("nope") == []
 
 
-def _write_v1(path: Path) -> None:
+def _write_v1(url: str) -> None:
     """A store as version 1 wrote it: its migration, then v1's own rows."""
-    db = sqlite3.connect(str(path), isolation_level=None)
+    db = _connect(url)
     assert migrate(db, target=1) == [1]
     rec = flagship()[-1]
     db.execute("INSERT INTO jobs VALUES (?, ?, ?, ?)", ("flagship-sim", '{"ranks": 8}', 1.0, 2.0))
@@ -103,48 +131,48 @@ def _write_v1(path: Path) -> None:
         "INSERT INTO job_windows VALUES (?, ?, ?, ?, ?, ?)",
         [("flagship-sim", w, t(w), 100.0, 320.0, 1.0) for w in range(5)],
     )
-    db.close()
+    db.conn.close()
 
 
-def test_migration_from_v1(tmp_path: Path) -> None:
-    path = tmp_path / "old.db"
-    _write_v1(path)
-    with pytest.raises(StoreError, match=r"old\.db: store schema v1.*read-write once"):
-        open_store(store_url(path), readonly=True)  # a reader never writes
-    with open_store(store_url(path)) as s:
-        assert isinstance(s, SqliteStore) and s.upgraded == list(range(2, CURRENT + 1))
+def test_migration_from_v1(url: str) -> None:
+    _write_v1(url)
+    # Named by its file, or by its URL without the password.
+    where = r"a\.db" if url.startswith("sqlite") else r"postgresql://artemis@127\.0\.0\.1:\d+/t"
+    with pytest.raises(StoreError, match=rf"{where}\S*: store schema v1.*read-write once") as e:
+        open_store(url, readonly=True)  # a reader never writes
+    assert _password(url) not in str(e.value)
+    with open_store(url) as s:
+        assert isinstance(s, SqlStore) and s.upgraded == list(range(2, CURRENT + 1))
         rec = flagship()[-1]
         assert s.incident(rec["id"]) == rec
         # Backfilled from the v1 record: the listing columns and the action rows.
-        assert s.db.execute("SELECT verdict, cause, closed_window FROM incidents").fetchall() == [
-            ("mitigated", "clocks", 60)
-        ]
-        assert s.db.execute("SELECT plan, status FROM actions").fetchall() == [
-            ("p-2-20", "verified")
-        ]
+        got = s.db.execute("SELECT verdict, cause, closed_window FROM incidents").fetchall()
+        assert [tuple(r) for r in got] == [("mitigated", "clocks", 60)]
+        got = s.db.execute("SELECT plan, status FROM actions").fetchall()
+        assert [tuple(r) for r in got] == [("p-2-20", "verified")]
         old = s.job_windows("flagship-sim")
         assert [(r["window"], r["ratio_p50"], r["ratio_p10"]) for r in old] == [
             (w, 1.0, None) for w in range(5)
         ]
         s.write_rows(job_rows("flagship-sim", 5, 7), incident_rows(rec["id"], 5, 7))
         assert len(s.job_windows("flagship-sim")) == 7
-        versions = [v for (v,) in s.db.execute("SELECT version FROM schema_version")]
+        versions = [
+            v for (v,) in s.db.execute("SELECT version FROM schema_version ORDER BY version")
+        ]
         assert versions == [m.version for m in MIGRATIONS]
-    with open_store(store_url(path)) as s:  # a current store: nothing to apply
-        assert isinstance(s, SqliteStore) and s.upgraded == []
-    with open_store(store_url(path), readonly=True) as s:
+    with open_store(url) as s:  # a current store: nothing to apply
+        assert isinstance(s, SqlStore) and s.upgraded == []
+    with open_store(url, readonly=True) as s:
         assert s.jobs()[0]["ranks"] == 8
 
 
-def test_newer_schema_refused(tmp_path: Path) -> None:
-    path = tmp_path / "new.db"
-    open_store(store_url(path)).close()
-    db = sqlite3.connect(str(path))
+def test_newer_schema_refused(url: str) -> None:
+    open_store(url).close()
+    db = _connect(url)
     db.execute("INSERT INTO schema_version VALUES (?, 0, 'from the future')", (CURRENT + 1,))
-    db.commit()
-    db.close()
-    with pytest.raises(StoreError, match=rf"new\.db: store schema v{CURRENT + 1} .*newer"):
-        open_store(store_url(path))
+    db.conn.close()
+    with pytest.raises(StoreError, match=rf": store schema v{CURRENT + 1} .*newer"):
+        open_store(url)
 
 
 def test_damaged_files_name_the_file(tmp_path: Path) -> None:
@@ -177,10 +205,9 @@ def test_damaged_files_name_the_file(tmp_path: Path) -> None:
 
 
 def test_urls() -> None:
-    with pytest.raises(StoreError, match="PostgreSQL stores come with the next issue"):
-        open_store("postgresql://artemis@db/artemis")
-    with pytest.raises(StoreError, match="expected sqlite:///PATH"):
-        open_store("mysql://x")
+    with pytest.raises(StoreError, match="expected sqlite:///PATH or postgresql://") as e:
+        open_store("mysql://root:hunter2@x/db")
+    assert "hunter2" not in str(e.value)
     with pytest.raises(StoreError, match="expected sqlite:///PATH"):
         open_store("sqlite://relative.db")
     assert resolve_url("auto", "/var/lib/artemis/findings.jsonl") == (
@@ -189,13 +216,40 @@ def test_urls() -> None:
     assert resolve_url("off", "f.jsonl") is None and resolve_url("", "f.jsonl") is None
     assert resolve_url("sqlite:///x.db", "f.jsonl") == "sqlite:///x.db"
     assert CoordinatorConfig(store="sqlite:////tmp/x.db").validated().store
+    assert CoordinatorConfig(store="postgresql://artemis:pw@db:5432/artemis").validated().store
     for bad, msg in (
-        ("postgresql://db/artemis", "next issue"),
+        ("postgresql://artemis:pw@db/artemis?nope=1", "not a PostgreSQL URL.*nope"),
         ("sqlite://x.db", "sqlite:///PATH"),
         ("artemis.db", "expected auto, off"),
     ):
-        with pytest.raises(ConfigError, match=msg):
+        with pytest.raises(ConfigError, match=msg) as e:
             CoordinatorConfig(store=bad).validated()
+        assert ":pw@" not in str(e.value)
+
+
+def test_postgresql_errors_name_the_url_without_its_password(pg_server: Any) -> None:
+    from pg import free_port
+
+    wrong = pg_server.url().replace(pg_server.password, "not-the-password")
+    with pytest.raises(StoreError, match=r"^postgresql://artemis@127\.0\.0\.1:\d+/postgres: ") as e:
+        open_store(wrong)
+    assert "not-the-password" not in str(e.value) and "password" in str(e.value)
+    nobody = f"postgresql://artemis:s3cret@127.0.0.1:{free_port()}/artemis?connect_timeout=2"
+    with pytest.raises(StoreError, match="cannot connect") as e:
+        open_store(nobody)
+    assert e.value.transient and "s3cret" not in str(e.value)
+    assert str(e.value).startswith("postgresql://artemis@127.0.0.1:")
+    # A database of another program is not taken over.
+    name = "someone-else"
+    other = pg_server.create_db(name)
+    try:
+        db = _connect(other)
+        db.execute("CREATE TABLE t (x INTEGER)")
+        db.conn.close()
+        with pytest.raises(StoreError, match=r"not an Artemis store: .*no schema_version"):
+            open_store(other)
+    finally:
+        pg_server.drop_db(name)
 
 
 def test_findings_fallbacks(tmp_path: Path) -> None:
@@ -227,8 +281,10 @@ READER = textwrap.dedent(
     from artemis.store import open_store
     s = open_store(sys.argv[1], readonly=True)
     if sys.argv[2] == "snapshot":
-        # Hold one read transaction open across the writer's commits.
-        s.db.execute("BEGIN")
+        # Hold one read transaction open across the writer's commits (PostgreSQL:
+        # a snapshot for the whole transaction, not per statement).
+        pg = sys.argv[1].startswith("postgresql")
+        s.db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ" if pg else "BEGIN")
         before = len(s.job_windows("j"))
         print(json.dumps({"held": before}), flush=True)
         sys.stdin.readline()  # the writer is done
@@ -273,10 +329,10 @@ def reader() -> Any:
         p.wait(30)
 
 
-def test_reader_holding_a_snapshot_never_blocks_the_writer(tmp_path: Path, reader: Any) -> None:
+def test_reader_holding_a_snapshot_never_blocks_the_writer(url: str, reader: Any) -> None:
     """Without WAL the writer's commit would wait for the reader's shared lock (and
-    fail after the busy timeout): the reader here holds it until the writer is done."""
-    url = store_url(tmp_path / "a.db")
+    fail after the busy timeout): the reader here holds it until the writer is done.
+    PostgreSQL's readers never block its writers either (MVCC)."""
     with open_store(url) as w:
         w.write_rows(job_rows("j", 0, 10), [])
         rd = reader(url, "snapshot")
@@ -292,8 +348,7 @@ def test_reader_holding_a_snapshot_never_blocks_the_writer(tmp_path: Path, reade
     assert got == {"inside": 10, "after": 210}  # its snapshot, then every commit whole
 
 
-def test_reader_polling_during_writes(tmp_path: Path, reader: Any) -> None:
-    url = store_url(tmp_path / "a.db")
+def test_reader_polling_during_writes(url: str, reader: Any) -> None:
     n = 300
     with open_store(url) as w:
         w.write_job("j", {})
@@ -347,22 +402,22 @@ def test_config_keys_and_flags(tmp_path: Path) -> None:
     assert (cfg.store, cfg.report_dir) == ("off", str(tmp_path))
     bin_ = Path(sys.executable).parent / "artemis-coordinator"
     r = subprocess.run(
-        [str(bin_), "serve", "--store", "postgresql://db/artemis", "--secret-file", "/nope"],
+        [str(bin_), "serve", "--store", "artemis.db", "--secret-file", "/nope"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2 and "PostgreSQL stores come with the next issue" in r.stderr
+    assert r.returncode == 2 and "expected auto, off, sqlite:///PATH or postgresql" in r.stderr
     r = subprocess.run([str(bin_), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert "--store" in r.stdout and "--report-dir" in r.stdout
 
 
-def test_sink_takes_the_monitors_rows(tmp_path: Path) -> None:
+def test_sink_takes_the_monitors_rows(url: str, tmp_path: Path) -> None:
     """The monitor returns one list of rows, `row` telling job and subject rows apart."""
     rows: list[dict[str, Any]] = [
         {"row": "job", "run": "c0ffee", **r} for r in job_rows("j", 0, 3)
     ] + [{"row": "subject", "job": "j", "gpu_hours": 0.5, **r} for r in incident_rows("i", 1, 3)]
-    sink = StoreSink.open(store_url(tmp_path / "a.db"), tmp_path / "f.jsonl")
+    sink = StoreSink.open(url, tmp_path / "f.jsonl")
     sink.write_monitor_rows(rows)
     assert sink.store is not None
     got = sink.store.job_windows("j")
@@ -376,13 +431,13 @@ def test_sink_takes_the_monitors_rows(tmp_path: Path) -> None:
     sink.close()
 
 
-def test_written_from_another_thread(tmp_path: Path) -> None:
+def test_written_from_another_thread(url: str) -> None:
     """artemis.job.Detector opens its store on the caller's thread and writes it from
     its scorer thread (one at a time)."""
     import threading
 
     errors: list[BaseException] = []
-    with open_store(store_url(tmp_path / "a.db")) as s:
+    with open_store(url) as s:
 
         def write() -> None:
             try:
@@ -396,3 +451,40 @@ def test_written_from_another_thread(tmp_path: Path) -> None:
         t.join(30)
         assert not errors and len(s.job_windows("j")) == 3
         s.write_job("j", {"ended": 1.0})  # and back on this thread
+
+
+@pytest.mark.parametrize("start", ["empty", "v1"])
+def test_coordinators_migrating_one_database_at_once(pg_url: str, start: str) -> None:
+    """A fleet's coordinators starting together on an empty (or old) database: each
+    migration is applied once (the advisory lock), every open succeeds, and they
+    all write to the same schema."""
+    import threading
+
+    if start == "v1":
+        _write_v1(pg_url)
+    n = 8
+    go = threading.Barrier(n)
+    got: list[Any] = [None] * n
+
+    def coordinator(i: int) -> None:
+        try:
+            go.wait(30)
+            with open_store(pg_url) as s:
+                got[i] = list(getattr(s, "upgraded", []))
+                s.write_rows([{**job_rows("j", i, i + 1)[0], "run": "r"}], [])
+        except BaseException as e:
+            got[i] = e
+
+    threads = [threading.Thread(target=coordinator, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert all(isinstance(g, list) for g in got), got
+    # Each migration applied by exactly one of them.
+    first = 2 if start == "v1" else 1
+    assert sorted(v for g in got for v in g) == list(range(first, CURRENT + 1))
+    with open_store(pg_url, readonly=True) as s:
+        versions = s.db.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert [v for (v,) in versions] == [m.version for m in MIGRATIONS]
+        assert [r["window"] for r in s.job_windows("j", run="r")] == list(range(n))

@@ -1,8 +1,8 @@
 """The store's baselines (schema v3): written per (workload, class, software), the
 latest of a (workload, class) read back, a v2 store upgraded in place.
 
-`store_url` is parametrised by backend: the PostgreSQL store adds its own URL
-(tests/pg.py) and every test here runs on both.
+`store_url` is parametrised by backend: every test here runs on SQLite and on a
+real PostgreSQL server (tests/pg.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ OLD = {"driver": "535.104.05", "nccl": "2.19.3", "env": {"NCCL_ALGO": "Ring"}}
 NEW = {**OLD, "driver": "550.54.14"}
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return sqlite_url(tmp_path / "artemis.db")
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "artemis.db")
+    return str(request.getfixturevalue("pg_url"))  # a real server (tests/pg.py)
 
 
 def record(
