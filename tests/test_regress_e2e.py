@@ -130,9 +130,10 @@ def regress(tmp: Path, node: str, **env: str) -> dict[str, Any]:
 
 def _table(out: dict[str, Any]) -> str:
     """The run's items, for assertion messages."""
-    return json.dumps(
-        {k: round(v["median"] * 1e6, 1) for k, v in out["run"]["items"].items()}
-    ) + json.dumps([f["evidence"] for f in out["findings"]])[:3000]
+    return (
+        json.dumps({k: round(v["median"] * 1e6, 1) for k, v in out["run"]["items"].items()})
+        + json.dumps([f["evidence"] for f in out["findings"]])[:3000]
+    )
 
 
 def test_regress_baseline_regression_change_and_peers(tmp_path: Path) -> None:
@@ -185,7 +186,9 @@ def test_regress_baseline_regression_change_and_peers(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert list((tmp_path / "textfile").iterdir()) == [tmp_path / "textfile" / "artemis_regress.prom"]
+    assert list((tmp_path / "textfile").iterdir()) == [
+        tmp_path / "textfile" / "artemis_regress.prom"
+    ]
 
     # 3. The same hog with a configuration change: a change finding naming it.
     with hog(CPU):
