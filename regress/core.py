@@ -142,9 +142,7 @@ def history_baseline(
         if r["node"] == run["node"]
         and r.get("healthy")
         and r.get("id") != run.get("id")
-        # Only runs measured the same way: a CPU run never judges a GPU run.
-        and r.get("device") == run.get("device")
-        and r.get("hardware") == run.get("hardware")
+        and same_setup(r, run)
     ]
     by_fp: dict[str, list[Mapping[str, Any]]] = {}
     for r in mine:
