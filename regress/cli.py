@@ -18,7 +18,7 @@ import typer
 
 log = structlog.get_logger("artemis.regress")
 
-HISTORY_READ = 50  # the node's latest runs read back (a baseline takes at most 5 healthy ones)
+HISTORY_READ: int | None = None  # all the node's runs: `window` numbers them (weekly: 52 a year)
 PEERS_READ = 500  # the hardware class's latest runs read back (one per peer node is used)
 
 
@@ -175,11 +175,11 @@ def _print(run: dict[str, Any], j: Any, findings: list[Any]) -> None:
 
     con = Console()
     title = (
-        f"artemis regress: {run['node']} ({run['hardware']}, {run['device']} x{run['ranks']}, "
+        f"artemis regress: {run['node']} ({run['hardware']}, {run['device']}, {run['ranks']} ranks, "
         f"fingerprint {run['fingerprint']})"
     )
     t = Table(title=title, box=box.SIMPLE_HEAVY)
-    for col in ("benchmark", "item", "median", "spread"):
+    for col in ("item", "median", "spread"):
         t.add_column(col)
     by_basis = {c.baseline.basis: {v.item: v for v in c.items} for c in j.comparisons}
     for basis in by_basis:
@@ -187,7 +187,7 @@ def _print(run: dict[str, Any], j: Any, findings: list[Any]) -> None:
         t.add_column(f"{basis} ratio (limit)")
     for name, it in run["items"].items():
         spread = (it["p75"] - it["p25"]) / it["median"] if it["median"] else 0.0
-        cells = [it["benchmark"], name, _fmt_s(it["median"]), f"{spread:.0%}"]
+        cells = [name, _fmt_s(it["median"]), f"{spread:.0%}"]
         for items in by_basis.values():
             v = items.get(name)
             if v is None:
@@ -198,7 +198,7 @@ def _print(run: dict[str, Any], j: Any, findings: list[Any]) -> None:
             cells += [_fmt_s(v.base_median), f"[{style}]{txt}[/]" if style else txt]
         t.add_row(*cells)
     for bench, why in (run.get("absent") or {}).items():
-        t.add_row(bench, "-", "absent", why, *(["-", "-"] * len(by_basis)))
+        t.add_row(bench, "absent", why, *(["-", "-"] * len(by_basis)))
     con.print(t)
     for c in j.comparisons:
         con.print(
@@ -211,8 +211,9 @@ def _print(run: dict[str, Any], j: Any, findings: list[Any]) -> None:
         con.print(f"verdict: [green]{j.verdict}[/]")
     for f in findings:
         ev = f.evidence or {}
-        what = f"{f.kind} ({ev.get('basis')}): {', '.join(ev.get('slower_benchmarks', []))} "
-        what += f"{ev.get('slower_pct', 0):.1f}% slower"
+        ratios = ev.get("ratios") or {}
+        slower = ", ".join(f"{b} x{ratios.get(b, 0):.2f}" for b in ev.get("slower_benchmarks", []))
+        what = f"{f.kind} against {ev.get('basis')}: slower {slower}"
         if f.kind == "change":
             what += "; changed: " + ", ".join(
                 f"{k} {old} -> {new}" for k, (old, new) in (ev.get("changed") or {}).items()

@@ -345,6 +345,7 @@ def evidence(run: Mapping[str, Any], c: Comparison) -> dict[str, Any]:
         "baseline_nodes": c.baseline.nodes,
         "slower_benchmarks": list(c.slower_benchmarks),
         "slower_pct": round((c.worst_ratio - 1.0) * 100.0, 2),
+        "ratios": {b: round(r, 4) for b, r in c.ratios.items()},
         "rule": (
             f"median/baseline > 1 + max({c.margin}, {K_NOISE} x scatter) and p25 > the "
             f"baseline runs' p75, on >= {PERSIST:.2f} of a benchmark's items"
