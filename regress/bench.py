@@ -235,9 +235,12 @@ class _Ranks:
             got[rank] = out
         return got[0]  # every rank holds the same per-sample maxima
 
-    def close(self) -> None:
-        for p in self.procs:
-            p.join(timeout=10)
+    def close(self, failed: bool) -> None:
+        """Join the ranks; after a failure they may be waiting for a go that never
+        comes, so they are killed at once."""
+        if not failed:
+            for p in self.procs:
+                p.join(timeout=10)
         for p in self.procs:
             if p.is_alive():
                 p.kill()
@@ -291,8 +294,15 @@ def measure(opts: BenchOptions) -> Measurement:
         raise BenchError(f"device {opts.device!r}: expected auto, cpu or cuda")
     if opts.repeats < 3:
         raise BenchError("repeats: at least 3 (a median and its quartiles)")
+    allowed = os.sched_getaffinity(0)
+    if not set(opts.cpus) <= allowed:
+        raise BenchError(
+            f"cpus {sorted(set(opts.cpus) - allowed)}: not among this process's CPUs "
+            f"{sorted(allowed)}"
+        )
     start = time.monotonic()
     deadline = start + opts.timeout_s
+    failed = True
     ranks: _Ranks | None = None
     device = opts.device
     world = opts.ranks or 2
@@ -348,6 +358,7 @@ def measure(opts: BenchOptions) -> Measurement:
             "gemm_threads": 1,
             "inner": {it.name: it.inner for it in items},
         }
+        failed = False
         return Measurement(
             device=device,
             ranks=world,
@@ -360,7 +371,7 @@ def measure(opts: BenchOptions) -> Measurement:
         )
     finally:
         if ranks is not None:
-            ranks.close()
+            ranks.close(failed)
 
 
 def _sweep(items: Sequence[Item]) -> list[Item]:

@@ -101,8 +101,9 @@ def hog(cpu: int) -> Iterator[None]:
             p.wait(timeout=10)
 
 
-def regress(tmp: Path, node: str, **env: str) -> dict[str, Any]:
-    """One `artemis regress --json` run; its output (run, findings, notes)."""
+def regress(tmp: Path, node: str, table: bool = False, **env: str) -> dict[str, Any]:
+    """One `artemis regress --json` run; its output (run, findings, notes). ``table``:
+    the rich table instead, its text under ``table``."""
     cmd = [
         str(ARTEMIS),
         "regress",
@@ -118,13 +119,15 @@ def regress(tmp: Path, node: str, **env: str) -> dict[str, Any]:
         str(tmp / "findings.jsonl"),
         "--textfile",
         str(tmp / "textfile"),
-        "--json",
+        *(() if table else ("--json",)),
     ]
     full_env = {**os.environ, "NCCL_ALGO": "Ring", **env}
     r = subprocess.run(
         cmd, capture_output=True, text=True, timeout=180, env=full_env, preexec_fn=_shield
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    if table:
+        return {"table": r.stdout}
     return dict(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
@@ -203,8 +206,10 @@ def test_regress_baseline_regression_change_and_peers(tmp_path: Path) -> None:
 
     # 4. Peers: node-b quiet, node-c with a hog. node-c has no history of its own; its
     # peers are node-a (its latest healthy run) and node-b.
-    b = regress(tmp_path, "node-b")
-    assert b["findings"] == [], _table(b)
+    b = regress(tmp_path, "node-b", table=True)["table"]  # the table a person reads
+    for text in ("artemis regress: node-b", "gemm/f32x512", "all_reduce/1MiB", "no GPU on this"):
+        assert text in b, b
+    assert "verdict: no-baseline" in b and "slower" not in b, b
     with hog(CPU):
         c = regress(tmp_path, "node-c")
     assert c["run"]["verdict"] == "regression", _table(c)
