@@ -31,6 +31,11 @@ plugin:
 	# One library for NCCL and RCCL: RCCL loads profiler plugins under NCCL's
 	# libnccl-profiler prefix and the plugin detects RCCL from the process.
 	cp --remove-destination profiler_plugin/build/libnccl-profiler-artemis.so profiler_plugin/artemis_ring.h agent/_plugin/
+	# The simulator calls the plugin from inside the stand-in NCCL (its ncclGetVersion
+	# plays the scenario's [software] nccl): shipped beside the plugin, never on a
+	# library path.
+	mkdir -p agent/_plugin/standin
+	cp --remove-destination profiler_plugin/build/standin/libnccl.so.2 agent/_plugin/standin/
 
 setup: $(STAMP) plugin
 

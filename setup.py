@@ -25,6 +25,9 @@ class BuildWithPlugin(build_py):
         # One library for NCCL and RCCL (RCCL loads profiler plugins under NCCL's prefix).
         shutil.copy2(built / PLUGIN, dest / PLUGIN)
         shutil.copy2(HERE / "profiler_plugin" / "artemis_ring.h", dest / "artemis_ring.h")
+        # The simulator's stand-in NCCL (sim/hostproc.py), beside the plugin.
+        (dest / "standin").mkdir(exist_ok=True)
+        shutil.copy2(built / "standin" / "libnccl.so.2", dest / "standin" / "libnccl.so.2")
         super().run()
 
 

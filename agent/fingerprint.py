@@ -37,7 +37,6 @@ from artemis.protocol.records import SOFTWARE_COMPONENTS, Software
 log = structlog.get_logger("artemis.agent")
 
 __all__ = [
-    "cuda_version",
     "host_software",
     "nccl_version",
     "read_env_sidecar",
@@ -59,13 +58,6 @@ def nccl_version(code: int) -> str | None:
         major, rest = divmod(code, 1000)
     minor, patch = divmod(rest, 100)
     return f"{major}.{minor}.{patch}"
-
-
-def cuda_version(code: int | None) -> str | None:
-    """The CUDA driver API's version code (1000*major + 10*minor) as ``12.8``."""
-    if not code or code <= 0:
-        return None
-    return f"{code // 1000}.{(code % 1000) // 10}"
 
 
 def read_env_sidecar(header: RingHeader) -> tuple[str | None, dict[str, str]] | None:

@@ -293,6 +293,7 @@ ENV_SUFFIX = ".env"
 ENV_MAX_BYTES = 65536
 ENV_MAX_VARS = 256
 ENV_VALUE_MAX = 1024
+ENV_NAME_MAX = 128  # a name must be shorter
 ENV_MAGIC = b"artemis-env=1"
 
 
@@ -308,7 +309,11 @@ SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 def keep_env_name(name: str) -> bool:
     """A variable the fingerprint keeps: one of ENV_PREFIXES, no secret marker."""
     upper = name.upper()
-    return name.startswith(ENV_PREFIXES) and not any(m in upper for m in SECRET_MARKERS)
+    return (
+        len(name) < ENV_NAME_MAX
+        and name.startswith(ENV_PREFIXES)
+        and not any(m in upper for m in SECRET_MARKERS)
+    )
 
 
 def filter_env(env: Any) -> dict[str, str]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from artemis.coordinator import findings as F
+from artemis.coordinator.detector import _all_none, _factorize, _none, _objects
 from artemis.coordinator.findings import Finding
 from artemis.coordinator.fingerprint import diff, flatten
 from artemis.coordinator.incidents import CONFIRM_Q1_SHARE
@@ -73,7 +74,8 @@ def _r(v: float | None, digits: int = 4) -> float | None:
 
 @dataclass(frozen=True)
 class WindowStats:
-    """One window of one hardware class: its job-level values."""
+    """One window of one hardware class: its job-level values (a few floats, whatever
+    the job's size: pending and committed windows keep only these)."""
 
     window: int
     step_ms: float | None
@@ -81,64 +83,83 @@ class WindowStats:
     gap_q2_ms: float  # median over the ranks of their median per-step gap
     gap_p10_ms: float  # the spread of the ranks' median gaps
     gap_p90_ms: float
-    ranks: tuple[int, ...]
-    hosts: tuple[str, ...]
 
     def values(self) -> list[float | None]:
         return [self.step_ms, self.gap_q1_ms, self.gap_q2_ms, self.gap_p10_ms, self.gap_p90_ms]
 
 
+@dataclass
+class ClassRows:
+    """The rows of one class in a window's columns: who a finding names, built only
+    when there is a finding (a pass over the class's ranks)."""
+
+    cols: WindowColumns
+    rows: np.ndarray
+
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.cols.ints("rank")[self.rows])
+
+    def hosts(self) -> list[str]:
+        h = self.cols["host"]
+        return sorted({str(h[i]) for i in self.rows.tolist()})
+
+
 def window_stats(
     window: int, cols: WindowColumns, step_ms: float | None, exclude: Iterable[int] = ()
-) -> dict[str, WindowStats]:
+) -> dict[str, tuple[WindowStats, ClassRows]]:
     """Per hardware class (a rank's `hw_class`, else its GPU model), the window's values,
     without the ranks in `exclude` (those a finding is about: a straggler does not move
     the class's medians). Per sample where the ranks run different batch shares, as the
-    detector judges them. A rank reporting on two communicators counts once (its last row)."""
+    detector judges them. A rank reporting on two communicators counts once (its last
+    row). Arrays only: about a few ms at 100k ranks (bench/README.md)."""
     if not cols.n:
         return {}
     ranks = cols.ints("rank")
-    _, last = np.unique(ranks[::-1], return_index=True)
-    rows = np.sort(cols.n - 1 - last)
-    ex = set(exclude)
+    rows = np.arange(cols.n)
+    if ranks.size and ranks.min() >= 0 and (np.bincount(ranks) > 1).any():
+        _, last = np.unique(ranks[::-1], return_index=True)
+        rows = np.sort(cols.n - 1 - last)
+    ex = [int(r) for r in exclude]
     if ex:
-        rows = rows[~np.isin(ranks[rows], np.fromiter(ex, dtype=np.int64, count=len(ex)))]
+        rows = rows[~np.isin(ranks[rows], np.asarray(ex, dtype=np.int64))]
     if not rows.size:
         return {}
-    q1 = cols.floats("gap_q1_ms")
-    q2 = cols.floats("gap_q2_ms")
-    gap = cols.floats("gap_ms")
+    q1 = cols.floats("gap_q1_ms")[rows]
+    q2 = cols.floats("gap_q2_ms")[rows]
+    gap = cols.floats("gap_ms")[rows]
     q2 = np.where(np.isfinite(q2), q2, gap)
-    samples = cols.floats("samples")
-    if np.isfinite(samples[rows]).all() and (samples[rows] > 0).all():
-        k = samples[rows].mean()
-        scale = np.ones(cols.n)
-        scale[rows] = k / samples[rows]
+    samples = cols.floats("samples")[rows]
+    if np.isfinite(samples).all() and (samples > 0).all():
+        scale = samples.mean() / samples
         q1, q2, gap = q1 * scale, q2 * scale, gap * scale
-    hw = np.asarray(cols["hw_class"], dtype=object)
-    model = np.asarray(cols["tel_gpu_model"], dtype=object)
-    none = np.array(None, dtype=object)
-    cls = np.where(hw == none, model, hw)
-    cls = np.where(cls == none, UNKNOWN_CLASS, cls)
-    hosts = cols["host"]
-    out: dict[str, WindowStats] = {}
-    for c in sorted({str(x) for x in cls[rows]}):
-        mine = rows[cls[rows] == c]
-        a1, a2 = q1[mine], q2[mine]
-        ok = np.isfinite(a1) & np.isfinite(a2) & (a2 > 0)
-        if not ok.any():
+    if _all_none(cols["hw_class"]) and _all_none(cols["tel_gpu_model"]):
+        names, ids = np.array([UNKNOWN_CLASS], dtype=object), np.zeros(rows.size, np.int64)
+    else:
+        cls = _objects(cols["hw_class"])[rows]
+        unknown = _none(cls)
+        if unknown.any():
+            cls[unknown] = _objects(cols["tel_gpu_model"])[rows[unknown]]
+            unknown = _none(cls)
+            cls[unknown] = UNKNOWN_CLASS
+        names, ids = _factorize(cls)
+    ok = np.isfinite(q1) & np.isfinite(q2) & (q2 > 0)
+    one = len(names) == 1
+    out: dict[str, tuple[WindowStats, ClassRows]] = {}
+    for k, name in enumerate(names.tolist()):
+        mine = ok if one else ok & (ids == k)
+        if not mine.any():
             continue  # an older agent (no quartiles): nothing to compare like with like
-        p10, p90 = np.quantile(gap[mine][np.isfinite(gap[mine])], (0.1, 0.9)).tolist()
-        out[c] = WindowStats(
+        g = gap[mine]
+        p10, p90 = np.quantile(g[np.isfinite(g)], (0.1, 0.9)).tolist()
+        st = WindowStats(
             window=window,
             step_ms=step_ms if step_ms is not None and math.isfinite(step_ms) else None,
-            gap_q1_ms=float(np.median(a1[ok])),
-            gap_q2_ms=float(np.median(a2[ok])),
+            gap_q1_ms=float(np.median(q1[mine])),
+            gap_q2_ms=float(np.median(q2[mine])),
             gap_p10_ms=float(p10),
             gap_p90_ms=float(p90),
-            ranks=tuple(int(r) for r in ranks[mine]),
-            hosts=tuple(sorted({str(hosts[i]) for i in mine})),
         )
+        out[str(name)] = (st, ClassRows(cols, rows if one else rows[ids == k]))
     return out
 
 
@@ -260,6 +281,10 @@ class BaselineBook:
         self.workload: str | None = None
         self.software: dict[str, Any] | None = None
         self.classes: dict[str, _Class] = {}
+        # Off where no store is kept (the shell says so: the in-process detector, a
+        # coordinator with store = "off"): nothing to compare with or to write, so
+        # the windows are not even summarised.
+        self.enabled = True
 
     # ------------------------------------------------------------------ identity
 
@@ -317,8 +342,10 @@ class BaselineBook:
     ) -> list[Finding]:
         """Judge one scored window against the baselines; the findings it makes."""
         out: list[Finding] = []
+        if not self.enabled:
+            return out
         steps = [int(cols.ints("step_lo").min()), int(cols.ints("step_hi").max())] if cols.n else []
-        for name, s in window_stats(window, cols, step_ms, exclude).items():
+        for name, (s, who) in window_stats(window, cols, step_ms, exclude).items():
             c = self.classes.setdefault(name, _Class())  # known from the first window on
             c.last = s
             if window <= self.settings.warmup_windows:
@@ -333,7 +360,7 @@ class BaselineBook:
             differs = self._judge(c, s)
             # a differing window is not healthy, nor are the windows before it (its onset)
             c.pending = [] if differs else [*c.pending, (s, True)]
-            f = self._finding(name, c, s, differs, steps)
+            f = self._finding(name, c, s, differs, steps, who)
             if f is not None:
                 out.append(f)
         return out
@@ -375,7 +402,13 @@ class BaselineBook:
         return differs
 
     def _finding(
-        self, name: str, c: _Class, s: WindowStats, differs: bool, steps: list[int]
+        self,
+        name: str,
+        c: _Class,
+        s: WindowStats,
+        differs: bool,
+        steps: list[int],
+        who: ClassRows,
     ) -> Finding | None:
         st = self.settings
         if c.baseline is None:
@@ -387,20 +420,26 @@ class BaselineBook:
                 c.state = "flagged"
                 c.since = c.streak[0].window if c.streak else s.window
                 c.healthy_run = 0
-                return self._make(name, c, s, "flagged", steps)
-            return self._make(name, c, s, "suspect", steps)
+                return self._make(name, c, s, "flagged", steps, who)
+            return self._make(name, c, s, "suspect", steps, who)
         if differs:
             c.state, c.healthy_run = "ongoing", 0
-            return self._make(name, c, s, "ongoing", steps)
+            return self._make(name, c, s, "ongoing", steps, who)
         c.healthy_run += 1
         if c.healthy_run >= st.clear_after:
-            f = self._make(name, c, s, "cleared", steps)
+            f = self._make(name, c, s, "cleared", steps, who)
             c.state, c.since, c.streak, c.healthy_run = None, None, [], 0
             return f
-        return self._make(name, c, s, "ongoing", steps)
+        return self._make(name, c, s, "ongoing", steps, who)
 
     def _make(
-        self, name: str, c: _Class, s: WindowStats, state: str, window_steps: list[int]
+        self,
+        name: str,
+        c: _Class,
+        s: WindowStats,
+        state: str,
+        window_steps: list[int],
+        who: ClassRows,
     ) -> Finding:
         b = c.baseline
         assert b is not None
@@ -443,8 +482,8 @@ class BaselineBook:
             "state": state,
             "window": w0,
             "steps": window_steps,
-            "ranks": list(s.ranks),
-            "hosts": list(s.hosts),
+            "ranks": who.ranks(),
+            "hosts": who.hosts(),
             "since": c.since if state != "suspect" else (c.streak[0].window if c.streak else w0),
             "ratio": _r(s.gap_q2_ms / r2 if r2 else None, 4),
             "drift": _r(None if step is None or not rstep else step / rstep, 4),
@@ -512,7 +551,7 @@ def _fed(b: Baseline, job: str, run: str, window: int) -> bool:
 
 
 def _stats_state(s: WindowStats) -> list[Any]:
-    return [s.window, *s.values(), list(s.ranks), list(s.hosts)]
+    return [s.window, *s.values()]
 
 
 def _stats_from(v: Sequence[Any]) -> WindowStats:
@@ -523,8 +562,6 @@ def _stats_from(v: Sequence[Any]) -> WindowStats:
         gap_q2_ms=float(v[3]),
         gap_p10_ms=float(v[4]),
         gap_p90_ms=float(v[5]),
-        ranks=tuple(int(r) for r in v[6]),
-        hosts=tuple(str(h) for h in v[7]),
     )
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from artemis.coordinator.escalation import escalation
-from artemis.coordinator.findings import Finding
+from artemis.coordinator.findings import BASELINE_KINDS, Finding
 from artemis.protocol.columns import WindowColumns
 
 VERDICTS = ("recovered", "mitigated", "escalated", "unresolved", "dismissed")
@@ -443,6 +443,10 @@ class IncidentBook:
             if f.kind in QUARTILE_KINDS:
                 inc.add("gap_ms", _num(ev.get("gap_ms")))
                 inc.add("peers_gap_ms", _num(ev.get("peers_gap_ms") or ev.get("baseline_gap_ms")))
+            elif f.kind in BASELINE_KINDS:
+                # the class's median gap against its workload's stored baseline
+                inc.add("gap_ms", _num(ev.get("gap_q2_ms")))
+                inc.add("peers_gap_ms", _num(ev.get("baseline_gap_q2_ms")))
             if view is not None and f.kind in QUARTILE_KINDS and f.rank is not None:
                 self._telemetry(inc, f, view)
         hours = _num((f.evidence or {}).get("gpu_hours"))
@@ -722,6 +726,7 @@ class IncidentBook:
                 peers_gap = _num(ev.get("peers_gap_ms") or ev.get("baseline_gap_ms"))
             else:
                 for a, b in (
+                    ("gap_q2_ms", "baseline_gap_q2_ms"),
                     ("median_gap_ms", "baseline_gap_ms"),
                     ("transfer_ms", "baseline_transfer_ms"),
                     ("bridge_ms", "baseline_bridge_ms"),

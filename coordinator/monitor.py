@@ -137,7 +137,7 @@ class JobMonitor:
         # fingerprints changed since the baselines were told (a job-wide combine
         # is a pass over every rank: only when something changed)
         self._fp_version = 0
-        self._fp_told = -1
+        self._fp_told: tuple[int, int] | None = None
 
     @property
     def nranks(self) -> int:
@@ -275,11 +275,14 @@ class JobMonitor:
         """(workload, hardware class) pairs whose stored baselines the shell should read
         and hand to `on_baselines`: none until the job's fingerprint is known (every
         rank's, with its workload signature); a changed fingerprint asks again."""
-        if self._fp_told != self._fp_version:
+        # A rank's new fingerprint, or more ranks (a late agent's hello): the job's
+        # fingerprint may have changed (its workload hash has the rank count).
+        seen = (self._fp_version, self.nranks)
+        if self._fp_told != seen:
             fp = self.fingerprint()
             if fp is not None and fp.workload is not None:
                 self.baselines.identify(fp.workload, fp.software)
-                self._fp_told = self._fp_version
+                self._fp_told = seen
         return self.baselines.wanted()
 
     def on_baselines(

@@ -201,6 +201,7 @@ class Coordinator:
                 global_batch=self.global_batch,
                 dump_wait_s=self.dump_wait_s,
             )
+            m.baselines.enabled = self.store.on  # no store: no baselines to judge by
         return m
 
     def _monitor_of(self, aw: AssembledWindow) -> JobMonitor | None:
@@ -484,6 +485,7 @@ class Coordinator:
                     m = JobMonitor.restore(
                         state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
                     )
+                    m.baselines.enabled = self.store.on
                     self.monitors[m.job] = m
                     self._emit(m.job, m.update_settings(self.settings))
                     log.info(

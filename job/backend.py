@@ -196,6 +196,23 @@ class _Islands:
             self._thread.join(timeout=30)
 
 
+def _nccl_code() -> int:
+    """torch's NCCL version as ncclGetVersion's code (0 when torch has none): recent
+    torch gives a (major, minor, patch) tuple, older ones the code itself."""
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # a CPU build, or no NCCL in it
+        return 0
+    if isinstance(v, tuple) and len(v) >= 3:
+        major, minor, patch = (int(x) for x in v[:3])
+        return (
+            major * 10000 + minor * 100 + patch
+            if (major, minor) >= (2, 9)
+            else (major * 1000 + minor * 100 + patch)
+        )
+    return int(v) if isinstance(v, int) else 0
+
+
 class _Comm:
     """One ring (one communicator of one inner backend) and its sequence counters."""
 
@@ -215,6 +232,11 @@ class _Comm:
             global_rank=global_rank,
             cpu_times=True,
             writer_flags=rf.WRITER_BACKEND,
+            # The software fingerprint (docs/DESIGN.md "Fingerprints"): torch's NCCL
+            # when this is CUDA, its env and version in the ring's env sidecar.
+            nccl_version=_nccl_code() if cuda else 0,
+            env=os.environ,
+            torch=torch.__version__,
         )
         self.coll_seq = 0
         self.p2p_seq = 0

@@ -139,6 +139,8 @@ class Detector:
             self._monitor = JobMonitor(
                 pg.job, dataclasses.replace(base, **settings), run="inproc", nranks=self.world
             )
+            # No agent sends fingerprints in-process: no baselines across jobs here.
+            self._monitor.baselines.enabled = False
             self._writer = FindingsWriter(jsonl) if jsonl is not None else None
             self._incidents = IncidentsWriter(incidents_path(jsonl)) if jsonl is not None else None
             from artemis.store.sink import StoreSink

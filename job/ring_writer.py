@@ -29,12 +29,14 @@ lock store, but the strict guarantee holds on TSO machines only.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import socket
 import struct
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -89,7 +91,13 @@ class RingWriter:
         cpu_times: bool = False,
         writer_flags: int = 0,
         nccl_version: int = 0,
+        env: Mapping[str, str] | None = None,
+        torch: str | None = None,
     ) -> None:
+        """``env`` (the process's environment, filtered here by the fingerprint's privacy
+        rule) and ``torch`` (its version) go into the ring's env sidecar
+        (``ring_format``, "the env sidecar") when either is given; a sidecar the file
+        system refuses leaves WRITER_ENV clear and the ring is made all the same."""
         if capacity < rf.MIN_SLOTS or capacity > rf.MAX_SLOTS or capacity & (capacity - 1):
             raise ValueError(
                 f"capacity {capacity} is not a power of two in [{rf.MIN_SLOTS}, {rf.MAX_SLOTS}]"
@@ -111,6 +119,11 @@ class RingWriter:
         d = Path(shm_dir)
         d.mkdir(parents=True, exist_ok=True)
         self.path = d / rf.ring_filename(job, comm_hash, rank)
+        if env is not None or torch:
+            # Before the ring's rename, like the plugin: a reader seeing the ring sees it whole.
+            side = rf.encode_env_sidecar(os.getpid(), rf.filter_env(env or {}), torch)
+            if rf.write_env_sidecar(self.path, side):
+                writer_flags |= rf.WRITER_ENV
         size = rf.HEADER_SIZE + capacity * self.slot_size
         header = bytearray(rf.HEADER_SIZE)
         _HEAD.pack_into(
@@ -162,6 +175,9 @@ class RingWriter:
             os.rename(tmp, self.path)
         except BaseException:
             os.unlink(tmp)
+            if writer_flags & rf.WRITER_ENV:
+                with contextlib.suppress(OSError):
+                    os.unlink(rf.env_sidecar_path(self.path))
             raise
         finally:
             os.close(fd)

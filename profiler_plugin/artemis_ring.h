@@ -61,7 +61,24 @@ enum {
     ARTEMIS_WRITER_RCCL = 1u << 0,    /* the process runs RCCL (detected from the process) */
     ARTEMIS_WRITER_TSC = 1u << 1,     /* host times are TSC ticks: see tsc_hz and tsc_anchor */
     ARTEMIS_WRITER_BACKEND = 1u << 2, /* written by the artemis torch.distributed backend */
+    ARTEMIS_WRITER_ENV = 1u << 3,     /* an env sidecar was written beside the ring (below) */
 };
+
+/* Env sidecar (the software fingerprint's environment, docs/DESIGN.md "Ring"):
+ * beside <name>.ring its writer leaves <name>.ring.env, written once at creation
+ * before the ring is renamed into place, and sets ARTEMIS_WRITER_ENV only then.
+ * NUL-ended "key=value" records: first "artemis-env=1", then "pid=<writer pid>",
+ * optionally "torch=<version>", then "env.NAME=VALUE" for each variable the
+ * privacy rule keeps (a name starting NCCL_, RCCL_, TORCH_NCCL_, CUDA_ or HSA_,
+ * shorter than ARTEMIS_ENV_NAME_MAX, and holding none of KEY, TOKEN, SECRET,
+ * PASSWORD in any case), in name order, values cut at ARTEMIS_ENV_VALUE_MAX bytes,
+ * at most ARTEMIS_ENV_MAX_VARS of them, and the file at most ARTEMIS_ENV_MAX_BYTES
+ * (a record that does not fit is left out). A writer that cannot write it (a
+ * full /dev/shm) leaves the bit clear and carries on. */
+#define ARTEMIS_ENV_MAX_BYTES 65536u
+#define ARTEMIS_ENV_MAX_VARS 256u
+#define ARTEMIS_ENV_VALUE_MAX 1024u
+#define ARTEMIS_ENV_NAME_MAX 128u
 
 /* header.flags bits (atomic). */
 enum {

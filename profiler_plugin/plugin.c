@@ -876,6 +876,11 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
                 err, (unsigned long long)comm_hash, rank);
         return ncclSuccess;
     }
+    if (ctx->env_err[0])
+        art_log(logfn, NCCL_LOG_WARN,
+                "Artemis profiler: env sidecar %s.env not written (%s); the fingerprint of comm "
+                "%016llx rank %d has no env",
+                ctx->path, ctx->env_err, (unsigned long long)comm_hash, rank);
     /* one entry per slot; without it a lapped in-flight op only drops the new record */
     void *so = NULL;
     if (posix_memalign(&so, ART_CACHELINE, ((size_t)cfg.slots * sizeof(uint16_t) + 63u) & ~(size_t)63u) == 0) {

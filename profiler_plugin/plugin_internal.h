@@ -143,6 +143,7 @@ typedef struct ArtCtx {
     _Atomic uint32_t no_timer;  /* KernelCh never carried timers: use host timing */
     _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
     char path[512];
+    char env_err[256]; /* why the env sidecar was not written ("" = it was): init logs it */
     /* string -> code cache, keyed by pointer (see str_code in plugin.c); each
      * entry is one word: (pointer << 8) | (table << 4) | code, 0 = empty.
      * Written only on a miss, so after warm-up its lines are only read. */

@@ -277,6 +277,127 @@ int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errl
     return 0;
 }
 
+/* ---- the env sidecar (artemis_ring.h "Env sidecar") ----------------------
+ * The job's communication settings for its software fingerprint, read from
+ * this process's environ once per ring, at init. The rule is the one of
+ * artemis.agent.ring_format.keep_env_name; a test holds the two together. */
+
+extern char **environ;
+
+static int art_env_keep(const char *entry, size_t name_len) {
+    static const char *const prefixes[] = {"NCCL_", "RCCL_", "TORCH_NCCL_", "CUDA_", "HSA_"};
+    static const char *const secrets[] = {"KEY", "TOKEN", "SECRET", "PASSWORD"};
+    if (name_len >= ARTEMIS_ENV_NAME_MAX) return 0;
+    int prefixed = 0;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        size_t n = strlen(prefixes[i]);
+        if (name_len >= n && !strncmp(entry, prefixes[i], n)) prefixed = 1;
+    }
+    if (!prefixed) return 0;
+    char upper[ARTEMIS_ENV_NAME_MAX];
+    for (size_t i = 0; i < name_len; i++) {
+        char c = entry[i];
+        upper[i] = (c >= 'a' && c <= 'z') ? (char)(c - 'a' + 'A') : c;
+    }
+    upper[name_len] = '\0';
+    for (size_t i = 0; i < sizeof secrets / sizeof secrets[0]; i++)
+        if (strstr(upper, secrets[i])) return 0;
+    return 1;
+}
+
+/* Orders environ entries by name (the bytes before '='). */
+static int art_env_cmp(const void *a, const void *b) {
+    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+    for (;; x++, y++) {
+        char cx = *x == '=' ? '\0' : *x, cy = *y == '=' ? '\0' : *y;
+        if (cx != cy) return (unsigned char)cx < (unsigned char)cy ? -1 : 1;
+        if (!cx) return 0;
+    }
+}
+
+static int art_put(char *buf, size_t *len, const char *a, size_t alen, const char *b, size_t blen) {
+    if (*len + alen + blen + 1 > ARTEMIS_ENV_MAX_BYTES) return -1;
+    memcpy(buf + *len, a, alen);
+    memcpy(buf + *len + alen, b, blen);
+    *len += alen + blen;
+    buf[(*len)++] = '\0';
+    return 0;
+}
+
+/* The sidecar's bytes into buf (ARTEMIS_ENV_MAX_BYTES); returns their length. */
+static size_t art_env_block(char *buf, const char **kept, size_t cap) {
+    size_t len = 0, n = 0;
+    char pid[32];
+    int pn = snprintf(pid, sizeof pid, "%d", (int)getpid());
+    art_put(buf, &len, "artemis-env=1", 13, "", 0);
+    art_put(buf, &len, "pid=", 4, pid, (size_t)pn);
+    for (char **e = environ; e && *e && n < cap; e++) {
+        const char *eq = strchr(*e, '=');
+        if (eq && art_env_keep(*e, (size_t)(eq - *e))) kept[n++] = *e;
+    }
+    qsort(kept, n, sizeof *kept, art_env_cmp);
+    if (n > ARTEMIS_ENV_MAX_VARS) n = ARTEMIS_ENV_MAX_VARS;
+    for (size_t i = 0; i < n; i++) {
+        size_t vlen = strlen(kept[i]);
+        if (vlen > (size_t)(strchr(kept[i], '=') - kept[i]) + 1u + ARTEMIS_ENV_VALUE_MAX)
+            vlen = (size_t)(strchr(kept[i], '=') - kept[i]) + 1u + ARTEMIS_ENV_VALUE_MAX;
+        (void)art_put(buf, &len, "env.", 4, kept[i], vlen); /* one that does not fit: left out */
+    }
+    return len;
+}
+
+/* Writes <ring>.env (temp file, then rename); 0 on success. On any failure
+ * nothing is left at that path (an older sidecar included) and the ring goes
+ * on without one: a full /dev/shm never costs the job its ring. */
+static int art_env_write(const char *ring_path, char *err, size_t errlen) {
+    char path[sizeof ((ArtCtx *)0)->path + 8], tmp[sizeof path + 16];
+    snprintf(path, sizeof path, "%s.env", ring_path);
+    snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
+    size_t cap = 0;
+    for (char **e = environ; e && *e; e++) cap++;
+    char *buf = malloc(ARTEMIS_ENV_MAX_BYTES);
+    const char **kept = malloc((cap ? cap : 1) * sizeof *kept);
+    int fd = -1, rc = -1;
+    if (!buf || !kept) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    size_t len = art_env_block(buf, kept, cap);
+    if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
+        snprintf(err, errlen, "creating it: %s", strerror(errno));
+        goto out;
+    }
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            snprintf(err, errlen, "writing it: %s", w < 0 ? strerror(errno) : "short write");
+            goto out;
+        }
+        off += (size_t)w;
+    }
+    if (fchmod(fd, 0644) != 0 || close(fd) != 0) {
+        fd = -1;
+        snprintf(err, errlen, "closing it: %s", strerror(errno));
+        goto out;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        snprintf(err, errlen, "renaming it into place: %s", strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    if (fd >= 0) close(fd);
+    if (rc != 0) {
+        unlink(tmp);
+        unlink(path);
+    }
+    free(kept);
+    free(buf);
+    return rc;
+}
+
 /* mkdir -p with mode 0755; 0 on success. */
 static int make_dirs(const char *path) {
     char buf[256];
@@ -374,11 +495,18 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     snprintf(h->comm_name, sizeof h->comm_name, "%s", comm_name ? comm_name : "");
     if (gethostname(h->host, sizeof h->host - 1) != 0) h->host[0] = '\0';
     h->host[sizeof h->host - 1] = '\0';
+    /* Before the ring's rename: a reader that sees the ring sees its sidecar whole. */
+    ctx->env_err[0] = '\0';
+    if (art_env_write(ctx->path, ctx->env_err, sizeof ctx->env_err) == 0)
+        h->writer_flags |= ARTEMIS_WRITER_ENV; /* else init logs env_err; the ring goes on */
 
     if (rename(tmp, ctx->path) != 0) {
         snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, ctx->path, strerror(errno));
         munmap(mem, bytes);
         unlink(tmp);
+        char side[sizeof ctx->path + 8];
+        snprintf(side, sizeof side, "%s.env", ctx->path);
+        unlink(side);
         return -1;
     }
     ctx->hdr = h;

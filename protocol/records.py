@@ -25,7 +25,13 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
-from artemis.agent.ring_format import ENV_MAX_VARS, ENV_VALUE_MAX, filter_env, keep_env_name
+from artemis.agent.ring_format import (
+    ENV_MAX_VARS,
+    ENV_NAME_MAX,
+    ENV_VALUE_MAX,
+    filter_env,
+    keep_env_name,
+)
 from msgspec import Meta
 
 # -- field types: the bounds every decoder applies ----------------------------
@@ -252,7 +258,7 @@ ENV_MAX = ENV_MAX_VARS
 SOFTWARE_COMPONENTS = ("gpu_model", "driver", "cuda", "nccl", "torch", "kernel")
 
 
-EnvName = Annotated[str, Meta(min_length=1, max_length=128)]
+EnvName = Annotated[str, Meta(min_length=1, max_length=ENV_NAME_MAX - 1)]
 EnvValue = Annotated[str, Meta(max_length=ENV_VALUE_MAX)]
 Version = Annotated[str, Meta(min_length=1, max_length=128)]
 

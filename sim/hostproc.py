@@ -29,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 from artemis.sim.model import TP_BYTES, LockstepModel
-from artemis.sim.scenario import Scenario, load_scenario
+from artemis.sim.scenario import Scenario, load_scenario, nccl_code
+
+log = structlog.get_logger("artemis.sim")
 
 LAG = 1  # windows a host may run ahead of the coordinator's scoring
 CHANNELS = 2
@@ -140,7 +143,7 @@ def run_host(
 ) -> int:
     from artemis.agent.plugin_path import plugin_path
     from artemis.job.ring_writer import BridgeRingWriter
-    from artemis.sim.nccl import NcclStandIn
+    from artemis.sim.nccl import RUNTIMES, NcclStandIn
 
     sc = load_scenario(scenario)
     model = LockstepModel(sc)
@@ -148,7 +151,18 @@ def run_host(
     os.environ["ARTEMIS_JOB"] = job
     shm.mkdir(parents=True, exist_ok=True)
     local = [r for r in range(sc.ranks) if sc.host_of(r) == host]
-    nccl = NcclStandIn(str(plugin_path()), version=7)
+    # The host's software ([software], [software.hosts.N]) as a real job carries it:
+    # its env in this process's environment, its NCCL version behind ncclGetVersion of
+    # the stand-in NCCL the plugin is called from (docs/DESIGN.md "Scenario files").
+    if local:
+        sw = sc.software_of(local[0])
+        os.environ.update(sw["env"])
+        os.environ["ARTEMIS_STANDIN_NCCL_VERSION"] = str(nccl_code(sw["nccl"]))
+    lib = plugin_path()
+    runtime = "nccl" if (lib.parent / "standin" / RUNTIMES["nccl"]).exists() else None
+    if runtime is None:
+        log.warning("no stand-in NCCL beside the plugin (make plugin): the ranks report no nccl")
+    nccl = NcclStandIn(str(lib), version=7, runtime=runtime)
     comms: dict[int, Any] = {}
     tp_comms: dict[int, Any] = {}
     for r in local:

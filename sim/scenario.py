@@ -96,6 +96,24 @@ class Scenario:
     # communicator; data parallel across the groups, one communicator per TP
     # position (DESIGN.md "Scenario files"). 1 = plain data parallel.
     tp: int = 1
+    # [software] and its [software.hosts.N] overrides (parse_software): component ->
+    # value, plus "env" (name -> value) for every rank / for host N's ranks.
+    software: dict[str, Any] = field(default_factory=dict)
+    software_hosts: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def software_of(self, rank: int) -> dict[str, Any]:
+        """The rank's software fingerprint as the simulator plays it: the defaults of its
+        island's vendor, then [software], then its host's [software.hosts.N] (env merged
+        by name). The GPU model defaults to the rank's hardware class."""
+        vendor = self.islands[rank] if self.islands[rank] in SOFTWARE_DEFAULTS else "nvidia"
+        model = self.classes[rank] if self.classes is not None else GPU_MODELS[vendor]
+        out: dict[str, Any] = {**SOFTWARE_DEFAULTS[vendor], **SOFTWARE_COMMON, "gpu_model": model}
+        env: dict[str, str] = {}
+        for layer in (self.software, self.software_hosts.get(self.host_of(rank), {})):
+            out.update({k: v for k, v in layer.items() if k != "env"})
+            env.update(layer.get("env", {}))
+        out["env"] = env
+        return out
 
     def tp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks of `rank`'s tensor-parallel group (itself alone when tp = 1)."""
@@ -163,7 +181,18 @@ _FAULT_KEYS = {
     "ramp_windows",
     "duty",
 }
-_TOP_KEYS = {"job", "fault", "detector"}
+_TOP_KEYS = {"job", "fault", "detector", "software"}
+
+# [software]: the fingerprint components every rank reports (DESIGN.md "Scenario
+# files"), and the plausible fixed fingerprint a scenario without the table gets.
+SOFTWARE_KEYS = ("driver", "cuda", "nccl", "torch", "kernel", "gpu_model")
+SOFTWARE_DEFAULTS: dict[str, dict[str, str]] = {
+    "nvidia": {"driver": "550.54.15", "cuda": "12.4", "nccl": "2.21.5"},
+    "amd": {"driver": "6.8.5", "cuda": "rocm-6.2.4", "nccl": "2.21.5"},
+}
+SOFTWARE_COMMON = {"torch": "2.5.1", "kernel": "6.1.0-sim"}
+# The GPU model a rank reports when neither [job].classes nor [software] names one.
+GPU_MODELS = {"nvidia": "NVIDIA H100 80GB HBM3", "amd": "AMD Instinct MI300X"}
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -274,6 +303,10 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
         _parse_fault(f, i, name, ranks, islands, windows, seed) for i, f in enumerate(faults_raw)
     )
 
+    software, software_hosts = parse_software(
+        data.get("software", {}), name, math.ceil(ranks / rph)
+    )
+
     det = data.get("detector", {})
     if not isinstance(det, dict):
         raise err("[detector]", "expected a table")
@@ -305,7 +338,66 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
         stall_ms=stall_ms,
         telemetry_noise=telemetry_noise,
         tp=tp,
+        software=software,
+        software_hosts=software_hosts,
     )
+
+
+def nccl_code(version: str) -> int:
+    """ncclGetVersion's code for "2.21.5" (major*10000 + minor*100 + patch from 2.9 on)."""
+    major, minor, patch = (int(x) for x in version.split("."))
+    if (major, minor) >= (2, 9):
+        return major * 10000 + minor * 100 + patch
+    return major * 1000 + minor * 100 + patch
+
+
+def parse_software(
+    sw: Any, name: str, hosts: int
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """[software] and its [software.hosts.N] tables, checked: components are non-empty
+    strings, nccl is X.Y.Z, env is a table of strings, N names a host of the job."""
+
+    def err(key: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"{name}: {key}: {msg}")
+
+    def layer(t: Any, where: str, allow_hosts: bool) -> dict[str, Any]:
+        if not isinstance(t, dict):
+            raise err(where, "expected a table")
+        allowed = {*SOFTWARE_KEYS, "env", *(("hosts",) if allow_hosts else ())}
+        unknown = set(t) - allowed
+        if unknown:
+            raise err(
+                f"{where}.{sorted(unknown)[0]}",
+                f"unknown key; allowed: {', '.join(sorted(allowed))}",
+            )
+        out: dict[str, Any] = {}
+        for k in SOFTWARE_KEYS:
+            if k in t:
+                v = t[k]
+                if not isinstance(v, str) or not v or len(v) > 128:
+                    raise err(f"{where}.{k}", f"expected a non-empty string, got {v!r}")
+                if k == "nccl":
+                    parts = v.split(".")
+                    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+                        raise err(f"{where}.nccl", f"expected a version X.Y.Z, got {v!r}")
+                out[k] = v
+        if "env" in t:
+            env = t["env"]
+            if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+                raise err(f"{where}.env", 'expected a table of NAME = "value" strings')
+            out["env"] = dict(env)
+        return out
+
+    base = layer(sw, "[software]", True)
+    per_host: dict[int, dict[str, Any]] = {}
+    hosts_raw = sw.get("hosts", {}) if isinstance(sw, dict) else {}
+    if not isinstance(hosts_raw, dict):
+        raise err("[software.hosts]", "expected tables [software.hosts.N]")
+    for k, t in hosts_raw.items():
+        if not str(k).isdigit() or int(k) >= hosts:
+            raise err(f"[software.hosts.{k}]", f"expected a host number in 0..{hosts - 1}")
+        per_host[int(k)] = layer(t, f"[software.hosts.{k}]", False)
+    return base, per_host
 
 
 def _parse_fault(

@@ -38,7 +38,6 @@ from artemis.sim.physics import FaultState, fault_state
 from artemis.sim.scenario import Fault, Scenario
 
 VENDOR_OF_ISLAND = {"nvidia": "nvidia", "amd": "amd"}
-MODEL = {"nvidia": "NVIDIA H100 80GB HBM3", "amd": "AMD Instinct MI300X"}
 SM_MAX = {"nvidia": 1980.0, "amd": 2100.0}
 POWER_LIMIT = {"nvidia": 700.0, "amd": 750.0}
 SAMPLES_PER_WINDOW = 10  # agent samples averaged into one window's reading
@@ -51,7 +50,7 @@ TEL_KINDS = ("clocks", "thermal", "power", "pcie", "host", "hardware")
 
 def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str, Any]:
     vendor = VENDOR_OF_ISLAND.get(sc.islands[rank], "nvidia")
-    model = sc.classes[rank] if sc.classes is not None else MODEL[vendor]
+    model = sc.software_of(rank)["gpu_model"]  # its class, the vendor's model, or [software]
     sm_max = SM_MAX[vendor]
     limit = POWER_LIMIT[vendor]
     return {
@@ -184,7 +183,11 @@ def telemetry_plan(sc: Scenario) -> dict[int, dict[str, Any]]:
                             "fields": fields,
                         }
                     )
-        out[r] = {"base": base, "segments": segs}
+        # The rank's software fingerprint, as the agent's simulated source reports it (its
+        # nccl and env reach the agent through the plugin's ring, like a real job's).
+        sw = sc.software_of(r)
+        software = {k: sw[k] for k in ("driver", "cuda", "torch", "kernel", "gpu_model")}
+        out[r] = {"base": base, "segments": segs, "software": software}
     return out
 
 

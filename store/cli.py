@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from artemis.coordinator.findings import BASELINE_KINDS
 from artemis.store.base import Store, StoreError, open_for_findings, open_store
 
 app = typer.Typer(
@@ -179,11 +180,15 @@ def _story(r: dict[str, Any]) -> str:
         "island": f"island {r.get('subject')}",
         "link": f"link {r.get('subject')}",
         "collective": f"the collectives of {r.get('subject')}",
+        "change": f"class {r.get('subject')} (after a software change)",
+        "regression": f"class {r.get('subject')}",
     }.get(str(r.get("kind")), f"{r.get('kind')} {r.get('subject')}")
     hosts = r.get("hosts") or []
     on = f" on {', '.join(hosts)}" if hosts else ""
     ratio = ev.get("ratio")
-    slow = f" ran {100 * (ratio - 1):.1f}% slow against its peers" if ratio else " was slow"
+    # change/regression: against the stored baseline of its workload (earlier jobs)
+    against = "its workload's baseline" if r.get("kind") in BASELINE_KINDS else "its peers"
+    slow = f" ran {100 * (ratio - 1):.1f}% slow against {against}" if ratio else " was slow"
     cause = (r.get("cause") or {}).get("kind") or "unknown"
     verdict = r.get("verdict") or "still open"
     return (
@@ -191,6 +196,21 @@ def _story(r: dict[str, Any]) -> str:
         f" costing {_num(cost.get('loss_pct'), '.1f', '%')} of throughput and"
         f" {_num(cost.get('gpu_hours'), '.3g')} GPU-hours: {verdict}."
     )
+
+
+def _software(fp: dict[str, Any]) -> str:
+    """The job fingerprint in one cell: each component (a list where ranks differ), the
+    number of kept env variables, the workload hash's head."""
+    sw = fp.get("software") or {}
+    parts = []
+    for c in ("gpu_model", "driver", "cuda", "nccl", "torch", "kernel"):
+        v = sw.get(c)
+        if v:
+            parts.append(f"{c} {' | '.join(v) if isinstance(v, list) else v}")
+    parts.append(f"{len(sw.get('env') or {})} env")
+    if fp.get("workload"):
+        parts.append(f"workload {str(fp['workload'])[:12]}")
+    return ", ".join(parts)
 
 
 @app.command()
@@ -208,6 +228,11 @@ def show(
     with _open(store, findings) as s:
         try:
             r = s.incident(id)
+            # the job's fingerprint (docs/DESIGN.md "Fingerprints"), once its job ended
+            fp = next(
+                (j.get("fingerprint") for j in s.jobs() if r and j.get("job") == r.get("job")),
+                None,
+            )
         except StoreError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
@@ -227,6 +252,8 @@ def show(
     head.add_row("subject", f"{r.get('kind')} {r.get('subject')}  island {r.get('island') or '-'}")
     head.add_row("hosts", ", ".join(r.get("hosts") or []) or "-")
     head.add_row("verdict", f"[{style}]{verdict}[/]" if style else verdict)
+    if isinstance(fp, dict):
+        head.add_row("software", _software(fp))
     if r.get("reason"):
         head.add_row("why", str(r["reason"]))
     for key in ("opened", "confirmed", "closed"):
@@ -236,10 +263,12 @@ def show(
             continue
         extra = ""
         if key == "confirmed" and ph.get("rule"):
-            extra = (
-                f"  rule {ph['rule']}: q1 {_num(ph.get('q1_ms'))} ms vs peers' median"
-                f" {_num(ph.get('peers_median_ms'))} ms"
-            )
+            extra = f"  rule {ph['rule']}"
+            if "q1_ms" in ph:  # the quartile test (rank, degraded)
+                extra += (
+                    f": q1 {_num(ph.get('q1_ms'))} ms vs peers' median"
+                    f" {_num(ph.get('peers_median_ms'))} ms"
+                )
         if key == "closed" and ph.get("why"):
             extra = f"  ({ph['why']})"
         head.add_row(key, f"window {ph.get('window')}  {_when(ph.get('time'))}{extra}")
@@ -262,8 +291,10 @@ def show(
         con.print(f"  or {alt.get('kind')}{exs}: {alt.get('text')}")
 
     ev = r.get("evidence") or {}
-    et = Table(title=f"evidence over {ev.get('windows', '?')} windows: rank vs peers")
-    for col in ("", "rank", "peers", "rank/peers"):
+    base = r.get("kind") in BASELINE_KINDS
+    vs = ("class", "baseline") if base else ("rank", "peers")
+    et = Table(title=f"evidence over {ev.get('windows', '?')} windows: {vs[0]} vs {vs[1]}")
+    for col in ("", *vs, f"{vs[0]}/{vs[1]}"):
         et.add_column(col, justify="left" if not col else "right")
     rows: list[tuple[str, Any, Any]] = [("gap ms", ev.get("gap_ms"), ev.get("peers_gap_ms"))]
     for name, v in (ev.get("telemetry") or {}).items():

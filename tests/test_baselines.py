@@ -235,3 +235,21 @@ def test_snapshot_restore_carries_the_comparison() -> None:
     a = [(f.kind, f.state) for f in m.on_window(8, wins[8]).findings]
     b = [(f.kind, f.state) for f in r.on_window(8, wins[8]).findings]
     assert a == b == [("change", "flagged")]
+
+
+def test_a_late_agent_makes_the_job_fingerprint_again() -> None:
+    """Ranks 0-3 announced and fingerprinted first (a job of 4 as far as the monitor
+    knows), then the second host's agent: the workload hash has the rank count, so the
+    job is identified again and its baselines are read again, for the right workload."""
+    m = JobMonitor("l", Settings(), run="l-run")
+    m.expect(range(4), "h0")
+    for r in range(4):
+        m.on_fingerprint(r, OLD, "sig-of-the-step")
+    m.on_window(0, windows(3)[0][:4])
+    assert m.baseline_wanted() == [(workload_hash(["sig-of-the-step"] * 4, 4), UNKNOWN_CLASS)]
+    m.on_baselines(UNKNOWN_CLASS, None, None)
+    m.expect(range(4, 8), "h1")
+    assert m.baseline_wanted() == []  # ranks 4-7 have not sent theirs: not known yet
+    for r in range(4, 8):
+        m.on_fingerprint(r, OLD, "sig-of-the-step")
+    assert m.baseline_wanted() == [(WORKLOAD, UNKNOWN_CLASS)]

@@ -4,6 +4,10 @@ the agent's version codes and the summariser's step signature."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -11,8 +15,9 @@ import msgspec
 import numpy as np
 import pytest
 from artemis.agent import ring_format as rf
-from artemis.agent.fingerprint import cuda_version, nccl_version, software_of, workload_signature
+from artemis.agent.fingerprint import nccl_version, software_of, workload_signature
 from artemis.agent.summary import WindowSummarizer
+from artemis.agent.telemetry.nvml import cuda_version
 from artemis.coordinator.fingerprint import JobFingerprint, combine, diff, workload_hash
 from artemis.coordinator.monitor import JobMonitor
 from artemis.coordinator.settings import Settings
@@ -172,3 +177,28 @@ def test_the_step_signature_is_a_steady_step_and_its_hash_follows_the_workload()
     assert sig([1, 1, 2], [100, 200, 400]) != base  # another bucket size
     assert sig([1, 2, 2], [100, 200, 300]) != base  # another function
     assert sig([1, 1, 2, 1], [100, 200, 300, 100]) != base  # another count
+
+
+def test_incidents_show_names_the_jobs_fingerprint(tmp_path: Path) -> None:
+    from artemis.store import open_store, store_url
+    from store_records import flagship
+
+    url = store_url(tmp_path / "artemis.db")
+    rec = flagship()[-1]
+    fp = JobFingerprint.of({0: SW, 1: {**SW, "driver": "560.28.03"}}, {0: "a" * 32, 1: "a" * 32}, 2)
+    with open_store(url) as s:
+        s.write_incident(rec)
+        s.write_job(rec["job"], {"fingerprint": fp.to_dict()})
+    artemis = str(Path(sys.executable).parent / "artemis")
+    env = {**os.environ, "COLUMNS": "200"}
+    out = subprocess.run(
+        [artemis, "incidents", "show", rec["id"], "--store", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    line = next(ln for ln in out.splitlines() if "software" in ln)
+    assert "driver 550.54.15 | 560.28.03" in line and "nccl 2.21.5" in line
+    assert fp.workload is not None
+    assert "1 env" in line and f"workload {fp.workload[:12]}" in line

@@ -24,6 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from artemis.agent import ring_format as rf  # noqa: E402
+from artemis.agent.fingerprint import ring_software  # noqa: E402
 from artemis.agent.ring import RingReader  # noqa: E402
 
 WORLD = 2
@@ -129,6 +130,8 @@ def _train(kind: str, rank: int, g: Any) -> dict[str, Any]:
 def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_SHM_DIR"] = shm
     os.environ["ARTEMIS_JOB"] = JOB
+    os.environ["NCCL_FP_BACKEND"] = "on"  # kept in the fingerprint's env
+    os.environ["NCCL_FP_TOKEN"] = "s3cret"  # left out
     import artemis.job  # noqa: F401  (registers the backend)
     import torch.distributed as dist
 
@@ -195,6 +198,10 @@ def test_artemis_backend_matches_gloo_and_records(tmp_path: Path) -> None:
             h = rd.header()
             assert h.backend and h.cpu_times and h.clock_kind == "host"
             assert h.finished  # destroy_process_group finishes the rings
+            # The software fingerprint: torch's version and the kept env; no NCCL on CPU.
+            sw = ring_software(h)
+            assert sw["torch"] == torch.__version__ and "nccl" not in sw
+            assert sw["env"]["NCCL_FP_BACKEND"] == "on" and "NCCL_FP_TOKEN" not in sw["env"]
             b = rd.poll()
             assert len(b.in_flight) == 0
             d = b.done

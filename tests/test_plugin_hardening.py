@@ -195,7 +195,7 @@ def _header_u32(path: Path, off: int) -> int:
 # artemis_ring.h offsets (minor 1)
 TICK_SOURCE_OFF, WRITER_FLAGS_OFF, NCCL_VERSION_OFF = 292, 296, 300
 TICK_SRC_NONE, TICK_SRC_DEFAULT, TICK_SRC_HIP = 0, 1, 2
-WRITER_RCCL = 1
+WRITER_RCCL, WRITER_ENV = 1, 8
 
 
 def test_rccl_is_detected_from_the_process_not_the_file_name(
@@ -245,7 +245,7 @@ def test_nccl_runtime_gives_ns_and_its_version(plugin_lib: Path, shm_dir: Path) 
         with RingReader(path) as r:
             assert (r.header().clock_kind, r.header().tick_hz) == ("device_ns", 0)
         assert _header_u32(path, NCCL_VERSION_OFF) == 23003
-        assert _header_u32(path, WRITER_FLAGS_OFF) == 0
+        assert _header_u32(path, WRITER_FLAGS_OFF) == WRITER_ENV  # not RCCL; its env sidecar
         assert _header_u32(path, TICK_SOURCE_OFF) == TICK_SRC_NONE
     # Called from no NCCL at all (plain ctypes): the version is unknown (0).
     n = NcclStandIn(plugin_lib, 6)

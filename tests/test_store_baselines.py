@@ -35,10 +35,7 @@ def record(
 ) -> dict[str, Any]:
     b = Baseline("wl", cls, software, software_hash(software))
     b.add(
-        [
-            WindowStats(w, gap * 1.1, gap * 0.98, gap, gap * 0.95, gap * 1.05, (0, 1), ("h",))
-            for w in range(6, 12)
-        ],
+        [WindowStats(w, gap * 1.1, gap * 0.98, gap, gap * 0.95, gap * 1.05) for w in range(6, 12)],
         job,
         "r1",
     )

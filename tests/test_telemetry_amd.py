@@ -19,6 +19,7 @@ from enum import IntEnum
 
 import pytest
 from artemis.agent.telemetry import AmdSmiSource, RankTarget, collect
+from artemis.agent.telemetry.amd import rocm_version
 
 AMDSMI_STATUS_NOT_SUPPORTED = 2
 
@@ -164,6 +165,13 @@ def fake_amdsmi(gpus: list[FakeAmdGpu]) -> types.ModuleType:
         },
         amdsmi_get_gpu_total_ecc_count=lambda h: dict(ras(h).ecc),
         amdsmi_get_gpu_bad_page_info=lambda h: list(ras(h).bad_pages),
+        # amdsmi 6.x: the driver info map; the ROCm version as its string
+        amdsmi_get_gpu_driver_info=lambda h: {
+            "driver_name": "amdgpu",
+            "driver_version": "6.8.5",
+            "driver_date": "2015/01/01 00:00",
+        },
+        amdsmi_get_rocm_version=lambda: "6.4.1-123",
     )
     return m
 
@@ -223,3 +231,18 @@ def test_ras_unsupported_leaves_the_fields_missing(monkeypatch: pytest.MonkeyPat
     t = collect([src], at(0))
     assert {"ecc_corrected", "ecc_uncorrected", "retired_pages"} <= set(t.missing)
     assert t.sm_mhz == 2100  # the rest still reads
+
+
+def test_software_fingerprint_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    src = install(monkeypatch, [FakeAmdGpu()])
+    assert src.software(at(0)) == {
+        "cuda": "rocm-6.4.1",
+        "driver": "6.8.5",
+        "gpu_model": "AMD Instinct MI300X",
+    }
+    assert src.software(at(5)) == {"cuda": "rocm-6.4.1"}  # no such GPU: the host part only
+    # a release that returns (status, version), and one without the call
+    assert rocm_version((True, "6.2.4")) == "rocm-6.2.4"
+    assert rocm_version(None) is None and rocm_version("unknown") is None
+    del sys.modules["amdsmi"].amdsmi_get_rocm_version
+    assert "cuda" not in src.software(at(0))

@@ -73,6 +73,9 @@ ALL_SYMBOLS = frozenset(
         "nvmlDeviceGetSupportedEventTypes",
         "nvmlEventSetWait_v2",
         "nvmlEventSetFree",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetCudaDriverVersion_v2",
     }
 )
 # R525: before the clock "event" reason symbols (R535) and nvmlDeviceGetTemperatureV.
@@ -311,6 +314,10 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
         ),
         "nvmlEventSetWait_v2": ("nvmlEventSetWait_v2", wait_v2),
         "nvmlEventSetFree": ("nvmlEventSetFree", lambda es: None),
+        # str since nvidia-ml-py 11.515 (convertStrBytes); 1000 * major + 10 * minor
+        "nvmlSystemGetDriverVersion": ("nvmlSystemGetDriverVersion", lambda: "550.54.15"),
+        "nvmlSystemGetCudaDriverVersion": ("nvmlSystemGetCudaDriverVersion", lambda: 12040),
+        "nvmlSystemGetCudaDriverVersion_v2": ("nvmlSystemGetCudaDriverVersion_v2", lambda: 12040),
     }
     g["nvmlInit"] = nvmlInit
     for py_name, (csym, fn) in fns.items():
@@ -548,3 +555,17 @@ def test_error_counters_are_read_at_most_once_per_interval(
     now[0] += 5.0
     assert src.sample(at(0))["ecc_corrected"] == 4
     assert len(calls) == 4  # two reads (corrected, uncorrected) per refresh, two refreshes
+
+
+def test_software_fingerprint_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    src, _ = install(monkeypatch, [FakeGpu(), FakeGpu(name="NVIDIA H100 80GB HBM3")])
+    assert src.software(at(1)) == {
+        "driver": "550.54.15",
+        "cuda": "12.4",
+        "gpu_model": "NVIDIA H100 80GB HBM3",
+    }
+    # a driver without the _v2 symbol: the older call gives the same
+    src, _ = install(monkeypatch, [FakeGpu()], ALL_SYMBOLS - {"nvmlSystemGetCudaDriverVersion_v2"})
+    assert src.software(at(0))["cuda"] == "12.4"
+    # no GPU for the rank: the system parts only
+    assert src.software(RankTarget(rank=0)) == {"driver": "550.54.15", "cuda": "12.4"}

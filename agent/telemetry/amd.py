@@ -57,6 +57,7 @@ in older ones), else ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` /
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,6 +117,17 @@ def gpu_from_environ_amd(env: Mapping[str, str]) -> int | str | None:
 
 def _local(env: Mapping[str, str]) -> dict[str, str]:
     return {"LOCAL_RANK": env["LOCAL_RANK"]} if "LOCAL_RANK" in env else {}
+
+
+def rocm_version(v: Any) -> str | None:
+    """``rocm-6.4.1`` from what amdsmi_get_rocm_version returns ("6.4.1-123", or a
+    (status, version) pair); None when no version number is in it."""
+    if isinstance(v, tuple | list):
+        v = next((x for x in reversed(v) if isinstance(x, str | bytes)), None)
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    m = re.match(r"\s*(\d+(?:\.\d+)*)", v) if isinstance(v, str) else None
+    return f"rocm-{m.group(1)}" if m else None
 
 
 class AmdSmiSource:
@@ -189,6 +201,34 @@ class AmdSmiSource:
                 return None
             self._pid_gpu[pid] = found
         return self._pid_gpu[pid]
+
+    def software(self, target: RankTarget) -> dict[str, str]:
+        """The rank's part of its software fingerprint (agent/fingerprint.py): its GPU's
+        model (``amdsmi_get_gpu_asic_info``'s ``market_name``), the amdgpu driver
+        (``amdsmi_get_gpu_driver_info``'s ``driver_version``) and ROCm as
+        ``rocm-X.Y.Z`` (``amdsmi_get_rocm_version``: a string, or ``(ok, string)`` in
+        releases that return a status with it). Unknown ones are left out."""
+        if not self.available()[0]:
+            return {}
+        smi = self._smi
+        out: dict[str, str] = {}
+        rocm = rocm_version(call_or_none(getattr(smi, "amdsmi_get_rocm_version", None)))
+        if rocm:
+            out["cuda"] = rocm
+        idx = self.gpu_index(target)
+        if idx is None or not 0 <= idx < len(self._handles):
+            return out
+        h = self._handles[idx]
+        drv = call_or_none(getattr(smi, "amdsmi_get_gpu_driver_info", None), h)
+        asic = call_or_none(smi.amdsmi_get_gpu_asic_info, h)
+        for key, info, field in (
+            ("driver", drv, "driver_version"),
+            ("gpu_model", asic, "market_name"),
+        ):
+            v = info.get(field) if isinstance(info, Mapping) else None
+            if isinstance(v, str) and v.strip():
+                out[key] = v.strip()
+        return out
 
     def sample(self, target: RankTarget) -> dict[str, object]:
         if not self.available()[0]:

@@ -116,6 +116,13 @@ def first_ok(nv: Any, names: tuple[str, ...], *args: Any) -> Any:
     return None
 
 
+def cuda_version(code: int | None) -> str | None:
+    """The CUDA driver API's version code (1000 * major + 10 * minor) as ``12.8``."""
+    if not code or code <= 0:
+        return None
+    return f"{code // 1000}.{(code % 1000) // 10}"
+
+
 def _text(v: Any) -> str | None:
     if isinstance(v, bytes):
         v = v.decode(errors="replace")
@@ -273,6 +280,30 @@ class NvmlSource:
             call_or_none(self._nv.nvmlShutdown)
             self._nv = None
             self._state = None
+
+    def software(self, target: RankTarget) -> dict[str, str]:
+        """The rank's part of its software fingerprint (agent/fingerprint.py): its GPU's
+        model (nvmlDeviceGetName), the driver (nvmlSystemGetDriverVersion) and the CUDA
+        version the driver supports (nvmlSystemGetCudaDriverVersion_v2, before it
+        nvmlSystemGetCudaDriverVersion: 1000 * major + 10 * minor). Unknown ones are
+        left out."""
+        if not self.available()[0]:
+            return {}
+        nv = self._nv
+        out: dict[str, str] = {}
+        driver = _text(first_ok(nv, ("nvmlSystemGetDriverVersion",)))
+        if driver:
+            out["driver"] = driver
+        code = first_ok(nv, ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"))
+        cuda = cuda_version(code if isinstance(code, int) else None)
+        if cuda:
+            out["cuda"] = cuda
+        idx = self.gpu_index(target)
+        h = call_or_none(nv.nvmlDeviceGetHandleByIndex, idx) if idx is not None else None
+        name = _text(call_or_none(nv.nvmlDeviceGetName, h)) if h is not None else None
+        if name:
+            out["gpu_model"] = name
+        return out
 
     def gpu_index(self, target: RankTarget) -> int | None:
         """NVML index of the rank's GPU (see the module docstring for the order)."""

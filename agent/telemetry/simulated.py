@@ -92,6 +92,16 @@ class SimulatedSource:
         self._cache[(job, rank)] = (stamp, doc)
         return doc
 
+    def software(self, target: RankTarget) -> dict[str, str]:
+        """The rank's software fingerprint components the simulator wrote (its scenario's
+        [software]: driver, cuda, torch, kernel, gpu_model), for agent/fingerprint.py."""
+        job = target.job or self.job
+        doc = self._doc(job, target.rank) if job else None
+        sw = doc.get("software") if doc is not None else None
+        if not isinstance(sw, dict):
+            return {}
+        return {str(k): v for k, v in sw.items() if isinstance(v, str) and v}
+
     def sample(self, target: RankTarget) -> dict[str, object]:
         job = target.job or self.job
         if not job:

@@ -6,6 +6,7 @@
  * NCCL (build/standin/libnccl.so.2) gives device ns and NCCL's version; from
  * inside the stand-in RCCL (librccl.so, loaded RTLD_LOCAL like a Python
  * extension's library) device ticks at the stand-in HIP's wall-clock rate.
+ * Both leave the env sidecar (the kept NCCL_ variable, not the one named KEY).
  * Usage: dlopen_check BUILD_DIR
  */
 #include <dlfcn.h>
@@ -68,6 +69,24 @@ static void check_lib(const char *build, const char *runtime, const char *dir, u
         close(fd);
         unlink(rp);
     }
+    char ep[1100], env[4096] = {0};
+    snprintf(ep, sizeof ep, "%s.env", rp);
+    fd = open(ep, O_RDONLY);
+    CHECK(fd >= 0, "env sidecar %s", ep);
+    if (fd >= 0) {
+        ssize_t n = read(fd, env, sizeof env - 1);
+        CHECK(n > 0, "read %s", ep);
+        size_t len = n > 0 ? (size_t)n : 0;
+        int kept = 0, secret = 0, magic = len > 0 && !strcmp(env, "artemis-env=1");
+        for (size_t off = 0; off < len; off += strlen(env + off) + 1) {
+            kept += !strcmp(env + off, "env.NCCL_DLOPEN_CHECK=on");
+            secret += strstr(env + off, "NCCL_DLOPEN_API_KEY") != NULL;
+        }
+        CHECK(magic && kept == 1 && secret == 0, "%s: magic %d kept %d secret %d", ep, magic, kept,
+              secret);
+        close(fd);
+        unlink(ep);
+    }
     p->finalize(ctx);
 }
 
@@ -75,10 +94,13 @@ int main(int argc, char **argv) {
     if (argc < 2) return 2;
     char dir[] = "/tmp/artemis-dlopen-XXXXXX";
     if (!mkdtemp(dir)) return 2;
-    check_lib(argv[1], "libnccl.so.2", dir, ARTEMIS_CLOCK_DEVICE_NS, 0, ARTEMIS_TICK_SRC_NONE, 0, 23003);
+    setenv("NCCL_DLOPEN_CHECK", "on", 1);
+    setenv("NCCL_DLOPEN_API_KEY", "s3cret", 1);
+    check_lib(argv[1], "libnccl.so.2", dir, ARTEMIS_CLOCK_DEVICE_NS, 0, ARTEMIS_TICK_SRC_NONE,
+              ARTEMIS_WRITER_ENV, 23003);
     setenv("ARTEMIS_STANDIN_HIP_WALLCLOCK_KHZ_0", "25000", 1);
     check_lib(argv[1], "librccl.so", dir, ARTEMIS_CLOCK_DEVICE_TICKS, 25000000ull, ARTEMIS_TICK_SRC_HIP,
-              ARTEMIS_WRITER_RCCL, 22803);
+              ARTEMIS_WRITER_RCCL | ARTEMIS_WRITER_ENV, 22803);
     rmdir(dir);
     printf(fails ? "dlopen check FAILED\n"
                  : "dlopen check PASSED (under NCCL: ns; under RCCL: ticks at HIP's rate)\n");
