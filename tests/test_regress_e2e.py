@@ -141,7 +141,9 @@ def _table(out: dict[str, Any]) -> str:
 
 def test_regress_baseline_regression_change_and_peers(tmp_path: Path) -> None:
     # 1. Two runs: a stable baseline, no finding. A third, quiet: none either.
-    first = regress(tmp_path, "node-a")
+    # A variable whose name says secret is never kept (so the fingerprint is the same
+    # without it, below).
+    first = regress(tmp_path, "node-a", NCCL_IB_TOKEN="hunter2")
     assert first["findings"] == [] and first["run"]["verdict"] == "no-baseline"
     run = first["run"]
     assert run["device"] == "cpu" and run["ranks"] == 2
@@ -153,6 +155,9 @@ def test_regress_baseline_regression_change_and_peers(tmp_path: Path) -> None:
     }
     assert run["absent"] == {"h2d": "no GPU on this node"}
     assert run["software"]["env"]["NCCL_ALGO"] == "Ring"
+    assert "NCCL_IB_TOKEN" not in run["software"]["env"]
+    for f in tmp_path.glob("regress.db*"):  # the file and its WAL
+        assert b"hunter2" not in f.read_bytes(), f
     assert run["software"]["kernel"] == os.uname().release
     assert run["hardware"].startswith("cpu ")
     second = regress(tmp_path, "node-a")
