@@ -81,7 +81,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job rebalance store report
+	$(BIN)/mypy agent coordinator protocol sim job rebalance store report regress
 
 # docs/incident-report.png: the report of a real simulated run (the flagship
 # scenario, rebalancing on), rendered by headless Chromium (README "Reading an incident").

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from artemis.regress.cli import regress as regress_command
 from artemis.sim.scenario import ScenarioError
 from artemis.store.cli import app as incidents_app
 
@@ -18,12 +19,15 @@ app = typer.Typer(
         "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
         "  artemis sim ... --store sqlite:///S.db  runs sharing a store: baselines across jobs\n"
         "  artemis report --findings F --out DIR   an HTML incident report per job\n"
-        "  artemis incidents list --findings OUT  the incidents of a run (show ID: one)"
+        "  artemis incidents list --findings OUT  the incidents of a run (show ID: one)\n"
+        "  artemis regress --store URL            this node's micro-benchmark against its "
+        "baseline"
     ),
     no_args_is_help=True,
     add_completion=False,
 )
 app.add_typer(incidents_app, name="incidents")
+app.command("regress")(regress_command)
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 

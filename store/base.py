@@ -72,7 +72,21 @@ class Store(abc.ABC):
         transaction. A store that keeps none (a JSONL view) raises ``StoreError``."""
         raise StoreError(f"{self.url}: this store keeps no baselines")
 
+    def write_regress_run(self, run: dict[str, Any]) -> None:
+        """Upsert an `artemis regress` run by its ``id`` (regress/README.md "The run
+        record": ``node``, ``time``, ``hardware``, ``device``, ``ranks``,
+        ``fingerprint`` and ``software``, ``verdict``, ``healthy``, ``items``, ...),
+        and its software fingerprint by hash. A store that keeps none raises."""
+        raise StoreError(f"{self.url}: this store keeps no regress runs")
+
     # ------------------------------------------------------------------ reads
+    def regress_runs(
+        self, *, node: str | None = None, hardware: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """`artemis regress` runs (of ``node``, of a ``hardware`` class) as they went
+        in, newest first, at most ``limit``."""
+        return []
+
     def baseline(
         self, workload: str, hw_class: str, software_hash: str | None = None
     ) -> dict[str, Any] | None:

@@ -28,11 +28,15 @@ status, verdict, cause, windows, GPU-hours lost), backfilled from their
 records; actions get their own table (one row per plan of an incident),
 backfilled too; the job rows get the p10/p90 bands; per-window rows of an
 incident's subject get a table (what redraws an incident's plots).
-v3, the current one: baselines across jobs (coordinator/baselines.py): the
+v3: baselines across jobs (coordinator/baselines.py): the
 software fingerprints by hash, and one baseline per (workload fingerprint,
 hardware class, software fingerprint) with its reference values in columns and
 its whole distribution as JSON; the latest of a (workload, class) is what a job
 is judged by (index on `updated`).
+v4, the current one: `artemis regress` runs (regress/README.md), one row per run
+keyed by its id, with the columns a baseline is selected by (node, hardware
+class, device, ranks, software fingerprint hash, healthy) and the whole run as
+JSON; its software fingerprint also goes into `fingerprints`.
 """
 
 from __future__ import annotations
@@ -385,10 +389,32 @@ def _v3(db: Db) -> None:
     )
 
 
+def _v4(db: Db) -> None:
+    db.script(
+        """
+        CREATE TABLE regress_runs (
+            id          TEXT PRIMARY KEY,
+            node        TEXT NOT NULL,
+            time        REAL NOT NULL,     -- unix s, when the run ended
+            hardware    TEXT NOT NULL,     -- hardware class: the GPU model, or "cpu <model>"
+            device      TEXT NOT NULL,     -- cpu | cuda
+            ranks       INTEGER NOT NULL,  -- local ranks of the all_reduce sweep
+            fingerprint TEXT NOT NULL,     -- fingerprints.hash of its software fingerprint
+            verdict     TEXT,              -- ok | no-baseline | regression | change
+            healthy     INTEGER NOT NULL,  -- 1: no finding, the run may enter baselines
+            record      TEXT NOT NULL      -- the whole run, JSON (regress/README.md)
+        );
+        CREATE INDEX regress_runs_by_node ON regress_runs (node, time);
+        CREATE INDEX regress_runs_by_hardware ON regress_runs (hardware, time);
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incidents, job windows (median ratio)", _v1),
     Migration(2, "incident columns, actions, p10/p90 bands, incident windows", _v2),
     Migration(3, "baselines across jobs, software fingerprints", _v3),
+    Migration(4, "regress runs (artemis regress)", _v4),
 )
 CURRENT = MIGRATIONS[-1].version
 

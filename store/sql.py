@@ -64,6 +64,19 @@ BASELINE_COLS = (
     "record",
 )
 UPSERT_BASELINE = upsert("baselines", BASELINE_COLS, ("workload", "hw_class", "software"))
+REGRESS_COLS = (
+    "id",
+    "node",
+    "time",
+    "hardware",
+    "device",
+    "ranks",
+    "fingerprint",
+    "verdict",
+    "healthy",
+    "record",
+)
+UPSERT_REGRESS = upsert("regress_runs", REGRESS_COLS, ("id",))
 ENSURE_FINGERPRINT = upsert(
     "fingerprints", ("hash", "software", "first_seen"), ("hash",), update=False
 )
@@ -278,7 +291,52 @@ class SqlStore(Store):
                     ),
                 )
 
+    @guarded("write_regress_run")
+    def write_regress_run(self, run: dict[str, Any]) -> None:
+        for k in ("id", "node", "time", "hardware", "device", "ranks", "fingerprint"):
+            if run.get(k) is None:
+                raise StoreError(f"{self.where}: a regress run needs {k}")
+        with self._tx() as db:
+            db.execute(
+                ENSURE_FINGERPRINT,
+                (str(run["fingerprint"]), dumps(run.get("software") or {}), float(run["time"])),
+            )
+            db.execute(
+                UPSERT_REGRESS,
+                (
+                    str(run["id"]),
+                    str(run["node"]),
+                    float(run["time"]),
+                    str(run["hardware"]),
+                    str(run["device"]),
+                    int(run["ranks"]),
+                    str(run["fingerprint"]),
+                    run.get("verdict"),
+                    1 if run.get("healthy") else 0,
+                    dumps(run),
+                ),
+            )
+
     # ------------------------------------------------------------------ reads
+    @guarded("regress_runs")
+    def regress_runs(
+        self, *, node: str | None = None, hardware: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        for col, v in (("node", node), ("hardware", hardware)):
+            if v is not None:
+                where.append(f"{col} = ?")
+                args.append(v)
+        q = "SELECT record FROM regress_runs"
+        if where:
+            q += " WHERE " + " AND ".join(where)
+        q += " ORDER BY time DESC, id COLLATE BINARY DESC"
+        if limit is not None:
+            q += " LIMIT ?"
+            args.append(int(limit))
+        return [json.loads(r[0]) for r in self._db.execute(q, args).fetchall()]
+
     @guarded("baseline")
     def baseline(
         self, workload: str, hw_class: str, software_hash: str | None = None

@@ -44,6 +44,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 UNITS = ("artemis-agent.service", "artemis-coordinator.service")
+# `artemis regress` on a timer (README "Regressions across changes").
+REGRESS_UNITS = ("artemis-regress.service", "artemis-regress.timer")
 # Series of the coordinator process as a whole: they carry no job label.
 PROCESS_WIDE = {
     "straggler_detector_active",
@@ -225,17 +227,23 @@ def test_grafana_provisioning() -> None:
 
 def _unit_copy(tmp_path: Path, unit: str) -> Path:
     """The unit with ExecStart pointing at the venv's console script, so
-    systemd-analyze can check that the binary exists and is executable."""
+    systemd-analyze can check that the binary exists and is executable (a timer:
+    with the service it starts beside it)."""
+    if unit.endswith(".timer"):
+        _unit_copy(tmp_path, unit.removesuffix(".timer") + ".service")
+        dst = tmp_path / unit
+        dst.write_text((SYSTEMD / unit).read_text())
+        return dst
     text = (SYSTEMD / unit).read_text()
     assert "ExecStart=/opt/artemis/bin/" in text
-    for name in ("artemis-agent", "artemis-coordinator"):
+    for name in ("artemis-agent", "artemis-coordinator", "artemis"):
         text = text.replace(f"/opt/artemis/bin/{name} ", f"{console_script(name)} ")
     dst = tmp_path / unit
     dst.write_text(text)
     return dst
 
 
-@pytest.mark.parametrize("unit", UNITS)
+@pytest.mark.parametrize("unit", UNITS + REGRESS_UNITS)
 def test_systemd_analyze_verify(tmp_path: Path, unit: str) -> None:
     path = _unit_copy(tmp_path, unit)
     r = run([tool("systemd-analyze"), "verify", "--man=no", str(path)], cwd=tmp_path)
@@ -278,6 +286,75 @@ def test_systemd_unit_hardening(unit: str) -> None:
         re.M,
     )
     assert f"EnvironmentFile=-/etc/default/{name}" in text
+
+
+def _security(unit: str) -> None:
+    r = run(
+        [
+            tool("systemd-analyze"),
+            "security",
+            "--offline=yes",
+            "--threshold=25",
+            "--no-pager",
+            str(SYSTEMD / unit),
+        ]
+    )
+    assert r.returncode == 0, f"exposure above 2.5:\n{r.stdout[-3000:]}{r.stderr}"
+
+
+def test_regress_units() -> None:
+    """Hardened as the daemons' units are; a oneshot started by a timer in a
+    maintenance window, with flags `artemis regress` takes."""
+    _security("artemis-regress.service")
+    text = (SYSTEMD / "artemis-regress.service").read_text()
+    for line in (
+        "Type=oneshot",
+        "User=artemis",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=\n",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia-frontend rw",
+        "SystemCallFilter=@system-service",
+        "EnvironmentFile=-/etc/default/artemis-regress",
+        "StateDirectory=artemis",
+    ):
+        assert line in text, f"artemis-regress.service: {line.strip()} missing"
+    assert "[Install]" not in text  # started by its timer, never enabled itself
+    (exec_start,) = re.findall(r"^ExecStart=(.*)$", text, re.M)
+    argv = exec_start.split()
+    assert argv[:2] == ["/opt/artemis/bin/artemis", "regress"]
+    flags = [a for a in argv if a.startswith("--")]
+    assert {"--store", "--jsonl", "--textfile"} <= set(flags)
+    r = run(
+        [str(console_script("artemis")), "regress", "--help"], env={**os.environ, "COLUMNS": "200"}
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not [f for f in flags if f not in r.stdout]
+    timer = (SYSTEMD / "artemis-regress.timer").read_text()
+    for line in ("OnCalendar=", "Persistent=true", "RandomizedDelaySec=", "WantedBy=timers.target"):
+        assert line in timer, f"artemis-regress.timer: {line} missing"
+
+
+@pytest.mark.parametrize(
+    "smi,skips",
+    [(None, False), ("", False), ("4242\n", True)],
+    ids=["no-nvidia-smi", "gpus-idle", "gpus-busy"],
+)
+def test_regress_unit_skips_a_busy_node(tmp_path: Path, smi: str | None, skips: bool) -> None:
+    """The unit's ExecCondition, run by sh as systemd would (`$$` is a literal `$`),
+    against a stand-in nvidia-smi that lists compute processes or none."""
+    text = (SYSTEMD / "artemis-regress.service").read_text()
+    (cond,) = re.findall(r"^ExecCondition=/bin/sh -c '(.*)'$", text, re.M)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{smi}'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    r = run(["/bin/sh", "-c", cond.replace("$$", "$")], env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.returncode == (1 if skips else 0), r.stdout + r.stderr
 
 
 def test_agent_unit_can_write_rings() -> None:
@@ -397,6 +474,36 @@ def test_example_configs_load_with_the_daemons_loaders() -> None:
     _load_coordinator(DEPLOY / "coordinator.toml")
 
 
+def test_k8s_regress_cronjob() -> None:
+    (cron,) = [d for d in load_yaml_all(K8S / "regress-cronjob.yaml") if d["kind"] == "CronJob"]
+    assert cron["metadata"]["name"] == "artemis-regress"
+    spec = cron["spec"]
+    assert spec["concurrencyPolicy"] == "Forbid" and len(spec["schedule"].split()) == 5
+    job = spec["jobTemplate"]["spec"]
+    assert job["parallelism"] == job["completions"]  # one pod per node of the sweep
+    pod = job["template"]["spec"]
+    (anti,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        anti["labelSelector"]["matchLabels"].items()
+        <= job["template"]["metadata"]["labels"].items()
+    )
+    (c,) = pod["containers"]
+    assert c["args"][:2] == ["artemis", "regress"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"]  # the whole node: only when idle
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert c["args"][c["args"].index("--node") + 1] == "$(NODE_NAME)"
+    assert "secretKeyRef" in env["ARTEMIS_REGRESS_STORE"]["valueFrom"]  # the URL has a password
+    flags = [a for a in c["args"] if a.startswith("--")]
+    r = run(
+        [str(console_script("artemis")), "regress", "--help"], env={**os.environ, "COLUMNS": "200"}
+    )
+    assert not [f for f in flags if f not in r.stdout]
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/dev/shm", "/textfile", "/var/lib/artemis"} <= mounts
+
+
 def test_k8s_configmaps_load_with_the_daemons_loaders(tmp_path: Path) -> None:
     loaders = {"agent.toml": _load_agent, "coordinator.toml": _load_coordinator}
     seen = set()
@@ -470,6 +577,43 @@ def test_slurm_task_prolog(tmp_path: Path) -> None:
     assert [line.split()[0] for line in out] == ["print"]
     out = _task_prolog(tmp_path / "nowhere", ARTEMIS="1")
     assert [line.split()[0] for line in out] == ["print"]
+
+
+def test_slurm_regress_runs_one_task_per_node(tmp_path: Path) -> None:
+    """deploy/slurm/regress.sh with a stand-in srun (runs its command once, as on one
+    node) and a stand-in artemis that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n'
+    )
+    (bin_dir / "artemis").write_text('#!/bin/sh\necho "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    text = tmp_path / "textfile"
+    text.mkdir()
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "ARTEMIS": str(bin_dir / "artemis"),
+        "ARTEMIS_REGRESS_STORE": "postgresql://artemis@db/artemis",
+        "ARTEMIS_REGRESS_TEXTFILE": str(text),
+    }
+    r = run([str(DEPLOY / "slurm/regress.sh")], env=env)
+    assert r.returncode == 0, r.stderr
+    node = run(["hostname", "-s"]).stdout.strip()
+    assert r.stdout.split() == [
+        "regress",
+        "--node",
+        node,
+        "--store",
+        "postgresql://artemis@db/artemis",
+        "--jsonl",
+        f"{tmp_path}/artemis-regress-findings.jsonl.{node}",
+        "--textfile",
+        str(text),
+    ]
+    assert "#SBATCH --exclusive" in (DEPLOY / "slurm/regress.sh").read_text()
 
 
 def test_torchrun_example_sets_plugin_and_job(tmp_path: Path) -> None:
