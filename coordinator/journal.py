@@ -16,7 +16,17 @@ journal written by another version still reads), and `["r", job, window,
 [comm, ...]]` per scored window: the communicators of the run that scored it,
 so a new run of the job that reuses its window numbers is not mistaken for a
 resend (a mark without them covers every communicator). A batch costs one
-column encoding, not a record per rank.
+column encoding, not a record per rank. Before a window's outputs are written,
+`["s", job, window, {path: [inode, size]}]` records where the findings, plans
+and incidents files ended (an intent); a restart that finds an intent without
+its release mark, and a job state that never took the window in, cuts those
+files back to it and scores the window afresh: a crash inside a window's
+outputs neither loses the window nor writes its lines twice (docs/DESIGN.md
+"Coordinator crash").
+The file is rewritten (compacted) to hold only what is pending and the recent
+release marks every `COMPACT_EVERY` marks or `COMPACT_BYTES` appended, the
+first that comes: the batches of scored windows are dead weight, so its size
+stays bounded by the pending windows plus one compaction interval.
 Journals of the first format (`["h", names, names]`, `["w", values, values]`
 per summary) are still read. Appends are not fsynced: the journal covers a
 crash of the coordinator process (the kernel keeps the written pages), not of
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
 
@@ -40,6 +51,9 @@ from artemis.protocol.records import RankWindow, Telemetry
 log = structlog.get_logger("artemis.coordinator")
 
 COMPACT_EVERY = 20_000  # release marks between rewrites of the file
+# Bytes appended between rewrites: a 1k-rank window is about 60 KB of batches,
+# so a rewrite every few hundred windows, each costing the pending windows only.
+COMPACT_BYTES = 16 << 20
 FORMAT = 2
 
 _HEADER = msgpack.packb(["h", FORMAT])
@@ -47,6 +61,45 @@ _HEADER = msgpack.packb(["h", FORMAT])
 Summaries: TypeAlias = WindowColumns | Iterable[RankWindow]
 # (job, comm, window) of a scored window; comm None: every communicator of the job.
 Mark: TypeAlias = tuple[str, str | None, int]
+# Where an output file ended before a window's outputs: path -> (inode, size).
+Outputs: TypeAlias = dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A window whose outputs were being written when the journal ended (no release mark)."""
+
+    job: str
+    window: int
+    outputs: Outputs
+
+
+def output_marks(paths: Iterable[str | Path]) -> Outputs:
+    """(inode, size) of each existing file of `paths`: an intent's record."""
+    out: Outputs = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        out[str(p)] = (st.st_ino, st.st_size)
+    return out
+
+
+def cut_back(outputs: Outputs) -> dict[str, int]:
+    """Truncate each file to its recorded size (same inode, grown since): the lines of a
+    window whose scoring a crash interrupted. Returns path -> bytes removed."""
+    cut: dict[str, int] = {}
+    for path, (ino, size) in outputs.items():
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        # Another inode: the file was rotated since; its lines are left alone.
+        if st.st_ino == ino and st.st_size > size:
+            os.truncate(path, size)
+            cut[path] = st.st_size - size
+    return cut
 
 
 def _columns(windows: Summaries) -> WindowColumns:
@@ -78,9 +131,15 @@ class AssemblyJournal:
         self.path = Path(path)
         self._fh: IO[bytes] | None = None
         self._marks = 0
+        self._bytes = 0  # appended since the last rewrite
+        # Set by load_columns: the window whose outputs were being written at the end.
+        self.intent: Intent | None = None
 
     def load_columns(self) -> tuple[WindowColumns, set[Mark]]:
-        """(summaries taken but not scored, windows already scored) from the file."""
+        """(summaries taken but not scored, windows already scored) from the file; an
+        intent left open at its end (a crash inside a window's outputs) in `intent`."""
+        self.intent = None
+        intent: Intent | None = None
         parts: list[WindowColumns] = []
         v1: list[RankWindow] = []
         released: set[Mark] = set()
@@ -101,6 +160,17 @@ class AssemblyJournal:
                     elif tag == "r":
                         comms = item[3] if len(item) > 3 and item[3] else [None]
                         released.update((str(item[1]), c, int(item[2])) for c in comms)
+                        if intent is not None and (intent.job, intent.window) == (
+                            str(item[1]),
+                            int(item[2]),
+                        ):
+                            intent = None
+                    elif tag == "s":
+                        intent = Intent(
+                            str(item[1]),
+                            int(item[2]),
+                            {str(k): (int(v[0]), int(v[1])) for k, v in item[3].items()},
+                        )
                     elif tag == "h" and len(item) == 3:
                         names = (item[1], item[2])
                     elif tag == "w":
@@ -118,6 +188,7 @@ class AssemblyJournal:
             bad += 1  # a torn tail: the process died inside a write
         if bad:
             log.warning("assembly journal: unreadable entries skipped", path=str(self.path), n=bad)
+        self.intent = intent
         if v1:
             parts.append(WindowColumns.from_records(v1))
         cols = WindowColumns.concat(parts)
@@ -154,23 +225,35 @@ class AssemblyJournal:
         os.replace(tmp, self.path)
         self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
         self._marks = 0
+        self._bytes = 0
+
+    def _append(self, data: bytes) -> None:
+        assert self._fh is not None
+        self._fh.write(data)
+        self._fh.flush()
+        self._bytes += len(data)
 
     def added(self, windows: Summaries) -> None:
         if self._fh is None:
             return
         cols = _columns(windows)
         if cols.n:
-            self._fh.write(_entry(cols))
-            self._fh.flush()
+            self._append(_entry(cols))
+
+    def scoring(self, job: str, window: int, outputs: Outputs) -> None:
+        """The window's outputs are about to be written; the files end at `outputs`."""
+        if self._fh is None:
+            return
+        marks = {p: list(v) for p, v in outputs.items()}
+        self._append(msgpack.packb(["s", job, window, marks]))
 
     def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
         """Mark a window scored by the run of `comms`; True when due for compaction."""
         if self._fh is None:
             return False
-        self._fh.write(msgpack.packb(["r", job, window, list(comms)]))
-        self._fh.flush()
+        self._append(msgpack.packb(["r", job, window, list(comms)]))
         self._marks += 1
-        return self._marks >= COMPACT_EVERY
+        return self._marks >= COMPACT_EVERY or self._bytes >= COMPACT_BYTES
 
     def close(self) -> None:
         if self._fh is not None:

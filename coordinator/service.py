@@ -32,7 +32,7 @@ import msgpack
 import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
 from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
-from artemis.coordinator.journal import AssemblyJournal
+from artemis.coordinator.journal import AssemblyJournal, cut_back, output_marks
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.monitor import (
     JobMonitor,
@@ -273,6 +273,9 @@ class Coordinator:
         if out.result is None:
             self._dropped(aw, "already_scored")
         else:
+            if self.journal is not None:
+                # Where the outputs end before this window's lines (journal.py: an intent).
+                self.journal.scoring(aw.job, aw.window, output_marks(self._output_paths()))
             self.findings.write(out.findings)
             self.metrics.observe_window(out.result, dt)
             extra = out.findings[len(out.result.findings) :]
@@ -282,11 +285,26 @@ class Coordinator:
             self._store_job(aw.job, m)
             self._incidents(out)
             self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
-        # Marked scored only once its findings are written; then the job's state.
+        # The job's state (which holds the window) once its outputs are written, then
+        # the release mark: a crash before the state is saved cuts the outputs back and
+        # scores the window again (restore), one after it finds the window taken in.
+        self._save(aw.job)
         comms = self.assembler.comms_of(aw.job, aw.run)
         if self.journal is not None and self.journal.released(aw.job, aw.window, comms):
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
-        self._save(aw.job)
+        if out.result is not None:
+            # One line per scored window: the per-window record of docs/RELIABILITY.md.
+            log.info(
+                "window scored",
+                job=aw.job,
+                run=aw.run,
+                window=aw.window,
+                ranks=aw.columns.n,
+                missing=len(aw.missing),
+            )
+
+    def _output_paths(self) -> list[Path]:
+        return [self.findings.path, self.plans.path, self.incidents.path]
 
     def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
         """The job's row in the store: what a report's summary needs. Only the keys that
@@ -411,9 +429,18 @@ class Coordinator:
         assembly state (saved after each scored window), then the summaries it took but
         never scored (the journal). Returns how many summaries were replayed."""
         self.state_dir = journal.path.with_name(journal.path.name + ".jobs")
+        pending, released = journal.load_columns()
+        states: list[tuple[Path, Any]] = []
         for path in sorted(self.state_dir.glob("*.state")) if self.state_dir.exists() else ():
             try:
-                state = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+                states.append(
+                    (path, msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False))
+                )
+            except (OSError, ValueError, msgpack.UnpackException) as e:
+                log.warning("job state unreadable: skipped", path=str(path), error=str(e))
+        self._finish_intent(journal, states)
+        for path, state in states:
+            try:
                 self.assembler.restore({state["job"]: state["assembly"]})
                 if state["monitor"] is not None:
                     m = JobMonitor.restore(
@@ -429,7 +456,6 @@ class Coordinator:
                     )
             except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
                 log.warning("job state unreadable: skipped", path=str(path), error=str(e))
-        pending, released = journal.load_columns()
         self.assembler.mark_released(released)
         now = self.clock()
         for job in set(pending["job"]):
@@ -441,6 +467,28 @@ class Coordinator:
         if pending.n:
             log.info("assembly journal replayed", summaries=pending.n)
         return pending.n
+
+    def _finish_intent(self, journal: AssemblyJournal, states: list[tuple[Path, Any]]) -> None:
+        """A window whose outputs an earlier life was writing when it died: if its job's
+        saved state never took it in, its lines (maybe partial) are cut from the outputs,
+        before anything else is written, and the replay scores it once more."""
+        it = journal.intent
+        if it is None:
+            return
+        last = -1
+        for _path, state in states:
+            mon = state.get("monitor") if isinstance(state, dict) else None
+            if isinstance(state, dict) and state.get("job") == it.job and mon is not None:
+                last = int(mon.get("last_window", -1))
+        if last >= it.window:
+            return  # its state was saved: the outputs are whole, the window is scored
+        cut = cut_back(it.outputs)
+        log.warning(
+            "outputs of a window interrupted by a crash removed: it is scored again",
+            job=it.job,
+            window=it.window,
+            removed_bytes=cut,
+        )
 
     def _save(self, job: str) -> None:
         """The job's state, atomically replaced (write, fsync-free rename): see restore."""
