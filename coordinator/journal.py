@@ -16,13 +16,14 @@ journal written by another version still reads), and `["r", job, window,
 [comm, ...]]` per scored window: the communicators of the run that scored it,
 so a new run of the job that reuses its window numbers is not mistaken for a
 resend (a mark without them covers every communicator). A batch costs one
-column encoding, not a record per rank. Before a window's outputs are written,
-`["s", job, window, {path: [inode, size]}]` records where the findings, plans
-and incidents files ended (an intent); a restart that finds an intent without
-its release mark, and a job state that never took the window in, cuts those
-files back to it and scores the window afresh: a crash inside a window's
-outputs neither loses the window nor writes its lines twice (docs/DESIGN.md
-"Coordinator crash").
+column encoding, not a record per rank. Before the coordinator writes a group
+of output lines (a scored window's, or a plan ack's, a hang's),
+`["s", job, seq, {path: [inode, size]}]` records where the findings, plans
+and incidents files ended (an intent; `seq` grows with every group). The
+job's saved state names the last group it saw through (`out_seq`); a restart
+whose last intent is newer than that cuts those files back to it, and the
+window (or ack) is taken in again: a crash inside a group's outputs neither
+loses it nor writes its lines twice (docs/DESIGN.md "Coordinator crash").
 The file is rewritten (compacted) to hold only what is pending and the recent
 release marks every `COMPACT_EVERY` marks or `COMPACT_BYTES` appended, the
 first that comes: the batches of scored windows are dead weight, so its size
@@ -67,10 +68,10 @@ Outputs: TypeAlias = dict[str, tuple[int, int]]
 
 @dataclass(frozen=True)
 class Intent:
-    """A window whose outputs were being written when the journal ended (no release mark)."""
+    """The last group of outputs the journal saw begin: its job, number and offsets."""
 
     job: str
-    window: int
+    seq: int
     outputs: Outputs
 
 
@@ -132,12 +133,13 @@ class AssemblyJournal:
         self._fh: IO[bytes] | None = None
         self._marks = 0
         self._bytes = 0  # appended since the last rewrite
-        # Set by load_columns: the window whose outputs were being written at the end.
+        # Set by load_columns: the last group of outputs begun (the only one a crash
+        # can have cut short: the coordinator writes one group at a time).
         self.intent: Intent | None = None
 
     def load_columns(self) -> tuple[WindowColumns, set[Mark]]:
-        """(summaries taken but not scored, windows already scored) from the file; an
-        intent left open at its end (a crash inside a window's outputs) in `intent`."""
+        """(summaries taken but not scored, windows already scored) from the file; the
+        last intent in `intent`."""
         self.intent = None
         intent: Intent | None = None
         parts: list[WindowColumns] = []
@@ -160,11 +162,6 @@ class AssemblyJournal:
                     elif tag == "r":
                         comms = item[3] if len(item) > 3 and item[3] else [None]
                         released.update((str(item[1]), c, int(item[2])) for c in comms)
-                        if intent is not None and (intent.job, intent.window) == (
-                            str(item[1]),
-                            int(item[2]),
-                        ):
-                            intent = None
                     elif tag == "s":
                         intent = Intent(
                             str(item[1]),
@@ -240,12 +237,12 @@ class AssemblyJournal:
         if cols.n:
             self._append(_entry(cols))
 
-    def scoring(self, job: str, window: int, outputs: Outputs) -> None:
-        """The window's outputs are about to be written; the files end at `outputs`."""
+    def begin(self, job: str, seq: int, outputs: Outputs) -> None:
+        """Group `seq` of `job`'s outputs is about to be written; the files end at `outputs`."""
         if self._fh is None:
             return
         marks = {p: list(v) for p, v in outputs.items()}
-        self._append(msgpack.packb(["s", job, window, marks]))
+        self._append(msgpack.packb(["s", job, seq, marks]))
 
     def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
         """Mark a window scored by the run of `comms`; True when due for compaction."""

@@ -95,6 +95,8 @@ class Coordinator:
         self.store = store if store is not None else StoreSink(None)
         self.report_dir = report_dir  # each job's report at its end (artemis report)
         self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
+        self._out_seq = 0  # groups of output lines begun (journal.py: intents)
+        self._unscored: set[tuple[str, str, int]] = set()  # released, not scored yet
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -248,8 +250,14 @@ class Coordinator:
 
     # ------------------------------------------------------------------ scoring
     def _score_all(self, released: list[AssembledWindow], final: bool = False) -> None:
+        # The assembler marked all of them released at once; until each is scored, the
+        # job's saved state must not say so (_save), or a crash in between would lose
+        # the rest: a restart would take their journaled summaries for resends.
+        self._unscored = {(aw.job, aw.run, aw.window) for aw in released}
         for aw in released:
+            self._unscored.discard((aw.job, aw.run, aw.window))
             self._score(aw, final)
+        self._unscored = set()
         for d in self.assembler.take_drops():
             self.metrics.observe_dropped(d.job, d.reason, d.rows)
             log.info(
@@ -273,9 +281,7 @@ class Coordinator:
         if out.result is None:
             self._dropped(aw, "already_scored")
         else:
-            if self.journal is not None:
-                # Where the outputs end before this window's lines (journal.py: an intent).
-                self.journal.scoring(aw.job, aw.window, output_marks(self._output_paths()))
+            self._begin(aw.job)
             self.findings.write(out.findings)
             self.metrics.observe_window(out.result, dt)
             extra = out.findings[len(out.result.findings) :]
@@ -284,7 +290,7 @@ class Coordinator:
             self.metrics.set_active(True)
             self._store_job(aw.job, m)
             self._incidents(out)
-            self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
+            self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls), begun=True)
         # The job's state (which holds the window) once its outputs are written, then
         # the release mark: a crash before the state is saved cuts the outputs back and
         # scores the window again (restore), one after it finds the window taken in.
@@ -303,8 +309,13 @@ class Coordinator:
                 missing=len(aw.missing),
             )
 
-    def _output_paths(self) -> list[Path]:
-        return [self.findings.path, self.plans.path, self.incidents.path]
+    def _begin(self, job: str) -> None:
+        """A group of output lines of `job` starts: where the files end now, in the
+        journal (journal.py: an intent); the job's next save says it was seen through."""
+        self._out_seq += 1
+        if self.journal is not None:
+            paths = [self.findings.path, self.plans.path, self.incidents.path]
+            self.journal.begin(job, self._out_seq, output_marks(paths))
 
     def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
         """The job's row in the store: what a report's summary needs. Only the keys that
@@ -371,8 +382,11 @@ class Coordinator:
             self.metrics.observe_incident_rows(out.incident_rows)
             self.store.write_monitor_rows(out.incident_rows)
 
-    def _emit(self, job: str, out: MonitorOutput) -> None:
-        """Write what a monitor returned outside a window's scoring (or its plans)."""
+    def _emit(self, job: str, out: MonitorOutput, begun: bool = False) -> None:
+        """Write what a monitor returned outside a window's scoring (or its plans: `begun`,
+        inside the window's group of outputs)."""
+        if not begun and (out.findings or out.plans or out.incidents):
+            self._begin(job)
         if out.findings:
             self.findings.write(out.findings)
             self.metrics.observe_findings(out.findings)
@@ -447,6 +461,8 @@ class Coordinator:
                         state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
                     )
                     self.monitors[m.job] = m
+                    if m.last_window >= 0:
+                        self.metrics.observe_restored(m.job, m.last_window)
                     self._emit(m.job, m.update_settings(self.settings))
                     log.info(
                         "job state restored",
@@ -469,24 +485,24 @@ class Coordinator:
         return pending.n
 
     def _finish_intent(self, journal: AssemblyJournal, states: list[tuple[Path, Any]]) -> None:
-        """A window whose outputs an earlier life was writing when it died: if its job's
-        saved state never took it in, its lines (maybe partial) are cut from the outputs,
-        before anything else is written, and the replay scores it once more."""
+        """Output lines an earlier life was writing when it died: if its job's saved state
+        never saw their group through, they (maybe partial) are cut from the outputs,
+        before anything else is written; the replayed window (or the resent ack) writes
+        them once more."""
         it = journal.intent
-        if it is None:
-            return
-        last = -1
-        for _path, state in states:
-            mon = state.get("monitor") if isinstance(state, dict) else None
-            if isinstance(state, dict) and state.get("job") == it.job and mon is not None:
-                last = int(mon.get("last_window", -1))
-        if last >= it.window:
-            return  # its state was saved: the outputs are whole, the window is scored
+        seen = {
+            str(st.get("job")): int(st.get("out_seq", 0))
+            for _path, st in states
+            if isinstance(st, dict)
+        }
+        self._out_seq = max([0, *seen.values()] + ([it.seq] if it is not None else []))
+        if it is None or seen.get(it.job, 0) >= it.seq:
+            return  # the job's state was saved after the group: its outputs are whole
         cut = cut_back(it.outputs)
         log.warning(
-            "outputs of a window interrupted by a crash removed: it is scored again",
+            "outputs interrupted by a crash removed: they are written again",
             job=it.job,
-            window=it.window,
+            group=it.seq,
             removed_bytes=cut,
         )
 
@@ -495,10 +511,19 @@ class Coordinator:
         if self.state_dir is None:
             return
         m = self.monitors.get(job)
+        asm = self.assembler.snapshot([job]).get(job)
+        gone = {(r, w) for j, r, w in self._unscored if j == job}
+        if asm is not None and gone:
+            kept = [[r, w] for r, w in asm["released"] if (r, w) not in gone]
+            front = max([w for r, w in kept if r == asm["run"]], default=-1)
+            asm = {**asm, "released": kept, "front": front}
         state = {
             "job": job,
             "monitor": None if m is None else m.snapshot(),
-            "assembly": self.assembler.snapshot([job]).get(job),
+            "assembly": asm,
+            # The last group of output lines this state has seen through (an intent
+            # newer than it was cut short by a crash: _finish_intent).
+            "out_seq": self._out_seq,
         }
         if state["assembly"] is None:
             return

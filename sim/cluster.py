@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +93,11 @@ class SimContext:
     started: float
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killed_agents: set[int] = field(default_factory=set)
+    # SIGKILL processes of `procs` and start them again as they were started, their logs
+    # appended to (tests/kills.py); under `lock`, which the watch holds while it checks
+    # the processes, so a kill is never taken for a crash.
+    kill_restart: Callable[[list[str]], None] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class SimCluster:
@@ -100,6 +106,7 @@ class SimCluster:
         self.sc = load_scenario(self.path)
         self.opts = opts
         self.job = f"{self.path.stem}-sim"
+        self._argv: dict[str, tuple[list[str], Path]] = {}  # name -> how it was started
 
     def run(self) -> SimResult:
         opts, sc = self.opts, self.sc
@@ -146,6 +153,7 @@ class SimCluster:
                     p.unlink()
             plans = opts.plans_jsonl or work / "plans.jsonl"
             procs["coordinator"] = self._spawn(
+                "coordinator",
                 [
                     _bin("artemis-coordinator"),
                     "serve",
@@ -184,6 +192,7 @@ class SimCluster:
             )
             for h in range(sc.hosts):
                 procs[f"agent-{h}"] = self._spawn(
+                    f"agent-{h}",
                     [
                         _bin("artemis-agent"),
                         "run",
@@ -210,6 +219,7 @@ class SimCluster:
             run = secrets.token_hex(8)
             for h in range(sc.hosts):
                 procs[f"host-{h}"] = self._spawn(
+                    f"host-{h}",
                     [
                         sys.executable,
                         "-m",
@@ -238,6 +248,7 @@ class SimCluster:
                     logs / f"host-{h}.log",
                 )
             ctx = SimContext(sc, murl, opts.jsonl, plans, t0, procs)
+            ctx.kill_restart = lambda names: self._kill_restart(ctx, names)
             reason = self._watch(ctx, hang)
             ok = reason == ""
             scored = int(metric_value(murl, "straggler_windows_scored_total") or 0)
@@ -257,11 +268,31 @@ class SimCluster:
                 shutil.rmtree(work, ignore_errors=True)
 
     # ------------------------------------------------------------------ helpers
-    def _spawn(self, argv: list[str], logfile: Path) -> subprocess.Popen[bytes]:
-        f = open(logfile, "wb")  # noqa: SIM115 - owned by the child for its life
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str] | None = None,
+        logfile: Path | None = None,
+        *,
+        append: bool = False,
+    ) -> subprocess.Popen[bytes]:
+        if argv is None or logfile is None:
+            argv, logfile = self._argv[name]
+        self._argv[name] = (argv, logfile)
+        f = open(logfile, "ab" if append else "wb")  # noqa: SIM115 - owned by the child
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+    def _kill_restart(self, ctx: SimContext, names: list[str]) -> None:
+        with ctx.lock:
+            for n in names:
+                p = ctx.procs[n]
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                p.wait()
+            for n in names:
+                ctx.procs[n] = self._spawn(n, append=True)
 
     def _wait_metrics(self, url: str, proc: subprocess.Popen[bytes]) -> None:
         end = time.monotonic() + 30
@@ -293,14 +324,15 @@ class SimCluster:
                         p.wait()
                         ctx.killed_agents.add(h)
                         log.info("agent killed (agent_down fault)", host=sc.host_name(h))
-            for name, p in ctx.procs.items():
-                rc = p.poll()
-                if rc is not None and rc != 0 and not name.startswith("agent-"):
-                    return f"{name} exited with code {rc}"
-                if rc is not None and name.startswith("agent-"):
-                    h = int(name.split("-")[1])
-                    if h not in ctx.killed_agents:
+            with ctx.lock:
+                for name, p in ctx.procs.items():
+                    rc = p.poll()
+                    if rc is not None and rc != 0 and not name.startswith("agent-"):
                         return f"{name} exited with code {rc}"
+                    if rc is not None and name.startswith("agent-"):
+                        h = int(name.split("-")[1])
+                        if h not in ctx.killed_agents:
+                            return f"{name} exited with code {rc}"
             hosts_alive = [
                 p for n, p in ctx.procs.items() if n.startswith("host-") and p.poll() is None
             ]

@@ -317,3 +317,48 @@ def test_the_journal_is_compacted_by_size(tmp_path: Path, monkeypatch: pytest.Mo
     assert grown[-1] > 300 * 300, grown[-1]
     assert max(sizes) < 8192 + 300 * 12 + 2 * 300, max(sizes)
     assert sizes[-1] < grown[-1] / 5, (sizes[-1], grown[-1])
+
+
+def test_a_crash_between_two_windows_released_together_loses_neither(tmp_path: Path) -> None:
+    """Windows 3 and 4 complete in one batch (h1 sends both), so the assembler releases
+    them together; the coordinator dies while scoring window 4. The state saved after
+    window 3 must not count window 4 as released, or the restart would take its
+    journaled summaries for resends (late) and window 4 would never be scored."""
+    now = [0.0]
+
+    async def run() -> None:
+        a = CrashingCoordinator(
+            Settings(),
+            FindingsWriter(tmp_path / "f.jsonl"),
+            PlansWriter(tmp_path / "p.jsonl"),
+            Metrics(),
+            deadline_s=30.0,
+            grace_s=0.0,
+            clock=lambda: now[0],
+        )
+        a.restore(AssemblyJournal(tmp_path / "f.assembly"))
+        a.on_connect(peer("h0"))
+        a.on_connect(peer("h1"))
+        for w in range(3):
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+            await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, w), rw(3, w))))
+        for w in (3, 4):
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+        a.at, a.window = "save", 4
+        both = (rw(2, 3), rw(3, 3), rw(2, 4), rw(3, 4))
+        with pytest.raises(Crash):
+            await a.on_message(peer("h1"), Windows(host="h1", windows=both))
+        del a
+
+        now[0] = 10.0
+        b, mb = make(tmp_path, now, grace_s=1.0)
+        b.on_connect(peer("h0"))
+        b.on_connect(peer("h1"))
+        await b.on_message(peer("h1"), Windows(host="h1", windows=both))  # resent: not acked
+        now[0] = 11.5  # past the restart's grace
+        await b.tick()
+        assert scored(mb) == 1  # window 4, from the journal and the resend
+        b.flush()
+
+    asyncio.run(run())
+    assert [w for w, _st, _s in _rank_lines(tmp_path)] == [1, 2, 3, 4]
