@@ -25,9 +25,11 @@ whose last intent is newer than that cuts those files back to it, and the
 window (or ack) is taken in again: a crash inside a group's outputs neither
 loses it nor writes its lines twice (docs/DESIGN.md "Coordinator crash").
 The file is rewritten (compacted) to hold only what is pending and the recent
-release marks every `COMPACT_EVERY` marks or `COMPACT_BYTES` appended, the
-first that comes: the batches of scored windows are dead weight, so its size
-stays bounded by the pending windows plus one compaction interval.
+release marks every `COMPACT_EVERY` marks, or once the bytes appended since the
+last rewrite reach `COMPACT_FACTOR` times what that rewrite wrote (at least
+`COMPACT_MIN_BYTES`), the first that comes: the batches of scored windows are
+dead weight, so the file stays within a few times its live part, and each
+rewrite costs the live part only.
 Journals of the first format (`["h", names, names]`, `["w", values, values]`
 per summary) are still read. Appends are not fsynced: the journal covers a
 crash of the coordinator process (the kernel keeps the written pages), not of
@@ -52,9 +54,11 @@ from artemis.protocol.records import RankWindow, Telemetry
 log = structlog.get_logger("artemis.coordinator")
 
 COMPACT_EVERY = 20_000  # release marks between rewrites of the file
-# Bytes appended between rewrites: a 1k-rank window is about 60 KB of batches,
-# so a rewrite every few hundred windows, each costing the pending windows only.
-COMPACT_BYTES = 16 << 20
+# Bytes appended between rewrites: COMPACT_FACTOR x the live part, at least
+# COMPACT_MIN_BYTES (a 1k-rank window is about 60 KB of batches: a rewrite every
+# dozen or so windows, each writing the live part, a few hundred KB).
+COMPACT_MIN_BYTES = 1 << 20
+COMPACT_FACTOR = 4
 FORMAT = 2
 
 _HEADER = msgpack.packb(["h", FORMAT])
@@ -133,6 +137,7 @@ class AssemblyJournal:
         self._fh: IO[bytes] | None = None
         self._marks = 0
         self._bytes = 0  # appended since the last rewrite
+        self._live = 0  # bytes the last rewrite wrote
         # Set by load_columns: the last group of outputs begun (the only one a crash
         # can have cut short: the coordinator writes one group at a time).
         self.intent: Intent | None = None
@@ -223,6 +228,7 @@ class AssemblyJournal:
         self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
         self._marks = 0
         self._bytes = 0
+        self._live = self.path.stat().st_size
 
     def _append(self, data: bytes) -> None:
         assert self._fh is not None
@@ -250,7 +256,8 @@ class AssemblyJournal:
             return False
         self._append(msgpack.packb(["r", job, window, list(comms)]))
         self._marks += 1
-        return self._marks >= COMPACT_EVERY or self._bytes >= COMPACT_BYTES
+        due = max(COMPACT_MIN_BYTES, COMPACT_FACTOR * self._live)
+        return self._marks >= COMPACT_EVERY or self._bytes >= due
 
     def close(self) -> None:
         if self._fh is not None:

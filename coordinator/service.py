@@ -97,6 +97,8 @@ class Coordinator:
         self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
         self._out_seq = 0  # groups of output lines begun (journal.py: intents)
         self._unscored: set[tuple[str, str, int]] = set()  # released, not scored yet
+        self._plan_control: dict[str, dict[str, Any]] = {}  # job -> its last plan control
+        self._direct: list[tuple[str, str, dict[str, Any]]] = []  # (agent, action, body)
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -107,6 +109,12 @@ class Coordinator:
             self.agents.setdefault(job, set()).add(peer.agent_id)
             self._monitor(job).expect(ranks, peer.host)
             self.assembler.expect(job, ranks)
+            # An agent back (restarted, reconnected) gets the job's latest plan control
+            # again: a withdrawal or rollback sent while it was away would otherwise
+            # leave its ranks on a split the others left (rebalance/README.md "Limits").
+            body = self._plan_control.get(job)
+            if body is not None:
+                self._direct.append((peer.agent_id, "plan", body))
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -239,6 +247,7 @@ class Coordinator:
             self._store_job(job, m, ended=True)
             self._write_report(job)
         self._stored_job.pop(job, None)
+        self._plan_control.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -409,6 +418,8 @@ class Coordinator:
             if c.action == "dump":
                 log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
             self._outbox.append((job, c.action, c.body))
+            if c.action == "plan":
+                self._plan_control[job] = c.body
         if out.findings or out.plans or out.incidents:
             # A plan acknowledged, a hang reported, a mode changed: state that must
             # survive a crash as much as a scored window's does.
@@ -456,6 +467,8 @@ class Coordinator:
         for path, state in states:
             try:
                 self.assembler.restore({state["job"]: state["assembly"]})
+                if state.get("plan_control") is not None:
+                    self._plan_control[str(state["job"])] = state["plan_control"]
                 if state["monitor"] is not None:
                     m = JobMonitor.restore(
                         state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
@@ -524,6 +537,7 @@ class Coordinator:
             # The last group of output lines this state has seen through (an intent
             # newer than it was cut short by a crash: _finish_intent).
             "out_seq": self._out_seq,
+            "plan_control": self._plan_control.get(job),
         }
         if state["assembly"] is None:
             return
@@ -535,6 +549,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------ control out
     async def _flush_controls(self) -> None:
+        if self._direct and self.server is not None:
+            direct, self._direct = self._direct, []
+            for agent, action, body in direct:
+                try:
+                    await self.server.send_control(agent, action, body)
+                except NotConnected:
+                    log.warning(
+                        "control not delivered: agent not connected", agent=agent, action=action
+                    )
         if not self._outbox or self.server is None:
             return
         out, self._outbox = self._outbox, []

@@ -6,7 +6,7 @@ job process per host (sim/hostproc.py) driving the real compiled plugin through
 the NCCL stand-in. Everything talks over loopback TCP with a real shared
 secret. The orchestrator only starts, watches and stops processes; it injects
 `agent_down` faults by killing an agent when the job reaches the fault's
-window.
+window (and starting it again at its end_window, if it has one).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class SimContext:
     started: float
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killed_agents: set[int] = field(default_factory=set)
+    revived_agents: set[int] = field(default_factory=set)
     # SIGKILL processes of `procs` and start them again as they were started, their logs
     # appended to (tests/kills.py); under `lock`, which the watch holds while it checks
     # the processes, so a kill is never taken for a crash.
@@ -318,12 +319,21 @@ class SimCluster:
             for start, f in downs.items():
                 for r in f.ranks:
                     h = sc.host_of(r)
-                    if cur >= start - 1 and h not in ctx.killed_agents:
+                    down = h in ctx.killed_agents or h in ctx.revived_agents
+                    if cur >= start - 1 and not down:
                         p = ctx.procs[f"agent-{h}"]
                         p.send_signal(signal.SIGKILL)
                         p.wait()
                         ctx.killed_agents.add(h)
                         log.info("agent killed (agent_down fault)", host=sc.host_name(h))
+                    # An end_window brings the agent back (a supervisor restarting it).
+                    back = f.end_window is not None and cur >= f.end_window - 1
+                    if back and h in ctx.killed_agents and h not in ctx.revived_agents:
+                        with ctx.lock:
+                            ctx.procs[f"agent-{h}"] = self._spawn(f"agent-{h}", append=True)
+                        ctx.revived_agents.add(h)
+                        ctx.killed_agents.discard(h)
+                        log.info("agent restarted (agent_down fault ended)", host=sc.host_name(h))
             with ctx.lock:
                 for name, p in ctx.procs.items():
                     rc = p.poll()
