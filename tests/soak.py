@@ -10,7 +10,7 @@ within each.
 Two loads: `artemis loadtest` (synthetic agents over the real protocol, as
 many ranks as wanted, windows as fast as the coordinator takes them: the
 virtual hour at 1k ranks), and a small simulated job in real time
-(sim/scenarios/soak_small.toml through sim/cluster.py).
+(sim/scenarios/reliability/soak_small.toml through sim/cluster.py).
 """
 
 from __future__ import annotations
@@ -158,12 +158,12 @@ def loadtest_soak(
 
 
 def realtime_soak(tmp: Path, seconds: float, every_s: float) -> tuple[dict[str, Any], int]:
-    """A small simulated job in real time for about `seconds` (sim/scenarios/soak_small.toml,
+    """A small simulated job in real time for about `seconds` (sim/scenarios/reliability/soak_small.toml,
     one second a window); returns the summary and the windows scored."""
     import tomllib
     from artemis.sim.cluster import SimCluster, SimContext, SimOptions
 
-    base = REPO / "sim" / "scenarios" / "soak_small.toml"
+    base = REPO / "sim" / "scenarios" / "reliability" / "soak_small.toml"
     sc = tomllib.loads(base.read_text())
     window_s = sc["job"]["step_ms"] * sc["job"]["window_steps"] / 1000.0
     sc_text = base.read_text().replace(

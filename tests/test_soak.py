@@ -48,7 +48,7 @@ def _save(name: str, s: dict[str, Any], **extra: Any) -> None:
 def test_soak_loadtest(tmp_path: Path) -> None:
     if LONG:
         s, counts = loadtest_soak(
-            tmp_path, ranks=1000, per_agent=125, windows=720, window_s=0.1, every_s=1.0
+            tmp_path, ranks=1000, per_agent=125, windows=720, window_s=0.5, every_s=2.0
         )
     else:
         s, counts = loadtest_soak(
