@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ def _row(out: Outcome) -> dict[str, Any]:
         "kills": [[k.at, k.fired] for k in out.kills],
         "lost_windows": out.lost_windows,
         "late_unaccounted": out.late_unaccounted,
+        "unacked_at_end": out.unacked_at_end,
+        "plans_cut_by_hang": out.plans_cut_by_hang,
         "twice_lines": [list(x) for x in out.twice_lines],
         "missing_rank_windows": out.missing_rank_windows,
         "plans": out.plans_end,
@@ -49,15 +51,17 @@ def _row(out: Outcome) -> dict[str, Any]:
 def test_kills_lose_nothing_and_score_nothing_twice(tmp_path: Path) -> None:
     runs = max(1, -(-TRIALS // 5))
     jobs = [(kind, SEED + i) for i in range(runs) for kind in RUN_KINDS]
+    outs: list[Outcome] = []
     with ThreadPoolExecutor(max_workers=len(RUN_KINDS)) as pool:
-        outs = list(
-            pool.map(lambda ks: run_trial(ks[0], ks[1], tmp_path / f"{ks[0]}-{ks[1]}"), jobs)
-        )
-    if SUMMARY:
-        Path(SUMMARY).mkdir(parents=True, exist_ok=True)
-        for kind in RUN_KINDS:
-            rows = [_row(o) for o in outs if o.kind == kind]
-            (Path(SUMMARY) / f"kills-{kind}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        futures = [pool.submit(run_trial, k, sd, tmp_path / f"{k}-{sd}") for k, sd in jobs]
+        for fut in as_completed(futures):
+            outs.append(fut.result())
+            if SUMMARY:  # as each run ends: a long campaign's figures survive a stop
+                Path(SUMMARY).mkdir(parents=True, exist_ok=True)
+                for kind in RUN_KINDS:
+                    rows = [_row(o) for o in sorted(outs, key=lambda o: o.seed) if o.kind == kind]
+                    path = Path(SUMMARY) / f"kills-{kind}.json"
+                    path.write_text(json.dumps(rows, indent=1) + "\n")
     failures = [
         f"{o.kind} seed {o.seed}: {o.problems()}\n  {o.replay()}" for o in outs if o.problems()
     ]
