@@ -82,6 +82,7 @@ def _check_consistent(sc: Scenario, events: list[dict[str, Any]], work: Path, jo
         assert ack["samples"] == final[r], (r, ack, final)
 
 
+@pytest.mark.timeout(900)
 def test_slow_rank_recovers_mid_apply(runs: dict[str, Any]) -> None:
     sc, events, work, job, reason = runs["recovers_mid_apply"]
     assert not reason, reason

@@ -45,6 +45,7 @@ def _save(name: str, s: dict[str, Any], **extra: Any) -> None:
         (OUT / f"{name}.json").write_text(json.dumps({**s, **extra}, indent=1) + "\n")
 
 
+@pytest.mark.timeout(3600 if LONG else 600)
 def test_soak_loadtest(tmp_path: Path) -> None:
     if LONG:
         s, counts = loadtest_soak(
@@ -60,6 +61,7 @@ def test_soak_loadtest(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not LONG, reason="the real-time hour runs under `make soak` only")
+@pytest.mark.timeout(2 * float(os.environ.get("ARTEMIS_SOAK_REAL_S", "3600")) + 600)
 def test_soak_realtime_small_job(tmp_path: Path) -> None:
     seconds = float(os.environ.get("ARTEMIS_SOAK_REAL_S", "3600"))
     s, scored = realtime_soak(tmp_path, seconds, every_s=5.0)
