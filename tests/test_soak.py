@@ -3,7 +3,7 @@ section 7; the harness: tests/soak.py).
 
 Inside `make test`: `artemis loadtest` with 64 ranks, 300 windows 0.1 s apart
 (half a minute). `make soak` sets ARTEMIS_SOAK=long: a virtual hour at 1k
-ranks (720 windows of the loadtest's 4.9 s) and a real-time hour of a small
+ranks (720 windows of the loadtest's 4.9 s, one a second) and a real-time hour of a small
 simulated job (ARTEMIS_SOAK_REAL_S shortens it), figures in
 ARTEMIS_RELIABILITY_OUT (default out/soak).
 
@@ -49,7 +49,7 @@ def _save(name: str, s: dict[str, Any], **extra: Any) -> None:
 def test_soak_loadtest(tmp_path: Path) -> None:
     if LONG:
         s, counts = loadtest_soak(
-            tmp_path, ranks=1000, per_agent=125, windows=720, window_s=0.5, every_s=2.0
+            tmp_path, ranks=1000, per_agent=125, windows=720, window_s=1.0, every_s=2.0
         )
     else:
         s, counts = loadtest_soak(
