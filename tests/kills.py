@@ -272,9 +272,14 @@ def run_trial(kind: str, seed: int, tmp: Path) -> Outcome:
         ),
     )
     t0 = time.monotonic()
-    res = cluster.run()
-    w.done.set()
-    return judge(kind, seed, kills, res.ok, res.reason or w.error, tmp, time.monotonic() - t0)
+    try:
+        res = cluster.run()
+        ok, reason = res.ok, res.reason or w.error
+    except RuntimeError as e:  # e.g. a coordinator that did not come up (a loaded machine)
+        ok, reason = False, f"the cluster did not run: {e}"
+    finally:
+        w.done.set()
+    return judge(kind, seed, kills, ok, reason, tmp, time.monotonic() - t0)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
