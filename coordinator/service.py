@@ -174,6 +174,7 @@ class Coordinator:
             self._emit(job, m.finish(self.wall()))
             self._store_job(job, m, ended=True)
             self._write_report(job)
+            self._save(job, stopped=True)
         self.store.close()
         self.findings.close()
         self.plans.close()
@@ -474,7 +475,9 @@ class Coordinator:
                         state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
                     )
                     self.monitors[m.job] = m
-                    if m.last_window >= 0:
+                    # After a crash, not after a clean stop (a job's next run starts
+                    # its windows afresh: a stale last window would say it is done).
+                    if m.last_window >= 0 and not state.get("stopped"):
                         self.metrics.observe_restored(m.job, m.last_window)
                     self._emit(m.job, m.update_settings(self.settings))
                     log.info(
@@ -519,8 +522,9 @@ class Coordinator:
             removed_bytes=cut,
         )
 
-    def _save(self, job: str) -> None:
-        """The job's state, atomically replaced (write, fsync-free rename): see restore."""
+    def _save(self, job: str, stopped: bool = False) -> None:
+        """The job's state, atomically replaced (write, fsync-free rename): see restore.
+        `stopped`: saved by a clean shutdown (flush), not after a window."""
         if self.state_dir is None:
             return
         m = self.monitors.get(job)
@@ -538,6 +542,7 @@ class Coordinator:
             # newer than it was cut short by a crash: _finish_intent).
             "out_seq": self._out_seq,
             "plan_control": self._plan_control.get(job),
+            "stopped": stopped,
         }
         if state["assembly"] is None:
             return
