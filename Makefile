@@ -2,7 +2,8 @@
 #   make demo   - set up, then run the simulated cluster with a straggler, live
 #   make test   - set up, then run the whole test suite
 # Also: make test-torch (real-PyTorch DDP runs judged end to end), make bench,
-# make lint, make plugin, make docs-screenshot, make clean.
+# make lint, make plugin, make docs-screenshot, make clean; make reliability and
+# make soak (long forms of docs/RELIABILITY.md).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP   := $(VENV)/.installed
 PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
 PYTEST_ARGS ?=
 
-.PHONY: all setup plugin demo sim test test-torch reliability test-c bench lint clean docs-screenshot fuzz
+.PHONY: all setup plugin demo sim test test-torch reliability test-c bench lint clean docs-screenshot fuzz soak
 
 all: setup
 
@@ -49,9 +50,14 @@ test: setup
 	$(MAKE) -C profiler_plugin test
 	$(BIN)/python -m pytest -q -m "not torch_e2e and not reliability" $(PYTEST_ARGS)
 
-# The long forms of docs/RELIABILITY.md's tests (each section says which).
+# The long forms of docs/RELIABILITY.md's tests (each section says which), figures
+# into out/reliability; kills at random moments: 50 trials of each kind
+# (coordinator, agent, both).
+RELIABILITY_OUT ?= out/reliability
 reliability: setup
 	$(BIN)/python -m pytest -q -m reliability $(PYTEST_ARGS)
+	ARTEMIS_KILL_TRIALS=50 ARTEMIS_RELIABILITY_OUT=$(RELIABILITY_OUT) \
+		$(BIN)/python -m pytest -q tests/test_kills.py $(PYTEST_ARGS)
 
 # Real-PyTorch DDP jobs judged end to end (artemis run, artemis.job.Detector):
 # timing-sensitive on a shared 2-core machine, so kept out of `make test`.
@@ -73,6 +79,15 @@ fuzz: setup
 			|| exit 1; \
 		grep -q "^Done" out/fuzz/$$t.log || exit 1; \
 	done
+
+
+# Soak: a virtual hour at 1k ranks (artemis loadtest) and a real-time hour of a
+# small simulated job (SOAK_REAL_S seconds), the coordinator's RSS, open files,
+# journal, findings and store sampled.
+SOAK_REAL_S ?= 3600
+soak: setup
+	ARTEMIS_SOAK=long ARTEMIS_SOAK_REAL_S=$(SOAK_REAL_S) ARTEMIS_RELIABILITY_OUT=out/soak \
+		$(BIN)/python -m pytest -q -s tests/test_soak.py $(PYTEST_ARGS)
 
 bench: setup
 	$(MAKE) -C profiler_plugin bench

@@ -16,7 +16,20 @@ journal written by another version still reads), and `["r", job, window,
 [comm, ...]]` per scored window: the communicators of the run that scored it,
 so a new run of the job that reuses its window numbers is not mistaken for a
 resend (a mark without them covers every communicator). A batch costs one
-column encoding, not a record per rank.
+column encoding, not a record per rank. Before the coordinator writes a group
+of output lines (a scored window's, or a plan ack's, a hang's),
+`["s", job, seq, {path: [inode, size]}]` records where the findings, plans
+and incidents files ended (an intent; `seq` grows with every group). The
+job's saved state names the last group it saw through (`out_seq`); a restart
+whose last intent is newer than that cuts those files back to it, and the
+window (or ack) is taken in again: a crash inside a group's outputs neither
+loses it nor writes its lines twice (docs/DESIGN.md "Coordinator crash").
+The file is rewritten (compacted) to hold only what is pending and the recent
+release marks every `COMPACT_EVERY` marks, or once the bytes appended since the
+last rewrite reach `COMPACT_FACTOR` times what that rewrite wrote (at least
+`COMPACT_MIN_BYTES`), the first that comes: the batches of scored windows are
+dead weight, so the file stays within a few times its live part, and each
+rewrite costs the live part only.
 Journals of the first format (`["h", names, names]`, `["w", values, values]`
 per summary) are still read. Appends are not fsynced: the journal covers a
 crash of the coordinator process (the kernel keeps the written pages), not of
@@ -37,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
 
@@ -51,6 +65,11 @@ from artemis.protocol.records import RankWindow, Telemetry
 log = structlog.get_logger("artemis.coordinator")
 
 COMPACT_EVERY = 20_000  # release marks between rewrites of the file
+# Bytes appended between rewrites: COMPACT_FACTOR x the live part, at least
+# COMPACT_MIN_BYTES (a 1k-rank window is about 60 KB of batches: a rewrite every
+# dozen or so windows, each writing the live part, a few hundred KB).
+COMPACT_MIN_BYTES = 1 << 20
+COMPACT_FACTOR = 4
 FORMAT = 2
 
 _HEADER = msgpack.packb(["h", FORMAT])
@@ -58,6 +77,45 @@ _HEADER = msgpack.packb(["h", FORMAT])
 Summaries: TypeAlias = WindowColumns | Iterable[RankWindow]
 # (job, comm, window) of a scored window; comm None: every communicator of the job.
 Mark: TypeAlias = tuple[str, str | None, int]
+# Where an output file ended before a window's outputs: path -> (inode, size).
+Outputs: TypeAlias = dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Intent:
+    """The last group of outputs the journal saw begin: its job, number and offsets."""
+
+    job: str
+    seq: int
+    outputs: Outputs
+
+
+def output_marks(paths: Iterable[str | Path]) -> Outputs:
+    """(inode, size) of each existing file of `paths`: an intent's record."""
+    out: Outputs = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        out[str(p)] = (st.st_ino, st.st_size)
+    return out
+
+
+def cut_back(outputs: Outputs) -> dict[str, int]:
+    """Truncate each file to its recorded size (same inode, grown since): the lines of a
+    window whose scoring a crash interrupted. Returns path -> bytes removed."""
+    cut: dict[str, int] = {}
+    for path, (ino, size) in outputs.items():
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        # Another inode: the file was rotated since; its lines are left alone.
+        if st.st_ino == ino and st.st_size > size:
+            os.truncate(path, size)
+            cut[path] = st.st_size - size
+    return cut
 
 
 def _columns(windows: Summaries) -> WindowColumns:
@@ -95,9 +153,17 @@ class AssemblyJournal:
         self._marks = 0
         self._unwritten: list[bytes] = []  # release marks waiting for space
         self.health = FileHealth("journal", str(self.path))
+        self._bytes = 0  # appended since the last rewrite
+        self._live = 0  # bytes the last rewrite wrote
+        # Set by load_columns: the last group of outputs begun (the only one a crash
+        # can have cut short: the coordinator writes one group at a time).
+        self.intent: Intent | None = None
 
     def load_columns(self) -> tuple[WindowColumns, set[Mark]]:
-        """(summaries taken but not scored, windows already scored) from the file."""
+        """(summaries taken but not scored, windows already scored) from the file; the
+        last intent in `intent`."""
+        self.intent = None
+        intent: Intent | None = None
         parts: list[WindowColumns] = []
         v1: list[RankWindow] = []
         released: set[Mark] = set()
@@ -118,6 +184,12 @@ class AssemblyJournal:
                     elif tag == "r":
                         comms = item[3] if len(item) > 3 and item[3] else [None]
                         released.update((str(item[1]), c, int(item[2])) for c in comms)
+                    elif tag == "s":
+                        intent = Intent(
+                            str(item[1]),
+                            int(item[2]),
+                            {str(k): (int(v[0]), int(v[1])) for k, v in item[3].items()},
+                        )
                     elif tag == "h" and len(item) == 3:
                         names = (item[1], item[2])
                     elif tag == "w":
@@ -135,6 +207,7 @@ class AssemblyJournal:
             bad += 1  # a torn tail: the process died inside a write
         if bad:
             log.warning("assembly journal: unreadable entries skipped", path=str(self.path), n=bad)
+        self.intent = intent
         if v1:
             parts.append(WindowColumns.from_records(v1))
         cols = WindowColumns.concat(parts)
@@ -182,6 +255,8 @@ class AssemblyJournal:
         self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open for appends
         self._marks = 0
         self._unwritten = []
+        self._bytes = 0
+        self._live = self.path.stat().st_size
 
     def _append(self, data: bytes) -> None:
         """Write the marks waiting for space, then `data`; all of it or none."""
@@ -199,6 +274,7 @@ class AssemblyJournal:
             self.health.failed(e)
             raise JournalUnavailable(e.errno, f"assembly journal {self.path}: {e.strerror}") from e
         self._unwritten = []
+        self._bytes += len(blob)
         self.health.ok()
 
     def added(self, windows: Summaries) -> None:
@@ -208,6 +284,17 @@ class AssemblyJournal:
         cols = _columns(windows)
         if cols.n:
             self._append(_entry(cols))
+
+    def begin(self, job: str, seq: int, outputs: Outputs) -> None:
+        """Group `seq` of `job`'s outputs is about to be written; the files end at `outputs`."""
+        if self._fh is None:
+            return
+        marks = {p: list(v) for p, v in outputs.items()}
+        intent = msgpack.packb(["s", job, seq, marks])
+        try:
+            self._append(intent)
+        except JournalUnavailable:
+            self._unwritten.append(intent)  # written before the next batch
 
     def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
         """Mark a window scored by the run of `comms`; True when due for compaction."""
@@ -220,7 +307,8 @@ class AssemblyJournal:
             self._unwritten.append(mark)  # written before the next batch
             return False
         self._marks += 1
-        return self._marks >= COMPACT_EVERY
+        due = max(COMPACT_MIN_BYTES, COMPACT_FACTOR * self._live)
+        return self._marks >= COMPACT_EVERY or self._bytes >= due
 
     def close(self) -> None:
         if self._fh is not None:

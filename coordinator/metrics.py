@@ -186,6 +186,12 @@ class Metrics:
             self._child(self.scoring, job).observe(max(0.0, scoring_seconds))
             self._child(self.last_window, job).set(result.window)
 
+    def observe_restored(self, job: str, last_window: int) -> None:
+        """A job restored from an earlier life's state: its last window scored is known
+        before this life scores one (a paced job waits on it: sim/hostproc.py)."""
+        with self._lock:
+            self._child(self.last_window, job).set(last_window)
+
     def observe_findings(self, findings: list[Finding]) -> None:
         """Findings that come outside a window's scoring (hangs, missing ranks)."""
         with self._lock:

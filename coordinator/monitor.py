@@ -487,6 +487,7 @@ class JobMonitor:
             step_lo=int(cols.ints("step_lo").min()),
             step_hi=int(cols.ints("step_hi").max()),
             held=len(allowed) < len(res.findings),
+            missing=res.missing,
         )
         return MonitorOutput(plans=events, controls=self._plan_controls(events))
 

@@ -37,7 +37,12 @@ import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
 from artemis.coordinator.config import RetentionConfig
 from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
-from artemis.coordinator.journal import AssemblyJournal, JournalUnavailable
+from artemis.coordinator.journal import (
+    AssemblyJournal,
+    JournalUnavailable,
+    cut_back,
+    output_marks,
+)
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.monitor import (
     JobMonitor,
@@ -116,6 +121,10 @@ class Coordinator:
         self.report_dir = report_dir  # each job's report at its end (artemis report)
         self._stored_job: dict[str, dict[str, Any]] = {}  # the job info last written
         self._baseline_retry: dict[str, float] = {}  # job -> when to read its baselines again
+        self._out_seq = 0  # groups of output lines begun (journal.py: intents)
+        self._unscored: set[tuple[str, str, int]] = set()  # released, not scored yet
+        self._plan_control: dict[str, dict[str, Any]] = {}  # job -> its last plan control
+        self._direct: list[tuple[str, str, dict[str, Any]]] = []  # (agent, action, body)
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
@@ -126,6 +135,12 @@ class Coordinator:
             self.agents.setdefault(job, set()).add(peer.agent_id)
             self._monitor(job).expect(ranks, peer.host)
             self.assembler.expect(job, ranks)
+            # An agent back (restarted, reconnected) gets the job's latest plan control
+            # again: a withdrawal or rollback sent while it was away would otherwise
+            # leave its ranks on a split the others left (rebalance/README.md "Limits").
+            body = self._plan_control.get(job)
+            if body is not None:
+                self._direct.append((peer.agent_id, "plan", body))
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -230,6 +245,7 @@ class Coordinator:
             self._store_job(job, m, ended=True)
             self.store.write_baselines(m.baseline_records(self.wall()))
             self._write_report(job)
+            self._save(job, stopped=True)
         self.store.close()
         self.findings.close()
         self.plans.close()
@@ -308,6 +324,7 @@ class Coordinator:
             self._write_report(job)
         self._stored_job.pop(job, None)
         self._baseline_retry.pop(job, None)
+        self._plan_control.pop(job, None)
         self.monitors.pop(job, None)
         self._finished_at.pop(job, None)
         self.metrics.forget_job(job)
@@ -319,8 +336,14 @@ class Coordinator:
 
     # ------------------------------------------------------------------ scoring
     def _score_all(self, released: list[AssembledWindow], final: bool = False) -> None:
+        # The assembler marked all of them released at once; until each is scored, the
+        # job's saved state must not say so (_save), or a crash in between would lose
+        # the rest: a restart would take their journaled summaries for resends.
+        self._unscored = {(aw.job, aw.run, aw.window) for aw in released}
         for aw in released:
+            self._unscored.discard((aw.job, aw.run, aw.window))
             self._score(aw, final)
+        self._unscored = set()
         for d in self.assembler.take_drops():
             self.metrics.observe_dropped(d.job, d.reason, d.rows)
             log.info(
@@ -347,6 +370,7 @@ class Coordinator:
         if out.result is None:
             self._dropped(aw, "already_scored")
         else:
+            self._begin(aw.job)
             self.findings.write(out.findings)
             self.metrics.observe_window(out.result, dt)
             extra = out.findings[len(out.result.findings) :]
@@ -355,12 +379,32 @@ class Coordinator:
             self.metrics.set_active(True)
             self._store_job(aw.job, m)
             self._incidents(out)
-            self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
-        # Marked scored only once its findings are written; then the job's state.
+            self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls), begun=True)
+        # The job's state (which holds the window) once its outputs are written, then
+        # the release mark: a crash before the state is saved cuts the outputs back and
+        # scores the window again (restore), one after it finds the window taken in.
+        self._save(aw.job)
         comms = self.assembler.comms_of(aw.job, aw.run)
         if self.journal is not None and self.journal.released(aw.job, aw.window, comms):
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
-        self._save(aw.job)
+        if out.result is not None:
+            # One line per scored window: the per-window record of docs/RELIABILITY.md.
+            log.info(
+                "window scored",
+                job=aw.job,
+                run=aw.run,
+                window=aw.window,
+                ranks=aw.columns.n,
+                missing=len(aw.missing),
+            )
+
+    def _begin(self, job: str) -> None:
+        """A group of output lines of `job` starts: where the files end now, in the
+        journal (journal.py: an intent); the job's next save says it was seen through."""
+        self._out_seq += 1
+        if self.journal is not None:
+            paths = [self.findings.path, self.plans.path, self.incidents.path]
+            self.journal.begin(job, self._out_seq, output_marks(paths))
 
     def _store_job(self, job: str, m: JobMonitor, ended: bool = False) -> None:
         """The job's row in the store: what a report's summary needs. Only the keys that
@@ -470,8 +514,11 @@ class Coordinator:
             self.metrics.observe_incident_rows(out.incident_rows)
             self.store.write_monitor_rows(out.incident_rows)
 
-    def _emit(self, job: str, out: MonitorOutput) -> None:
-        """Write what a monitor returned outside a window's scoring (or its plans)."""
+    def _emit(self, job: str, out: MonitorOutput, begun: bool = False) -> None:
+        """Write what a monitor returned outside a window's scoring (or its plans: `begun`,
+        inside the window's group of outputs)."""
+        if not begun and (out.findings or out.plans or out.incidents):
+            self._begin(job)
         if out.findings:
             self.findings.write(out.findings)
             self.metrics.observe_findings(out.findings)
@@ -494,6 +541,8 @@ class Coordinator:
             if c.action == "dump":
                 log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
             self._outbox.append((job, c.action, c.body))
+            if c.action == "plan":
+                self._plan_control[job] = c.body
         if out.findings or out.plans or out.incidents:
             # A plan acknowledged, a hang reported, a mode changed: state that must
             # survive a crash as much as a scored window's does.
@@ -553,16 +602,31 @@ class Coordinator:
         never scored (the journal). Returns how many summaries were replayed."""
         self.state_dir = journal.path.with_name(journal.path.name + ".jobs")
         self.state_health.path = str(self.state_dir)
+        pending, released = journal.load_columns()
+        states: list[tuple[Path, Any]] = []
         for path in sorted(self.state_dir.glob("*.state")) if self.state_dir.exists() else ():
             try:
-                state = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+                states.append(
+                    (path, msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False))
+                )
+            except (OSError, ValueError, msgpack.UnpackException) as e:
+                log.warning("job state unreadable: skipped", path=str(path), error=str(e))
+        self._finish_intent(journal, states)
+        for path, state in states:
+            try:
                 self.assembler.restore({state["job"]: state["assembly"]})
+                if state.get("plan_control") is not None:
+                    self._plan_control[str(state["job"])] = state["plan_control"]
                 if state["monitor"] is not None:
                     m = JobMonitor.restore(
                         state["monitor"], self.settings, dump_wait_s=self.dump_wait_s
                     )
                     m.baselines.enabled = self.store.on
                     self.monitors[m.job] = m
+                    # After a crash, not after a clean stop (a job's next run starts
+                    # its windows afresh: a stale last window would say it is done).
+                    if m.last_window >= 0 and not state.get("stopped"):
+                        self.metrics.observe_restored(m.job, m.last_window)
                     self._emit(m.job, m.update_settings(self.settings))
                     log.info(
                         "job state restored",
@@ -572,7 +636,6 @@ class Coordinator:
                     )
             except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
                 log.warning("job state unreadable: skipped", path=str(path), error=str(e))
-        pending, released = journal.load_columns()
         self.assembler.mark_released(released)
         now = self.clock()
         for job in set(pending["job"]):
@@ -585,15 +648,49 @@ class Coordinator:
             log.info("assembly journal replayed", summaries=pending.n)
         return pending.n
 
-    def _save(self, job: str) -> None:
-        """The job's state, atomically replaced (write, fsync-free rename): see restore."""
+    def _finish_intent(self, journal: AssemblyJournal, states: list[tuple[Path, Any]]) -> None:
+        """Output lines an earlier life was writing when it died: if its job's saved state
+        never saw their group through, they (maybe partial) are cut from the outputs,
+        before anything else is written; the replayed window (or the resent ack) writes
+        them once more."""
+        it = journal.intent
+        seen = {
+            str(st.get("job")): int(st.get("out_seq", 0))
+            for _path, st in states
+            if isinstance(st, dict)
+        }
+        self._out_seq = max([0, *seen.values()] + ([it.seq] if it is not None else []))
+        if it is None or seen.get(it.job, 0) >= it.seq:
+            return  # the job's state was saved after the group: its outputs are whole
+        cut = cut_back(it.outputs)
+        log.warning(
+            "outputs interrupted by a crash removed: they are written again",
+            job=it.job,
+            group=it.seq,
+            removed_bytes=cut,
+        )
+
+    def _save(self, job: str, stopped: bool = False) -> None:
+        """The job's state, atomically replaced (write, fsync-free rename): see restore.
+        `stopped`: saved by a clean shutdown (flush), not after a window."""
         if self.state_dir is None:
             return
         m = self.monitors.get(job)
+        asm = self.assembler.snapshot([job]).get(job)
+        gone = {(r, w) for j, r, w in self._unscored if j == job}
+        if asm is not None and gone:
+            kept = [[r, w] for r, w in asm["released"] if (r, w) not in gone]
+            front = max([w for r, w in kept if r == asm["run"]], default=-1)
+            asm = {**asm, "released": kept, "front": front}
         state = {
             "job": job,
             "monitor": None if m is None else m.snapshot(),
-            "assembly": self.assembler.snapshot([job]).get(job),
+            "assembly": asm,
+            # The last group of output lines this state has seen through (an intent
+            # newer than it was cut short by a crash: _finish_intent).
+            "out_seq": self._out_seq,
+            "plan_control": self._plan_control.get(job),
+            "stopped": stopped,
         }
         if state["assembly"] is None:
             return
@@ -614,6 +711,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------ control out
     async def _flush_controls(self) -> None:
+        if self._direct and self.server is not None:
+            direct, self._direct = self._direct, []
+            for agent, action, body in direct:
+                try:
+                    await self.server.send_control(agent, action, body)
+                except NotConnected:
+                    log.warning(
+                        "control not delivered: agent not connected", agent=agent, action=action
+                    )
         if not self._outbox or self.server is None:
             return
         out, self._outbox = self._outbox, []

@@ -413,6 +413,7 @@ class RebalancePolicy:
         step_lo: int | None = None,
         step_hi: int | None = None,
         held: bool = False,
+        missing: Sequence[int] = (),
     ) -> list[PlanEvent]:
         """Feed one assembled window; returns the plan events it caused (maybe none).
 
@@ -424,7 +425,9 @@ class RebalancePolicy:
         in). ``step_lo``/``step_hi`` bound the window's steps (default: window *
         window_steps, one window long). ``held``: the window is not healthy whatever
         ``findings`` say (the caller holds back an unconfirmed finding): it never
-        feeds the throughput baseline.
+        feeds the throughput baseline. ``missing``: ranks absent from the window
+        (their agent gone): a plan still waiting for their acknowledgement is
+        withdrawn at once, as it cannot be applied by every rank together.
         """
         ws = self.settings.window_steps
         lo = window * ws if step_lo is None else step_lo
@@ -453,6 +456,7 @@ class RebalancePolicy:
         if (
             not w.flagged
             and not held
+            and not missing  # a window short of ranks measures another job's throughput
             and self._pending is None
             and self._in_force is None
             and thr is not None
@@ -464,7 +468,7 @@ class RebalancePolicy:
             return []  # nothing to move: every rank already holds the minimum
         out: list[PlanEvent] = []
         if self._pending is not None:
-            out.extend(self._follow(w))
+            out.extend(self._follow(w, missing))
         if self._pending is None:
             out.extend(self._maybe_restore(w))
         if self._pending is None and not out:
@@ -771,12 +775,38 @@ class RebalancePolicy:
         self._start(PlanState.SENT, w.window, ev, restore=True)
         return [dataclasses.replace(ev, control=self._control(pid, uniform, at))]
 
-    def _follow(self, w: _Window) -> list[PlanEvent]:
+    def _recovered(self, rank: int, windows: Sequence[_Window]) -> bool:
+        """``rank`` computes as fast per sample as its peers' median over ``windows``."""
+        speeds = self._speeds(windows)
+        if speeds is None or self.nranks < 2:
+            return False
+        peers = float(np.median(np.delete(speeds, rank)))
+        return bool(speeds[rank] >= (1.0 - self.settings.recovered_tolerance) * peers)
+
+    def _follow(self, w: _Window, missing: Sequence[int] = ()) -> list[PlanEvent]:
         p = self._pending
         assert p is not None
         s = self.settings
         at = p.event.apply_at_step or 0
         if p.state is PlanState.SENT:
+            gone = sorted({int(r) for r in missing} - set(p.acks))
+            if gone:
+                # Ranks whose agent is gone cannot get the plan or report their switch:
+                # the others must not run on it alone. Withdrawn now, not at the timeout.
+                back = self._withdraw(p, w, "withdrawn")
+                return [
+                    self._emit(
+                        p,
+                        PlanState.WITHDRAWN,
+                        control=back,
+                        window=w.window,
+                        reason=(
+                            f"ranks {gone} stopped reporting before acknowledging it"
+                            f" (acks from ranks {sorted(p.acks)} of {self.nranks}); plan"
+                            " withdrawn, the job keeps its previous split"
+                        ),
+                    )
+                ]
             if w.step_hi < at + s.ack_timeout_windows * s.window_steps:
                 return []
             # The job never confirmed: it may not use artemis.job at all, which is a
@@ -823,6 +853,14 @@ class RebalancePolicy:
             if lost is not None and lost > 0:
                 why += f", {100.0 * gain / lost:.0f}% of the {lost:.1f} samples/s lost"
             why += ")"
+        # What else happened in the verification windows, for the reason: the plan's
+        # rank recovering by itself, or another rank slowing (both move the throughput).
+        checked = after_w[: s.verify_windows]
+        others = sorted(set().union(*(x.flagged for x in checked)) - {p.event.rank})
+        if others:
+            why += f"; ranks {others} flagged during the verification"
+        elif not p.restore and self._recovered(p.event.rank, checked):
+            why += f"; rank {p.event.rank} as fast per sample as its peers again (it recovered)"
         old = self._in_force
         if ok:
             ev = self._emit(

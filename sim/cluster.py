@@ -6,7 +6,7 @@ job process per host (sim/hostproc.py) driving the real compiled plugin through
 the NCCL stand-in. Everything talks over loopback TCP with a real shared
 secret. The orchestrator only starts, watches and stops processes; it injects
 `agent_down` faults by killing an agent when the job reaches the fault's
-window.
+window (and starting it again at its end_window, if it has one).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,12 @@ class SimContext:
     started: float
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killed_agents: set[int] = field(default_factory=set)
+    revived_agents: set[int] = field(default_factory=set)
+    # SIGKILL processes of `procs` and start them again as they were started, their logs
+    # appended to (tests/kills.py); under `lock`, which the watch holds while it checks
+    # the processes, so a kill is never taken for a crash.
+    kill_restart: Callable[[list[str]], None] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class SimCluster:
@@ -103,6 +110,7 @@ class SimCluster:
         self.sc = load_scenario(self.path)
         self.opts = opts
         self.job = f"{self.path.stem}-sim"
+        self._argv: dict[str, tuple[list[str], Path]] = {}  # name -> how it was started
 
     def run(self) -> SimResult:
         opts, sc = self.opts, self.sc
@@ -150,6 +158,7 @@ class SimCluster:
                     p.unlink()
             plans = opts.plans_jsonl or work / "plans.jsonl"
             procs["coordinator"] = self._spawn(
+                "coordinator",
                 [
                     _bin("artemis-coordinator"),
                     "serve",
@@ -188,6 +197,7 @@ class SimCluster:
             )
             for h in range(sc.hosts):
                 procs[f"agent-{h}"] = self._spawn(
+                    f"agent-{h}",
                     [
                         _bin("artemis-agent"),
                         "run",
@@ -214,6 +224,7 @@ class SimCluster:
             run = secrets.token_hex(8)
             for h in range(sc.hosts):
                 procs[f"host-{h}"] = self._spawn(
+                    f"host-{h}",
                     [
                         sys.executable,
                         "-m",
@@ -242,6 +253,7 @@ class SimCluster:
                     logs / f"host-{h}.log",
                 )
             ctx = SimContext(sc, murl, opts.jsonl, plans, t0, procs)
+            ctx.kill_restart = lambda names: self._kill_restart(ctx, names)
             reason = self._watch(ctx, hang)
             ok = reason == ""
             scored = int(metric_value(murl, "straggler_windows_scored_total") or 0)
@@ -261,11 +273,31 @@ class SimCluster:
                 shutil.rmtree(work, ignore_errors=True)
 
     # ------------------------------------------------------------------ helpers
-    def _spawn(self, argv: list[str], logfile: Path) -> subprocess.Popen[bytes]:
-        f = open(logfile, "wb")  # noqa: SIM115 - owned by the child for its life
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str] | None = None,
+        logfile: Path | None = None,
+        *,
+        append: bool = False,
+    ) -> subprocess.Popen[bytes]:
+        if argv is None or logfile is None:
+            argv, logfile = self._argv[name]
+        self._argv[name] = (argv, logfile)
+        f = open(logfile, "ab" if append else "wb")  # noqa: SIM115 - owned by the child
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+    def _kill_restart(self, ctx: SimContext, names: list[str]) -> None:
+        with ctx.lock:
+            for n in names:
+                p = ctx.procs[n]
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                p.wait()
+            for n in names:
+                ctx.procs[n] = self._spawn(n, append=True)
 
     def _wait_metrics(self, url: str, proc: subprocess.Popen[bytes]) -> None:
         end = time.monotonic() + 30
@@ -291,20 +323,30 @@ class SimCluster:
             for start, f in downs.items():
                 for r in f.ranks:
                     h = sc.host_of(r)
-                    if cur >= start - 1 and h not in ctx.killed_agents:
+                    down = h in ctx.killed_agents or h in ctx.revived_agents
+                    if cur >= start - 1 and not down:
                         p = ctx.procs[f"agent-{h}"]
                         p.send_signal(signal.SIGKILL)
                         p.wait()
                         ctx.killed_agents.add(h)
                         log.info("agent killed (agent_down fault)", host=sc.host_name(h))
-            for name, p in ctx.procs.items():
-                rc = p.poll()
-                if rc is not None and rc != 0 and not name.startswith("agent-"):
-                    return f"{name} exited with code {rc}"
-                if rc is not None and name.startswith("agent-"):
-                    h = int(name.split("-")[1])
-                    if h not in ctx.killed_agents:
+                    # An end_window brings the agent back (a supervisor restarting it).
+                    back = f.end_window is not None and cur >= f.end_window - 1
+                    if back and h in ctx.killed_agents and h not in ctx.revived_agents:
+                        with ctx.lock:
+                            ctx.procs[f"agent-{h}"] = self._spawn(f"agent-{h}", append=True)
+                        ctx.revived_agents.add(h)
+                        ctx.killed_agents.discard(h)
+                        log.info("agent restarted (agent_down fault ended)", host=sc.host_name(h))
+            with ctx.lock:
+                for name, p in ctx.procs.items():
+                    rc = p.poll()
+                    if rc is not None and rc != 0 and not name.startswith("agent-"):
                         return f"{name} exited with code {rc}"
+                    if rc is not None and name.startswith("agent-"):
+                        h = int(name.split("-")[1])
+                        if h not in ctx.killed_agents:
+                            return f"{name} exited with code {rc}"
             hosts_alive = [
                 p for n, p in ctx.procs.items() if n.startswith("host-") and p.poll() is None
             ]

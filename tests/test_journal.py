@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgpack
+import pytest
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
@@ -194,3 +196,170 @@ def test_a_batch_off_the_wire_is_journaled_as_it_came(tmp_path: Path) -> None:
     j.close()
     pending, _ = AssemblyJournal(tmp_path / "w.assembly").load()
     assert pending == list(sent.windows)
+
+
+class Crash(Exception):
+    """The process dies here (as SIGKILL would: nothing after it runs)."""
+
+
+class CrashingCoordinator(Coordinator):
+    """Dies once, at `at`: "save" (its outputs written, its state not saved) or "mark"
+    (its state saved, its release mark not written) of window `window`."""
+
+    at = ""
+    window = -1
+
+    def _save(self, job: str) -> None:
+        if self.at == "save" and self.monitors[job].last_window == self.window:
+            raise Crash
+        super()._save(job)
+
+
+class CrashingJournal(AssemblyJournal):
+    window = -1
+
+    def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
+        if window == self.window:
+            raise Crash
+        return super().released(job, window, comms)
+
+
+def _rank_lines(tmp: Path) -> list[tuple[int, str, int]]:
+    lines = [json.loads(x) for x in (tmp / "f.jsonl").read_text().splitlines()]
+    return [(f["window"], f["state"], f["since"]) for f in lines if f["kind"] == "rank"]
+
+
+@pytest.mark.parametrize("at", ["save", "mark"])
+def test_a_crash_inside_a_windows_outputs_scores_it_once(tmp_path: Path, at: str) -> None:
+    """The DESIGN "Coordinator crash" gap, closed: killed after window 3's findings line
+    but before its state (or its release mark) was written, the restart neither loses
+    window 3 nor writes its line twice."""
+    now = [0.0]
+
+    async def run() -> None:
+        m = Metrics()
+        a = CrashingCoordinator(
+            Settings(),
+            FindingsWriter(tmp_path / "f.jsonl"),
+            PlansWriter(tmp_path / "p.jsonl"),
+            m,
+            deadline_s=30.0,
+            grace_s=0.0,
+            clock=lambda: now[0],
+        )
+        j = CrashingJournal(tmp_path / "f.assembly")
+        a.restore(j)
+        a.on_connect(peer("h0"))
+        a.on_connect(peer("h1"))
+        for w in range(4):
+            if w == 3:
+                a.at, a.window, j.window = at, 3, 3 if at == "mark" else -1
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+            try:
+                await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, w), rw(3, w))))
+            except Crash:
+                assert w == 3
+        # Window 3's line is in the file: the dead coordinator wrote it.
+        assert _rank_lines(tmp_path)[-1][0] == 3
+        del a
+
+        now[0] = 10.0
+        b, _ = make(tmp_path, now, grace_s=1.0)
+        b.on_connect(peer("h0"))
+        b.on_connect(peer("h1"))
+        # The agents resend what was never acked (window 3 of h1) and go on.
+        await b.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, 3), rw(3, 3))))
+        await b.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, 4), rw(1, 4))))
+        await b.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, 4), rw(3, 4))))
+        b.flush()
+
+    asyncio.run(run())
+    assert _rank_lines(tmp_path) == [
+        (1, "suspect", 1),
+        (2, "suspect", 1),
+        (3, "flagged", 1),
+        (4, "ongoing", 1),
+    ]
+
+
+def _journal_sizes(tmp: Path, windows: int) -> list[int]:
+    now = [0.0]
+    sizes = []
+
+    async def run() -> None:
+        a, ma = make(tmp, now, grace_s=0.0)
+        a.on_connect(peer("h0"))
+        a.on_connect(peer("h1"))
+        for w in range(windows):
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+            await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, w), rw(3, w))))
+            sizes.append((tmp / "f.assembly").stat().st_size)
+        assert scored(ma) == windows
+        a.flush()
+
+    asyncio.run(run())
+    return sizes
+
+
+def test_the_journal_is_compacted_by_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scored windows' batches are dead weight: the file is rewritten once
+    COMPACT_MIN_BYTES (or 4 x its live part) were appended, so it stays about that size
+    however long the coordinator runs."""
+    from artemis.coordinator import journal
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setattr(journal, "COMPACT_MIN_BYTES", 1 << 40)
+    grown = _journal_sizes(tmp_path / "a", 300)  # as before: every batch kept
+    monkeypatch.setattr(journal, "COMPACT_MIN_BYTES", 8192)
+    sizes = _journal_sizes(tmp_path / "b", 300)
+    # What is left after a rewrite: the release marks the assembler keeps (one per
+    # window here, all 300 under its 4096), about 10 bytes each, and no batch.
+    assert grown[-1] > 300 * 300, grown[-1]
+    assert max(sizes) < 8192 + 5 * (300 * 12 + 2 * 300), max(sizes)
+    assert sizes[-1] < grown[-1] / 5, (sizes[-1], grown[-1])
+
+
+def test_a_crash_between_two_windows_released_together_loses_neither(tmp_path: Path) -> None:
+    """Windows 3 and 4 complete in one batch (h1 sends both), so the assembler releases
+    them together; the coordinator dies while scoring window 4. The state saved after
+    window 3 must not count window 4 as released, or the restart would take its
+    journaled summaries for resends (late) and window 4 would never be scored."""
+    now = [0.0]
+
+    async def run() -> None:
+        a = CrashingCoordinator(
+            Settings(),
+            FindingsWriter(tmp_path / "f.jsonl"),
+            PlansWriter(tmp_path / "p.jsonl"),
+            Metrics(),
+            deadline_s=30.0,
+            grace_s=0.0,
+            clock=lambda: now[0],
+        )
+        a.restore(AssemblyJournal(tmp_path / "f.assembly"))
+        a.on_connect(peer("h0"))
+        a.on_connect(peer("h1"))
+        for w in range(3):
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+            await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, w), rw(3, w))))
+        for w in (3, 4):
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+        a.at, a.window = "save", 4
+        both = (rw(2, 3), rw(3, 3), rw(2, 4), rw(3, 4))
+        with pytest.raises(Crash):
+            await a.on_message(peer("h1"), Windows(host="h1", windows=both))
+        del a
+
+        now[0] = 10.0
+        b, mb = make(tmp_path, now, grace_s=1.0)
+        b.on_connect(peer("h0"))
+        b.on_connect(peer("h1"))
+        await b.on_message(peer("h1"), Windows(host="h1", windows=both))  # resent: not acked
+        now[0] = 11.5  # past the restart's grace
+        await b.tick()
+        assert scored(mb) == 1  # window 4, from the journal and the resend
+        b.flush()
+
+    asyncio.run(run())
+    assert [w for w, _st, _s in _rank_lines(tmp_path)] == [1, 2, 3, 4]

@@ -507,3 +507,21 @@ def test_late_acks_are_reported_and_verification_waits_for_them() -> None:
         if w < 8:
             assert out == []
     assert _statuses(out) == ["verified"]
+
+
+def test_a_plan_waiting_for_acks_of_ranks_gone_missing_is_withdrawn_at_once() -> None:
+    """docs/RELIABILITY.md section 8: the agent of ranks 0 and 1 dies before their acks
+    came. They cannot switch with the others, so the plan is withdrawn in the window the
+    ranks go missing, not at the ack timeout; acks already in do not save it."""
+    pol = _policy()
+    gaps = {0: 32.0, 1: 32.0, 2: 45.0, 3: 32.0}
+    evs = [e for w in range(3) for e in pol.on_window(w, [("rank", "flagged", 2)], gaps, 50.0)]
+    pid = evs[0].id
+    assert pol.on_ack(pid, 2, 250) == [] and pol.on_ack(pid, 3, 250) == []
+    away = {2: 45.0, 3: 32.0}
+    out = pol.on_window(3, [("rank", "flagged", 2)], away, 50.0, missing=[0, 1])
+    assert _statuses(out) == ["recommended"] and out[0].id == pid
+    assert out[0].reason.startswith("ranks [0, 1] stopped reporting before acknowledging it")
+    assert "acks from ranks [2, 3] of 4" in out[0].reason
+    assert out[0].control is not None and out[0].control["samples"] == [32, 32, 32, 32]
+    assert pol.split == [32, 32, 32, 32] and pol.on_ack(pid, 0, 250) == []
