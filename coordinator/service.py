@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
+from artemis.coordinator.detector import LATE_WINDOWS
 from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
@@ -79,7 +80,9 @@ class Coordinator:
         )
         self.metrics = metrics
         self.plan_metrics: PlanMetrics = register_plan_metrics(metrics.registry)
-        self.assembler = WindowAssembler(deadline_s=deadline_s, grace_s=grace_s)
+        self.assembler = WindowAssembler(
+            deadline_s=deadline_s, grace_s=grace_s, late_windows=LATE_WINDOWS
+        )
         self.dump_wait_s = dump_wait_s
         self.job_linger_s = job_linger_s
         self.clock = clock
@@ -262,6 +265,9 @@ class Coordinator:
             )
 
     def _score(self, aw: AssembledWindow, final: bool = False) -> None:
+        if aw.late:
+            self._score_late(aw)
+            return
         m = self._monitor_of(aw)
         if m is None:
             self._dropped(aw, "old_run")
@@ -284,7 +290,44 @@ class Coordinator:
             self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls))
         # Marked scored only once its findings are written; then the job's state.
         comms = self.assembler.comms_of(aw.job, aw.run)
-        if self.journal is not None and self.journal.released(aw.job, aw.window, comms):
+        if self.journal is not None and self.journal.released(
+            aw.job, aw.window, comms, self.assembler.still_missing(aw.job, aw.run, aw.window)
+        ):
+            self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
+        self._save(aw.job)
+
+    def _score_late(self, aw: AssembledWindow) -> None:
+        """A late part of a window (ranks missing at its deadline, a partitioned node's
+        backlog): scored against that window's own peers (JobMonitor.on_late), marked
+        in the journal with the ranks the window still misses, then the job's state."""
+        m = self._monitor_of(aw)
+        if m is None:
+            self._dropped(aw, "old_run")
+            return
+        m.resize(self.assembler.nranks(aw.job))
+        out, late = m.on_late(aw.window, aw.columns, wall=self.wall())
+        if late.scored:
+            self.metrics.observe_late_scored(aw.job, late.scored)
+        if late.duplicate or late.expired:
+            self.metrics.observe_dropped(aw.job, "late", late.duplicate + late.expired)
+        ranks = aw.columns.ints("rank")
+        log.info(
+            "late summaries scored",
+            job=aw.job,
+            window=aw.window,
+            scored=late.scored,
+            duplicate=late.duplicate,
+            expired=late.expired,
+            # the ranks themselves while few (a node's worth), else their count only
+            ranks=ranks.tolist() if ranks.size <= 256 else None,
+            still_missing=len(aw.missing),
+        )
+        if out.findings:
+            self.findings.write(out.findings)
+            self.metrics.observe_findings(out.findings)
+        self._incidents(out)
+        comms = self.assembler.comms_of(aw.job, aw.run)
+        if self.journal is not None and self.journal.released(aw.job, aw.window, comms, aw.missing):
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
         self._save(aw.job)
 
@@ -430,7 +473,7 @@ class Coordinator:
             except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
                 log.warning("job state unreadable: skipped", path=str(path), error=str(e))
         pending, released = journal.load_columns()
-        self.assembler.mark_released(released)
+        self.assembler.mark_released(released, journal.open_marks)
         now = self.clock()
         for job in set(pending["job"]):
             self._monitor(job)
