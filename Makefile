@@ -2,7 +2,8 @@
 #   make demo   - set up, then run the simulated cluster with a straggler, live
 #   make test   - set up, then run the whole test suite
 # Also: make test-torch (real-PyTorch DDP runs judged end to end), make bench,
-# make lint, make plugin, make docs-screenshot, make clean.
+# make reliability (the long forms of docs/RELIABILITY.md), make lint, make plugin,
+# make docs-screenshot, make clean.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP   := $(VENV)/.installed
 PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
 PYTEST_ARGS ?=
 
-.PHONY: all setup plugin demo sim test test-torch test-c bench lint clean docs-screenshot
+.PHONY: all setup plugin demo sim test test-torch test-c bench lint clean docs-screenshot reliability
 
 all: setup
 
@@ -40,8 +41,18 @@ demo: setup
 test: setup
 	bash tests/setup/install-prometheus.sh
 	bash tests/setup/install-chromium.sh
+	bash tests/setup/install-iproute2.sh
 	$(MAKE) -C profiler_plugin test
-	$(BIN)/python -m pytest -q -m "not torch_e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not torch_e2e and not reliability" $(PYTEST_ARGS)
+
+# The long forms of the reliability campaign (docs/RELIABILITY.md): partitions of
+# 30 s, 2 minutes of 20% loss + 200 ms delay, a flapping link. Their figures are
+# printed (-s) and appended to out/reliability.jsonl.
+reliability: setup
+	bash tests/setup/install-iproute2.sh
+	mkdir -p out
+	ARTEMIS_RELIABILITY=1 ARTEMIS_RELIABILITY_OUT=$(CURDIR)/out/reliability.jsonl \
+		$(BIN)/python -m pytest -q -s -m reliability $(PYTEST_ARGS)
 
 # Real-PyTorch DDP jobs judged end to end (artemis run, artemis.job.Detector):
 # timing-sensitive on a shared 2-core machine, so kept out of `make test`.

@@ -139,6 +139,7 @@ class AgentLink:
         self.refusal_log_interval_s = refusal_log_interval_s
         self.stall_s = stall_s  # None: never dropped for want of acks
         self._unacked_since: float | None = None  # first send not acknowledged since
+        self._stalled_from: float | None = None  # a stalled connection's last progress
         self.settings: dict[str, Any] = {}
         self._secret = secret
         self._outbox = Outbox(
@@ -278,7 +279,8 @@ class AgentLink:
                     self._channel = None
                     await ch.close()
                     if lost and not self._stop.is_set():
-                        self._outage_begins()
+                        self._outage_begins(self._stalled_from)
+                    self._stalled_from = None
             if self._stop.is_set():
                 break
             if healthy:
@@ -287,10 +289,12 @@ class AgentLink:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
 
-    def _outage_begins(self) -> None:
+    def _outage_begins(self, since: float | None = None) -> None:
+        """The uplink is down: since `since` (a stall: when the connection stopped
+        acknowledging, the last moment it was known to work), else since now."""
         st = self._stats
         st.outages += 1
-        st.down_since = time.monotonic()
+        st.down_since = time.monotonic() if since is None else since
         log.warning(
             "uplink to coordinator lost",
             address=self.address,
@@ -392,6 +396,7 @@ class AgentLink:
                 )
                 if watchdog in done:
                     self._stats.stalls += 1
+                    self._stalled_from = self._unacked_since
                     self._stats.last_error = watchdog.result()
                     log.warning(
                         "coordinator connection stalled: reconnecting",
