@@ -167,7 +167,7 @@ class WindowAssembler:
         deadline_s: float = 5.0,
         keep_released: int = 4096,
         grace_s: float | None = None,
-        late_windows: int = 64,
+        late_windows: int = 256,
     ) -> None:
         self.deadline_s = deadline_s
         # how far behind the run's newest released window a late summary is still taken

@@ -101,8 +101,8 @@ SCALAR_SD_FLOOR = 0.005
 # when their summaries come after it (a partitioned node): for LATE_WINDOWS windows,
 # each group's peers as at most LATE_PEERS rows at evenly spaced order statistics of
 # its judged gap (every row in smaller groups), each standing for the ranks around it.
-LATE_WINDOWS = 64
-LATE_PEERS = 256
+LATE_WINDOWS = 256
+LATE_PEERS = 128
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -637,31 +637,14 @@ class Detector:
             del self._late[w]
         if not missing or v is None or ctx is None:
             return
-        # Each group's entries by judged gap, cut into at most LATE_PEERS runs of
-        # neighbours: the middle one of each run stands for the run (its weight).
-        order = np.lexsort((v.gap, v.gid))
-        g = v.gid[order]
-        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-        ends = np.r_[starts[1:], g.size]
-        pick: list[npt.NDArray[np.int64]] = []
-        weight: list[npt.NDArray[np.int64]] = []
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            n = b - a
-            if n <= LATE_PEERS:
-                pick.append(order[a:b])
-                weight.append(np.ones(n, dtype=np.int64))
-                continue
-            edges = np.linspace(a, b, LATE_PEERS + 1).round().astype(np.int64)
-            pick.append(order[(edges[:-1] + edges[1:]) // 2])
-            weight.append(np.diff(edges))
-        idx = np.concatenate(pick)
+        idx, weight = _order_sample(v.gap, v.gid, np.ones(v.r.size, dtype=np.int64))
         live = self._noise_now() if self.settings.mode == "adaptive" else math.nan
         self._late[window] = _LateRef(
             ctx=ctx,
             live=live,
             rows=v.cols.take(v.row[idx]),
-            weight=np.concatenate(weight),
-            pending=np.array(sorted(set(missing)), dtype=np.int64),
+            weight=weight,
+            pending=np.unique(np.asarray(missing, dtype=np.int64)),
         )
 
     def late_columns(self, window: int) -> WindowColumns:
@@ -702,12 +685,18 @@ class Detector:
         v, unusable = self._view(u)
         lr = late.ints("rank")
         ref.pending = np.setdiff1d(ref.pending, lr)
-        ref.rows, ref.weight = u, w_u  # the late rows are peers of later late ones
         if v is None:
             return LateResult(None, scored=int(fresh.size), duplicate=dup)
         only = v.row >= u.n - late.n
         rep = w_u[v.row]
         pre = (self._weighted(v.gap, v.gid, rep), self._weighted(v.actual, v.gid, rep))
+        if not ref.pending.size:
+            del self._late[window]  # nobody left to come: nothing to keep
+        else:
+            # the late rows are peers of the later late ones: kept in the sample, which
+            # stays at most LATE_PEERS rows a group
+            idx, weight = _order_sample(v.gap, v.gid, rep)
+            ref.rows, ref.weight = u.take(v.row[idx]), weight
         ctx = ref.ctx
         sc = self._judge_ranks(window, v, pre=pre, live=ref.live, only=only)
         findings, active = self._rank_findings(v, sc, ctx, only=only)
@@ -1550,6 +1539,38 @@ def _f(v: Any) -> float | None:
 
 def _pct(excess: float, step_ms: float) -> float | None:
     return 100.0 * excess / step_ms if step_ms > 0 else None
+
+
+def _order_sample(values: F64, gid: I64, weight: I64) -> tuple[I64, I64]:
+    """A bounded sample of each group's order statistics: (indices, weights). A group
+    of at most LATE_PEERS entries is kept whole; a larger one is cut, in order of
+    value, into LATE_PEERS runs of about equal weight, and the middle entry of each
+    run stands for the run (its weight: the run's)."""
+    order = np.lexsort((values, gid))
+    g = gid[order]
+    w = weight[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    ends = np.r_[starts[1:], g.size]
+    pick: list[I64] = []
+    out_w: list[I64] = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if b - a <= LATE_PEERS:
+            pick.append(order[a:b])
+            out_w.append(w[a:b])
+            continue
+        cum = np.cumsum(w[a:b])
+        total = int(cum[-1])
+        # the run of each entry: by the cumulative weight reached at its middle
+        run = np.minimum(
+            ((cum - w[a:b] / 2) * LATE_PEERS // total).astype(np.int64), LATE_PEERS - 1
+        )
+        edges = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+        stop = np.r_[edges[1:], run.size]
+        sums = np.add.reduceat(w[a:b], edges)
+        mid = edges + (stop - edges - 1) // 2
+        pick.append(order[a:b][mid])
+        out_w.append(sums.astype(np.int64))
+    return np.concatenate(pick), np.concatenate(out_w)
 
 
 def _noise_sd(d: F64) -> float:

@@ -269,7 +269,10 @@ def delivery(o: Outcome) -> dict[str, Any]:
 
 
 def check(o: Outcome, want_blackout_s: float) -> dict[str, Any]:
-    """The issue's checks after the heal; returns the figures for docs/RELIABILITY.md."""
+    """The issue's checks after the heal; returns the figures for docs/RELIABILITY.md.
+    `want_blackout_s`: the longest cut of the link (0: none); one longer than the
+    assembly deadline makes windows late, one longer than the agent's stall limit
+    is an outage it reports."""
     why = f"{o.reason}\nschedule done: {o.done}\nlink: {o.link_log[-2000:]}"
     assert o.ok, why
     d = delivery(o)
@@ -278,10 +281,11 @@ def check(o: Outcome, want_blackout_s: float) -> dict[str, Any]:
     assert o.coord.get("straggler_windows_scored_total") == o.windows, (o.coord, why)
     assert d["twice"] == [] and d["stray"] == [], d
     assert d["lost"] == {}, (d, why)
-    assert d["windows_with_missing"] > 0, "the partition never made a window miss node B"
+    if want_blackout_s:
+        assert d["windows_with_missing"] > 0, "the partition never made a window miss node B"
     # Late windows were marked late and scored, not lost.
-    assert o.coord.get("straggler_windows_late_scored_total") == d["rank_windows_late_scored"]
-    assert d["rank_windows_late_scored"] == d["rank_windows_missing"] > 0
+    assert o.coord.get("straggler_windows_late_scored_total", 0) == d["rank_windows_late_scored"]
+    assert d["rank_windows_late_scored"] == d["rank_windows_missing"]
     late_total = o.coord.get("straggler_windows_late_total", 0.0)
     dropped = o.coord.get("straggler_windows_dropped_total", 0.0)
     # what came after its window's release and was not scored is a resend of a rank
@@ -295,13 +299,14 @@ def check(o: Outcome, want_blackout_s: float) -> dict[str, Any]:
     # with its length, and its metrics.
     lost = [r for r in o.agent_b_log if r.get("event") == "uplink to coordinator lost"]
     back = [r for r in o.agent_b_log if r.get("event") == "uplink to coordinator restored"]
-    assert lost and back and len(back) >= len(lost) - 1, (lost, back)
-    assert max(r["outage_s"] for r in back) > 0
     ab = o.agent_b
-    assert ab.get("straggler_agent_uplink_up") == 1.0, ab
-    assert ab.get("straggler_agent_uplink_outages_total", 0) >= 1, ab
+    assert ab.get("straggler_agent_uplink_up") == 1.0, ab  # healed
+    assert len(back) == len(lost) == ab.get("straggler_agent_uplink_outages_total", 0), ab
     down = ab.get("straggler_agent_uplink_down_seconds_total", 0.0)
-    assert down >= 0.3 * want_blackout_s, ab
+    if want_blackout_s:
+        assert lost and back, (lost, back)
+        assert max(r["outage_s"] for r in back) >= 0.5 * want_blackout_s, back
+        assert down >= 0.5 * want_blackout_s, ab
     return {
         **d,
         "late_total": late_total,
@@ -309,7 +314,7 @@ def check(o: Outcome, want_blackout_s: float) -> dict[str, Any]:
         "agent_outages": ab.get("straggler_agent_uplink_outages_total"),
         "agent_stalls": ab.get("straggler_agent_uplink_stalls_total"),
         "agent_down_s": round(down, 1),
-        "outage_logs": [round(r["outage_s"], 1) for r in back],
+        "outage_logs": [round(r["outage_s"], 1) for r in back][:12],
         "findings": len(o.findings),
         "elapsed_s": round(o.elapsed_s, 1),
     }
@@ -360,18 +365,21 @@ def test_partition_short_form(tmp_path: Path) -> None:
             [
                 step
                 for k in range(10)
-                for step in ((6.0 * k, "down", ()), (6.0 * k + 3.0, "up", ()))
+                for step in ((8.0 * k, "down", ()), (8.0 * k + 4.0, "up", ()))
             ],
-            170,
-            3.0,
+            200,
+            4.0,
         ),
     ],
 )
 def test_partition_long_forms(
     tmp_path: Path, name: str, schedule: list[Step], windows: int, blackout: float
 ) -> None:
-    """`make reliability`: the issue's long forms, 0.5 s windows."""
-    o = run_partitioned(tmp_path, schedule, windows=windows, window_s=0.5, tag=name[:3])
+    """`make reliability`: the issue's long forms, 0.5 s windows (the assembly deadline
+    is 3 s); the agent's stall limit 2 s, so each cut of the flapping link is an outage."""
+    o = run_partitioned(
+        tmp_path, schedule, windows=windows, window_s=0.5, stall_s=2.0, tag=name[:3]
+    )
     assert len(o.done) == len(schedule), o.done
     figures = check(o, want_blackout_s=blackout)
     _report(name, figures)
