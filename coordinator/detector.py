@@ -313,6 +313,12 @@ class _LateRef:
     rows: WindowColumns  # the peers: a sample of its usable rows, then the late ones scored
     weight: I64  # per row of `rows`: how many of the window's ranks it stands for
     pending: I64  # sorted ranks still missing from the window (a late one may come)
+    wire: bytes | None = None  # `rows` encoded for snapshots (saved after every window)
+
+    def rows_wire(self) -> bytes:
+        if self.wire is None:
+            self.wire = msgspec.msgpack.encode(to_wire(self.rows))
+        return self.wire
 
 
 @dataclass
@@ -516,7 +522,7 @@ class Detector:
                     ref.ctx.step_ms,
                     ref.ctx.hours_per_ms,
                     ref.live,
-                    msgspec.msgpack.encode(to_wire(ref.rows)),
+                    ref.rows_wire(),
                     _pack(ref.weight),
                     _pack(ref.pending),
                 ]
@@ -567,6 +573,7 @@ class Detector:
                 rows=from_wire(msgspec.msgpack.decode(rows, type=WindowBatch)),
                 weight=_unpack(weight, np.int64),
                 pending=_unpack(pending, np.int64),
+                wire=bytes(rows),
             )
             for w, steps, step_ms, hpm, live, rows, weight, pending in state.get("late", [])
         }
@@ -696,7 +703,7 @@ class Detector:
             # the late rows are peers of the later late ones: kept in the sample, which
             # stays at most LATE_PEERS rows a group
             idx, weight = _order_sample(v.gap, v.gid, rep)
-            ref.rows, ref.weight = u.take(v.row[idx]), weight
+            ref.rows, ref.weight, ref.wire = u.take(v.row[idx]), weight, None
         ctx = ref.ctx
         sc = self._judge_ranks(window, v, pre=pre, live=ref.live, only=only)
         findings, active = self._rank_findings(v, sc, ctx, only=only)
