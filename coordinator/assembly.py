@@ -283,8 +283,10 @@ class WindowAssembler:
                 j.run_of[comm] = j.run or comm
                 j.run = j.run or comm
             run = j.run_of.get(comm, j.run) if comm is not None else j.run
-            m = (missing or {}).get((job, comm, w))
-            if m is not None or (run, w) not in j.released:
+            if missing is not None or (run, w) not in j.released:
+                # the journal's marks are written before the state is saved: its word
+                # on what a window still misses is the newer one
+                m = missing.get((job, comm, w)) if missing is not None else None
                 self._mark(j, (run, w), np.asarray(m, dtype=np.int64) if m else None)
             if run == j.run:
                 j.front = max(j.front, w)
