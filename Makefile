@@ -47,15 +47,20 @@ test: setup
 	bash tests/setup/install-prometheus.sh
 	bash tests/setup/install-postgresql.sh
 	bash tests/setup/install-chromium.sh
+	bash tests/setup/install-iproute2.sh
 	$(MAKE) -C profiler_plugin test
 	$(BIN)/python -m pytest -q -m "not torch_e2e and not reliability" $(PYTEST_ARGS)
 
-# The long forms of docs/RELIABILITY.md's tests (each section says which), figures
-# into out/reliability; kills at random moments: 50 trials of each kind
-# (coordinator, agent, both).
+# The long forms of docs/RELIABILITY.md's tests (each section says which):
+# partitions of 30 s, 2 minutes of 20% loss + 200 ms delay, a flapping link (their
+# figures printed and appended to out/reliability.jsonl); kills at random moments,
+# 50 trials of each kind (coordinator, agent, both; figures into out/reliability).
 RELIABILITY_OUT ?= out/reliability
 reliability: setup
-	$(BIN)/python -m pytest -q -m reliability $(PYTEST_ARGS)
+	bash tests/setup/install-iproute2.sh
+	mkdir -p out
+	ARTEMIS_RELIABILITY=1 ARTEMIS_RELIABILITY_OUT=$(CURDIR)/out/reliability.jsonl \
+		$(BIN)/python -m pytest -q -s -m reliability $(PYTEST_ARGS)
 	ARTEMIS_KILL_TRIALS=50 ARTEMIS_RELIABILITY_OUT=$(RELIABILITY_OUT) \
 		$(BIN)/python -m pytest -q tests/test_kills.py $(PYTEST_ARGS)
 

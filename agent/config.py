@@ -37,6 +37,10 @@ class AgentConfig:
     island: str = ""  # "" = from telemetry (GPU vendor)
     proc_root: str = "/"  # root of /proc and /sys (tests use fixture trees)
     buffer_max: int = 20000  # messages kept until acknowledged
+    uplink_stall_s: float = 15.0  # data unacknowledged this long: reconnect (0 = never)
+    reconnect_max_s: float = 30.0  # the reconnect back-off's cap
+    metrics_port: int = 0  # the agent's Prometheus endpoint (0 = none)
+    metrics_addr: str = "127.0.0.1"
     remove_finished: bool = True  # remove a finished job's rings once shipped and acked
     log_json: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)  # ca verifies the coordinator
@@ -55,6 +59,10 @@ class AgentConfig:
             raise ConfigError(f"window_steps: expected an integer >= 2, got {self.window_steps}")
         if self.poll_interval_s <= 0 or self.heartbeat_s <= 0:
             raise ConfigError("poll_interval_s and heartbeat_s must be > 0")
+        if self.uplink_stall_s < 0 or self.reconnect_max_s <= 0:
+            raise ConfigError("uplink_stall_s must be >= 0 and reconnect_max_s > 0")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         if ":" not in self.coordinator:
             raise ConfigError(f"coordinator: expected HOST:PORT, got {self.coordinator!r}")
         return self

@@ -485,6 +485,7 @@ class AgentDaemon(Lifecycle):
         self.link: AgentLink | None = None
         self._link_task: asyncio.Task[None] | None = None
         self._last_scan = self._last_hb = self._last_tel = 0.0
+        self._metrics: tuple[Any, Any] | None = None  # (server, thread) when served
 
     async def serve(self) -> None:
         try:
@@ -512,8 +513,22 @@ class AgentDaemon(Lifecycle):
             identity,
             self._on_control,
             outbox_capacity=self.cfg.buffer_max,
+            backoff_cap=self.cfg.reconnect_max_s,
+            stall_s=self.cfg.uplink_stall_s or None,
         )
         self._link_task = self.link.start()
+        if self.cfg.metrics_port:
+            from artemis.agent.metrics import serve_metrics
+
+            link = self.link
+            self._metrics = serve_metrics(
+                agent.host,
+                lambda: link.stats,
+                lambda: agent.windows_sent,
+                self.cfg.metrics_port,
+                self.cfg.metrics_addr,
+            )
+            log.info("agent metrics served", addr=self.cfg.metrics_addr, port=self.cfg.metrics_port)
         self._last_scan = self._last_hb = self._last_tel = time.monotonic()
 
     async def main_loop(self) -> None:
@@ -566,6 +581,12 @@ class AgentDaemon(Lifecycle):
         finally:
             agent.close()
             self.agent = None
+            if self._metrics is not None:
+                server, thread = self._metrics
+                server.shutdown()
+                server.server_close()
+                thread.join(timeout=5)
+                self._metrics = None
 
     # -- uplink callbacks ---------------------------------------------------
 

@@ -131,6 +131,56 @@ def main() -> None:
             f" {t_seed * 1e3:>13.1f}"
         )
     _coordinator_memory()
+    _late_path()
+
+
+def _kept_bytes(det: Detector) -> int:
+    """Bytes the detector keeps for late summaries (arrays, and 64 B a string cell)."""
+    total = 0
+    for ref in det._late.values():
+        total += ref.weight.nbytes + ref.pending.nbytes
+        for v in ref.rows.cols.values():
+            total += v.nbytes if isinstance(v, np.ndarray) else 64 * len(v)
+    return total
+
+
+def _late_path() -> None:
+    """Late summaries (DETECTOR.md "Late summaries"): a window scored with one island
+    (half the job) missing, then its late part; baseline: the same window on time."""
+    print()
+    print("Late summaries: window 7 scored with the second island missing (it keeps its")
+    print("peers), then that island's late part (Detector.score_late); baseline: the same")
+    print("window scored on time, same detector state")
+    print(
+        f"{'ranks':>8} {'on time ms':>11} {'w/ missing ms':>14} {'late part ms':>13}"
+        f" {'kept rows':>10} {'kept KB':>8}"
+    )
+    rng = np.random.default_rng(2)
+    for n in (1_000, 16_000, 100_000):
+        cols = [WindowColumns.from_records(_records(n, w, rng)) for w in range(8)]
+        det = Detector(Settings(), "bench", n)
+        for w in range(7):
+            det.score_window(w, cols[w])
+        r = cols[7].ints("rank")
+        here, away = np.flatnonzero(r < n // 2), np.flatnonzero(r >= n // 2)
+        on_time = _fresh_s(det, cols[7])
+        part, rest = cols[7].take(here), cols[7].take(away)
+        missing = r[away].tolist()
+        t_miss, t_late, kept_rows, kept = [], [], 0, 0
+        for _ in range(5):
+            d = copy.deepcopy(det)
+            t0 = time.perf_counter()
+            d.score_window(7, part, missing)
+            t1 = time.perf_counter()
+            kept_rows, kept = d._late[7].rows.n, _kept_bytes(d)
+            d.score_late(7, rest)
+            t2 = time.perf_counter()
+            t_miss.append(t1 - t0)
+            t_late.append(t2 - t1)
+        print(
+            f"{n:>8} {on_time * 1e3:>11.1f} {statistics.median(t_miss) * 1e3:>14.1f}"
+            f" {statistics.median(t_late) * 1e3:>13.1f} {kept_rows:>10} {kept / 1024:>8.0f}"
+        )
 
 
 def _coordinator_memory() -> None:

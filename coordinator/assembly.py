@@ -21,9 +21,18 @@ summary from a communicator the run has not seen, for a window the run
 already scored, from a rank that already has a primary communicator at least
 as large, starts a new run: the old run's pending windows are released first.
 Otherwise an unseen communicator joins the run (an island's communicator, a
-late agent). Summaries for a window the run already scored (resends), or for
-an older run, are dropped, counted per reason (`dropped`) and listed in
-`drops` for the caller to log.
+late agent). Summaries for an older run are dropped, counted per reason
+(`dropped`) and listed in `drops` for the caller to log.
+
+**Late summaries.** A window released at its deadline with ranks missing keeps
+the list of those ranks for `late_windows` windows (coordinator/DETECTOR.md
+"Late summaries"). A summary of one of them that comes after (a partitioned
+node's backlog) is not dropped: it joins a *late part* of that window, which
+leaves like a window, in order, as soon as every rank still missing reported
+or at its own deadline, with `late = True`; the caller scores it against the
+window's own peers (`JobMonitor.on_late`). Every summary that came after its
+window was released is counted (`late`); those of ranks the window had (a
+resend) or of a window no longer kept are dropped as `late`.
 
 A rank may take part in several communicators (data, tensor, pipeline
 parallel). The detector judges each rank on one of them: its largest (ties:
@@ -40,7 +49,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +72,7 @@ class AssembledWindow:
     columns: WindowColumns  # one row per rank, sorted by rank
     missing: list[int]  # expected ranks that did not report in time
     complete: bool
+    late: bool = False  # a late part: ranks missing when the window was released
 
     @property
     def ranks(self) -> list[RankWindow]:
@@ -91,6 +101,7 @@ class _Pending:
     # the communicator (code) of each seen rank's row: a row of another one is no duplicate
     seen_code: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     count: int = 0  # ranks with a row
+    late: I64 | None = None  # a late part: the ranks the released window still misses
 
 
 @dataclass
@@ -109,7 +120,9 @@ class _Job:
     prim_code: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     codes: dict[str, int] = field(default_factory=dict)
     order: list[tuple[str, int]] = field(default_factory=list)  # heap of pending (run, window)
-    released: dict[tuple[str, int], None] = field(default_factory=dict)  # ordered, bounded
+    # released windows, ordered, bounded: the ranks each still misses (recent ones only)
+    released: dict[tuple[str, int], I64 | None] = field(default_factory=dict)
+    open_late: set[tuple[str, int]] = field(default_factory=set)  # those with a list
 
     def grow(self, n: int) -> None:
         if n > self.prim_n.size:
@@ -150,9 +163,16 @@ class WindowAssembler:
     before the others had a chance to announce theirs."""
 
     def __init__(
-        self, deadline_s: float = 5.0, keep_released: int = 4096, grace_s: float | None = None
+        self,
+        deadline_s: float = 5.0,
+        keep_released: int = 4096,
+        grace_s: float | None = None,
+        late_windows: int = 256,
     ) -> None:
         self.deadline_s = deadline_s
+        # how far behind the run's newest released window a late summary is still taken
+        # (the detector keeps its peers as long: detector.LATE_WINDOWS)
+        self.late_windows = late_windows
         self.grace_s = deadline_s if grace_s is None else grace_s
         self._born: float | None = None
         self._jobs: dict[str, _Job] = {}
@@ -162,6 +182,8 @@ class WindowAssembler:
         self.drops: list[Drop] = []  # since the caller last took them (take_drops)
         self.duplicates = 0
         self.secondary = 0  # rows of communicators smaller than their ranks' primary
+        # summaries that came after their window was released (scored late or dropped)
+        self.late_rows: Counter[str] = Counter()
 
     # -- jobs ---------------------------------------------------------------
 
@@ -222,37 +244,62 @@ class WindowAssembler:
         """Every summary still being assembled (for the journal)."""
         return WindowColumns.concat(part for p in self._pending.values() for part in p.parts)
 
-    def released_marks(self) -> list[tuple[str, int, list[str]]]:
-        """(job, window, communicators of its run) of the windows released most recently
-        (bounded per job), for the journal."""
-        out: list[tuple[str, int, list[str]]] = []
+    def released_marks(self) -> list[tuple[str, int, list[str], list[int]]]:
+        """(job, window, communicators of its run, ranks it still misses) of the windows
+        released most recently (bounded per job), for the journal."""
+        out: list[tuple[str, int, list[str], list[int]]] = []
         for job, j in self._jobs.items():
             comms: dict[str, list[str]] = {}
             for c, run in j.run_of.items():
                 comms.setdefault(run, []).append(c)
-            out.extend((job, w, sorted(comms.get(run, [run]))) for run, w in j.released)
+            out.extend(
+                (job, w, sorted(comms.get(run, [run])), [] if m is None else m.tolist())
+                for (run, w), m in j.released.items()
+            )
         return out
+
+    def still_missing(self, job: str, run: str, window: int) -> list[int]:
+        """The ranks a released window still misses (a late summary may still come)."""
+        j = self._jobs.get(job)
+        m = j.released.get((run, window)) if j else None
+        return [] if m is None else m.tolist()
 
     def comms_of(self, job: str, run: str) -> list[str]:
         j = self._jobs.get(job)
         return sorted(c for c, r in j.run_of.items() if r == run) if j else []
 
-    def mark_released(self, keys: Iterable[tuple[str, str | None, int]]) -> None:
+    def mark_released(
+        self,
+        keys: Iterable[tuple[str, str | None, int]],
+        missing: Mapping[tuple[str, str | None, int], Sequence[int]] | None = None,
+    ) -> None:
         """Windows scored by an earlier life of this coordinator, as (job, comm, window)
-        (comm None: unknown, the job's current run): their resends are late."""
+        (comm None: unknown, the job's current run): their resends are late. `missing`:
+        the ranks such a window still missed when last marked (the journal's latest
+        word on it, newer than the saved state); a late summary of one is scored."""
         for job, comm, w in keys:
             j = self._job(job)
             if comm is not None and comm not in j.run_of:
                 j.run_of[comm] = j.run or comm
                 j.run = j.run or comm
             run = j.run_of.get(comm, j.run) if comm is not None else j.run
-            self._mark(j, (run, w))
+            if missing is not None or (run, w) not in j.released:
+                # the journal's marks are written before the state is saved: its word
+                # on what a window still misses is the newer one
+                m = missing.get((job, comm, w)) if missing is not None else None
+                self._mark(j, (run, w), np.asarray(m, dtype=np.int64) if m else None)
             if run == j.run:
                 j.front = max(j.front, w)
 
-    def _mark(self, j: _Job, key: tuple[str, int]) -> None:
-        j.released[key] = None
+    def _mark(self, j: _Job, key: tuple[str, int], missing: I64 | None = None) -> None:
+        if missing is not None and missing.size:
+            j.released[key] = missing
+            j.open_late.add(key)
+        else:
+            j.released[key] = None
+            j.open_late.discard(key)
         while len(j.released) > self._keep:
+            j.open_late.discard(next(iter(j.released)))
             j.released.pop(next(iter(j.released)))
 
     def snapshot(self, jobs: Iterable[str] | None = None) -> dict[str, Any]:
@@ -273,7 +320,10 @@ class WindowAssembler:
                 "prim_n": j.prim_n.astype("<i8").tobytes(),
                 "prim_code": j.prim_code.astype("<i8").tobytes(),
                 "comms": comms,
-                "released": [[r, w] for r, w in j.released],
+                "released": [
+                    [r, w] if m is None else [r, w, m.astype("<i8").tobytes()]
+                    for (r, w), m in j.released.items()
+                ],
             }
         return out
 
@@ -296,8 +346,9 @@ class WindowAssembler:
                 j.prim_comm = pc
             j.recode()
             j.expect(_ints(s["expected"]))
-            for r, w in s["released"]:
-                self._mark(j, (str(r), int(w)))
+            for item in s["released"]:
+                m = _ints(item[2]) if len(item) > 2 else None  # (older states: none kept)
+                self._mark(j, (str(item[0]), int(item[1])), m)
 
     # -- adding -------------------------------------------------------------
 
@@ -374,13 +425,38 @@ class WindowAssembler:
             if not keep.all():
                 part = part.take(np.flatnonzero(keep))
                 r = r[keep]
-        if (run, window) in j.released:
-            return out + self._drop(job, run, window, comm, r.size, "late")
         key = (job, run, window)
         p = self._pending.get(key)
-        if p is None:
+        if p is None and (run, window) in j.released:
+            # Released already: the ranks it still misses form a late part of it;
+            # the others (a resend, or a window too old) are dropped.
+            self.late_rows[job] += r.size
+            left = j.released[(run, window)]
+            if left is not None and window <= j.front - self.late_windows:
+                self._mark(j, (run, window))  # past the bound: closed
+                left = None
+            ok = np.isin(r, left) if left is not None else np.zeros(r.size, dtype=bool)
+            if not ok.all():
+                out += self._drop(job, run, window, comm, int((~ok).sum()), "late")
+            if not ok.any():
+                return out
+            if not ok.all():
+                part = part.take(np.flatnonzero(ok))
+                r = r[ok]
+            p = self._pending[key] = _Pending(first_seen=now, late=left)
+            heapq.heappush(j.order, (run, window))
+        elif p is None:
             p = self._pending[key] = _Pending(first_seen=now)
             heapq.heappush(j.order, (run, window))
+        elif p.late is not None:
+            self.late_rows[job] += r.size
+            ok = np.isin(r, p.late)
+            if not ok.all():
+                out += self._drop(job, run, window, comm, int((~ok).sum()), "late")
+                if not ok.any():
+                    return out
+                part = part.take(np.flatnonzero(ok))
+                r = r[ok]
         if p.seen.size < j.prim_n.size:
             grow = j.prim_n.size - p.seen.size
             p.seen = np.concatenate([p.seen, np.zeros(grow, bool)])
@@ -410,9 +486,14 @@ class WindowAssembler:
         j.expect(r, top)
         # Only the job's oldest pending window can leave now, or a window that just
         # became complete (it then releases the older ones it waited for, if due).
-        if j.order[0] == (run, window) or p.count >= j.n_expected:
+        if j.order[0] == (run, window) or p.count >= self._want(j, p):
             out.extend(self._drain(job, now))
         return out
+
+    @staticmethod
+    def _want(j: _Job, p: _Pending) -> int:
+        """Ranks that make a pending window complete: the job's, or a late part's."""
+        return j.n_expected if p.late is None else int(p.late.size)
 
     def _starts_run(self, j: _Job, r: I64, n: int, window: int) -> bool:
         """An unseen communicator starts a new run when the run already scored this window
@@ -453,7 +534,7 @@ class WindowAssembler:
         while j.order:
             run, w = j.order[0]
             p = self._pending[(job, run, w)]
-            if settled and p.count >= j.n_expected:
+            if (settled or p.late is not None) and p.count >= self._want(j, p):
                 out.append(self._release((job, run, w), complete=True))
             elif now - p.first_seen >= self.deadline_s:
                 out.append(self._release((job, run, w), complete=False))
@@ -471,14 +552,31 @@ class WindowAssembler:
         j = self._jobs[job]
         j.order.remove((run, window))
         heapq.heapify(j.order)
-        self._mark(j, (run, window))
         if run == j.run:
             j.front = max(j.front, window)
         cols = self._rows(j, run, p)
+        if p.late is not None:
+            # a late part: what the window still misses is what this part did not bring
+            got = np.flatnonzero(p.seen)
+            left = np.setdiff1d(p.late, got)
+            self._mark(j, (run, window), left)
+            return AssembledWindow(job, run, window, cols, left.tolist(), False, late=True)
         seen = np.zeros(j.expected.size, dtype=bool)
         seen[: p.seen.size] = p.seen[: j.expected.size]
-        missing = np.flatnonzero(j.expected & ~seen).tolist()
+        missing_a = np.flatnonzero(j.expected & ~seen)
+        # A window of the current run keeps its missing ranks (late summaries) while
+        # within late_windows of the front; older windows' lists are let go.
+        self._mark(j, (run, window), missing_a if run == j.run else None)
+        self._trim_late(j)
+        missing = missing_a.tolist()
         return AssembledWindow(job, run, window, cols, missing, complete and not missing)
+
+    def _trim_late(self, j: _Job) -> None:
+        """Closes the missing lists of windows more than late_windows behind the front
+        (the usual job has none: its windows are complete)."""
+        edge = j.front - self.late_windows
+        for key in [k for k in j.open_late if k[1] <= edge]:
+            self._mark(j, key)
 
     def _rows(self, j: _Job, run: str, p: _Pending) -> WindowColumns:
         """The window's rows, sorted by rank; in the current run only those of each
@@ -519,8 +617,9 @@ class WindowAssembler:
 
     @property
     def late(self) -> int:
-        """Summaries dropped because their window was already scored, every job."""
-        return sum(n for (_, reason), n in self.dropped.items() if reason == "late")
+        """Summaries that came after their window was released, every job: scored late
+        (a rank the window missed, within late_windows) or dropped (`dropped` "late")."""
+        return sum(self.late_rows.values())
 
 
 def _ints(v: Any) -> I64:

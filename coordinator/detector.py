@@ -11,6 +11,7 @@ the rules; the comments here say why the code does what it does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections import deque
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from artemis.coordinator import findings as F
@@ -26,7 +28,13 @@ from artemis.coordinator import scoring
 from artemis.coordinator.diagnosis import diagnose, nic_evidence
 from artemis.coordinator.findings import KINDS, Finding
 from artemis.coordinator.settings import Settings
-from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowColumns
+from artemis.protocol.columns import (
+    TELEMETRY_COLUMNS,
+    WindowBatch,
+    WindowColumns,
+    from_wire,
+    to_wire,
+)
 from artemis.protocol.records import NIC_FIELDS, RankWindow, Telemetry
 
 DEFAULT_ISLAND = "default"
@@ -88,6 +96,13 @@ NOISE_RECENT = 3
 SCALAR_HISTORY = 32
 SCALAR_SMALL = 1.5
 SCALAR_SD_FLOOR = 0.005
+# Late summaries (DETECTOR.md "Late summaries"): a window scored with ranks missing
+# keeps what its missing ranks need to be scored against their own window's peers
+# when their summaries come after it (a partitioned node): for LATE_WINDOWS windows,
+# each group's peers as at most LATE_PEERS rows at evenly spaced order statistics of
+# its judged gap (every row in smaller groups), each standing for the ranks around it.
+LATE_WINDOWS = 256
+LATE_PEERS = 128
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -290,6 +305,36 @@ class _Ctx:
 
 
 @dataclass
+class _LateRef:
+    """What a window scored with ranks missing keeps for their late summaries."""
+
+    ctx: _Ctx
+    live: float  # the job's live noise when the window was judged (NaN: none yet)
+    rows: WindowColumns  # the peers: a sample of its usable rows, then the late ones scored
+    weight: I64  # per row of `rows`: how many of the window's ranks it stands for
+    pending: I64  # sorted ranks still missing from the window (a late one may come)
+    wire: bytes | None = None  # `rows` encoded for snapshots (saved after every window)
+
+    def rows_wire(self) -> bytes:
+        if self.wire is None:
+            self.wire = msgspec.msgpack.encode(to_wire(self.rows))
+        return self.wire
+
+
+@dataclass
+class LateResult:
+    """`Detector.score_late`: what became of one window's late summaries."""
+
+    result: WindowResult | None  # the late ranks' findings (None: nothing scored)
+    scored: int = 0  # ranks scored now, against the window's own peers
+    duplicate: int = 0  # ranks the window had already (scored then, or late before)
+    expired: int = 0  # the window is older than LATE_WINDOWS, or kept nothing for them
+    # `result` with the arrays over the late ranks and the kept peers (the incidents'
+    # view of the window)
+    union: WindowResult | None = None
+
+
+@dataclass
 class _View:
     """The usable rows of one window, as arrays aligned on `r` (sorted ranks)."""
 
@@ -377,6 +422,8 @@ class Detector:
         self._baselines: dict[tuple[str, str], _Baseline] = {}
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._gpu_hours = 0.0
+        self._late: dict[int, _LateRef] = {}  # window -> its peers, for late summaries
+        self._last_window = -1
 
     # -- size and settings --------------------------------------------------
 
@@ -467,6 +514,20 @@ class Detector:
             ],
             "tracks": [[k, s, t.snapshot()] for (k, s), t in self._tracks.items()],
             "gpu_hours": self._gpu_hours,
+            "last_window": self._last_window,
+            "late": [
+                [
+                    w,
+                    ref.ctx.steps,
+                    ref.ctx.step_ms,
+                    ref.ctx.hours_per_ms,
+                    ref.live,
+                    ref.rows_wire(),
+                    _pack(ref.weight),
+                    _pack(ref.pending),
+                ]
+                for w, ref in self._late.items()
+            ],
         }
 
     def restore_state(self, state: Mapping[str, Any]) -> None:
@@ -503,6 +564,19 @@ class Detector:
         self._tracks = {(k, s): _Track.restore(t, fw) for k, s, t in state["tracks"]}
         self._gpu_hours = float(state["gpu_hours"])
         self._samples_version += 1
+        # (snapshots from before late scoring have neither: no late window is kept)
+        self._last_window = int(state.get("last_window", -1))
+        self._late = {
+            int(w): _LateRef(
+                ctx=_Ctx(int(w), [int(x) for x in steps], float(step_ms), float(hpm)),
+                live=float(live),
+                rows=from_wire(msgspec.msgpack.decode(rows, type=WindowBatch)),
+                weight=_unpack(weight, np.int64),
+                pending=_unpack(pending, np.int64),
+                wire=bytes(rows),
+            )
+            for w, steps, step_ms, hpm, live, rows, weight, pending in state.get("late", [])
+        }
 
     # -- one window ---------------------------------------------------------
 
@@ -516,6 +590,7 @@ class Detector:
         v, unusable = self._view(cols)
         missing_out = sorted(set(missing) | set(unusable.tolist()))
         if v is None:
+            self._keep_late(window, None, None, missing_out)
             empty = np.zeros(0, dtype=np.int64)
             return WindowResult(
                 self.job,
@@ -532,9 +607,16 @@ class Detector:
         sc = self._judge_ranks(window, v)
         findings, active = self._rank_findings(v, sc, ctx)
         self._feed_rank_baselines(window, v, sc, active)
-        findings += self._island_findings(ctx, v)
-        findings += self._link_findings(ctx, v)
+        # With ranks missing, the last arrival may be among them: the transfer time
+        # (and a bridge's) is then a wait for it, and a straggler there would read
+        # as a slow collective or link. Those windows do not judge them (DETECTOR.md
+        # "Late summaries").
+        partial = bool(missing_out)
+        findings += self._island_findings(ctx, v, judge_transfer=not partial)
+        if not partial:
+            findings += self._link_findings(ctx, v)
         findings.sort(key=lambda f: (KINDS.index(f.kind), f.subject))
+        self._keep_late(window, v, ctx, missing_out)
         pace = np.where(sc.peers_ok | np.isnan(sc.history), sc.peers.ratio, sc.history)
         return WindowResult(
             job=self.job,
@@ -547,6 +629,113 @@ class Detector:
             missing=missing_out,
             gpu_hours_lost=self._gpu_hours,
             steps=ctx.steps,
+        )
+
+    # -- late summaries -----------------------------------------------------
+
+    def _keep_late(
+        self, window: int, v: _View | None, ctx: _Ctx | None, missing: Sequence[int]
+    ) -> None:
+        """After a window is judged: keep its peers if ranks are missing from it (their
+        summaries may still come, DETECTOR.md "Late summaries"); forget windows
+        LATE_WINDOWS behind. A complete window keeps nothing: no rank can join it."""
+        self._last_window = max(self._last_window, window)
+        for w in [w for w in self._late if w <= self._last_window - LATE_WINDOWS]:
+            del self._late[w]
+        if not missing or v is None or ctx is None:
+            return
+        idx, weight = _order_sample(v.gap, v.gid, np.ones(v.r.size, dtype=np.int64))
+        live = self._noise_now() if self.settings.mode == "adaptive" else math.nan
+        self._late[window] = _LateRef(
+            ctx=ctx,
+            live=live,
+            rows=v.cols.take(v.row[idx]),
+            weight=weight,
+            pending=np.unique(np.asarray(missing, dtype=np.int64)),
+        )
+
+    def late_columns(self, window: int) -> WindowColumns:
+        """A kept window's rows: its peers' sample and the late rows scored since."""
+        ref = self._late.get(window)
+        return WindowColumns.empty() if ref is None else ref.rows
+
+    def late_pending(self, window: int) -> I64 | None:
+        """The ranks of a kept window still missing (None: nothing kept for it)."""
+        ref = self._late.get(window)
+        return None if ref is None else ref.pending
+
+    def score_late(self, window: int, ranks: WindowColumns | Sequence[RankWindow]) -> LateResult:
+        """Late summaries of a window already judged (its deadline passed with these
+        ranks missing): each rank still missing from it is judged against the
+        window's own peers (kept by `_keep_late`) and the other late ranks, with the
+        window's context, and its state advances by this window. A rank the window
+        had is not judged again (`duplicate`); a window no longer kept: `expired`.
+        The caller gives a rank's late windows in window order (the agents send
+        them so), before its next window is judged."""
+        cols = ranks if isinstance(ranks, WindowColumns) else WindowColumns.from_records(ranks)
+        ref = self._late.get(window)
+        if cols.n == 0:
+            return LateResult(None)
+        r_all = cols.ints("rank")
+        if ref is None:
+            return LateResult(None, expired=int(np.unique(r_all).size))
+        # the last row of each rank still missing from the window
+        _, first_rev = np.unique(r_all[::-1], return_index=True)
+        last = np.sort(r_all.size - 1 - first_rev)
+        fresh = last[np.isin(r_all[last], ref.pending)]
+        dup = int(last.size - fresh.size)
+        if fresh.size == 0:
+            return LateResult(None, duplicate=dup)
+        late = cols.take(fresh)
+        u = WindowColumns.concat([ref.rows, late])
+        w_u = np.concatenate([ref.weight, np.ones(late.n, dtype=np.int64)])
+        v, unusable = self._view(u)
+        lr = late.ints("rank")
+        ref.pending = np.setdiff1d(ref.pending, lr)
+        if v is None:
+            return LateResult(None, scored=int(fresh.size), duplicate=dup)
+        only = v.row >= u.n - late.n
+        rep = w_u[v.row]
+        pre = (self._weighted(v.gap, v.gid, rep), self._weighted(v.actual, v.gid, rep))
+        if not ref.pending.size:
+            del self._late[window]  # nobody left to come: nothing to keep
+        else:
+            # the late rows are peers of the later late ones: kept in the sample, which
+            # stays at most LATE_PEERS rows a group
+            idx, weight = _order_sample(v.gap, v.gid, rep)
+            ref.rows, ref.weight, ref.wire = u.take(v.row[idx]), weight, None
+        ctx = ref.ctx
+        sc = self._judge_ranks(window, v, pre=pre, live=ref.live, only=only)
+        findings, active = self._rank_findings(v, sc, ctx, only=only)
+        self._feed_rank_baselines(window, v, sc, active, only=only)
+        findings.sort(key=lambda f: (KINDS.index(f.kind), f.subject))
+        pace = np.where(sc.peers_ok | np.isnan(sc.history), sc.peers.ratio, sc.history)
+        res = WindowResult(
+            job=self.job,
+            window=window,
+            findings=findings,
+            ranks=v.r[only],
+            pace_values=pace[only],
+            island_labels=v.isl_labels[only],
+            step_ms=ctx.step_ms,
+            missing=sorted(set(ref.pending.tolist()) | set(np.intersect1d(unusable, lr).tolist())),
+            gpu_hours_lost=self._gpu_hours,
+            steps=ctx.steps,
+        )
+        union = dataclasses.replace(res, ranks=v.r, pace_values=pace, island_labels=v.isl_labels)
+        return LateResult(res, scored=int(fresh.size), duplicate=dup, union=union)
+
+    @staticmethod
+    def _weighted(values: F64, gid: I64, rep: I64) -> scoring.Scores:
+        """Leave-one-out scores where entry i stands for rep[i] ranks (a kept window's
+        peers): exact for the entries of weight 1 (the late ranks)."""
+        if (rep == 1).all():
+            return scoring.score(values, gid)
+        big = np.repeat(np.arange(values.size), rep)
+        sc = scoring.score(values[big], gid[big])
+        first = np.cumsum(rep) - rep
+        return scoring.Scores(
+            sc.loo_median[first], sc.ratio[first], sc.z[first], sc.group_size[first]
         )
 
     # -- reading the columns ------------------------------------------------
@@ -680,10 +869,23 @@ class Detector:
 
     # -- ranks --------------------------------------------------------------
 
-    def _judge_ranks(self, window: int, v: _View) -> _RankScores:
+    def _judge_ranks(
+        self,
+        window: int,
+        v: _View,
+        pre: tuple[scoring.Scores, scoring.Scores] | None = None,
+        live: float | None = None,
+        only: npt.NDArray[np.bool_] | None = None,
+    ) -> _RankScores:
+        """Every rank's verdicts. A late window (score_late) passes its peers' scores
+        (`pre`), the live noise of its own time (`live`) and the ranks whose state
+        may change (`only`: the late ones; the others are its peers, judged then)."""
         s = self.settings
-        peers = scoring.score(v.gap, v.gid)
-        cost = peers if v.gap is v.actual else scoring.score(v.actual, v.gid)
+        if pre is not None:
+            peers, cost = pre
+        else:
+            peers = scoring.score(v.gap, v.gid)
+            cost = peers if v.gap is v.actual else scoring.score(v.actual, v.gid)
         base = self._rank_baseline(window)[v.r]
         with np.errstate(divide="ignore", invalid="ignore"):
             history = np.where(base > 0, v.gap / base, np.nan)
@@ -705,9 +907,14 @@ class Detector:
                     & (peers.z >= PEER_Z)
                 )
                 lr = np.log(peers.ratio)
-                if window >= 1:
+                if only is not None:
+                    # a late window feeds no live noise (that is the job's now), but
+                    # the rank's last log gap is this one, as its windows come in order
+                    self._prev_lg[v.r[only]] = np.log(v.gap[only])
+                elif window >= 1:
                     self._observe_noise(v.r, np.log(v.gap), v.gid, peers_ok)
-                live = self._noise_now()
+                if live is None:
+                    live = self._noise_now()
                 if math.isfinite(live):
                     # slower than its peers, but within what every rank's ratio moves
                     # by from window to window now: noise, whatever the ratio
@@ -720,7 +927,8 @@ class Detector:
                 ok = judging & peers_ok & np.isfinite(step)
                 cusum = np.where(ok, np.clip(self._cusum[v.r] + step, 0.0, CUSUM_CAP), 0.0)
                 change_bad = ok & (cusum >= CUSUM_H) & (shift >= ref)
-            self._cusum[v.r[ok]] = cusum[ok]
+            w_ok = ok if only is None else ok & only
+            self._cusum[v.r[w_ok]] = cusum[w_ok]
             # `degraded` (no peers): the same change test on the rank's own gap against
             # its warm-up median, in the noise of its warm-up gaps. Nothing shared is
             # taken out here (no peers), so that noise includes the job's jitter.
@@ -735,7 +943,8 @@ class Detector:
                 hist_bad = dok & (dc >= CUSUM_H) & (dshift >= dref)
                 # and the seed's fixed ratio, where it is at least PEER_Z of that noise
                 hist_bad |= dok & (history >= s.suspect_ratio) & (dshift >= PEER_Z * dsd)
-            self._dcusum[v.r[dok]] = dc[dok]
+            w_dok = dok if only is None else dok & only
+            self._dcusum[v.r[w_dok]] = dc[w_dok]
             shift, noise, cusum = (
                 np.where(peers_ok, a, b) for a, b in ((shift, dshift), (noise, dsd), (cusum, dc))
             )
@@ -833,12 +1042,18 @@ class Detector:
         return base, sd
 
     def _rank_findings(
-        self, v: _View, sc: _RankScores, ctx: _Ctx
+        self,
+        v: _View,
+        sc: _RankScores,
+        ctx: _Ctx,
+        only: npt.NDArray[np.bool_] | None = None,
     ) -> tuple[list[Finding], npt.NDArray[np.bool_]]:
-        """Advance the track of every bad or tracked rank; (findings, ranks held out of
-        their baseline because they are bad or flagged)."""
+        """Advance the track of every bad or tracked rank (of `only`, where given);
+        (findings, ranks held out of their baseline because they are bad or flagged)."""
         s = self.settings
         bad = sc.peer_bad | sc.hist_bad | sc.change_bad
+        if only is not None:
+            bad = bad & only
         todo = set(np.flatnonzero(bad).tolist())
         tracked = np.array(
             sorted({int(k[1]) for k in self._tracks if k[0] in ("rank", "degraded")}),
@@ -846,7 +1061,10 @@ class Detector:
         )
         if tracked.size:
             pos = np.minimum(np.searchsorted(v.r, tracked), v.r.size - 1)
-            todo.update(pos[v.r[pos] == tracked].tolist())
+            hit = pos[v.r[pos] == tracked]
+            if only is not None:
+                hit = hit[only[hit]]
+            todo.update(hit.tolist())
         out: list[Finding] = []
         held = np.zeros(v.r.size, dtype=bool)
         for i in sorted(todo):
@@ -872,11 +1090,18 @@ class Detector:
         return out, held
 
     def _feed_rank_baselines(
-        self, window: int, v: _View, sc: _RankScores, held: npt.NDArray[np.bool_]
+        self,
+        window: int,
+        v: _View,
+        sc: _RankScores,
+        held: npt.NDArray[np.bool_],
+        only: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         # An unconfirmed regression never becomes a baseline: only healthy windows feed.
         s = self.settings
         feed = (window >= 1) & ~sc.peer_bad & ~sc.hist_bad & ~sc.change_bad & ~held
+        if only is not None:
+            feed &= only
         feed &= self._rank_count[v.r] < s.warmup_windows
         fr = v.r[feed]
         if fr.size:
@@ -1071,7 +1296,8 @@ class Detector:
             **kw,
         )
 
-    def _island_findings(self, ctx: _Ctx, v: _View) -> list[Finding]:
+    def _island_findings(self, ctx: _Ctx, v: _View, judge_transfer: bool = True) -> list[Finding]:
+        """Island drift, and (`judge_transfer`) the island's transfer time (collective)."""
         s = self.settings
         out: list[Finding] = []
         n_isl = len(v.isl_names)
@@ -1116,6 +1342,8 @@ class Detector:
                     )
                 )
 
+            if not judge_transfer:
+                continue
             # Transfer time of the island: the last rank to arrive waits least, so
             # its time in collectives is the transfer itself. Where other islands
             # share the communicator, a rank also waits for their slowest rank by
@@ -1318,6 +1546,38 @@ def _f(v: Any) -> float | None:
 
 def _pct(excess: float, step_ms: float) -> float | None:
     return 100.0 * excess / step_ms if step_ms > 0 else None
+
+
+def _order_sample(values: F64, gid: I64, weight: I64) -> tuple[I64, I64]:
+    """A bounded sample of each group's order statistics: (indices, weights). A group
+    of at most LATE_PEERS entries is kept whole; a larger one is cut, in order of
+    value, into LATE_PEERS runs of about equal weight, and the middle entry of each
+    run stands for the run (its weight: the run's)."""
+    order = np.lexsort((values, gid))
+    g = gid[order]
+    w = weight[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    ends = np.r_[starts[1:], g.size]
+    pick: list[I64] = []
+    out_w: list[I64] = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if b - a <= LATE_PEERS:
+            pick.append(order[a:b])
+            out_w.append(w[a:b])
+            continue
+        cum = np.cumsum(w[a:b])
+        total = int(cum[-1])
+        # the run of each entry: by the cumulative weight reached at its middle
+        run = np.minimum(
+            ((cum - w[a:b] / 2) * LATE_PEERS // total).astype(np.int64), LATE_PEERS - 1
+        )
+        edges = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+        stop = np.r_[edges[1:], run.size]
+        sums = np.add.reduceat(w[a:b], edges)
+        mid = edges + (stop - edges - 1) // 2
+        pick.append(order[a:b][mid])
+        out_w.append(sums.astype(np.int64))
+    return np.concatenate(pick), np.concatenate(out_w)
 
 
 def _noise_sd(d: F64) -> float:

@@ -13,10 +13,16 @@ of msgpack objects: a header `["h", 2]`, then `["c", batch]` per batch of
 summaries, where `batch` is the columnar wire map of protocol/columns.py (the
 same bytes a minor-1.1 `windows` message carries, columns by name, so a
 journal written by another version still reads), and `["r", job, window,
-[comm, ...]]` per scored window: the communicators of the run that scored it,
-so a new run of the job that reuses its window numbers is not mistaken for a
-resend (a mark without them covers every communicator). A batch costs one
-column encoding, not a record per rank. Before the coordinator writes a group
+[comm, ...], [rank, ...]]` per scored window: the communicators of the run that
+scored it, so a new run of the job that reuses its window numbers is not
+mistaken for a resend (a mark without them covers every communicator), and the
+ranks it still misses (absent or empty: none). A window released with ranks
+missing takes their late summaries (coordinator/DETECTOR.md "Late summaries"):
+a batch of a marked window is replayed for the ranks its latest mark still
+lists, so a late summary taken but not scored survives a crash, and one scored
+(a newer mark without it) is not scored twice. A batch costs one column
+encoding, not a record per rank.
+Before the coordinator writes a group
 of output lines (a scored window's, or a plan ack's, a hang's),
 `["s", job, seq, {path: [inode, size]}]` records where the findings, plans
 and incidents files ended (an intent; `seq` grows with every group). The
@@ -158,6 +164,8 @@ class AssemblyJournal:
         # Set by load_columns: the last group of outputs begun (the only one a crash
         # can have cut short: the coordinator writes one group at a time).
         self.intent: Intent | None = None
+        # from the last load: the ranks each marked window still missed (latest mark)
+        self.open_marks: dict[Mark, list[int]] = {}
 
     def load_columns(self) -> tuple[WindowColumns, set[Mark]]:
         """(summaries taken but not scored, windows already scored) from the file; the
@@ -171,6 +179,7 @@ class AssemblyJournal:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return WindowColumns.empty(), set()
+        self.open_marks = {}
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
         unpacker.feed(data)
         bad = 0
@@ -183,7 +192,14 @@ class AssemblyJournal:
                         parts.append(from_wire(msgspec.convert(item[1], WindowBatch)))
                     elif tag == "r":
                         comms = item[3] if len(item) > 3 and item[3] else [None]
-                        released.update((str(item[1]), c, int(item[2])) for c in comms)
+                        miss = [int(x) for x in item[4]] if len(item) > 4 else []
+                        for c in comms:
+                            mark = (str(item[1]), c, int(item[2]))
+                            released.add(mark)
+                            if miss:
+                                self.open_marks[mark] = miss
+                            else:
+                                self.open_marks.pop(mark, None)
                     elif tag == "s":
                         intent = Intent(
                             str(item[1]),
@@ -212,12 +228,21 @@ class AssemblyJournal:
             parts.append(WindowColumns.from_records(v1))
         cols = WindowColumns.concat(parts)
         if released and cols.n:
-            keep = [
-                (job, comm, w) not in released and (job, None, w) not in released
-                for job, comm, w in zip(
-                    cols["job"], cols["comm"], cols.ints("window").tolist(), strict=True
-                )
-            ]
+            # kept: windows never marked, and the ranks a marked one still misses
+            open_ = {k: set(v) for k, v in self.open_marks.items()}
+            keep = []
+            for job, comm, w, r in zip(
+                cols["job"],
+                cols["comm"],
+                cols.ints("window").tolist(),
+                cols.ints("rank").tolist(),
+                strict=True,
+            ):
+                a, b = (job, comm, w), (job, None, w)
+                if a in released or b in released:
+                    keep.append(r in open_.get(a, ()) or r in open_.get(b, ()))
+                else:
+                    keep.append(True)
             cols = cols.take(np.flatnonzero(keep))
         return cols, released
 
@@ -227,10 +252,15 @@ class AssemblyJournal:
         return cols.rows(), released
 
     def open(
-        self, pending: Summaries, released: Iterable[tuple[str, int, Sequence[str]]] = ()
+        self,
+        pending: Summaries,
+        released: Iterable[
+            tuple[str, int, Sequence[str]] | tuple[str, int, Sequence[str], Sequence[int]]
+        ] = (),
     ) -> None:
-        """Start a fresh file holding only `pending` and the release marks (compaction),
-        then append to it. Where the new file cannot be written, the old one is kept
+        """Start a fresh file holding only `pending` (late parts included) and the
+        release marks, with the ranks each window still misses (compaction), then
+        append to it. Where the new file cannot be written, the old one is kept
         (and appended to) and the failure counted."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -238,8 +268,11 @@ class AssemblyJournal:
         try:
             with open(tmp, "wb") as fh:
                 fh.write(_HEADER)
-                for job, window, comms in released:
-                    fh.write(msgpack.packb(["r", job, window, list(comms)]))
+                for job, window, comms, *miss in released:
+                    entry: list[Any] = ["r", job, window, list(comms)]
+                    if miss and miss[0]:
+                        entry.append([int(x) for x in miss[0]])
+                    fh.write(msgpack.packb(entry))
                 if cols.n:
                     fh.write(_entry(cols))
         except OSError as e:
@@ -296,11 +329,17 @@ class AssemblyJournal:
         except JournalUnavailable:
             self._unwritten.append(intent)  # written before the next batch
 
-    def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
-        """Mark a window scored by the run of `comms`; True when due for compaction."""
+    def released(
+        self, job: str, window: int, comms: Sequence[str] = (), missing: Sequence[int] = ()
+    ) -> bool:
+        """Mark a window scored by the run of `comms`, still missing the ranks `missing`
+        (their late summaries are taken); True when due for compaction."""
         if self._fh is None:
             return False
-        mark = msgpack.packb(["r", job, window, list(comms)])
+        entry: list[Any] = ["r", job, window, list(comms)]
+        if missing:
+            entry.append([int(x) for x in missing])
+        mark = msgpack.packb(entry)
         try:
             self._append(mark)
         except JournalUnavailable:

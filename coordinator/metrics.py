@@ -76,9 +76,17 @@ class Metrics:
         self.windows = Counter("straggler_windows_scored", "Windows scored", ["job"], registry=reg)
         self.dropped = Counter(
             "straggler_windows_dropped",
-            "Rank-window summaries dropped: late (their window was scored: a resend), "
-            "old_run (a run of the job that a new run replaced), already_scored",
+            "Rank-window summaries dropped: late (their window was scored with that rank: "
+            "a resend; or older than the late bound), old_run (a run of the job that a new "
+            "run replaced), already_scored",
             ["job", "reason"],
+            registry=reg,
+        )
+        self.late_scored = Counter(
+            "straggler_windows_late_scored",
+            "Rank-window summaries that came after their window's deadline and were scored "
+            "against that window's own peers",
+            ["job"],
             registry=reg,
         )
         self.scoring = Histogram(
@@ -245,6 +253,10 @@ class Metrics:
         with self._lock:
             for reason, n in counts.items():
                 self._child(self.clock_anomalies, job, reason).inc(n)
+
+    def observe_late_scored(self, job: str, rows: int) -> None:
+        with self._lock:
+            self._child(self.late_scored, job).inc(rows)
 
     def observe_dropped(self, job: str, reason: str, rows: int) -> None:
         with self._lock:

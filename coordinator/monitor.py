@@ -28,7 +28,7 @@ import numpy as np
 from artemis.coordinator import findings as F
 from artemis.coordinator.baselines import BaselineBook
 from artemis.coordinator.clockrate import correct_rates, reported
-from artemis.coordinator.detector import Detector, WindowResult
+from artemis.coordinator.detector import Detector, LateResult, WindowResult
 from artemis.coordinator.findings import Finding
 from artemis.coordinator.fingerprint import JobFingerprint
 from artemis.coordinator.hang import HangVerdict, check_hang
@@ -239,6 +239,36 @@ class JobMonitor:
             self.incidents.on_plans(planned.plans, window=window)
             out.extend(planned)
         return self._incidents_out(out)
+
+    def on_late(
+        self,
+        window: int,
+        cols: WindowColumns | Sequence[RankWindow],
+        *,
+        wall: float | None = None,
+    ) -> tuple[MonitorOutput, LateResult]:
+        """Late summaries of a window already scored (its deadline passed with these
+        ranks missing): judged against that window's own peers (Detector.score_late),
+        their findings carry that window. Their incidents follow; the policy and the
+        missing-rank rule do not (they act on the job as it is now)."""
+        if not isinstance(cols, WindowColumns):
+            cols = WindowColumns.from_records(cols)
+        ranks = cols.ints("rank")
+        if ranks.size:
+            self.resize(int(ranks.max()) + 1)
+        late = self.detector.score_late(window, cols)
+        res = late.result
+        if res is None:
+            return MonitorOutput(), late
+        out = MonitorOutput(findings=list(res.findings), result=res)
+        # the window as the incidents read it: the late rows (their quartiles and
+        # telemetry) with the peers it kept
+        assert late.union is not None
+        view = self._view(window, self.detector.late_columns(window), late.union, wall)
+        self.incidents.run = self.run
+        for f in out.findings:
+            self.incidents.on_finding(f, view)
+        return self._incidents_out(out), late
 
     def on_progress(self, progress: Iterable[RankProgress]) -> None:
         """Where ranks stand now (heartbeats), on the communicator each is judged on."""

@@ -81,7 +81,8 @@ def register_protocol_metrics(
                 a = coord.assembler
                 late = CounterMetricFamily(
                     "straggler_windows_late",
-                    "Rank-window summaries that came after their window was scored (dropped)",
+                    "Rank-window summaries that came after their window was released: "
+                    "scored late (straggler_windows_late_scored) or dropped (reason late)",
                 )
                 late.add_metric([], a.late)
                 yield late

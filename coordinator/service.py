@@ -36,6 +36,7 @@ import msgpack
 import structlog
 from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
 from artemis.coordinator.config import RetentionConfig
+from artemis.coordinator.detector import LATE_WINDOWS
 from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.coordinator.journal import (
     AssemblyJournal,
@@ -96,7 +97,9 @@ class Coordinator:
         )
         self.metrics = metrics
         self.plan_metrics: PlanMetrics = register_plan_metrics(metrics.registry)
-        self.assembler = WindowAssembler(deadline_s=deadline_s, grace_s=grace_s)
+        self.assembler = WindowAssembler(
+            deadline_s=deadline_s, grace_s=grace_s, late_windows=LATE_WINDOWS
+        )
         self.dump_wait_s = dump_wait_s
         self.job_linger_s = job_linger_s
         self.clock = clock
@@ -356,6 +359,9 @@ class Coordinator:
             )
 
     def _score(self, aw: AssembledWindow, final: bool = False) -> None:
+        if aw.late:
+            self._score_late(aw)
+            return
         m = self._monitor_of(aw)
         if m is None:
             self._dropped(aw, "old_run")
@@ -385,7 +391,9 @@ class Coordinator:
         # scores the window again (restore), one after it finds the window taken in.
         self._save(aw.job)
         comms = self.assembler.comms_of(aw.job, aw.run)
-        if self.journal is not None and self.journal.released(aw.job, aw.window, comms):
+        if self.journal is not None and self.journal.released(
+            aw.job, aw.window, comms, self.assembler.still_missing(aw.job, aw.run, aw.window)
+        ):
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
         if out.result is not None:
             # One line per scored window: the per-window record of docs/RELIABILITY.md.
@@ -397,6 +405,44 @@ class Coordinator:
                 ranks=aw.columns.n,
                 missing=len(aw.missing),
             )
+
+    def _score_late(self, aw: AssembledWindow) -> None:
+        """A late part of a window (ranks missing at its deadline, a partitioned node's
+        backlog): scored against that window's own peers (JobMonitor.on_late), its
+        state saved, then marked in the journal with the ranks the window still misses."""
+        m = self._monitor_of(aw)
+        if m is None:
+            self._dropped(aw, "old_run")
+            return
+        m.resize(self.assembler.nranks(aw.job))
+        out, late = m.on_late(aw.window, aw.columns, wall=self.wall())
+        if late.scored:
+            self.metrics.observe_late_scored(aw.job, late.scored)
+        if late.duplicate or late.expired:
+            self.metrics.observe_dropped(aw.job, "late", late.duplicate + late.expired)
+        ranks = aw.columns.ints("rank")
+        log.info(
+            "late summaries scored",
+            job=aw.job,
+            window=aw.window,
+            scored=late.scored,
+            duplicate=late.duplicate,
+            expired=late.expired,
+            # the ranks themselves while few (a node's worth), else their count only
+            ranks=ranks.tolist() if ranks.size <= 256 else None,
+            still_missing=len(aw.missing),
+        )
+        # As a window's outputs (_score): an intent before the lines, the job's state
+        # once they are written, then the release mark.
+        self._begin(aw.job)
+        if out.findings:
+            self.findings.write(out.findings)
+            self.metrics.observe_findings(out.findings)
+        self._incidents(out)
+        self._save(aw.job)
+        comms = self.assembler.comms_of(aw.job, aw.run)
+        if self.journal is not None and self.journal.released(aw.job, aw.window, comms, aw.missing):
+            self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
 
     def _begin(self, job: str) -> None:
         """A group of output lines of `job` starts: where the files end now, in the
@@ -636,7 +682,7 @@ class Coordinator:
                     )
             except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
                 log.warning("job state unreadable: skipped", path=str(path), error=str(e))
-        self.assembler.mark_released(released)
+        self.assembler.mark_released(released, journal.open_marks)
         now = self.clock()
         for job in set(pending["job"]):
             self._monitor(job)

@@ -4,7 +4,12 @@ Callers hand data messages to ``enqueue``/``send``; they go into the Outbox
 (seq assigned there) and are sent whenever a connection is up. The link
 connects, runs the handshake, resends what the coordinator does not have yet,
 applies acks, runs incoming Control through ``on_control`` and acks it, and on
-any loss reconnects with jittered exponential back-off. A refusal (other major
+any loss reconnects with jittered exponential back-off. A connection that takes
+data but acknowledges none for ``stall_s`` (a partition: TCP alone would wait
+minutes for its retransmissions to give up) is dropped and reconnected. An
+outage (from the loss of an established connection to the next one) is logged
+at both ends with its duration and counted (``LinkStats``: the agent's
+``straggler_agent_uplink_*`` metrics). A refusal (other major
 version, wrong secret) is logged as one clear ERROR and retried with the same
 back-off, so a misconfigured fleet never spins against the coordinator.
 """
@@ -59,6 +64,16 @@ class LinkStats:
     refusals: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
     peer_version: tuple[int, int] | None = None
+    outages: int = 0  # established connections lost (each ends at the next one)
+    down_s: float = 0.0  # seconds of the outages that ended
+    down_since: float | None = None  # monotonic start of the outage now, if any
+    stalls: int = 0  # connections dropped for taking data without acknowledging it
+
+    def down_seconds(self, now: float | None = None) -> float:
+        """Seconds without an uplink since the first connection, the outage now included."""
+        if self.down_since is None:
+            return self.down_s
+        return self.down_s + max(0.0, (time.monotonic() if now is None else now) - self.down_since)
 
 
 class _Refusal(Exception):
@@ -111,6 +126,7 @@ class AgentLink:
         version: tuple[int, int] = PROTOCOL_VERSION,
         rng: random.Random | None = None,
         refusal_log_interval_s: float = 60.0,
+        stall_s: float | None = None,
     ) -> None:
         self.transport = transport
         self.address = address
@@ -121,6 +137,9 @@ class AgentLink:
         self.handshake_timeout = handshake_timeout
         self.healthy_s = healthy_s
         self.refusal_log_interval_s = refusal_log_interval_s
+        self.stall_s = stall_s  # None: never dropped for want of acks
+        self._unacked_since: float | None = None  # first send not acknowledged since
+        self._stalled_from: float | None = None  # a stalled connection's last progress
         self.settings: dict[str, Any] = {}
         self._secret = secret
         self._outbox = Outbox(
@@ -255,9 +274,13 @@ class AgentLink:
                     log.warning("handshake timed out", address=self.address)
                 finally:
                     self._connected.clear()
+                    lost = self._stats.connected
                     self._stats.connected = False
                     self._channel = None
                     await ch.close()
+                    if lost and not self._stop.is_set():
+                        self._outage_begins(self._stalled_from)
+                    self._stalled_from = None
             if self._stop.is_set():
                 break
             if healthy:
@@ -265,6 +288,35 @@ class AgentLink:
             delay = self._backoff.next_delay()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
+
+    def _outage_begins(self, since: float | None = None) -> None:
+        """The uplink is down: since `since` (a stall: when the connection stopped
+        acknowledging, the last moment it was known to work), else since now."""
+        st = self._stats
+        st.outages += 1
+        st.down_since = time.monotonic() if since is None else since
+        log.warning(
+            "uplink to coordinator lost",
+            address=self.address,
+            error=st.last_error,
+            buffered=self._outbox.buffered,
+            outages=st.outages,
+        )
+
+    def _outage_ends(self) -> None:
+        st = self._stats
+        if st.down_since is None:
+            return
+        took = max(0.0, time.monotonic() - st.down_since)
+        st.down_s += took
+        st.down_since = None
+        log.warning(
+            "uplink to coordinator restored",
+            address=self.address,
+            outage_s=round(took, 3),
+            resend=self._outbox.buffered,
+            down_s_total=round(st.down_s, 3),
+        )
 
     def _refused(self, r: _Refusal) -> None:
         self._stats.refusals[r.reason] = self._stats.refusals.get(r.reason, 0) + 1
@@ -321,6 +373,8 @@ class AgentLink:
         self._stats.connected = True
         self._connected.set()
         self._acked.set()
+        self._unacked_since = None
+        self._outage_ends()
         log.info(
             "connected to coordinator",
             address=self.address,
@@ -332,11 +386,25 @@ class AgentLink:
         controls: asyncio.Queue[Control] = asyncio.Queue()
         sender = asyncio.create_task(self._sender(ch))
         worker = asyncio.create_task(self._control_worker(ch, session, controls))
+        watchdog = asyncio.create_task(self._stall_watch())
         recv: asyncio.Future[bytes] | None = None
         try:
             while True:
                 recv = asyncio.ensure_future(ch.recv())
-                done, _ = await asyncio.wait({recv, sender}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {recv, sender, watchdog}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if watchdog in done:
+                    self._stats.stalls += 1
+                    self._stalled_from = self._unacked_since
+                    self._stats.last_error = watchdog.result()
+                    log.warning(
+                        "coordinator connection stalled: reconnecting",
+                        address=self.address,
+                        detail=self._stats.last_error,
+                        buffered=self._outbox.buffered,
+                    )
+                    break
                 if recv not in done:
                     # The sender only ends by raising (channel gone).
                     sender.result()
@@ -352,13 +420,28 @@ class AgentLink:
             self._stats.last_error = str(e) or "connection closed"
             log.warning("lost connection to coordinator", address=self.address, error=str(e))
         finally:
-            tasks: list[asyncio.Future[Any]] = [sender, worker]
+            tasks: list[asyncio.Future[Any]] = [sender, worker, watchdog]
             if recv is not None:
                 tasks.append(recv)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         return self._healthy(started)
+
+    async def _stall_watch(self) -> str:
+        """Returns (ending the connection) once data sent on it went unacknowledged for
+        stall_s; never without a stall_s."""
+        if self.stall_s is None:
+            await asyncio.Event().wait()  # forever: cancelled with the connection
+        assert self.stall_s is not None
+        step = min(1.0, self.stall_s / 4)
+        while True:
+            await asyncio.sleep(step)
+            since = self._unacked_since
+            if since is not None and self._outbox.buffered:
+                waited = time.monotonic() - since
+                if waited >= self.stall_s:
+                    return f"no acknowledgement for {waited:.1f} s"
 
     def _healthy(self, started: float) -> bool:
         return asyncio.get_running_loop().time() - started >= self.healthy_s
@@ -368,6 +451,8 @@ class AgentLink:
         if isinstance(eff, Acked):
             self._outbox.ack(eff.upto)
             self._acked.set()
+            # progress: what is still unacknowledged waits from now
+            self._unacked_since = time.monotonic() if self._outbox.buffered else None
         elif isinstance(eff, ControlReceived):
             controls.put_nowait(eff.control)
         elif isinstance(eff, BadFrame):
@@ -389,6 +474,8 @@ class AgentLink:
             sent_any = False
             for seq, frame in list(self._outbox.frames_from(next_seq)):
                 await ch.send(frame)
+                if self._unacked_since is None:
+                    self._unacked_since = time.monotonic()
                 self._stats.sent_frames += 1
                 if seq <= self._highest_sent:
                     self._stats.resent_frames += 1

@@ -622,6 +622,10 @@ class ProtocolServer:
         self.stats.delivered_total += 1
         conn.ack_upto = conn.session.delivered(msg)
         conn.ack_event.set()
+        # Let the acker write: a backlog read in one chunk (an agent's resend after a
+        # partition) would otherwise be acked only once all of it is processed, and
+        # the agent, seeing no ack for that long, takes the link for stalled.
+        await asyncio.sleep(0)
         return True
 
     async def _acker(self, conn: _Conn) -> None:

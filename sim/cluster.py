@@ -85,6 +85,17 @@ class SimOptions:
     # that share one compare each job with the stored baselines of its workload.
     store: str | None = None
     on_tick: Callable[[SimContext], None] | None = None
+    on_end: Callable[[SimContext], None] | None = None  # after the last window, before the stop
+    # after the agents started, before the job does (given the metrics URL): e.g. wait
+    # until every agent is connected
+    before_job: Callable[[str], None] | None = None
+    # Where the processes run (the partition tests, docs/RELIABILITY.md): the address the
+    # coordinator listens on, a rewrite of an agent's command line (its host index,
+    # argv: e.g. run it in another network namespace, point it at another address) and
+    # extra keys of an agent's TOML, per host.
+    listen: str = "127.0.0.1"
+    agent_argv: Callable[[int, list[str]], list[str]] | None = None
+    agent_toml: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,7 +174,7 @@ class SimCluster:
                     _bin("artemis-coordinator"),
                     "serve",
                     "--listen",
-                    f"127.0.0.1:{port}",
+                    f"{opts.listen}:{port}",
                     "--metrics-port",
                     str(mport),
                     "--jsonl",
@@ -181,40 +192,38 @@ class SimCluster:
             murl = f"http://127.0.0.1:{mport}/metrics"
             self._wait_metrics(murl, procs["coordinator"])
 
-            acfg = work / "agent.toml"
-            acfg.write_text(
-                "\n".join(
-                    [
-                        'telemetry = ["simulated"]',
-                        "poll_interval_s = 0.05",
-                        "heartbeat_s = 0.5",
-                        "scan_interval_s = 0.2",
-                        f"window_steps = {sc.window_steps}",
-                        "remove_finished = false",
-                    ]
-                )
-                + "\n"
-            )
+            agent_lines = [
+                'telemetry = ["simulated"]',
+                "poll_interval_s = 0.05",
+                "heartbeat_s = 0.5",
+                "scan_interval_s = 0.2",
+                f"window_steps = {sc.window_steps}",
+                "remove_finished = false",
+            ]
             for h in range(sc.hosts):
-                procs[f"agent-{h}"] = self._spawn(
-                    f"agent-{h}",
-                    [
-                        _bin("artemis-agent"),
-                        "run",
-                        "--coordinator",
-                        f"127.0.0.1:{port}",
-                        "--shm-dir",
-                        str(shm[h]),
-                        "--secret-file",
-                        str(secret),
-                        "--host",
-                        sc.host_name(h),
-                        "--config",
-                        str(acfg),
-                        "--log-json",
-                    ],
-                    logs / f"agent-{h}.log",
-                )
+                acfg = work / ("agent.toml" if h not in opts.agent_toml else f"agent-{h}.toml")
+                extra = [f"{k} = {toml_value(v)}" for k, v in opts.agent_toml.get(h, {}).items()]
+                acfg.write_text("\n".join(agent_lines + extra) + "\n")
+                argv = [
+                    _bin("artemis-agent"),
+                    "run",
+                    "--coordinator",
+                    f"127.0.0.1:{port}",
+                    "--shm-dir",
+                    str(shm[h]),
+                    "--secret-file",
+                    str(secret),
+                    "--host",
+                    sc.host_name(h),
+                    "--config",
+                    str(acfg),
+                    "--log-json",
+                ]
+                if opts.agent_argv is not None:
+                    argv = opts.agent_argv(h, argv)
+                procs[f"agent-{h}"] = self._spawn(f"agent-{h}", argv, logs / f"agent-{h}.log")
+            if opts.before_job is not None:
+                opts.before_job(murl)
             scale = 1.0
             if opts.speed == "realtime" and opts.window_s:
                 scale = opts.window_s / (sc.window_steps * sc.step_ms / 1000.0)
@@ -256,6 +265,8 @@ class SimCluster:
             ctx.kill_restart = lambda names: self._kill_restart(ctx, names)
             reason = self._watch(ctx, hang)
             ok = reason == ""
+            if opts.on_end is not None:
+                opts.on_end(ctx)
             scored = int(metric_value(murl, "straggler_windows_scored_total") or 0)
             self._stop_all(procs)
             return SimResult(

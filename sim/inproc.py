@@ -91,13 +91,9 @@ class RunResult:
     first_flag: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, subject)
 
 
-def run(
-    sc: Scenario,
-    slow_ranks: Collection[int] = (),
-    settings: Settings | None = None,
-    *,
-    telemetry: bool = True,
-) -> RunResult:
+def summaries(sc: Scenario, *, telemetry: bool = True) -> list[list[RankWindow]]:
+    """Every window's rank summaries (with their telemetry), as the agents send them:
+    window by window, each window's rows in rank order."""
     model = LockstepModel(sc)
     maker = RecordMaker(model)
     tp_maker = RecordMaker(model, tp=True) if sc.tp > 1 else None
@@ -114,6 +110,33 @@ def run(
         )
         for r in range(sc.ranks)
     ]
+    out: list[list[RankWindow]] = [[] for _ in range(sc.windows)]
+    for w in range(sc.windows):
+        wt = model.window(w)
+        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
+        last = w == sc.windows - 1
+        if tp_maker is not None and wt.tp_arrive is not None and wt.tp_end is not None:
+            # each rank's TP communicator, as the agent routes it to the rank's main ring
+            tp_recs = tp_maker.window(wt.tp_arrive, wt.tp_end, wt.steps.start)
+            for r, s in enumerate(summ):
+                s.feed_nested(tp_recs[r])
+        for r, s in enumerate(summ):
+            s.feed(recs[r])
+            for rw in s.take_windows(final=last):
+                if plan is not None:
+                    rw = dataclasses.replace(rw, telemetry=merge([overlay(plan[r], rw.window)]))
+                out[rw.window].append(rw)
+    return out
+
+
+def run(
+    sc: Scenario,
+    slow_ranks: Collection[int] = (),
+    settings: Settings | None = None,
+    *,
+    telemetry: bool = True,
+) -> RunResult:
+    windows = summaries(sc, telemetry=telemetry)
     det = Detector(settings or Settings(), JOB, sc.ranks)
     pending: dict[int, list[RankWindow]] = {}
     out = RunResult()
@@ -137,27 +160,7 @@ def run(
                 out.false_flags += 1
                 out.false_by_kind[f.kind] = out.false_by_kind.get(f.kind, 0) + 1
 
-    scored = 0
     for w in range(sc.windows):
-        wt = model.window(w)
-        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
-        last = w == sc.windows - 1
-        if tp_maker is not None and wt.tp_arrive is not None and wt.tp_end is not None:
-            # each rank's TP communicator, as the agent routes it to the rank's main ring
-            tp_recs = tp_maker.window(wt.tp_arrive, wt.tp_end, wt.steps.start)
-            for r, s in enumerate(summ):
-                s.feed_nested(tp_recs[r])
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=last):
-                if plan is not None:
-                    rw = dataclasses.replace(rw, telemetry=merge([overlay(plan[r], rw.window)]))
-                pending.setdefault(rw.window, []).append(rw)
-        # a window is scored once every rank has summarised it (the assembly's job)
-        while scored in pending and len(pending[scored]) == sc.ranks:
-            score(scored)
-            scored += 1
-    while scored < sc.windows:
-        score(scored)
-        scored += 1
+        pending[w] = windows[w]
+        score(w)
     return out

@@ -131,8 +131,13 @@ def test_a_communicator_joining_the_running_job_is_not_a_new_run() -> None:
     a.expect("j", [0, 1, 5])  # rank 5's agent said hello, its summaries come late
     _scored(a, "A", range(2), ranks=range(2))
     assert [x.missing for x in a.expire(50.0)] == [[5], [5]]
-    assert a.add(rw(5, 0, comm="C", nranks=1), 51.0) == []  # window 0 scored: late
+    # window 0 was scored without rank 5: its summary is a late part of it, not a drop
+    (part,) = a.add(rw(5, 0, comm="C", nranks=1), 51.0)
+    assert part.late and part.window == 0 and [r.rank for r in part.ranks] == [5]
+    assert part.missing == [] and not a.dropped
     assert a.run("j") == "A" and a.late == 1
+    # ...and only once: a resend of it is dropped as late
+    assert a.add(rw(5, 0, comm="C", nranks=1), 51.5) == [] and a.dropped[("j", "late")] == 1
     a.add(rw(0, 2, comm="A"), 52.0)
     a.add(rw(1, 2, comm="A"), 52.0)
     (done,) = a.add(rw(5, 2, comm="C", nranks=1), 52.0)
@@ -149,7 +154,7 @@ def test_runs_survive_a_snapshot_and_an_ended_job_takes_any_new_run() -> None:
     assert b.add(rw(0, 2, comm="A"), 20.0) == [] and b.late == 1  # a resend: late
     b.add(rw(0, 0, comm="B"), 21.0)
     assert b.run("j") == "B"  # a new run, known only from the restored state
-    assert ("j", 2, ["A"]) in b.released_marks()
+    assert ("j", 2, ["A"], []) in b.released_marks()
     # A job that ended: its next communicator starts a run, even one with new ranks.
     b.forget_job("j")
     (done,) = b.add(rw(7, 0, comm="D", nranks=8), 30.0)

@@ -218,10 +218,12 @@ class CrashingCoordinator(Coordinator):
 class CrashingJournal(AssemblyJournal):
     window = -1
 
-    def released(self, job: str, window: int, comms: Sequence[str] = ()) -> bool:
+    def released(
+        self, job: str, window: int, comms: Sequence[str] = (), missing: Sequence[int] = ()
+    ) -> bool:
         if window == self.window:
             raise Crash
-        return super().released(job, window, comms)
+        return super().released(job, window, comms, missing)
 
 
 def _rank_lines(tmp: Path) -> list[tuple[int, str, int]]:
@@ -363,3 +365,47 @@ def test_a_crash_between_two_windows_released_together_loses_neither(tmp_path: P
 
     asyncio.run(run())
     assert [w for w, _st, _s in _rank_lines(tmp_path)] == [1, 2, 3, 4]
+
+
+def _late_scored(m: Metrics) -> float:
+    return m.registry.get_sample_value("straggler_windows_late_scored_total", {"job": JOB}) or 0.0
+
+
+def test_a_late_summary_taken_but_not_scored_at_a_crash_is_scored_once(tmp_path: Path) -> None:
+    """Window 3 is scored at its deadline without host h1 (a partition). h1's late rank
+    3 arrives and is acked, but its late part waits for rank 2: the coordinator dies.
+    The restart replays it from the journal (its mark still lists ranks 2 and 3),
+    scores it late with rank 2 against window 3's own peers, and a resend of rank 3
+    (never acked in the agent's view) is not scored twice."""
+    now = [0.0]
+
+    async def run() -> None:
+        a, ma = make(tmp_path, now, grace_s=0.0)
+        a.on_connect(peer("h0"))
+        a.on_connect(peer("h1"))
+        for w in range(3):
+            await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, w), rw(1, w))))
+            await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, w), rw(3, w))))
+        await a.on_message(peer("h0"), Windows(host="h0", windows=(rw(0, 3), rw(1, 3))))
+        now[0] = 31.0
+        await a.tick()  # window 3's deadline: scored with ranks 2 and 3 missing
+        assert scored(ma) == 4
+        await a.on_message(peer("h1"), Windows(host="h1", windows=(rw(3, 3),)))
+        assert _late_scored(ma) == 0 and a.assembler.pending == 1  # a late part, waiting
+        del a  # SIGKILL
+
+        now[0] = 40.0
+        b, mb = make(tmp_path, now, grace_s=0.0)
+        assert b.assembler.pending == 1  # rank 3's late summary, from the journal
+        b.on_connect(peer("h0"))
+        b.on_connect(peer("h1"))
+        await b.on_message(peer("h1"), Windows(host="h1", windows=(rw(2, 3), rw(3, 3))))
+        assert _late_scored(mb) == 2  # ranks 2 and 3, once each
+        assert b.assembler.duplicates == 1 and not b.assembler.dropped  # rank 3 resent
+        assert b.assembler.still_missing(JOB, "c0", 3) == []
+        b.flush()
+
+    asyncio.run(run())
+    journal = AssemblyJournal(tmp_path / "f.assembly")
+    pending, released = journal.load_columns()
+    assert pending.n == 0 and (JOB, "c0", 3) in released and not journal.open_marks
