@@ -100,13 +100,18 @@ def _flat(tensors: Any) -> list[Any]:
     if isinstance(tensors, torch.Tensor):
         return [tensors]
     out: list[Any] = []
-    for t in tensors:
-        out.extend(_flat(t))
+    for t in tensors:  # a flat list (the common case) needs no recursion
+        if isinstance(t, torch.Tensor):
+            out.append(t)
+        else:
+            out.extend(_flat(t))
     return out
 
 
 def _nbytes(tensors: list[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    if len(tensors) == 1:
+        return int(tensors[0].nbytes)
+    return sum(t.nbytes for t in tensors)
 
 
 _ISLANDS_ENV = "ARTEMIS_ISLANDS"
@@ -436,12 +441,6 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         """The wrapped backends by device type ("cpu", "cuda")."""
         return dict(self._inner)
 
-    def _pick(self, tensors: list[Any]) -> tuple[Any, str]:
-        dev = "cuda" if tensors and tensors[0].is_cuda else "cpu"
-        if dev not in self._inner:
-            raise RuntimeError(f"the artemis backend has no inner backend for {dev} tensors")
-        return self._pg, dev
-
     def _comm(self, dev: str) -> _Comm | None:
         """The ring for collectives on ``dev``; None when the plugin records those."""
         if dev in self._comms:
@@ -481,31 +480,38 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     def _run(
         self, func: str, tensors: list[Any], call: Callable[[Any], Any], peer: int = -1
     ) -> Any:
-        inner, dev = self._pick(tensors)
-        comm = self._comms[dev] if dev in self._comms else self._comm(dev)
+        # The hot path (docs/DESIGN.md, "Ring"; bench/README.md has its cost): one
+        # IN_FLIGHT record at the call, DONE when the inner Work's future completes.
+        cuda = bool(tensors) and tensors[0].is_cuda
+        dev = "cuda" if cuda else "cpu"
+        if dev not in self._inner:
+            raise RuntimeError(f"the artemis backend has no inner backend for {dev} tensors")
+        comms = self._comms
+        comm = comms[dev] if dev in comms else self._comm(dev)
+        inner = self._pg
         if comm is None:
             return call(inner)
-        p2p = func in ("Send", "Recv")
-        if self._isl is not None and dev == "cpu" and not p2p:
+        p2p = func == "Send" or func == "Recv"
+        if self._isl is not None and not cuda and not p2p:
             call = self._isl_deferred(call)
         dtype = _DTYPES.get(tensors[0].dtype, 0) if tensors else 0
         nbytes = _nbytes(tensors)
         enq = _mono()
         cpu0 = _cpu()
-        cuda = dev == "cuda"
         if cuda:
             start_ev = torch.cuda.Event(enable_timing=True)
             start_ev.record()
         work = call(inner)
         start = enq if cuda else _mono()
-        with comm.lock:
+        ring, lock = comm.ring, comm.lock
+        with lock:
             if p2p:
                 seq = comm.p2p_seq
-                comm.p2p_seq += 1
+                comm.p2p_seq = seq + 1
             else:
                 seq = comm.coll_seq
-                comm.coll_seq += 1
-            ticket = comm.ring.record(
+                comm.coll_seq = seq + 1
+            ticket = ring.record(
                 kind=rf.KIND_P2P if p2p else rf.KIND_COLL,
                 func=_F[func],
                 dtype=dtype,
@@ -535,11 +541,14 @@ class ArtemisProcessGroup(dist.ProcessGroup):
             fut = work.get_future()
         except RuntimeError:  # a Work without a future (gloo send/recv): time its wait
             return _TimedWork(work, comm, ticket)
+        complete = ring.complete
 
         def done(f: Any) -> None:
+            # The end is when the inner backend completes the Work (its thread, or
+            # this one when it is already done): the host end time of the record.
             end, cpu1 = _mono(), _cpu()
-            with comm.lock:
-                comm.ring.complete(ticket, end=end, cpu_end_ns=cpu1)
+            with lock:
+                complete(ticket, end=end, cpu_end_ns=cpu1)
 
         fut.add_done_callback(done)
         return work
@@ -696,14 +705,14 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         ts = _flat(tensors)
         if opts is None:
             opts = dist.AllreduceOptions()
-        if self._composable(ts, opts.reduceOp):
+        if self._isl is not None and self._composable(ts, opts.reduceOp):
             return self._composed_allreduce(ts, opts.reduceOp)
         return self._run("AllReduce", ts, lambda b: b.allreduce(tensors, opts))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         if opts is None:
             opts = dist.AllreduceCoalescedOptions()
-        if self._composable(_flat(tensors), opts.reduceOp):
+        if self._isl is not None and self._composable(_flat(tensors), opts.reduceOp):
             return self._composed_allreduce(_flat(tensors), opts.reduceOp)
         return self._run(
             "AllReduce", _flat(tensors), lambda b: b.allreduce_coalesced(tensors, opts)

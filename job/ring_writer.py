@@ -16,7 +16,7 @@ One writer per ring (this object), so a ticket needs no atomics: it is a
 plain counter. Each record still follows the slot seqlock (lock odd, body,
 lock even) because the agent reads concurrently from another process.
 
-Store ordering: every store below is a separate ``memoryview`` slice
+Store ordering: every store below is a separate ``memoryview`` item
 assignment or ``struct.pack_into`` call, i.e. an opaque C call, so neither
 CPython nor the C compiler can reorder them. On x86-64 (TSO) the hardware
 makes stores visible in program order, so the reader sees lock-odd before the
@@ -34,6 +34,7 @@ import mmap
 import os
 import socket
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -49,19 +50,25 @@ TICK_SOURCES = {v: k for k, v in rf.TICK_SOURCE_NAMES.items()}
 
 _HEAD = rf.packer(rf.HEADER_FIELDS, "magic", "global_rank")  # offsets 0..96
 _MINOR = rf.packer(rf.HEADER_FIELDS, "minor", "tsc_hz")  # offsets 288..312
-_BODY = rf.packer(rf.SLOT_FIELDS, "kind", "end")  # the slot without its lock word
-_CPU = rf.packer(rf.SLOT_CPU_FIELDS, "cpu_start_ns", "cpu_end_ns")
-_U8 = struct.Struct("<B")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
+# The slot without its lock word, in one store: base slots, and CPU slots (the
+# CPU times follow ``end`` without a gap).
+_BODY = rf.packer(rf.SLOT_FIELDS, "kind", "end")
+_BODY_CPU = rf.packer(rf.SLOT_CPU_FIELDS, "kind", "cpu_end_ns")
 _OFF_FLAGS = rf.header_offset("flags")
 _OFF_FINISHED_NS = rf.header_offset("finished_ns")
-_OFF_WRITE_INDEX = rf.header_offset("write_index")
 _OFF_STATE = rf.slot_offset("state")
-_OFF_START = rf.slot_offset("start")
-_OFF_END = rf.slot_offset("end")
-_OFF_CPU_START = rf.slot_offset("cpu_start_ns")
-_OFF_CPU_END = rf.slot_offset("cpu_end_ns")
+# Single words are stored through native-order casts of the mapping (one C
+# store each, cheaper than a pack_into call): word indices, so every offset
+# below must be aligned to its word, which the layout guarantees (checked here).
+_I32_LOCK = rf.slot_offset("lock") // 4
+_I64_WRITE_INDEX = rf.header_offset("write_index") // 8
+_I64_START = rf.slot_offset("start") // 8
+_I64_END = rf.slot_offset("end") // 8
+_I64_CPU_END = rf.slot_offset("cpu_end_ns") // 8
+_U32_MAX = 0xFFFFFFFF
+assert rf.header_offset("write_index") % 8 == 0 and rf.HEADER_SIZE % 8 == 0
+assert all(rf.slot_offset(n) % 8 == 0 for n in ("start", "end", "cpu_end_ns"))
+assert rf.SLOT_SIZE % 8 == 0 and rf.SLOT_CPU_SIZE % 8 == 0
 
 
 def _fixed(name: str) -> bytes:
@@ -108,6 +115,8 @@ class RingWriter:
             tick_source = "default" if clock_kind == "device_ticks" else "none"
         if tick_source not in TICK_SOURCES:
             raise ValueError(f"tick_source {tick_source!r} is not one of {sorted(TICK_SOURCES)}")
+        if sys.byteorder != "little" or struct.calcsize("=IQ") != 12:
+            raise RuntimeError("the ring is little-endian: this writer needs a little-endian host")
         if writer_flags & rf.WRITER_TSC:
             raise ValueError("this writer stamps host times in ns; it cannot set WRITER_TSC")
         self.capacity = capacity
@@ -115,6 +124,7 @@ class RingWriter:
         self.slot_minor = rf.SLOT_MINOR_CPU if cpu_times else rf.SLOT_MINOR_BASE
         self.slot_size = rf.SLOT_LAYOUTS[self.slot_minor][0]
         self._mask = capacity - 1
+        self._body = _BODY_CPU if cpu_times else _BODY
         self._next = 0
         d = Path(shm_dir)
         d.mkdir(parents=True, exist_ok=True)
@@ -182,13 +192,12 @@ class RingWriter:
         finally:
             os.close(fd)
         self._view = memoryview(self._mm)
+        self._u32 = self._view.cast("I")  # native order: little-endian (checked above)
+        self._u64 = self._view.cast("Q")
 
     @property
     def write_index(self) -> int:
         return self._next
-
-    def _slot(self, ticket: int) -> int:
-        return rf.HEADER_SIZE + (ticket & self._mask) * self.slot_size
 
     def record(
         self,
@@ -215,37 +224,59 @@ class RingWriter:
         The CPU times are written only to CPU slots (``cpu_times=True``).
         """
         t = self._next
-        off = self._slot(t)
-        view = self._view
-        lock = _U32.unpack_from(view, off)[0]
+        off = rf.HEADER_SIZE + (t & self._mask) * self.slot_size
+        u32 = self._u32
+        li = (off >> 2) + _I32_LOCK
+        lock = u32[li]
         # Seqlock: odd while the body is being written, even (+2) when whole.
-        _U32.pack_into(view, off, lock + 1)
-        _BODY.pack_into(
-            view,
-            off + 4,
-            kind,
-            func,
-            dtype,
-            state,
-            clock,
-            algo,
-            proto,
-            nchannels,
-            peer,
-            t,
-            coll_seq,
-            nbytes,
-            enqueue_ns,
-            start,
-            end,
-        )
+        u32[li] = (lock + 1) & _U32_MAX
         if self.cpu_times:
-            _CPU.pack_into(view, off + _OFF_CPU_START, cpu_start_ns, cpu_end_ns)
-        _U32.pack_into(view, off, lock + 2)
+            self._body.pack_into(
+                self._view,
+                off + 4,
+                kind,
+                func,
+                dtype,
+                state,
+                clock,
+                algo,
+                proto,
+                nchannels,
+                peer,
+                t,
+                coll_seq,
+                nbytes,
+                enqueue_ns,
+                start,
+                end,
+                cpu_start_ns,
+                cpu_end_ns,
+            )
+        else:
+            self._body.pack_into(
+                self._view,
+                off + 4,
+                kind,
+                func,
+                dtype,
+                state,
+                clock,
+                algo,
+                proto,
+                nchannels,
+                peer,
+                t,
+                coll_seq,
+                nbytes,
+                enqueue_ns,
+                start,
+                end,
+            )
+        u32[li] = (lock + 2) & _U32_MAX
         # Publish the ticket after the slot is whole: a reader that sees the
         # new write_index finds the record (or an odd lock it retries).
         self._next = t + 1
-        _U64.pack_into(view, _OFF_WRITE_INDEX, t + 1)
+        self._u64[_I64_WRITE_INDEX] = t + 1
         return t
 
     def complete(
@@ -262,32 +293,35 @@ class RingWriter:
             raise ValueError(f"ticket {ticket} was never written (write_index {self._next})")
         if ticket < self._next - self.capacity:
             return False
-        off = self._slot(ticket)
-        view = self._view
-        lock = _U32.unpack_from(view, off)[0]
-        _U32.pack_into(view, off, lock + 1)
-        _U8.pack_into(view, off + _OFF_STATE, rf.STATE_DONE)
+        off = rf.HEADER_SIZE + (ticket & self._mask) * self.slot_size
+        u32, u64 = self._u32, self._u64
+        li = (off >> 2) + _I32_LOCK
+        w = off >> 3
+        lock = u32[li]
+        u32[li] = (lock + 1) & _U32_MAX
+        self._view[off + _OFF_STATE] = rf.STATE_DONE
         if start is not None:
-            _U64.pack_into(view, off + _OFF_START, start)
-        _U64.pack_into(view, off + _OFF_END, end)
+            u64[w + _I64_START] = start
+        u64[w + _I64_END] = end
         if self.cpu_times:
-            _U64.pack_into(view, off + _OFF_CPU_END, cpu_end_ns)
-        _U32.pack_into(view, off, lock + 2)
+            u64[w + _I64_CPU_END] = cpu_end_ns
+        u32[li] = (lock + 2) & _U32_MAX
         return True
 
     def finish(self) -> None:
         """Mark the ring FINISHED: no more records will come."""
         if self._mm.closed:
             return
-        _U64.pack_into(self._view, _OFF_FINISHED_NS, time.time_ns())
-        flags = _U32.unpack_from(self._view, _OFF_FLAGS)[0]
-        _U32.pack_into(self._view, _OFF_FLAGS, flags | rf.RING_FINISHED)
+        self._u64[_OFF_FINISHED_NS // 8] = time.time_ns()
+        self._u32[_OFF_FLAGS // 4] |= rf.RING_FINISHED
 
     def close(self, *, finish: bool = True) -> None:
         if self._mm.closed:
             return
         if finish:
             self.finish()
+        self._u32.release()
+        self._u64.release()
         self._view.release()
         self._mm.close()
 
