@@ -188,7 +188,10 @@ def _detector_worker(rank: int, init: str, out: str, world: int) -> None:
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     tids = det_threads()
-    det_ns = sum(_task_cpu_ns(t) - d0.get(t, 0) for t in tids)
+    det_ns = 0
+    for t in tids:
+        with contextlib.suppress(OSError, ValueError):  # a detector thread that just ended
+            det_ns += _task_cpu_ns(t) - d0.get(t, 0)
     all_ns, wall_ns = _all_tasks_cpu_ns() - all0, time.monotonic_ns() - w0
     det.close()
     dist.destroy_process_group()
