@@ -725,8 +725,9 @@ class Coordinator:
         asm = self.assembler.snapshot([job]).get(job)
         gone = {(r, w) for j, r, w in self._unscored if j == job}
         if asm is not None and gone:
-            kept = [[r, w] for r, w in asm["released"] if (r, w) not in gone]
-            front = max([w for r, w in kept if r == asm["run"]], default=-1)
+            # an item is [run, window] or [run, window, ranks still missing]
+            kept = [it for it in asm["released"] if (it[0], it[1]) not in gone]
+            front = max([it[1] for it in kept if it[0] == asm["run"]], default=-1)
             asm = {**asm, "released": kept, "front": front}
         state = {
             "job": job,

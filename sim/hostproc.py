@@ -18,6 +18,7 @@ In real time (the demo), each step takes step_ms x scale of wall time.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -55,8 +56,8 @@ def metric_value(url: str, name: str, timeout: float = 1.0) -> float | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             text = r.read().decode()
-    except (urllib.error.URLError, OSError):
-        return None
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return None  # not up yet, or gone mid-answer (a coordinator killed while scraped)
     values = []
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):

@@ -34,11 +34,31 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, psycopg.OperationalError | psycopg.InterfaceError)
 
 
+def check_url(url: str) -> dict[str, Any]:
+    """The URL's connection parameters, checked without connecting: a ``StoreError``
+    naming the (redacted) URL for what libpq would refuse or a host that cannot be
+    looked up by name at all (not IDNA-encodable), never another exception."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError as e:  # pragma: no cover - a dependency of the package
+        raise StoreError(f"{redact(url)}: psycopg is not installed ({e})") from e
+    try:
+        params = conninfo_to_dict(url)
+    except Exception as e:  # psycopg.ProgrammingError, and anything libpq's parser raises
+        raise StoreError(f"{redact(url)}: not a PostgreSQL URL: {e}") from None
+    for host in str(params.get("host") or "").split(","):
+        if host and not host.startswith("/"):  # a socket directory is a path
+            try:
+                host.encode("idna")
+            except UnicodeError:
+                raise StoreError(f"{redact(url)}: not a PostgreSQL URL: bad host name") from None
+    return params
+
+
 class PostgresStore(SqlStore):
     def __init__(self, url: str, *, readonly: bool = False) -> None:
         try:
             import psycopg
-            from psycopg.conninfo import conninfo_to_dict
         except ImportError as e:  # pragma: no cover - a dependency of the package
             raise StoreError(f"{redact(url)}: psycopg is not installed ({e})") from e
         self.url = redact(url)
@@ -48,13 +68,12 @@ class PostgresStore(SqlStore):
         self.upgraded: list[int] = []  # versions applied by this open
         self.driver_errors = (psycopg.Error,)
         kw: dict[str, Any] = {"autocommit": True, "application_name": "artemis"}
-        try:
-            if "connect_timeout" not in conninfo_to_dict(url):
-                kw["connect_timeout"] = CONNECT_TIMEOUT_S
-        except psycopg.Error as e:
-            raise StoreError(f"{self.url}: not a PostgreSQL URL: {e}") from None
+        if "connect_timeout" not in check_url(url):
+            kw["connect_timeout"] = CONNECT_TIMEOUT_S
         try:
             self.db = psycopg.connect(url, **kw)
+        except (UnicodeError, ValueError) as e:  # a host name getaddrinfo cannot take
+            raise StoreError(f"{self.url}: not a PostgreSQL URL: {e}") from None
         except psycopg.Error as e:
             # libpq's message may quote the conninfo: keep only the URL's redacted form.
             raise StoreError(

@@ -42,7 +42,9 @@ BIN = Path(sys.executable).parent
 JOB = Path(__file__).resolve().parent / "torch_rebalance_job.py"
 GLOBAL_BATCH = 64
 
-pytestmark = pytest.mark.slow
+# Two real 2-rank DDP jobs under the daemons (about 110 s): with the other real-PyTorch
+# end-to-end runs in `make test-torch`, to keep `make test` within its 20 minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.torch_e2e]
 
 
 def _run(tmp: Path, steps: int, window_steps: int, *job_args: str) -> dict[str, Any]:

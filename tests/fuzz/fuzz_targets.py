@@ -205,6 +205,16 @@ def store_url(data: bytes) -> None:
             # The URL of that path names the same path.
             assert sqlite_path(make_url(p)) == p, (s, p)
         return
+    if scheme in ("postgresql", "postgres"):
+        # Checked as open_store checks it before it connects (no connection from
+        # a fuzzer): a clear StoreError or the parameters.
+        from artemis.store.postgres import check_url
+
+        try:
+            check_url(s)
+        except StoreError as e:
+            assert str(e)
+        return
     try:
         open_store(s)  # any other scheme is refused before anything is opened
     except StoreError as e:

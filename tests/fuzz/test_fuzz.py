@@ -72,3 +72,13 @@ def test_the_scenario_crasher_is_refused_by_name() -> None:
     kept = HERE / "corpus" / "scenario" / "oom-ranks-huge.toml"
     with pytest.raises(ScenarioError, match=r"\[job\]\.ranks: expected an integer in \[2, "):
         load_scenario(kept)
+
+
+def test_the_store_url_crasher_is_refused_by_name() -> None:
+    """A crasher the fuzzer found: a PostgreSQL URL whose host is not a name
+    (getaddrinfo's UnicodeError escaped open_store). Refused before any connection."""
+    from artemis.store import StoreError, open_store
+
+    kept = HERE / "corpus" / "store_url" / "crash-idna-host"
+    with pytest.raises(StoreError, match="not a PostgreSQL URL: bad host name"):
+        open_store(kept.read_bytes().decode("utf-8", "replace"))
