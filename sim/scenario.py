@@ -492,6 +492,10 @@ def _parse_fault(
             raise err("rate", "only for anomaly = 'rate'")
     elif "anomaly" in f or "rate" in f:
         raise err("anomaly" if "anomaly" in f else "rate", "only for kind 'clock_anomaly'")
+    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)):
+        # also where it is ignored (hang, agent_down, clock_anomaly): a typo such as
+        # `slowdown .0 = 25` (a table) is named, not taken for a number
+        raise err("slowdown", f"expected a number in (0, 5], got {slowdown!r}")
     if kind not in NO_SLOWDOWN:
         if "slowdown" not in f:
             raise err("slowdown", f"required for kind {kind!r}: extra time as a fraction")
