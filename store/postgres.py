@@ -44,8 +44,10 @@ def check_url(url: str) -> dict[str, Any]:
         raise StoreError(f"{redact(url)}: psycopg is not installed ({e})") from e
     try:
         params = conninfo_to_dict(url)
-    except Exception as e:  # psycopg.ProgrammingError, and anything libpq's parser raises
-        raise StoreError(f"{redact(url)}: not a PostgreSQL URL: {e}") from None
+    except Exception as e:  # psycopg.ProgrammingError, a value that is no UTF-8, ...
+        # libpq may quote the URL back: never with its password.
+        msg = str(e).replace(url, redact(url))
+        raise StoreError(f"{redact(url)}: not a PostgreSQL URL: {msg}") from None
     for host in str(params.get("host") or "").split(","):
         if host and not host.startswith("/"):  # a socket directory is a path
             try:

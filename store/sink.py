@@ -87,15 +87,12 @@ def check_setting(setting: str) -> str | None:
             return f"store: expected sqlite:///PATH, got {setting!r}"
         return None
     if scheme in ("postgresql", "postgres"):
-        from psycopg import Error
-        from psycopg.conninfo import conninfo_to_dict
+        from artemis.store.postgres import check_url
 
         try:
-            conninfo_to_dict(s)
-        except Error as e:
-            # libpq may quote the URL back: never with its password.
-            msg = str(e).replace(s, redact(s))
-            return f"store: not a PostgreSQL URL: {redact(s)!r}: {msg}"
+            check_url(s)
+        except StoreError as e:
+            return f"store: {e}"
         return None
     return f"store: expected auto, off, sqlite:///PATH or postgresql://..., got {redact(setting)!r}"
 
