@@ -85,5 +85,6 @@ def test_retention_prunes_old_dumps_rotated_files_and_store_rows(tmp_path: Path)
     asyncio.run(c.tick())
     assert sorted(q.name for q in dumps.iterdir()) == ["new.jsonl"]
     assert not old_gen.exists()
+    assert store.flush()  # the prune is queued like every store write (store/sink.py)
     assert [w["window"] for w in store.store.job_windows("j")] == [1]
     c.flush()
