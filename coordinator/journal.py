@@ -25,7 +25,8 @@ encoding, not a record per rank.
 Before the coordinator writes a group
 of output lines (a scored window's, or a plan ack's, a hang's),
 `["s", job, seq, {path: [inode, size]}]` records where the findings, plans
-and incidents files ended (an intent; `seq` grows with every group). The
+and incidents files ended (`[0, 0]`: not made yet) (an intent; `seq` grows with
+every group). The
 job's saved state names the last group it saw through (`out_seq`); a restart
 whose last intent is newer than that cuts those files back to it, and the
 window (or ack) is taken in again: a crash inside a group's outputs neither
@@ -96,13 +97,18 @@ class Intent:
     outputs: Outputs
 
 
+NO_FILE = (0, 0)  # an output that did not exist yet (no file has inode 0)
+
+
 def output_marks(paths: Iterable[str | Path]) -> Outputs:
-    """(inode, size) of each existing file of `paths`: an intent's record."""
+    """(inode, size) of each file of `paths`, NO_FILE where there is none yet: an
+    intent's record."""
     out: Outputs = {}
     for p in paths:
         try:
             st = os.stat(p)
         except FileNotFoundError:
+            out[str(p)] = NO_FILE
             continue
         out[str(p)] = (st.st_ino, st.st_size)
     return out
@@ -117,8 +123,9 @@ def cut_back(outputs: Outputs) -> dict[str, int]:
             st = os.stat(path)
         except FileNotFoundError:
             continue
-        # Another inode: the file was rotated since; its lines are left alone.
-        if st.st_ino == ino and st.st_size > size:
+        # Another inode: the file was rotated since; its lines are left alone. A file
+        # that did not exist at the intent was made by the group (its first lines).
+        if (st.st_ino == ino or (ino, size) == NO_FILE) and st.st_size > size:
             os.truncate(path, size)
             cut[path] = st.st_size - size
     return cut

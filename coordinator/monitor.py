@@ -342,10 +342,23 @@ class JobMonitor:
         windows added to the stored baseline of its fingerprint."""
         return self.baselines.records(wall)
 
-    def on_dump(self, rank: int, path: str) -> None:
-        """A rank's dump (hang evidence) was written at `path`."""
-        if self.hang is not None:
-            self.hang.dumps[rank] = path
+    def on_dump(self, rank: int, path: str) -> bool:
+        """A rank's dump (hang evidence) was written at `path`. True when it joined a hang
+        not reported yet (state the shell saves: a restart reports the hang with it)."""
+        h = self.hang
+        if h is None:
+            return False
+        h.dumps[rank] = path
+        return not h.reported
+
+    def dumps_wanted(self, ranks: Iterable[int]) -> list[int]:
+        """Of `ranks`, those whose dump a hang not reported yet still waits for: asked
+        again of an agent that connects (it may never have had the request, or lost it
+        in a restart)."""
+        h = self.hang
+        if h is None or h.reported:
+            return []
+        return sorted(set(ranks) & (set(h.expected) - set(h.dumps)))
 
     def tick(self, now: float) -> MonitorOutput:
         """Periodic: look for a hang; report one once its dumps are in or overdue."""
@@ -552,11 +565,20 @@ class JobMonitor:
             "policy": None if self.policy is None else self.policy.snapshot(binary=True),
             # Added within version 1: a snapshot without it restores with none.
             "fingerprints": self._fingerprints_state(),
-            # A hang being reported (dumps outstanding) is found again from the next
-            # heartbeats; one already reported is kept so it is not reported twice.
+            # A hang from its verdict on (the dump request): one whose dumps are still
+            # coming is reported by the restarted coordinator (it may never see the hang
+            # again: the ranks it needs may have ended or be out of reach by then), one
+            # already reported is not reported twice. `reported` and `expected` were
+            # added within version 1: a snapshot without them held only reported hangs.
             "hang": None
-            if h is None or not h.reported
-            else {"verdict": asdict(h.verdict), "window": h.window, "dumps": h.dumps},
+            if h is None
+            else {
+                "verdict": asdict(h.verdict),
+                "window": h.window,
+                "dumps": h.dumps,
+                "expected": h.expected,
+                "reported": h.reported,
+            },
         }
 
     def _fingerprints_state(self) -> dict[str, Any]:
@@ -629,9 +651,9 @@ class JobMonitor:
             m.hang = _Hang(
                 verdict,
                 int(h["window"]),
-                None,
-                sorted(verdict.last_done),
+                None,  # the dump wait starts again at the first tick
+                sorted(int(r) for r in h.get("expected", verdict.last_done)),
                 {int(k): str(x) for k, x in h["dumps"].items()},
-                reported=True,
+                reported=bool(h.get("reported", True)),
             )
         return m

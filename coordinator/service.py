@@ -144,6 +144,12 @@ class Coordinator:
             body = self._plan_control.get(job)
             if body is not None:
                 self._direct.append((peer.agent_id, "plan", body))
+            # A hang waiting for its dumps asks an agent that comes back for those of
+            # its ranks not in yet: the request may have died with an earlier life of
+            # this coordinator, or with the agent's.
+            want = self._monitor(job).dumps_wanted(ranks)
+            if want:
+                self._direct.append((peer.agent_id, "dump", {"job": job, "ranks": want}))
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -583,15 +589,19 @@ class Coordinator:
                 )
             else:
                 log.info("rebalance plan", job=job, plan=ev.id, status=ev.status, reason=ev.reason)
+        dump = False
         for c in out.controls:
             if c.action == "dump":
+                dump = True
                 log.warning("hang suspected: requesting dumps", job=job, ranks=c.body["ranks"])
             self._outbox.append((job, c.action, c.body))
             if c.action == "plan":
                 self._plan_control[job] = c.body
-        if out.findings or out.plans or out.incidents:
+        if out.findings or out.plans or out.incidents or dump:
             # A plan acknowledged, a hang reported, a mode changed: state that must
-            # survive a crash as much as a scored window's does.
+            # survive a crash as much as a scored window's does. A hang suspected too
+            # (saved before its dump request goes out): a restart reports it even if it
+            # can no longer see it (docs/RELIABILITY.md "2. Kills at random moments").
             self._save(job)
 
     def _plan_ack(self, a: dict[str, Any]) -> None:
@@ -637,8 +647,8 @@ class Coordinator:
             return
         self.dumps_health.ok()
         m = self.monitors.get(d.job)
-        if m is not None:
-            m.on_dump(d.rank, str(path))
+        if m is not None and m.on_dump(d.rank, str(path)):
+            self._save(d.job)  # the hang's evidence so far, for a restart that reports it
         log.info("dump written", job=d.job, rank=d.rank, records=len(d.records), path=str(path))
 
     # ------------------------------------------------------------------ state

@@ -1,12 +1,15 @@
-"""Hang detection from rank progress, and the hang finding."""
+"""Hang detection from rank progress, the hang finding, and a hang reported once across
+a restart of the coordinator."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from artemis.coordinator.findings import FIELDS, hang_finding
 from artemis.coordinator.hang import check_hang, hang_bound_s
+from artemis.coordinator.monitor import JobMonitor, MonitorOutput
 from artemis.coordinator.settings import Settings
-from artemis.protocol.records import RankProgress
+from artemis.protocol.records import RankProgress, RankWindow
 
 
 def prog(
@@ -99,3 +102,113 @@ def test_hang_finding_carries_dumps_and_progress() -> None:
     assert j["evidence"]["last_done"] == {"0": 99, "1": 99}
     assert j["evidence"]["waiting_s"] == 12.0
     assert f.subject == "1"
+
+
+# ------------------------------------------------- a restart between the dump request and the report
+
+HS = Settings(hang_floor_s=1.0)
+
+
+def _window(w: int) -> list[RankWindow]:
+    return [
+        RankWindow(
+            job="j",
+            comm="c0",
+            rank=r,
+            nranks=4,
+            host=f"h{r // 2}",
+            window=w,
+            step_lo=w * 10,
+            step_hi=w * 10 + 10,
+            coll_lo=w * 20,
+            coll_hi=w * 20 + 20,
+            gap_ms=100.0,
+            coll_ms=10.0,
+            step_ms=110.0,
+            collectives=20,
+            bytes=0,
+            lost=0,
+            clock="device",
+        )
+        for r in range(4)
+    ]
+
+
+def _progress(finished: bool = False) -> list[RankProgress]:
+    """Rank 3 stopped after collective 99; the others have waited 12 s in collective 100
+    (`finished`: the job has since given up, every ring closed)."""
+    return [prog(r, 99, None if r == 3 or finished else 100, 12.0, finished) for r in range(4)]
+
+
+def _restart(m: JobMonitor) -> JobMonitor:
+    """A restart from `m`'s saved state, through msgpack bytes as on disk."""
+    raw = msgpack.packb(m.snapshot(), use_bin_type=True)
+    state = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    return JobMonitor.restore(state, HS, dump_wait_s=5.0)
+
+
+def _suspected() -> JobMonitor:
+    m = JobMonitor("j", HS, nranks=4, dump_wait_s=5.0)
+    m.on_window(0, _window(0))
+    m.on_progress(_progress())
+    first = m.tick(100.0)
+    assert [(c.action, c.body["ranks"]) for c in first.controls] == [("dump", [0, 1, 2, 3])]
+    assert not first.findings
+    m.on_dump(0, "/d/0.jsonl")  # one dump in before the coordinator dies
+    return m
+
+
+def _hangs(out: MonitorOutput) -> list[dict[str, object]]:
+    return [f.to_json() for f in out.findings if f.kind == "hang"]
+
+
+def test_a_hang_saved_between_its_dump_request_and_its_report_is_reported_once() -> None:
+    """The kill trials' lost hang (docs/RELIABILITY.md section 2): the coordinator dies
+    after asking for the dumps; by the time it is back the job has given up (every rank
+    finished), so the hang can never be found again from progress. The verdict saved
+    with the dump request is reported once, by the restarted coordinator."""
+    b = _restart(_suspected())
+    b.on_progress(_progress(finished=True))
+    quiet = b.tick(500.0)  # the dump wait starts again on this clock: no report yet
+    assert not quiet.findings and not quiet.controls  # and no second dump request
+    for r in (1, 2, 3):  # resent by the agents (never acked), or asked again
+        b.on_dump(r, f"/d/{r}.jsonl")
+    (h,) = _hangs(b.tick(500.1))  # every dump in: reported
+    assert (h["ranks"], h["window"], h["steps"]) == ([3], 5, [50, 51])
+    assert h["evidence"]["dumps"] == [f"/d/{r}.jsonl" for r in range(4)]  # type: ignore[index]
+    assert not b.on_dump(3, "/d/3-again.jsonl")  # a resent dump after the report: no state
+    # Reported and saved: another restart (the job hung again, as seen) reports nothing.
+    c = _restart(b)
+    c.on_progress(_progress())
+    assert not c.tick(900.0).findings and not c.tick(999.0).findings
+    assert not c.finish().findings and c.dumps_wanted(range(4)) == []
+    # The same saved state without the other dumps: reported at the dump wait, with its one.
+    d = _restart(_suspected())
+    assert not d.tick(50.0).findings and not d.tick(54.9).findings
+    (h,) = _hangs(d.tick(55.0))
+    assert h["evidence"]["dumps"] == ["/d/0.jsonl"]  # type: ignore[index]
+    assert not _hangs(d.tick(60.0)) and not _hangs(_restart(d).tick(70.0))
+
+
+def test_the_dumps_still_wanted_are_asked_of_an_agent_that_connects() -> None:
+    b = _restart(_suspected())
+    assert b.dumps_wanted([2, 3]) == [2, 3] and b.dumps_wanted([0, 1]) == [1]
+    assert b.on_dump(1, "/d/1.jsonl")  # taken into the hang: the shell saves the state
+    assert b.dumps_wanted([0, 1]) == [] and b.dumps_wanted(range(4)) == [2, 3]
+
+
+def test_a_coordinator_stopped_with_the_dumps_outstanding_reports_the_hang_at_its_end() -> None:
+    b = _restart(_suspected())
+    (h,) = _hangs(b.finish())
+    assert h["evidence"]["dumps"] == ["/d/0.jsonl"]  # type: ignore[index]
+
+
+def test_an_older_snapshot_holds_only_a_reported_hang() -> None:
+    """Snapshots written before `reported` was saved held a hang only once reported."""
+    m = _suspected()
+    m.tick(200.0)  # the dump wait is over: reported
+    state = m.snapshot()
+    del state["hang"]["reported"], state["hang"]["expected"]
+    b = JobMonitor.restore(state, HS, dump_wait_s=5.0)
+    b.on_progress(_progress())
+    assert not b.tick(300.0).findings and not b.finish().findings
