@@ -51,6 +51,11 @@ __all__ = [
 ]
 
 SNAPSHOT_VERSION = 1
+# How long a hang restored with its dumps outstanding waits for them (at least
+# dump_wait_s): the agents must reconnect first, at their back-off (under a second
+# after a long healthy session, up to 30 s after short ones: protocol/client.py), and
+# are asked again as they do; the report is not held for the slowest.
+RESTORED_DUMP_WAIT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class _Hang:
     expected: list[int]
     dumps: dict[int, str] = field(default_factory=dict)
     reported: bool = False
+    restored: bool = False  # its dump wait is RESTORED_DUMP_WAIT_S
 
 
 class JobMonitor:
@@ -372,8 +378,9 @@ class JobMonitor:
         h = self.hang
         if h is not None and not h.reported:
             if h.requested_at is None:
-                h.requested_at = now
-            if set(h.dumps) >= set(h.expected) or now - h.requested_at >= self.dump_wait_s:
+                h.requested_at = now  # restored: the wait starts again on this clock
+            wait = max(self.dump_wait_s, RESTORED_DUMP_WAIT_S) if h.restored else self.dump_wait_s
+            if set(h.dumps) >= set(h.expected) or now - h.requested_at >= wait:
                 f = self._hang_finding()
                 out.findings.append(f)
                 self.incidents.on_finding(f)
@@ -655,5 +662,6 @@ class JobMonitor:
                 sorted(int(r) for r in h.get("expected", verdict.last_done)),
                 {int(k): str(x) for k, x in h["dumps"].items()},
                 reported=bool(h.get("reported", True)),
+                restored=True,
             )
         return m

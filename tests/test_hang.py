@@ -7,7 +7,7 @@ import msgpack
 import pytest
 from artemis.coordinator.findings import FIELDS, hang_finding
 from artemis.coordinator.hang import check_hang, hang_bound_s
-from artemis.coordinator.monitor import JobMonitor, MonitorOutput
+from artemis.coordinator.monitor import RESTORED_DUMP_WAIT_S, JobMonitor, MonitorOutput
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankProgress, RankWindow
 
@@ -182,12 +182,15 @@ def test_a_hang_saved_between_its_dump_request_and_its_report_is_reported_once()
     c.on_progress(_progress())
     assert not c.tick(900.0).findings and not c.tick(999.0).findings
     assert not c.finish().findings and c.dumps_wanted(range(4)) == []
-    # The same saved state without the other dumps: reported at the dump wait, with its one.
+    # The same saved state, no other dump coming: reported with its one, at the longer
+    # wait of a restored hang (the agents must reconnect before they are asked again).
     d = _restart(_suspected())
-    assert not d.tick(50.0).findings and not d.tick(54.9).findings
-    (h,) = _hangs(d.tick(55.0))
+    wait = RESTORED_DUMP_WAIT_S
+    assert wait > 5.0
+    assert not d.tick(50.0).findings and not d.tick(50.0 + wait - 0.1).findings
+    (h,) = _hangs(d.tick(50.0 + wait))
     assert h["evidence"]["dumps"] == ["/d/0.jsonl"]  # type: ignore[index]
-    assert not _hangs(d.tick(60.0)) and not _hangs(_restart(d).tick(70.0))
+    assert not _hangs(d.tick(90.0)) and not _hangs(_restart(d).tick(99.0))
 
 
 def test_the_dumps_still_wanted_are_asked_of_an_agent_that_connects() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.monitor import RESTORED_DUMP_WAIT_S
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, RankInfo, Windows
@@ -142,7 +143,10 @@ def test_killed_after_the_dump_request_the_restart_reports_the_hang_once(tmp_pat
         await b.tick()
         assert hangs(tmp_path) == []  # the dump wait starts again at the restart
         await b.on_message(peer("h1"), dump(2))  # h1 answers for rank 2 only
-        now[0] = 20.0 + DUMP_WAIT_S
+        now[0] = 20.0 + RESTORED_DUMP_WAIT_S - 0.1
+        await b.tick()
+        assert hangs(tmp_path) == []  # a restored hang waits longer (the agents come back)
+        now[0] = 20.0 + RESTORED_DUMP_WAIT_S
         await b.tick()
         (h,) = hangs(tmp_path)
         assert (h["ranks"], h["window"], h["steps"]) == ([3], 5, [50, 51])
@@ -155,12 +159,12 @@ def test_killed_after_the_dump_request_the_restart_reports_the_hang_once(tmp_pat
         del b
 
         # Killed again after the report was saved: never reported twice, nothing asked.
-        now[0] = 40.0
+        now[0] = 60.0
         c = make(tmp_path, now)
         assert [d for d in c._direct if d[1] == "dump"] == []
         for hh in ("h0", "h1"):
             await c.on_message(peer(hh), heartbeat(hh))
-        for t in (40.0, 50.0, 60.0):
+        for t in (60.0, 70.0, 100.0):
             now[0] = t
             await c.tick()
         c.flush()
