@@ -16,7 +16,9 @@ Hostile peers (docs/DESIGN.md "Hostile peers"): what a peer that never
 authenticates may cost is bounded by ``PeerLimits``: so many unauthenticated
 connections per source address and in all, a handshake deadline (a slowloris
 peer is cut off at it), a smaller frame limit before auth, and an idle
-time-out on authenticated connections. With mutual TLS the channel carries the
+time-out on authenticated connections. The TLS handshake runs inside those
+limits (after admission, within the handshake deadline), and a failed one is a
+refusal with its own reason (``tls_*``). With mutual TLS the channel carries the
 identity of the agent's certificate, and a hello naming another agent is
 refused. Every refusal is counted by reason (``REFUSAL_REASONS``).
 """
@@ -55,7 +57,14 @@ from artemis.protocol.session import (
     Send,
     SeqTracker,
 )
-from artemis.protocol.transport import ChannelClosed, FrameChannel, Listener, Transport
+from artemis.protocol.transport import (
+    TLS_REASONS,
+    ChannelClosed,
+    FrameChannel,
+    Listener,
+    TlsRefused,
+    Transport,
+)
 
 log = structlog.get_logger("artemis.protocol.server")
 
@@ -88,6 +97,7 @@ REFUSAL_REASONS = (
     "idle",  # an authenticated connection sent nothing for idle_timeout_s
     "identity",  # mTLS: no usable identity in the certificate, or a hello naming another agent
     "superseded",  # the same agent connected again; its old connection was closed
+    *TLS_REASONS,  # the TLS handshake failed: tls_no_cert, tls_bad_cert, tls_not_tls, ...
 )
 
 
@@ -100,8 +110,7 @@ class PeerLimits:
     bytes each (docs/DESIGN.md "Hostile peers" has the measured cost).
     """
 
-    # hello + auth, from the accept (a TLS handshake comes before it, under the
-    # transport's own time-out: TcpTransport.tls_timeout).
+    # TLS handshake (when on) + hello + auth, from the accept.
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0  # authenticated and silent this long: closed (0 = never)
     max_unauthenticated_per_peer: int = 64  # per source address
@@ -435,6 +444,15 @@ class ProtocolServer:
     async def _handshake(self, conn: _Conn, decoder: FrameDecoder) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handshake_timeout
+        # TLS first (a transport with it runs the handshake here, not at the accept: a
+        # failed one is counted by its reason, under the same admission and deadline).
+        secure = getattr(conn.ch, "secure", None)
+        if secure is not None:
+            try:
+                await secure(self.handshake_timeout)
+            except TlsRefused as e:
+                self._refuse(conn, e.reason, e.text)
+                return False
         identity = getattr(conn.ch, "identity", None)
         if identity is not None:
             if not identity:

@@ -13,10 +13,15 @@ reason codes and the server counts them:
   once (the decoder keeps them as pending and reports "truncated" at EOF),
   then raises ChannelClosed.
 
-The listener's TLS handshake must finish within ``tls_timeout`` (a peer that
-stalls in it is dropped by asyncio). With client certificates verified,
-``identity`` is the agent id the certificate names: its ``artemis://agent/ID``
-SAN URI, else its subject CN (docs/DESIGN.md "Agent identities").
+A TLS listener accepts plain TCP and runs the handshake in the channel
+(``secure``), not in asyncio's accept: so the server counts each failed
+handshake by reason (``TlsRefused``: no client certificate, one it does not
+trust, a peer that does not speak TLS, one that stalls, any other failure) and
+holds its per-peer limits over the handshake too (protocol/server.py). A
+handler that never calls ``secure`` gets it at its first ``recv``/``send``,
+under ``tls_timeout``. With client certificates verified, ``identity`` is the
+agent id the certificate names: its ``artemis://agent/ID`` SAN URI, else its
+subject CN (docs/DESIGN.md "Agent identities").
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ import asyncio
 import contextlib
 import socket
 import ssl
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import structlog
 from artemis.protocol.codec import DEFAULT_MAX_FRAME, HEADER
-from artemis.protocol.transport import ChannelClosed, Handler
+from artemis.protocol.transport import ChannelClosed, Handler, TlsRefused
 
 log = structlog.get_logger("artemis.protocol.tcp")
+
+BACKLOG = 4096
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -101,12 +109,51 @@ def client_ssl_context(
     return ctx
 
 
+# OpenSSL's reasons for a first record that is not a TLS handshake at all.
+_NOT_TLS = frozenset(
+    {
+        "WRONG_VERSION_NUMBER",
+        "HTTP_REQUEST",
+        "HTTPS_PROXY_REQUEST",
+        "UNKNOWN_PROTOCOL",
+        "PACKET_LENGTH_TOO_LONG",
+        "RECORD_LAYER_FAILURE",
+        "WRONG_SSL_VERSION",
+    }
+)
+
+
+def tls_refusal(e: BaseException, timeout: float) -> TlsRefused:
+    """The TlsRefused of a server-side handshake that raised ``e``."""
+    if isinstance(e, asyncio.TimeoutError | TimeoutError):
+        return TlsRefused("tls_timeout", f"TLS handshake not finished in {timeout:g} s")
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return TlsRefused("tls_bad_cert", f"client certificate refused: {e.verify_message}")
+    if isinstance(e, ssl.SSLError):
+        why = str(getattr(e, "reason", "") or "")
+        if why == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+            return TlsRefused("tls_no_cert", "no client certificate")
+        if why in _NOT_TLS:
+            return TlsRefused("tls_not_tls", f"not a TLS handshake ({why.lower()})")
+        return TlsRefused("tls_failed", f"TLS handshake failed: {why or e}")
+    return TlsRefused("tls_failed", f"TLS handshake failed: {type(e).__name__} {e}".strip())
+
+
 def _tune(writer: asyncio.StreamWriter) -> None:
     sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+    if sock is not None:
+        _tune_sock(sock)
+
+
+def _tune_sock(sock: Any) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
         # Frames are small and latency matters more than packet count.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+def _peername(writer: asyncio.StreamWriter | None) -> Any:
+    return None if writer is None else writer.get_extra_info("peername")
 
 
 class TcpChannel:
@@ -114,12 +161,15 @@ class TcpChannel:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader | None,
+        writer: asyncio.StreamWriter | None,
         max_frame: int = DEFAULT_MAX_FRAME,
         *,
         server_side: bool = False,
+        tls: tuple[socket.socket, ssl.SSLContext] | None = None,
+        tls_timeout: float = 10.0,
     ) -> None:
+        # No streams yet with ``tls``: an accepted socket whose handshake is to run.
         self._reader = reader
         self._writer = writer
         self._max_frame = max_frame
@@ -129,8 +179,13 @@ class TcpChannel:
         # None: no client certificate verified (plain TCP, or TLS without a ``ca``).
         self.identity: str | None = None
         self._server_side = server_side
+        # A server-side handshake still to run (``secure``), and its outcome once run.
+        self._tls = tls
+        self._tls_timeout = tls_timeout
+        self._tls_lock = asyncio.Lock()
+        self._tls_error: TlsRefused | None = None
         self._note_identity()
-        peer = writer.get_extra_info("peername")
+        peer = tls[0].getpeername() if writer is None and tls else _peername(writer)
         self._peer = (
             format_address(str(peer[0]), int(peer[1]))
             if isinstance(peer, tuple) and len(peer) >= 2
@@ -146,7 +201,54 @@ class TcpChannel:
         lowers this until the peer authenticated)."""
         self._max_frame = n
 
+    async def secure(self, timeout: float | None = None) -> None:
+        """Run the server side of the TLS handshake (once; a no-op without TLS), within
+        ``timeout`` s (default: the transport's ``tls_timeout``). Raises TlsRefused
+        with its reason when it fails; the channel is closed then."""
+        async with self._tls_lock:
+            if self._tls_error is not None:
+                raise self._tls_error
+            pending, self._tls = self._tls, None
+            if pending is None:
+                return
+            sock, ctx = pending
+            limit = self._tls_timeout if timeout is None else timeout
+            loop = asyncio.get_running_loop()
+            reader = asyncio.StreamReader(limit=1 << 20)
+            # Kept here: uvloop returns its TLS protocol in place of the one it was given.
+            protocol = asyncio.StreamReaderProtocol(reader)
+            try:
+                # The socket was read by nobody: the handshake sees the peer's first
+                # byte. On any error (the time-out's cancel too) the loop closes the
+                # socket; ssl_handshake_timeout is only a backstop.
+                transport, _ = await asyncio.wait_for(
+                    loop.connect_accepted_socket(
+                        lambda: protocol,
+                        sock,
+                        ssl=ctx,
+                        ssl_handshake_timeout=limit + 5.0,
+                    ),
+                    limit,
+                )
+            except asyncio.CancelledError:
+                self._closed = True
+                raise
+            except Exception as e:
+                self._tls_error = tls_refusal(e, limit)
+                self._eof = self._closed = True
+                raise self._tls_error from None
+            self._reader = reader
+            self._writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            self._note_identity()
+
+    def _streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._reader is None or self._writer is None:
+            raise ChannelClosed(f"channel to {self._peer} is closed")
+        return self._reader, self._writer
+
     def _note_identity(self) -> None:
+        if self._writer is None:
+            return
         obj = self._writer.get_extra_info("ssl_object")
         if not self._server_side or obj is None or obj.context.verify_mode == ssl.CERT_NONE:
             return
@@ -156,18 +258,23 @@ class TcpChannel:
             self.identity = ""
 
     async def send(self, frame: bytes) -> None:
-        if self._closed or self._writer.is_closing():
+        if self._tls is not None or self._tls_error is not None:
+            await self.secure()
+        _, writer = self._streams()
+        if self._closed or writer.is_closing():
             raise ChannelClosed(f"channel to {self._peer} is closed")
         try:
             # The lock keeps concurrent senders from interleaving drain() waits;
             # write() itself is atomic per frame.
             async with self._send_lock:
-                self._writer.write(frame)
-                await self._writer.drain()
+                writer.write(frame)
+                await writer.drain()
         except (ConnectionError, OSError, RuntimeError) as e:
             raise ChannelClosed(f"send to {self._peer} failed: {e}") from e
 
     async def recv(self) -> bytes:
+        if self._tls is not None or self._tls_error is not None:
+            await self.secure()
         if self._closed or self._eof:
             raise ChannelClosed(f"channel to {self._peer} is closed")
         head = await self._read(HEADER, b"")
@@ -182,8 +289,9 @@ class TcpChannel:
         return head + await self._read(n, head)
 
     async def _read(self, n: int, head: bytes) -> bytes:
+        reader, _ = self._streams()
         try:
-            return await self._reader.readexactly(n)
+            return await reader.readexactly(n)
         except asyncio.IncompleteReadError as e:
             self._eof = True
             if head or e.partial:
@@ -199,6 +307,12 @@ class TcpChannel:
         if self._closed:
             return
         self._closed = True
+        if self._writer is None:
+            # Never handed to the loop (no handshake run): the socket is ours to close.
+            if self._tls is not None:
+                self._tls[0].close()
+                self._tls = None
+            return
         with contextlib.suppress(Exception):
             self._writer.close()
         with contextlib.suppress(Exception):
@@ -208,30 +322,47 @@ class TcpChannel:
 class TcpListener:
     def __init__(
         self,
-        server: asyncio.base_events.Server,
+        server: asyncio.base_events.Server | None,
         tasks: set[asyncio.Task[None]],
         channels: set[TcpChannel],
+        *,
+        sock: socket.socket | None = None,
+        acceptor: asyncio.Task[None] | None = None,
     ) -> None:
+        # A plain listener is an asyncio server; a TLS one its own accept loop (`sock`).
         self._server = server
+        self._sock = sock
+        self._acceptor = acceptor
         self._tasks = tasks
         self._channels = channels
-        sock = server.sockets[0].getsockname()
-        self._address = format_address(str(sock[0]), int(sock[1]))
+        if server is not None:
+            bound = server.sockets[0].getsockname()
+        else:
+            assert sock is not None
+            bound = sock.getsockname()
+        self._address = format_address(str(bound[0]), int(bound[1]))
 
     @property
     def address(self) -> str:
         return self._address
 
     async def close(self) -> None:
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.cancel()
+            await asyncio.gather(self._acceptor, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close()
         for ch in list(self._channels):
             await ch.close()
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
 
 
 class TcpTransport:
@@ -277,14 +408,7 @@ class TcpTransport:
         tasks: set[asyncio.Task[None]] = set()
         channels: set[TcpChannel] = set()
 
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            _tune(writer)
-            ch = TcpChannel(
-                reader,
-                writer,
-                self.max_frame,
-                server_side=True,
-            )
+        async def serve(ch: TcpChannel) -> None:
             task = asyncio.current_task()
             channels.add(ch)
             if task is not None:
@@ -303,16 +427,73 @@ class TcpTransport:
                 if task is not None:
                     tasks.discard(task)
 
+        if self.server_ssl is not None:
+            return await self._listen_tls(host, port, self.server_ssl, serve, tasks, channels)
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            _tune(writer)
+            await serve(TcpChannel(reader, writer, self.max_frame, server_side=True))
+
         server = await asyncio.start_server(
             on_client,
             host,
             port,
-            ssl=self.server_ssl,
-            ssl_handshake_timeout=self.tls_timeout if self.server_ssl is not None else None,
             limit=1 << 20,
             reuse_address=True,
             # After a coordinator restart every agent reconnects at once; a short
             # accept queue would drop their SYNs into retransmit back-off.
-            backlog=4096,
+            backlog=BACKLOG,
         )
         return TcpListener(server, tasks, channels)
+
+    async def _listen_tls(
+        self,
+        host: str,
+        port: int,
+        ctx: ssl.SSLContext,
+        serve: Callable[[TcpChannel], Coroutine[Any, Any, None]],
+        tasks: set[asyncio.Task[None]],
+        channels: set[TcpChannel],
+    ) -> TcpListener:
+        """A TLS listener accepts sockets itself and leaves them unread: the handshake
+        runs in the channel (``secure``), where its failure is seen and counted. An
+        asyncio server would run it at the accept and only log a failure, and its
+        stream reader may take the peer's first bytes (uvloop reads at once)."""
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, addr = infos[0]
+        lsock = socket.socket(family, kind, proto)
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind(addr)
+            lsock.listen(BACKLOG)
+            lsock.setblocking(False)
+        except OSError:
+            lsock.close()
+            raise
+
+        async def accept() -> None:
+            while True:
+                try:
+                    sock, _ = await loop.sock_accept(lsock)
+                except (ConnectionAbortedError, InterruptedError):
+                    continue
+                except OSError as e:
+                    # Out of file descriptors (EMFILE, ENFILE): wait rather than spin.
+                    log.warning("accept failed", error=str(e))
+                    await asyncio.sleep(0.1)
+                    continue
+                sock.setblocking(False)
+                _tune_sock(sock)
+                ch = TcpChannel(
+                    None,
+                    None,
+                    self.max_frame,
+                    server_side=True,
+                    tls=(sock, ctx),
+                    tls_timeout=self.tls_timeout,
+                )
+                tasks.add(loop.create_task(serve(ch)))  # serve() drops it when done
+
+        acceptor = loop.create_task(accept())
+        return TcpListener(None, tasks, channels, sock=lsock, acceptor=acceptor)

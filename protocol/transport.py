@@ -28,6 +28,27 @@ class ChannelClosed(ConnectionError):
     """The peer went away or the channel was closed; no more frames will come."""
 
 
+# Why a TLS handshake failed: the reasons of TlsRefused (and of the refused-peer
+# counter, protocol/server.py REFUSAL_REASONS).
+TLS_REASONS = (
+    "tls_no_cert",  # the peer sent no client certificate (one is required)
+    "tls_bad_cert",  # its certificate did not verify (another CA, expired, ...)
+    "tls_not_tls",  # what it sent is no TLS handshake (plain TCP, HTTP, garbage)
+    "tls_timeout",  # the handshake did not finish in time
+    "tls_failed",  # any other failure (its alert, a reset or EOF mid-handshake)
+)
+
+
+class TlsRefused(ChannelClosed):
+    """A server channel's TLS handshake failed (raised by its ``secure``, the TCP
+    transport's); ``reason`` is one of TLS_REASONS."""
+
+    def __init__(self, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
+        self.text = text
+
+
 class FrameChannel(Protocol):
     """One connection, carrying whole frames in order."""
 

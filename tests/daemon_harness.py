@@ -274,6 +274,7 @@ def start_agent(
     window_steps: int,
     colls_per_step: int,
     telemetry: str = "host",
+    extra: Sequence[str] = (),  # more lines of its TOML (after the top-level keys)
 ) -> Daemon:
     cfg = work / f"agent-{host}.toml"
     cfg.write_text(
@@ -286,6 +287,7 @@ def start_agent(
                 f"window_steps = {window_steps}",
                 f"colls_per_step = {colls_per_step}",
                 "remove_finished = false",
+                *extra,
             ]
         )
         + "\n"

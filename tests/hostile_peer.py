@@ -9,7 +9,13 @@ Modes (each uses only loopback addresses; sources are 127.x.y.z):
   slowloris  send a valid hello frame one byte every --interval seconds and
              report when the coordinator closed the connection;
   badsecret  --count handshakes answered with a proof made from the wrong secret;
-  oversize   --count connections sending a length prefix of 4 GiB - 1.
+  oversize   --count connections sending a length prefix of 4 GiB - 1;
+  tls        against a TLS listener, --count failed handshakes of each --kinds:
+             nocert (TLS without a client certificate), badca (a certificate of
+             --cert/--key, which another CA signed), plain (an agent's hello in
+             plain TCP), http (an HTTP request), garbage (random bytes), silent
+             (connects and sends nothing); reports how many the coordinator closed
+             and whether any got past the handshake.
 Raises its own soft limit on open files to the hard one first.
 """
 
@@ -23,6 +29,7 @@ import resource
 import secrets
 import selectors
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -208,21 +215,103 @@ async def oversize(host: str, port: int, a: argparse.Namespace) -> dict[str, Any
     return {"mode": "oversize", "count": a.count, "refused": refused}
 
 
+TLS_KINDS = ("nocert", "badca", "plain", "http", "garbage", "silent")
+
+
+async def tls(host: str, port: int, a: argparse.Namespace) -> dict[str, Any]:
+    kinds = a.kinds.split(",")
+    sem = asyncio.Semaphore(32)
+    closed = dict.fromkeys(kinds, 0)
+    through = dict.fromkeys(kinds, 0)  # got a Welcome: the handshake let it in
+
+    def context(cert: bool) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=a.ca)
+        if cert:
+            ctx.load_cert_chain(a.cert, a.key)
+        return ctx
+
+    async def one(kind: str, i: int) -> None:
+        src = source(i, a.sources, a.base)
+        async with sem:
+            try:
+                if kind in ("nocert", "badca"):
+                    r, w = await asyncio.wait_for(
+                        asyncio.open_connection(
+                            host,
+                            port,
+                            ssl=context(kind == "badca"),
+                            server_hostname="localhost",
+                            local_addr=(src, 0),
+                        ),
+                        10,
+                    )
+                else:
+                    r, w = await _open(host, port, src)
+            except (ssl.SSLError, OSError, asyncio.TimeoutError):
+                closed[kind] += 1  # refused inside the handshake (TLS 1.2 order)
+                return
+            try:
+                payload = {
+                    "nocert": _hello(f"tls-{i}"),  # TLS 1.3: the client sends first
+                    "badca": _hello(f"tls-{i}"),
+                    "plain": _hello(f"plain-{i}"),
+                    "http": b"GET /metrics HTTP/1.1\r\nHost: coordinator\r\n\r\n",
+                    # random bytes, the first none of TLS's record types
+                    "garbage": b"\xff" + secrets.token_bytes(255),
+                    "silent": b"",
+                }[kind]
+                if payload:
+                    w.write(payload)
+                    await w.drain()
+                dec = FrameDecoder()
+                t0 = time.monotonic()
+                while True:
+                    data = await asyncio.wait_for(
+                        r.read(65536), max(0.1, 20 - (time.monotonic() - t0))
+                    )
+                    if not data:
+                        break
+                    if kind in ("nocert", "badca") and any(
+                        isinstance(x, Welcome) for x in dec.feed(data)
+                    ):
+                        through[kind] += 1
+                closed[kind] += 1
+            except (ssl.SSLError, OSError):
+                closed[kind] += 1
+            except asyncio.TimeoutError:
+                pass  # still open: not closed by the coordinator
+            finally:
+                w.close()
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(k, i) for k in kinds for i in range(a.count)))
+    return {
+        "mode": "tls",
+        "count": a.count,
+        "closed": closed,
+        "through": through,
+        "took_s": round(time.monotonic() - t0, 2),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("address")
-    p.add_argument("mode", choices=["idle", "slowloris", "badsecret", "oversize"])
+    p.add_argument("mode", choices=["idle", "slowloris", "badsecret", "oversize", "tls"])
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--sources", type=int, default=1)
     p.add_argument("--base", type=int, default=10, help="second octet of the source addresses")
     p.add_argument("--hold", type=float, default=30.0)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--kinds", default=",".join(TLS_KINDS), help="tls: the handshakes to fail")
+    p.add_argument("--ca", help="tls: the CA the coordinator's certificate is checked with")
+    p.add_argument("--cert", help="tls (badca): a client certificate the coordinator refuses")
+    p.add_argument("--key")
     a = p.parse_args()
     raise_nofile()
     host, port = parse_address(a.address)
-    fn = {"idle": idle, "slowloris": slowloris, "badsecret": badsecret, "oversize": oversize}[
-        a.mode
-    ]
+    modes = {"idle": idle, "slowloris": slowloris, "badsecret": badsecret, "oversize": oversize}
+    fn = {**modes, "tls": tls}[a.mode]
     print(json.dumps(asyncio.run(fn(host, port, a))), flush=True)
 
 
