@@ -392,6 +392,18 @@ class Coordinator:
             self._store_job(aw.job, m)
             self._incidents(out)
             self._emit(aw.job, MonitorOutput(plans=out.plans, controls=out.controls), begun=True)
+            # One line per scored window: the per-window record of docs/RELIABILITY.md,
+            # before the state that says the window was scored (the store's row is
+            # queued: a crash just after the save could leave neither); a crash before
+            # the save scores the window again, and a second life logs it again.
+            log.info(
+                "window scored",
+                job=aw.job,
+                run=aw.run,
+                window=aw.window,
+                ranks=aw.columns.n,
+                missing=len(aw.missing),
+            )
         # The job's state (which holds the window) once its outputs are written, then
         # the release mark: a crash before the state is saved cuts the outputs back and
         # scores the window again (restore), one after it finds the window taken in.
@@ -401,16 +413,6 @@ class Coordinator:
             aw.job, aw.window, comms, self.assembler.still_missing(aw.job, aw.run, aw.window)
         ):
             self.journal.open(self.assembler.pending_windows(), self.assembler.released_marks())
-        if out.result is not None:
-            # One line per scored window: the per-window record of docs/RELIABILITY.md.
-            log.info(
-                "window scored",
-                job=aw.job,
-                run=aw.run,
-                window=aw.window,
-                ranks=aw.columns.n,
-                missing=len(aw.missing),
-            )
 
     def _score_late(self, aw: AssembledWindow) -> None:
         """A late part of a window (ranks missing at its deadline, a partitioned node's
