@@ -280,6 +280,16 @@ static inline uint64_t with_clock(uint64_t w8, uint8_t clock) {
     memcpy(&w8, b, 8);
     return w8;
 }
+/* w8 (nchannels and peer zero) with its nchannels and peer bytes */
+static inline uint64_t w8_with(uint64_t w8, uint8_t nch, int32_t peer) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return w8 | ((uint64_t)nch << 24) | ((uint64_t)(uint32_t)peer << 32);
+#else
+    uint8_t b[8];
+    memcpy(b, &w8, 8);
+    return pack8(b[0], b[1], b[2], nch, peer);
+#endif
+}
 
 /* ------------------------------------------------------------------ */
 /* host clock: CLOCK_MONOTONIC ns from the TSC (README "Host clock")     */
@@ -344,14 +354,15 @@ static inline uint64_t tsc_now(ArtTsc *c) {
 }
 
 /* ------------------------------------------------------------------ */
-/* static dummy handles for API-level events: never recycled, stop no-op */
+/* The Group event's handle: a static dummy, never recycled, whose stop does
+ * nothing. NCCL 2.27 (ABI v4) starts a plan's Coll/P2p events only when the
+ * Group handle is not NULL (ncclProfilerStartTaskEvents), so it must be one.
+ * GroupApi, CollApi, P2pApi and KernelLaunch get NULL: NCCL gates nothing on
+ * them and never calls stop or record on a NULL handle, so those calls are
+ * not made at all (README "API-level events"). */
 
 typedef struct { uint64_t tag; } ArtDummy;
-static ArtDummy dummy_group_api = {ART_TAG_GROUPAPI};
-static ArtDummy dummy_coll_api = {ART_TAG_COLLAPI};
-static ArtDummy dummy_p2p_api = {ART_TAG_P2PAPI};
 static ArtDummy dummy_group = {ART_TAG_GROUP};
-static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
 
 /* ------------------------------------------------------------------ */
 /* operations                                                           */
@@ -389,14 +400,6 @@ static inline void op_release(ArtOp *op) {
         atomic_store_explicit(&ctx->hint, (uint32_t)(op - ctx->ops), RLX);
 }
 
-/* recent[] slot of a ticket: its 10 bits rotated by 5, so that consecutive
- * tickets (which two starting threads may take in turn) fall 64 bytes apart. */
-_Static_assert(ART_RECENT == 1024u, "recent_idx rotates 10 bits");
-static inline uint32_t recent_idx(uint64_t t) {
-    uint32_t x = (uint32_t)t & (ART_RECENT - 1u);
-    return ((x << 5) | (x >> 5)) & (ART_RECENT - 1u);
-}
-
 static inline void count_host_fallback(ArtCtx *ctx) {
     atomic_fetch_add_explicit(A64(&ctx->hdr->host_fallback), 1, RLX);
 }
@@ -414,14 +417,25 @@ static void op_complete(ArtOp *op, int reclaimed) {
         clock = ARTEMIS_REC_HOST;
         count_host_fallback(ctx);
     } else if (nch) {
-        /* the claimed channels: [0, own) and [nch - foreign, nch) (they meet
-         * exactly when nch KernelCh came; overlap only with extra ones) */
-        uint32_t own = atomic_load_explicit(&op->own_next, RLX);
+        /* the claimed channels: [0, own) by kowner, whose starts and stops it
+         * folded into kmin / kmax, and [nch - foreign, nch) by other threads,
+         * with their times per channel (they meet exactly when nch KernelCh
+         * came; overlap only with extra ones) */
+        start = atomic_load_explicit(&op->kmin, RLX);
+        end = atomic_load_explicit(&op->kmax, RLX);
         uint32_t foreign = atomic_load_explicit(&op->foreign_next, RLX);
-        if (own > nch) own = nch;
         if (foreign > nch) foreign = nch;
-        for (uint32_t k = 0; k < nch; k++) {
-            if (k >= own && k < nch - foreign) continue;
+        uint32_t k = nch - foreign;
+        if (atomic_load_explicit(&op->xstop, RLX)) {
+            /* some of kowner's channels were stopped by another thread: their
+             * stops are only in the channel */
+            uint32_t own = atomic_load_explicit(&op->own_next, RLX);
+            for (uint32_t j = 0; j < own && j < nch; j++) {
+                uint64_t e = atomic_load_explicit(&op->ch[j].stop, RLX);
+                if (e > end) end = e;
+            }
+        }
+        for (; k < nch; k++) {
             uint64_t s = atomic_load_explicit(&op->ch[k].start, RLX);
             uint64_t e = atomic_load_explicit(&op->ch[k].stop, RLX);
             if (s && s < start) start = s;
@@ -497,13 +511,15 @@ static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
     uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
     uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX), c = c0;
     if (c + ART_RECLAIM_LAG >= mark) return;
-    if (c + ART_RECENT <= ticket) c = ticket - ART_RECENT + 1u; /* older ones: pool-age reclaim */
+    /* the slot -> op map holds the last capacity tickets (and every op still
+     * in flight); older ones: the lap and pool-age reclaims */
+    uint64_t window = ctx->slot_mask + 1u;
+    if (c + window <= ticket) c = ticket - window + 1u;
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
-        uint16_t idx = atomic_load_explicit(&ctx->recent[recent_idx(c)], RLX);
-        ArtOp *op = &ctx->ops[idx];
-        if (waits_for_channels(op, c) &&
-            atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
-            break; /* too young: look again at the next start */
+        ArtOp *op = &ctx->ops[atomic_load_explicit(&ctx->slot_op[c & ctx->slot_mask], RLX)];
+        if (!waits_for_channels(op, c)) continue; /* done, or the entry is another ticket's */
+        if (atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
+            break; /* too young: look again at the next scan */
         op_reclaim(op, c, 1);
     }
     if (c != c0) atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
@@ -582,23 +598,27 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     }
     /* the owner's starts read the TSC (README "Host clock") */
     uint64_t now = single && ctx->host_tsc ? tsc_now(&ctx->tsc) : art_now_mono();
-    /* The owner's last four strings and their codes: a training loop repeats
-     * the same collective, so four pointer compares usually replace four
-     * cache lookups. Plain fields: only the owner, while single, uses them. */
-    uint8_t fc, dc, ac, pc;
-    ArtMemo *m = &ctx->memo;
+    /* The owner's last four strings of this kind and what they make: a
+     * training loop repeats the same collective, so four pointer compares
+     * replace four cache lookups and the packing of the record's words.
+     * Plain fields: only the owner, while single, uses them. */
+    uint32_t w4, size;
+    uint64_t w8;
+    ArtMemo *m = &ctx->memo[kind - 1u];
     if (single && m->func == func && m->dtype == dtype && m->algo == algo && m->proto == proto) {
-        fc = m->fc, dc = m->dc, ac = m->ac, pc = m->pc;
+        w4 = m->w4, size = m->size, w8 = m->w8;
     } else {
-        fc = str_code(ctx, func, ART_STR_FUNC);
-        dc = str_code(ctx, dtype, ART_STR_DTYPE);
-        ac = str_code(ctx, algo, ART_STR_ALGO);
-        pc = str_code(ctx, proto, ART_STR_PROTO);
-        if (single) *m = (ArtMemo){func, dtype, algo, proto, fc, dc, ac, pc};
+        uint8_t fc = str_code(ctx, func, ART_STR_FUNC);
+        uint8_t dc = str_code(ctx, dtype, ART_STR_DTYPE);
+        uint8_t ac = str_code(ctx, algo, ART_STR_ALGO);
+        uint8_t pc = str_code(ctx, proto, ART_STR_PROTO);
+        w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
+        size = art_dtype_size(dc);
+        w8 = pack8(ARTEMIS_REC_HOST, ac, pc, 0, 0);
+        if (single) *m = (ArtMemo){func, dtype, algo, proto, w4, size, w8};
     }
-    uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
-    uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
-    uint64_t w8 = pack8(ARTEMIS_REC_HOST, ac, pc, nChannels, (int32_t)peer);
+    uint64_t bytes = size ? (uint64_t)count * size : (uint64_t)count;
+    w8 = w8_with(w8, nChannels, (int32_t)peer);
     /* the expected KernelCh thread: the context's guess; with several starting
      * threads none (the op's first KernelCh start takes it) */
     atomic_store_explicit(&op->kowner, single ? atomic_load_explicit(&ctx->kch_thread, RLX) : 0, RLX);
@@ -606,6 +626,9 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
     atomic_store_explicit(&op->own_cleared, 0, RLX);
+    atomic_store_explicit(&op->kmin, UINT64_MAX, RLX);
+    atomic_store_explicit(&op->kmax, 0, RLX);
+    atomic_store_explicit(&op->xstop, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -619,9 +642,12 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
     }
     atomic_store_explicit(&op->ticket, ticket, RLX);
-    atomic_store_explicit(&ctx->recent[recent_idx(ticket)], (uint16_t)(op - ctx->ops), RLX);
-    /* one scanner: the owner (in shared mode too), so the cursor has one writer */
-    if (single || atomic_load_explicit(&ctx->owner, RLX) == thread_key())
+    /* One scanner: the owner (in shared mode too), so the cursor has one
+     * writer; alone, at every ART_RECLAIM_EVERY-th ticket (it scans more
+     * tickets than that each time), in shared mode at each of its starts (its
+     * tickets need not fall on those). */
+    if (ctx->slot_op && (single ? (ticket & (ART_RECLAIM_EVERY - 1u)) == 0
+                                : atomic_load_explicit(&ctx->owner, RLX) == thread_key()))
         reclaim_scan(ctx, ticket, now);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
     /* The next op will most likely take the next slot: start fetching its line
@@ -668,7 +694,8 @@ static inline void op_stop(ArtOp *op) {
     if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
 }
 
-static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
+/* inlined into each startEvent: nChannels calls per op */
+static inline __attribute__((always_inline)) void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
     ArtOp *op = (ArtOp *)parent;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
@@ -687,21 +714,25 @@ static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
         if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
             atomic_store_explicit(&op->ctx->kch_thread, me, RLX);
     }
-    uint32_t k;
+    ArtCh *ch;
     if (ko == me) {
-        k = atomic_load_explicit(&op->own_next, RLX);
+        /* kowner keeps the min of its channels' starts itself (its fields
+         * have one writer): op_complete reads no per-channel start of them */
+        uint32_t k = atomic_load_explicit(&op->own_next, RLX);
         if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
         atomic_store_explicit(&op->own_next, k + 1u, RLX);
+        if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
+            atomic_store_explicit(&op->kmin, pTimer, RLX);
+        ch = &op->ch[k];
     } else {
         ArtCtx *ctx = op->ctx;
         if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
             atomic_store_explicit(&ctx->kch_thread, me, RLX);
         uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
         if (j >= nch) return;
-        k = nch - 1u - j;
+        ch = &op->ch[nch - 1u - j];
+        atomic_store_explicit(&ch->start, pTimer, RLX);
     }
-    ArtCh *ch = &op->ch[k];
-    atomic_store_explicit(&ch->start, pTimer, RLX);
     atomic_store_explicit(&ch->stop, 0, RLX);
     *eHandle = ch;
 }
@@ -716,8 +747,10 @@ static inline void clear_channels(ArtOp *op, uint64_t bits) {
 
 static inline void kch_stop(ArtCh *ch) {
     ArtOp *op = ch->op;
-    uint64_t bit = 1ULL << (uint32_t)(ch - op->ch);
+    uint64_t bit = ch->bit;
     if (atomic_load_explicit(&op->kowner, RLX) != thread_key()) {
+        /* its stop time stays in the channel: op_complete reads it there */
+        if (!atomic_load_explicit(&op->xstop, RLX)) atomic_store_explicit(&op->xstop, 1u, RLX);
         clear_channels(op, bit);
         return;
     }
@@ -733,6 +766,8 @@ static inline void kch_stop(ArtCh *ch) {
     if (stopped & bit) return; /* already stopped */
     stopped |= bit;
     atomic_store_explicit(&op->own_stopped, stopped, RLX);
+    uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
+    if (t > atomic_load_explicit(&op->kmax, RLX)) atomic_store_explicit(&op->kmax, t, RLX);
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     if (atomic_load_explicit(&op->own_next, RLX) >= nch) {
         uint64_t all = (1ULL << nch) - 1u;
@@ -754,7 +789,12 @@ static inline void kch_stop(ArtCh *ch) {
         if (!eHandle) return ncclSuccess;                                                      \
         *eHandle = NULL;                                                                       \
         if (!d) return ncclSuccess;                                                            \
-        switch ((uint64_t)d->type) {                                                           \
+        uint64_t type = (uint64_t)d->type;                                                     \
+        if (type == ncclProfileKernelCh) { /* the most frequent: nChannels per op */           \
+            kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
+            return ncclSuccess;                                                                \
+        }                                                                                      \
+        switch (type) {                                                                        \
         case ncclProfileColl:                                                                  \
             op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
                      d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
@@ -764,13 +804,8 @@ static inline void kch_stop(ArtCh *ch) {
             op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
                      d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
             break;                                                                             \
-        case ncclProfileKernelCh: kch_start(eHandle, d->parentObj, d->kernelCh.pTimer); break; \
-        case ncclProfileGroupApi: *eHandle = &dummy_group_api; break;                          \
-        case ncclProfileCollApi: *eHandle = &dummy_coll_api; break;                            \
-        case ncclProfileP2pApi: *eHandle = &dummy_p2p_api; break;                              \
         case ncclProfileGroup: *eHandle = &dummy_group; break;                                 \
-        case ncclProfileKernelLaunch: *eHandle = &dummy_klaunch; break;                        \
-        default: break;                                                                        \
+        default: break; /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */            \
         }                                                                                      \
         return ncclSuccess;                                                                    \
     }
@@ -783,14 +818,14 @@ ART_DEFINE_START(7)
 static ncclResult_t art_stop(void *eHandle) {
     if (!eHandle) return ncclSuccess;
     uint64_t tag = *(const uint64_t *)eHandle;
-    if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
-    else if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle);
+    if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle); /* nChannels per op */
+    else if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
     return ncclSuccess;
 }
 
 static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
                                ncclProfilerEventStateArgs_t *args) {
-    if (!eHandle || !args || eState != ncclProfilerKernelChStop) return ncclSuccess;
+    if (eState != ncclProfilerKernelChStop || !eHandle || !args) return ncclSuccess;
     if (*(const uint64_t *)eHandle != ART_TAG_KCH) return ncclSuccess;
     atomic_store_explicit(&((ArtCh *)eHandle)->stop, args->kernelCh.pTimer, RLX);
     return ncclSuccess;
@@ -866,6 +901,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
         for (uint32_t k = 0; k < ART_MAX_CH; k++) {
             ops[i].ch[k].tag = ART_TAG_KCH;
             ops[i].ch[k].op = &ops[i];
+            ops[i].ch[k].bit = 1ULL << k;
         }
     }
     if (art_ring_create(ctx, &cfg, comm_hash, comm_name, nnodes, nranks, rank, version, err,

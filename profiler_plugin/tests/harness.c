@@ -769,20 +769,31 @@ static void test_failures(void) {
     h = (void *)0x1;
     ncclProfiler_v6.startEvent(ctx, &h, &d);
     CHECK(h == NULL, "KernelCh without parent");
-    d.type = ncclProfileCollApi;
-    void *api = NULL;
-    ncclProfiler_v6.startEvent(ctx, &api, &d);
-    CHECK(api != NULL, "CollApi dummy");
+    /* API-level events get NULL (NCCL then makes no stop or state call on
+     * them); Group gets a static dummy (NCCL 2.27 starts Coll/P2p only under a
+     * Group handle that is not NULL) */
+    static const int api_types[] = {ncclProfileGroupApi, ncclProfileCollApi, ncclProfileP2pApi,
+                                    ncclProfileKernelLaunch};
+    for (int i = 0; i < 4; i++) {
+        d.type = (uint64_t)api_types[i];
+        h = (void *)0x1;
+        ncclProfiler_v6.startEvent(ctx, &h, &d);
+        CHECK(h == NULL, "API event type %d gets NULL", api_types[i]);
+    }
+    d.type = ncclProfileGroup;
+    void *grp = NULL;
+    ncclProfiler_v6.startEvent(ctx, &grp, &d);
+    CHECK(grp != NULL, "Group dummy");
     d.type = ncclProfileKernelCh;
-    d.parentObj = api;
+    d.parentObj = grp;
     h = (void *)0x1;
     ncclProfiler_v6.startEvent(ctx, &h, &d);
-    CHECK(h == NULL, "KernelCh with CollApi parent");
-    /* stale CollApi handles: stop and record any number of times */
+    CHECK(h == NULL, "KernelCh with Group parent");
+    /* stale Group handles: stop and record any number of times */
     for (int i = 0; i < 3; i++) {
-        ncclProfiler_v6.stopEvent(api);
-        ncclProfiler_v6.recordEventState(api, ncclProfilerKernelChStop, &a);
-        ncclProfiler_v6.recordEventState(api, ncclProfilerGroupEndApiStart, NULL);
+        ncclProfiler_v6.stopEvent(grp);
+        ncclProfiler_v6.recordEventState(grp, ncclProfilerKernelChStop, &a);
+        ncclProfiler_v6.recordEventState(grp, ncclProfilerGroupEndApiStart, NULL);
     }
     /* unknown event types get NULL */
     d.type = ncclProfileProxyOp;
