@@ -626,6 +626,7 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
     atomic_store_explicit(&op->own_cleared, 0, RLX);
+    atomic_store_explicit(&op->own_all, 0, RLX);
     atomic_store_explicit(&op->kmin, UINT64_MAX, RLX);
     atomic_store_explicit(&op->kmax, 0, RLX);
     atomic_store_explicit(&op->xstop, 0, RLX);
@@ -721,6 +722,8 @@ static inline __attribute__((always_inline)) void kch_start(void **eHandle, void
         uint32_t k = atomic_load_explicit(&op->own_next, RLX);
         if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
         atomic_store_explicit(&op->own_next, k + 1u, RLX);
+        if (k + 1u == nch) /* all claimed: its stops are deferred to the last one */
+            atomic_store_explicit(&op->own_all, (2ULL << (nch - 1u)) - 1u, RLX);
         if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
             atomic_store_explicit(&op->kmin, pTimer, RLX);
         ch = &op->ch[k];
@@ -768,11 +771,8 @@ static inline void kch_stop(ArtCh *ch) {
     atomic_store_explicit(&op->own_stopped, stopped, RLX);
     uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
     if (t > atomic_load_explicit(&op->kmax, RLX)) atomic_store_explicit(&op->kmax, t, RLX);
-    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
-    if (atomic_load_explicit(&op->own_next, RLX) >= nch) {
-        uint64_t all = (1ULL << nch) - 1u;
-        if ((stopped & all) != all) return; /* deferred to the last stop */
-    }
+    uint64_t all = atomic_load_explicit(&op->own_all, RLX);
+    if (all && (stopped & all) != all) return; /* deferred to the last stop */
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
     clear_channels(op, stopped & ~cleared);

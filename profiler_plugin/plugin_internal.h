@@ -72,6 +72,7 @@ typedef struct ArtOp {
     _Atomic uint32_t foreign_next;
     _Atomic uint64_t own_stopped; /* channel bits the owner has stopped */
     _Atomic uint64_t own_cleared; /* ... and already cleared in pend */
+    _Atomic uint64_t own_all;     /* all nch bits once the owner has claimed all nch, else 0 */
     /* kowner's running min of its channels' starts and max of their stops
      * (kowner only; read by the completer after the pend RMWs) */
     _Atomic uint64_t kmin, kmax;
