@@ -375,6 +375,16 @@ static inline uintptr_t thread_key(void);
  * CAS, starting at a place of the caller's own (threads' keys are far apart),
  * so that two starting threads do not fight over the same handles. */
 static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
+    if (single) {
+        /* the hint: usually the handle the last completion released */
+        uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ctx->nops - 1u);
+        ArtOp *op = &ctx->ops[idx];
+        if (atomic_load_explicit(&op->pend, ACQ) == 0) {
+            atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+    }
     uint32_t n = ctx->nops;
     uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
                         : (uint32_t)((thread_key() >> 12) * 0x9E3779B1u) & ~15u;
@@ -561,7 +571,7 @@ static inline int owner_is_me(ArtCtx *ctx) {
     return 0;
 }
 
-static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
+static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                             const char *dtype, size_t count, uint8_t nChannels, const char *algo,
                             const char *proto, int peer) {
     if (!ctx || ctx->tag != ART_TAG_CTX) return;
@@ -613,11 +623,11 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         uint8_t ac = str_code(ctx, algo, ART_STR_ALGO);
         uint8_t pc = str_code(ctx, proto, ART_STR_PROTO);
         w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
-        size = art_dtype_size(dc);
+        size = dc ? art_dtype_size(dc) : 1u; /* unknown: bytes = count */
         w8 = pack8(ARTEMIS_REC_HOST, ac, pc, 0, 0);
         if (single) *m = (ArtMemo){func, dtype, algo, proto, w4, size, w8};
     }
-    uint64_t bytes = size ? (uint64_t)count * size : (uint64_t)count;
+    uint64_t bytes = (uint64_t)count * size;
     w8 = w8_with(w8, nChannels, (int32_t)peer);
     /* the expected KernelCh thread: the context's guess; with several starting
      * threads none (the op's first KernelCh start takes it) */
@@ -784,29 +794,30 @@ static inline void kch_stop(ArtCh *ch) {
 /* One startEvent per descriptor version; the union arms we read have the
  * same offsets in v4..v7 (v5+ only append members). */
 #define ART_DEFINE_START(N)                                                                    \
+    /* Coll / P2p: out of line, so that startEvent stays small for KernelCh */                 \
+    static __attribute__((noinline)) void art_op_start_v##N(void *context, void **eHandle,     \
+                                                            ncclProfilerEventDescr_v##N##_t *d) { \
+        if (d->type == ncclProfileColl)                                                        \
+            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
+                     d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
+                     d->coll.proto, -1);                                                       \
+        else                                                                                   \
+            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
+                     d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
+    }                                                                                          \
     static ncclResult_t art_start_v##N(void *context, void **eHandle,                          \
                                        ncclProfilerEventDescr_v##N##_t *d) {                   \
         if (!eHandle) return ncclSuccess;                                                      \
         *eHandle = NULL;                                                                       \
         if (!d) return ncclSuccess;                                                            \
         uint64_t type = (uint64_t)d->type;                                                     \
-        if (type == ncclProfileKernelCh) { /* the most frequent: nChannels per op */           \
+        if (type == ncclProfileKernelCh) /* the most frequent: nChannels per op */             \
             kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
-            return ncclSuccess;                                                                \
-        }                                                                                      \
-        switch (type) {                                                                        \
-        case ncclProfileColl:                                                                  \
-            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
-                     d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
-                     d->coll.proto, -1);                                                       \
-            break;                                                                             \
-        case ncclProfileP2p:                                                                   \
-            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
-                     d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
-            break;                                                                             \
-        case ncclProfileGroup: *eHandle = &dummy_group; break;                                 \
-        default: break; /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */            \
-        }                                                                                      \
+        else if (type == ncclProfileColl || type == ncclProfileP2p)                            \
+            art_op_start_v##N(context, eHandle, d);                                            \
+        else if (type == ncclProfileGroup)                                                     \
+            *eHandle = &dummy_group;                                                           \
+        /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                            \
         return ncclSuccess;                                                                    \
     }
 

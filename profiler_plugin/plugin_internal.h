@@ -128,7 +128,7 @@ typedef struct ArtTsc {
 
 /* The owner thread's last strings of one kind (Coll, P2p) and what op_start
  * makes of them: the record's kind word, its clock word without nChannels
- * and peer, and the datatype's size (0: unknown, bytes = count). */
+ * and peer, and the datatype's size (1 if unknown: bytes = count). */
 typedef struct ArtMemo {
     const char *func, *dtype, *algo, *proto;
     uint32_t w4;
