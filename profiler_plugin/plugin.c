@@ -24,6 +24,14 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__linux__) && defined(__has_include)
+#if __has_include(<linux/membarrier.h>)
+#include <linux/membarrier.h>
+#define ART_HAVE_MEMBARRIER 1
+#endif
+#endif
 
 #include "plugin_internal.h"
 
@@ -216,7 +224,8 @@ static inline uint8_t w4_state(uint32_t w4) {
 /* Start: enters slot s for ticket if its record is whole, not in flight and
  * not newer than ticket: returns 1. Never spins: 0 if busy or newer, 2 if the
  * record of ticket *held is in flight. */
-static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd, uint64_t *held) {
+static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd, uint64_t *held,
+                                  int alone) {
     uint32_t v = atomic_load_explicit(A32(&s->lock), ACQ);
     if (v & 1u) return 0;
     /* acquire: a body value read here was written after that writer's odd store */
@@ -228,7 +237,11 @@ static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd
         *held = seq;
         return 2;
     }
-    if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
+    /* alone: no other start can run on this context now (README "Single
+     * writer"), and no completer enters a DONE record: a plain store, as a
+     * completion's. Otherwise the CAS excludes the other starts. */
+    if (alone) atomic_store_explicit(A32(&s->lock), v + 1u, RLX);
+    else if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
     *odd = v + 1u;
     return 1;
 }
@@ -557,30 +570,116 @@ static inline uintptr_t thread_key(void) {
 #endif
 }
 
-/* 1 while every Coll/P2p start of ctx came from one thread (the owner). */
-static inline int owner_is_me(ArtCtx *ctx) {
-    uintptr_t me = thread_key();
-    uintptr_t own = atomic_load_explicit(&ctx->owner, RLX);
-    if (own == me) return !atomic_load_explicit(&ctx->shared, RLX);
-    if (own == 0) {
-        uintptr_t zero = 0;
-        if (atomic_compare_exchange_strong_explicit(&ctx->owner, &zero, me, RLX, RLX))
-            return !atomic_load_explicit(&ctx->shared, RLX);
+/* ------------------------------------------------------------------ */
+/* the single -> shared switch (README "Single writer")                 */
+
+/* 1 if this process can issue expedited private membarriers (registered once). */
+static int art_membarrier_register(void) {
+#ifdef ART_HAVE_MEMBARRIER
+    static _Atomic int state; /* 0 unknown, 1 yes, 2 no */
+    int st = atomic_load_explicit(&state, ACQ);
+    if (st == 0) {
+        st = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : 2;
+        atomic_store_explicit(&state, st, REL);
     }
-    atomic_store_explicit(&ctx->shared, 1u, RLX);
+    return st == 1;
+#else
     return 0;
+#endif
 }
 
-static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
-                            const char *dtype, size_t count, uint8_t nChannels, const char *algo,
-                            const char *proto, int peer) {
+/* A full memory barrier on every running thread of the process: the slow
+ * side of an asymmetric Dekker whose fast side (the owner's start) has only a
+ * compiler barrier. Once per context, at its switch to shared mode. */
+static __attribute__((noinline)) void art_membarrier(void) {
+#ifdef ART_HAVE_MEMBARRIER
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
+        (void)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
+#endif
+}
+
+static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
+                                 const char *dtype, size_t count, uint8_t nChannels,
+                                 const char *algo, const char *proto, int peer, int single,
+                                 int alone);
+
+#ifdef ART_TEST_HOOKS
+/* the harness only (tests/harness.c test_switch_in_start): called by the
+ * owner's plain start between the load and the store of its ticket */
+void (*_Atomic art_test_ticket_hook)(void);
+#define ART_TICKET_HOOK()                                                      \
+    do {                                                                       \
+        void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
+        if (alone && hook_) hook_();                                           \
+    } while (0)
+#else
+#define ART_TICKET_HOOK() ((void)0)
+#endif
+
+/* A start of another thread than the owner before the switch is safe: its
+ * record is dropped (counted), its collective still counted in coll_seq. */
+static __attribute__((noinline)) void op_start_drop(ArtCtx *ctx, uint8_t kind) {
+    if (kind == ARTEMIS_KIND_COLL) atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
+    count_drop(ctx);
+}
+
+static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
+                                                           uint8_t kind, const char *func,
+                                                           const char *dtype, size_t count,
+                                                           uint8_t nChannels, const char *algo,
+                                                           const char *proto, int peer) {
     if (!ctx || ctx->tag != ART_TAG_CTX) return;
     /* NCCL starts one communicator's Coll/P2p events from one thread at a time
-     * (the one launching its plans), so the counter and the ticket have one
-     * writer: a plain load and store each, not a locked fetch_add. The first
-     * start from another thread switches the context for good to fetch_add
-     * (see README "Single writer"). */
-    int single = owner_is_me(ctx);
+     * (the one launching its plans), so the counter, the ticket, the handle
+     * claim and the slot entry have one writer: plain loads and stores, no
+     * locked instruction. The first start from another thread switches the
+     * context for good to fetch_add and CAS (see README "Single writer"). */
+    uintptr_t me = thread_key();
+    uintptr_t own = atomic_load_explicit(&ctx->owner, RLX);
+    if (own == 0) {
+        uintptr_t zero = 0;
+        own = atomic_compare_exchange_strong_explicit(&ctx->owner, &zero, me, RLX, RLX) ? me : zero;
+    }
+    int plain = ctx->plain_start, marked = 0, single = 0;
+    if (own == me) {
+        if (plain && !atomic_load_explicit(&ctx->shared, RLX)) {
+            /* The fast side: in_start, then shared, with only a compiler
+             * barrier between them; the switching thread's membarrier makes it
+             * a full one. */
+            atomic_store_explicit(&ctx->in_start, 1u, RLX);
+            atomic_signal_fence(memory_order_seq_cst);
+            marked = 1;
+        }
+        single = !atomic_load_explicit(&ctx->shared, RLX);
+    } else {
+        if (!atomic_load_explicit(&ctx->shared, RLX) &&
+            atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0 && plain) {
+            /* the slow side: after it, every owner start that had not yet read
+             * shared sees 1, and one that had is visible in in_start */
+            art_membarrier();
+            atomic_store_explicit(&ctx->mb_done, 1u, REL);
+        }
+        if (plain && !atomic_load_explicit(&ctx->switched, ACQ)) {
+            /* a start of the owner that saw shared == 0 may still be writing
+             * (plain ticket, claim and slot entry): this start writes nothing */
+            if (!atomic_load_explicit(&ctx->mb_done, ACQ) ||
+                atomic_load_explicit(&ctx->in_start, ACQ)) {
+                op_start_drop(ctx, kind);
+                return;
+            }
+            atomic_store_explicit(&ctx->switched, 1u, REL);
+        }
+    }
+    op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, single,
+                  marked && single);
+    if (marked) atomic_store_explicit(&ctx->in_start, 0u, REL);
+}
+
+/* single: the owner, in single mode (plain ticket, claim, counter); alone:
+ * single and no other start can run now (the slot entry is a plain store) */
+static inline __attribute__((always_inline)) void op_start_body(
+    ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func, const char *dtype, size_t count,
+    uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone) {
     uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
     if (kind == ARTEMIS_KIND_COLL) {
         if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
@@ -648,6 +747,7 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
     uint64_t ticket;
     if (single) {
         ticket = atomic_load_explicit(A64(&ctx->hdr->write_index), RLX);
+        ART_TICKET_HOOK();
         atomic_store_explicit(A64(&ctx->hdr->write_index), ticket + 1u, RLX);
     } else {
         ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
@@ -666,7 +766,7 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
     if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
     uint64_t held = 0;
-    int in = seq_enter_start(s, ticket, &odd, &held);
+    int in = seq_enter_start(s, ticket, &odd, &held, alone);
     if (in == 2 && ctx->slot_op) {
         /* The ring has lapped an op still in flight. If it only waits for its
          * KernelCh (its Coll/P2p stop came) and is older than the reclaim age,
@@ -676,7 +776,7 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
         ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
         if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
             op_reclaim(old, held, 1))
-            in = seq_enter_start(s, ticket, &odd, &held);
+            in = seq_enter_start(s, ticket, &odd, &held, alone);
     }
     if (in != 1) {
         /* busy, in flight, or a later ticket's (tiny ring): keep it */
@@ -906,6 +1006,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
+    ctx->plain_start = cfg.plain_start && art_membarrier_register();
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;
         ops[i].ctx = ctx;

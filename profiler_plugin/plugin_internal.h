@@ -100,6 +100,7 @@ typedef struct ArtRuntime {
 typedef struct ArtConfig {
     int disabled;          /* ARTEMIS_DISABLE=1 */
     int host_tsc;          /* start times from the TSC (art_tsc_usable, ARTEMIS_HOST_TSC) */
+    int plain_start;       /* the owner's slot entry a plain store (ARTEMIS_PLAIN_START, default 1) */
     int device_timing;     /* 1: KernelCh timing, 0: host only */
     uint32_t clock_kind;   /* ARTEMIS_CLOCK_* */
     uint64_t tick_hz;
@@ -171,6 +172,16 @@ typedef struct ArtCtx {
     _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
 
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
+    /* The switch's asymmetric Dekker (op_start in plugin.c): the owner sets
+     * in_start around each start it makes while shared is 0; the switching
+     * thread sets shared, runs a membarrier, sets mb_done; the first start of
+     * another thread that then sees in_start 0 sets switched. Until then other
+     * threads' starts are dropped. plain_start: the membarrier is available
+     * (else the owner's slot entry stays a CAS and these are unused). */
+    _Atomic uint32_t in_start;
+    _Atomic uint32_t mb_done;
+    _Atomic uint32_t switched;
+    int plain_start;
     ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
     int host_tsc;              /* tsc below is used */
     ArtTsc tsc;                /* owner only, while shared is 0 */
