@@ -4,7 +4,9 @@
  * Hot path (startEvent / stopEvent / recordEventState) rules:
  *   - no allocation, no locks, no system calls except one clock_gettime per
  *     Coll/P2p start (an rdtsc on the owner thread where the TSC is usable:
- *     README "Host clock"), plus one at completion when host timing is used;
+ *     README "Host clock"), plus one at completion when host timing is used,
+ *     plus one membarrier per context, at its switch to shared mode (README
+ *     "Single writer");
  *   - every shared word is a C11 atomic with an explicit memory order;
  *   - every failure (pool full, slot busy, slot overwritten) drops the record
  *     and counts it in header.dropped; nothing ever waits or spins.
