@@ -70,8 +70,10 @@ def _build(src: Path) -> Path:
     return src / "profiler_plugin" / "build" / "bench_plugin"
 
 
-def _callgrind(binary: Path, fn: str, version: int, nch: int, tmp: Path) -> dict[str, float]:
-    out = tmp / f"cg.{binary.parent.parent.parent.name}.{fn}.{version}.{nch}"
+def _callgrind(
+    binary: Path, fn: str, version: int, nch: int, tmp: Path, nop_null: bool = False
+) -> dict[str, float]:
+    out = tmp / f"cg.{binary.parent.parent.parent.name}.{fn}.{version}.{nch}.{int(nop_null)}"
     subprocess.run(
         [
             "valgrind",
@@ -88,7 +90,7 @@ def _callgrind(binary: Path, fn: str, version: int, nch: int, tmp: Path) -> dict
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "ARTEMIS_HOST_TSC": "0"},
+        env={**os.environ, "ARTEMIS_HOST_TSC": "0", "BENCH_NOP_NULL": "1" if nop_null else "0"},
     )
     text = out.read_text()
     events = re.search(r"^events: (.*)$", text, re.M)
@@ -139,8 +141,10 @@ def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
         for nch in CHANNELS:
             a = _callgrind(binary, "run_artemis", v, nch, tmp)
             n = _callgrind(binary, "run_nop", v, nch, tmp)
+            n0 = _callgrind(binary, "run_nop", v, nch, tmp, nop_null=True)
             res[(v, nch)] = {
                 "ir": a["ir"] - n["ir"],
+                "ir_floor": a["ir"] - n0["ir"],
                 "locked": a["locked"] - n["locked"],
                 "clock": a["clock"] - n["clock"],
                 "native_clock": _native_clock_calls(binary, tmp / "shim.so", v, nch),
@@ -207,8 +211,13 @@ def main() -> int:
         counts = {k: _counts(b, tmp) for k, b in builds.items()}
         print(f"Per collective, callgrind (exact counts): before = {base_ref}, after = this tree")
         print(
+            "(instr over NULL no-op: over a do-nothing plugin that returns NULL for every "
+            "event, so NCCL calls no stop or state on it)"
+        )
+        print(
             f"{'ABI':<4} {'ch':>3} {'locked before':>14} {'after':>6} "
             f"{'clock calls before':>19} {'after':>6} {'instr over no-op before':>24} {'after':>6} "
+            f"{'over NULL no-op before':>23} {'after':>6} "
             f"{'native clock calls before':>26} {'after':>8}"
         )
         for v in VERSIONS:
@@ -217,6 +226,7 @@ def main() -> int:
                 print(
                     f"v{v:<3} {nch:>3} {cb['locked']:>14.2f} {ca['locked']:>6.2f} "
                     f"{cb['clock']:>19.2f} {ca['clock']:>6.2f} {cb['ir']:>24.0f} {ca['ir']:>6.0f} "
+                    f"{cb['ir_floor']:>23.0f} {ca['ir_floor']:>6.0f} "
                     f"{cb['native_clock']:>26.4f} {ca['native_clock']:>8.4f}"
                 )
 

@@ -12,9 +12,10 @@
  * makes it odd, writes the body, then stores lock + 1 with release order;
  * it never spins (a record it cannot write is dropped and counted in
  * `dropped`). The plugin never overwrites a record in flight: a new record
- * enters only a DONE or empty slot (CAS even -> odd), and the in-flight
- * record's one completer enters with a plain store (plugin README "Slot
- * writers"). The reader (agent, Python + numpy) copies the slot,
+ * enters only a DONE or empty slot (CAS even -> odd; a plain store when the
+ * starting thread is the only one, plugin README "Single writer"), and the
+ * in-flight record's one completer enters with a plain store (plugin README
+ * "Slot writers"). The reader (agent, Python + numpy) copies the slot,
  * and accepts it only when lock was even and unchanged across the copy, and
  * the slot's `seq` is the ticket it expected.
  *

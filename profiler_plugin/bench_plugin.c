@@ -3,10 +3,14 @@
  *
  * Drives the whole event sequence of one collective through the v4..v7
  * function tables (v5+: GroupApi start + state 23, CollApi start/stop, state
- * 24, Group start, Coll start/stop, Group and GroupApi stop; v4: Group start,
- * Coll start/stop, Group stop; then per channel KernelCh start / KernelChStop
- * state / stop, in the proxy loop's order: all starts, then record + stop
- * each) and reports the margin over a do-nothing plugin measured in
+ * 24, Group start, Coll start/stop, Group stop, KernelLaunch start/stop,
+ * GroupApi stop; v4: Group start, Coll start/stop, Group stop; then per
+ * channel KernelCh start / KernelChStop state / stop, in the proxy loop's
+ * order: all starts, then record + stop each), calling each exactly when NCCL
+ * does (src/plugin/profiler.cc, 2.27-2.30): a start only when the mask the
+ * plugin's init returned holds the event or one below it, a stop or a state
+ * only on a handle that is not NULL, and on v4 (2.27) Coll only under a Group
+ * handle that is not NULL. It reports the margin over a do-nothing plugin measured in
  * the same run, and in units of one clock_gettime(CLOCK_MONOTONIC) read
  * measured in the same run too: median of RUNS interleaved runs, per-thread
  * CPU time (the machine is shared; preemption does not count).
@@ -46,12 +50,20 @@ static ncclResult_t nop_init(void **c, uint64_t id, int *m, const char *n, int a
                              ncclDebugLogger_t l) {
     (void)id; (void)n; (void)a; (void)b; (void)r; (void)l;
     *c = &nop_handle;
-    *m = 70;
+    *m = ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh; /* the same as Artemis */
     return ncclSuccess;
 }
+/* A handle for every event (so NCCL makes every stop and state call on it), or
+ * with BENCH_NOP_NULL=1 NULL for every event (NCCL then calls no stop and no
+ * state on it: the floor of any plugin with this mask). */
 static ncclResult_t nop_start(void *c, void **h, ncclProfilerEventDescr_v6_t *d) {
     (void)c; (void)d;
     *h = &nop_handle;
+    return ncclSuccess;
+}
+static ncclResult_t nop_start_null(void *c, void **h, ncclProfilerEventDescr_v6_t *d) {
+    (void)c; (void)d;
+    *h = NULL;
     return ncclSuccess;
 }
 static ncclResult_t nop_stop(void *h) { (void)h; return ncclSuccess; }
@@ -71,6 +83,7 @@ typedef struct {
     ncclProfiler_v6_t *table;
     int v4;
     void *ctx;
+    int mask; /* what its init returned */
 } Plug;
 
 typedef struct {
@@ -91,41 +104,79 @@ static void start(const Plug *pl, void **h, ncclProfilerEventDescr_v7_t *d, uint
     pl->table->startEvent(pl->ctx, h, (ncclProfilerEventDescr_v6_t *)(void *)d);
 }
 
+/* The masks under which NCCL starts each event (src/plugin/profiler.cc): an
+ * event is started when the plugin asked for it or for an event below it. */
+#define BELOW_TASK (ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin)
+#define CE (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)
+#define NEEDS_GROUP_API                                                                       \
+    (ncclProfileGroupApi | ncclProfileP2pApi | ncclProfileCollApi | ncclProfileKernelLaunch | \
+     ncclProfileGroup | ncclProfileColl | ncclProfileP2p | BELOW_TASK | CE)
+#define NEEDS_COLL_API (ncclProfileCollApi | ncclProfileColl | BELOW_TASK | CE)
+#define NEEDS_GROUP (ncclProfileGroup | ncclProfileColl | ncclProfileP2p | BELOW_TASK)
+#define NEEDS_COLL (ncclProfileColl | BELOW_TASK)
+
+/* NCCL's stop / state calls: only on a handle that is not NULL */
+static inline void stop_if(const Plug *pl, void *h) {
+    if (h) pl->table->stopEvent(h);
+}
+static inline void record_if(const Plug *pl, void *h, ncclProfilerEventState_t s,
+                             ncclProfilerEventStateArgs_v6_t *a) {
+    if (h) pl->table->recordEventState(h, s, a);
+}
+
 static void one_collective(const Plug *pl, int nch, uint64_t i) {
-    ncclProfiler_v6_t *p = pl->table;
     ncclProfilerEventDescr_v7_t d;
-    void *ga = NULL, *api = NULL, *grp, *op, *kh;
+    void *ga = NULL, *api = NULL, *grp = NULL, *op = NULL, *kl = NULL;
+    int mask = pl->mask;
     memset(&d, 0, 24);
     if (!pl->v4) {
-        d.groupApi.groupDepth = 1;
-        start(pl, &ga, &d, ncclProfileGroupApi);
-        p->recordEventState(ga, ncclProfilerGroupStartApiStop, NULL);
-        d.parentObj = ga;
-        d.collApi.func = "AllReduce";
-        d.collApi.count = 1024;
-        d.collApi.datatype = "ncclFloat32";
-        start(pl, &api, &d, ncclProfileCollApi);
-        p->stopEvent(api);
-        p->recordEventState(ga, ncclProfilerGroupEndApiStart, NULL);
+        if (mask & NEEDS_GROUP_API) {
+            d.groupApi.groupDepth = 1;
+            start(pl, &ga, &d, ncclProfileGroupApi);
+            record_if(pl, ga, ncclProfilerGroupStartApiStop, NULL);
+        }
+        if (mask & NEEDS_COLL_API) {
+            d.parentObj = ga;
+            d.collApi.func = "AllReduce";
+            d.collApi.count = 1024;
+            d.collApi.datatype = "ncclFloat32";
+            start(pl, &api, &d, ncclProfileCollApi);
+            stop_if(pl, api);
+        }
+        record_if(pl, ga, ncclProfilerGroupEndApiStart, NULL);
     }
-    d.parentObj = NULL;
-    start(pl, &grp, &d, ncclProfileGroup);
-    d.parentObj = pl->v4 ? grp : api;
-    d.coll.seqNumber = i;
-    d.coll.func = "AllReduce";
-    d.coll.datatype = "ncclFloat32";
-    d.coll.count = 1024;
-    d.coll.nChannels = (uint8_t)nch;
-    d.coll.algo = "RING";
-    d.coll.proto = "SIMPLE";
-    d.coll.parentGroup = grp;
-    start(pl, &op, &d, ncclProfileColl);
-    p->stopEvent(op);
-    p->stopEvent(grp);
-    if (!pl->v4) p->stopEvent(ga);
+    if (mask & NEEDS_GROUP) {
+        d.parentObj = NULL;
+        start(pl, &grp, &d, ncclProfileGroup);
+    }
+    /* 2.27 (v4) starts the plan's tasks only under a Group handle */
+    if ((mask & NEEDS_COLL) && (!pl->v4 || grp)) {
+        d.parentObj = pl->v4 ? grp : api;
+        d.coll.seqNumber = i;
+        d.coll.func = "AllReduce";
+        d.coll.datatype = "ncclFloat32";
+        d.coll.count = 1024;
+        d.coll.nChannels = (uint8_t)nch;
+        d.coll.algo = "RING";
+        d.coll.proto = "SIMPLE";
+        d.coll.parentGroup = grp;
+        start(pl, &op, &d, ncclProfileColl);
+        stop_if(pl, op);
+    }
+    stop_if(pl, grp);
+    if (!pl->v4) {
+        if (mask & ncclProfileKernelLaunch) {
+            d.parentObj = ga;
+            start(pl, &kl, &d, ncclProfileKernelLaunch);
+            stop_if(pl, kl);
+        }
+        stop_if(pl, ga);
+    }
     /* NCCL's proxy loop (src/transport/profiler.cc) starts the KernelCh of
      * every channel of the op, then, as the kernel's completion counters pass,
-     * records and stops each one. */
+     * records and stops each one (proxy ops exist only with KernelCh in the
+     * mask; the parent is the Coll handle, NULL or not). */
+    if (!(mask & ncclProfileKernelCh)) return;
     ncclProfilerEventStateArgs_v6_t a;
     void *khs[64];
     for (int k = 0; k < nch; k++) {
@@ -135,10 +186,9 @@ static void one_collective(const Plug *pl, int nch, uint64_t i) {
         start(pl, &khs[k], &d, ncclProfileKernelCh);
     }
     for (int k = 0; k < nch; k++) {
-        kh = khs[k];
         a.kernelCh.pTimer = 1000050 + i * 100 + (uint64_t)k;
-        p->recordEventState(kh, ncclProfilerKernelChStop, &a);
-        p->stopEvent(kh);
+        record_if(pl, khs[k], ncclProfilerKernelChStop, &a);
+        stop_if(pl, khs[k]);
     }
 }
 
@@ -186,14 +236,14 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void *init_plugin(int version, uint64_t hash) {
+static void *init_plugin(int version, uint64_t hash, int *mask) {
     void *ctx = NULL;
-    int mask = 0;
+    *mask = 0;
     switch (version) {
-    case 4: ncclProfiler_v4.init(&ctx, &mask, "bench", hash, 1, 1, 0, NULL); break;
-    case 5: ncclProfiler_v5.init(&ctx, hash, &mask, "bench", 1, 1, 0, NULL); break;
-    case 6: ncclProfiler_v6.init(&ctx, hash, &mask, "bench", 1, 1, 0, NULL); break;
-    default: ncclProfiler_v7.init(&ctx, hash, &mask, "bench", 1, 1, 0, NULL); break;
+    case 4: ncclProfiler_v4.init(&ctx, mask, "bench", hash, 1, 1, 0, NULL); break;
+    case 5: ncclProfiler_v5.init(&ctx, hash, mask, "bench", 1, 1, 0, NULL); break;
+    case 6: ncclProfiler_v6.init(&ctx, hash, mask, "bench", 1, 1, 0, NULL); break;
+    default: ncclProfiler_v7.init(&ctx, hash, mask, "bench", 1, 1, 0, NULL); break;
     }
     return ctx;
 }
@@ -223,8 +273,9 @@ int main(int argc, char **argv) {
     if (getenv("BENCH_SLOTS")) setenv("ARTEMIS_RING_SLOTS", getenv("BENCH_SLOTS"), 1);
     int mask = 0;
     void *nctx = NULL;
+    if (getenv("BENCH_NOP_NULL") && !strcmp(getenv("BENCH_NOP_NULL"), "1")) nop_table.startEvent = nop_start_null;
     nop_table.init(&nctx, 0, &mask, NULL, 1, 1, 0, NULL);
-    Plug nop = {&nop_table, 0, nctx}, nop4 = {&nop_table, 1, nctx};
+    Plug nop = {&nop_table, 0, nctx, mask}, nop4 = {&nop_table, 1, nctx, mask};
     /* per version, one communicator for the 1-thread rows and one for the
      * 2-thread rows: a second thread switches a context to shared counters */
     void *ctxs[16] = {0};
@@ -232,12 +283,13 @@ int main(int argc, char **argv) {
     for (int v = 4; v <= 7; v++) {
         for (int t = 0; t < 2; t++) {
             int i = v + 8 * t;
-            ctxs[i] = init_plugin(v, 0xbe4c0ULL + (uint64_t)i);
+            int amask = 0;
+            ctxs[i] = init_plugin(v, 0xbe4c0ULL + (uint64_t)i, &amask);
             if (!ctxs[i]) {
                 fprintf(stderr, "bench: plugin init failed (v%d)\n", v);
                 return 1;
             }
-            art[i] = (Plug){table_of(v), v == 4, ctxs[i]};
+            art[i] = (Plug){table_of(v), v == 4, ctxs[i], amask};
         }
     }
     if (argc >= 4 && !strcmp(argv[1], "callgrind")) {

@@ -4,7 +4,9 @@
  * Hot path (startEvent / stopEvent / recordEventState) rules:
  *   - no allocation, no locks, no system calls except one clock_gettime per
  *     Coll/P2p start (an rdtsc on the owner thread where the TSC is usable:
- *     README "Host clock"), plus one at completion when host timing is used;
+ *     README "Host clock"), plus one at completion when host timing is used,
+ *     plus one membarrier per context, at its switch to shared mode (README
+ *     "Single writer");
  *   - every shared word is a C11 atomic with an explicit memory order;
  *   - every failure (pool full, slot busy, slot overwritten) drops the record
  *     and counts it in header.dropped; nothing ever waits or spins.
@@ -24,6 +26,14 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__linux__) && defined(__has_include)
+#if __has_include(<linux/membarrier.h>)
+#include <linux/membarrier.h>
+#define ART_HAVE_MEMBARRIER 1
+#endif
+#endif
 
 #include "plugin_internal.h"
 
@@ -216,7 +226,8 @@ static inline uint8_t w4_state(uint32_t w4) {
 /* Start: enters slot s for ticket if its record is whole, not in flight and
  * not newer than ticket: returns 1. Never spins: 0 if busy or newer, 2 if the
  * record of ticket *held is in flight. */
-static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd, uint64_t *held) {
+static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd, uint64_t *held,
+                                  int alone) {
     uint32_t v = atomic_load_explicit(A32(&s->lock), ACQ);
     if (v & 1u) return 0;
     /* acquire: a body value read here was written after that writer's odd store */
@@ -228,7 +239,11 @@ static inline int seq_enter_start(ArtemisSlot *s, uint64_t ticket, uint32_t *odd
         *held = seq;
         return 2;
     }
-    if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
+    /* alone: no other start can run on this context now (README "Single
+     * writer"), and no completer enters a DONE record: a plain store, as a
+     * completion's. Otherwise the CAS excludes the other starts. */
+    if (alone) atomic_store_explicit(A32(&s->lock), v + 1u, RLX);
+    else if (!atomic_compare_exchange_strong_explicit(A32(&s->lock), &v, v + 1u, ACQ, RLX)) return 0;
     *odd = v + 1u;
     return 1;
 }
@@ -279,6 +294,16 @@ static inline uint64_t with_clock(uint64_t w8, uint8_t clock) {
     b[0] = clock;
     memcpy(&w8, b, 8);
     return w8;
+}
+/* w8 (nchannels and peer zero) with its nchannels and peer bytes */
+static inline uint64_t w8_with(uint64_t w8, uint8_t nch, int32_t peer) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return w8 | ((uint64_t)nch << 24) | ((uint64_t)(uint32_t)peer << 32);
+#else
+    uint8_t b[8];
+    memcpy(b, &w8, 8);
+    return pack8(b[0], b[1], b[2], nch, peer);
+#endif
 }
 
 /* ------------------------------------------------------------------ */
@@ -344,14 +369,15 @@ static inline uint64_t tsc_now(ArtTsc *c) {
 }
 
 /* ------------------------------------------------------------------ */
-/* static dummy handles for API-level events: never recycled, stop no-op */
+/* The Group event's handle: a static dummy, never recycled, whose stop does
+ * nothing. NCCL 2.27 (ABI v4) starts a plan's Coll/P2p events only when the
+ * Group handle is not NULL (ncclProfilerStartTaskEvents), so it must be one.
+ * GroupApi, CollApi, P2pApi and KernelLaunch get NULL: NCCL gates nothing on
+ * them and never calls stop or record on a NULL handle, so those calls are
+ * not made at all (README "API-level events"). */
 
 typedef struct { uint64_t tag; } ArtDummy;
-static ArtDummy dummy_group_api = {ART_TAG_GROUPAPI};
-static ArtDummy dummy_coll_api = {ART_TAG_COLLAPI};
-static ArtDummy dummy_p2p_api = {ART_TAG_P2PAPI};
 static ArtDummy dummy_group = {ART_TAG_GROUP};
-static ArtDummy dummy_klaunch = {ART_TAG_KLAUNCH};
 
 /* ------------------------------------------------------------------ */
 /* operations                                                           */
@@ -364,6 +390,16 @@ static inline uintptr_t thread_key(void);
  * CAS, starting at a place of the caller's own (threads' keys are far apart),
  * so that two starting threads do not fight over the same handles. */
 static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
+    if (single) {
+        /* the hint: usually the handle the last completion released */
+        uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ctx->nops - 1u);
+        ArtOp *op = &ctx->ops[idx];
+        if (atomic_load_explicit(&op->pend, ACQ) == 0) {
+            atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+    }
     uint32_t n = ctx->nops;
     uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
                         : (uint32_t)((thread_key() >> 12) * 0x9E3779B1u) & ~15u;
@@ -389,14 +425,6 @@ static inline void op_release(ArtOp *op) {
         atomic_store_explicit(&ctx->hint, (uint32_t)(op - ctx->ops), RLX);
 }
 
-/* recent[] slot of a ticket: its 10 bits rotated by 5, so that consecutive
- * tickets (which two starting threads may take in turn) fall 64 bytes apart. */
-_Static_assert(ART_RECENT == 1024u, "recent_idx rotates 10 bits");
-static inline uint32_t recent_idx(uint64_t t) {
-    uint32_t x = (uint32_t)t & (ART_RECENT - 1u);
-    return ((x << 5) | (x >> 5)) & (ART_RECENT - 1u);
-}
-
 static inline void count_host_fallback(ArtCtx *ctx) {
     atomic_fetch_add_explicit(A64(&ctx->hdr->host_fallback), 1, RLX);
 }
@@ -414,14 +442,25 @@ static void op_complete(ArtOp *op, int reclaimed) {
         clock = ARTEMIS_REC_HOST;
         count_host_fallback(ctx);
     } else if (nch) {
-        /* the claimed channels: [0, own) and [nch - foreign, nch) (they meet
-         * exactly when nch KernelCh came; overlap only with extra ones) */
-        uint32_t own = atomic_load_explicit(&op->own_next, RLX);
+        /* the claimed channels: [0, own) by kowner, whose starts and stops it
+         * folded into kmin / kmax, and [nch - foreign, nch) by other threads,
+         * with their times per channel (they meet exactly when nch KernelCh
+         * came; overlap only with extra ones) */
+        start = atomic_load_explicit(&op->kmin, RLX);
+        end = atomic_load_explicit(&op->kmax, RLX);
         uint32_t foreign = atomic_load_explicit(&op->foreign_next, RLX);
-        if (own > nch) own = nch;
         if (foreign > nch) foreign = nch;
-        for (uint32_t k = 0; k < nch; k++) {
-            if (k >= own && k < nch - foreign) continue;
+        uint32_t k = nch - foreign;
+        if (atomic_load_explicit(&op->xstop, RLX)) {
+            /* some of kowner's channels were stopped by another thread: their
+             * stops are only in the channel */
+            uint32_t own = atomic_load_explicit(&op->own_next, RLX);
+            for (uint32_t j = 0; j < own && j < nch; j++) {
+                uint64_t e = atomic_load_explicit(&op->ch[j].stop, RLX);
+                if (e > end) end = e;
+            }
+        }
+        for (; k < nch; k++) {
             uint64_t s = atomic_load_explicit(&op->ch[k].start, RLX);
             uint64_t e = atomic_load_explicit(&op->ch[k].stop, RLX);
             if (s && s < start) start = s;
@@ -497,13 +536,15 @@ static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
     uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
     uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX), c = c0;
     if (c + ART_RECLAIM_LAG >= mark) return;
-    if (c + ART_RECENT <= ticket) c = ticket - ART_RECENT + 1u; /* older ones: pool-age reclaim */
+    /* the slot -> op map holds the last capacity tickets (and every op still
+     * in flight); older ones: the lap and pool-age reclaims */
+    uint64_t window = ctx->slot_mask + 1u;
+    if (c + window <= ticket) c = ticket - window + 1u;
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
-        uint16_t idx = atomic_load_explicit(&ctx->recent[recent_idx(c)], RLX);
-        ArtOp *op = &ctx->ops[idx];
-        if (waits_for_channels(op, c) &&
-            atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
-            break; /* too young: look again at the next start */
+        ArtOp *op = &ctx->ops[atomic_load_explicit(&ctx->slot_op[c & ctx->slot_mask], RLX)];
+        if (!waits_for_channels(op, c)) continue; /* done, or the entry is another ticket's */
+        if (atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
+            break; /* too young: look again at the next scan */
         op_reclaim(op, c, 1);
     }
     if (c != c0) atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
@@ -531,30 +572,116 @@ static inline uintptr_t thread_key(void) {
 #endif
 }
 
-/* 1 while every Coll/P2p start of ctx came from one thread (the owner). */
-static inline int owner_is_me(ArtCtx *ctx) {
-    uintptr_t me = thread_key();
-    uintptr_t own = atomic_load_explicit(&ctx->owner, RLX);
-    if (own == me) return !atomic_load_explicit(&ctx->shared, RLX);
-    if (own == 0) {
-        uintptr_t zero = 0;
-        if (atomic_compare_exchange_strong_explicit(&ctx->owner, &zero, me, RLX, RLX))
-            return !atomic_load_explicit(&ctx->shared, RLX);
+/* ------------------------------------------------------------------ */
+/* the single -> shared switch (README "Single writer")                 */
+
+/* 1 if this process can issue expedited private membarriers (registered once). */
+static int art_membarrier_register(void) {
+#ifdef ART_HAVE_MEMBARRIER
+    static _Atomic int state; /* 0 unknown, 1 yes, 2 no */
+    int st = atomic_load_explicit(&state, ACQ);
+    if (st == 0) {
+        st = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : 2;
+        atomic_store_explicit(&state, st, REL);
     }
-    atomic_store_explicit(&ctx->shared, 1u, RLX);
+    return st == 1;
+#else
     return 0;
+#endif
 }
 
-static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
-                            const char *dtype, size_t count, uint8_t nChannels, const char *algo,
-                            const char *proto, int peer) {
+/* A full memory barrier on every running thread of the process: the slow
+ * side of an asymmetric Dekker whose fast side (the owner's start) has only a
+ * compiler barrier. Once per context, at its switch to shared mode. */
+static __attribute__((noinline)) void art_membarrier(void) {
+#ifdef ART_HAVE_MEMBARRIER
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
+        (void)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
+#endif
+}
+
+static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
+                                 const char *dtype, size_t count, uint8_t nChannels,
+                                 const char *algo, const char *proto, int peer, int single,
+                                 int alone);
+
+#ifdef ART_TEST_HOOKS
+/* the harness only (tests/harness.c test_switch_in_start): called by the
+ * owner's plain start between the load and the store of its ticket */
+void (*_Atomic art_test_ticket_hook)(void);
+#define ART_TICKET_HOOK()                                                      \
+    do {                                                                       \
+        void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
+        if (alone && hook_) hook_();                                           \
+    } while (0)
+#else
+#define ART_TICKET_HOOK() ((void)0)
+#endif
+
+/* A start of another thread than the owner before the switch is safe: its
+ * record is dropped (counted), its collective still counted in coll_seq. */
+static __attribute__((noinline)) void op_start_drop(ArtCtx *ctx, uint8_t kind) {
+    if (kind == ARTEMIS_KIND_COLL) atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
+    count_drop(ctx);
+}
+
+static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
+                                                           uint8_t kind, const char *func,
+                                                           const char *dtype, size_t count,
+                                                           uint8_t nChannels, const char *algo,
+                                                           const char *proto, int peer) {
     if (!ctx || ctx->tag != ART_TAG_CTX) return;
     /* NCCL starts one communicator's Coll/P2p events from one thread at a time
-     * (the one launching its plans), so the counter and the ticket have one
-     * writer: a plain load and store each, not a locked fetch_add. The first
-     * start from another thread switches the context for good to fetch_add
-     * (see README "Single writer"). */
-    int single = owner_is_me(ctx);
+     * (the one launching its plans), so the counter, the ticket, the handle
+     * claim and the slot entry have one writer: plain loads and stores, no
+     * locked instruction. The first start from another thread switches the
+     * context for good to fetch_add and CAS (see README "Single writer"). */
+    uintptr_t me = thread_key();
+    uintptr_t own = atomic_load_explicit(&ctx->owner, RLX);
+    if (own == 0) {
+        uintptr_t zero = 0;
+        own = atomic_compare_exchange_strong_explicit(&ctx->owner, &zero, me, RLX, RLX) ? me : zero;
+    }
+    int plain = ctx->plain_start, marked = 0, single = 0;
+    if (own == me) {
+        if (plain && !atomic_load_explicit(&ctx->shared, RLX)) {
+            /* The fast side: in_start, then shared, with only a compiler
+             * barrier between them; the switching thread's membarrier makes it
+             * a full one. */
+            atomic_store_explicit(&ctx->in_start, 1u, RLX);
+            atomic_signal_fence(memory_order_seq_cst);
+            marked = 1;
+        }
+        single = !atomic_load_explicit(&ctx->shared, RLX);
+    } else {
+        if (!atomic_load_explicit(&ctx->shared, RLX) &&
+            atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0 && plain) {
+            /* the slow side: after it, every owner start that had not yet read
+             * shared sees 1, and one that had is visible in in_start */
+            art_membarrier();
+            atomic_store_explicit(&ctx->mb_done, 1u, REL);
+        }
+        if (plain && !atomic_load_explicit(&ctx->switched, ACQ)) {
+            /* a start of the owner that saw shared == 0 may still be writing
+             * (plain ticket, claim and slot entry): this start writes nothing */
+            if (!atomic_load_explicit(&ctx->mb_done, ACQ) ||
+                atomic_load_explicit(&ctx->in_start, ACQ)) {
+                op_start_drop(ctx, kind);
+                return;
+            }
+            atomic_store_explicit(&ctx->switched, 1u, REL);
+        }
+    }
+    op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, single,
+                  marked && single);
+    if (marked) atomic_store_explicit(&ctx->in_start, 0u, REL);
+}
+
+/* single: the owner, in single mode (plain ticket, claim, counter); alone:
+ * single and no other start can run now (the slot entry is a plain store) */
+static inline __attribute__((always_inline)) void op_start_body(
+    ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func, const char *dtype, size_t count,
+    uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone) {
     uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
     if (kind == ARTEMIS_KIND_COLL) {
         if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
@@ -582,23 +709,27 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     }
     /* the owner's starts read the TSC (README "Host clock") */
     uint64_t now = single && ctx->host_tsc ? tsc_now(&ctx->tsc) : art_now_mono();
-    /* The owner's last four strings and their codes: a training loop repeats
-     * the same collective, so four pointer compares usually replace four
-     * cache lookups. Plain fields: only the owner, while single, uses them. */
-    uint8_t fc, dc, ac, pc;
-    ArtMemo *m = &ctx->memo;
+    /* The owner's last four strings of this kind and what they make: a
+     * training loop repeats the same collective, so four pointer compares
+     * replace four cache lookups and the packing of the record's words.
+     * Plain fields: only the owner, while single, uses them. */
+    uint32_t w4, size;
+    uint64_t w8;
+    ArtMemo *m = &ctx->memo[kind - 1u];
     if (single && m->func == func && m->dtype == dtype && m->algo == algo && m->proto == proto) {
-        fc = m->fc, dc = m->dc, ac = m->ac, pc = m->pc;
+        w4 = m->w4, size = m->size, w8 = m->w8;
     } else {
-        fc = str_code(ctx, func, ART_STR_FUNC);
-        dc = str_code(ctx, dtype, ART_STR_DTYPE);
-        ac = str_code(ctx, algo, ART_STR_ALGO);
-        pc = str_code(ctx, proto, ART_STR_PROTO);
-        if (single) *m = (ArtMemo){func, dtype, algo, proto, fc, dc, ac, pc};
+        uint8_t fc = str_code(ctx, func, ART_STR_FUNC);
+        uint8_t dc = str_code(ctx, dtype, ART_STR_DTYPE);
+        uint8_t ac = str_code(ctx, algo, ART_STR_ALGO);
+        uint8_t pc = str_code(ctx, proto, ART_STR_PROTO);
+        w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
+        size = dc ? art_dtype_size(dc) : 1u; /* unknown: bytes = count */
+        w8 = pack8(ARTEMIS_REC_HOST, ac, pc, 0, 0);
+        if (single) *m = (ArtMemo){func, dtype, algo, proto, w4, size, w8};
     }
-    uint64_t bytes = dc ? (uint64_t)count * art_dtype_size(dc) : (uint64_t)count;
-    uint32_t w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
-    uint64_t w8 = pack8(ARTEMIS_REC_HOST, ac, pc, nChannels, (int32_t)peer);
+    uint64_t bytes = (uint64_t)count * size;
+    w8 = w8_with(w8, nChannels, (int32_t)peer);
     /* the expected KernelCh thread: the context's guess; with several starting
      * threads none (the op's first KernelCh start takes it) */
     atomic_store_explicit(&op->kowner, single ? atomic_load_explicit(&ctx->kch_thread, RLX) : 0, RLX);
@@ -606,6 +737,10 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
     atomic_store_explicit(&op->own_cleared, 0, RLX);
+    atomic_store_explicit(&op->own_all, 0, RLX);
+    atomic_store_explicit(&op->kmin, UINT64_MAX, RLX);
+    atomic_store_explicit(&op->kmax, 0, RLX);
+    atomic_store_explicit(&op->xstop, 0, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -614,14 +749,18 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     uint64_t ticket;
     if (single) {
         ticket = atomic_load_explicit(A64(&ctx->hdr->write_index), RLX);
+        ART_TICKET_HOOK();
         atomic_store_explicit(A64(&ctx->hdr->write_index), ticket + 1u, RLX);
     } else {
         ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
     }
     atomic_store_explicit(&op->ticket, ticket, RLX);
-    atomic_store_explicit(&ctx->recent[recent_idx(ticket)], (uint16_t)(op - ctx->ops), RLX);
-    /* one scanner: the owner (in shared mode too), so the cursor has one writer */
-    if (single || atomic_load_explicit(&ctx->owner, RLX) == thread_key())
+    /* One scanner: the owner (in shared mode too), so the cursor has one
+     * writer; alone, at every ART_RECLAIM_EVERY-th ticket (it scans more
+     * tickets than that each time), in shared mode at each of its starts (its
+     * tickets need not fall on those). */
+    if (ctx->slot_op && (single ? (ticket & (ART_RECLAIM_EVERY - 1u)) == 0
+                                : atomic_load_explicit(&ctx->owner, RLX) == thread_key()))
         reclaim_scan(ctx, ticket, now);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
     /* The next op will most likely take the next slot: start fetching its line
@@ -629,7 +768,7 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
     if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
     uint64_t held = 0;
-    int in = seq_enter_start(s, ticket, &odd, &held);
+    int in = seq_enter_start(s, ticket, &odd, &held, alone);
     if (in == 2 && ctx->slot_op) {
         /* The ring has lapped an op still in flight. If it only waits for its
          * KernelCh (its Coll/P2p stop came) and is older than the reclaim age,
@@ -639,7 +778,7 @@ static inline void op_start(ArtCtx *ctx, void **eHandle, uint8_t kind, const cha
         ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
         if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
             op_reclaim(old, held, 1))
-            in = seq_enter_start(s, ticket, &odd, &held);
+            in = seq_enter_start(s, ticket, &odd, &held, alone);
     }
     if (in != 1) {
         /* busy, in flight, or a later ticket's (tiny ring): keep it */
@@ -668,7 +807,8 @@ static inline void op_stop(ArtOp *op) {
     if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
 }
 
-static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
+/* inlined into each startEvent: nChannels calls per op */
+static inline __attribute__((always_inline)) void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
     ArtOp *op = (ArtOp *)parent;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
@@ -687,21 +827,27 @@ static inline void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
         if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
             atomic_store_explicit(&op->ctx->kch_thread, me, RLX);
     }
-    uint32_t k;
+    ArtCh *ch;
     if (ko == me) {
-        k = atomic_load_explicit(&op->own_next, RLX);
+        /* kowner keeps the min of its channels' starts itself (its fields
+         * have one writer): op_complete reads no per-channel start of them */
+        uint32_t k = atomic_load_explicit(&op->own_next, RLX);
         if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
         atomic_store_explicit(&op->own_next, k + 1u, RLX);
+        if (k + 1u == nch) /* all claimed: its stops are deferred to the last one */
+            atomic_store_explicit(&op->own_all, (2ULL << (nch - 1u)) - 1u, RLX);
+        if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
+            atomic_store_explicit(&op->kmin, pTimer, RLX);
+        ch = &op->ch[k];
     } else {
         ArtCtx *ctx = op->ctx;
         if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
             atomic_store_explicit(&ctx->kch_thread, me, RLX);
         uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
         if (j >= nch) return;
-        k = nch - 1u - j;
+        ch = &op->ch[nch - 1u - j];
+        atomic_store_explicit(&ch->start, pTimer, RLX);
     }
-    ArtCh *ch = &op->ch[k];
-    atomic_store_explicit(&ch->start, pTimer, RLX);
     atomic_store_explicit(&ch->stop, 0, RLX);
     *eHandle = ch;
 }
@@ -716,8 +862,10 @@ static inline void clear_channels(ArtOp *op, uint64_t bits) {
 
 static inline void kch_stop(ArtCh *ch) {
     ArtOp *op = ch->op;
-    uint64_t bit = 1ULL << (uint32_t)(ch - op->ch);
+    uint64_t bit = ch->bit;
     if (atomic_load_explicit(&op->kowner, RLX) != thread_key()) {
+        /* its stop time stays in the channel: op_complete reads it there */
+        if (!atomic_load_explicit(&op->xstop, RLX)) atomic_store_explicit(&op->xstop, 1u, RLX);
         clear_channels(op, bit);
         return;
     }
@@ -733,11 +881,10 @@ static inline void kch_stop(ArtCh *ch) {
     if (stopped & bit) return; /* already stopped */
     stopped |= bit;
     atomic_store_explicit(&op->own_stopped, stopped, RLX);
-    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
-    if (atomic_load_explicit(&op->own_next, RLX) >= nch) {
-        uint64_t all = (1ULL << nch) - 1u;
-        if ((stopped & all) != all) return; /* deferred to the last stop */
-    }
+    uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
+    if (t > atomic_load_explicit(&op->kmax, RLX)) atomic_store_explicit(&op->kmax, t, RLX);
+    uint64_t all = atomic_load_explicit(&op->own_all, RLX);
+    if (all && (stopped & all) != all) return; /* deferred to the last stop */
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
     clear_channels(op, stopped & ~cleared);
@@ -749,29 +896,30 @@ static inline void kch_stop(ArtCh *ch) {
 /* One startEvent per descriptor version; the union arms we read have the
  * same offsets in v4..v7 (v5+ only append members). */
 #define ART_DEFINE_START(N)                                                                    \
+    /* Coll / P2p: out of line, so that startEvent stays small for KernelCh */                 \
+    static __attribute__((noinline)) void art_op_start_v##N(void *context, void **eHandle,     \
+                                                            ncclProfilerEventDescr_v##N##_t *d) { \
+        if (d->type == ncclProfileColl)                                                        \
+            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
+                     d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
+                     d->coll.proto, -1);                                                       \
+        else                                                                                   \
+            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
+                     d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
+    }                                                                                          \
     static ncclResult_t art_start_v##N(void *context, void **eHandle,                          \
                                        ncclProfilerEventDescr_v##N##_t *d) {                   \
         if (!eHandle) return ncclSuccess;                                                      \
         *eHandle = NULL;                                                                       \
         if (!d) return ncclSuccess;                                                            \
-        switch ((uint64_t)d->type) {                                                           \
-        case ncclProfileColl:                                                                  \
-            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
-                     d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
-                     d->coll.proto, -1);                                                       \
-            break;                                                                             \
-        case ncclProfileP2p:                                                                   \
-            op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
-                     d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
-            break;                                                                             \
-        case ncclProfileKernelCh: kch_start(eHandle, d->parentObj, d->kernelCh.pTimer); break; \
-        case ncclProfileGroupApi: *eHandle = &dummy_group_api; break;                          \
-        case ncclProfileCollApi: *eHandle = &dummy_coll_api; break;                            \
-        case ncclProfileP2pApi: *eHandle = &dummy_p2p_api; break;                              \
-        case ncclProfileGroup: *eHandle = &dummy_group; break;                                 \
-        case ncclProfileKernelLaunch: *eHandle = &dummy_klaunch; break;                        \
-        default: break;                                                                        \
-        }                                                                                      \
+        uint64_t type = (uint64_t)d->type;                                                     \
+        if (type == ncclProfileKernelCh) /* the most frequent: nChannels per op */             \
+            kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
+        else if (type == ncclProfileColl || type == ncclProfileP2p)                            \
+            art_op_start_v##N(context, eHandle, d);                                            \
+        else if (type == ncclProfileGroup)                                                     \
+            *eHandle = &dummy_group;                                                           \
+        /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                            \
         return ncclSuccess;                                                                    \
     }
 
@@ -783,14 +931,14 @@ ART_DEFINE_START(7)
 static ncclResult_t art_stop(void *eHandle) {
     if (!eHandle) return ncclSuccess;
     uint64_t tag = *(const uint64_t *)eHandle;
-    if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
-    else if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle);
+    if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle); /* nChannels per op */
+    else if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
     return ncclSuccess;
 }
 
 static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
                                ncclProfilerEventStateArgs_t *args) {
-    if (!eHandle || !args || eState != ncclProfilerKernelChStop) return ncclSuccess;
+    if (eState != ncclProfilerKernelChStop || !eHandle || !args) return ncclSuccess;
     if (*(const uint64_t *)eHandle != ART_TAG_KCH) return ncclSuccess;
     atomic_store_explicit(&((ArtCh *)eHandle)->stop, args->kernelCh.pTimer, RLX);
     return ncclSuccess;
@@ -860,12 +1008,14 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
+    ctx->plain_start = cfg.plain_start && art_membarrier_register();
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;
         ops[i].ctx = ctx;
         for (uint32_t k = 0; k < ART_MAX_CH; k++) {
             ops[i].ch[k].tag = ART_TAG_KCH;
             ops[i].ch[k].op = &ops[i];
+            ops[i].ch[k].bit = 1ULL << k;
         }
     }
     if (art_ring_create(ctx, &cfg, comm_hash, comm_name, nnodes, nranks, rank, version, err,

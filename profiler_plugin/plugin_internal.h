@@ -19,11 +19,7 @@
 #define ART_TAG_CTX 0x415254435458ULL            /* "ARTCTX" */
 #define ART_TAG_OP 0x41525430500000ULL           /* Coll / P2p operation */
 #define ART_TAG_KCH 0x4152544b4348ULL            /* KernelCh */
-#define ART_TAG_GROUPAPI 0x41525447415049ULL     /* static dummies below */
-#define ART_TAG_COLLAPI 0x41525443415049ULL
-#define ART_TAG_P2PAPI 0x41525450415049ULL
-#define ART_TAG_GROUP 0x41525447525000ULL
-#define ART_TAG_KLAUNCH 0x4152544b4c4e00ULL
+#define ART_TAG_GROUP 0x41525447525000ULL       /* the Group event's static dummy */
 
 /* Channels tracked per operation (one bit each in ArtOp.pend). */
 #define ART_MAX_CH 62
@@ -38,12 +34,13 @@
  * get device events"): an op is reclaimed once an op ART_RECLAIM_LAG tickets
  * later has completed with device times (one communicator's kernels run in
  * launch order, so its kernel is long done) and it is older than the reclaim
- * age, or, when the pool is exhausted, once it is older than the reclaim age. ART_RECENT maps recent tickets to
- * handles (a power of two, > ART_RECLAIM_LAG). */
+ * age, or, when the pool is exhausted, once it is older than the reclaim age.
+ * The scan runs at every ART_RECLAIM_EVERY-th ticket, ART_RECLAIM_STEPS
+ * tickets at most (more than it: it keeps up with the starts). */
 #define ART_RECLAIM_LAG 64u
 #define ART_RECLAIM_AGE_MS 2000u /* default of ARTEMIS_RECLAIM_AGE_MS */
-#define ART_RECENT 1024u
-#define ART_RECLAIM_STEPS 4u
+#define ART_RECLAIM_EVERY 8u
+#define ART_RECLAIM_STEPS 16u
 
 #define ART_CACHELINE 64
 
@@ -56,8 +53,10 @@ struct ArtOp;
 typedef struct ArtCh {
     uint64_t tag; /* ART_TAG_KCH */
     struct ArtOp *op;
-    _Atomic uint64_t start; /* device start pTimer (0 = none) */
-    _Atomic uint64_t stop;  /* device stop pTimer (0 = none) */
+    uint64_t bit;           /* 1 << (this channel's index), fixed at init */
+    _Atomic uint64_t start; /* device start pTimer (0 = none): channels claimed by another
+                             * thread than kowner only; kowner's go to ArtOp.kmin */
+    _Atomic uint64_t stop;  /* device stop pTimer (0 = none), set by KernelChStop */
 } ArtCh;
 
 typedef struct ArtOp {
@@ -73,7 +72,12 @@ typedef struct ArtOp {
     _Atomic uint32_t foreign_next;
     _Atomic uint64_t own_stopped; /* channel bits the owner has stopped */
     _Atomic uint64_t own_cleared; /* ... and already cleared in pend */
+    _Atomic uint64_t own_all;     /* all nch bits once the owner has claimed all nch, else 0 */
+    /* kowner's running min of its channels' starts and max of their stops
+     * (kowner only; read by the completer after the pend RMWs) */
+    _Atomic uint64_t kmin, kmax;
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
+    _Atomic uint32_t xstop;     /* 1: a channel was stopped by another thread than kowner */
     ArtemisSlot *slot;
     /* ticket and host_start are read by the reclaim scan of another thread */
     _Atomic uint64_t ticket;
@@ -96,6 +100,7 @@ typedef struct ArtRuntime {
 typedef struct ArtConfig {
     int disabled;          /* ARTEMIS_DISABLE=1 */
     int host_tsc;          /* start times from the TSC (art_tsc_usable, ARTEMIS_HOST_TSC) */
+    int plain_start;       /* the owner's slot entry a plain store (ARTEMIS_PLAIN_START, default 1) */
     int device_timing;     /* 1: KernelCh timing, 0: host only */
     uint32_t clock_kind;   /* ARTEMIS_CLOCK_* */
     uint64_t tick_hz;
@@ -122,10 +127,14 @@ typedef struct ArtTsc {
     uint64_t last;        /* last value returned (never go back) */
 } ArtTsc;
 
-/* The owner thread's last Coll/P2p strings and their codes (op_start). */
+/* The owner thread's last strings of one kind (Coll, P2p) and what op_start
+ * makes of them: the record's kind word, its clock word without nChannels
+ * and peer, and the datatype's size (1 if unknown: bytes = count). */
 typedef struct ArtMemo {
     const char *func, *dtype, *algo, *proto;
-    uint8_t fc, dc, ac, pc;
+    uint32_t w4;
+    uint32_t size;
+    uint64_t w8;
 } ArtMemo;
 
 typedef struct ArtCtx {
@@ -149,12 +158,13 @@ typedef struct ArtCtx {
      * Written only on a miss, so after warm-up its lines are only read. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t strcache[ART_STRCACHE];
     /* reclaim: 1 + highest ticket completed with device times (completers),
-     * the next ticket to check (starters), recent ticket -> op index */
+     * the next ticket to check (starters) */
     _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
     _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
-    _Atomic uint16_t recent[ART_RECENT];
-    /* slot -> op index of the last start that wrote it (capacity entries; NULL
-     * if it could not be allocated): finds the op of a lapped in-flight record */
+    /* slot -> op index of the last start that entered it (capacity entries;
+     * NULL if it could not be allocated): finds the op of a lapped in-flight
+     * record, and the op of a recent ticket for the reclaim scan (an op still
+     * in flight keeps its entry: no later start enters its slot) */
     _Atomic uint16_t *slot_op;
     /* written on the hot path: own cache lines. coll_count and the header's
      * write_index have one writer while `shared` is 0: the owner thread. */
@@ -162,7 +172,17 @@ typedef struct ArtCtx {
     _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
 
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
-    ArtMemo memo;              /* owner only, while shared is 0 */
+    /* The switch's asymmetric Dekker (op_start in plugin.c): the owner sets
+     * in_start around each start it makes while shared is 0; the switching
+     * thread sets shared, runs a membarrier, sets mb_done; the first start of
+     * another thread that then sees in_start 0 sets switched. Until then other
+     * threads' starts are dropped. plain_start: the membarrier is available
+     * (else the owner's slot entry stays a CAS and these are unused). */
+    _Atomic uint32_t in_start;
+    _Atomic uint32_t mb_done;
+    _Atomic uint32_t switched;
+    int plain_start;
+    ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
     int host_tsc;              /* tsc below is used */
     ArtTsc tsc;                /* owner only, while shared is 0 */
     /* thread key of the last KernelCh start that was not its op's expected

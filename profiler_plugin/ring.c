@@ -240,6 +240,17 @@ int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errl
         if (!b) cfg->host_tsc = 0; /* 1 cannot force it where the TSC is not usable */
     }
 
+    /* the owner's slot entry without a locked instruction (plugin README
+     * "Single writer"); 0 keeps the CAS (and the old switch) */
+    cfg->plain_start = 1;
+    if ((v = env_nonempty("ARTEMIS_PLAIN_START"))) {
+        if ((b = parse_bool(v)) < 0) {
+            snprintf(err, errlen, "bad ARTEMIS_PLAIN_START='%s' (want 0 or 1)", v);
+            return -1;
+        }
+        cfg->plain_start = b;
+    }
+
     uint64_t age_ms = ART_RECLAIM_AGE_MS;
     if ((v = env_nonempty("ARTEMIS_RECLAIM_AGE_MS"))) {
         if (parse_u64(v, &age_ms) || age_ms > 3600000u) {

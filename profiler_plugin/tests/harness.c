@@ -769,20 +769,31 @@ static void test_failures(void) {
     h = (void *)0x1;
     ncclProfiler_v6.startEvent(ctx, &h, &d);
     CHECK(h == NULL, "KernelCh without parent");
-    d.type = ncclProfileCollApi;
-    void *api = NULL;
-    ncclProfiler_v6.startEvent(ctx, &api, &d);
-    CHECK(api != NULL, "CollApi dummy");
+    /* API-level events get NULL (NCCL then makes no stop or state call on
+     * them); Group gets a static dummy (NCCL 2.27 starts Coll/P2p only under a
+     * Group handle that is not NULL) */
+    static const int api_types[] = {ncclProfileGroupApi, ncclProfileCollApi, ncclProfileP2pApi,
+                                    ncclProfileKernelLaunch};
+    for (int i = 0; i < 4; i++) {
+        d.type = (uint64_t)api_types[i];
+        h = (void *)0x1;
+        ncclProfiler_v6.startEvent(ctx, &h, &d);
+        CHECK(h == NULL, "API event type %d gets NULL", api_types[i]);
+    }
+    d.type = ncclProfileGroup;
+    void *grp = NULL;
+    ncclProfiler_v6.startEvent(ctx, &grp, &d);
+    CHECK(grp != NULL, "Group dummy");
     d.type = ncclProfileKernelCh;
-    d.parentObj = api;
+    d.parentObj = grp;
     h = (void *)0x1;
     ncclProfiler_v6.startEvent(ctx, &h, &d);
-    CHECK(h == NULL, "KernelCh with CollApi parent");
-    /* stale CollApi handles: stop and record any number of times */
+    CHECK(h == NULL, "KernelCh with Group parent");
+    /* stale Group handles: stop and record any number of times */
     for (int i = 0; i < 3; i++) {
-        ncclProfiler_v6.stopEvent(api);
-        ncclProfiler_v6.recordEventState(api, ncclProfilerKernelChStop, &a);
-        ncclProfiler_v6.recordEventState(api, ncclProfilerGroupEndApiStart, NULL);
+        ncclProfiler_v6.stopEvent(grp);
+        ncclProfiler_v6.recordEventState(grp, ncclProfilerKernelChStop, &a);
+        ncclProfiler_v6.recordEventState(grp, ncclProfilerGroupEndApiStart, NULL);
     }
     /* unknown event types get NULL */
     d.type = ncclProfileProxyOp;
@@ -1247,6 +1258,7 @@ static void test_lap_in_flight(void) {
 typedef struct {
     Comm *cm;
     unsigned t;
+    unsigned ops;
 } TsArg;
 static _Atomic int g_ts_stop;
 static _Atomic long g_ts_accepted, g_ts_done;
@@ -1256,7 +1268,7 @@ static uint64_t ts_t0(size_t count) { return 1000000ull + (uint64_t)count * 1000
 static void *ts_user(void *arg) {
     TsArg *a = arg;
     Comm *cm = a->cm;
-    for (unsigned i = 0; i < TS_OPS; i++) {
+    for (unsigned i = 0; i < a->ops; i++) {
         Expect e;
         memset(&e, 0, sizeof e);
         e.func_s = "AllReduce";
@@ -1317,7 +1329,7 @@ static void test_two_starters(void) {
     const ArtemisRingHeader *h = cm->ring.hdr;
     atomic_store(&g_ts_stop, 0);
     pthread_t th[2], rd;
-    TsArg args[2] = {{cm, 1}, {cm, 2}};
+    TsArg args[2] = {{cm, 1, TS_OPS}, {cm, 2, TS_OPS}};
     pthread_create(&rd, NULL, ts_reader, cm);
     for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, ts_user, &args[t]);
     for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
@@ -1338,6 +1350,127 @@ static void test_two_starters(void) {
            (unsigned long long)w, (unsigned long long)dropped, atomic_load(&g_ts_accepted),
            atomic_load(&g_ts_done));
     CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "two starters: finalize");
+    clear_env();
+}
+
+/* The single -> shared switch, many times (README "Single writer"): fresh
+ * communicators, each with two threads that start at once (the first start of
+ * the second thread lands while the owner is inside its plain-store starts),
+ * a reader checking every record it accepts; at rest every slot whole and
+ * DONE. With the membarrier switch no ticket is taken twice, so the tickets
+ * plus the drops never exceed the starts. */
+static void test_switch_rounds(void) {
+    enum { ROUNDS = 40, OPS = 300 };
+    uint64_t tickets = 0, drops = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        clear_env();
+        setenv("ARTEMIS_RING_SLOTS", "64", 1);
+        setenv("ARTEMIS_RECLAIM_AGE_MS", "600000", 1);
+        Comm *cm = fixture("switch", 6, 0x900u + (uint64_t)round);
+        const ArtemisRingHeader *h = cm->ring.hdr;
+        atomic_store(&g_ts_stop, 0);
+        pthread_t th[2], rd;
+        TsArg args[2] = {{cm, 1, OPS}, {cm, 2, OPS}};
+        pthread_create(&rd, NULL, ts_reader, cm);
+        for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, ts_user, &args[t]);
+        for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+        atomic_store(&g_ts_stop, 1);
+        pthread_join(rd, NULL);
+        uint64_t w = atomic_load(A64(&h->write_index)), d = atomic_load(A64(&h->dropped));
+        unsigned done = 0, seen = 0;
+        for (uint32_t s = 0; s < h->capacity; s++) {
+            Rec r;
+            CHECK(read_slot(&cm->ring.slots[s], &r), "switch: slot %u locked at rest", s);
+            if (r.state) seen++;
+            done += (unsigned)ts_check(&r);
+        }
+        CHECK(done == seen && w <= 2u * OPS, "switch round %d: %u of %u slots done, write_index %llu",
+              round, done, seen, (unsigned long long)w);
+        tickets += w, drops += d;
+        CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch: finalize");
+    }
+    printf("  switch: %d rounds, %llu tickets, %llu dropped\n", ROUNDS, (unsigned long long)tickets,
+           (unsigned long long)drops);
+    clear_env();
+}
+
+/* The switch's race made to happen (README "Single writer"): the owner is
+ * stopped inside a start, between the load and the store of its ticket (a
+ * test hook, built into the harness only), while a second thread makes its
+ * first start. That start must write nothing (NULL handle, counted as
+ * dropped): with a plain ticket store it would otherwise take the owner's
+ * ticket, and both would write one slot at once (the owner with plain stores).
+ * After the owner's start has ended, the second thread's next start is
+ * recorded under the next ticket. Fails if the drop is left out. */
+extern void (*_Atomic art_test_ticket_hook)(void);
+static _Atomic int g_hook_inside, g_hook_go;
+static void hook_block(void) {
+    atomic_store(&art_test_ticket_hook, NULL); /* once */
+    atomic_store(&g_hook_inside, 1);
+    while (!atomic_load(&g_hook_go)) sched_yield();
+}
+static Expect sw_expect(size_t count) {
+    Expect e;
+    memset(&e, 0, sizeof e);
+    e.func_s = "AllReduce";
+    e.dtype_s = "ncclInt8";
+    e.algo_s = "RING";
+    e.proto_s = "SIMPLE";
+    e.count = count;
+    e.nch = 2;
+    return e;
+}
+static void *sw_owner(void *arg) {
+    Comm *cm = arg;
+    Expect e = sw_expect(11);
+    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* ticket 0: the owner */
+    atomic_store(&art_test_ticket_hook, hook_block);
+    e = sw_expect(22);
+    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* ticket 1, stopped in the hook */
+    return NULL;
+}
+static void test_switch_in_start(void) {
+    clear_env();
+    setenv("ARTEMIS_DEVICE_TIMING", "0", 1);
+    Comm *cm = fixture("switchhook", 6, 0x77);
+    const ArtemisRingHeader *h = cm->ring.hdr;
+    atomic_store(&g_hook_inside, 0);
+    atomic_store(&g_hook_go, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, sw_owner, cm);
+    for (int i = 0; i < 2000 && !atomic_load(&g_hook_inside); i++) usleep(1000);
+    if (!atomic_load(&g_hook_inside)) {
+        /* no plain starts here (no membarrier): the hook never runs */
+        atomic_store(&art_test_ticket_hook, NULL);
+        pthread_join(th, NULL);
+        printf("  switch in a start: skipped (the owner's starts use the CAS here: no membarrier)\n");
+        CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch hook: finalize");
+        clear_env();
+        return;
+    }
+    Expect e = sw_expect(33);
+    void *y = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    CHECK(y == NULL && atomic_load(A64(&h->dropped)) == 1,
+          "switch in a start: the second thread's start during the owner's was recorded (handle %p, "
+          "dropped %llu)", y, (unsigned long long)atomic_load(A64(&h->dropped)));
+    stop_ev(y);
+    atomic_store(&g_hook_go, 1);
+    pthread_join(th, NULL);
+    e = sw_expect(44);
+    void *z = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    CHECK(z != NULL, "switch in a start: the second thread's start after it got no handle");
+    stop_ev(z);
+    uint64_t w = atomic_load(A64(&h->write_index));
+    Rec r1 = slot_rec(cm, 1), r2 = slot_rec(cm, 2);
+    CHECK(w == 3 && r1.seq == 1 && r1.bytes == 22 && r1.state == ARTEMIS_STATE_DONE &&
+              r1.coll_seq == 1 && r2.seq == 2 && r2.bytes == 44 && r2.state == ARTEMIS_STATE_DONE &&
+              r2.coll_seq == 3,
+          "switch in a start: write_index %llu, ticket 1 bytes %llu coll_seq %llu, ticket 2 bytes %llu "
+          "coll_seq %llu", (unsigned long long)w, (unsigned long long)r1.bytes,
+          (unsigned long long)r1.coll_seq, (unsigned long long)r2.bytes,
+          (unsigned long long)r2.coll_seq);
+    printf("  switch in a start: the second thread's start dropped, the owner's whole\n");
+    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch hook: finalize");
     clear_env();
 }
 
@@ -1497,6 +1630,8 @@ int main(int argc, char **argv) {
     test_lap_in_flight();
     printf("  lapping an in-flight record done\n");
     test_two_starters();
+    test_switch_rounds();
+    test_switch_in_start();
     test_host_clock(1);
     test_host_clock(0);
     test_env_sidecar();
