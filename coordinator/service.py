@@ -599,7 +599,9 @@ class Coordinator:
             self._outbox.append((job, c.action, c.body))
             if c.action == "plan":
                 self._plan_control[job] = c.body
-        if out.findings or out.plans or out.incidents or dump:
+        if not begun and (out.findings or out.plans or out.incidents or dump):
+            # (Inside a window's outputs, `begun`, the window's own save follows them:
+            # saving here would mark the window scored before its per-window line.)
             # A plan acknowledged, a hang reported, a mode changed: state that must
             # survive a crash as much as a scored window's does. A hang suspected too
             # (saved before its dump request goes out): a restart reports it even if it
