@@ -41,7 +41,7 @@ from typing import Any
 
 RUNS = 7
 CALLS = 20_000
-ROUNDS = 6
+ROUNDS = 20
 STEPS = 40
 DET_STEPS = 400
 DET_RUNS = 3
@@ -298,6 +298,7 @@ def _ddp_worker(rank: int, init: str, out: str) -> None:
         models[name] = (DDP(m, process_group=g), torch.optim.SGD(m.parameters(), lr=0.01))
     x, y = torch.randn(128, 64), torch.randn(128, 1)
     times: dict[str, list[float]] = {k: [] for k in groups}
+    times.update({f"{k}-cpu": [] for k in groups})
     times["path"] = [type(dist.group.WORLD).__name__]  # type: ignore[list-item]
     names = list(groups)
     for r in range(ROUNDS + 1):
@@ -305,13 +306,20 @@ def _ddp_worker(rank: int, init: str, out: str) -> None:
         for name in order:
             model, opt = models[name]
             dist.barrier(group=gloo)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(STEPS):
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
             if r:  # round 0 warms both up
                 times[name].append((time.perf_counter() - t0) / STEPS * 1e3)
+                # the process's CPU (every thread: gloo's too) per step: less swayed
+                # by the other processes on the machine than the wall clock
+                times[f"{name}-cpu"].append((time.process_time() - c0) / STEPS * 1e3)
+    # collectives per step on the artemis group (the wrapper's cost per step is that
+    # many times its cost per collective)
+    steps_run = (ROUNDS + 1) * STEPS
+    times["colls_per_step"] = [dist.group.WORLD.next_coll_seq() / steps_run]  # type: ignore[union-attr]
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(times))
@@ -382,8 +390,23 @@ def main() -> int:
         print(f"| {name} | {m:.2f} | {m / g:.3f} | {', '.join(f'{v:.1f}' for v in t[name])} |")
     paired = [a / b for a, b in zip(t["artemis"], t["gloo"], strict=True)]
     print(
-        f"| artemis / gloo, median of per-round ratios | | {statistics.median(paired):.3f} (goal <= 1.01) | |"
+        f"| artemis / gloo, median of per-round ratios | | "
+        f"{statistics.median(paired):.3f} (goal <= 1.01) | |"
     )
+    if cpp is not None:
+        per_step = t["colls_per_step"][0]
+        print(
+            f"| the C++ wrapper's CPU per step: {per_step:.2f} collectives x "
+            f"{cpp - base:.2f} us | | {(per_step * (cpp - base) / 1e3) / g * 100:.3f}% "
+            "of gloo's step | |"
+        )
+    gc = statistics.median(t["gloo-cpu"])
+    print("\nThe same rounds' process CPU per step (every thread of rank 0's process):")
+    print("| backend | CPU ms per step | / gloo |")
+    print("|---|---:|---:|")
+    for name in ("gloo", "artemis", "artemis-py"):
+        m = statistics.median(t[f"{name}-cpu"])
+        print(f"| {name} | {m:.3f} | {m / gc:.3f} |")
     print("\nCPU per clock read (ns, median of 5 runs of 50k reads, empty loop subtracted):")
     print("| clock | ns per read |")
     print("|---|---:|")

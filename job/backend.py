@@ -1,11 +1,17 @@
-"""The ``artemis`` torch.distributed backend: a Python ProcessGroup that times every collective.
+"""The ``artemis`` torch.distributed backend: a ProcessGroup that times every collective.
 
 ``import artemis.job`` calls ``register()`` when torch is importable; then
 ``dist.init_process_group(backend="artemis")`` (and every ``new_group`` of that
-job) builds an ``ArtemisProcessGroup``. It wraps the real backend (gloo for CPU
-tensors, nccl for CUDA tensors; ``ARTEMIS_INNER_BACKEND=gloo|nccl`` forces one)
-and hands each call to it unchanged, so results are the inner backend's, bit for
-bit. Around each call it writes one ring record (docs/DESIGN.md, "Ring format")
+job) builds a group on one of two paths (docs/DESIGN.md, "The artemis backend:
+two paths"): the C++ path (``ArtemisCppGroup``: c10d dispatches each call into
+``job/csrc/timed_backend.cpp``, which writes the record; built by
+``make backend-ext``), by default; or the Python path (``ArtemisProcessGroup``),
+for islands, for CUDA tensors without the NCCL plugin, when the extension is not
+built, or with ``ARTEMIS_BACKEND_IMPL=python``. Either wraps the real backend
+(gloo for CPU tensors, nccl for CUDA tensors; ``ARTEMIS_INNER_BACKEND=gloo|nccl``
+forces one) and hands each call to it unchanged, so results are the inner
+backend's, bit for bit; both write the same records. What follows describes the
+Python path; the C++ one does the same in C++. Around each call it writes one ring record (docs/DESIGN.md, "Ring format")
 into ``$ARTEMIS_SHM_DIR/<job>.<comm>.r<rank>.ring``: in flight at the call
 (enqueue and start from CLOCK_MONOTONIC, process CPU time at the start), done
 when the inner Work's future completes (end, CPU time at the end). The rings

@@ -9,6 +9,7 @@ Without torch it says so and exits 0 (the backend is then not importable either)
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -25,6 +26,15 @@ def main() -> int:
     except ImportError:
         print("torch is not installed: the artemis backend's C++ path is not built")
         return 0
+    # cpp_extension builds with ninja: the system's, or the venv's (pip's ninja).
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    if shutil.which("ninja") is None:
+        print(
+            "ninja is not installed (apt install ninja-build, or pip install ninja): "
+            "the artemis backend's C++ path is not built",
+            file=sys.stderr,
+        )
+        return 1
     build = ROOT / "build" / "backend-ext"
     build.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
