@@ -51,7 +51,8 @@ def _calls(dist: Any, pg: Any) -> None:
     pg.recv([torch.ones(7, dtype=torch.uint8)], 1, 0).wait()
     pg.barrier(dist.BarrierOptions()).wait()
     w = pg.allreduce([torch.ones(2)], ar)
-    assert w.get_future().wait() is not None or True  # the future is usable
+    w.get_future().wait()  # the inner Work's future, returned as is
+    assert w.get_future().done()
 
 
 def test_the_cpp_path_writes_the_python_paths_records(
@@ -108,3 +109,24 @@ def test_the_cpp_path_writes_the_python_paths_records(
     assert (d["end"] >= d["start"]).all() and (d["start"] >= d["enqueue_ns"]).all()
     assert (d["enqueue_ns"] > 0).all()
     assert (d["cpu_end_ns"] >= d["cpu_start_ns"]).all() and (d["cpu_start_ns"] > 0).all()
+
+
+def test_the_creator_picks_the_python_path_only_when_it_must(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ARTEMIS_ISLANDS", raising=False)
+    monkeypatch.delenv("NCCL_PROFILER_PLUGIN", raising=False)
+    built = backend.load_ext() is not None
+    monkeypatch.setenv("ARTEMIS_BACKEND_IMPL", "auto")
+    assert (backend._python_path_reason("") == "") == built
+    monkeypatch.setenv("ARTEMIS_BACKEND_IMPL", "python")
+    assert backend._python_path_reason("") == "ARTEMIS_BACKEND_IMPL=python"
+    monkeypatch.setenv("ARTEMIS_BACKEND_IMPL", "cpp")
+    monkeypatch.setenv("ARTEMIS_ISLANDS", "a,a,b,b")
+    with pytest.raises(RuntimeError, match="ARTEMIS_ISLANDS"):  # islands need Python
+        backend._python_path_reason("")
+    monkeypatch.setenv("ARTEMIS_BACKEND_IMPL", "auto")
+    assert "ARTEMIS_ISLANDS" in backend._python_path_reason("")
+    monkeypatch.setenv("ARTEMIS_BACKEND_IMPL", "fast")
+    with pytest.raises(ValueError, match="auto, cpp or python"):
+        backend._python_path_reason("")
