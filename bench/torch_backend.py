@@ -10,9 +10,12 @@
    process-CPU clock reads.
 2. Step time of a real DDP job (2 gloo ranks, one CPU thread each): the same
    model and data trained through ``artemis`` (its default group: the C++ path
-   when built), through an ``artemis`` group on the Python path and through a plain
-   gloo group in the same processes, alternated in rounds; median step time per
-   round, the ratio of the medians. Goal: <= 1% on CPU DDP.
+   when built), through an ``artemis`` group on the Python path, through a plain
+   gloo group and through a second plain gloo group (an A/A control: the noise
+   floor of the comparison) in the same processes, alternated in rounds; median
+   step time per round, the ratio of the medians; the same rounds' process CPU per
+   step; and the C++ wrapper's cost per step (collectives per step x its cost per
+   collective). Goal: <= 1% on CPU DDP.
 
 3. Where the Python path's CPU goes: the cost of one read of each clock (CPU time of
    the reading thread, 50k reads), and the wrapper's cost with its CPU clock
@@ -285,7 +288,9 @@ def _ddp_worker(rank: int, init: str, out: str) -> None:
     py = dist.new_group(backend="artemis")
     del os.environ["ARTEMIS_BACKEND_IMPL"]
     models = {}
-    groups = {"artemis": dist.group.WORLD, "artemis-py": py, "gloo": gloo}
+    # a second plain gloo group: an A/A control, the harness's own noise floor
+    gloo_aa = dist.new_group(backend="gloo")
+    groups = {"artemis": dist.group.WORLD, "artemis-py": py, "gloo": gloo, "gloo-aa": gloo_aa}
     for name, g in groups.items():
         torch.manual_seed(0)
         m = torch.nn.Sequential(
@@ -302,7 +307,8 @@ def _ddp_worker(rank: int, init: str, out: str) -> None:
     times["path"] = [type(dist.group.WORLD).__name__]  # type: ignore[list-item]
     names = list(groups)
     for r in range(ROUNDS + 1):
-        order = names[r % 3 :] + names[: r % 3]  # each backend first in turn
+        k = r % len(names)
+        order = names[k:] + names[:k]  # each backend first in turn
         for name in order:
             model, opt = models[name]
             dist.barrier(group=gloo)
@@ -385,7 +391,7 @@ def main() -> int:
     )
     print("| backend | ms per step | / gloo | rounds (ms) |")
     print("|---|---:|---:|---|")
-    for name in ("gloo", "artemis", "artemis-py"):
+    for name in ("gloo", "gloo-aa", "artemis", "artemis-py"):
         m = statistics.median(t[name])
         print(f"| {name} | {m:.2f} | {m / g:.3f} | {', '.join(f'{v:.1f}' for v in t[name])} |")
     paired = [a / b for a, b in zip(t["artemis"], t["gloo"], strict=True)]
@@ -404,7 +410,7 @@ def main() -> int:
     print("\nThe same rounds' process CPU per step (every thread of rank 0's process):")
     print("| backend | CPU ms per step | / gloo |")
     print("|---|---:|---:|")
-    for name in ("gloo", "artemis", "artemis-py"):
+    for name in ("gloo", "gloo-aa", "artemis", "artemis-py"):
         m = statistics.median(t[f"{name}-cpu"])
         print(f"| {name} | {m:.3f} | {m / gc:.3f} |")
     print("\nCPU per clock read (ns, median of 5 runs of 50k reads, empty loop subtracted):")
