@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed
 PLUGIN  := agent/_plugin/libnccl-profiler-artemis.so
 PYTEST_ARGS ?=
 
-.PHONY: all setup plugin demo sim test test-torch reliability test-c bench lint clean docs-screenshot fuzz soak
+.PHONY: all setup plugin backend-ext demo sim test test-torch reliability test-c bench lint clean docs-screenshot fuzz soak
 
 all: setup
 
@@ -38,7 +38,16 @@ plugin:
 	mkdir -p agent/_plugin/standin
 	cp --remove-destination profiler_plugin/build/standin/libnccl.so.2 agent/_plugin/standin/
 
-setup: $(STAMP) plugin
+# The artemis torch.distributed backend's C++ hot path (job/csrc, docs/DESIGN.md "The
+# artemis backend: two paths"), compiled against the venv's torch (~30-50 s); without
+# it the backend takes its Python path and says so.
+BACKEND_EXT := job/_ext/artemis_timed_backend.so
+backend-ext: $(BACKEND_EXT)
+
+$(BACKEND_EXT): $(STAMP) job/csrc/timed_backend.cpp job/csrc/build.py profiler_plugin/artemis_ring.h
+	$(BIN)/python job/csrc/build.py
+
+setup: $(STAMP) plugin backend-ext
 
 demo: setup
 	$(BIN)/artemis demo
@@ -115,5 +124,5 @@ docs-screenshot: setup
 	$(BIN)/python -m artemis.report.browser $(DOCS_RUN)/flagship-sim.html docs/incident-report.png 1650
 
 clean:
-	rm -rf $(VENV) agent/_plugin build *.egg-info
+	rm -rf $(VENV) agent/_plugin job/_ext build *.egg-info
 	$(MAKE) -C profiler_plugin clean

@@ -1,15 +1,23 @@
 """The ``artemis`` torch.distributed backend's overhead (issue 15's goals).
 
 1. CPU per collective of the wrapper: ``all_reduce`` of a 4-float tensor through
-   ``ArtemisProcessGroup`` wrapping torch's do-nothing ``fake`` process group,
-   against the same call on the fake group itself; process CPU time
-   (``time.process_time_ns``), interleaved runs, median. Goal: <= 5 us.
+   the backend's two paths wrapping torch's do-nothing ``fake`` process group
+   (the Python ``ArtemisProcessGroup``; the C++ ``TimedBackend`` of job/csrc, when
+   built, around the fake group's c10d backend), against the same call on the fake
+   group itself; process CPU time (``time.process_time_ns``), interleaved runs,
+   median. Goal: <= 5 us. Then the C++ path's pieces timed alone in C (clock
+   reads, one ring record + completion, one future callback), and its cost in
+   process-CPU clock reads.
 2. Step time of a real DDP job (2 gloo ranks, one CPU thread each): the same
-   model and data trained through ``artemis`` and through a plain gloo group in
-   the same processes, alternated in rounds; median step time per round, the
-   ratio of the medians. Goal: <= 1% on CPU DDP.
+   model and data trained through ``artemis`` (its default group: the C++ path
+   when built), through an ``artemis`` group on the Python path, through a plain
+   gloo group and through a second plain gloo group (an A/A control: the noise
+   floor of the comparison) in the same processes, alternated in rounds; median
+   step time per round, the ratio of the medians; the same rounds' process CPU per
+   step; and the C++ wrapper's cost per step (collectives per step x its cost per
+   collective). Goal: <= 1% on CPU DDP.
 
-3. Where the wrapper's CPU goes: the cost of one read of each clock (CPU time of
+3. Where the Python path's CPU goes: the cost of one read of each clock (CPU time of
    the reading thread, 50k reads), and the wrapper's cost with its CPU clock
    (``time.process_time_ns``, what the ring contract asks: process CPU time at
    each record's start and end) replaced by ``time.thread_time_ns`` and by a
@@ -36,25 +44,34 @@ from typing import Any
 
 RUNS = 7
 CALLS = 20_000
-ROUNDS = 6
+ROUNDS = 20
 STEPS = 40
 DET_STEPS = 400
 DET_RUNS = 3
 
 
-def _cpu_per_collective() -> tuple[float, float]:
+def _cpu_per_collective() -> tuple[float, float, float | None]:
+    """us of process CPU per all_reduce: fake alone, through the Python path, through
+    the C++ path (None when it is not built); medians of interleaved runs."""
     import artemis.job  # noqa: F401
     import torch
     import torch.distributed as dist
-    from artemis.job.backend import ArtemisProcessGroup
+    from artemis.job.backend import ArtemisCppGroup, ArtemisProcessGroup, load_ext
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     shm = tempfile.mkdtemp(prefix="bench-artemis-")
     os.environ["ARTEMIS_SHM_DIR"], os.environ["ARTEMIS_JOB"] = shm, "bench"
     store = FakeStore()
     dist.init_process_group("fake", store=store, rank=0, world_size=2)
-    fake = dist.group.WORLD
+    fake: Any = dist.group.WORLD
     ours = ArtemisProcessGroup(store, 0, 2, timedelta(seconds=30), inner=fake)
+    groups: dict[str, Any] = {"fake": fake, "python": ours}
+    if load_ext() is not None:
+        # the C++ path wraps the fake group's c10d backend (its do-nothing collectives)
+        fake_backend = fake._get_backend(torch.device("cpu"))
+        groups["cpp"] = ArtemisCppGroup(
+            store, 0, 2, timedelta(seconds=30), group_id="bench-cpp", inner=fake_backend
+        )
     t = torch.ones(4)
     opts = dist.AllreduceOptions()
 
@@ -64,14 +81,61 @@ def _cpu_per_collective() -> tuple[float, float]:
             pg.allreduce([t], opts)
         return (time.process_time_ns() - c0) / CALLS / 1e3
 
-    per_call(fake), per_call(ours)  # warm up (and create the ring)
-    base, wrapped = [], []
+    for g in groups.values():
+        per_call(g)  # warm up (and create the ring)
+    got: dict[str, list[float]] = {k: [] for k in groups}
     for _ in range(RUNS):
-        base.append(per_call(fake))
-        wrapped.append(per_call(ours))
-    ours.close_rings()
+        for name, g in groups.items():
+            got[name].append(per_call(g))
+    for g in groups.values():
+        if g is not fake:
+            g.close_rings()
     dist.destroy_process_group()
-    return statistics.median(base), statistics.median(wrapped)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    return med["fake"], med["python"], med.get("cpp")
+
+
+def _cpp_pieces() -> dict[str, float]:
+    """ns of thread CPU per piece of the C++ hot path, timed alone in C (medians of 5
+    runs): each clock read, one ring record + completion (mutex, seqlock, stores),
+    one completion callback on a done future."""
+    import torch
+    from artemis.job.backend import load_ext
+    from artemis.job.ring_writer import RingWriter
+
+    ext = load_ext()
+    if ext is None:
+        return {}
+    n = 200_000
+
+    def med(f: Any) -> float:
+        return statistics.median(f() for _ in range(5))
+
+    d = tempfile.mkdtemp(prefix="bench-pieces-")
+    rw = RingWriter(d, "pieces", 1, 0, 1, clock_kind="host", cpu_times=True)
+    path = str(rw.path)
+    rw.close(finish=False)
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    world: Any = dist.group.WORLD
+    tb = ext.TimedBackend(world._get_backend(torch.device("cpu")), None, path, 0, 1)
+    out = {
+        "CLOCK_MONOTONIC read (vDSO)": med(lambda: ext.clock_read_ns("monotonic", n)),
+        "CLOCK_PROCESS_CPUTIME_ID read (a system call)": med(
+            lambda: ext.clock_read_ns("process_cputime", n)
+        ),
+        "ring record + completion (mutex, seqlock, 2x12 stores)": med(
+            lambda: tb.bench_record_ns(n // 4)
+        ),
+        "completion callback on a done future (addCallback)": med(
+            lambda: ext.bench_callback_ns(n // 4)
+        ),
+    }
+    tb.close_ring()
+    dist.destroy_process_group()
+    return out
 
 
 def _clock_costs() -> dict[str, float]:
@@ -220,8 +284,14 @@ def _ddp_worker(rank: int, init: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("artemis", init_method=f"file://{init}", rank=rank, world_size=2)
     gloo = dist.new_group(backend="gloo")
+    os.environ["ARTEMIS_BACKEND_IMPL"] = "python"  # read when a group is made
+    py = dist.new_group(backend="artemis")
+    del os.environ["ARTEMIS_BACKEND_IMPL"]
     models = {}
-    for name, g in (("artemis", dist.group.WORLD), ("gloo", gloo)):
+    # a second plain gloo group: an A/A control, the harness's own noise floor
+    gloo_aa = dist.new_group(backend="gloo")
+    groups = {"artemis": dist.group.WORLD, "artemis-py": py, "gloo": gloo, "gloo-aa": gloo_aa}
+    for name, g in groups.items():
         torch.manual_seed(0)
         m = torch.nn.Sequential(
             torch.nn.Linear(64, 256),
@@ -232,25 +302,36 @@ def _ddp_worker(rank: int, init: str, out: str) -> None:
         )
         models[name] = (DDP(m, process_group=g), torch.optim.SGD(m.parameters(), lr=0.01))
     x, y = torch.randn(128, 64), torch.randn(128, 1)
-    times: dict[str, list[float]] = {"artemis": [], "gloo": []}
+    times: dict[str, list[float]] = {k: [] for k in groups}
+    times.update({f"{k}-cpu": [] for k in groups})
+    times["path"] = [type(dist.group.WORLD).__name__]  # type: ignore[list-item]
+    names = list(groups)
     for r in range(ROUNDS + 1):
-        order = ("artemis", "gloo") if r % 2 else ("gloo", "artemis")
+        k = r % len(names)
+        order = names[k:] + names[:k]  # each backend first in turn
         for name in order:
             model, opt = models[name]
             dist.barrier(group=gloo)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(STEPS):
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
             if r:  # round 0 warms both up
                 times[name].append((time.perf_counter() - t0) / STEPS * 1e3)
+                # the process's CPU (every thread: gloo's too) per step: less swayed
+                # by the other processes on the machine than the wall clock
+                times[f"{name}-cpu"].append((time.process_time() - c0) / STEPS * 1e3)
+    # collectives per step on the artemis group (the wrapper's cost per step is that
+    # many times its cost per collective)
+    steps_run = (ROUNDS + 1) * STEPS
+    times["colls_per_step"] = [dist.group.WORLD.next_coll_seq() / steps_run]  # type: ignore[union-attr]
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(times))
 
 
-def _step_times() -> dict[str, list[float]]:
+def _step_times() -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     d = Path(tempfile.mkdtemp(prefix="bench-ddp-"))
@@ -258,7 +339,7 @@ def _step_times() -> dict[str, list[float]]:
     mp.start_processes(
         _ddp_worker, args=(str(d / "store"), str(d / "times.json")), nprocs=2, start_method="spawn"
     )
-    times: dict[str, list[float]] = json.loads((d / "times.json").read_text())
+    times: dict[str, Any] = json.loads((d / "times.json").read_text())
     return times
 
 
@@ -268,21 +349,70 @@ def main() -> int:
     except ImportError:
         print("torch is not installed: skipped")
         return 0
-    base, wrapped = _cpu_per_collective()
+    base, wrapped, cpp = _cpu_per_collective()
     print(f"CPU per all_reduce, medians of {RUNS} interleaved runs of {CALLS} calls:")
     print("| inner | us per call |")
     print("|---|---:|")
     print(f"| fake (do-nothing) alone | {base:.2f} |")
-    print(f"| artemis wrapping fake | {wrapped:.2f} |")
-    print(f"| wrapper's own cost | {wrapped - base:.2f} (goal <= 5) |")
+    print(f"| artemis, Python path, wrapping fake | {wrapped:.2f} |")
+    print(f"| its own cost | {wrapped - base:.2f} (goal <= 5) |")
+    if cpp is None:
+        print("| artemis, C++ path | not built (make backend-ext) |")
+    else:
+        print(f"| artemis, C++ path, wrapping fake's c10d backend | {cpp:.2f} |")
+        print(f"| its own cost | {cpp - base:.2f} (goal <= 5) |")
+    pieces = _cpp_pieces()
+    if pieces and cpp is not None:
+        print("\nThe C++ hot path's pieces, timed alone in C (ns of thread CPU, medians of 5):")
+        print("| piece | ns | per collective |")
+        print("|---|---:|---:|")
+        per = {
+            "CLOCK_MONOTONIC read (vDSO)": 3,
+            "CLOCK_PROCESS_CPUTIME_ID read (a system call)": 2,
+            "ring record + completion (mutex, seqlock, 2x12 stores)": 1,
+            "completion callback on a done future (addCallback)": 1,
+        }
+        total = 0.0
+        for name, ns in pieces.items():
+            total += ns * per[name]
+            print(f"| {name} | {ns:.0f} | x{per[name]} = {ns * per[name]:.0f} |")
+        own = (cpp - base) * 1e3
+        print(f"| sum of the pieces | | {total:.0f} |")
+        print(f"| the rest (dispatch, the inner Work's future, vectors) | | {own - total:.0f} |")
+        print(
+            f"| the wrapper's own cost, in process-CPU clock reads | | "
+            f"{own / pieces['CLOCK_PROCESS_CPUTIME_ID read (a system call)']:.1f} reads |"
+        )
     t = _step_times()
-    a, g = statistics.median(t["artemis"]), statistics.median(t["gloo"])
-    print(f"\nDDP step time, 2 gloo ranks, medians of {ROUNDS} alternated rounds of {STEPS} steps:")
-    print("| backend | ms per step | rounds (ms) |")
-    print("|---|---:|---|")
-    print(f"| gloo | {g:.2f} | {', '.join(f'{v:.1f}' for v in t['gloo'])} |")
-    print(f"| artemis | {a:.2f} | {', '.join(f'{v:.1f}' for v in t['artemis'])} |")
-    print(f"| ratio | {a / g:.3f} (goal <= 1.01) | |")
+    g = statistics.median(t["gloo"])
+    print(
+        f"\nDDP step time, 2 gloo ranks, medians of {ROUNDS} alternated rounds of {STEPS} steps "
+        f"(the default artemis group took {t['path'][0]}):"
+    )
+    print("| backend | ms per step | / gloo | rounds (ms) |")
+    print("|---|---:|---:|---|")
+    for name in ("gloo", "gloo-aa", "artemis", "artemis-py"):
+        m = statistics.median(t[name])
+        print(f"| {name} | {m:.2f} | {m / g:.3f} | {', '.join(f'{v:.1f}' for v in t[name])} |")
+    paired = [a / b for a, b in zip(t["artemis"], t["gloo"], strict=True)]
+    print(
+        f"| artemis / gloo, median of per-round ratios | | "
+        f"{statistics.median(paired):.3f} (goal <= 1.01) | |"
+    )
+    if cpp is not None:
+        per_step = t["colls_per_step"][0]
+        print(
+            f"| the C++ wrapper's CPU per step: {per_step:.2f} collectives x "
+            f"{cpp - base:.2f} us | | {(per_step * (cpp - base) / 1e3) / g * 100:.3f}% "
+            "of gloo's step | |"
+        )
+    gc = statistics.median(t["gloo-cpu"])
+    print("\nThe same rounds' process CPU per step (every thread of rank 0's process):")
+    print("| backend | CPU ms per step | / gloo |")
+    print("|---|---:|---:|")
+    for name in ("gloo", "gloo-aa", "artemis", "artemis-py"):
+        m = statistics.median(t[f"{name}-cpu"])
+        print(f"| {name} | {m:.3f} | {m / gc:.3f} |")
     print("\nCPU per clock read (ns, median of 5 runs of 50k reads, empty loop subtracted):")
     print("| clock | ns per read |")
     print("|---|---:|")

@@ -1,11 +1,17 @@
-"""The ``artemis`` torch.distributed backend: a Python ProcessGroup that times every collective.
+"""The ``artemis`` torch.distributed backend: a ProcessGroup that times every collective.
 
 ``import artemis.job`` calls ``register()`` when torch is importable; then
 ``dist.init_process_group(backend="artemis")`` (and every ``new_group`` of that
-job) builds an ``ArtemisProcessGroup``. It wraps the real backend (gloo for CPU
-tensors, nccl for CUDA tensors; ``ARTEMIS_INNER_BACKEND=gloo|nccl`` forces one)
-and hands each call to it unchanged, so results are the inner backend's, bit for
-bit. Around each call it writes one ring record (docs/DESIGN.md, "Ring format")
+job) builds a group on one of two paths (docs/DESIGN.md, "The artemis backend:
+two paths"): the C++ path (``ArtemisCppGroup``: c10d dispatches each call into
+``job/csrc/timed_backend.cpp``, which writes the record; built by
+``make backend-ext``), by default; or the Python path (``ArtemisProcessGroup``),
+for islands, for CUDA tensors without the NCCL plugin, when the extension is not
+built, or with ``ARTEMIS_BACKEND_IMPL=python``. Either wraps the real backend
+(gloo for CPU tensors, nccl for CUDA tensors; ``ARTEMIS_INNER_BACKEND=gloo|nccl``
+forces one) and hands each call to it unchanged, so results are the inner
+backend's, bit for bit; both write the same records. What follows describes the
+Python path; the C++ one does the same in C++. Around each call it writes one ring record (docs/DESIGN.md, "Ring format")
 into ``$ARTEMIS_SHM_DIR/<job>.<comm>.r<rank>.ring``: in flight at the call
 (enqueue and start from CLOCK_MONOTONIC, process CPU time at the start), done
 when the inner Work's future completes (end, CPU time at the end). The rings
@@ -32,7 +38,9 @@ group; docs/DESIGN.md, "Ring", has the contract.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import logging
 import os
 import queue
 import socket
@@ -41,7 +49,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as _torch_dist
@@ -57,6 +65,7 @@ dist: Any = _torch_dist
 _C10D: Any = torch._C._distributed_c10d
 
 BACKEND_NAME = "artemis"
+log = logging.getLogger("artemis.job")
 _JOB_ENV = ("ARTEMIS_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 
 _DTYPES: dict[Any, int] = {
@@ -276,8 +285,114 @@ class _CudaTimer:
                 comm.ring.complete(ticket, end=e, cpu_end_ns=_cpu(), start=s)
 
 
-class ArtemisProcessGroup(dist.ProcessGroup):
-    """A ProcessGroup that forwards every call to the inner backend and records it."""
+def _forced_inner() -> str:
+    """``ARTEMIS_INNER_BACKEND`` (gloo, nccl), or "" for the default by device."""
+    forced = os.environ.get("ARTEMIS_INNER_BACKEND", "").strip().lower()
+    if forced and forced not in ("gloo", "nccl"):
+        raise ValueError(f"ARTEMIS_INNER_BACKEND={forced!r}: expected gloo or nccl")
+    return forced
+
+
+def _wants_nccl(forced: str) -> bool:
+    return forced == "nccl" or (
+        not forced and torch.cuda.is_available() and c10d.is_nccl_available()
+    )
+
+
+def _inner_backends(
+    store: Any, rank: int, size: int, timeout: timedelta, forced: str
+) -> dict[str, Any]:
+    """The inner c10d backends by device type, built as init_process_group builds them
+    (gloo for "cpu", nccl for "cuda"; ARTEMIS_INNER_BACKEND=nccl puts nccl on both)."""
+    inner: dict[str, Any] = {}
+    if forced in ("", "gloo"):
+        gloo = c10d.ProcessGroupGloo(c10d.PrefixStore("cpu/", store), rank, size, timeout)
+        gloo._set_sequence_number_for_group()
+        inner["cpu"] = gloo
+    if _wants_nccl(forced):
+        opts = c10d.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        nccl = c10d.ProcessGroupNCCL(c10d.PrefixStore("cuda/", store), rank, size, opts)
+        nccl._set_sequence_number_for_group()
+        inner["cuda"] = nccl
+        if forced == "nccl":
+            inner["cpu"] = nccl
+    return inner
+
+
+class ArtemisGroup:
+    """What both paths of the ``artemis`` backend share (a mixin of both group classes):
+    the group's identity, its ring's name and the attributes ``artemis.job.Detector``
+    and the tests read."""
+
+    if TYPE_CHECKING:  # ProcessGroup's, which both group classes also are
+
+        def rank(self) -> int: ...
+
+        def size(self) -> int: ...
+
+    def _finish_init(
+        self, rank: int, size: int, group_id: str, global_ranks: list[int] | None
+    ) -> None:
+        self._rank, self._size = rank, size
+        self._ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._group_id = group_id or "default"
+        self._shm = Path(os.environ.get("ARTEMIS_SHM_DIR") or DEFAULT_SHM_DIR)
+        self._job = job_name()
+        self._plugin = plugin_loaded()
+        # Fault injection for tests and demos: extra seconds inside each of this
+        # rank's bridge transfers (a slow link between islands). Leaders only.
+        self.bridge_delay_s = 0.0
+
+    def _ring_key(self, inner_name: str) -> str:
+        """The ring's communicator key (its hash names the ring file)."""
+        return f"{inner_name}:{self._group_id}:{','.join(map(str, self._ranks))}"
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def job(self) -> str:
+        return self._job
+
+    @property
+    def shm_dir(self) -> Path:
+        return self._shm
+
+    @property
+    def global_rank(self) -> int:
+        return self._ranks[self._rank]
+
+    @property
+    def island(self) -> str | None:
+        """This rank's island when this group composes by island, else None."""
+        return None
+
+    def bridge_ring_path(self) -> Path | None:
+        """The ring of this rank's bridge records (island leaders only), else None."""
+        return None
+
+    def ring_path(self, device: str = "cpu") -> Path:
+        """This rank's ring for collectives on ``device``."""
+        raise NotImplementedError
+
+    def next_coll_seq(self, device: str = "cpu") -> int:
+        """The coll_seq the next collective on ``device`` will get (0 before the first)."""
+        raise NotImplementedError
+
+    @property
+    def inner(self) -> dict[str, Any]:
+        """The wrapped backends by device type ("cpu", "cuda")."""
+        raise NotImplementedError
+
+    def close_rings(self) -> None:
+        """Mark this group's rings finished (the agent then ships their last windows)."""
+        raise NotImplementedError
+
+
+class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
+    """The Python path: a ProcessGroup that forwards every call to the inner backend and
+    records it (islands, and CUDA events without the plugin, need it)."""
 
     def __init__(
         self,
@@ -293,9 +408,7 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         """``inner``: an existing ProcessGroup to wrap (its device types as given) instead of
         building gloo/nccl from ``store``; the benchmark wraps a do-nothing one this way."""
         super().__init__(rank, size)
-        forced = os.environ.get("ARTEMIS_INNER_BACKEND", "").strip().lower()
-        if forced and forced not in ("gloo", "nccl"):
-            raise ValueError(f"ARTEMIS_INNER_BACKEND={forced!r}: expected gloo or nccl")
+        forced = _forced_inner()
         # The inner backends sit in a plain c10d ProcessGroup, built as
         # init_process_group builds one, so every call below is forwarded by name
         # and c10d's own dispatch (coalesced ops included) does the rest.
@@ -306,9 +419,6 @@ class ArtemisProcessGroup(dist.ProcessGroup):
         else:
             self._build_inner(store, rank, size, timeout, forced)
         self._finish_init(rank, size, group_id, global_ranks)
-        # Fault injection for tests and demos: extra seconds inside each of this
-        # rank's bridge transfers (a slow link between islands). Leaders only.
-        self.bridge_delay_s = 0.0
         self._isl: _Islands | None = None
         if inner is None and "cpu" in self._inner and forced != "nccl":
             self._setup_islands(store, timeout)
@@ -316,24 +426,16 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     def _build_inner(
         self, store: Any, rank: int, size: int, timeout: timedelta, forced: str
     ) -> None:
-        want_nccl = forced == "nccl" or (
-            not forced and torch.cuda.is_available() and c10d.is_nccl_available()
-        )
+        self._inner = _inner_backends(store, rank, size, timeout, forced)
         pg = dist.ProcessGroup(store, rank, size)
-        if forced in ("", "gloo"):
-            gloo = c10d.ProcessGroupGloo(c10d.PrefixStore("cpu/", store), rank, size, timeout)
-            gloo._set_sequence_number_for_group()
-            self._inner["cpu"] = gloo
-            pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
-        if want_nccl:
-            opts = c10d.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            nccl = c10d.ProcessGroupNCCL(c10d.PrefixStore("cuda/", store), rank, size, opts)
-            nccl._set_sequence_number_for_group()
-            self._inner["cuda"] = nccl
-            pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
-            if forced == "nccl":
-                self._inner["cpu"] = nccl
+        if "cpu" in self._inner and self._inner["cpu"] is not self._inner.get("cuda"):
+            pg._register_backend(
+                torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._inner["cpu"]
+            )
+        if "cuda" in self._inner:
+            pg._register_backend(
+                torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, self._inner["cuda"]
+            )
         pg._set_default_backend(
             dist.ProcessGroup.BackendType.GLOO
             if "cpu" in self._inner and self._inner["cpu"] is not self._inner.get("cuda")
@@ -344,13 +446,8 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     def _finish_init(
         self, rank: int, size: int, group_id: str, global_ranks: list[int] | None
     ) -> None:
-        self._rank, self._size = rank, size
-        self._ranks = list(global_ranks) if global_ranks else list(range(size))
-        self._group_id = group_id or "default"
-        self._shm = Path(os.environ.get("ARTEMIS_SHM_DIR") or DEFAULT_SHM_DIR)
-        self._job = job_name()
+        super()._finish_init(rank, size, group_id, global_ranks)
         self._comms: dict[str, _Comm | None] = {}
-        self._plugin = plugin_loaded()
         self._cuda_timer: _CudaTimer | None = None
 
     def _setup_islands(self, store: Any, timeout: timedelta) -> None:
@@ -393,9 +490,6 @@ class ArtemisProcessGroup(dist.ProcessGroup):
 
     # -- plumbing -------------------------------------------------------------
 
-    def getBackendName(self) -> str:
-        return BACKEND_NAME
-
     # A Python ProcessGroup has no backend to keep its name in; keep it here.
     @property
     def group_name(self) -> str:
@@ -411,18 +505,6 @@ class ArtemisProcessGroup(dist.ProcessGroup):
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
-
-    @property
-    def job(self) -> str:
-        return self._job
-
-    @property
-    def shm_dir(self) -> Path:
-        return self._shm
-
-    @property
-    def global_rank(self) -> int:
-        return self._ranks[self._rank]
 
     def ring_path(self, device: str = "cpu") -> Path:
         """This rank's ring for collectives on ``device`` (made now if need be)."""
@@ -464,11 +546,10 @@ class ArtemisProcessGroup(dist.ProcessGroup):
                 False,
             )
         else:
-            key = f"{inner_name}:{self._group_id}:{','.join(map(str, self._ranks))}"
             comm = _Comm(
                 self._shm,
                 self._job,
-                key,
+                self._ring_key(inner_name),
                 self._rank,
                 self._size,
                 self._ranks[self._rank],
@@ -730,24 +811,24 @@ class ArtemisProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output: Any, input: Any, opts: Any = None) -> Any:
         if opts is None:
-            opts = dist.AllgatherOptions()
+            opts = _C10D.AllgatherOptions()
         return self._run("AllGather", _flat(input), lambda b: b.allgather(output, input, opts))
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
         if opts is None:
-            opts = dist.AllgatherOptions()
+            opts = _C10D.AllgatherOptions()
         return self._run("AllGather", [input], lambda b: b._allgather_base(output, input, opts))
 
     def allgather_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
         if opts is None:
-            opts = dist.AllgatherOptions()
+            opts = _C10D.AllgatherOptions()
         return self._run(
             "AllGather", _flat(input), lambda b: b.allgather_coalesced(output, input, opts)
         )
 
     def allgather_into_tensor_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
         if opts is None:
-            opts = dist.AllgatherOptions()
+            opts = _C10D.AllgatherOptions()
         return self._run(
             "AllGather",
             _flat(input),
@@ -806,12 +887,12 @@ class ArtemisProcessGroup(dist.ProcessGroup):
     # torch >= 2.13 names of the single-tensor collectives (dist.all_gather_into_tensor etc.)
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         if opts is None:
-            opts = dist.AllgatherOptions()
+            opts = _C10D.AllgatherOptions()
         return self._run("AllGather", [input], lambda b: b.all_gather_single(output, input, opts))
 
     def all_gather_single_coalesced(self, output: Any, input: Any, opts: Any = None) -> Any:
         if opts is None:
-            opts = dist.AllgatherOptions()
+            opts = _C10D.AllgatherOptions()
         return self._run(
             "AllGather", _flat(input), lambda b: b.all_gather_single_coalesced(output, input, opts)
         )
@@ -898,6 +979,171 @@ class _TimedWork(dist._Work):
         return self._w.result()
 
 
+# -- the C++ path --------------------------------------------------------------------
+
+_EXT_NAME = "artemis_timed_backend"
+_EXT_DIR = Path(__file__).resolve().parent / "_ext"  # where `make backend-ext` puts it
+_IMPL_ENV = "ARTEMIS_BACKEND_IMPL"  # auto (default) | cpp | python
+_BUILD_HINT = "build it with `make backend-ext` (or `python job/csrc/build.py`)"
+_ext_cache: dict[Path, Any] = {}
+
+
+def load_ext(ext_dir: Path | None = None) -> Any:
+    """The C++ backend module (job/csrc/timed_backend.cpp) when built for this torch,
+    else None, said once in a log line with how to build it."""
+    d = _EXT_DIR if ext_dir is None else ext_dir
+    if d in _ext_cache:
+        return _ext_cache[d]
+    mod: Any = None
+    so, tag = d / f"{_EXT_NAME}.so", d / f"{_EXT_NAME}.torch"
+    why = ""
+    if not so.is_file():
+        why = f"{so} is not built"
+    elif not tag.is_file() or tag.read_text().strip() != torch.__version__:
+        why = f"{so} was built for another torch than {torch.__version__}"
+    else:
+        try:
+            spec = importlib.util.spec_from_file_location(_EXT_NAME, so)
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        except (ImportError, OSError) as e:
+            why, mod = f"{so} does not load ({e})", None
+    if mod is None:
+        log.warning(
+            "artemis backend: the C++ path is not available (%s); collectives take the "
+            "Python path (about 13 us of CPU each, bench/README.md); %s",
+            why,
+            _BUILD_HINT,
+        )
+    _ext_cache[d] = mod
+    return mod
+
+
+def _python_path_reason(forced: str) -> str:
+    """Why a group must take the Python path ("" when the C++ path can take it)."""
+    impl = os.environ.get(_IMPL_ENV, "auto").strip().lower() or "auto"
+    if impl not in ("auto", "cpp", "python"):
+        raise ValueError(f"{_IMPL_ENV}={impl!r}: expected auto, cpp or python")
+    if impl == "python":
+        return f"{_IMPL_ENV}=python"
+    why = ""
+    if island_names() is not None:
+        why = f"{_ISLANDS_ENV} is set (islands compose their collectives in Python)"
+    elif _wants_nccl(forced) and not plugin_loaded():
+        why = "CUDA tensors without the NCCL plugin (CUDA events are recorded in Python)"
+    elif load_ext() is None:
+        why = "the C++ path is not built"
+    if why and impl == "cpp":
+        raise RuntimeError(
+            f"{_IMPL_ENV}=cpp, but {why}" + (f": {_BUILD_HINT}" if "built" in why else "")
+        )
+    return why
+
+
+class _CppGroupAttrs(ArtemisGroup):
+    """The C++ path: a plain c10d ProcessGroup whose backend for CPU (and CUDA) tensors
+    is the C++ ``TimedBackend`` (job/csrc/timed_backend.cpp) around the inner backend.
+
+    No Python runs per collective: c10d dispatches straight into the C++ backend,
+    which writes the ring records. This object only holds the group's attributes
+    (ring path, comm key, counters) for the detector, the tests and ``artemis run``.
+    NCCL's collectives are left to the plugin (this path is taken with NCCL only when
+    the plugin is loaded), so only CPU tensors are recorded.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        group_id: str = "",
+        global_ranks: list[int] | None = None,
+        *,
+        inner: Any = None,
+    ) -> None:
+        """``inner``: an existing c10d Backend to wrap for CPU tensors instead of building
+        gloo/nccl from ``store``; the benchmark wraps torch's do-nothing one this way."""
+        ext = load_ext()
+        if ext is None:
+            raise RuntimeError(f"the artemis backend's C++ path is not built: {_BUILD_HINT}")
+        ext.ProcessGroupBase.__init__(self, store, rank, size)
+        forced = _forced_inner()
+        self._inner: dict[str, Any] = (
+            {"cpu": inner}
+            if inner is not None
+            else _inner_backends(store, rank, size, timeout, forced)
+        )
+        self._finish_init(rank, size, group_id, global_ranks)
+        cpu, cuda = self._inner.get("cpu"), self._inner.get("cuda")
+        self._ring: Path | None = None
+        if cpu is not None:
+            # The Python RingWriter makes the ring (header, env sidecar, rename into
+            # place), as on the Python path; the C++ backend maps it and is its writer.
+            comm = _Comm(
+                self._shm,
+                self._job,
+                self._ring_key("nccl" if cpu is cuda else "gloo"),
+                rank,
+                size,
+                self.global_rank,
+                False,
+            )
+            self._ring = comm.ring.path
+            comm.ring.close(finish=False)
+        self._tb: Any = ext.TimedBackend(cpu, cuda, str(self._ring or ""), rank, size)
+        kind = dist.ProcessGroup.BackendType.CUSTOM
+        pg: Any = self  # a ProcessGroupBase, which mypy cannot see through the extension
+        for dev in ("cpu", "cuda"):
+            if dev in self._inner:
+                pg._register_backend(torch.device(dev), kind, self._tb)
+        pg._set_default_backend(kind)
+
+    @property
+    def timed_backend(self) -> Any:
+        """The C++ backend (a c10d Backend) this group dispatches to."""
+        return self._tb
+
+    def ring_path(self, device: str = "cpu") -> Path:
+        if device != "cpu" or self._ring is None:
+            raise RuntimeError(f"{device} collectives are recorded by the NCCL plugin here")
+        return self._ring
+
+    def next_coll_seq(self, device: str = "cpu") -> int:
+        return int(self._tb.next_coll_seq()) if device == "cpu" else 0
+
+    @property
+    def inner(self) -> dict[str, Any]:
+        return dict(self._inner)
+
+    def close_rings(self) -> None:
+        self._tb.close_ring()
+
+
+_cpp_group_cls: list[type] = []
+
+
+def cpp_group_class() -> type:
+    """``ArtemisCppGroup``: the C++ path's group class (``_CppGroupAttrs`` on the C++
+    ``ProcessGroupBase``); made once the extension loads (``load_ext``)."""
+    if not _cpp_group_cls:
+        ext = load_ext()
+        if ext is None:
+            raise RuntimeError(f"the artemis backend's C++ path is not built: {_BUILD_HINT}")
+        _cpp_group_cls.append(
+            type(
+                "ArtemisCppGroup", (_CppGroupAttrs, ext.ProcessGroupBase), {"__module__": __name__}
+            )
+        )
+    return _cpp_group_cls[0]
+
+
+def ArtemisCppGroup(*args: Any, **kwargs: Any) -> Any:  # a class to its callers
+    """A C++-path group (see ``_CppGroupAttrs``); the arguments are ArtemisProcessGroup's."""
+    return cpp_group_class()(*args, **kwargs)
+
+
 _published: set[tuple[str, str, int]] = set()
 
 
@@ -919,8 +1165,18 @@ def _publish_island(shm: Path, job: str, global_rank: int, island: str) -> None:
     _published.add(key)
 
 
-def _create(opts: Any, pg_options: Any) -> ArtemisProcessGroup:
-    return ArtemisProcessGroup(
+def _create(opts: Any, pg_options: Any) -> Any:
+    """The backend's creator: the C++ path when it is built and the group needs neither
+    islands nor CUDA events, else the Python path (a debug line says which)."""
+    why = _python_path_reason(_forced_inner())
+    cls: Any = ArtemisProcessGroup if why else cpp_group_class()
+    log.debug(
+        "artemis backend: group %s takes the %s path%s",
+        opts.group_id,
+        "Python" if why else "C++",
+        f" ({why})" if why else "",
+    )
+    return cls(
         opts.store,
         opts.group_rank,
         opts.group_size,
@@ -939,9 +1195,12 @@ def register() -> None:
 
 __all__ = [
     "BACKEND_NAME",
+    "ArtemisCppGroup",
+    "ArtemisGroup",
     "ArtemisProcessGroup",
     "island_names",
     "job_name",
+    "load_ext",
     "plugin_loaded",
     "register",
 ]

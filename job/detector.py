@@ -88,10 +88,10 @@ class Detector:
     ) -> None:
         import torch.distributed as dist
 
-        from .backend import ArtemisProcessGroup
+        from .backend import ArtemisGroup
 
-        pg = group if group is not None else dist.group.WORLD
-        if not isinstance(pg, ArtemisProcessGroup):
+        pg: Any = group if group is not None else dist.group.WORLD
+        if not isinstance(pg, ArtemisGroup):
             raise TypeError(
                 "artemis.job.Detector needs the artemis backend: "
                 "dist.init_process_group(backend='artemis')"

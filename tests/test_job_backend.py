@@ -4,9 +4,12 @@ One spawn (torch start-up is slow on this machine) checks, on every rank:
 
 * every collective type through ``artemis`` gives exactly the result of the same
   call on a plain gloo group (the reference), and lands a DONE record of its
-  function in the rank's ring, with host times and CPU times;
-* 50 steps of DDP and of FSDP (CPU) through ``artemis`` leave parameters and
-  gradients bit-identical to the same training on plain gloo.
+  function in the rank's ring, with host times and CPU times, on both of the
+  backend's paths: the default group takes the C++ path (job/csrc, when built:
+  this test checks that it is the one taken), a second group the Python path
+  (``ARTEMIS_BACKEND_IMPL=python`` at its creation);
+* 50 steps of DDP and of FSDP (CPU) through ``artemis`` (the default group) leave
+  parameters and gradients bit-identical to the same training on plain gloo.
 
 The parent then reads the rings with the agent's own reader.
 """
@@ -142,7 +145,14 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     try:
         res: dict[str, Any] = {"backend": dist.get_backend()}
         gloo = dist.new_group(backend="gloo")
+        os.environ["ARTEMIS_BACKEND_IMPL"] = "python"  # read when a group is made
+        pyg = dist.new_group(backend="artemis")
+        del os.environ["ARTEMIS_BACKEND_IMPL"]
+        world = dist.group.WORLD
+        res["classes"] = [type(world).__name__, type(pyg).__name__]
+        res["rings"] = [str(world.ring_path()), str(pyg.ring_path())]
         res["ours"] = _collectives(dist, rank, None)
+        res["ours_py"] = _collectives(dist, rank, pyg)
         res["ref"] = _collectives(dist, rank, gloo)
         dist.barrier()
         for kind in ("ddp", "fsdp"):
@@ -177,18 +187,26 @@ def test_artemis_backend_matches_gloo_and_records(tmp_path: Path) -> None:
                 p.kill()
                 p.join(5)
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    from artemis.job.backend import load_ext
+
+    # The C++ path is the default group's when it is built (`make backend-ext`).
+    cpp = "ArtemisCppGroup" if load_ext() is not None else "ArtemisProcessGroup"
     for r in range(WORLD):
         assert res[r]["backend"] == "artemis"
+        assert res[r]["classes"] == [cpp, "ArtemisProcessGroup"]
         assert res[r]["ours"] == res[r]["ref"]  # every collective: the inner backend's result
+        assert res[r]["ours_py"] == res[r]["ref"]  # on the Python path too
         for kind in ("ddp", "fsdp"):
             assert res[r][f"{kind}_ours"] == res[r][f"{kind}_ref"], kind  # bit for bit
     # the values are real: a reduction over both ranks happened
     assert res[0]["ours"]["all_reduce"] == pytest.approx([0.2, 3.2, 6.2, 9.2])
     assert res[1]["ours"]["send_recv"] == pytest.approx([0.1, 1.1, 2.1, 3.1])
 
-    # Rings: one per rank for the default group (the gloo reference group is not ours).
+    # Rings: one per rank for each artemis group (the gloo reference group is not ours).
     rings = sorted(shm.glob(f"{JOB}.*.ring"))
-    assert len(rings) == WORLD, rings
+    assert len(rings) == 2 * WORLD, rings
+    world_rings = {res[r]["rings"][0] for r in range(WORLD)}
+    assert world_rings | {res[r]["rings"][1] for r in range(WORLD)} == {str(p) for p in rings}
     want = {
         rf.FUNC_CODES[n]
         for n in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "Reduce")
@@ -218,8 +236,13 @@ def test_artemis_backend_matches_gloo_and_records(tmp_path: Path) -> None:
             assert (d["clock"] == rf.REC_HOST).all()
             assert (d["end"] >= d["start"]).all() and (d["start"] >= d["enqueue_ns"]).all()
             assert (d["cpu_end_ns"] >= d["cpu_start_ns"]).all() and (d["cpu_start_ns"] > 0).all()
-            # DDP and FSDP collectives landed too: far more than the explicit ones
-            assert len(coll) > 2 * STEPS
+            if str(path) in world_rings:
+                # DDP and FSDP collectives landed too: far more than the explicit ones
+                assert len(coll) > 2 * STEPS
+            else:
+                # each explicit one once: the outputs' collectives less send/recv (p2p),
+                # plus the barrier
+                assert len(coll) == len(res[0]["ours_py"])
 
 
 def test_import_registers_without_importing_torch() -> None:
