@@ -590,13 +590,25 @@ static int art_membarrier_register(void) {
 #endif
 }
 
+#ifdef ART_TEST_HOOKS
+/* the harness only (tests/harness.c test_switch_mb_fail): both membarriers fail */
+_Atomic int art_test_membarrier_fail;
+#endif
+
 /* A full memory barrier on every running thread of the process: the slow
  * side of an asymmetric Dekker whose fast side (the owner's start) has only a
- * compiler barrier. Once per context, at its switch to shared mode. */
-static __attribute__((noinline)) void art_membarrier(void) {
+ * compiler barrier. Once per context, at its switch to shared mode. Returns 1
+ * if one of the two membarriers succeeded; 0 leaves the switch to the owner's
+ * acknowledgement (op_start). */
+static __attribute__((noinline)) int art_membarrier(void) {
+#ifdef ART_TEST_HOOKS
+    if (atomic_load(&art_test_membarrier_fail)) return 0;
+#endif
 #ifdef ART_HAVE_MEMBARRIER
-    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
-        (void)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return 1;
+    return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0;
+#else
+    return 0;
 #endif
 }
 
@@ -609,6 +621,13 @@ static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, cons
 /* the harness only (tests/harness.c test_switch_in_start): called by the
  * owner's plain start between the load and the store of its ticket */
 void (*_Atomic art_test_ticket_hook)(void);
+/* the harness reads these two of a context's private fields */
+uint32_t art_test_mb_failed(void *context);
+int art_test_plain_start(void *context);
+uint32_t art_test_mb_failed(void *context) {
+    return atomic_load(&((ArtCtx *)context)->mb_failed);
+}
+int art_test_plain_start(void *context) { return ((ArtCtx *)context)->plain_start; }
 #define ART_TICKET_HOOK()                                                      \
     do {                                                                       \
         void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
@@ -653,13 +672,24 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
             marked = 1;
         }
         single = !atomic_load_explicit(&ctx->shared, RLX);
+        /* The owner's acknowledgement: it has seen shared, so its plain
+         * starts have all ended (they came before this one on this thread) and
+         * none comes again; the release store publishes their writes. The
+         * switch's only proof where the membarrier failed, and a shortcut
+         * otherwise. Shared mode only: one load per start. */
+        if (!single && plain && !atomic_load_explicit(&ctx->switched, RLX))
+            atomic_store_explicit(&ctx->switched, 1u, REL);
     } else {
         if (!atomic_load_explicit(&ctx->shared, RLX) &&
             atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0 && plain) {
             /* the slow side: after it, every owner start that had not yet read
-             * shared sees 1, and one that had is visible in in_start */
-            art_membarrier();
-            atomic_store_explicit(&ctx->mb_done, 1u, REL);
+             * shared sees 1, and one that had is visible in in_start. Should
+             * both membarriers fail, in_start proves nothing: mb_done stays 0,
+             * and this context's other threads' starts are dropped (counted)
+             * until the owner's next start acknowledges (above), for good if
+             * it never starts again. */
+            if (art_membarrier()) atomic_store_explicit(&ctx->mb_done, 1u, REL);
+            else atomic_fetch_add_explicit(&ctx->mb_failed, 1u, RLX);
         }
         if (plain && !atomic_load_explicit(&ctx->switched, ACQ)) {
             /* a start of the owner that saw shared == 0 may still be writing
