@@ -770,8 +770,7 @@ static void test_failures(void) {
     ncclProfiler_v6.startEvent(ctx, &h, &d);
     CHECK(h == NULL, "KernelCh without parent");
     /* API-level events get NULL (NCCL then makes no stop or state call on
-     * them); Group gets a static dummy (NCCL 2.27 starts Coll/P2p only under a
-     * Group handle that is not NULL) */
+     * them); so does Group from v5 on (on NCCL), a static dummy under v4 */
     static const int api_types[] = {ncclProfileGroupApi, ncclProfileCollApi, ncclProfileP2pApi,
                                     ncclProfileKernelLaunch};
     for (int i = 0; i < 4; i++) {
@@ -783,7 +782,12 @@ static void test_failures(void) {
     d.type = ncclProfileGroup;
     void *grp = NULL;
     ncclProfiler_v6.startEvent(ctx, &grp, &d);
-    CHECK(grp != NULL, "Group dummy");
+    /* v5+ on NCCL: NULL (NCCL 2.28+ gates no task on it; plugin.c dummy_group) */
+    CHECK(grp == NULL, "Group under v6 on NCCL gets NULL");
+    /* v4: the static dummy (NCCL 2.27 starts Coll/P2p only under a Group
+     * handle that is not NULL); the descriptor's type is at offset 0 in both */
+    ncclProfiler_v4.startEvent(ctx, &grp, (ncclProfilerEventDescr_v4_t *)(void *)&d);
+    CHECK(grp != NULL, "Group dummy under v4");
     d.type = ncclProfileKernelCh;
     d.parentObj = grp;
     h = (void *)0x1;
