@@ -922,7 +922,9 @@ static inline void kch_stop(ArtCh *ch) {
     uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
     if (t > atomic_load_explicit(&op->kmax, RLX)) atomic_store_explicit(&op->kmax, t, RLX);
     uint64_t all = atomic_load_explicit(&op->own_all, RLX);
-    if (all && (stopped & all) != all) return; /* deferred to the last stop */
+    /* deferred to the last stop; all is 0 until every channel is claimed, and
+     * then nothing defers (stopped & 0 == 0) */
+    if ((stopped & all) != all) return;
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
     clear_channels(op, stopped & ~cleared);
