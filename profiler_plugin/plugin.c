@@ -849,8 +849,9 @@ static inline void op_stop(ArtOp *op) {
 static inline __attribute__((always_inline)) void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
     ArtOp *op = (ArtOp *)parent;
+    /* nch 0: a host-timed operation (tested on each path below: the owner's
+     * k >= nch covers it) */
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
-    if (!nch) return; /* host-timed operation */
     /* NCCL delivers a communicator's KernelCh events from one thread (the
      * proxy thread; in 2.31 the profiler thread). op_start names the thread
      * that started the context's last KernelCh as the op's channel owner:
@@ -860,6 +861,7 @@ static inline __attribute__((always_inline)) void kch_start(void **eHandle, void
      * first KernelCh start takes it with one CAS. */
     uintptr_t me = thread_key(), ko = atomic_load_explicit(&op->kowner, RLX);
     if (ko == 0) {
+        if (!nch) return;
         uintptr_t zero = 0;
         ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
         if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
@@ -878,6 +880,7 @@ static inline __attribute__((always_inline)) void kch_start(void **eHandle, void
             atomic_store_explicit(&op->kmin, pTimer, RLX);
         ch = &op->ch[k];
     } else {
+        if (!nch) return;
         ArtCtx *ctx = op->ctx;
         if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
             atomic_store_explicit(&ctx->kch_thread, me, RLX);
