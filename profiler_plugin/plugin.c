@@ -369,13 +369,13 @@ static inline uint64_t tsc_now(ArtTsc *c) {
 }
 
 /* ------------------------------------------------------------------ */
-/* The Group event's handle under ABI v4 and on RCCL: a static dummy, never
- * recycled, whose stop does nothing. NCCL 2.27 (ABI v4) starts a plan's
+/* The Group event's handle under ABI v4 and v7 and on RCCL: a static dummy,
+ * never recycled, whose stop does nothing. NCCL 2.27 (ABI v4) starts a plan's
  * Coll/P2p events only when the Group handle is not NULL
  * (ncclProfilerStartTaskEvents), so it must be one there. NCCL 2.28-2.30
- * (ABI v5+) no longer gate them on it (only pass it as parentGroup), so v5+
- * on NCCL gets NULL, and NCCL makes no Group stop call. RCCL keeps the dummy:
- * its gating was not checked.
+ * (ABI v5, v6) no longer gate them on it (only pass it as parentGroup), so
+ * v5 and v6 on NCCL get NULL, and NCCL makes no Group stop call. v7 (2.31)
+ * and RCCL keep the dummy: their gating was not read.
  * GroupApi, CollApi, P2pApi and KernelLaunch get NULL: NCCL gates nothing on
  * them and never calls stop or record on a NULL handle, so those calls are
  * not made at all (README "API-level events"). */
@@ -960,8 +960,8 @@ static inline void kch_stop(ArtCh *ch) {
             kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
         else if (type == ncclProfileColl || type == ncclProfileP2p)                            \
             art_op_start_v##N(context, eHandle, d);                                            \
-        else if (type == ncclProfileGroup && (N == 4 || (context &&                            \
-                                                         ((ArtCtx *)context)->group_dummy)))   \
+        else if (type == ncclProfileGroup &&                                                   \
+                 (N == 4 || N == 7 || (context && ((ArtCtx *)context)->group_dummy)))          \
             *eHandle = &dummy_group;                                                           \
         /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                            \
         return ncclSuccess;                                                                    \
@@ -1052,7 +1052,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
-    ctx->group_dummy = version == 4 || rt.rccl; /* see dummy_group */
+    ctx->group_dummy = version == 4 || version >= 7 || rt.rccl; /* see dummy_group */
     ctx->plain_start = cfg.plain_start && art_membarrier_register();
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;

@@ -185,7 +185,7 @@ typedef struct ArtCtx {
     _Atomic uint32_t mb_failed;
     _Atomic uint32_t switched;
     int plain_start;
-    int group_dummy;           /* Group gets dummy_group (v4, RCCL), else NULL (plugin.c) */
+    int group_dummy;           /* Group gets dummy_group (v4, v7, RCCL), else NULL (plugin.c) */
     ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
     int host_tsc;              /* tsc below is used */
     ArtTsc tsc;                /* owner only, while shared is 0 */
