@@ -369,9 +369,13 @@ static inline uint64_t tsc_now(ArtTsc *c) {
 }
 
 /* ------------------------------------------------------------------ */
-/* The Group event's handle: a static dummy, never recycled, whose stop does
- * nothing. NCCL 2.27 (ABI v4) starts a plan's Coll/P2p events only when the
- * Group handle is not NULL (ncclProfilerStartTaskEvents), so it must be one.
+/* The Group event's handle under ABI v4 and v7 and on RCCL: a static dummy,
+ * never recycled, whose stop does nothing. NCCL 2.27 (ABI v4) starts a plan's
+ * Coll/P2p events only when the Group handle is not NULL
+ * (ncclProfilerStartTaskEvents), so it must be one there. NCCL 2.28-2.30
+ * (ABI v5, v6) no longer gate them on it (only pass it as parentGroup), so
+ * v5 and v6 on NCCL get NULL, and NCCL makes no Group stop call. v7 (2.31)
+ * and RCCL keep the dummy: their gating was not read.
  * GroupApi, CollApi, P2pApi and KernelLaunch get NULL: NCCL gates nothing on
  * them and never calls stop or record on a NULL handle, so those calls are
  * not made at all (README "API-level events"). */
@@ -590,13 +594,25 @@ static int art_membarrier_register(void) {
 #endif
 }
 
+#ifdef ART_TEST_HOOKS
+/* the harness only (tests/harness.c test_switch_mb_fail): both membarriers fail */
+_Atomic int art_test_membarrier_fail;
+#endif
+
 /* A full memory barrier on every running thread of the process: the slow
  * side of an asymmetric Dekker whose fast side (the owner's start) has only a
- * compiler barrier. Once per context, at its switch to shared mode. */
-static __attribute__((noinline)) void art_membarrier(void) {
+ * compiler barrier. Once per context, at its switch to shared mode. Returns 1
+ * if one of the two membarriers succeeded; 0 leaves the switch to the owner's
+ * acknowledgement (op_start). */
+static __attribute__((noinline)) int art_membarrier(void) {
+#ifdef ART_TEST_HOOKS
+    if (atomic_load(&art_test_membarrier_fail)) return 0;
+#endif
 #ifdef ART_HAVE_MEMBARRIER
-    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
-        (void)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return 1;
+    return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0;
+#else
+    return 0;
 #endif
 }
 
@@ -609,6 +625,13 @@ static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, cons
 /* the harness only (tests/harness.c test_switch_in_start): called by the
  * owner's plain start between the load and the store of its ticket */
 void (*_Atomic art_test_ticket_hook)(void);
+/* the harness reads these two of a context's private fields */
+uint32_t art_test_mb_failed(void *context);
+int art_test_plain_start(void *context);
+uint32_t art_test_mb_failed(void *context) {
+    return atomic_load(&((ArtCtx *)context)->mb_failed);
+}
+int art_test_plain_start(void *context) { return ((ArtCtx *)context)->plain_start; }
 #define ART_TICKET_HOOK()                                                      \
     do {                                                                       \
         void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
@@ -623,6 +646,16 @@ void (*_Atomic art_test_ticket_hook)(void);
 static __attribute__((noinline)) void op_start_drop(ArtCtx *ctx, uint8_t kind) {
     if (kind == ARTEMIS_KIND_COLL) atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
     count_drop(ctx);
+}
+
+/* The owner's acknowledgement of the switch: it has seen shared, so its
+ * plain starts have all ended (they came before this one on this thread) and
+ * none comes again; the release store publishes their writes. The switch's
+ * only proof where the membarrier failed, and a shortcut otherwise. Shared
+ * mode only (out of line: the single mode pays one predicted branch). */
+static __attribute__((noinline)) void owner_ack(ArtCtx *ctx) {
+    if (ctx->plain_start && !atomic_load_explicit(&ctx->switched, RLX))
+        atomic_store_explicit(&ctx->switched, 1u, REL);
 }
 
 static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
@@ -653,13 +686,18 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
             marked = 1;
         }
         single = !atomic_load_explicit(&ctx->shared, RLX);
+        if (__builtin_expect(!single, 0)) owner_ack(ctx);
     } else {
         if (!atomic_load_explicit(&ctx->shared, RLX) &&
             atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0 && plain) {
             /* the slow side: after it, every owner start that had not yet read
-             * shared sees 1, and one that had is visible in in_start */
-            art_membarrier();
-            atomic_store_explicit(&ctx->mb_done, 1u, REL);
+             * shared sees 1, and one that had is visible in in_start. Should
+             * both membarriers fail, in_start proves nothing: mb_done stays 0,
+             * and this context's other threads' starts are dropped (counted)
+             * until the owner's next start acknowledges (above), for good if
+             * it never starts again. */
+            if (art_membarrier()) atomic_store_explicit(&ctx->mb_done, 1u, REL);
+            else atomic_fetch_add_explicit(&ctx->mb_failed, 1u, RLX);
         }
         if (plain && !atomic_load_explicit(&ctx->switched, ACQ)) {
             /* a start of the owner that saw shared == 0 may still be writing
@@ -811,8 +849,9 @@ static inline void op_stop(ArtOp *op) {
 static inline __attribute__((always_inline)) void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
     if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
     ArtOp *op = (ArtOp *)parent;
+    /* nch 0: a host-timed operation (tested on each path below: the owner's
+     * k >= nch covers it) */
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
-    if (!nch) return; /* host-timed operation */
     /* NCCL delivers a communicator's KernelCh events from one thread (the
      * proxy thread; in 2.31 the profiler thread). op_start names the thread
      * that started the context's last KernelCh as the op's channel owner:
@@ -822,6 +861,7 @@ static inline __attribute__((always_inline)) void kch_start(void **eHandle, void
      * first KernelCh start takes it with one CAS. */
     uintptr_t me = thread_key(), ko = atomic_load_explicit(&op->kowner, RLX);
     if (ko == 0) {
+        if (!nch) return;
         uintptr_t zero = 0;
         ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
         if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
@@ -840,6 +880,7 @@ static inline __attribute__((always_inline)) void kch_start(void **eHandle, void
             atomic_store_explicit(&op->kmin, pTimer, RLX);
         ch = &op->ch[k];
     } else {
+        if (!nch) return;
         ArtCtx *ctx = op->ctx;
         if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
             atomic_store_explicit(&ctx->kch_thread, me, RLX);
@@ -884,7 +925,9 @@ static inline void kch_stop(ArtCh *ch) {
     uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
     if (t > atomic_load_explicit(&op->kmax, RLX)) atomic_store_explicit(&op->kmax, t, RLX);
     uint64_t all = atomic_load_explicit(&op->own_all, RLX);
-    if (all && (stopped & all) != all) return; /* deferred to the last stop */
+    /* deferred to the last stop; all is 0 until every channel is claimed, and
+     * then nothing defers (stopped & 0 == 0) */
+    if ((stopped & all) != all) return;
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
     clear_channels(op, stopped & ~cleared);
@@ -917,7 +960,8 @@ static inline void kch_stop(ArtCh *ch) {
             kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
         else if (type == ncclProfileColl || type == ncclProfileP2p)                            \
             art_op_start_v##N(context, eHandle, d);                                            \
-        else if (type == ncclProfileGroup)                                                     \
+        else if (type == ncclProfileGroup &&                                                   \
+                 (N == 4 || N == 7 || (context && ((ArtCtx *)context)->group_dummy)))          \
             *eHandle = &dummy_group;                                                           \
         /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                            \
         return ncclSuccess;                                                                    \
@@ -1008,6 +1052,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
+    ctx->group_dummy = version == 4 || version >= 7 || rt.rccl; /* see dummy_group */
     ctx->plain_start = cfg.plain_start && art_membarrier_register();
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;

@@ -176,12 +176,16 @@ typedef struct ArtCtx {
      * in_start around each start it makes while shared is 0; the switching
      * thread sets shared, runs a membarrier, sets mb_done; the first start of
      * another thread that then sees in_start 0 sets switched. Until then other
-     * threads' starts are dropped. plain_start: the membarrier is available
+     * threads' starts are dropped. The owner's first start in shared mode
+     * sets switched too (the only way if the membarrier failed: mb_failed
+     * counts those switches). plain_start: the membarrier is available
      * (else the owner's slot entry stays a CAS and these are unused). */
     _Atomic uint32_t in_start;
     _Atomic uint32_t mb_done;
+    _Atomic uint32_t mb_failed;
     _Atomic uint32_t switched;
     int plain_start;
+    int group_dummy;           /* Group gets dummy_group (v4, v7, RCCL), else NULL (plugin.c) */
     ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
     int host_tsc;              /* tsc below is used */
     ArtTsc tsc;                /* owner only, while shared is 0 */

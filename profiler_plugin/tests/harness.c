@@ -770,8 +770,7 @@ static void test_failures(void) {
     ncclProfiler_v6.startEvent(ctx, &h, &d);
     CHECK(h == NULL, "KernelCh without parent");
     /* API-level events get NULL (NCCL then makes no stop or state call on
-     * them); Group gets a static dummy (NCCL 2.27 starts Coll/P2p only under a
-     * Group handle that is not NULL) */
+     * them); so does Group from v5 on (on NCCL), a static dummy under v4 */
     static const int api_types[] = {ncclProfileGroupApi, ncclProfileCollApi, ncclProfileP2pApi,
                                     ncclProfileKernelLaunch};
     for (int i = 0; i < 4; i++) {
@@ -783,7 +782,12 @@ static void test_failures(void) {
     d.type = ncclProfileGroup;
     void *grp = NULL;
     ncclProfiler_v6.startEvent(ctx, &grp, &d);
-    CHECK(grp != NULL, "Group dummy");
+    /* v5+ on NCCL: NULL (NCCL 2.28+ gates no task on it; plugin.c dummy_group) */
+    CHECK(grp == NULL, "Group under v6 on NCCL gets NULL");
+    /* v4: the static dummy (NCCL 2.27 starts Coll/P2p only under a Group
+     * handle that is not NULL); the descriptor's type is at offset 0 in both */
+    ncclProfiler_v4.startEvent(ctx, &grp, (ncclProfilerEventDescr_v4_t *)(void *)&d);
+    CHECK(grp != NULL, "Group dummy under v4");
     d.type = ncclProfileKernelCh;
     d.parentObj = grp;
     h = (void *)0x1;
@@ -1474,6 +1478,73 @@ static void test_switch_in_start(void) {
     clear_env();
 }
 
+/* Both membarriers fail at the switch (a test hook): the owner's plain
+ * starts give no proof of having ended, so the second thread's starts are
+ * dropped (counted, the failure counted once) until the owner's next start,
+ * made in shared mode, acknowledges; after that they are recorded. Fails if a
+ * start is recorded before the acknowledgement, or never after it. */
+extern _Atomic int art_test_membarrier_fail;
+uint32_t art_test_mb_failed(void *context);
+int art_test_plain_start(void *context);
+static _Atomic int g_mbf_step;
+static void *mbf_owner(void *arg) {
+    Comm *cm = arg;
+    Expect e = sw_expect(11);
+    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* ticket 0, plain */
+    atomic_store(&g_mbf_step, 1);
+    while (atomic_load(&g_mbf_step) != 2) sched_yield();
+    e = sw_expect(22);
+    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* shared: acknowledges */
+    atomic_store(&g_mbf_step, 3);
+    return NULL;
+}
+static void test_switch_mb_fail(void) {
+    clear_env();
+    setenv("ARTEMIS_DEVICE_TIMING", "0", 1);
+    Comm *cm = fixture("switchmbfail", 6, 0x78);
+    const ArtemisRingHeader *h = cm->ring.hdr;
+    if (!art_test_plain_start(cm->ctx)) {
+        printf("  switch, membarrier failed: skipped (no plain starts here: no membarrier)\n");
+        CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch mb fail: finalize");
+        clear_env();
+        return;
+    }
+    atomic_store(&g_mbf_step, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, mbf_owner, cm);
+    while (atomic_load(&g_mbf_step) != 1) sched_yield();
+    atomic_store(&art_test_membarrier_fail, 1);
+    Expect e = sw_expect(33);
+    void *y1 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    stop_ev(y1);
+    void *y2 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    stop_ev(y2);
+    CHECK(y1 == NULL && y2 == NULL && atomic_load(A64(&h->dropped)) == 2 &&
+              art_test_mb_failed(cm->ctx) == 1 && atomic_load(A64(&h->write_index)) == 1,
+          "switch, membarrier failed: before the owner's acknowledgement (handles %p %p, dropped "
+          "%llu, failures %u, write_index %llu)", y1, y2,
+          (unsigned long long)atomic_load(A64(&h->dropped)), art_test_mb_failed(cm->ctx),
+          (unsigned long long)atomic_load(A64(&h->write_index)));
+    atomic_store(&g_mbf_step, 2);
+    pthread_join(th, NULL);
+    atomic_store(&art_test_membarrier_fail, 0);
+    e = sw_expect(44);
+    void *z = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    CHECK(z != NULL, "switch, membarrier failed: no handle after the owner's acknowledgement");
+    stop_ev(z);
+    Rec r1 = slot_rec(cm, 1), r2 = slot_rec(cm, 2);
+    CHECK(atomic_load(A64(&h->write_index)) == 3 && r1.bytes == 22 && r1.coll_seq == 3 &&
+              r1.state == ARTEMIS_STATE_DONE && r2.bytes == 44 && r2.coll_seq == 4 &&
+              r2.state == ARTEMIS_STATE_DONE,
+          "switch, membarrier failed: ticket 1 bytes %llu coll_seq %llu, ticket 2 bytes %llu "
+          "coll_seq %llu", (unsigned long long)r1.bytes, (unsigned long long)r1.coll_seq,
+          (unsigned long long)r2.bytes, (unsigned long long)r2.coll_seq);
+    printf("  switch, membarrier failed: 2 starts dropped until the owner's acknowledgement, "
+           "then recorded\n");
+    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch mb fail: finalize");
+    clear_env();
+}
+
 /* The TSC host clock (README "Host clock"): over ~60 ms of starts on the
  * owner thread, every enqueue time lies within 20 us of a CLOCK_MONOTONIC read
  * taken just before and just after its start, and they never go back. Where
@@ -1632,6 +1703,7 @@ int main(int argc, char **argv) {
     test_two_starters();
     test_switch_rounds();
     test_switch_in_start();
+    test_switch_mb_fail();
     test_host_clock(1);
     test_host_clock(0);
     test_env_sidecar();
