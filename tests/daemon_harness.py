@@ -25,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -411,3 +412,17 @@ class LockstepFeeder:
 
     def pace(self, r: int) -> float:
         return self.gap_ms(r) / self.peers_gap_ms(r)
+
+
+class PacedJob(threading.Thread):
+    """A legitimate job beside a test's faults: `steps` lockstep steps every `period` s."""
+
+    def __init__(self, feeder: LockstepFeeder, steps: int, period: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.feeder, self.steps, self.period = feeder, steps, period
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.feeder.write_steps(self.steps)
+            self.stop.wait(self.period)

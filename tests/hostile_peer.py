@@ -30,6 +30,8 @@ import secrets
 import selectors
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -292,6 +294,16 @@ async def tls(host: str, port: int, a: argparse.Namespace) -> dict[str, Any]:
         "through": through,
         "took_s": round(time.monotonic() - t0, 2),
     }
+
+
+def spawn(address: str, *args: str) -> subprocess.Popen[str]:
+    """This script in a process of its own (the tests' attacker), output captured."""
+    return subprocess.Popen(
+        [sys.executable, __file__, address, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def main() -> None:

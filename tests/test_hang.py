@@ -10,6 +10,7 @@ from artemis.coordinator.hang import check_hang, hang_bound_s
 from artemis.coordinator.monitor import RESTORED_DUMP_WAIT_S, JobMonitor, MonitorOutput
 from artemis.coordinator.settings import Settings
 from artemis.protocol.records import RankProgress, RankWindow
+from service_records import rank_window
 
 
 def prog(
@@ -110,28 +111,7 @@ HS = Settings(hang_floor_s=1.0)
 
 
 def _window(w: int) -> list[RankWindow]:
-    return [
-        RankWindow(
-            job="j",
-            comm="c0",
-            rank=r,
-            nranks=4,
-            host=f"h{r // 2}",
-            window=w,
-            step_lo=w * 10,
-            step_hi=w * 10 + 10,
-            coll_lo=w * 20,
-            coll_hi=w * 20 + 20,
-            gap_ms=100.0,
-            coll_ms=10.0,
-            step_ms=110.0,
-            collectives=20,
-            bytes=0,
-            lost=0,
-            clock="device",
-        )
-        for r in range(4)
-    ]
+    return [rank_window("j", r, w) for r in range(4)]
 
 
 def _progress(finished: bool = False) -> list[RankProgress]:

@@ -21,41 +21,22 @@ from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.monitor import RESTORED_DUMP_WAIT_S
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
-from artemis.protocol.messages import Dump, Heartbeat, RankInfo, Windows
+from artemis.protocol.messages import Dump, Heartbeat, Windows
 from artemis.protocol.records import RankProgress, RankWindow
 from artemis.protocol.server import PeerInfo
 from artemis.rebalance.outputs import PlansWriter
+from service_records import host_peer, rank_window
 
 JOB = "hj"
 DUMP_WAIT_S = 5.0
 
 
 def rw(rank: int, window: int) -> RankWindow:
-    return RankWindow(
-        job=JOB,
-        comm="c0",
-        rank=rank,
-        nranks=4,
-        host=f"h{rank // 2}",
-        window=window,
-        step_lo=window * 10,
-        step_hi=window * 10 + 10,
-        coll_lo=window * 20,
-        coll_hi=window * 20 + 20,
-        gap_ms=100.0,
-        coll_ms=10.0,
-        step_ms=110.0,
-        collectives=20,
-        bytes=0,
-        lost=0,
-        clock="device",
-    )
+    return rank_window(JOB, rank, window)
 
 
 def peer(host: str) -> PeerInfo:
-    h = int(host[1:])
-    ranks = tuple(RankInfo(JOB, "c0", r, 4) for r in (2 * h, 2 * h + 1))
-    return PeerInfo(host, host, "t", "i", ranks, "127.0.0.1:1", (1, 1), 0.0, 1)
+    return host_peer(JOB, host)
 
 
 def heartbeat(host: str, finished: bool = False) -> Heartbeat:

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import hostile_peer
 import pytest
 from daemon_harness import (
     Coordinator,
     LockstepFeeder,
+    PacedJob,
     metric,
     metric_by_label,
     start_agent,
@@ -50,29 +50,6 @@ def _rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
-
-
-class Job(threading.Thread):
-    """The legitimate job: one window of steps every `period` seconds."""
-
-    def __init__(self, feeder: LockstepFeeder, period: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.feeder, self.period = feeder, period
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.feeder.write_steps(W_STEPS)
-            self.stop.wait(self.period)
-
-
-def _attack(address: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "hostile_peer.py"), address, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _result(p: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
@@ -103,7 +80,7 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
     agent = start_agent(
         tmp_path, coord.address, shm, secret, "h0", window_steps=W_STEPS, colls_per_step=2
     )
-    job = Job(feeder)
+    job = PacedJob(feeder, W_STEPS)
     try:
         wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
         job.start()
@@ -112,8 +89,8 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
 
         # -- attack 1: 10k idle connections, a one-source flood and a slowloris peer --
         s0 = _scored(coord)
-        slow = _attack(coord.address, "slowloris", "--base", "30")
-        idle = _attack(
+        slow = hostile_peer.spawn(coord.address, "slowloris", "--base", "30")
+        idle = hostile_peer.spawn(
             coord.address,
             "idle",
             "--count",
@@ -123,7 +100,7 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
             "--hold",
             "60",
         )
-        one = _attack(
+        one = hostile_peer.spawn(
             coord.address, "idle", "--count", str(ONE_SOURCE_N), "--base", "20", "--hold", "60"
         )
         held = wait_for(
@@ -139,7 +116,7 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
         s1 = _scored(coord)
 
         # -- attack 2: a wrong-secret flood and oversize length prefixes, together -----
-        bad = _attack(
+        bad = hostile_peer.spawn(
             coord.address,
             "badsecret",
             "--count",
@@ -149,7 +126,7 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
             "--base",
             "40",
         )
-        big = _attack(
+        big = hostile_peer.spawn(
             coord.address, "oversize", "--count", str(OVERSIZE_N), "--sources", "20", "--base", "50"
         )
         r_bad, r_big = _result(bad), _result(big)

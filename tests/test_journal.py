@@ -16,41 +16,22 @@ from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.settings import Settings
 from artemis.protocol.columns import WindowColumns
-from artemis.protocol.messages import RankInfo, Windows
+from artemis.protocol.messages import Windows
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.protocol.server import PeerInfo
 from artemis.rebalance.outputs import PlansWriter
+from service_records import host_peer, rank_window
 
 JOB = "jj"
 
 
 def rw(rank: int, window: int) -> RankWindow:
     gap = 130.0 if rank == 1 else 100.0  # rank 1 is 30% slow
-    return RankWindow(
-        job=JOB,
-        comm="c0",
-        rank=rank,
-        nranks=4,
-        host=f"h{rank // 2}",
-        window=window,
-        step_lo=window * 10,
-        step_hi=window * 10 + 10,
-        coll_lo=window * 40,
-        coll_hi=window * 40 + 40,
-        gap_ms=gap,
-        coll_ms=10.0,
-        step_ms=140.0,
-        collectives=40,
-        bytes=0,
-        lost=0,
-        clock="device",
-    )
+    return rank_window(JOB, rank, window, gap_ms=gap, step_ms=140.0, collectives=40)
 
 
 def peer(host: str) -> PeerInfo:
-    h = int(host[1:])
-    ranks = tuple(RankInfo(JOB, "c0", r, 4) for r in (2 * h, 2 * h + 1))
-    return PeerInfo(host, host, "t", "i", ranks, "127.0.0.1:1", (1, 0), 0.0, 1)
+    return host_peer(JOB, host, minor=0)
 
 
 def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metrics]:

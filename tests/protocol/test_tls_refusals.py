@@ -17,17 +17,17 @@ from __future__ import annotations
 import datetime
 import json
 import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
+import hostile_peer
 import pytest
 from artemis.protocol.server import LOG_REFUSALS_PER_S, REFUSAL_REASONS
 from artemis.protocol.transport import TLS_REASONS
 from daemon_harness import (
     Coordinator,
     LockstepFeeder,
+    PacedJob,
     metric,
     metric_by_label,
     start_agent,
@@ -44,29 +44,6 @@ COMPUTE = [[4.0, 2.0] for _ in range(4)]
 HANDSHAKE_S = 3.0  # TLS + hello + auth: the silent peers are cut off here
 N = 40  # failed handshakes of each kind
 SILENT = 8
-
-
-class Job(threading.Thread):
-    """The legitimate job: one window of steps every `period` seconds."""
-
-    def __init__(self, feeder: LockstepFeeder, period: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.feeder, self.period = feeder, period
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.feeder.write_steps(W_STEPS)
-            self.stop.wait(self.period)
-
-
-def _attack(address: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(HOSTILE), address, "tls", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _result(p: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
@@ -120,15 +97,16 @@ def test_failed_tls_handshakes_are_counted_by_reason_while_the_agent_is_scored(
             ),
         ],
     )
-    job = Job(feeder)
+    job = PacedJob(feeder, W_STEPS)
     try:
         wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
         job.start()
         wait_for(lambda: _scored(coord) >= 3, 30, "first windows scored")
         s0 = _scored(coord)
         ca = ["--ca", str(pki.ca), "--cert", str(rogue[0]), "--key", str(rogue[1])]
-        flood = _attack(
+        flood = hostile_peer.spawn(
             coord.address,
+            "tls",
             "--kinds",
             "nocert,badca,plain,http,garbage",
             "--count",
@@ -139,8 +117,8 @@ def test_failed_tls_handshakes_are_counted_by_reason_while_the_agent_is_scored(
             "60",
             *ca,
         )
-        silent = _attack(
-            coord.address, "--kinds", "silent", "--count", str(SILENT), "--base", "61", *ca
+        silent = hostile_peer.spawn(
+            coord.address, "tls", "--kinds", "silent", "--count", str(SILENT), "--base", "61", *ca
         )
         r_flood, r_silent = _result(flood), _result(silent)
         wait_for(lambda: _scored(coord) >= s0 + 4, 30, "windows scored after the attack")
