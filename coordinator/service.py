@@ -136,7 +136,8 @@ class Coordinator:
             by_job.setdefault(r.job, []).append(r.rank)
         for job, ranks in by_job.items():
             self.agents.setdefault(job, set()).add(peer.agent_id)
-            self._monitor(job).expect(ranks, peer.host)
+            m = self._monitor(job)
+            m.expect(ranks, peer.host)
             self.assembler.expect(job, ranks)
             # An agent back (restarted, reconnected) gets the job's latest plan control
             # again: a withdrawal or rollback sent while it was away would otherwise
@@ -147,7 +148,7 @@ class Coordinator:
             # A hang waiting for its dumps asks an agent that comes back for those of
             # its ranks not in yet: the request may have died with an earlier life of
             # this coordinator, or with the agent's.
-            want = self._monitor(job).dumps_wanted(ranks)
+            want = m.dumps_wanted(ranks)
             if want:
                 self._direct.append((peer.agent_id, "dump", {"job": job, "ranks": want}))
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))

@@ -325,11 +325,25 @@ class ArtemisGroup:
     the group's identity, its ring's name and the attributes ``artemis.job.Detector``
     and the tests read."""
 
-    if TYPE_CHECKING:  # ProcessGroup's, which both group classes also are
-
+    if TYPE_CHECKING:
+        # ProcessGroup's, which both group classes also are
         def rank(self) -> int: ...
 
         def size(self) -> int: ...
+
+        # Each path's own (ArtemisProcessGroup, ArtemisCppGroup)
+        def ring_path(self, device: str = "cpu") -> Path:
+            """This rank's ring for collectives on ``device``."""
+
+        def next_coll_seq(self, device: str = "cpu") -> int:
+            """The coll_seq the next collective on ``device`` will get (0 before the first)."""
+
+        @property
+        def inner(self) -> dict[str, Any]:
+            """The wrapped backends by device type ("cpu", "cuda")."""
+
+        def close_rings(self) -> None:
+            """Mark this group's rings finished (the agent then ships their last windows)."""
 
     def _finish_init(
         self, rank: int, size: int, group_id: str, global_ranks: list[int] | None
@@ -371,23 +385,6 @@ class ArtemisGroup:
     def bridge_ring_path(self) -> Path | None:
         """The ring of this rank's bridge records (island leaders only), else None."""
         return None
-
-    def ring_path(self, device: str = "cpu") -> Path:
-        """This rank's ring for collectives on ``device``."""
-        raise NotImplementedError
-
-    def next_coll_seq(self, device: str = "cpu") -> int:
-        """The coll_seq the next collective on ``device`` will get (0 before the first)."""
-        raise NotImplementedError
-
-    @property
-    def inner(self) -> dict[str, Any]:
-        """The wrapped backends by device type ("cpu", "cuda")."""
-        raise NotImplementedError
-
-    def close_rings(self) -> None:
-        """Mark this group's rings finished (the agent then ships their last windows)."""
-        raise NotImplementedError
 
 
 class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
