@@ -8,15 +8,18 @@
    median. Goal: <= 5 us. Then the C++ path's pieces timed alone in C (clock
    reads, one ring record + completion, one future callback), and its cost in
    process-CPU clock reads.
-2. Step time of a real DDP job (2 gloo ranks, one CPU thread each): the same
-   model and data trained through ``artemis`` (its default group: the C++ path
-   when built), through an ``artemis`` group on the Python path, through a plain
-   gloo group and through a second plain gloo group (an A/A control: the noise
-   floor of the comparison) in the same processes, alternated in rounds; median
-   step time per round, the ratio of the medians; the same rounds' process CPU per
-   step; and the C++ wrapper's cost per step (collectives per step x its cost per
-   collective). Goal: <= 1% on CPU DDP.
-
+2. Step time of a real DDP job (2 gloo ranks, one CPU thread each), interleaved at
+   the step: four identical DDP models (same seed) in the same processes, each on
+   its own group: plain gloo, a second plain gloo group (the A/A control: the
+   harness's noise floor), ``artemis`` (its default path: C++ when built) and a
+   third gloo group whose step spins 1% of gloo's step (the positive control: what
+   a 1% overhead looks like). Each iteration runs one step of each, in an order
+   from shuffled blocks of all 24 orders (bench/_interleave.py); per iteration the
+   ratio of each arm's step (wall and process CPU) to gloo's, their median with a
+   bootstrap interval; several runs (fresh processes) per scheduler setting: the
+   default one, the ranks ``SCHED_FIFO`` (where permitted), and that with each rank
+   pinned to a core. With the collectives per step and the C++ wrapper's cost per
+   step from its cost per collective. Goal: <= 1% on CPU DDP.
 3. Where the Python path's CPU goes: the cost of one read of each clock (CPU time of
    the reading thread, 50k reads), and the wrapper's cost with its CPU clock
    (``time.process_time_ns``, what the ring contract asks: process CPU time at
@@ -44,8 +47,12 @@ from typing import Any
 
 RUNS = 7
 CALLS = 20_000
-ROUNDS = 20
-STEPS = 40
+DDP_RUNS = 3
+DDP_ITERS = 2400
+DDP_WARMUP = 48
+SPIN_SHARE = 0.01
+DDP_SETTINGS = ("cfs", "fifo", "fifo+pinned")
+FIFO_PRIORITY = 10
 DET_STEPS = 400
 DET_RUNS = 3
 
@@ -275,72 +282,232 @@ def _detector_share(world: int = 4) -> list[dict[str, int]]:
     return [json.loads((d / f"share{r}.json").read_text()) for r in range(world)]
 
 
-def _ddp_worker(rank: int, init: str, out: str) -> None:
+def _mlp() -> Any:
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 1),
+    )
+
+
+def _ddp_worker(
+    rank: int, init: str, out: str, setting: str, seed: int, iters: int, warmup: int
+) -> None:
+    # before any thread starts, so gloo's and torch's threads inherit them
+    if "pinned" in setting:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+    if "fifo" in setting:
+        # real-time FIFO: no other task on the machine preempts a rank (the kernel's
+        # RT throttling still leaves them 5% of each second); a dedicated machine's view
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+    import gc
+    import resource
+
     import artemis.job  # noqa: F401
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from bench._interleave import orders
+
     torch.set_num_threads(1)
-    dist.init_process_group("artemis", init_method=f"file://{init}", rank=rank, world_size=2)
-    gloo = dist.new_group(backend="gloo")
-    os.environ["ARTEMIS_BACKEND_IMPL"] = "python"  # read when a group is made
-    py = dist.new_group(backend="artemis")
-    del os.environ["ARTEMIS_BACKEND_IMPL"]
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    # every arm its own group, made the same way (new_group), so none is WORLD
+    groups: dict[str, Any] = {
+        "gloo": dist.new_group(backend="gloo"),
+        "gloo-aa": dist.new_group(backend="gloo"),  # the A/A control
+        "artemis": dist.new_group(backend="artemis"),  # its default path: C++ when built
+        "gloo+1%": dist.new_group(backend="gloo"),  # the positive control
+    }
     models = {}
-    # a second plain gloo group: an A/A control, the harness's own noise floor
-    gloo_aa = dist.new_group(backend="gloo")
-    groups = {"artemis": dist.group.WORLD, "artemis-py": py, "gloo": gloo, "gloo-aa": gloo_aa}
     for name, g in groups.items():
         torch.manual_seed(0)
-        m = torch.nn.Sequential(
-            torch.nn.Linear(64, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 1),
-        )
+        m = _mlp()
         models[name] = (DDP(m, process_group=g), torch.optim.SGD(m.parameters(), lr=0.01))
     x, y = torch.randn(128, 64), torch.randn(128, 1)
-    times: dict[str, list[float]] = {k: [] for k in groups}
-    times.update({f"{k}-cpu": [] for k in groups})
-    times["path"] = [type(dist.group.WORLD).__name__]  # type: ignore[list-item]
-    names = list(groups)
-    for r in range(ROUNDS + 1):
-        k = r % len(names)
-        order = names[k:] + names[:k]  # each backend first in turn
+    mse = torch.nn.functional.mse_loss
+    spin_ns = 0
+    clock, cpu = time.perf_counter_ns, time.process_time_ns
+
+    def step(name: str) -> tuple[int, int]:
+        model, opt = models[name]
+        t0, c0 = clock(), cpu()
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+        if name == "gloo+1%":  # a known extra: 1% of gloo's step, busy, on every rank
+            end = clock() + spin_ns
+            while clock() < end:
+                pass
+        return clock() - t0, cpu() - c0
+
+    plan = orders(list(groups), warmup + iters, seed)
+    wall: dict[str, list[int]] = {k: [] for k in groups}
+    proc: dict[str, list[int]] = {k: [] for k in groups}
+    warm: list[int] = []
+    for order in plan[:warmup]:
         for name in order:
-            model, opt = models[name]
-            dist.barrier(group=gloo)
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(STEPS):
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-            if r:  # round 0 warms both up
-                times[name].append((time.perf_counter() - t0) / STEPS * 1e3)
-                # the process's CPU (every thread: gloo's too) per step: less swayed
-                # by the other processes on the machine than the wall clock
-                times[f"{name}-cpu"].append((time.process_time() - c0) / STEPS * 1e3)
-    # collectives per step on the artemis group (the wrapper's cost per step is that
-    # many times its cost per collective)
-    steps_run = (ROUNDS + 1) * STEPS
-    times["colls_per_step"] = [dist.group.WORLD.next_coll_seq() / steps_run]  # type: ignore[union-attr]
+            w, _ = step(name)
+            if name == "gloo":
+                warm.append(w)
+    spin_ns = int(SPIN_SHARE * statistics.median(warm[len(warm) // 2 :]))
+    load0 = os.getloadavg()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    # Python's cyclic collector would run at random points of some arm's step; the
+    # loop makes no cycles worth collecting, so it is off while timing
+    gc.collect()
+    gc.disable()
+    for order in plan[warmup:]:
+        for name in order:
+            w, c = step(name)
+            wall[name].append(w)
+            proc[name].append(c)
+    gc.enable()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    load1 = os.getloadavg()
+    # context switches of every thread of the process, per step (all arms)
+    csw = (ru1.ru_nvcsw - ru0.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nivcsw) / (iters * len(groups))
+    steps_run = warmup + iters
+    art = groups["artemis"]
+    path = type(art).__name__
+    colls = art.next_coll_seq() / steps_run if hasattr(art, "next_coll_seq") else float("nan")
     dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(times))
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "wall": wall,
+                "cpu": proc,
+                "path": path,
+                "colls_per_step": colls,
+                "spin_ns": spin_ns,
+                "load": [load0[0], load1[0]],
+                "csw_per_step": csw,
+                "affinity": sorted(os.sched_getaffinity(0)),
+            }
+        )
+    )
 
 
-def _step_times() -> dict[str, Any]:
+def _step_run(setting: str, seed: int) -> list[dict[str, Any]]:
+    """One run of the interleaved DDP job (2 fresh rank processes); both ranks' data."""
     import torch.multiprocessing as mp
 
     d = Path(tempfile.mkdtemp(prefix="bench-ddp-"))
     os.environ["ARTEMIS_SHM_DIR"], os.environ["ARTEMIS_JOB"] = str(d / "shm"), "bench-ddp"
     mp.start_processes(
-        _ddp_worker, args=(str(d / "store"), str(d / "times.json")), nprocs=2, start_method="spawn"
+        _ddp_worker,
+        args=(str(d / "store"), str(d), setting, seed, DDP_ITERS, DDP_WARMUP),
+        nprocs=2,
+        start_method="spawn",
     )
-    times: dict[str, Any] = json.loads((d / "times.json").read_text())
-    return times
+    return [json.loads((d / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _step_stats(run: dict[str, Any]) -> dict[str, Any]:
+    """One rank's run: paired per-iteration ratios of each arm against ``gloo``, wall
+    and process CPU, medians with bootstrap intervals."""
+    from bench._interleave import median_ci, ratios
+
+    wall, cpu = run["wall"], run["cpu"]
+    out: dict[str, Any] = {
+        "gloo_ms": statistics.median(wall["gloo"]) / 1e6,
+        "iters": len(wall["gloo"]),
+    }
+    for arm in ("gloo-aa", "artemis", "gloo+1%"):
+        out[arm] = median_ci(ratios(wall[arm], wall["gloo"]))
+        out[f"{arm}-cpu"] = median_ci(ratios(cpu[arm], cpu["gloo"]))
+        # the paired difference, in us: what the arm adds per step
+        out[f"{arm}-us"] = statistics.median(
+            (a - b) / 1e3 for a, b in zip(wall[arm], wall["gloo"], strict=True)
+        )
+    return out
+
+
+def _fifo_permitted() -> bool:
+    """Whether this process may make its ranks real-time (root, or CAP_SYS_NICE)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+    except (PermissionError, OSError):
+        return False
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    return True
+
+
+def _print_step_times(cpp_own: float | None) -> None:
+    settings = [s for s in DDP_SETTINGS if "fifo" not in s or _fifo_permitted()]
+    arms = "gloo, gloo-aa (a second gloo group: the A/A control), artemis, gloo+1%"
+    print(
+        f"\nDDP step time, 2 gloo ranks, step-interleaved: {DDP_RUNS} runs per setting, "
+        f"each {DDP_ITERS} iterations (after {DDP_WARMUP} discarded) of one step of each "
+        f"arm ({arms}: the positive control, spinning 1% of gloo's warm-up step), in "
+        "shuffled blocks of all 24 orders; per iteration the ratio of an arm's step to "
+        "gloo's; median [95% bootstrap interval]; rank 0. Settings: cfs = the default "
+        "scheduler; fifo = the ranks SCHED_FIFO; pinned = each rank on its own core:"
+    )
+    if len(settings) < len(DDP_SETTINGS):
+        print("(SCHED_FIFO is not permitted here: the fifo settings are skipped)")
+    print(
+        "| setting | run | load avg | gloo ms | ctx sw / step | A/A: gloo-aa / gloo | "
+        "artemis / gloo | artemis - gloo (us) | gloo+1% / gloo | CPU: A/A | "
+        "CPU: artemis | CPU: +1% |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def ci(v: tuple[float, float, float]) -> str:
+        return f"{v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]"
+
+    summary: dict[str, list[dict[str, Any]]] = {k: [] for k in settings}
+    info: dict[str, Any] = {}
+    for r in range(DDP_RUNS):
+        for setting in settings:  # alternated, so the load drifts over all of them
+            ranks = _step_run(setting, seed=r)
+            s = _step_stats(ranks[0])
+            summary[setting].append(s)
+            info = ranks[0]
+            load = info["load"]
+            print(
+                f"| {setting} | {r + 1} | {load[0]:.2f}-{load[1]:.2f} | {s['gloo_ms']:.2f} | "
+                f"{info['csw_per_step']:.1f} | {ci(s['gloo-aa'])} | {ci(s['artemis'])} | "
+                f"{s['artemis-us']:+.1f} | {ci(s['gloo+1%'])} | {s['gloo-aa-cpu'][0]:.4f} | "
+                f"{s['artemis-cpu'][0]:.4f} | {s['gloo+1%-cpu'][0]:.4f} |",
+                flush=True,
+            )
+    print("\nMedians of the runs, [lowest, highest run]:")
+    print(
+        "| setting | A/A: gloo-aa / gloo | artemis / gloo | gloo+1% / gloo | "
+        "artemis - gloo (us) | CPU: A/A | CPU: artemis |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for setting, rows in summary.items():
+
+        def runs(key: str, rows: list[dict[str, Any]] = rows) -> str:
+            v = [x[key][0] if isinstance(x[key], tuple) else x[key] for x in rows]
+            return f"{statistics.median(v):.4f} [{min(v):.4f}, {max(v):.4f}]"
+
+        us = [x["artemis-us"] for x in rows]
+        print(
+            f"| {setting} | {runs('gloo-aa')} | {runs('artemis')} (goal <= 1.01) | "
+            f"{runs('gloo+1%')} | {statistics.median(us):+.1f} [{min(us):+.1f}, {max(us):+.1f}] | "
+            f"{runs('gloo-aa-cpu')} | {runs('artemis-cpu')} |"
+        )
+    gloo_ms = min(statistics.median(x["gloo_ms"] for x in rows) for rows in summary.values())
+    per_step = info["colls_per_step"]
+    print(
+        f"(the artemis group took the {info['path']} path; {per_step:.2f} collectives per "
+        "step on it)"
+    )
+    if cpp_own is not None:
+        print(
+            f"The C++ wrapper's CPU per step from its cost per collective: {per_step:.2f} x "
+            f"{cpp_own:.2f} us = {per_step * cpp_own:.2f} us, "
+            f"{per_step * cpp_own / 1e3 / gloo_ms * 100:.3f}% of the fastest setting's "
+            f"{gloo_ms:.2f} ms gloo step"
+        )
 
 
 def main() -> int:
@@ -383,36 +550,7 @@ def main() -> int:
             f"| the wrapper's own cost, in process-CPU clock reads | | "
             f"{own / pieces['CLOCK_PROCESS_CPUTIME_ID read (a system call)']:.1f} reads |"
         )
-    t = _step_times()
-    g = statistics.median(t["gloo"])
-    print(
-        f"\nDDP step time, 2 gloo ranks, medians of {ROUNDS} alternated rounds of {STEPS} steps "
-        f"(the default artemis group took {t['path'][0]}):"
-    )
-    print("| backend | ms per step | / gloo | rounds (ms) |")
-    print("|---|---:|---:|---|")
-    for name in ("gloo", "gloo-aa", "artemis", "artemis-py"):
-        m = statistics.median(t[name])
-        print(f"| {name} | {m:.2f} | {m / g:.3f} | {', '.join(f'{v:.1f}' for v in t[name])} |")
-    paired = [a / b for a, b in zip(t["artemis"], t["gloo"], strict=True)]
-    print(
-        f"| artemis / gloo, median of per-round ratios | | "
-        f"{statistics.median(paired):.3f} (goal <= 1.01) | |"
-    )
-    if cpp is not None:
-        per_step = t["colls_per_step"][0]
-        print(
-            f"| the C++ wrapper's CPU per step: {per_step:.2f} collectives x "
-            f"{cpp - base:.2f} us | | {(per_step * (cpp - base) / 1e3) / g * 100:.3f}% "
-            "of gloo's step | |"
-        )
-    gc = statistics.median(t["gloo-cpu"])
-    print("\nThe same rounds' process CPU per step (every thread of rank 0's process):")
-    print("| backend | CPU ms per step | / gloo |")
-    print("|---|---:|---:|")
-    for name in ("gloo", "gloo-aa", "artemis", "artemis-py"):
-        m = statistics.median(t[f"{name}-cpu"])
-        print(f"| {name} | {m:.3f} | {m / gc:.3f} |")
+    _print_step_times(None if cpp is None else cpp - base)
     print("\nCPU per clock read (ns, median of 5 runs of 50k reads, empty loop subtracted):")
     print("| clock | ns per read |")
     print("|---|---:|")
@@ -447,5 +585,13 @@ def main() -> int:
     return 0
 
 
+def ddp_main() -> int:
+    """The DDP step-time part alone (``python -m bench.torch_backend ddp``)."""
+    _print_step_times(None)
+    return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    raise SystemExit(ddp_main() if sys.argv[1:] == ["ddp"] else main())
