@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -47,9 +48,11 @@ from typing import Any
 
 RUNS = 7
 CALLS = 20_000
-DDP_RUNS = 3
-DDP_ITERS = 2400
+DDP_RUNS = 6
+DDP_ITERS = 1200
 DDP_WARMUP = 48
+DDP_EPOCH = 240  # iterations between rebuilds of the models (10 blocks of the 24 orders)
+DDP_REWARM = 4  # iterations after each rebuild, not timed
 SPIN_SHARE = 0.01
 DDP_SETTINGS = ("cfs", "fifo", "fifo+pinned")
 FIFO_PRIORITY = 10
@@ -317,25 +320,43 @@ def _ddp_worker(
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-    # every arm its own group, made the same way (new_group), so none is WORLD
-    groups: dict[str, Any] = {
-        "gloo": dist.new_group(backend="gloo"),
-        "gloo-aa": dist.new_group(backend="gloo"),  # the A/A control
-        "artemis": dist.new_group(backend="artemis"),  # its default path: C++ when built
-        "gloo+1%": dist.new_group(backend="gloo"),  # the positive control
-    }
-    models = {}
-    for name, g in groups.items():
-        torch.manual_seed(0)
-        m = _mlp()
-        models[name] = (DDP(m, process_group=g), torch.optim.SGD(m.parameters(), lr=0.01))
+    arms = {"gloo": "gloo", "gloo-aa": "gloo", "artemis": "artemis", "gloo+1%": "gloo"}
+    # the same on both ranks, which must make groups and models in the same order
+    rng = random.Random(seed)
+    # every arm its own group, made the same way (new_group, so none is WORLD), in
+    # an order shuffled per run: no arm is always the first made
+    groups: dict[str, Any] = {}
+    for name in rng.sample(list(arms), len(arms)):
+        groups[name] = dist.new_group(backend=arms[name])
+    models: dict[str, Any] = {}
+
+    def build() -> None:
+        # The models are made again every epoch, in a shuffled order, so that which
+        # arm's tensors get which memory changes: with a fixed order the first model
+        # made stepped ~0.5% slower than the others (its forward too) on every run.
+        models.clear()
+        gc.collect()
+        for name in rng.sample(list(arms), len(arms)):
+            torch.manual_seed(0)
+            m = _mlp()
+            models[name] = (
+                DDP(m, process_group=groups[name]),
+                torch.optim.SGD(m.parameters(), lr=0.01),
+            )
+
     x, y = torch.randn(128, 64), torch.randn(128, 1)
     mse = torch.nn.functional.mse_loss
     spin_ns = 0
     clock, cpu = time.perf_counter_ns, time.process_time_ns
 
-    def step(name: str) -> tuple[int, int]:
+    def switches() -> int:
+        # context switches of every thread of the process (gloo's too)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_nvcsw + ru.ru_nivcsw
+
+    def step(name: str) -> tuple[int, int, int]:
         model, opt = models[name]
+        s0 = switches()
         t0, c0 = clock(), cpu()
         opt.zero_grad()
         mse(model(x), y).backward()
@@ -344,38 +365,44 @@ def _ddp_worker(
             end = clock() + spin_ns
             while clock() < end:
                 pass
-        return clock() - t0, cpu() - c0
+        t1, c1 = clock(), cpu()
+        return t1 - t0, c1 - c0, switches() - s0
 
-    plan = orders(list(groups), warmup + iters, seed)
-    wall: dict[str, list[int]] = {k: [] for k in groups}
-    proc: dict[str, list[int]] = {k: [] for k in groups}
+    build()
     warm: list[int] = []
-    for order in plan[:warmup]:
+    for order in orders(list(arms), warmup, seed + 1000):
         for name in order:
-            w, _ = step(name)
+            w, _, _ = step(name)
             if name == "gloo":
                 warm.append(w)
     spin_ns = int(SPIN_SHARE * statistics.median(warm[len(warm) // 2 :]))
+    plan = orders(list(arms), iters, seed)
+    wall: dict[str, list[int]] = {k: [] for k in arms}
+    proc: dict[str, list[int]] = {k: [] for k in arms}
+    csw: dict[str, int] = dict.fromkeys(arms, 0)
     load0 = os.getloadavg()
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    # Python's cyclic collector would run at random points of some arm's step; the
-    # loop makes no cycles worth collecting, so it is off while timing
-    gc.collect()
-    gc.disable()
-    for order in plan[warmup:]:
-        for name in order:
-            w, c = step(name)
-            wall[name].append(w)
-            proc[name].append(c)
-    gc.enable()
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    load1 = os.getloadavg()
-    # context switches of every thread of the process, per step (all arms)
-    csw = (ru1.ru_nvcsw - ru0.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nivcsw) / (iters * len(groups))
-    steps_run = warmup + iters
     art = groups["artemis"]
+    colls = 0
+    for e in range(0, iters, DDP_EPOCH):
+        build()
+        for order in orders(list(arms), DDP_REWARM, seed + 2000 + e):  # not timed
+            for name in order:
+                step(name)
+        seq0 = art.next_coll_seq() if hasattr(art, "next_coll_seq") else 0
+        # Python's cyclic collector would run at random points of some arm's step;
+        # the loop makes no cycles worth collecting, so it is off while timing
+        gc.collect()
+        gc.disable()
+        for order in plan[e : e + DDP_EPOCH]:
+            for name in order:
+                w, c, n = step(name)
+                wall[name].append(w)
+                proc[name].append(c)
+                csw[name] += n
+        gc.enable()
+        colls += (art.next_coll_seq() if hasattr(art, "next_coll_seq") else 0) - seq0
+    load1 = os.getloadavg()
     path = type(art).__name__
-    colls = art.next_coll_seq() / steps_run if hasattr(art, "next_coll_seq") else float("nan")
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(
         json.dumps(
@@ -383,10 +410,11 @@ def _ddp_worker(
                 "wall": wall,
                 "cpu": proc,
                 "path": path,
-                "colls_per_step": colls,
+                # collectives per timed step on the artemis group
+                "colls_per_step": colls / len(wall["artemis"]),
                 "spin_ns": spin_ns,
                 "load": [load0[0], load1[0]],
-                "csw_per_step": csw,
+                "csw_per_step": {k: v / iters for k, v in csw.items()},
                 "affinity": sorted(os.sched_getaffinity(0)),
             }
         )
@@ -452,7 +480,8 @@ def _print_step_times(cpp_own: float | None) -> None:
     if len(settings) < len(DDP_SETTINGS):
         print("(SCHED_FIFO is not permitted here: the fifo settings are skipped)")
     print(
-        "| setting | run | load avg | gloo ms | ctx sw / step | A/A: gloo-aa / gloo | "
+        "| setting | run | load avg | gloo ms | ctx sw / step: gloo, artemis | "
+        "A/A: gloo-aa / gloo | "
         "artemis / gloo | artemis - gloo (us) | gloo+1% / gloo | CPU: A/A | "
         "CPU: artemis | CPU: +1% |"
     )
@@ -467,12 +496,14 @@ def _print_step_times(cpp_own: float | None) -> None:
         for setting in settings:  # alternated, so the load drifts over all of them
             ranks = _step_run(setting, seed=r)
             s = _step_stats(ranks[0])
-            summary[setting].append(s)
             info = ranks[0]
+            s["csw"] = info["csw_per_step"]
+            summary[setting].append(s)
             load = info["load"]
             print(
                 f"| {setting} | {r + 1} | {load[0]:.2f}-{load[1]:.2f} | {s['gloo_ms']:.2f} | "
-                f"{info['csw_per_step']:.1f} | {ci(s['gloo-aa'])} | {ci(s['artemis'])} | "
+                f"{info['csw_per_step']['gloo']:.2f}, {info['csw_per_step']['artemis']:.2f} | "
+                f"{ci(s['gloo-aa'])} | {ci(s['artemis'])} | "
                 f"{s['artemis-us']:+.1f} | {ci(s['gloo+1%'])} | {s['gloo-aa-cpu'][0]:.4f} | "
                 f"{s['artemis-cpu'][0]:.4f} | {s['gloo+1%-cpu'][0]:.4f} |",
                 flush=True,
@@ -480,9 +511,9 @@ def _print_step_times(cpp_own: float | None) -> None:
     print("\nMedians of the runs, [lowest, highest run]:")
     print(
         "| setting | A/A: gloo-aa / gloo | artemis / gloo | gloo+1% / gloo | "
-        "artemis - gloo (us) | CPU: A/A | CPU: artemis |"
+        "artemis - gloo (us) | CPU: A/A | CPU: artemis | ctx sw / step: gloo, artemis |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for setting, rows in summary.items():
 
         def runs(key: str, rows: list[dict[str, Any]] = rows) -> str:
@@ -493,7 +524,9 @@ def _print_step_times(cpp_own: float | None) -> None:
         print(
             f"| {setting} | {runs('gloo-aa')} | {runs('artemis')} (goal <= 1.01) | "
             f"{runs('gloo+1%')} | {statistics.median(us):+.1f} [{min(us):+.1f}, {max(us):+.1f}] | "
-            f"{runs('gloo-aa-cpu')} | {runs('artemis-cpu')} |"
+            f"{runs('gloo-aa-cpu')} | {runs('artemis-cpu')} | "
+            f"{statistics.median(x['csw']['gloo'] for x in rows):.2f}, "
+            f"{statistics.median(x['csw']['artemis'] for x in rows):.2f} |"
         )
     gloo_ms = min(statistics.median(x["gloo_ms"] for x in rows) for rows in summary.values())
     per_step = info["colls_per_step"]
