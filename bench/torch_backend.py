@@ -39,6 +39,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -48,7 +49,7 @@ from typing import Any
 
 RUNS = 7
 CALLS = 20_000
-DDP_RUNS = 6
+DDP_RUNS = 4
 DDP_ITERS = 1200
 DDP_WARMUP = 48
 DDP_EPOCH = 240  # iterations between rebuilds of the models (10 blocks of the 24 orders)
@@ -56,6 +57,8 @@ DDP_REWARM = 4  # iterations after each rebuild, not timed
 SPIN_SHARE = 0.01
 DDP_SETTINGS = ("cfs", "fifo", "fifo+pinned")
 FIFO_PRIORITY = 10
+AR_ITERS = 3000
+AR_SIZES = (4, 82_945)  # floats: a tiny all_reduce, and the DDP model's one bucket
 DET_STEPS = 400
 DET_RUNS = 3
 
@@ -297,9 +300,15 @@ def _mlp() -> Any:
     )
 
 
-def _ddp_worker(
-    rank: int, init: str, out: str, setting: str, seed: int, iters: int, warmup: int
-) -> None:
+def _ring_dir() -> str:
+    """Where the DDP parts' rings go: tmpfs, as in a deployment (/dev/shm/artemis is the
+    default), not the disk that holds /tmp here (a file-backed mapping's writes fault
+    again after each writeback)."""
+    shm = "/dev/shm"
+    return tempfile.mkdtemp(prefix="bench-ddp-", dir=shm if os.path.isdir(shm) else None)
+
+
+def _set_sched(rank: int, setting: str) -> None:
     # before any thread starts, so gloo's and torch's threads inherit them
     if "pinned" in setting:
         cpus = sorted(os.sched_getaffinity(0))
@@ -308,6 +317,85 @@ def _ddp_worker(
         # real-time FIFO: no other task on the machine preempts a rank (the kernel's
         # RT throttling still leaves them 5% of each second); a dedicated machine's view
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+
+
+def _allreduce_worker(rank: int, init: str, out: str, setting: str) -> None:
+    """Bare all_reduces (no DDP), interleaved per call over two plain gloo groups and an
+    artemis one: the wrapper's cost over a real gloo backend, not over ``fake``."""
+    _set_sched(rank, setting)
+    import artemis.job  # noqa: F401
+    import torch
+    import torch.distributed as dist
+
+    from bench._interleave import orders
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    arms = {"artemis": "artemis", "gloo": "gloo", "gloo-aa": "gloo"}
+    groups = {name: dist.new_group(backend=b) for name, b in arms.items()}
+    res: dict[str, Any] = {}
+    clock, cpu = time.perf_counter_ns, time.process_time_ns
+    for n in AR_SIZES:
+        t = torch.ones(n)
+        wall: dict[str, list[int]] = {k: [] for k in arms}
+        proc: dict[str, list[int]] = {k: [] for k in arms}
+        for i, order in enumerate(orders(list(arms), AR_ITERS + 100, n)):
+            for name in order:
+                t0, c0 = clock(), cpu()
+                dist.all_reduce(t, group=groups[name])
+                t1, c1 = clock(), cpu()
+                if i >= 100:
+                    wall[name].append(t1 - t0)
+                    proc[name].append(c1 - c0)
+        res[str(n)] = {"wall": wall, "cpu": proc}
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out, "ar.json").write_text(json.dumps(res))
+
+
+def _print_allreduce(setting: str) -> None:
+    import torch.multiprocessing as mp
+
+    from bench._interleave import median_ci, ratios
+
+    d = Path(tempfile.mkdtemp(prefix="bench-ar-"))
+    rings = _ring_dir()
+    os.environ["ARTEMIS_SHM_DIR"], os.environ["ARTEMIS_JOB"] = rings, "bench-ar"
+    mp.start_processes(
+        _allreduce_worker, args=(str(d / "store"), str(d), setting), nprocs=2, start_method="spawn"
+    )
+    shutil.rmtree(rings, ignore_errors=True)
+    res = json.loads((d / "ar.json").read_text())
+    print(
+        f"\nBare all_reduce over real gloo (2 ranks, {setting}, {AR_ITERS} iterations of one "
+        "call per group, shuffled orders; rank 0; medians, paired ratio [95% bootstrap]):"
+    )
+    print(
+        "| floats | gloo us (wall) | artemis us (wall) | artemis / gloo (wall) | "
+        "A/A (wall) | gloo us (CPU) | artemis - gloo (CPU us) | artemis / gloo (CPU) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, r in res.items():
+        w, c = r["wall"], r["cpu"]
+
+        def med(v: list[int]) -> float:
+            return statistics.median(v) / 1e3
+
+        rw = median_ci(ratios(w["artemis"], w["gloo"]))
+        aa = median_ci(ratios(w["gloo-aa"], w["gloo"]))
+        rc = median_ci(ratios(c["artemis"], c["gloo"]))
+        dc = statistics.median((a - b) / 1e3 for a, b in zip(c["artemis"], c["gloo"], strict=True))
+        print(
+            f"| {n} | {med(w['gloo']):.1f} | {med(w['artemis']):.1f} | "
+            f"{rw[0]:.4f} [{rw[1]:.4f}, {rw[2]:.4f}] | {aa[0]:.4f} | {med(c['gloo']):.1f} | "
+            f"{dc:+.1f} | {rc[0]:.4f} [{rc[1]:.4f}, {rc[2]:.4f}] |"
+        )
+
+
+def _ddp_worker(
+    rank: int, init: str, out: str, setting: str, seed: int, iters: int, warmup: int
+) -> None:
+    _set_sched(rank, setting)
     import gc
     import resource
 
@@ -426,13 +514,15 @@ def _step_run(setting: str, seed: int) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     d = Path(tempfile.mkdtemp(prefix="bench-ddp-"))
-    os.environ["ARTEMIS_SHM_DIR"], os.environ["ARTEMIS_JOB"] = str(d / "shm"), "bench-ddp"
+    os.environ["ARTEMIS_JOB"] = "bench-ddp"
+    os.environ["ARTEMIS_SHM_DIR"] = rings = _ring_dir()
     mp.start_processes(
         _ddp_worker,
         args=(str(d / "store"), str(d), setting, seed, DDP_ITERS, DDP_WARMUP),
         nprocs=2,
         start_method="spawn",
     )
+    shutil.rmtree(rings, ignore_errors=True)
     return [json.loads((d / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -541,6 +631,7 @@ def _print_step_times(cpp_own: float | None) -> None:
             f"{per_step * cpp_own / 1e3 / gloo_ms * 100:.3f}% of the fastest setting's "
             f"{gloo_ms:.2f} ms gloo step"
         )
+    _print_allreduce(settings[-1])
 
 
 def main() -> int:
