@@ -19,7 +19,9 @@
    bootstrap interval; several runs (fresh processes) per scheduler setting: the
    default one, the ranks ``SCHED_FIFO`` (where permitted), and that with each rank
    pinned to a core. With the collectives per step and the C++ wrapper's cost per
-   step from its cost per collective. Goal: <= 1% on CPU DDP.
+   step from its cost per collective. Goal: <= 1% on CPU DDP. Then bare
+   ``all_reduce`` calls over real gloo, artemis against gloo, interleaved per call:
+   the wrapper's cost over a real backend rather than over ``fake``.
 3. Where the Python path's CPU goes: the cost of one read of each clock (CPU time of
    the reading thread, 50k reads), and the wrapper's cost with its CPU clock
    (``time.process_time_ns``, what the ring contract asks: process CPU time at
