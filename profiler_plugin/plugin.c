@@ -388,18 +388,27 @@ static ArtDummy dummy_group = {ART_TAG_GROUP};
 
 static inline uintptr_t thread_key(void);
 
+/* A handle is free when pend and cwait are both 0: its channels (or the
+ * reclaim) and its Coll/P2p stop are all done (ArtOp.cwait). */
+static inline int op_free(ArtOp *op) {
+    return atomic_load_explicit(&op->pend, ACQ) == 0 && atomic_load_explicit(&op->cwait, ACQ) == 0;
+}
+
 /* single: the caller is the context's only starter (owner_is_me), and only
  * starters claim, so a free handle (pend 0, released with a release store)
- * can be taken with a plain store, starting at the shared hint. Otherwise by
- * CAS, starting at a place of the caller's own (threads' keys are far apart),
- * so that two starting threads do not fight over the same handles. */
+ * can be taken with a plain store, starting at the shared hint; the op then
+ * waits for its Coll/P2p stop on cwait. Otherwise by CAS, starting at a place
+ * of the caller's own (threads' keys are far apart), so that two starting
+ * threads do not fight over the same handles; such an op keeps ART_PEND_COLL
+ * in pend. */
 static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
     if (single) {
         /* the hint: usually the handle the last completion released */
         uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ctx->nops - 1u);
         ArtOp *op = &ctx->ops[idx];
-        if (atomic_load_explicit(&op->pend, ACQ) == 0) {
+        if (op_free(op)) {
             atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&op->cwait, 1u, RLX);
             atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
             return op;
         }
@@ -410,11 +419,23 @@ static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
     for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
-        uint64_t e = atomic_load_explicit(&op->pend, ACQ);
-        if (e != 0) continue;
-        if (single) atomic_store_explicit(&op->pend, pend, RLX);
-        else if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
-        if (single) atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+        if (!op_free(op)) continue;
+        if (single) {
+            atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&op->cwait, 1u, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+        uint64_t e = 0;
+        if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
+        /* pend went 0 -> ours, but between the check and the CAS the handle may
+         * have served a single-mode op whose channels are done and whose stop
+         * has not come (only around the switch without membarrier: README
+         * "Single writer"): not free, give it back untouched */
+        if (atomic_load_explicit(&op->cwait, ACQ)) {
+            atomic_store_explicit(&op->pend, 0, REL);
+            continue;
+        }
         return op;
     }
     return NULL;
@@ -474,8 +495,10 @@ static void op_complete(ArtOp *op, int reclaimed) {
     if (reclaimed) {
     } else if (!nch || start == UINT64_MAX || end == 0) {
         /* host timing: configured, no channels, or KernelCh without timers */
-        if (nch && !atomic_load_explicit(&ctx->timer_seen, RLX))
+        if (nch && !atomic_load_explicit(&ctx->timer_seen, RLX)) {
             atomic_store_explicit(&ctx->no_timer, 1u, RLX);
+            atomic_store_explicit(&ctx->nch_cap, 0u, RLX); /* later ops: host timing */
+        }
         start = atomic_load_explicit(&op->host_start, RLX);
         end = art_now_mono();
         if (end < start) end = start; /* a TSC start can run a little ahead */
@@ -506,14 +529,16 @@ static void op_complete(ArtOp *op, int reclaimed) {
     op_release(op);
 }
 
-/* A claimed op whose Coll/P2p stop came but whose channel bits are still armed. */
-static inline int pend_waits(uint64_t e) {
-    return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) && (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL));
+/* A claimed op whose Coll/P2p stop came (pend e without COLL, and cwait 0)
+ * but whose channel bits are still armed. */
+static inline int pend_waits(ArtOp *op, uint64_t e) {
+    return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) &&
+           (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL)) && !atomic_load_explicit(&op->cwait, ACQ);
 }
 
 /* 1 if op (still ticket t) had its Coll/P2p stop but waits for KernelCh events. */
 static inline int waits_for_channels(ArtOp *op, uint64_t t) {
-    return pend_waits(atomic_load_explicit(&op->pend, RLX)) &&
+    return pend_waits(op, atomic_load_explicit(&op->pend, RLX)) &&
            atomic_load_explicit(&op->ticket, RLX) == t;
 }
 
@@ -522,7 +547,7 @@ static inline int waits_for_channels(ArtOp *op, uint64_t t) {
  * finds its bit clear). by_ticket: only if the op still holds want_ticket. */
 static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
     uint64_t e = atomic_load_explicit(&op->pend, ACQ);
-    if (!pend_waits(e)) return 0;
+    if (!pend_waits(op, e)) return 0;
     if (by_ticket && atomic_load_explicit(&op->ticket, RLX) != want_ticket) return 0;
     if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, ART_PEND_CLAIMED, ACQREL, RLX))
         return 0;
@@ -619,7 +644,7 @@ static __attribute__((noinline)) int art_membarrier(void) {
 static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                                  const char *dtype, size_t count, uint8_t nChannels,
                                  const char *algo, const char *proto, int peer, int single,
-                                 int alone);
+                                 int alone, int fastp);
 
 #ifdef ART_TEST_HOOKS
 /* the harness only (tests/harness.c test_switch_in_start): called by the
@@ -658,12 +683,16 @@ static __attribute__((noinline)) void owner_ack(ArtCtx *ctx) {
         atomic_store_explicit(&ctx->switched, 1u, REL);
 }
 
-static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
-                                                           uint8_t kind, const char *func,
-                                                           const char *dtype, size_t count,
-                                                           uint8_t nChannels, const char *algo,
-                                                           const char *proto, int peer) {
-    if (!ctx || ctx->tag != ART_TAG_CTX) return;
+/* Every start but the owner's in single mode (README "Single writer"): the
+ * context's first start, other threads' starts and the switch to shared
+ * mode, the owner's starts in shared mode, without membarrier
+ * (plain_start 0), and after finalize. Out of line: op_start's fast path
+ * stays small. */
+static __attribute__((noinline)) void op_start_slow(ArtCtx *ctx, void **eHandle, uint8_t kind,
+                                                    const char *func, const char *dtype,
+                                                    size_t count, uint8_t nChannels,
+                                                    const char *algo, const char *proto,
+                                                    int peer) {
     /* NCCL starts one communicator's Coll/P2p events from one thread at a time
      * (the one launching its plans), so the counter, the ticket, the handle
      * claim and the slot entry have one writer: plain loads and stores, no
@@ -686,18 +715,32 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
             marked = 1;
         }
         single = !atomic_load_explicit(&ctx->shared, RLX);
-        if (__builtin_expect(!single, 0)) owner_ack(ctx);
+        if (__builtin_expect(!single, 0)) {
+            owner_ack(ctx);
+        } else if (marked && !atomic_load_explicit(&ctx->finished, RLX) &&
+                   atomic_load_explicit(&ctx->fast, RLX) == 0) {
+            /* open the fast path for the owner's next starts; the CAS fails
+             * if the switch (or finalize) has closed it meanwhile */
+            uintptr_t zero = 0;
+            atomic_compare_exchange_strong_explicit(&ctx->fast, &zero, me, RLX, RLX);
+        }
     } else {
         if (!atomic_load_explicit(&ctx->shared, RLX) &&
-            atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0 && plain) {
-            /* the slow side: after it, every owner start that had not yet read
-             * shared sees 1, and one that had is visible in in_start. Should
-             * both membarriers fail, in_start proves nothing: mb_done stays 0,
-             * and this context's other threads' starts are dropped (counted)
-             * until the owner's next start acknowledges (above), for good if
-             * it never starts again. */
-            if (art_membarrier()) atomic_store_explicit(&ctx->mb_done, 1u, REL);
-            else atomic_fetch_add_explicit(&ctx->mb_failed, 1u, RLX);
+            atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0) {
+            /* close the owner's fast path before the membarrier: its starts
+             * read fast where the slow path reads shared (op_start) */
+            atomic_store_explicit(&ctx->fast, ART_FAST_OFF, RLX);
+            if (plain) {
+                /* the slow side: after it, every owner start that had not yet
+                 * read shared (or fast) sees it set, and one that had is
+                 * visible in in_start. Should both membarriers fail, in_start
+                 * proves nothing: mb_done stays 0, and this context's other
+                 * threads' starts are dropped (counted) until the owner's next
+                 * start acknowledges (above), for good if it never starts
+                 * again. */
+                if (art_membarrier()) atomic_store_explicit(&ctx->mb_done, 1u, REL);
+                else atomic_fetch_add_explicit(&ctx->mb_failed, 1u, RLX);
+            }
         }
         if (plain && !atomic_load_explicit(&ctx->switched, ACQ)) {
             /* a start of the owner that saw shared == 0 may still be writing
@@ -711,39 +754,98 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
         }
     }
     op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, single,
-                  marked && single);
+                  marked && single, 0);
     if (marked) atomic_store_explicit(&ctx->in_start, 0u, REL);
 }
 
+/* The owner's start in single mode, the common case: one load of fast
+ * stands for the slow path's owner, shared, plain_start and finished checks.
+ * The Dekker read of the switch is the second load of fast (the switching
+ * thread closes it before its membarrier, op_start_slow), with in_start set
+ * before it as in the slow path. */
+static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
+                                                           uint8_t kind, const char *func,
+                                                           const char *dtype, size_t count,
+                                                           uint8_t nChannels, const char *algo,
+                                                           const char *proto, int peer) {
+    if (!ctx || ctx->tag != ART_TAG_CTX) return;
+    uintptr_t me = thread_key();
+    if (__builtin_expect(atomic_load_explicit(&ctx->fast, RLX) == me, 1)) {
+        atomic_store_explicit(&ctx->in_start, 1u, RLX);
+        atomic_signal_fence(memory_order_seq_cst);
+        int go = atomic_load_explicit(&ctx->fast, RLX) == me;
+        if (__builtin_expect(go, 1))
+            op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, 1,
+                          1, 1);
+        atomic_store_explicit(&ctx->in_start, 0u, REL);
+        if (__builtin_expect(go, 1)) return;
+    }
+    op_start_slow(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer);
+}
+
+/* The pool is exhausted: reclaim aged ops and try again (rare). */
+static __attribute__((noinline)) ArtOp *op_claim_after_reclaim(ArtCtx *ctx, uint64_t pend,
+                                                               int single) {
+    reclaim_aged(ctx);
+    ArtOp *op = op_claim(ctx, pend, single);
+    if (!op) count_drop(ctx);
+    return op;
+}
+
+/* The start found its slot busy (1 if it entered after all): the ring has
+ * lapped an op still in flight. If it only waits for its KernelCh (its
+ * Coll/P2p stop came) and is older than the reclaim age, reclaim it now, as
+ * the scan would (README "Slot writers"): it completes as a host record, and
+ * this start takes the slot. Younger, its KernelCh may still come (and would
+ * land on a recycled handle). Otherwise (busy, in flight, or a later ticket's:
+ * a tiny ring) the start keeps the slot's record, gives its handle back and
+ * counts the drop. Rare, out of line. */
+static __attribute__((noinline)) int op_start_lap(ArtCtx *ctx, ArtOp *op, ArtemisSlot *s,
+                                                  uint64_t ticket, uint64_t now, uint32_t *odd,
+                                                  int in, uint64_t held, int alone) {
+    if (in == 2) {
+        ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
+        if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
+            op_reclaim(old, held, 1))
+            in = seq_enter_start(s, ticket, odd, &held, alone);
+    }
+    if (in == 1) return 1;
+    /* the handle goes back unused: no Coll/P2p stop will come for it */
+    op_release(op);
+    atomic_store_explicit(&op->cwait, 0u, REL);
+    count_drop(ctx);
+    return 0;
+}
+
 /* single: the owner, in single mode (plain ticket, claim, counter); alone:
- * single and no other start can run now (the slot entry is a plain store) */
+ * single and no other start can run now (the slot entry is a plain store);
+ * fastp: op_start's fast path (finalize closes it, so finished is not read) */
 static inline __attribute__((always_inline)) void op_start_body(
     ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func, const char *dtype, size_t count,
-    uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone) {
+    uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone,
+    int fastp) {
     uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
     if (kind == ARTEMIS_KIND_COLL) {
         if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
         else cseq = atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
     }
-    if (atomic_load_explicit(&ctx->finished, RLX)) return;
+    if (!fastp && atomic_load_explicit(&ctx->finished, RLX)) return;
 
-    uint32_t nch = 0;
-    int self = kind == ARTEMIS_KIND_P2P && peer == ctx->rank;
-    if (ctx->device_timing && nChannels && !atomic_load_explicit(&ctx->no_timer, RLX)) {
+    /* nch_cap: 0 with host timing (configured, or KernelCh without timers) */
+    uint32_t cap = atomic_load_explicit(&ctx->nch_cap, RLX);
+    uint32_t nch = nChannels < cap ? nChannels : cap;
+    if (kind == ARTEMIS_KIND_P2P && nch && peer == ctx->rank) {
         /* NCCL gives a self Send/Recv nChannels >= 1 but no proxy op, so no
          * KernelCh ever follows (addP2pToPlan, 2.27-2.30): time it on the host. */
-        if (self) count_host_fallback(ctx);
-        else nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
+        count_host_fallback(ctx);
+        nch = 0;
     }
-    uint64_t pend = ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u);
+    /* single mode: the Coll/P2p stop waits on cwait (op_claim), not in pend */
+    uint64_t pend = ART_PEND_CLAIMED | (single ? 0 : ART_PEND_COLL) | ((1ULL << nch) - 1u);
     ArtOp *op = op_claim(ctx, pend, single);
-    if (!op) {
-        reclaim_aged(ctx);
-        op = op_claim(ctx, pend, single);
-    }
-    if (!op) {
-        count_drop(ctx);
-        return;
+    if (__builtin_expect(!op, 0)) {
+        op = op_claim_after_reclaim(ctx, pend, single);
+        if (!op) return;
     }
     /* the owner's starts read the TSC (README "Host clock") */
     uint64_t now = single && ctx->host_tsc ? tsc_now(&ctx->tsc) : art_now_mono();
@@ -797,35 +899,20 @@ static inline __attribute__((always_inline)) void op_start_body(
      * writer; alone, at every ART_RECLAIM_EVERY-th ticket (it scans more
      * tickets than that each time), in shared mode at each of its starts (its
      * tickets need not fall on those). */
-    if (ctx->slot_op && (single ? (ticket & (ART_RECLAIM_EVERY - 1u)) == 0
-                                : atomic_load_explicit(&ctx->owner, RLX) == thread_key()))
+    if (single ? (ticket & (ART_RECLAIM_EVERY - 1u)) == 0
+               : atomic_load_explicit(&ctx->owner, RLX) == thread_key())
         reclaim_scan(ctx, ticket, now);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
     /* The next op will most likely take the next slot: start fetching its line
-     * for writing now, so its seqlock CAS does not wait for memory. */
+     * for writing now, so its seqlock entry does not wait for memory. */
     if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
     uint64_t held = 0;
     int in = seq_enter_start(s, ticket, &odd, &held, alone);
-    if (in == 2 && ctx->slot_op) {
-        /* The ring has lapped an op still in flight. If it only waits for its
-         * KernelCh (its Coll/P2p stop came) and is older than the reclaim age,
-         * reclaim it now, as the scan would (README "Slot writers"): it
-         * completes as a host record, and this start takes the slot. Younger,
-         * its KernelCh may still come (and would land on a recycled handle). */
-        ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
-        if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
-            op_reclaim(old, held, 1))
-            in = seq_enter_start(s, ticket, &odd, &held, alone);
-    }
-    if (in != 1) {
-        /* busy, in flight, or a later ticket's (tiny ring): keep it */
-        op_release(op);
-        count_drop(ctx);
+    if (__builtin_expect(in != 1, 0) &&
+        !op_start_lap(ctx, op, s, ticket, now, &odd, in, held, alone))
         return;
-    }
-    if (ctx->slot_op)
-        atomic_store_explicit(&ctx->slot_op[ticket & ctx->slot_mask], (uint16_t)(op - ctx->ops), RLX);
+    atomic_store_explicit(&ctx->slot_op[ticket & ctx->slot_mask], (uint16_t)(op - ctx->ops), RLX);
     atomic_store_explicit(A32(&s->kind), w4, BODY);
     atomic_store_explicit(A64(&s->clock), w8, BODY);
     atomic_store_explicit(A64(&s->seq), ticket, BODY);
@@ -840,6 +927,16 @@ static inline __attribute__((always_inline)) void op_start_body(
 }
 
 static inline void op_stop(ArtOp *op) {
+    if (atomic_load_explicit(&op->cwait, RLX)) {
+        /* Claimed in single mode: the stop takes no part in the completion
+         * unless the op is host-timed (no channel bits: the stop is its only
+         * completer); a device-timed op is completed by its channels (or the
+         * reclaim), before or after this. The stop only lets the handle go
+         * back to the pool (op_free), with a release store: no locked RMW. */
+        if (!atomic_load_explicit(&op->nch, RLX)) op_complete(op, 0);
+        atomic_store_explicit(&op->cwait, 0u, REL);
+        return;
+    }
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~ART_PEND_COLL, ACQREL);
     if (!(old & ART_PEND_COLL)) return; /* already stopped (or a free handle) */
     if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
@@ -991,6 +1088,8 @@ static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
 static ncclResult_t art_finalize(void *context) {
     ArtCtx *ctx = (ArtCtx *)context;
     if (!ctx || ctx->tag != ART_TAG_CTX) return ncclSuccess;
+    /* the owner's next start takes the slow path, which reads finished */
+    atomic_store_explicit(&ctx->fast, ART_FAST_OFF, RLX);
     if (atomic_exchange_explicit(&ctx->finished, 1u, ACQREL) == 0) {
         atomic_store_explicit(A64(&ctx->hdr->finished_ns), art_now_real(), RLX);
         atomic_fetch_or_explicit(A32(&ctx->hdr->flags), (uint32_t)ARTEMIS_RING_FINISHED, REL);
@@ -1035,8 +1134,13 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
 
     ArtCtx *ctx = NULL;
     ArtOp *ops = NULL;
+    /* the slot -> op map: one entry per slot (lap and scan reclaims) */
+    void *so = NULL;
     if (posix_memalign((void **)&ctx, ART_CACHELINE, sizeof *ctx) != 0 ||
-        posix_memalign((void **)&ops, ART_CACHELINE, (size_t)ART_OP_POOL * sizeof *ops) != 0) {
+        posix_memalign((void **)&ops, ART_CACHELINE, (size_t)ART_OP_POOL * sizeof *ops) != 0 ||
+        posix_memalign(&so, ART_CACHELINE,
+                       ((size_t)cfg.slots * sizeof(uint16_t) + 63u) & ~(size_t)63u) != 0) {
+        free(ops);
         free(ctx);
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: out of memory; disabled for comm %016llx rank %d",
                 (unsigned long long)comm_hash, rank);
@@ -1044,10 +1148,13 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     }
     memset(ctx, 0, sizeof *ctx);
     memset(ops, 0, (size_t)ART_OP_POOL * sizeof *ops);
+    memset(so, 0, (size_t)cfg.slots * sizeof(uint16_t));
     ctx->tag = ART_TAG_CTX;
+    ctx->slot_op = (_Atomic uint16_t *)so;
     ctx->ops = ops;
     ctx->nops = ART_OP_POOL;
     ctx->device_timing = cfg.device_timing;
+    atomic_store_explicit(&ctx->nch_cap, cfg.device_timing ? ART_MAX_CH : 0u, RLX);
     ctx->reclaim_age_ns = cfg.reclaim_age_ns;
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
@@ -1065,6 +1172,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     }
     if (art_ring_create(ctx, &cfg, comm_hash, comm_name, nnodes, nranks, rank, version, err,
                         sizeof err) != 0) {
+        free(so);
         free(ops);
         free(ctx);
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
@@ -1076,12 +1184,6 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
                 "Artemis profiler: env sidecar %s.env not written (%s); the fingerprint of comm "
                 "%016llx rank %d has no env",
                 ctx->path, ctx->env_err, (unsigned long long)comm_hash, rank);
-    /* one entry per slot; without it a lapped in-flight op only drops the new record */
-    void *so = NULL;
-    if (posix_memalign(&so, ART_CACHELINE, ((size_t)cfg.slots * sizeof(uint16_t) + 63u) & ~(size_t)63u) == 0) {
-        memset(so, 0, (size_t)cfg.slots * sizeof(uint16_t));
-        ctx->slot_op = (_Atomic uint16_t *)so;
-    }
     art_log(logfn, NCCL_LOG_INFO,
             "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s, "
             "host clock %s)",

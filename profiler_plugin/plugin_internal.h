@@ -24,7 +24,8 @@
 /* Channels tracked per operation (one bit each in ArtOp.pend). */
 #define ART_MAX_CH 62
 #define ART_PEND_CLAIMED (1ULL << 63) /* handle in use */
-#define ART_PEND_COLL (1ULL << 62)    /* Coll/P2p stopEvent not seen yet */
+#define ART_PEND_COLL (1ULL << 62)    /* Coll/P2p stopEvent not seen yet (ops claimed in shared
+                                       * mode; single-mode ops wait on ArtOp.cwait instead) */
 #define ART_PEND_WORK (ART_PEND_COLL | ((1ULL << ART_MAX_CH) - 1))
 
 /* Operations in flight per context (pool size, a power of two). */
@@ -43,6 +44,9 @@
 #define ART_RECLAIM_STEPS 16u
 
 #define ART_CACHELINE 64
+
+/* ArtCtx.fast once the owner's fast path is closed: never a thread key */
+#define ART_FAST_OFF ((uintptr_t)1)
 
 /* Entries of the per-context string -> code cache (a power of two). */
 #define ART_STRCACHE_BITS 5
@@ -63,6 +67,12 @@ typedef struct ArtOp {
     uint64_t tag; /* ART_TAG_OP */
     struct ArtCtx *ctx;
     _Atomic uint64_t pend;      /* CLAIMED | COLL | channel bits still pending */
+    /* 1 while an op claimed in single mode waits for its Coll/P2p stop, which
+     * then is a plain (release) store of 0, not an RMW on pend: the handle is
+     * free only when pend and cwait are both 0 (op_claim; README "Recording
+     * an operation"). Ops claimed in shared mode keep ART_PEND_COLL in pend
+     * and cwait 0. */
+    _Atomic uint32_t cwait;
     /* KernelCh channel claims (kch_start in plugin.c): kowner, fixed at start,
      * is the thread expected to deliver the op's KernelCh events; it takes
      * channels 0, 1, ... with a plain load and store of own_next, any other
@@ -150,6 +160,8 @@ typedef struct ArtCtx {
     uint32_t plugin_version;
     _Atomic uint32_t finished;  /* finalize ran */
     _Atomic uint32_t no_timer;  /* KernelCh never carried timers: use host timing */
+    _Atomic uint32_t nch_cap;   /* channels an op may arm: ART_MAX_CH, 0 = host timing
+                                 * (device timing off, or no_timer) */
     _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
     char path[512];
     char env_err[256]; /* why the env sidecar was not written ("" = it was): init logs it */
@@ -170,6 +182,10 @@ typedef struct ArtCtx {
      * write_index have one writer while `shared` is 0: the owner thread. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
     _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
+    /* owner's key while its starts may take the fast path (op_start: single
+     * mode, plain_start, not finished); ART_FAST_OFF once that ends, for good;
+     * 0 before the owner's first start */
+    _Atomic uintptr_t fast;
 
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
     /* The switch's asymmetric Dekker (op_start in plugin.c): the owner sets
