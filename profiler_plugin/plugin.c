@@ -401,18 +401,7 @@ static inline int op_free(ArtOp *op) {
  * of the caller's own (threads' keys are far apart), so that two starting
  * threads do not fight over the same handles; such an op keeps ART_PEND_COLL
  * in pend. */
-static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
-    if (single) {
-        /* the hint: usually the handle the last completion released */
-        uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ctx->nops - 1u);
-        ArtOp *op = &ctx->ops[idx];
-        if (op_free(op)) {
-            atomic_store_explicit(&op->pend, pend, RLX);
-            atomic_store_explicit(&op->cwait, 1u, RLX);
-            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
-            return op;
-        }
-    }
+static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend, int single) {
     uint32_t n = ctx->nops;
     uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
                         : (uint32_t)((thread_key() >> 12) * 0x9E3779B1u) & ~15u;
@@ -441,6 +430,22 @@ static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
     return NULL;
 }
 
+static inline __attribute__((always_inline)) ArtOp *op_claim(ArtCtx *ctx, uint64_t pend,
+                                                             int single) {
+    if (single) {
+        /* the hint: usually the handle the last completion released */
+        uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ART_OP_POOL - 1u);
+        ArtOp *op = &ctx->ops[idx];
+        if (__builtin_expect(op_free(op), 1)) {
+            atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&op->cwait, 1u, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+    }
+    return op_claim_scan(ctx, pend, single);
+}
+
 /* Returns the handle to the pool and points the hint at it, so the next claim
  * reuses a handle that is still in this core's cache. */
 static inline void op_release(ArtOp *op) {
@@ -456,7 +461,7 @@ static inline void count_host_fallback(ArtCtx *ctx) {
 
 /* reclaimed: the op's KernelCh events never came; it completes as a host record
  * with start = end = its enqueue time (no duration is known), counted. */
-static void op_complete(ArtOp *op, int reclaimed) {
+static inline __attribute__((always_inline)) void op_complete_body(ArtOp *op, int reclaimed) {
     ArtCtx *ctx = op->ctx;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     uint64_t start = UINT64_MAX, end = 0;
@@ -529,6 +534,13 @@ static void op_complete(ArtOp *op, int reclaimed) {
     op_release(op);
 }
 
+/* Out of line: inlined into kch_stop, it made every channel stop save and
+ * restore more registers (measured: 5 more instructions per channel). */
+static __attribute__((noinline)) ncclResult_t op_complete(ArtOp *op, int reclaimed) {
+    op_complete_body(op, reclaimed);
+    return ncclSuccess;
+}
+
 /* A claimed op whose Coll/P2p stop came (pend e without COLL, and cwait 0)
  * but whose channel bits are still armed. */
 static inline int pend_waits(ArtOp *op, uint64_t e) {
@@ -561,22 +573,34 @@ static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
  * KernelCh there is reclaimed once it is older than the reclaim age; until then
  * the cursor waits on it. No timer thread: the next op of the communicator
  * does it. */
-static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
-    uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
-    uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX), c = c0;
-    if (c + ART_RECLAIM_LAG >= mark) return;
+static __attribute__((noinline)) void reclaim_walk(ArtCtx *ctx, uint64_t ticket, uint64_t now,
+                                                   uint64_t mark, uint64_t c0) {
+    uint64_t c = c0;
     /* the slot -> op map holds the last capacity tickets (and every op still
      * in flight); older ones: the lap and pool-age reclaims */
     uint64_t window = ctx->slot_mask + 1u;
     if (c + window <= ticket) c = ticket - window + 1u;
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
+        /* most tickets are done: their slot says so (an in-flight record
+         * keeps its ticket and state until its completer writes it, so a
+         * waiting op is never skipped here) */
+        const ArtemisSlot *s = &ctx->slots[c & ctx->slot_mask];
+        if (atomic_load_explicit(A64(&s->seq), RLX) != c ||
+            w4_state(atomic_load_explicit(A32(&s->kind), RLX)) != ARTEMIS_STATE_IN_FLIGHT)
+            continue;
         ArtOp *op = &ctx->ops[atomic_load_explicit(&ctx->slot_op[c & ctx->slot_mask], RLX)];
-        if (!waits_for_channels(op, c)) continue; /* done, or the entry is another ticket's */
+        if (!waits_for_channels(op, c)) continue; /* its Coll/P2p stop has not come */
         if (atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
             break; /* too young: look again at the next scan */
         op_reclaim(op, c, 1);
     }
     if (c != c0) atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
+}
+
+static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
+    uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
+    uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX);
+    if (c0 + ART_RECLAIM_LAG < mark) reclaim_walk(ctx, ticket, now, mark, c0);
 }
 
 /* The pool is exhausted: reclaim every op that still waits for KernelCh events
@@ -926,7 +950,8 @@ static inline __attribute__((always_inline)) void op_start_body(
     *eHandle = op;
 }
 
-static inline void op_stop(ArtOp *op) {
+/* once per op: out of line, so that art_stop stays small for KernelCh */
+static __attribute__((noinline)) ncclResult_t op_stop(ArtOp *op) {
     if (atomic_load_explicit(&op->cwait, RLX)) {
         /* Claimed in single mode: the stop takes no part in the completion
          * unless the op is host-timed (no channel bits: the stop is its only
@@ -935,77 +960,106 @@ static inline void op_stop(ArtOp *op) {
          * back to the pool (op_free), with a release store: no locked RMW. */
         if (!atomic_load_explicit(&op->nch, RLX)) op_complete(op, 0);
         atomic_store_explicit(&op->cwait, 0u, REL);
-        return;
+        return ncclSuccess;
     }
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~ART_PEND_COLL, ACQREL);
-    if (!(old & ART_PEND_COLL)) return; /* already stopped (or a free handle) */
+    if (!(old & ART_PEND_COLL)) return ncclSuccess; /* already stopped (or a free handle) */
     if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
+    return ncclSuccess;
 }
 
-/* inlined into each startEvent: nChannels calls per op */
-static inline __attribute__((always_inline)) void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
-    if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
-    ArtOp *op = (ArtOp *)parent;
-    /* nch 0: a host-timed operation (tested on each path below: the owner's
-     * k >= nch covers it) */
-    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
-    /* NCCL delivers a communicator's KernelCh events from one thread (the
-     * proxy thread; in 2.31 the profiler thread). op_start names the thread
-     * that started the context's last KernelCh as the op's channel owner:
-     * that thread claims with a plain load and store, any other one with a
-     * fetch_add from the top (and becomes the guess for later ops). With no
-     * guess (the context's first ops, or several starting threads) the op's
-     * first KernelCh start takes it with one CAS. */
-    uintptr_t me = thread_key(), ko = atomic_load_explicit(&op->kowner, RLX);
+/* The claim of the owner of op's channels (kowner: plain load and store). */
+static inline __attribute__((always_inline)) ArtCh *kch_claim_own(ArtOp *op, uint32_t nch,
+                                                                  uint64_t pTimer) {
+    /* kowner keeps the min of its channels' starts itself (its fields have
+     * one writer): op_complete reads no per-channel start of them */
+    uint32_t k = atomic_load_explicit(&op->own_next, RLX);
+    if (k >= nch) return NULL; /* more channels than announced (or beyond ART_MAX_CH) */
+    atomic_store_explicit(&op->own_next, k + 1u, RLX);
+    if (k + 1u == nch) /* all claimed: its stops are deferred to the last one */
+        atomic_store_explicit(&op->own_all, (2ULL << (nch - 1u)) - 1u, RLX);
+    if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
+        atomic_store_explicit(&op->kmin, pTimer, RLX);
+    ArtCh *ch = &op->ch[k];
+    atomic_store_explicit(&ch->stop, 0, RLX);
+    return ch;
+}
+
+/* A KernelCh start of another thread than the op's expected one, or of an op
+ * with no expected thread yet: out of line (NCCL delivers one communicator's
+ * KernelCh from one thread, so the guess is right after the first ops). */
+static ArtCh *kch_claim_other(ArtOp *op, uint32_t nch, uintptr_t me, uintptr_t ko,
+                              uint64_t pTimer) {
+    if (!nch) return NULL; /* host-timed */
     if (ko == 0) {
-        if (!nch) return;
+        /* no guess (the context's first ops, or several starting threads):
+         * the op's first KernelCh start takes it with one CAS */
         uintptr_t zero = 0;
         ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
         if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
             atomic_store_explicit(&op->ctx->kch_thread, me, RLX);
+        if (ko == me) return kch_claim_own(op, nch, pTimer);
     }
-    ArtCh *ch;
-    if (ko == me) {
-        /* kowner keeps the min of its channels' starts itself (its fields
-         * have one writer): op_complete reads no per-channel start of them */
-        uint32_t k = atomic_load_explicit(&op->own_next, RLX);
-        if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
-        atomic_store_explicit(&op->own_next, k + 1u, RLX);
-        if (k + 1u == nch) /* all claimed: its stops are deferred to the last one */
-            atomic_store_explicit(&op->own_all, (2ULL << (nch - 1u)) - 1u, RLX);
-        if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
-            atomic_store_explicit(&op->kmin, pTimer, RLX);
-        ch = &op->ch[k];
-    } else {
-        if (!nch) return;
-        ArtCtx *ctx = op->ctx;
-        if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
-            atomic_store_explicit(&ctx->kch_thread, me, RLX);
-        uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
-        if (j >= nch) return;
-        ch = &op->ch[nch - 1u - j];
-        atomic_store_explicit(&ch->start, pTimer, RLX);
-    }
+    /* any other thread: fetch_add from the top, and it becomes the guess for
+     * later ops */
+    ArtCtx *ctx = op->ctx;
+    if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
+        atomic_store_explicit(&ctx->kch_thread, me, RLX);
+    uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
+    if (j >= nch) return NULL;
+    ArtCh *ch = &op->ch[nch - 1u - j];
+    atomic_store_explicit(&ch->start, pTimer, RLX);
     atomic_store_explicit(&ch->stop, 0, RLX);
-    *eHandle = ch;
+    return ch;
+}
+
+/* tail-called from startEvent, which then needs no frame of its own */
+static __attribute__((noinline)) ncclResult_t kch_start_other(void **eHandle, ArtOp *op,
+                                                              uint32_t nch, uintptr_t me,
+                                                              uintptr_t ko, uint64_t pTimer) {
+    *eHandle = kch_claim_other(op, nch, me, ko, pTimer);
+    return ncclSuccess;
+}
+
+/* inlined into each startEvent: nChannels calls per op */
+static inline __attribute__((always_inline)) ncclResult_t kch_start(void **eHandle, void *parent,
+                                                                   uint64_t pTimer) {
+    if (!parent || *(const uint64_t *)parent != ART_TAG_OP) {
+        *eHandle = NULL;
+        return ncclSuccess;
+    }
+    ArtOp *op = (ArtOp *)parent;
+    /* nch 0: a host-timed operation (the owner's k >= nch covers it) */
+    uint32_t nch = atomic_load_explicit(&op->nch, RLX);
+    /* NCCL delivers a communicator's KernelCh events from one thread (the
+     * proxy thread; in 2.31 the profiler thread). op_start names the thread
+     * that started the context's last KernelCh as the op's channel owner:
+     * that thread claims with a plain load and store (kch_claim_own). */
+    uintptr_t me = thread_key(), ko = atomic_load_explicit(&op->kowner, RLX);
+    if (__builtin_expect(ko == me, 1)) {
+        *eHandle = kch_claim_own(op, nch, pTimer);
+        return ncclSuccess;
+    }
+    return kch_start_other(eHandle, op, nch, me, ko, pTimer);
 }
 
 /* Clears the channel bits `bits` of op; whoever clears the last work bit
  * completes it. Bits already clear mean "already stopped". */
-static inline void clear_channels(ArtOp *op, uint64_t bits) {
+static inline ncclResult_t clear_channels(ArtOp *op, uint64_t bits) {
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bits, ACQREL);
-    if (!(old & bits)) return; /* already stopped */
-    if ((old & ART_PEND_WORK & ~bits) == 0) op_complete(op, 0);
+    if (!(old & bits)) return ncclSuccess; /* already stopped (or reclaimed) */
+    /* a tail call: art_stop needs no frame of its own */
+    if ((old & ART_PEND_WORK & ~bits) == 0) return op_complete(op, 0);
+    return ncclSuccess;
 }
 
-static inline void kch_stop(ArtCh *ch) {
+static inline ncclResult_t kch_stop(ArtCh *ch) {
     ArtOp *op = ch->op;
     uint64_t bit = ch->bit;
     if (atomic_load_explicit(&op->kowner, RLX) != thread_key()) {
         /* its stop time stays in the channel: op_complete reads it there */
         if (!atomic_load_explicit(&op->xstop, RLX)) atomic_store_explicit(&op->xstop, 1u, RLX);
-        clear_channels(op, bit);
-        return;
+        return clear_channels(op, bit);
     }
     /* The channel owner. Once it has claimed all nch channels, no other thread
      * holds one of this op's channels (another thread's claim beyond them is
@@ -1016,7 +1070,7 @@ static inline void kch_stop(ArtCh *ch) {
      * and stops interleaved, or channels on several threads) each stop clears
      * at once. own_stopped and own_cleared have one writer: the owner. */
     uint64_t stopped = atomic_load_explicit(&op->own_stopped, RLX);
-    if (stopped & bit) return; /* already stopped */
+    if (stopped & bit) return ncclSuccess; /* already stopped */
     stopped |= bit;
     atomic_store_explicit(&op->own_stopped, stopped, RLX);
     uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
@@ -1024,10 +1078,10 @@ static inline void kch_stop(ArtCh *ch) {
     uint64_t all = atomic_load_explicit(&op->own_all, RLX);
     /* deferred to the last stop; all is 0 until every channel is claimed, and
      * then nothing defers (stopped & 0 == 0) */
-    if ((stopped & all) != all) return;
+    if ((stopped & all) != all) return ncclSuccess;
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
-    clear_channels(op, stopped & ~cleared);
+    return clear_channels(op, stopped & ~cleared);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1037,8 +1091,9 @@ static inline void kch_stop(ArtCh *ch) {
  * same offsets in v4..v7 (v5+ only append members). */
 #define ART_DEFINE_START(N)                                                                    \
     /* Coll / P2p: out of line, so that startEvent stays small for KernelCh */                 \
-    static __attribute__((noinline)) void art_op_start_v##N(void *context, void **eHandle,     \
-                                                            ncclProfilerEventDescr_v##N##_t *d) { \
+    static __attribute__((noinline)) ncclResult_t art_op_start_v##N(                         \
+        void *context, void **eHandle, ncclProfilerEventDescr_v##N##_t *d) {                   \
+        *eHandle = NULL; /* op_start sets it only when it records */                           \
         if (d->type == ncclProfileColl)                                                        \
             op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
                      d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
@@ -1046,21 +1101,26 @@ static inline void kch_stop(ArtCh *ch) {
         else                                                                                   \
             op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
                      d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
+        return ncclSuccess;                                                                    \
     }                                                                                          \
     static ncclResult_t art_start_v##N(void *context, void **eHandle,                          \
                                        ncclProfilerEventDescr_v##N##_t *d) {                   \
         if (!eHandle) return ncclSuccess;                                                      \
-        *eHandle = NULL;                                                                       \
-        if (!d) return ncclSuccess;                                                            \
+        if (!d) {                                                                              \
+            *eHandle = NULL;                                                                   \
+            return ncclSuccess;                                                                \
+        }                                                                                      \
         uint64_t type = (uint64_t)d->type;                                                     \
+        /* tail calls: no frame here */                                                        \
         if (type == ncclProfileKernelCh) /* the most frequent: nChannels per op */             \
-            kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
-        else if (type == ncclProfileColl || type == ncclProfileP2p)                            \
-            art_op_start_v##N(context, eHandle, d);                                            \
-        else if (type == ncclProfileGroup &&                                                   \
-                 (N == 4 || N == 7 || (context && ((ArtCtx *)context)->group_dummy)))          \
+            return kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                       \
+        if (type == ncclProfileColl || type == ncclProfileP2p)                                 \
+            return art_op_start_v##N(context, eHandle, d);                                     \
+        if (type == ncclProfileGroup &&                                                        \
+            (N == 4 || N == 7 || (context && ((ArtCtx *)context)->group_dummy)))               \
             *eHandle = &dummy_group;                                                           \
-        /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                            \
+        else /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                       \
+            *eHandle = NULL;                                                                   \
         return ncclSuccess;                                                                    \
     }
 
@@ -1072,15 +1132,18 @@ ART_DEFINE_START(7)
 static ncclResult_t art_stop(void *eHandle) {
     if (!eHandle) return ncclSuccess;
     uint64_t tag = *(const uint64_t *)eHandle;
-    if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle); /* nChannels per op */
-    else if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
+    if (tag == ART_TAG_KCH) return kch_stop((ArtCh *)eHandle); /* nChannels per op */
+    if (tag == ART_TAG_OP) return op_stop((ArtOp *)eHandle);
     return ncclSuccess;
 }
 
 static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
                                ncclProfilerEventStateArgs_t *args) {
-    if (eState != ncclProfilerKernelChStop || !eHandle || !args) return ncclSuccess;
-    if (*(const uint64_t *)eHandle != ART_TAG_KCH) return ncclSuccess;
+    /* separate tests: GCC turns one && chain into setcc arithmetic */
+    if (__builtin_expect(eState != ncclProfilerKernelChStop, 0)) return ncclSuccess;
+    if (__builtin_expect(!eHandle, 0)) return ncclSuccess;
+    if (__builtin_expect(*(const uint64_t *)eHandle != ART_TAG_KCH, 0)) return ncclSuccess;
+    if (__builtin_expect(!args, 0)) return ncclSuccess;
     atomic_store_explicit(&((ArtCh *)eHandle)->stop, args->kernelCh.pTimer, RLX);
     return ncclSuccess;
 }
