@@ -19,7 +19,8 @@ then for each ABI version and 2 / 8 KernelCh channels:
 - the bench's own timing table (``bench_plugin``: medians of 9 interleaved
   runs inside one process), run ``RUNS`` times alternating the two builds; the
   table gives the median and range of those runs for the margin in ns and in
-  units of one ``clock_gettime(CLOCK_MONOTONIC)`` read timed in the same run.
+  units of one ``clock_gettime(CLOCK_MONOTONIC)`` read timed in the same run,
+  and the range of the 1-minute load average around the runs.
 
 Needs ``cc``, ``make``, ``git`` and ``valgrind``; prints why and returns 1 if
 one is missing.
@@ -236,12 +237,15 @@ def main() -> int:
             "before": [],
             "after": [],
         }
+        # the machine is shared: the 1-minute load average around each run
+        loads = [os.getloadavg()[0]]
         for _ in range(RUNS):
             for k, binary in builds.items():
                 timing[k].append(_timing(binary))
+                loads.append(os.getloadavg()[0])
         print(
             f"\nMargin over the no-op plugin, median (range) of {RUNS} alternated runs of "
-            "bench_plugin (each a median of 9)"
+            f"bench_plugin (each a median of 9); load average {min(loads):.2f}-{max(loads):.2f}"
         )
         print(
             f"{'ABI':<4} {'ch':>3} {'thr':>3} {'clock reads before':>22} {'after':>18} "

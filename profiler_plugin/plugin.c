@@ -557,10 +557,25 @@ static inline int waits_for_channels(ArtOp *op, uint64_t t) {
 /* Takes over the completion of such an op: clears all its bits in one CAS (a
  * KernelCh stop racing with it either wins, and completes the op itself, or
  * finds its bit clear). by_ticket: only if the op still holds want_ticket. */
+static int art_membarrier(void);
+
 static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
     uint64_t e = atomic_load_explicit(&op->pend, ACQ);
     if (!pend_waits(op, e)) return 0;
     if (by_ticket && atomic_load_explicit(&op->ticket, RLX) != want_ticket) return 0;
+    if (atomic_load_explicit(&op->rclm, RLX) != ART_RCLM_RMW) {
+        /* The channel owner may clear its bits with a plain store (kch_stop):
+         * the slow side of that Dekker. After the membarrier, an owner that
+         * had not yet read rclm sees CLAIM (and takes the RMW, which the CAS
+         * below excludes), and one that had is visible in kfin: leave the op
+         * to it. Without the barrier the owner cannot be excluded: no reclaim. */
+        atomic_store_explicit(&op->rclm, ART_RCLM_CLAIM, RLX);
+        if (!art_membarrier()) {
+            atomic_fetch_add_explicit(&op->ctx->mb_failed, 1u, RLX);
+            return 0;
+        }
+        if (atomic_load_explicit(&op->kfin, ACQ)) return 0;
+    }
     if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, ART_PEND_CLAIMED, ACQREL, RLX))
         return 0;
     op_complete(op, 1);
@@ -686,8 +701,17 @@ int art_test_plain_start(void *context) { return ((ArtCtx *)context)->plain_star
         void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
         if (alone && hook_) hook_();                                           \
     } while (0)
+/* called by the channel owner's plain last clear (kch_stop) at three places:
+ * 0 before kfin, 1 between kfin and rclm, 2 after rclm (its plain path) */
+void (*_Atomic art_test_kfin_hook)(int where);
+#define ART_KFIN_HOOK(w)                                                       \
+    do {                                                                       \
+        void (*khook_)(int) = atomic_load(&art_test_kfin_hook);                \
+        if (khook_) khook_(w);                                                 \
+    } while (0)
 #else
 #define ART_TICKET_HOOK() ((void)0)
+#define ART_KFIN_HOOK(w) ((void)0)
 #endif
 
 /* A start of another thread than the owner before the switch is safe: its
@@ -905,6 +929,9 @@ static inline __attribute__((always_inline)) void op_start_body(
     atomic_store_explicit(&op->kmin, UINT64_MAX, RLX);
     atomic_store_explicit(&op->kmax, 0, RLX);
     atomic_store_explicit(&op->xstop, 0, RLX);
+    atomic_store_explicit(&op->kfin, 0, RLX);
+    /* alone: single mode with the membarrier (plain_start) */
+    atomic_store_explicit(&op->rclm, alone && nch >= 2 ? ART_RCLM_LEAN : ART_RCLM_RMW, RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -1081,7 +1108,28 @@ static inline ncclResult_t kch_stop(ArtCh *ch) {
     if ((stopped & all) != all) return ncclSuccess;
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
-    return clear_channels(op, stopped & ~cleared);
+    uint64_t bits = stopped & ~cleared;
+    if (all && atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN) {
+        /* The last clear without a locked RMW (all != 0: kowner claimed all
+         * nch and has now stopped them all; all == 0 clears each stop now). pend's other writers: the Coll
+         * stop (none: the op was claimed in single mode, its stop is cwait),
+         * other threads' channels (none under NCCL's one KernelCh per
+         * channel: kowner claimed all nch; with an extra one, nch >= 2 keeps
+         * one of kowner's bits set under it, so it cannot complete the op),
+         * and the reclaim, excluded by this Dekker's fast side: kfin, a
+         * compiler barrier, then rclm (the reclaimer stores CLAIM, runs a
+         * membarrier, reads kfin: op_reclaim). Nothing else can clear these
+         * bits, so pend needs no store: the completion releases the handle. */
+        ART_KFIN_HOOK(0);
+        atomic_store_explicit(&op->kfin, 1u, RLX);
+        atomic_signal_fence(memory_order_seq_cst);
+        ART_KFIN_HOOK(1);
+        if (__builtin_expect(atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN, 1)) {
+            ART_KFIN_HOOK(2);
+            return op_complete(op, 0);
+        }
+    }
+    return clear_channels(op, bits);
 }
 
 /* ------------------------------------------------------------------ */

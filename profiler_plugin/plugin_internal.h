@@ -45,6 +45,11 @@
 
 #define ART_CACHELINE 64
 
+/* ArtOp.rclm */
+#define ART_RCLM_LEAN 0u
+#define ART_RCLM_CLAIM 1u
+#define ART_RCLM_RMW 2u
+
 /* ArtCtx.fast once the owner's fast path is closed: never a thread key */
 #define ART_FAST_OFF ((uintptr_t)1)
 
@@ -87,6 +92,14 @@ typedef struct ArtOp {
      * (kowner only; read by the completer after the pend RMWs) */
     _Atomic uint64_t kmin, kmax;
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
+    /* The channel owner's last clear without a locked RMW (kch_stop; README
+     * "Single writer"), an asymmetric Dekker against the reclaim: kfin, set
+     * by kowner before it reads rclm; rclm, ART_RCLM_LEAN at start for an op
+     * that may take that path (claimed in single mode, membarrier available,
+     * nch >= 2), ART_RCLM_RMW for one that may not, and ART_RCLM_CLAIM once
+     * a reclaimer, which then runs a membarrier and reads kfin, wants it. */
+    _Atomic uint32_t kfin;
+    _Atomic uint32_t rclm;
     _Atomic uint32_t xstop;     /* 1: a channel was stopped by another thread than kowner */
     ArtemisSlot *slot;
     /* ticket and host_start are read by the reclaim scan of another thread */
