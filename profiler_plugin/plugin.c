@@ -11,12 +11,15 @@
  *   - every failure (pool full, slot busy, slot overwritten) drops the record
  *     and counts it in header.dropped; nothing ever waits or spins.
  *
- * Operation handle life cycle (ArtOp.pend is the only synchronisation word):
- *   claim:   CAS 0 -> CLAIMED|COLL|channel bits (acquire)      [startEvent Coll/P2p]
- *   stop:    fetch_and ~COLL (acq_rel)                          [stopEvent Coll/P2p]
- *   channel: fetch_and ~(1 << k) (acq_rel)                     [stopEvent KernelCh k]
- *   whoever clears the last of COLL|channel bits completes the slot, then
- *   release-stores pend = 0, which returns the handle to the pool.
+ * Operation handle life cycle (ArtOp.pend and ArtOp.cwait):
+ *   claim:   pend 0 -> CLAIMED|channel bits, cwait 0 -> 1
+ *            (plain stores by the owner in single mode, else a CAS on pend) [startEvent Coll/P2p]
+ *   stop:    release store cwait = 0; a host-timed op (no channel bits) is
+ *            completed here, by its only completer                  [stopEvent Coll/P2p]
+ *   channel: fetch_and ~(1 << k) (acq_rel), or kowner's plain last clear
+ *            (kch_stop: an asymmetric Dekker with the reclaim)       [stopEvent KernelCh k]
+ *   whoever clears the last channel bit completes the slot, then
+ *   release-stores pend = 0; the handle is free once pend and cwait are both 0.
  * A bit that is already clear means "already stopped": stop is idempotent.
  *
  * Lifetime: contexts, handle pools and ring mappings are never freed or
@@ -394,13 +397,17 @@ static inline int op_free(ArtOp *op) {
     return atomic_load_explicit(&op->pend, ACQ) == 0 && atomic_load_explicit(&op->cwait, ACQ) == 0;
 }
 
+/* A starting thread's entry in ArtCtx.kch_guess. */
+static inline uint32_t kch_guess_slot(uintptr_t key) {
+    return (uint32_t)(((uint64_t)(key >> 12) * 0x9E3779B97F4A7C15ULL) >> 62) & (ART_KCH_GUESS - 1u);
+}
+
 /* single: the caller is the context's only starter (owner_is_me), and only
  * starters claim, so a free handle (pend 0, released with a release store)
- * can be taken with a plain store, starting at the shared hint; the op then
- * waits for its Coll/P2p stop on cwait. Otherwise by CAS, starting at a place
- * of the caller's own (threads' keys are far apart), so that two starting
- * threads do not fight over the same handles; such an op keeps ART_PEND_COLL
- * in pend. */
+ * can be taken with a plain store, starting at the shared hint. Otherwise by
+ * CAS, starting at a place of the caller's own (threads' keys are far apart),
+ * so that two starting threads do not fight over the same handles. Either
+ * way the op then waits for its Coll/P2p stop on cwait. */
 static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend, int single) {
     uint32_t n = ctx->nops;
     uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
@@ -418,13 +425,15 @@ static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend
         uint64_t e = 0;
         if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
         /* pend went 0 -> ours, but between the check and the CAS the handle may
-         * have served a single-mode op whose channels are done and whose stop
-         * has not come (only around the switch without membarrier: README
-         * "Single writer"): not free, give it back untouched */
+         * have served another op whose channels are done and whose stop has
+         * not come (its claimer's cwait store is visible: it came before that
+         * op's completion released pend, which the CAS read): not free, give
+         * it back untouched */
         if (atomic_load_explicit(&op->cwait, ACQ)) {
             atomic_store_explicit(&op->pend, 0, REL);
             continue;
         }
+        atomic_store_explicit(&op->cwait, 1u, RLX);
         return op;
     }
     return NULL;
@@ -541,11 +550,10 @@ static __attribute__((noinline)) ncclResult_t op_complete(ArtOp *op, int reclaim
     return ncclSuccess;
 }
 
-/* A claimed op whose Coll/P2p stop came (pend e without COLL, and cwait 0)
- * but whose channel bits are still armed. */
+/* A claimed op whose Coll/P2p stop came (cwait 0) but whose channel bits are
+ * still armed. */
 static inline int pend_waits(ArtOp *op, uint64_t e) {
-    return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) &&
-           (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL)) && !atomic_load_explicit(&op->cwait, ACQ);
+    return (e & ART_PEND_CLAIMED) && (e & ART_PEND_WORK) && !atomic_load_explicit(&op->cwait, ACQ);
 }
 
 /* 1 if op (still ticket t) had its Coll/P2p stop but waits for KernelCh events. */
@@ -888,8 +896,8 @@ static inline __attribute__((always_inline)) void op_start_body(
         count_host_fallback(ctx);
         nch = 0;
     }
-    /* single mode: the Coll/P2p stop waits on cwait (op_claim), not in pend */
-    uint64_t pend = ART_PEND_CLAIMED | (single ? 0 : ART_PEND_COLL) | ((1ULL << nch) - 1u);
+    /* the Coll/P2p stop waits on cwait (op_claim), not in pend */
+    uint64_t pend = ART_PEND_CLAIMED | ((1ULL << nch) - 1u);
     ArtOp *op = op_claim(ctx, pend, single);
     if (__builtin_expect(!op, 0)) {
         op = op_claim_after_reclaim(ctx, pend, single);
@@ -919,8 +927,15 @@ static inline __attribute__((always_inline)) void op_start_body(
     uint64_t bytes = (uint64_t)count * size;
     w8 = w8_with(w8, nChannels, (int32_t)peer);
     /* the expected KernelCh thread: the context's guess; with several starting
-     * threads none (the op's first KernelCh start takes it) */
-    atomic_store_explicit(&op->kowner, single ? atomic_load_explicit(&ctx->kch_thread, RLX) : 0, RLX);
+     * threads, the guess kept for this one (0 at first: the op's first
+     * KernelCh start takes it with a CAS, and becomes the guess) */
+    if (single) {
+        atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
+    } else {
+        uint32_t g = kch_guess_slot(thread_key());
+        op->gslot = g;
+        atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_guess[g], RLX), RLX);
+    }
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
@@ -930,8 +945,11 @@ static inline __attribute__((always_inline)) void op_start_body(
     atomic_store_explicit(&op->kmax, 0, RLX);
     atomic_store_explicit(&op->xstop, 0, RLX);
     atomic_store_explicit(&op->kfin, 0, RLX);
-    /* alone: single mode with the membarrier (plain_start) */
-    atomic_store_explicit(&op->rclm, alone && nch >= 2 ? ART_RCLM_LEAN : ART_RCLM_RMW, RLX);
+    /* the owner's plain last clear needs the reclaimer's membarrier (fastp
+     * implies plain_start) and nch >= 2 (kch_stop) */
+    atomic_store_explicit(&op->rclm, (fastp || ctx->plain_start) && nch >= 2 ? ART_RCLM_LEAN
+                                                                             : ART_RCLM_RMW,
+                          RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -979,19 +997,15 @@ static inline __attribute__((always_inline)) void op_start_body(
 
 /* once per op: out of line, so that art_stop stays small for KernelCh */
 static __attribute__((noinline)) ncclResult_t op_stop(ArtOp *op) {
-    if (atomic_load_explicit(&op->cwait, RLX)) {
-        /* Claimed in single mode: the stop takes no part in the completion
-         * unless the op is host-timed (no channel bits: the stop is its only
-         * completer); a device-timed op is completed by its channels (or the
-         * reclaim), before or after this. The stop only lets the handle go
-         * back to the pool (op_free), with a release store: no locked RMW. */
-        if (!atomic_load_explicit(&op->nch, RLX)) op_complete(op, 0);
-        atomic_store_explicit(&op->cwait, 0u, REL);
-        return ncclSuccess;
-    }
-    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~ART_PEND_COLL, ACQREL);
-    if (!(old & ART_PEND_COLL)) return ncclSuccess; /* already stopped (or a free handle) */
-    if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
+    /* The stop takes no part in the completion unless the op is host-timed
+     * (no channel bits: the stop is its only completer); a device-timed op is
+     * completed by its channels (or the reclaim), before or after this. The
+     * stop only lets the handle go back to the pool (op_free), with a
+     * release store: no locked RMW. cwait 0: already stopped, or a free
+     * handle. */
+    if (!atomic_load_explicit(&op->cwait, RLX)) return ncclSuccess;
+    if (!atomic_load_explicit(&op->nch, RLX)) op_complete(op, 0);
+    atomic_store_explicit(&op->cwait, 0u, REL);
     return ncclSuccess;
 }
 
@@ -1023,15 +1037,26 @@ static ArtCh *kch_claim_other(ArtOp *op, uint32_t nch, uintptr_t me, uintptr_t k
          * the op's first KernelCh start takes it with one CAS */
         uintptr_t zero = 0;
         ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
-        if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
-            atomic_store_explicit(&op->ctx->kch_thread, me, RLX);
-        if (ko == me) return kch_claim_own(op, nch, pTimer);
+        if (ko == me) {
+            ArtCtx *c = op->ctx;
+            if (atomic_load_explicit(&c->shared, RLX)) {
+                /* the guess for the next ops of the same starting thread */
+                uint32_t g = op->gslot & (ART_KCH_GUESS - 1u);
+                if (atomic_load_explicit(&c->kch_guess[g], RLX) != me)
+                    atomic_store_explicit(&c->kch_guess[g], me, RLX);
+            } else if (atomic_load_explicit(&c->kch_thread, RLX) == 0) {
+                atomic_store_explicit(&c->kch_thread, me, RLX);
+            }
+            return kch_claim_own(op, nch, pTimer);
+        }
     }
     /* any other thread: fetch_add from the top, and it becomes the guess for
-     * later ops */
+     * later ops (of the op's starting thread, in shared mode) */
     ArtCtx *ctx = op->ctx;
-    if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
-        atomic_store_explicit(&ctx->kch_thread, me, RLX);
+    _Atomic uintptr_t *guess = atomic_load_explicit(&ctx->shared, RLX)
+                                   ? &ctx->kch_guess[op->gslot & (ART_KCH_GUESS - 1u)]
+                                   : &ctx->kch_thread;
+    if (atomic_load_explicit(guess, RLX) != me) atomic_store_explicit(guess, me, RLX);
     uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
     if (j >= nch) return NULL;
     ArtCh *ch = &op->ch[nch - 1u - j];
@@ -1070,13 +1095,26 @@ static inline __attribute__((always_inline)) ncclResult_t kch_start(void **eHand
     return kch_start_other(eHandle, op, nch, me, ko, pTimer);
 }
 
+/* The last channel bit of op cleared by this thread. If kowner claimed all
+ * nch channels of an op that may take its plain last clear (rclm LEAN), and
+ * this is another thread, its channel was an extra KernelCh sharing one of
+ * kowner's (NCCL sends none): kowner completes the op at its last stop
+ * (kch_stop), without reading pend, so this one must not. */
+static __attribute__((noinline)) ncclResult_t op_complete_last(ArtOp *op) {
+    if (atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN &&
+        atomic_load_explicit(&op->own_all, RLX) &&
+        atomic_load_explicit(&op->kowner, RLX) != thread_key())
+        return ncclSuccess;
+    return op_complete(op, 0);
+}
+
 /* Clears the channel bits `bits` of op; whoever clears the last work bit
  * completes it. Bits already clear mean "already stopped". */
 static inline ncclResult_t clear_channels(ArtOp *op, uint64_t bits) {
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bits, ACQREL);
     if (!(old & bits)) return ncclSuccess; /* already stopped (or reclaimed) */
     /* a tail call: art_stop needs no frame of its own */
-    if ((old & ART_PEND_WORK & ~bits) == 0) return op_complete(op, 0);
+    if ((old & ART_PEND_WORK & ~bits) == 0) return op_complete_last(op);
     return ncclSuccess;
 }
 
@@ -1109,17 +1147,18 @@ static inline ncclResult_t kch_stop(ArtCh *ch) {
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
     uint64_t bits = stopped & ~cleared;
-    if (all && atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN) {
+    if (all && !cleared && atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN) {
         /* The last clear without a locked RMW (all != 0: kowner claimed all
-         * nch and has now stopped them all; all == 0 clears each stop now). pend's other writers: the Coll
-         * stop (none: the op was claimed in single mode, its stop is cwait),
-         * other threads' channels (none under NCCL's one KernelCh per
-         * channel: kowner claimed all nch; with an extra one, nch >= 2 keeps
-         * one of kowner's bits set under it, so it cannot complete the op),
-         * and the reclaim, excluded by this Dekker's fast side: kfin, a
-         * compiler barrier, then rclm (the reclaimer stores CLAIM, runs a
-         * membarrier, reads kfin: op_reclaim). Nothing else can clear these
-         * bits, so pend needs no store: the completion releases the handle. */
+         * nch channels and has now stopped them all; with all == 0 each stop
+         * clears at once). pend's other writers: the Coll/P2p stop (none: it
+         * stores cwait); other threads' channels (none under NCCL's one
+         * KernelCh per channel; an extra one shares a channel of kowner's,
+         * and op_complete_last leaves such an op to kowner); kowner's own
+         * earlier clears (none: !cleared, all nch bits still set); and the
+         * reclaim, excluded by this Dekker's fast side: kfin, a compiler
+         * barrier, then rclm (the reclaimer stores CLAIM, runs a membarrier,
+         * then reads kfin: op_reclaim). So pend needs no store here: the
+         * completion's release of pend frees the handle. */
         ART_KFIN_HOOK(0);
         atomic_store_explicit(&op->kfin, 1u, RLX);
         atomic_signal_fence(memory_order_seq_cst);

@@ -24,9 +24,9 @@
 /* Channels tracked per operation (one bit each in ArtOp.pend). */
 #define ART_MAX_CH 62
 #define ART_PEND_CLAIMED (1ULL << 63) /* handle in use */
-#define ART_PEND_COLL (1ULL << 62)    /* Coll/P2p stopEvent not seen yet (ops claimed in shared
-                                       * mode; single-mode ops wait on ArtOp.cwait instead) */
-#define ART_PEND_WORK (ART_PEND_COLL | ((1ULL << ART_MAX_CH) - 1))
+/* Until round 5 bit 62 was COLL (the Coll/P2p stop not seen yet); the stop
+ * now clears ArtOp.cwait instead, with a store. */
+#define ART_PEND_WORK ((1ULL << ART_MAX_CH) - 1) /* channel bits */
 
 /* Operations in flight per context (pool size, a power of two). */
 #define ART_OP_POOL 512u
@@ -44,6 +44,9 @@
 #define ART_RECLAIM_STEPS 16u
 
 #define ART_CACHELINE 64
+
+/* Entries of ArtCtx.kch_guess (a power of two). */
+#define ART_KCH_GUESS 4u
 
 /* ArtOp.rclm */
 #define ART_RCLM_LEAN 0u
@@ -71,12 +74,10 @@ typedef struct ArtCh {
 typedef struct ArtOp {
     uint64_t tag; /* ART_TAG_OP */
     struct ArtCtx *ctx;
-    _Atomic uint64_t pend;      /* CLAIMED | COLL | channel bits still pending */
-    /* 1 while an op claimed in single mode waits for its Coll/P2p stop, which
-     * then is a plain (release) store of 0, not an RMW on pend: the handle is
-     * free only when pend and cwait are both 0 (op_claim; README "Recording
-     * an operation"). Ops claimed in shared mode keep ART_PEND_COLL in pend
-     * and cwait 0. */
+    _Atomic uint64_t pend;      /* CLAIMED | channel bits still pending */
+    /* 1 while the op waits for its Coll/P2p stop, which then is a release
+     * store of 0, not an RMW on pend: the handle is free only when pend and
+     * cwait are both 0 (op_claim; README "Recording an operation"). */
     _Atomic uint32_t cwait;
     /* KernelCh channel claims (kch_start in plugin.c): kowner, fixed at start,
      * is the thread expected to deliver the op's KernelCh events; it takes
@@ -95,10 +96,10 @@ typedef struct ArtOp {
     /* The channel owner's last clear without a locked RMW (kch_stop; README
      * "Single writer"), an asymmetric Dekker against the reclaim: kfin, set
      * by kowner before it reads rclm; rclm, ART_RCLM_LEAN at start for an op
-     * that may take that path (claimed in single mode, membarrier available,
-     * nch >= 2), ART_RCLM_RMW for one that may not, and ART_RCLM_CLAIM once
+     * that may take that path (membarrier available, nch >= 2), ART_RCLM_RMW for one that may not, and ART_RCLM_CLAIM once
      * a reclaimer, which then runs a membarrier and reads kfin, wants it. */
     _Atomic uint32_t kfin;
+    uint32_t gslot;             /* its starter's ArtCtx.kch_guess entry (shared mode) */
     _Atomic uint32_t rclm;
     _Atomic uint32_t xstop;     /* 1: a channel was stopped by another thread than kowner */
     ArtemisSlot *slot;
@@ -221,6 +222,10 @@ typedef struct ArtCtx {
     /* thread key of the last KernelCh start that was not its op's expected
      * one: the guess for the next ops (read at every start, rarely written) */
     _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
+    /* in shared mode, the same guess per starting thread (kch_guess_slot in
+     * plugin.c: a hash of its key), so that threads whose KernelCh come from
+     * different threads (the bench's, each its own) each keep theirs */
+    _Atomic uintptr_t kch_guess[ART_KCH_GUESS];
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
 } ArtCtx;
