@@ -372,13 +372,15 @@ static inline uint64_t tsc_now(ArtTsc *c) {
 }
 
 /* ------------------------------------------------------------------ */
-/* The Group event's handle under ABI v4 and v7 and on RCCL: a static dummy,
+/* The Group event's handle under ABI v4, and v7 on NCCL: a static dummy,
  * never recycled, whose stop does nothing. NCCL 2.27 (ABI v4) starts a plan's
  * Coll/P2p events only when the Group handle is not NULL
  * (ncclProfilerStartTaskEvents), so it must be one there. NCCL 2.28-2.30
  * (ABI v5, v6) no longer gate them on it (only pass it as parentGroup), so
- * v5 and v6 on NCCL get NULL, and NCCL makes no Group stop call. v7 (2.31)
- * and RCCL keep the dummy: their gating was not read.
+ * v5 and v6 get NULL, and NCCL makes no Group stop call. RCCL's
+ * ncclProfilerStartTaskEvents (v6 and v7 loaders, README "Which NCCL/RCCL
+ * version emits which events") does not gate on it either: RCCL gets NULL
+ * on v5..v7. v7 on NCCL (2.31, whose own source was not read) keeps it.
  * GroupApi, CollApi, P2pApi and KernelLaunch get NULL: NCCL gates nothing on
  * them and never calls stop or record on a NULL handle, so those calls are
  * not made at all (README "API-level events"). */
@@ -1204,7 +1206,7 @@ static inline ncclResult_t kch_stop(ArtCh *ch) {
         if (type == ncclProfileColl || type == ncclProfileP2p)                                 \
             return art_op_start_v##N(context, eHandle, d);                                     \
         if (type == ncclProfileGroup &&                                                        \
-            (N == 4 || N == 7 || (context && ((ArtCtx *)context)->group_dummy)))               \
+            (N == 4 || (context && ((ArtCtx *)context)->group_dummy)))                         \
             *eHandle = &dummy_group;                                                           \
         else /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                       \
             *eHandle = NULL;                                                                   \
@@ -1309,7 +1311,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
-    ctx->group_dummy = version == 4 || version >= 7 || rt.rccl; /* see dummy_group */
+    ctx->group_dummy = version == 4 || (version >= 7 && !rt.rccl); /* see dummy_group */
     ctx->plain_start = cfg.plain_start && art_membarrier_register();
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;

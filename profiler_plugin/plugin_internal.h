@@ -192,15 +192,14 @@ typedef struct ArtCtx {
      * record, and the op of a recent ticket for the reclaim scan (an op still
      * in flight keeps its entry: no later start enters its slot) */
     _Atomic uint16_t *slot_op;
-    /* written on the hot path: own cache lines. coll_count and the header's
-     * write_index have one writer while `shared` is 0: the owner thread. */
-    _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
-    _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
+    /* Read at every start, written once or rarely (the switch, finalize):
+     * their own line, so that in shared mode, where coll_count moves between
+     * the starting threads' caches, reading them misses nothing (round 5). */
+    _Alignas(ART_CACHELINE) _Atomic uintptr_t owner; /* thread key of the first Coll/P2p start, 0 = none yet */
     /* owner's key while its starts may take the fast path (op_start: single
      * mode, plain_start, not finished); ART_FAST_OFF once that ends, for good;
      * 0 before the owner's first start */
     _Atomic uintptr_t fast;
-
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
     /* The switch's asymmetric Dekker (op_start in plugin.c): the owner sets
      * in_start around each start it makes while shared is 0; the switching
@@ -208,16 +207,21 @@ typedef struct ArtCtx {
      * another thread that then sees in_start 0 sets switched. Until then other
      * threads' starts are dropped. The owner's first start in shared mode
      * sets switched too (the only way if the membarrier failed: mb_failed
-     * counts those switches). plain_start: the membarrier is available
-     * (else the owner's slot entry stays a CAS and these are unused). */
-    _Atomic uint32_t in_start;
+     * counts those switches, and the reclaims it stopped). plain_start: the
+     * membarrier is available (else the owner's slot entry stays a CAS and
+     * these are unused). */
     _Atomic uint32_t mb_done;
     _Atomic uint32_t mb_failed;
     _Atomic uint32_t switched;
     int plain_start;
-    int group_dummy;           /* Group gets dummy_group (v4, v7, RCCL), else NULL (plugin.c) */
-    ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
+    int group_dummy;           /* Group gets dummy_group (v4; v7 on NCCL), else NULL (plugin.c) */
     int host_tsc;              /* tsc below is used */
+    /* written on the hot path: own cache lines. coll_count and the header's
+     * write_index have one writer while `shared` is 0: the owner thread,
+     * which alone writes the rest of this line then. */
+    _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
+    _Atomic uint32_t in_start;
+    ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
     ArtTsc tsc;                /* owner only, while shared is 0 */
     /* thread key of the last KernelCh start that was not its op's expected
      * one: the guess for the next ops (read at every start, rarely written) */
