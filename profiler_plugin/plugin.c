@@ -910,11 +910,16 @@ static inline __attribute__((always_inline)) void op_start_body(
     /* The owner's last four strings of this kind and what they make: a
      * training loop repeats the same collective, so four pointer compares
      * replace four cache lookups and the packing of the record's words.
-     * Plain fields: only the owner, while single, uses them. */
+     * Plain fields: only the owner, while single, writes them. After the
+     * switch (with membarrier) they are frozen, and every start may read
+     * them: no start of another thread runs before the owner's last
+     * single-mode start has ended (switched, acquire), so its writes are
+     * visible; without membarrier no such edge exists, so only single. */
     uint32_t w4, size;
     uint64_t w8;
     ArtMemo *m = &ctx->memo[kind - 1u];
-    if (single && m->func == func && m->dtype == dtype && m->algo == algo && m->proto == proto) {
+    if ((single || ctx->plain_start) && m->func == func && m->dtype == dtype && m->algo == algo &&
+        m->proto == proto) {
         w4 = m->w4, size = m->size, w8 = m->w8;
     } else {
         uint8_t fc = str_code(ctx, func, ART_STR_FUNC);
