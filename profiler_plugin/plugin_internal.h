@@ -188,7 +188,7 @@ typedef struct ArtCtx {
     _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
     _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
     /* slot -> op index of the last start that entered it (capacity entries;
-     * NULL if it could not be allocated): finds the op of a lapped in-flight
+     * allocated at init with the pool): finds the op of a lapped in-flight
      * record, and the op of a recent ticket for the reclaim scan (an op still
      * in flight keeps its entry: no later start enters its slot) */
     _Atomic uint16_t *slot_op;
