@@ -9,7 +9,9 @@ then for each ABI version and 2 / 8 KernelCh channels:
   instructions over the do-nothing plugin, the locked read-modify-writes
   (callgrind's global bus events: every ``lock``-prefixed instruction and
   ``xchg`` with memory) and the calls of ``clock_gettime`` per collective.
-  These are exact counts, stable on a loaded machine. They run with
+  These are exact counts, stable on a loaded machine; the same for the
+  two-thread rows' context in shared mode (``BENCH_SHARED=1``: switched by one
+  collective of a second thread, then driven from one thread). They run with
   ``ARTEMIS_HOST_TSC=0``: under valgrind ``clock_gettime`` is a system call, so
   the plugin's TSC anchors are never tight and it would read the clock at
   every start (profiler_plugin/README.md "Host clock");
@@ -19,7 +21,8 @@ then for each ABI version and 2 / 8 KernelCh channels:
 - the bench's own timing table (``bench_plugin``: medians of 9 interleaved
   runs inside one process), run ``RUNS`` times alternating the two builds; the
   table gives the median and range of those runs for the margin in ns and in
-  units of one ``clock_gettime(CLOCK_MONOTONIC)`` read timed in the same run.
+  units of one ``clock_gettime(CLOCK_MONOTONIC)`` read timed in the same run,
+  and the range of the 1-minute load average around the runs.
 
 Needs ``cc``, ``make``, ``git`` and ``valgrind``; prints why and returns 1 if
 one is missing.
@@ -71,9 +74,16 @@ def _build(src: Path) -> Path:
 
 
 def _callgrind(
-    binary: Path, fn: str, version: int, nch: int, tmp: Path, nop_null: bool = False
+    binary: Path,
+    fn: str,
+    version: int,
+    nch: int,
+    tmp: Path,
+    nop_null: bool = False,
+    shared: bool = False,
 ) -> dict[str, float]:
-    out = tmp / f"cg.{binary.parent.parent.parent.name}.{fn}.{version}.{nch}.{int(nop_null)}"
+    tag = f"{int(nop_null)}{int(shared)}"
+    out = tmp / f"cg.{binary.parent.parent.parent.name}.{fn}.{version}.{nch}.{tag}"
     subprocess.run(
         [
             "valgrind",
@@ -90,7 +100,12 @@ def _callgrind(
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "ARTEMIS_HOST_TSC": "0", "BENCH_NOP_NULL": "1" if nop_null else "0"},
+        env={
+            **os.environ,
+            "ARTEMIS_HOST_TSC": "0",
+            "BENCH_NOP_NULL": "1" if nop_null else "0",
+            "BENCH_SHARED": "1" if shared else "0",
+        },
     )
     text = out.read_text()
     events = re.search(r"^events: (.*)$", text, re.M)
@@ -142,10 +157,13 @@ def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
             a = _callgrind(binary, "run_artemis", v, nch, tmp)
             n = _callgrind(binary, "run_nop", v, nch, tmp)
             n0 = _callgrind(binary, "run_nop", v, nch, tmp, nop_null=True)
+            sh = _callgrind(binary, "run_artemis", v, nch, tmp, shared=True)
             res[(v, nch)] = {
                 "ir": a["ir"] - n["ir"],
                 "ir_floor": a["ir"] - n0["ir"],
                 "locked": a["locked"] - n["locked"],
+                "ir_shared": sh["ir"] - n["ir"],
+                "locked_shared": sh["locked"] - n["locked"],
                 "clock": a["clock"] - n["clock"],
                 "native_clock": _native_clock_calls(binary, tmp / "shim.so", v, nch),
             }
@@ -230,18 +248,38 @@ def main() -> int:
                     f"{cb['native_clock']:>26.4f} {ca['native_clock']:>8.4f}"
                 )
 
+        print(
+            "\nShared mode (the two-thread rows' context, switched by a second thread's "
+            "collective; callgrind runs the threads one at a time, so these are the shared "
+            "path's instructions and locked RMWs, not its cache-line moves)"
+        )
+        print(
+            f"{'ABI':<4} {'ch':>3} {'locked before':>14} {'after':>6} "
+            f"{'instr over no-op before':>24} {'after':>6}"
+        )
+        for v in VERSIONS:
+            for nch in CHANNELS:
+                cb, ca = counts["before"][(v, nch)], counts["after"][(v, nch)]
+                print(
+                    f"v{v:<3} {nch:>3} {cb['locked_shared']:>14.2f} {ca['locked_shared']:>6.2f} "
+                    f"{cb['ir_shared']:>24.0f} {ca['ir_shared']:>6.0f}"
+                )
+
         if RUNS < 1:
             return 0
         timing: dict[str, list[dict[tuple[int, int, int], tuple[float, float]]]] = {
             "before": [],
             "after": [],
         }
+        # the machine is shared: the 1-minute load average around each run
+        loads = [os.getloadavg()[0]]
         for _ in range(RUNS):
             for k, binary in builds.items():
                 timing[k].append(_timing(binary))
+                loads.append(os.getloadavg()[0])
         print(
             f"\nMargin over the no-op plugin, median (range) of {RUNS} alternated runs of "
-            "bench_plugin (each a median of 9)"
+            f"bench_plugin (each a median of 9); load average {min(loads):.2f}-{max(loads):.2f}"
         )
         print(
             f"{'ABI':<4} {'ch':>3} {'thr':>3} {'clock reads before':>22} {'after':>18} "

@@ -202,6 +202,13 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* a few collectives from another thread (BENCH_SHARED) */
+static void *one_job(void *arg) {
+    Job *j = arg;
+    for (uint64_t i = 0; i < 10; i++) one_collective(j->plug, j->nch, i);
+    return NULL;
+}
+
 /* CPU ns per collective per thread. The calling thread is always one of the
  * workers (a launching thread stays the same, as in a training loop); with 2
  * threads a second one runs beside it. */
@@ -296,10 +303,23 @@ int main(int argc, char **argv) {
         int v = atoi(argv[2]), nch = atoi(argv[3]);
         int n = argc >= 5 ? atoi(argv[4]) : 20000;
         if (v < 4 || v > 7 || n < 1) return 2;
+        /* BENCH_SHARED=1: the two-thread rows' context, switched to shared
+         * mode by one collective of a second thread first (callgrind runs the
+         * threads one at a time: the shared path's instructions, not its
+         * cache-line moves) */
+        const Plug *pa = &art[v];
+        if (getenv("BENCH_SHARED") && !strcmp(getenv("BENCH_SHARED"), "1")) {
+            pa = &art[v + 8];
+            run_artemis(pa, nch, 10);
+            pthread_t t;
+            Job j = {pa, nch, 0, NULL};
+            pthread_create(&t, NULL, one_job, &j);
+            pthread_join(t, NULL);
+        }
         run_nop(v == 4 ? &nop4 : &nop, nch, 2000); /* warm-up of both paths */
-        run_artemis(&art[v], nch, 2000);
+        run_artemis(pa, nch, 2000);
         run_nop(v == 4 ? &nop4 : &nop, nch, n);
-        run_artemis(&art[v], nch, n);
+        run_artemis(pa, nch, n);
     } else {
         printf("Artemis profiler plugin: CPU time per collective (whole event sequence), median of %d "
                "interleaved runs x %d collectives\n", RUNS, ITERS);

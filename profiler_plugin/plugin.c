@@ -5,18 +5,22 @@
  *   - no allocation, no locks, no system calls except one clock_gettime per
  *     Coll/P2p start (an rdtsc on the owner thread where the TSC is usable:
  *     README "Host clock"), plus one at completion when host timing is used,
- *     plus one membarrier per context, at its switch to shared mode (README
- *     "Single writer");
+ *     plus one membarrier per context, at its switch to shared mode, and one
+ *     per reclaim of an op whose channel owner may clear it without an RMW
+ *     (README "Single writer");
  *   - every shared word is a C11 atomic with an explicit memory order;
  *   - every failure (pool full, slot busy, slot overwritten) drops the record
  *     and counts it in header.dropped; nothing ever waits or spins.
  *
- * Operation handle life cycle (ArtOp.pend is the only synchronisation word):
- *   claim:   CAS 0 -> CLAIMED|COLL|channel bits (acquire)      [startEvent Coll/P2p]
- *   stop:    fetch_and ~COLL (acq_rel)                          [stopEvent Coll/P2p]
- *   channel: fetch_and ~(1 << k) (acq_rel)                     [stopEvent KernelCh k]
- *   whoever clears the last of COLL|channel bits completes the slot, then
- *   release-stores pend = 0, which returns the handle to the pool.
+ * Operation handle life cycle (ArtOp.pend and ArtOp.cwait):
+ *   claim:   pend 0 -> CLAIMED|channel bits, cwait 0 -> 1
+ *            (plain stores by the owner in single mode, else a CAS on pend) [startEvent Coll/P2p]
+ *   stop:    release store cwait = 0; a host-timed op (no channel bits) is
+ *            completed here, by its only completer                  [stopEvent Coll/P2p]
+ *   channel: fetch_and ~(1 << k) (acq_rel), or kowner's plain last clear
+ *            (kch_stop: an asymmetric Dekker with the reclaim)       [stopEvent KernelCh k]
+ *   whoever clears the last channel bit completes the slot, then
+ *   release-stores pend = 0; the handle is free once pend and cwait are both 0.
  * A bit that is already clear means "already stopped": stop is idempotent.
  *
  * Lifetime: contexts, handle pools and ring mappings are never freed or
@@ -369,13 +373,15 @@ static inline uint64_t tsc_now(ArtTsc *c) {
 }
 
 /* ------------------------------------------------------------------ */
-/* The Group event's handle under ABI v4 and v7 and on RCCL: a static dummy,
+/* The Group event's handle under ABI v4, and v7 on NCCL: a static dummy,
  * never recycled, whose stop does nothing. NCCL 2.27 (ABI v4) starts a plan's
  * Coll/P2p events only when the Group handle is not NULL
  * (ncclProfilerStartTaskEvents), so it must be one there. NCCL 2.28-2.30
  * (ABI v5, v6) no longer gate them on it (only pass it as parentGroup), so
- * v5 and v6 on NCCL get NULL, and NCCL makes no Group stop call. v7 (2.31)
- * and RCCL keep the dummy: their gating was not read.
+ * v5 and v6 get NULL, and NCCL makes no Group stop call. RCCL's
+ * ncclProfilerStartTaskEvents (v6 and v7 loaders, README "Which NCCL/RCCL
+ * version emits which events") does not gate on it either: RCCL gets NULL
+ * on v5..v7. v7 on NCCL (2.31, whose own source was not read) keeps it.
  * GroupApi, CollApi, P2pApi and KernelLaunch get NULL: NCCL gates nothing on
  * them and never calls stop or record on a NULL handle, so those calls are
  * not made at all (README "API-level events"). */
@@ -388,36 +394,68 @@ static ArtDummy dummy_group = {ART_TAG_GROUP};
 
 static inline uintptr_t thread_key(void);
 
+/* A handle is free when pend and cwait are both 0: its channels (or the
+ * reclaim) and its Coll/P2p stop are all done (ArtOp.cwait). */
+static inline int op_free(ArtOp *op) {
+    return atomic_load_explicit(&op->pend, ACQ) == 0 && atomic_load_explicit(&op->cwait, ACQ) == 0;
+}
+
+/* A starting thread's entry in ArtCtx.kch_guess. */
+static inline uint32_t kch_guess_slot(uintptr_t key) {
+    return (uint32_t)(((uint64_t)(key >> 12) * 0x9E3779B97F4A7C15ULL) >> 62) & (ART_KCH_GUESS - 1u);
+}
+
 /* single: the caller is the context's only starter (owner_is_me), and only
  * starters claim, so a free handle (pend 0, released with a release store)
  * can be taken with a plain store, starting at the shared hint. Otherwise by
  * CAS, starting at a place of the caller's own (threads' keys are far apart),
- * so that two starting threads do not fight over the same handles. */
-static inline ArtOp *op_claim(ArtCtx *ctx, uint64_t pend, int single) {
-    if (single) {
-        /* the hint: usually the handle the last completion released */
-        uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ctx->nops - 1u);
-        ArtOp *op = &ctx->ops[idx];
-        if (atomic_load_explicit(&op->pend, ACQ) == 0) {
-            atomic_store_explicit(&op->pend, pend, RLX);
-            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
-            return op;
-        }
-    }
+ * so that two starting threads do not fight over the same handles. Either
+ * way the op then waits for its Coll/P2p stop on cwait. */
+static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend, int single) {
     uint32_t n = ctx->nops;
     uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
                         : (uint32_t)((thread_key() >> 12) * 0x9E3779B1u) & ~15u;
     for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
-        uint64_t e = atomic_load_explicit(&op->pend, ACQ);
-        if (e != 0) continue;
-        if (single) atomic_store_explicit(&op->pend, pend, RLX);
-        else if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
-        if (single) atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+        if (!op_free(op)) continue;
+        if (single) {
+            atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&op->cwait, 1u, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+        uint64_t e = 0;
+        if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, pend, ACQ, RLX)) continue;
+        /* pend went 0 -> ours, but between the check and the CAS the handle may
+         * have served another op whose channels are done and whose stop has
+         * not come (its claimer's cwait store is visible: it came before that
+         * op's completion released pend, which the CAS read): not free, give
+         * it back untouched */
+        if (atomic_load_explicit(&op->cwait, ACQ)) {
+            atomic_store_explicit(&op->pend, 0, REL);
+            continue;
+        }
+        atomic_store_explicit(&op->cwait, 1u, RLX);
         return op;
     }
     return NULL;
+}
+
+static inline __attribute__((always_inline)) ArtOp *op_claim(ArtCtx *ctx, uint64_t pend,
+                                                             int single) {
+    if (single) {
+        /* the hint: usually the handle the last completion released */
+        uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ART_OP_POOL - 1u);
+        ArtOp *op = &ctx->ops[idx];
+        if (__builtin_expect(op_free(op), 1)) {
+            atomic_store_explicit(&op->pend, pend, RLX);
+            atomic_store_explicit(&op->cwait, 1u, RLX);
+            atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
+            return op;
+        }
+    }
+    return op_claim_scan(ctx, pend, single);
 }
 
 /* Returns the handle to the pool and points the hint at it, so the next claim
@@ -435,7 +473,7 @@ static inline void count_host_fallback(ArtCtx *ctx) {
 
 /* reclaimed: the op's KernelCh events never came; it completes as a host record
  * with start = end = its enqueue time (no duration is known), counted. */
-static void op_complete(ArtOp *op, int reclaimed) {
+static inline __attribute__((always_inline)) void op_complete_body(ArtOp *op, int reclaimed) {
     ArtCtx *ctx = op->ctx;
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     uint64_t start = UINT64_MAX, end = 0;
@@ -474,8 +512,10 @@ static void op_complete(ArtOp *op, int reclaimed) {
     if (reclaimed) {
     } else if (!nch || start == UINT64_MAX || end == 0) {
         /* host timing: configured, no channels, or KernelCh without timers */
-        if (nch && !atomic_load_explicit(&ctx->timer_seen, RLX))
+        if (nch && !atomic_load_explicit(&ctx->timer_seen, RLX)) {
             atomic_store_explicit(&ctx->no_timer, 1u, RLX);
+            atomic_store_explicit(&ctx->nch_cap, 0u, RLX); /* later ops: host timing */
+        }
         start = atomic_load_explicit(&op->host_start, RLX);
         end = art_now_mono();
         if (end < start) end = start; /* a TSC start can run a little ahead */
@@ -506,24 +546,47 @@ static void op_complete(ArtOp *op, int reclaimed) {
     op_release(op);
 }
 
-/* A claimed op whose Coll/P2p stop came but whose channel bits are still armed. */
-static inline int pend_waits(uint64_t e) {
-    return (e & ART_PEND_CLAIMED) && !(e & ART_PEND_COLL) && (e & ~(ART_PEND_CLAIMED | ART_PEND_COLL));
+/* Out of line: inlined into kch_stop, it made every channel stop save and
+ * restore more registers (measured: 5 more instructions per channel). */
+static __attribute__((noinline)) ncclResult_t op_complete(ArtOp *op, int reclaimed) {
+    op_complete_body(op, reclaimed);
+    return ncclSuccess;
+}
+
+/* A claimed op whose Coll/P2p stop came (cwait 0) but whose channel bits are
+ * still armed. */
+static inline int pend_waits(ArtOp *op, uint64_t e) {
+    return (e & ART_PEND_CLAIMED) && (e & ART_PEND_WORK) && !atomic_load_explicit(&op->cwait, ACQ);
 }
 
 /* 1 if op (still ticket t) had its Coll/P2p stop but waits for KernelCh events. */
 static inline int waits_for_channels(ArtOp *op, uint64_t t) {
-    return pend_waits(atomic_load_explicit(&op->pend, RLX)) &&
+    return pend_waits(op, atomic_load_explicit(&op->pend, RLX)) &&
            atomic_load_explicit(&op->ticket, RLX) == t;
 }
 
 /* Takes over the completion of such an op: clears all its bits in one CAS (a
  * KernelCh stop racing with it either wins, and completes the op itself, or
  * finds its bit clear). by_ticket: only if the op still holds want_ticket. */
+static int art_membarrier(void);
+
 static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
     uint64_t e = atomic_load_explicit(&op->pend, ACQ);
-    if (!pend_waits(e)) return 0;
+    if (!pend_waits(op, e)) return 0;
     if (by_ticket && atomic_load_explicit(&op->ticket, RLX) != want_ticket) return 0;
+    if (atomic_load_explicit(&op->rclm, RLX) != ART_RCLM_RMW) {
+        /* The channel owner may clear its bits with a plain store (kch_stop):
+         * the slow side of that Dekker. After the membarrier, an owner that
+         * had not yet read rclm sees CLAIM (and takes the RMW, which the CAS
+         * below excludes), and one that had is visible in kfin: leave the op
+         * to it. Without the barrier the owner cannot be excluded: no reclaim. */
+        atomic_store_explicit(&op->rclm, ART_RCLM_CLAIM, RLX);
+        if (!art_membarrier()) {
+            atomic_fetch_add_explicit(&op->ctx->mb_failed, 1u, RLX);
+            return 0;
+        }
+        if (atomic_load_explicit(&op->kfin, ACQ)) return 0;
+    }
     if (!atomic_compare_exchange_strong_explicit(&op->pend, &e, ART_PEND_CLAIMED, ACQREL, RLX))
         return 0;
     op_complete(op, 1);
@@ -536,22 +599,34 @@ static int op_reclaim(ArtOp *op, uint64_t want_ticket, int by_ticket) {
  * KernelCh there is reclaimed once it is older than the reclaim age; until then
  * the cursor waits on it. No timer thread: the next op of the communicator
  * does it. */
-static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
-    uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
-    uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX), c = c0;
-    if (c + ART_RECLAIM_LAG >= mark) return;
+static __attribute__((noinline)) void reclaim_walk(ArtCtx *ctx, uint64_t ticket, uint64_t now,
+                                                   uint64_t mark, uint64_t c0) {
+    uint64_t c = c0;
     /* the slot -> op map holds the last capacity tickets (and every op still
      * in flight); older ones: the lap and pool-age reclaims */
     uint64_t window = ctx->slot_mask + 1u;
     if (c + window <= ticket) c = ticket - window + 1u;
     for (uint32_t i = 0; i < ART_RECLAIM_STEPS && c + ART_RECLAIM_LAG < mark; i++, c++) {
+        /* most tickets are done: their slot says so (an in-flight record
+         * keeps its ticket and state until its completer writes it, so a
+         * waiting op is never skipped here) */
+        const ArtemisSlot *s = &ctx->slots[c & ctx->slot_mask];
+        if (atomic_load_explicit(A64(&s->seq), RLX) != c ||
+            w4_state(atomic_load_explicit(A32(&s->kind), RLX)) != ARTEMIS_STATE_IN_FLIGHT)
+            continue;
         ArtOp *op = &ctx->ops[atomic_load_explicit(&ctx->slot_op[c & ctx->slot_mask], RLX)];
-        if (!waits_for_channels(op, c)) continue; /* done, or the entry is another ticket's */
+        if (!waits_for_channels(op, c)) continue; /* its Coll/P2p stop has not come */
         if (atomic_load_explicit(&op->host_start, RLX) + ctx->reclaim_age_ns > now)
             break; /* too young: look again at the next scan */
         op_reclaim(op, c, 1);
     }
     if (c != c0) atomic_store_explicit(&ctx->reclaim_cursor, c, RLX);
+}
+
+static inline void reclaim_scan(ArtCtx *ctx, uint64_t ticket, uint64_t now) {
+    uint64_t mark = atomic_load_explicit(&ctx->dev_mark, RLX);
+    uint64_t c0 = atomic_load_explicit(&ctx->reclaim_cursor, RLX);
+    if (c0 + ART_RECLAIM_LAG < mark) reclaim_walk(ctx, ticket, now, mark, c0);
 }
 
 /* The pool is exhausted: reclaim every op that still waits for KernelCh events
@@ -619,7 +694,7 @@ static __attribute__((noinline)) int art_membarrier(void) {
 static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                                  const char *dtype, size_t count, uint8_t nChannels,
                                  const char *algo, const char *proto, int peer, int single,
-                                 int alone);
+                                 int alone, int fastp);
 
 #ifdef ART_TEST_HOOKS
 /* the harness only (tests/harness.c test_switch_in_start): called by the
@@ -637,8 +712,17 @@ int art_test_plain_start(void *context) { return ((ArtCtx *)context)->plain_star
         void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
         if (alone && hook_) hook_();                                           \
     } while (0)
+/* called by the channel owner's plain last clear (kch_stop) at three places:
+ * 0 before kfin, 1 between kfin and rclm, 2 after rclm (its plain path) */
+void (*_Atomic art_test_kfin_hook)(int where);
+#define ART_KFIN_HOOK(w)                                                       \
+    do {                                                                       \
+        void (*khook_)(int) = atomic_load(&art_test_kfin_hook);                \
+        if (khook_) khook_(w);                                                 \
+    } while (0)
 #else
 #define ART_TICKET_HOOK() ((void)0)
+#define ART_KFIN_HOOK(w) ((void)0)
 #endif
 
 /* A start of another thread than the owner before the switch is safe: its
@@ -658,12 +742,16 @@ static __attribute__((noinline)) void owner_ack(ArtCtx *ctx) {
         atomic_store_explicit(&ctx->switched, 1u, REL);
 }
 
-static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
-                                                           uint8_t kind, const char *func,
-                                                           const char *dtype, size_t count,
-                                                           uint8_t nChannels, const char *algo,
-                                                           const char *proto, int peer) {
-    if (!ctx || ctx->tag != ART_TAG_CTX) return;
+/* Every start but the owner's in single mode (README "Single writer"): the
+ * context's first start, other threads' starts and the switch to shared
+ * mode, the owner's starts in shared mode, without membarrier
+ * (plain_start 0), and after finalize. Out of line: op_start's fast path
+ * stays small. */
+static __attribute__((noinline)) void op_start_slow(ArtCtx *ctx, void **eHandle, uint8_t kind,
+                                                    const char *func, const char *dtype,
+                                                    size_t count, uint8_t nChannels,
+                                                    const char *algo, const char *proto,
+                                                    int peer) {
     /* NCCL starts one communicator's Coll/P2p events from one thread at a time
      * (the one launching its plans), so the counter, the ticket, the handle
      * claim and the slot entry have one writer: plain loads and stores, no
@@ -686,18 +774,32 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
             marked = 1;
         }
         single = !atomic_load_explicit(&ctx->shared, RLX);
-        if (__builtin_expect(!single, 0)) owner_ack(ctx);
+        if (__builtin_expect(!single, 0)) {
+            owner_ack(ctx);
+        } else if (marked && !atomic_load_explicit(&ctx->finished, RLX) &&
+                   atomic_load_explicit(&ctx->fast, RLX) == 0) {
+            /* open the fast path for the owner's next starts; the CAS fails
+             * if the switch (or finalize) has closed it meanwhile */
+            uintptr_t zero = 0;
+            atomic_compare_exchange_strong_explicit(&ctx->fast, &zero, me, RLX, RLX);
+        }
     } else {
         if (!atomic_load_explicit(&ctx->shared, RLX) &&
-            atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0 && plain) {
-            /* the slow side: after it, every owner start that had not yet read
-             * shared sees 1, and one that had is visible in in_start. Should
-             * both membarriers fail, in_start proves nothing: mb_done stays 0,
-             * and this context's other threads' starts are dropped (counted)
-             * until the owner's next start acknowledges (above), for good if
-             * it never starts again. */
-            if (art_membarrier()) atomic_store_explicit(&ctx->mb_done, 1u, REL);
-            else atomic_fetch_add_explicit(&ctx->mb_failed, 1u, RLX);
+            atomic_exchange_explicit(&ctx->shared, 1u, ACQREL) == 0) {
+            /* close the owner's fast path before the membarrier: its starts
+             * read fast where the slow path reads shared (op_start) */
+            atomic_store_explicit(&ctx->fast, ART_FAST_OFF, RLX);
+            if (plain) {
+                /* the slow side: after it, every owner start that had not yet
+                 * read shared (or fast) sees it set, and one that had is
+                 * visible in in_start. Should both membarriers fail, in_start
+                 * proves nothing: mb_done stays 0, and this context's other
+                 * threads' starts are dropped (counted) until the owner's next
+                 * start acknowledges (above), for good if it never starts
+                 * again. */
+                if (art_membarrier()) atomic_store_explicit(&ctx->mb_done, 1u, REL);
+                else atomic_fetch_add_explicit(&ctx->mb_failed, 1u, RLX);
+            }
         }
         if (plain && !atomic_load_explicit(&ctx->switched, ACQ)) {
             /* a start of the owner that saw shared == 0 may still be writing
@@ -711,50 +813,114 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
         }
     }
     op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, single,
-                  marked && single);
+                  marked && single, 0);
     if (marked) atomic_store_explicit(&ctx->in_start, 0u, REL);
 }
 
+/* The owner's start in single mode, the common case: one load of fast
+ * stands for the slow path's owner, shared, plain_start and finished checks.
+ * The Dekker read of the switch is the second load of fast (the switching
+ * thread closes it before its membarrier, op_start_slow), with in_start set
+ * before it as in the slow path. */
+static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **eHandle,
+                                                           uint8_t kind, const char *func,
+                                                           const char *dtype, size_t count,
+                                                           uint8_t nChannels, const char *algo,
+                                                           const char *proto, int peer) {
+    if (!ctx || ctx->tag != ART_TAG_CTX) return;
+    uintptr_t me = thread_key();
+    if (__builtin_expect(atomic_load_explicit(&ctx->fast, RLX) == me, 1)) {
+        atomic_store_explicit(&ctx->in_start, 1u, RLX);
+        atomic_signal_fence(memory_order_seq_cst);
+        int go = atomic_load_explicit(&ctx->fast, RLX) == me;
+        if (__builtin_expect(go, 1))
+            op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, 1,
+                          1, 1);
+        atomic_store_explicit(&ctx->in_start, 0u, REL);
+        if (__builtin_expect(go, 1)) return;
+    }
+    op_start_slow(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer);
+}
+
+/* The pool is exhausted: reclaim aged ops and try again (rare). */
+static __attribute__((noinline)) ArtOp *op_claim_after_reclaim(ArtCtx *ctx, uint64_t pend,
+                                                               int single) {
+    reclaim_aged(ctx);
+    ArtOp *op = op_claim(ctx, pend, single);
+    if (!op) count_drop(ctx);
+    return op;
+}
+
+/* The start found its slot busy (1 if it entered after all): the ring has
+ * lapped an op still in flight. If it only waits for its KernelCh (its
+ * Coll/P2p stop came) and is older than the reclaim age, reclaim it now, as
+ * the scan would (README "Slot writers"): it completes as a host record, and
+ * this start takes the slot. Younger, its KernelCh may still come (and would
+ * land on a recycled handle). Otherwise (busy, in flight, or a later ticket's:
+ * a tiny ring) the start keeps the slot's record, gives its handle back and
+ * counts the drop. Rare, out of line. */
+static __attribute__((noinline)) int op_start_lap(ArtCtx *ctx, ArtOp *op, ArtemisSlot *s,
+                                                  uint64_t ticket, uint64_t now, uint32_t *odd,
+                                                  int in, uint64_t held, int alone) {
+    if (in == 2) {
+        ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
+        if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
+            op_reclaim(old, held, 1))
+            in = seq_enter_start(s, ticket, odd, &held, alone);
+    }
+    if (in == 1) return 1;
+    /* the handle goes back unused: no Coll/P2p stop will come for it */
+    op_release(op);
+    atomic_store_explicit(&op->cwait, 0u, REL);
+    count_drop(ctx);
+    return 0;
+}
+
 /* single: the owner, in single mode (plain ticket, claim, counter); alone:
- * single and no other start can run now (the slot entry is a plain store) */
+ * single and no other start can run now (the slot entry is a plain store);
+ * fastp: op_start's fast path (finalize closes it, so finished is not read) */
 static inline __attribute__((always_inline)) void op_start_body(
     ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func, const char *dtype, size_t count,
-    uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone) {
+    uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone,
+    int fastp) {
     uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
     if (kind == ARTEMIS_KIND_COLL) {
         if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
         else cseq = atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
     }
-    if (atomic_load_explicit(&ctx->finished, RLX)) return;
+    if (!fastp && atomic_load_explicit(&ctx->finished, RLX)) return;
 
-    uint32_t nch = 0;
-    int self = kind == ARTEMIS_KIND_P2P && peer == ctx->rank;
-    if (ctx->device_timing && nChannels && !atomic_load_explicit(&ctx->no_timer, RLX)) {
+    /* nch_cap: 0 with host timing (configured, or KernelCh without timers) */
+    uint32_t cap = atomic_load_explicit(&ctx->nch_cap, RLX);
+    uint32_t nch = nChannels < cap ? nChannels : cap;
+    if (kind == ARTEMIS_KIND_P2P && nch && peer == ctx->rank) {
         /* NCCL gives a self Send/Recv nChannels >= 1 but no proxy op, so no
          * KernelCh ever follows (addP2pToPlan, 2.27-2.30): time it on the host. */
-        if (self) count_host_fallback(ctx);
-        else nch = nChannels < ART_MAX_CH ? nChannels : ART_MAX_CH;
+        count_host_fallback(ctx);
+        nch = 0;
     }
-    uint64_t pend = ART_PEND_CLAIMED | ART_PEND_COLL | ((1ULL << nch) - 1u);
+    /* the Coll/P2p stop waits on cwait (op_claim), not in pend */
+    uint64_t pend = ART_PEND_CLAIMED | ((1ULL << nch) - 1u);
     ArtOp *op = op_claim(ctx, pend, single);
-    if (!op) {
-        reclaim_aged(ctx);
-        op = op_claim(ctx, pend, single);
-    }
-    if (!op) {
-        count_drop(ctx);
-        return;
+    if (__builtin_expect(!op, 0)) {
+        op = op_claim_after_reclaim(ctx, pend, single);
+        if (!op) return;
     }
     /* the owner's starts read the TSC (README "Host clock") */
     uint64_t now = single && ctx->host_tsc ? tsc_now(&ctx->tsc) : art_now_mono();
     /* The owner's last four strings of this kind and what they make: a
      * training loop repeats the same collective, so four pointer compares
      * replace four cache lookups and the packing of the record's words.
-     * Plain fields: only the owner, while single, uses them. */
+     * Plain fields: only the owner, while single, writes them. After the
+     * switch (with membarrier) they are frozen, and every start may read
+     * them: no start of another thread runs before the owner's last
+     * single-mode start has ended (switched, acquire), so its writes are
+     * visible; without membarrier no such edge exists, so only single. */
     uint32_t w4, size;
     uint64_t w8;
     ArtMemo *m = &ctx->memo[kind - 1u];
-    if (single && m->func == func && m->dtype == dtype && m->algo == algo && m->proto == proto) {
+    if ((single || ctx->plain_start) && m->func == func && m->dtype == dtype && m->algo == algo &&
+        m->proto == proto) {
         w4 = m->w4, size = m->size, w8 = m->w8;
     } else {
         uint8_t fc = str_code(ctx, func, ART_STR_FUNC);
@@ -769,8 +935,15 @@ static inline __attribute__((always_inline)) void op_start_body(
     uint64_t bytes = (uint64_t)count * size;
     w8 = w8_with(w8, nChannels, (int32_t)peer);
     /* the expected KernelCh thread: the context's guess; with several starting
-     * threads none (the op's first KernelCh start takes it) */
-    atomic_store_explicit(&op->kowner, single ? atomic_load_explicit(&ctx->kch_thread, RLX) : 0, RLX);
+     * threads, the guess kept for this one (0 at first: the op's first
+     * KernelCh start takes it with a CAS, and becomes the guess) */
+    if (single) {
+        atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
+    } else {
+        uint32_t g = kch_guess_slot(thread_key());
+        op->gslot = g;
+        atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_guess[g], RLX), RLX);
+    }
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
@@ -779,6 +952,12 @@ static inline __attribute__((always_inline)) void op_start_body(
     atomic_store_explicit(&op->kmin, UINT64_MAX, RLX);
     atomic_store_explicit(&op->kmax, 0, RLX);
     atomic_store_explicit(&op->xstop, 0, RLX);
+    atomic_store_explicit(&op->kfin, 0, RLX);
+    /* the owner's plain last clear needs the reclaimer's membarrier (fastp
+     * implies plain_start) and nch >= 2 (kch_stop) */
+    atomic_store_explicit(&op->rclm, (fastp || ctx->plain_start) && nch >= 2 ? ART_RCLM_LEAN
+                                                                             : ART_RCLM_RMW,
+                          RLX);
     atomic_store_explicit(&op->nch, nch, RLX);
     atomic_store_explicit(&op->host_start, now, RLX);
     op->w4 = w4;
@@ -797,35 +976,20 @@ static inline __attribute__((always_inline)) void op_start_body(
      * writer; alone, at every ART_RECLAIM_EVERY-th ticket (it scans more
      * tickets than that each time), in shared mode at each of its starts (its
      * tickets need not fall on those). */
-    if (ctx->slot_op && (single ? (ticket & (ART_RECLAIM_EVERY - 1u)) == 0
-                                : atomic_load_explicit(&ctx->owner, RLX) == thread_key()))
+    if (single ? (ticket & (ART_RECLAIM_EVERY - 1u)) == 0
+               : atomic_load_explicit(&ctx->owner, RLX) == thread_key())
         reclaim_scan(ctx, ticket, now);
     ArtemisSlot *s = &ctx->slots[ticket & ctx->slot_mask];
     /* The next op will most likely take the next slot: start fetching its line
-     * for writing now, so its seqlock CAS does not wait for memory. */
+     * for writing now, so its seqlock entry does not wait for memory. */
     if (single) __builtin_prefetch(&ctx->slots[(ticket + 1u) & ctx->slot_mask], 1, 3);
     uint32_t odd;
     uint64_t held = 0;
     int in = seq_enter_start(s, ticket, &odd, &held, alone);
-    if (in == 2 && ctx->slot_op) {
-        /* The ring has lapped an op still in flight. If it only waits for its
-         * KernelCh (its Coll/P2p stop came) and is older than the reclaim age,
-         * reclaim it now, as the scan would (README "Slot writers"): it
-         * completes as a host record, and this start takes the slot. Younger,
-         * its KernelCh may still come (and would land on a recycled handle). */
-        ArtOp *old = &ctx->ops[atomic_load_explicit(&ctx->slot_op[ticket & ctx->slot_mask], RLX)];
-        if (old != op && atomic_load_explicit(&old->host_start, RLX) + ctx->reclaim_age_ns <= now &&
-            op_reclaim(old, held, 1))
-            in = seq_enter_start(s, ticket, &odd, &held, alone);
-    }
-    if (in != 1) {
-        /* busy, in flight, or a later ticket's (tiny ring): keep it */
-        op_release(op);
-        count_drop(ctx);
+    if (__builtin_expect(in != 1, 0) &&
+        !op_start_lap(ctx, op, s, ticket, now, &odd, in, held, alone))
         return;
-    }
-    if (ctx->slot_op)
-        atomic_store_explicit(&ctx->slot_op[ticket & ctx->slot_mask], (uint16_t)(op - ctx->ops), RLX);
+    atomic_store_explicit(&ctx->slot_op[ticket & ctx->slot_mask], (uint16_t)(op - ctx->ops), RLX);
     atomic_store_explicit(A32(&s->kind), w4, BODY);
     atomic_store_explicit(A64(&s->clock), w8, BODY);
     atomic_store_explicit(A64(&s->seq), ticket, BODY);
@@ -839,76 +1003,136 @@ static inline __attribute__((always_inline)) void op_start_body(
     *eHandle = op;
 }
 
-static inline void op_stop(ArtOp *op) {
-    uint64_t old = atomic_fetch_and_explicit(&op->pend, ~ART_PEND_COLL, ACQREL);
-    if (!(old & ART_PEND_COLL)) return; /* already stopped (or a free handle) */
-    if ((old & ART_PEND_WORK & ~ART_PEND_COLL) == 0) op_complete(op, 0);
+/* once per op: out of line, so that art_stop stays small for KernelCh */
+static __attribute__((noinline)) ncclResult_t op_stop(ArtOp *op) {
+    /* The stop takes no part in the completion unless the op is host-timed
+     * (no channel bits: the stop is its only completer); a device-timed op is
+     * completed by its channels (or the reclaim), before or after this. The
+     * stop only lets the handle go back to the pool (op_free), with a
+     * release store: no locked RMW. cwait 0: already stopped, or a free
+     * handle. */
+    if (!atomic_load_explicit(&op->cwait, RLX)) return ncclSuccess;
+    if (!atomic_load_explicit(&op->nch, RLX)) op_complete(op, 0);
+    atomic_store_explicit(&op->cwait, 0u, REL);
+    return ncclSuccess;
+}
+
+/* The claim of the owner of op's channels (kowner: plain load and store). */
+static inline __attribute__((always_inline)) ArtCh *kch_claim_own(ArtOp *op, uint32_t nch,
+                                                                  uint64_t pTimer) {
+    /* kowner keeps the min of its channels' starts itself (its fields have
+     * one writer): op_complete reads no per-channel start of them */
+    uint32_t k = atomic_load_explicit(&op->own_next, RLX);
+    if (k >= nch) return NULL; /* more channels than announced (or beyond ART_MAX_CH) */
+    atomic_store_explicit(&op->own_next, k + 1u, RLX);
+    if (k + 1u == nch) /* all claimed: its stops are deferred to the last one */
+        atomic_store_explicit(&op->own_all, (2ULL << (nch - 1u)) - 1u, RLX);
+    if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
+        atomic_store_explicit(&op->kmin, pTimer, RLX);
+    ArtCh *ch = &op->ch[k];
+    atomic_store_explicit(&ch->stop, 0, RLX);
+    return ch;
+}
+
+/* A KernelCh start of another thread than the op's expected one, or of an op
+ * with no expected thread yet: out of line (NCCL delivers one communicator's
+ * KernelCh from one thread, so the guess is right after the first ops). */
+static ArtCh *kch_claim_other(ArtOp *op, uint32_t nch, uintptr_t me, uintptr_t ko,
+                              uint64_t pTimer) {
+    if (!nch) return NULL; /* host-timed */
+    if (ko == 0) {
+        /* no guess (the context's first ops, or several starting threads):
+         * the op's first KernelCh start takes it with one CAS */
+        uintptr_t zero = 0;
+        ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
+        if (ko == me) {
+            ArtCtx *c = op->ctx;
+            if (atomic_load_explicit(&c->shared, RLX)) {
+                /* the guess for the next ops of the same starting thread */
+                uint32_t g = op->gslot & (ART_KCH_GUESS - 1u);
+                if (atomic_load_explicit(&c->kch_guess[g], RLX) != me)
+                    atomic_store_explicit(&c->kch_guess[g], me, RLX);
+            } else if (atomic_load_explicit(&c->kch_thread, RLX) == 0) {
+                atomic_store_explicit(&c->kch_thread, me, RLX);
+            }
+            return kch_claim_own(op, nch, pTimer);
+        }
+    }
+    /* any other thread: fetch_add from the top, and it becomes the guess for
+     * later ops (of the op's starting thread, in shared mode) */
+    ArtCtx *ctx = op->ctx;
+    _Atomic uintptr_t *guess = atomic_load_explicit(&ctx->shared, RLX)
+                                   ? &ctx->kch_guess[op->gslot & (ART_KCH_GUESS - 1u)]
+                                   : &ctx->kch_thread;
+    if (atomic_load_explicit(guess, RLX) != me) atomic_store_explicit(guess, me, RLX);
+    uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
+    if (j >= nch) return NULL;
+    ArtCh *ch = &op->ch[nch - 1u - j];
+    atomic_store_explicit(&ch->start, pTimer, RLX);
+    atomic_store_explicit(&ch->stop, 0, RLX);
+    return ch;
+}
+
+/* tail-called from startEvent, which then needs no frame of its own */
+static __attribute__((noinline)) ncclResult_t kch_start_other(void **eHandle, ArtOp *op,
+                                                              uint32_t nch, uintptr_t me,
+                                                              uintptr_t ko, uint64_t pTimer) {
+    *eHandle = kch_claim_other(op, nch, me, ko, pTimer);
+    return ncclSuccess;
 }
 
 /* inlined into each startEvent: nChannels calls per op */
-static inline __attribute__((always_inline)) void kch_start(void **eHandle, void *parent, uint64_t pTimer) {
-    if (!parent || *(const uint64_t *)parent != ART_TAG_OP) return;
+static inline __attribute__((always_inline)) ncclResult_t kch_start(void **eHandle, void *parent,
+                                                                   uint64_t pTimer) {
+    if (!parent || *(const uint64_t *)parent != ART_TAG_OP) {
+        *eHandle = NULL;
+        return ncclSuccess;
+    }
     ArtOp *op = (ArtOp *)parent;
-    /* nch 0: a host-timed operation (tested on each path below: the owner's
-     * k >= nch covers it) */
+    /* nch 0: a host-timed operation (the owner's k >= nch covers it) */
     uint32_t nch = atomic_load_explicit(&op->nch, RLX);
     /* NCCL delivers a communicator's KernelCh events from one thread (the
      * proxy thread; in 2.31 the profiler thread). op_start names the thread
      * that started the context's last KernelCh as the op's channel owner:
-     * that thread claims with a plain load and store, any other one with a
-     * fetch_add from the top (and becomes the guess for later ops). With no
-     * guess (the context's first ops, or several starting threads) the op's
-     * first KernelCh start takes it with one CAS. */
+     * that thread claims with a plain load and store (kch_claim_own). */
     uintptr_t me = thread_key(), ko = atomic_load_explicit(&op->kowner, RLX);
-    if (ko == 0) {
-        if (!nch) return;
-        uintptr_t zero = 0;
-        ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
-        if (ko == me && atomic_load_explicit(&op->ctx->kch_thread, RLX) == 0)
-            atomic_store_explicit(&op->ctx->kch_thread, me, RLX);
+    if (__builtin_expect(ko == me, 1)) {
+        *eHandle = kch_claim_own(op, nch, pTimer);
+        return ncclSuccess;
     }
-    ArtCh *ch;
-    if (ko == me) {
-        /* kowner keeps the min of its channels' starts itself (its fields
-         * have one writer): op_complete reads no per-channel start of them */
-        uint32_t k = atomic_load_explicit(&op->own_next, RLX);
-        if (k >= nch) return; /* more channels than announced (or beyond ART_MAX_CH) */
-        atomic_store_explicit(&op->own_next, k + 1u, RLX);
-        if (k + 1u == nch) /* all claimed: its stops are deferred to the last one */
-            atomic_store_explicit(&op->own_all, (2ULL << (nch - 1u)) - 1u, RLX);
-        if (pTimer && pTimer < atomic_load_explicit(&op->kmin, RLX))
-            atomic_store_explicit(&op->kmin, pTimer, RLX);
-        ch = &op->ch[k];
-    } else {
-        if (!nch) return;
-        ArtCtx *ctx = op->ctx;
-        if (atomic_load_explicit(&ctx->kch_thread, RLX) != me)
-            atomic_store_explicit(&ctx->kch_thread, me, RLX);
-        uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
-        if (j >= nch) return;
-        ch = &op->ch[nch - 1u - j];
-        atomic_store_explicit(&ch->start, pTimer, RLX);
-    }
-    atomic_store_explicit(&ch->stop, 0, RLX);
-    *eHandle = ch;
+    return kch_start_other(eHandle, op, nch, me, ko, pTimer);
+}
+
+/* The last channel bit of op cleared by this thread. If kowner claimed all
+ * nch channels of an op that may take its plain last clear (rclm LEAN), and
+ * this is another thread, its channel was an extra KernelCh sharing one of
+ * kowner's (NCCL sends none): kowner completes the op at its last stop
+ * (kch_stop), without reading pend, so this one must not. */
+static __attribute__((noinline)) ncclResult_t op_complete_last(ArtOp *op) {
+    if (atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN &&
+        atomic_load_explicit(&op->own_all, RLX) &&
+        atomic_load_explicit(&op->kowner, RLX) != thread_key())
+        return ncclSuccess;
+    return op_complete(op, 0);
 }
 
 /* Clears the channel bits `bits` of op; whoever clears the last work bit
  * completes it. Bits already clear mean "already stopped". */
-static inline void clear_channels(ArtOp *op, uint64_t bits) {
+static inline ncclResult_t clear_channels(ArtOp *op, uint64_t bits) {
     uint64_t old = atomic_fetch_and_explicit(&op->pend, ~bits, ACQREL);
-    if (!(old & bits)) return; /* already stopped */
-    if ((old & ART_PEND_WORK & ~bits) == 0) op_complete(op, 0);
+    if (!(old & bits)) return ncclSuccess; /* already stopped (or reclaimed) */
+    /* a tail call: art_stop needs no frame of its own */
+    if ((old & ART_PEND_WORK & ~bits) == 0) return op_complete_last(op);
+    return ncclSuccess;
 }
 
-static inline void kch_stop(ArtCh *ch) {
+static inline ncclResult_t kch_stop(ArtCh *ch) {
     ArtOp *op = ch->op;
     uint64_t bit = ch->bit;
     if (atomic_load_explicit(&op->kowner, RLX) != thread_key()) {
         /* its stop time stays in the channel: op_complete reads it there */
         if (!atomic_load_explicit(&op->xstop, RLX)) atomic_store_explicit(&op->xstop, 1u, RLX);
-        clear_channels(op, bit);
-        return;
+        return clear_channels(op, bit);
     }
     /* The channel owner. Once it has claimed all nch channels, no other thread
      * holds one of this op's channels (another thread's claim beyond them is
@@ -919,7 +1143,7 @@ static inline void kch_stop(ArtCh *ch) {
      * and stops interleaved, or channels on several threads) each stop clears
      * at once. own_stopped and own_cleared have one writer: the owner. */
     uint64_t stopped = atomic_load_explicit(&op->own_stopped, RLX);
-    if (stopped & bit) return; /* already stopped */
+    if (stopped & bit) return ncclSuccess; /* already stopped */
     stopped |= bit;
     atomic_store_explicit(&op->own_stopped, stopped, RLX);
     uint64_t t = atomic_load_explicit(&ch->stop, RLX); /* its KernelChStop's pTimer */
@@ -927,10 +1151,32 @@ static inline void kch_stop(ArtCh *ch) {
     uint64_t all = atomic_load_explicit(&op->own_all, RLX);
     /* deferred to the last stop; all is 0 until every channel is claimed, and
      * then nothing defers (stopped & 0 == 0) */
-    if ((stopped & all) != all) return;
+    if ((stopped & all) != all) return ncclSuccess;
     uint64_t cleared = atomic_load_explicit(&op->own_cleared, RLX);
     atomic_store_explicit(&op->own_cleared, stopped, RLX);
-    clear_channels(op, stopped & ~cleared);
+    uint64_t bits = stopped & ~cleared;
+    if (all && !cleared && atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN) {
+        /* The last clear without a locked RMW (all != 0: kowner claimed all
+         * nch channels and has now stopped them all; with all == 0 each stop
+         * clears at once). pend's other writers: the Coll/P2p stop (none: it
+         * stores cwait); other threads' channels (none under NCCL's one
+         * KernelCh per channel; an extra one shares a channel of kowner's,
+         * and op_complete_last leaves such an op to kowner); kowner's own
+         * earlier clears (none: !cleared, all nch bits still set); and the
+         * reclaim, excluded by this Dekker's fast side: kfin, a compiler
+         * barrier, then rclm (the reclaimer stores CLAIM, runs a membarrier,
+         * then reads kfin: op_reclaim). So pend needs no store here: the
+         * completion's release of pend frees the handle. */
+        ART_KFIN_HOOK(0);
+        atomic_store_explicit(&op->kfin, 1u, RLX);
+        atomic_signal_fence(memory_order_seq_cst);
+        ART_KFIN_HOOK(1);
+        if (__builtin_expect(atomic_load_explicit(&op->rclm, RLX) == ART_RCLM_LEAN, 1)) {
+            ART_KFIN_HOOK(2);
+            return op_complete(op, 0);
+        }
+    }
+    return clear_channels(op, bits);
 }
 
 /* ------------------------------------------------------------------ */
@@ -940,8 +1186,9 @@ static inline void kch_stop(ArtCh *ch) {
  * same offsets in v4..v7 (v5+ only append members). */
 #define ART_DEFINE_START(N)                                                                    \
     /* Coll / P2p: out of line, so that startEvent stays small for KernelCh */                 \
-    static __attribute__((noinline)) void art_op_start_v##N(void *context, void **eHandle,     \
-                                                            ncclProfilerEventDescr_v##N##_t *d) { \
+    static __attribute__((noinline)) ncclResult_t art_op_start_v##N(                         \
+        void *context, void **eHandle, ncclProfilerEventDescr_v##N##_t *d) {                   \
+        *eHandle = NULL; /* op_start sets it only when it records */                           \
         if (d->type == ncclProfileColl)                                                        \
             op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_COLL, d->coll.func,              \
                      d->coll.datatype, d->coll.count, d->coll.nChannels, d->coll.algo,         \
@@ -949,21 +1196,26 @@ static inline void kch_stop(ArtCh *ch) {
         else                                                                                   \
             op_start((ArtCtx *)context, eHandle, ARTEMIS_KIND_P2P, d->p2p.func,                \
                      d->p2p.datatype, d->p2p.count, d->p2p.nChannels, NULL, NULL, d->p2p.peer); \
+        return ncclSuccess;                                                                    \
     }                                                                                          \
     static ncclResult_t art_start_v##N(void *context, void **eHandle,                          \
                                        ncclProfilerEventDescr_v##N##_t *d) {                   \
         if (!eHandle) return ncclSuccess;                                                      \
-        *eHandle = NULL;                                                                       \
-        if (!d) return ncclSuccess;                                                            \
+        if (!d) {                                                                              \
+            *eHandle = NULL;                                                                   \
+            return ncclSuccess;                                                                \
+        }                                                                                      \
         uint64_t type = (uint64_t)d->type;                                                     \
+        /* tail calls: no frame here */                                                        \
         if (type == ncclProfileKernelCh) /* the most frequent: nChannels per op */             \
-            kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                              \
-        else if (type == ncclProfileColl || type == ncclProfileP2p)                            \
-            art_op_start_v##N(context, eHandle, d);                                            \
-        else if (type == ncclProfileGroup &&                                                   \
-                 (N == 4 || N == 7 || (context && ((ArtCtx *)context)->group_dummy)))          \
+            return kch_start(eHandle, d->parentObj, d->kernelCh.pTimer);                       \
+        if (type == ncclProfileColl || type == ncclProfileP2p)                                 \
+            return art_op_start_v##N(context, eHandle, d);                                     \
+        if (type == ncclProfileGroup &&                                                        \
+            (N == 4 || (context && ((ArtCtx *)context)->group_dummy)))                         \
             *eHandle = &dummy_group;                                                           \
-        /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                            \
+        else /* GroupApi, CollApi, P2pApi, KernelLaunch, others: NULL */                       \
+            *eHandle = NULL;                                                                   \
         return ncclSuccess;                                                                    \
     }
 
@@ -975,15 +1227,18 @@ ART_DEFINE_START(7)
 static ncclResult_t art_stop(void *eHandle) {
     if (!eHandle) return ncclSuccess;
     uint64_t tag = *(const uint64_t *)eHandle;
-    if (tag == ART_TAG_KCH) kch_stop((ArtCh *)eHandle); /* nChannels per op */
-    else if (tag == ART_TAG_OP) op_stop((ArtOp *)eHandle);
+    if (tag == ART_TAG_KCH) return kch_stop((ArtCh *)eHandle); /* nChannels per op */
+    if (tag == ART_TAG_OP) return op_stop((ArtOp *)eHandle);
     return ncclSuccess;
 }
 
 static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
                                ncclProfilerEventStateArgs_t *args) {
-    if (eState != ncclProfilerKernelChStop || !eHandle || !args) return ncclSuccess;
-    if (*(const uint64_t *)eHandle != ART_TAG_KCH) return ncclSuccess;
+    /* separate tests: GCC turns one && chain into setcc arithmetic */
+    if (__builtin_expect(eState != ncclProfilerKernelChStop, 0)) return ncclSuccess;
+    if (__builtin_expect(!eHandle, 0)) return ncclSuccess;
+    if (__builtin_expect(*(const uint64_t *)eHandle != ART_TAG_KCH, 0)) return ncclSuccess;
+    if (__builtin_expect(!args, 0)) return ncclSuccess;
     atomic_store_explicit(&((ArtCh *)eHandle)->stop, args->kernelCh.pTimer, RLX);
     return ncclSuccess;
 }
@@ -991,6 +1246,8 @@ static ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
 static ncclResult_t art_finalize(void *context) {
     ArtCtx *ctx = (ArtCtx *)context;
     if (!ctx || ctx->tag != ART_TAG_CTX) return ncclSuccess;
+    /* the owner's next start takes the slow path, which reads finished */
+    atomic_store_explicit(&ctx->fast, ART_FAST_OFF, RLX);
     if (atomic_exchange_explicit(&ctx->finished, 1u, ACQREL) == 0) {
         atomic_store_explicit(A64(&ctx->hdr->finished_ns), art_now_real(), RLX);
         atomic_fetch_or_explicit(A32(&ctx->hdr->flags), (uint32_t)ARTEMIS_RING_FINISHED, REL);
@@ -1035,8 +1292,13 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
 
     ArtCtx *ctx = NULL;
     ArtOp *ops = NULL;
+    /* the slot -> op map: one entry per slot (lap and scan reclaims) */
+    void *so = NULL;
     if (posix_memalign((void **)&ctx, ART_CACHELINE, sizeof *ctx) != 0 ||
-        posix_memalign((void **)&ops, ART_CACHELINE, (size_t)ART_OP_POOL * sizeof *ops) != 0) {
+        posix_memalign((void **)&ops, ART_CACHELINE, (size_t)ART_OP_POOL * sizeof *ops) != 0 ||
+        posix_memalign(&so, ART_CACHELINE,
+                       ((size_t)cfg.slots * sizeof(uint16_t) + 63u) & ~(size_t)63u) != 0) {
+        free(ops);
         free(ctx);
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: out of memory; disabled for comm %016llx rank %d",
                 (unsigned long long)comm_hash, rank);
@@ -1044,15 +1306,18 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     }
     memset(ctx, 0, sizeof *ctx);
     memset(ops, 0, (size_t)ART_OP_POOL * sizeof *ops);
+    memset(so, 0, (size_t)cfg.slots * sizeof(uint16_t));
     ctx->tag = ART_TAG_CTX;
+    ctx->slot_op = (_Atomic uint16_t *)so;
     ctx->ops = ops;
     ctx->nops = ART_OP_POOL;
     ctx->device_timing = cfg.device_timing;
+    atomic_store_explicit(&ctx->nch_cap, cfg.device_timing ? ART_MAX_CH : 0u, RLX);
     ctx->reclaim_age_ns = cfg.reclaim_age_ns;
     ctx->host_tsc = cfg.host_tsc;
     ctx->rank = rank;
     ctx->plugin_version = version;
-    ctx->group_dummy = version == 4 || version >= 7 || rt.rccl; /* see dummy_group */
+    ctx->group_dummy = version == 4 || (version >= 7 && !rt.rccl); /* see dummy_group */
     ctx->plain_start = cfg.plain_start && art_membarrier_register();
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;
@@ -1065,6 +1330,7 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     }
     if (art_ring_create(ctx, &cfg, comm_hash, comm_name, nnodes, nranks, rank, version, err,
                         sizeof err) != 0) {
+        free(so);
         free(ops);
         free(ctx);
         art_log(logfn, NCCL_LOG_WARN, "Artemis profiler: %s; disabled for comm %016llx rank %d",
@@ -1076,12 +1342,6 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
                 "Artemis profiler: env sidecar %s.env not written (%s); the fingerprint of comm "
                 "%016llx rank %d has no env",
                 ctx->path, ctx->env_err, (unsigned long long)comm_hash, rank);
-    /* one entry per slot; without it a lapped in-flight op only drops the new record */
-    void *so = NULL;
-    if (posix_memalign(&so, ART_CACHELINE, ((size_t)cfg.slots * sizeof(uint16_t) + 63u) & ~(size_t)63u) == 0) {
-        memset(so, 0, (size_t)cfg.slots * sizeof(uint16_t));
-        ctx->slot_op = (_Atomic uint16_t *)so;
-    }
     art_log(logfn, NCCL_LOG_INFO,
             "Artemis profiler v%u: ring %s (%u slots, clock %s, %s %u, tick rate %llu Hz %s, "
             "host clock %s)",

@@ -24,8 +24,9 @@
 /* Channels tracked per operation (one bit each in ArtOp.pend). */
 #define ART_MAX_CH 62
 #define ART_PEND_CLAIMED (1ULL << 63) /* handle in use */
-#define ART_PEND_COLL (1ULL << 62)    /* Coll/P2p stopEvent not seen yet */
-#define ART_PEND_WORK (ART_PEND_COLL | ((1ULL << ART_MAX_CH) - 1))
+/* Until round 5 bit 62 was COLL (the Coll/P2p stop not seen yet); the stop
+ * now clears ArtOp.cwait instead, with a store. */
+#define ART_PEND_WORK ((1ULL << ART_MAX_CH) - 1) /* channel bits */
 
 /* Operations in flight per context (pool size, a power of two). */
 #define ART_OP_POOL 512u
@@ -43,6 +44,17 @@
 #define ART_RECLAIM_STEPS 16u
 
 #define ART_CACHELINE 64
+
+/* Entries of ArtCtx.kch_guess (a power of two). */
+#define ART_KCH_GUESS 4u
+
+/* ArtOp.rclm */
+#define ART_RCLM_LEAN 0u
+#define ART_RCLM_CLAIM 1u
+#define ART_RCLM_RMW 2u
+
+/* ArtCtx.fast once the owner's fast path is closed: never a thread key */
+#define ART_FAST_OFF ((uintptr_t)1)
 
 /* Entries of the per-context string -> code cache (a power of two). */
 #define ART_STRCACHE_BITS 5
@@ -62,7 +74,11 @@ typedef struct ArtCh {
 typedef struct ArtOp {
     uint64_t tag; /* ART_TAG_OP */
     struct ArtCtx *ctx;
-    _Atomic uint64_t pend;      /* CLAIMED | COLL | channel bits still pending */
+    _Atomic uint64_t pend;      /* CLAIMED | channel bits still pending */
+    /* 1 while the op waits for its Coll/P2p stop, which then is a release
+     * store of 0, not an RMW on pend: the handle is free only when pend and
+     * cwait are both 0 (op_claim; README "Recording an operation"). */
+    _Atomic uint32_t cwait;
     /* KernelCh channel claims (kch_start in plugin.c): kowner, fixed at start,
      * is the thread expected to deliver the op's KernelCh events; it takes
      * channels 0, 1, ... with a plain load and store of own_next, any other
@@ -77,6 +93,14 @@ typedef struct ArtOp {
      * (kowner only; read by the completer after the pend RMWs) */
     _Atomic uint64_t kmin, kmax;
     _Atomic uint32_t nch;       /* channel bits armed at start (0 = host timing) */
+    /* The channel owner's last clear without a locked RMW (kch_stop; README
+     * "Single writer"), an asymmetric Dekker against the reclaim: kfin, set
+     * by kowner before it reads rclm; rclm, ART_RCLM_LEAN at start for an op
+     * that may take that path (membarrier available, nch >= 2), ART_RCLM_RMW for one that may not, and ART_RCLM_CLAIM once
+     * a reclaimer, which then runs a membarrier and reads kfin, wants it. */
+    _Atomic uint32_t kfin;
+    uint32_t gslot;             /* its starter's ArtCtx.kch_guess entry (shared mode) */
+    _Atomic uint32_t rclm;
     _Atomic uint32_t xstop;     /* 1: a channel was stopped by another thread than kowner */
     ArtemisSlot *slot;
     /* ticket and host_start are read by the reclaim scan of another thread */
@@ -150,6 +174,8 @@ typedef struct ArtCtx {
     uint32_t plugin_version;
     _Atomic uint32_t finished;  /* finalize ran */
     _Atomic uint32_t no_timer;  /* KernelCh never carried timers: use host timing */
+    _Atomic uint32_t nch_cap;   /* channels an op may arm: ART_MAX_CH, 0 = host timing
+                                 * (device timing off, or no_timer) */
     _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
     char path[512];
     char env_err[256]; /* why the env sidecar was not written ("" = it was): init logs it */
@@ -162,15 +188,18 @@ typedef struct ArtCtx {
     _Alignas(ART_CACHELINE) _Atomic uint64_t dev_mark;
     _Alignas(ART_CACHELINE) _Atomic uint64_t reclaim_cursor;
     /* slot -> op index of the last start that entered it (capacity entries;
-     * NULL if it could not be allocated): finds the op of a lapped in-flight
+     * allocated at init with the pool): finds the op of a lapped in-flight
      * record, and the op of a recent ticket for the reclaim scan (an op still
      * in flight keeps its entry: no later start enters its slot) */
     _Atomic uint16_t *slot_op;
-    /* written on the hot path: own cache lines. coll_count and the header's
-     * write_index have one writer while `shared` is 0: the owner thread. */
-    _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
-    _Atomic uintptr_t owner;   /* thread key of the first Coll/P2p start, 0 = none yet */
-
+    /* Read at every start, written once or rarely (the switch, finalize):
+     * their own line, so that in shared mode, where coll_count moves between
+     * the starting threads' caches, reading them misses nothing (round 5). */
+    _Alignas(ART_CACHELINE) _Atomic uintptr_t owner; /* thread key of the first Coll/P2p start, 0 = none yet */
+    /* owner's key while its starts may take the fast path (op_start: single
+     * mode, plain_start, not finished); ART_FAST_OFF once that ends, for good;
+     * 0 before the owner's first start */
+    _Atomic uintptr_t fast;
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
     /* The switch's asymmetric Dekker (op_start in plugin.c): the owner sets
      * in_start around each start it makes while shared is 0; the switching
@@ -178,20 +207,29 @@ typedef struct ArtCtx {
      * another thread that then sees in_start 0 sets switched. Until then other
      * threads' starts are dropped. The owner's first start in shared mode
      * sets switched too (the only way if the membarrier failed: mb_failed
-     * counts those switches). plain_start: the membarrier is available
-     * (else the owner's slot entry stays a CAS and these are unused). */
-    _Atomic uint32_t in_start;
+     * counts those switches, and the reclaims it stopped). plain_start: the
+     * membarrier is available (else the owner's slot entry stays a CAS and
+     * these are unused). */
     _Atomic uint32_t mb_done;
     _Atomic uint32_t mb_failed;
     _Atomic uint32_t switched;
     int plain_start;
-    int group_dummy;           /* Group gets dummy_group (v4, v7, RCCL), else NULL (plugin.c) */
-    ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
+    int group_dummy;           /* Group gets dummy_group (v4; v7 on NCCL), else NULL (plugin.c) */
     int host_tsc;              /* tsc below is used */
+    /* written on the hot path: own cache lines. coll_count and the header's
+     * write_index have one writer while `shared` is 0: the owner thread,
+     * which alone writes the rest of this line then. */
+    _Alignas(ART_CACHELINE) _Atomic uint64_t coll_count;
+    _Atomic uint32_t in_start;
+    ArtMemo memo[2];           /* [kind - 1]: Coll, P2p; owner only, while shared is 0 */
     ArtTsc tsc;                /* owner only, while shared is 0 */
     /* thread key of the last KernelCh start that was not its op's expected
      * one: the guess for the next ops (read at every start, rarely written) */
     _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
+    /* in shared mode, the same guess per starting thread (kch_guess_slot in
+     * plugin.c: a hash of its key), so that threads whose KernelCh come from
+     * different threads (the bench's, each its own) each keep theirs */
+    _Atomic uintptr_t kch_guess[ART_KCH_GUESS];
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
 } ArtCtx;

@@ -26,8 +26,48 @@ static int fails;
 typedef int (*standin_init_fn)(void *init, int version, void **ctx, uint64_t hash, int *mask,
                                const char *name, int nnodes, int nranks, int rank, void *logfn);
 
+/* The Group event's handle from a context that init(version) made from inside
+ * the runtime: the static dummy (not NULL) or NULL (README "Which NCCL/RCCL
+ * version emits which events"). */
+static void check_group(void *lib, standin_init_fn via, const char *runtime, int version,
+                        int want_dummy, const char *dir) {
+    char sym[32];
+    snprintf(sym, sizeof sym, "ncclProfiler_v%d", version);
+    ncclProfiler_v6_t *p = dlsym(lib, sym); /* init's slot differs for v4; the rest match */
+    CHECK(p, "%s", sym);
+    if (!p) return;
+    void *ctx = NULL, *init;
+    int mask = 0;
+    *(void **)&init = *(void **)&p->init;
+    via(init, version, &ctx, 0x78 + (uint64_t)version, &mask, "dlg", 1, 1, 0, NULL);
+    CHECK(ctx, "init v%d through %s", version, runtime);
+    if (!ctx) return;
+    void *h = (void *)0x1;
+    if (version == 4) {
+        ncclProfilerEventDescr_v4_t d;
+        memset(&d, 0, sizeof d);
+        d.type = ncclProfileGroup;
+        ((ncclProfiler_v4_t *)(void *)p)->startEvent(ctx, &h, &d);
+    } else {
+        ncclProfilerEventDescr_v6_t d;
+        memset(&d, 0, sizeof d);
+        d.type = ncclProfileGroup;
+        p->startEvent(ctx, &h, &d);
+    }
+    CHECK(want_dummy ? h != NULL : h == NULL, "%s v%d: Group handle %p, want %s", runtime, version,
+          h, want_dummy ? "the dummy" : "NULL");
+    if (h) p->stopEvent(h);
+    p->finalize(ctx);
+    char rp[1024];
+    snprintf(rp, sizeof rp, "%s/dl.%016llx.r0.ring", dir, 0x78ULL + (unsigned long long)version);
+    unlink(rp);
+    strncat(rp, ".env", sizeof rp - strlen(rp) - 1);
+    unlink(rp);
+}
+
 static void check_lib(const char *build, const char *runtime, const char *dir, uint32_t want_clock,
-                      uint64_t want_hz, uint32_t want_src, uint32_t want_flags, uint32_t want_ver) {
+                      uint64_t want_hz, uint32_t want_src, uint32_t want_flags, uint32_t want_ver,
+                      int rccl) {
     char path[1024];
     snprintf(path, sizeof path, "%s/libnccl-profiler-artemis.so", build);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -88,6 +128,13 @@ static void check_lib(const char *build, const char *runtime, const char *dir, u
         unlink(ep);
     }
     p->finalize(ctx);
+    /* Group: the dummy under v4 (NCCL 2.27 starts Coll/P2p only under a
+     * Group handle) and under v7 on NCCL (2.31 not read); NULL under v5, v6
+     * and, on RCCL, v7 (no gating in their ncclProfilerStartTaskEvents) */
+    check_group(h, via, runtime, 4, 1, dir);
+    check_group(h, via, runtime, 5, 0, dir);
+    check_group(h, via, runtime, 6, 0, dir);
+    check_group(h, via, runtime, 7, !rccl, dir);
 }
 
 int main(int argc, char **argv) {
@@ -97,10 +144,10 @@ int main(int argc, char **argv) {
     setenv("NCCL_DLOPEN_CHECK", "on", 1);
     setenv("NCCL_DLOPEN_API_KEY", "s3cret", 1);
     check_lib(argv[1], "libnccl.so.2", dir, ARTEMIS_CLOCK_DEVICE_NS, 0, ARTEMIS_TICK_SRC_NONE,
-              ARTEMIS_WRITER_ENV, 23003);
+              ARTEMIS_WRITER_ENV, 23003, 0);
     setenv("ARTEMIS_STANDIN_HIP_WALLCLOCK_KHZ_0", "25000", 1);
     check_lib(argv[1], "librccl.so", dir, ARTEMIS_CLOCK_DEVICE_TICKS, 25000000ull, ARTEMIS_TICK_SRC_HIP,
-              ARTEMIS_WRITER_RCCL | ARTEMIS_WRITER_ENV, 22803);
+              ARTEMIS_WRITER_RCCL | ARTEMIS_WRITER_ENV, 22803, 1);
     rmdir(dir);
     printf(fails ? "dlopen check FAILED\n"
                  : "dlopen check PASSED (under NCCL: ns; under RCCL: ticks at HIP's rate)\n");
