@@ -104,6 +104,7 @@ class Agent:
         # The job's ack files, read at most once per tick (windows and heartbeats both use them).
         self._acks: dict[str, dict[int, dict[str, Any]]] = {}
         self.windows_sent = 0
+        self.secondary_windows = 0  # windows of rings that are not their rank's main (not sent)
         self.removed = 0
         # (job, rank) -> (main ring, software, workload) of the last fingerprint sent
         self._fp_sent: dict[tuple[str, int], tuple[Path, Software, str | None]] = {}
@@ -237,8 +238,20 @@ class Agent:
         for t in list(self.rings.values()):
             if t.summarizer is not None:
                 ws = t.summarizer.take_windows(final=t.drained)
-                if ws:
-                    out.extend(self._with_telemetry(t, ws))
+                if not ws:
+                    continue
+                if id(t) not in main_set:
+                    # Only the main ring's windows are shipped (docs/DESIGN.md "Window
+                    # summaries"): a smaller communicator's windows are numbered by its
+                    # own collectives (a TP pair's two all-reduces per step number its
+                    # windows twice as fast), so its window w covers other steps than
+                    # the main ring's; shipped, such rows fill the coordinator's windows
+                    # ahead of the main rows, which then come late and are dropped. Its
+                    # collectives are in the main ring's gaps already (feed_nested).
+                    self.secondary_windows += len(ws)
+                    t.telemetry.reset()
+                    continue
+                out.extend(self._with_telemetry(t, ws))
         return out
 
     def sample_telemetry(self) -> None:
@@ -246,7 +259,8 @@ class Agent:
         live = [s for s in self.sources if s.name != "simulated"]
         if not live:
             return
-        for t in self.rings.values():
+        # per rank, into its main ring's window (the only one shipped)
+        for t in self._mains().values():
             if t.summarizer is None:
                 continue
             target = RankTarget(rank=t.grank, pid=t.header.pid, job=t.header.job)
