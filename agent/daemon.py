@@ -240,9 +240,9 @@ class Agent:
                 ws = t.summarizer.take_windows(final=t.drained)
                 if not ws:
                     continue
-                if id(t) not in main_set:
-                    # Only the main ring's windows are shipped (docs/DESIGN.md "Window
-                    # summaries"): a smaller communicator's windows are numbered by its
+                if self._has_larger(t):
+                    # A rank's larger communicator's windows are shipped, not these
+                    # (docs/DESIGN.md "Window summaries"): a smaller one's are numbered by its
                     # own collectives (a TP pair's two all-reduces per step number its
                     # windows twice as fast), so its window w covers other steps than
                     # the main ring's; shipped, such rows fill the coordinator's windows
@@ -253,6 +253,21 @@ class Agent:
                     continue
                 out.extend(self._with_telemetry(t, ws))
         return out
+
+    def _has_larger(self, t: Tracked) -> bool:
+        """The rank has a larger communicator's ring still being written (not drained).
+        Only a strictly larger one: rings of the same size are another run of the job
+        (a job id reused, the old run's rings still here), whose windows go out as
+        before; and a larger ring that is drained (the job ending, or an old run's)
+        holds nothing back."""
+        key, n = (t.header.job, t.grank), t.header.nranks
+        return any(
+            not o.is_bridge
+            and not o.drained
+            and o.header.nranks > n
+            and (o.header.job, o.grank) == key
+            for o in self.rings.values()
+        )
 
     def sample_telemetry(self) -> None:
         """Sample the live sources (GPU, host) for every rank; averaged per window."""

@@ -63,7 +63,7 @@ def _write_step(
     return end
 
 
-def test_only_main_rings_are_shipped_and_a_slowdown_is_seen_from_its_window(
+def test_smaller_rings_are_held_back_and_a_slowdown_is_seen_from_its_window(
     tmp_path: Path,
 ) -> None:
     rings = {
@@ -103,12 +103,15 @@ def test_only_main_rings_are_shipped_and_a_slowdown_is_seen_from_its_window(
         t = _write_step(rings, seq, step, t)
         if step % 2:
             pump(step * 0.06)  # the agent polls about every other step
+    during = len(sent)
     for rw in rings.values():
         rw.close()  # finished: the last windows are cut
     pump(STEPS * 0.06)
     # the pairs' windows were cut (their collectives count in the main gaps) but not sent
     assert agent.secondary_windows > 0
-    assert {int(x) for b in sent for x in b.ints("nranks")} == {4}
+    # (once the main rings are drained, at the end, nothing is held back: the coordinator
+    # judges those ranks on their main rows already and leaves the others out)
+    assert {int(x) for b in sent[:during] for x in b.ints("nranks")} == {4}
     # every window the coordinator scored has the main row of every rank, none was late
     assert asm.late == 0 and sum(asm.dropped.values()) == 0
     assert [w for w, _, _ in scored] == list(range(STEPS // WINDOW_STEPS))
