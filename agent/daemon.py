@@ -104,6 +104,7 @@ class Agent:
         # The job's ack files, read at most once per tick (windows and heartbeats both use them).
         self._acks: dict[str, dict[int, dict[str, Any]]] = {}
         self.windows_sent = 0
+        self.secondary_windows = 0  # windows of rings that are not their rank's main (not sent)
         self.removed = 0
         # (job, rank) -> (main ring, software, workload) of the last fingerprint sent
         self._fp_sent: dict[tuple[str, int], tuple[Path, Software, str | None]] = {}
@@ -237,16 +238,44 @@ class Agent:
         for t in list(self.rings.values()):
             if t.summarizer is not None:
                 ws = t.summarizer.take_windows(final=t.drained)
-                if ws:
-                    out.extend(self._with_telemetry(t, ws))
+                if not ws:
+                    continue
+                if self._has_larger(t):
+                    # A rank's larger communicator's windows are shipped, not these
+                    # (docs/DESIGN.md "Window summaries"): a smaller one's are numbered by its
+                    # own collectives (a TP pair's two all-reduces per step number its
+                    # windows twice as fast), so its window w covers other steps than
+                    # the main ring's; shipped, such rows fill the coordinator's windows
+                    # ahead of the main rows, which then come late and are dropped. Its
+                    # collectives are in the main ring's gaps already (feed_nested).
+                    self.secondary_windows += len(ws)
+                    t.telemetry.reset()
+                    continue
+                out.extend(self._with_telemetry(t, ws))
         return out
+
+    def _has_larger(self, t: Tracked) -> bool:
+        """The rank has a larger communicator's ring still being written (not drained).
+        Only a strictly larger one: rings of the same size are another run of the job
+        (a job id reused, the old run's rings still here), whose windows go out as
+        before; and a larger ring that is drained (the job ending, or an old run's)
+        holds nothing back."""
+        key, n = (t.header.job, t.grank), t.header.nranks
+        return any(
+            not o.is_bridge
+            and not o.drained
+            and o.header.nranks > n
+            and (o.header.job, o.grank) == key
+            for o in self.rings.values()
+        )
 
     def sample_telemetry(self) -> None:
         """Sample the live sources (GPU, host) for every rank; averaged per window."""
         live = [s for s in self.sources if s.name != "simulated"]
         if not live:
             return
-        for t in self.rings.values():
+        # per rank, into its main ring's window (the only one shipped)
+        for t in self._mains().values():
             if t.summarizer is None:
                 continue
             target = RankTarget(rank=t.grank, pid=t.header.pid, job=t.header.job)

@@ -255,6 +255,31 @@ class _Comm:
         self.coll_seq = 0
         self.p2p_seq = 0
         self.lock = threading.Lock()  # completions come from the inner backend's threads
+        self.owed = 0  # records a future's callback will complete (complete_owed)
+        self.closing = False
+
+    def complete_owed(self, ticket: int, **times: int) -> None:
+        """Complete a record made owed (under no lock); the last one owed to a closing
+        ring closes it (see ``close``)."""
+        with self.lock:
+            self.ring.complete(ticket, **times)
+            self.owed -= 1
+            if self.closing and self.owed == 0:
+                self.ring.close()
+
+    def close(self) -> None:
+        """Mark the ring finished, once no future's callback still owes it a completion.
+
+        The inner backend wakes a future's waiters before it runs its callbacks, so the
+        training thread can reach destroy_process_group while the last collective's
+        completion is still to run (it did under load): finished at once, the ring would
+        keep that record IN_FLIGHT for good, which the agent never drains (the rank's
+        last window would never be sent). The last owed completion closes it instead.
+        """
+        with self.lock:
+            self.closing = True
+            if self.owed == 0:
+                self.ring.close()
 
 
 class _CudaTimer:
@@ -281,8 +306,7 @@ class _CudaTimer:
             end_ev.synchronize()  # this thread waits; the training thread never does
             s = self._anchor_ns + int(self._anchor.elapsed_time(start_ev) * 1e6)
             e = self._anchor_ns + int(self._anchor.elapsed_time(end_ev) * 1e6)
-            with comm.lock:
-                comm.ring.complete(ticket, end=e, cpu_end_ns=_cpu(), start=s)
+            comm.complete_owed(ticket, end=e, cpu_end_ns=_cpu(), start=s)
 
 
 def _forced_inner() -> str:
@@ -582,7 +606,17 @@ class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
         work = call(inner)
         start = enq if cuda else _mono()
         ring, lock = comm.ring, comm.lock
+        # The future first (gloo's send/recv Works have none: their wait is timed), so
+        # a record is owed to a callback (_Comm.close) only when there is one to run.
+        fut: Any = None
+        try:
+            fut = work.get_future()
+        except RuntimeError:
+            if cuda:
+                raise
         with lock:
+            if comm.closing:
+                return work  # the group is being destroyed: nothing more is recorded
             if p2p:
                 seq = comm.p2p_seq
                 comm.p2p_seq = seq + 1
@@ -602,12 +636,14 @@ class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
                 enqueue_ns=enq,
                 cpu_start_ns=cpu0,
             )
+            if fut is not None:
+                comm.owed += 1
         if cuda:
             end_ev = torch.cuda.Event(enable_timing=True)
-            fut = work.get_future()
 
             def cuda_done(f: Any) -> None:
-                # runs once the collective's stream work is enqueued behind NCCL's
+                # runs once the collective's stream work is enqueued behind NCCL's;
+                # the CUDA timer's thread completes the record
                 end_ev.record()
                 if self._cuda_timer is None:
                     self._cuda_timer = _CudaTimer()
@@ -615,18 +651,14 @@ class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
 
             fut.then(cuda_done)
             return work
-        try:
-            fut = work.get_future()
-        except RuntimeError:  # a Work without a future (gloo send/recv): time its wait
+        if fut is None:  # a Work without a future (gloo send/recv): time its wait
             return _TimedWork(work, comm, ticket)
-        complete = ring.complete
+        complete = comm.complete_owed
 
         def done(f: Any) -> None:
             # The end is when the inner backend completes the Work (its thread, or
             # this one when it is already done): the host end time of the record.
-            end, cpu1 = _mono(), _cpu()
-            with lock:
-                complete(ticket, end=end, cpu_end_ns=cpu1)
+            complete(ticket, end=_mono(), cpu_end_ns=_cpu())
 
         fut.add_done_callback(done)
         return work
@@ -758,8 +790,7 @@ class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
         """Mark this group's rings finished (the agent then ships their last windows)."""
         for comm in self._comms.values():
             if comm is not None:
-                with comm.lock:
-                    comm.ring.close()
+                comm.close()
         isl = self._isl
         if isl is not None and isl.bridge_ring is not None:
             isl.bridge_ring.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_workdir import KEEP, keep_workdir
 
 pytest.importorskip("torch")
 
@@ -40,6 +41,7 @@ def _artemis_run(
         [
             str(BIN / "artemis"),
             "run",
+            KEEP,
             "--jsonl",
             str(jsonl),
             "--window-steps",
@@ -57,6 +59,7 @@ def _artemis_run(
         cwd=tmp,
     )
     found = [json.loads(x) for x in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    keep_workdir(p.stdout, tmp)
     return p.returncode, p.stdout + p.stderr, found
 
 

@@ -41,6 +41,7 @@ import pytest
 pytest.importorskip("torch")
 
 from artemis.agent.ring import RingReader
+from run_workdir import KEEP, keep_workdir
 
 BIN = Path(sys.executable).parent
 JOB = Path(__file__).resolve().parent / "islands_job.py"
@@ -66,6 +67,7 @@ def test_a_slow_rank_with_three_communicators_is_flagged_once(tmp_path: Path) ->
         [
             str(BIN / "artemis"),
             "run",
+            KEEP,
             "--jsonl",
             str(jsonl),
             "--window-steps",
@@ -98,6 +100,7 @@ def test_a_slow_rank_with_three_communicators_is_flagged_once(tmp_path: Path) ->
         cwd=tmp_path,
     )
     out = p.stdout + p.stderr
+    keep_workdir(p.stdout, tmp_path)
     assert p.returncode == 0, out
     found: list[dict[str, Any]] = [json.loads(x) for x in jsonl.read_text().splitlines()]
     onset = json.loads(mark.read_text())["coll_seq"] // WINDOW_STEPS

@@ -99,13 +99,21 @@ class Ring : public c10::intrusive_ptr_target {
         capacity_ = hdr_->capacity;
         next_ = hdr_->write_index;
     }
-    ~Ring() override { close(false); }
-
-    // An IN_FLIGHT record; returns its ticket (UINT64_MAX once closed).
-    uint64_t record(uint8_t kind, uint8_t func, uint8_t dtype, int32_t peer, uint64_t nbytes,
-                    uint64_t enq, uint64_t start, uint64_t cpu0) {
+    // The last reference: the group and every owed completion's callback are gone (a
+    // callback that was never run, such as a future dropped unfinished, owes nothing).
+    ~Ring() override {
         std::lock_guard<std::mutex> g(mu_);
-        if (base_ == nullptr) return UINT64_MAX;
+        unmap(finish_wanted_);
+    }
+
+    // An IN_FLIGHT record; returns its ticket (UINT64_MAX once closed or closing).
+    // `owed`: a future's callback will complete it (complete_owed), and a close waits
+    // for that callback before it marks the ring finished.
+    uint64_t record(uint8_t kind, uint8_t func, uint8_t dtype, int32_t peer, uint64_t nbytes,
+                    uint64_t enq, uint64_t start, uint64_t cpu0, bool owed = false) {
+        std::lock_guard<std::mutex> g(mu_);
+        if (base_ == nullptr || closing_) return UINT64_MAX;
+        if (owed) ++owed_;
         const bool p2p = kind == ARTEMIS_KIND_P2P;
         const uint64_t seq = p2p ? p2p_seq_++ : coll_seq_++;
         const uint64_t t = next_;
@@ -142,27 +150,31 @@ class Ring : public c10::intrusive_ptr_target {
     // Marks an IN_FLIGHT record DONE; false when closed or the ring wrapped past it.
     bool complete(uint64_t ticket, uint64_t end, uint64_t cpu1) {
         std::lock_guard<std::mutex> g(mu_);
-        if (base_ == nullptr || ticket >= next_ || next_ - ticket > capacity_) return false;
-        ArtemisSlotCpu* s = slot(ticket);
-        const uint32_t lock = __atomic_load_n(&s->base.lock, __ATOMIC_RELAXED);
-        store_rlx(&s->base.lock, lock + 1u);
-        store_rel(&s->base.state, static_cast<uint8_t>(ARTEMIS_STATE_DONE));
-        store_rel(&s->base.end, end);
-        store_rel(&s->cpu_end_ns, cpu1);
-        store_rel(&s->base.lock, lock + 2u);
-        return true;
+        return mark_done(ticket, end, cpu1);
     }
 
-    // Unmaps; with `finish`, marks the ring FINISHED first (no more records).
+    // complete() for a record made with `owed`: the last one owed to a closing ring
+    // closes it (marks it finished, when that was asked, and unmaps it).
+    bool complete_owed(uint64_t ticket, uint64_t end, uint64_t cpu1) {
+        std::lock_guard<std::mutex> g(mu_);
+        const bool ok = mark_done(ticket, end, cpu1);
+        if (owed_ > 0 && --owed_ == 0 && closing_) unmap(finish_wanted_);
+        return ok;
+    }
+
+    // No more records; with `finish`, marks the ring FINISHED (the agent then cuts its
+    // last window) and unmaps it. A future's callback can still be owed: the inner
+    // backend wakes the future's waiters before it runs the callbacks, so the training
+    // thread can reach destroy_process_group while the last collective's completion is
+    // still to run (it did under load). Marking the ring finished then would leave that
+    // record IN_FLIGHT for good in a finished ring, which the agent never drains (the
+    // rank's last window would never be sent): the close is left to that callback.
     void close(bool finish) {
         std::lock_guard<std::mutex> g(mu_);
         if (base_ == nullptr) return;
-        if (finish) {
-            store_rel(&hdr_->finished_ns, clock_ns(CLOCK_REALTIME));
-            __atomic_fetch_or(&hdr_->flags, static_cast<uint32_t>(ARTEMIS_RING_FINISHED), __ATOMIC_RELEASE);
-        }
-        munmap(base_, size_);
-        base_ = nullptr;
+        closing_ = true;
+        finish_wanted_ = finish_wanted_ || finish;
+        if (owed_ == 0) unmap(finish_wanted_);
     }
 
     uint64_t coll_seq() {
@@ -176,6 +188,30 @@ class Ring : public c10::intrusive_ptr_target {
     const std::string& path() const { return path_; }
 
    private:
+    // Under mu_.
+    bool mark_done(uint64_t ticket, uint64_t end, uint64_t cpu1) {
+        if (base_ == nullptr || ticket >= next_ || next_ - ticket > capacity_) return false;
+        ArtemisSlotCpu* s = slot(ticket);
+        const uint32_t lock = __atomic_load_n(&s->base.lock, __ATOMIC_RELAXED);
+        store_rlx(&s->base.lock, lock + 1u);
+        store_rel(&s->base.state, static_cast<uint8_t>(ARTEMIS_STATE_DONE));
+        store_rel(&s->base.end, end);
+        store_rel(&s->cpu_end_ns, cpu1);
+        store_rel(&s->base.lock, lock + 2u);
+        return true;
+    }
+
+    // Under mu_: unmaps; with `finish`, marks the ring FINISHED first (no more records).
+    void unmap(bool finish) {
+        if (base_ == nullptr) return;
+        if (finish) {
+            store_rel(&hdr_->finished_ns, clock_ns(CLOCK_REALTIME));
+            __atomic_fetch_or(&hdr_->flags, static_cast<uint32_t>(ARTEMIS_RING_FINISHED), __ATOMIC_RELEASE);
+        }
+        munmap(base_, size_);
+        base_ = nullptr;
+    }
+
     ArtemisSlotCpu* slot(uint64_t t) {
         return reinterpret_cast<ArtemisSlotCpu*>(base_ + ARTEMIS_RING_HEADER_SIZE +
                                                  (t & (capacity_ - 1)) * ARTEMIS_RING_SLOT_CPU_SIZE);
@@ -190,6 +226,9 @@ class Ring : public c10::intrusive_ptr_target {
     uint64_t next_ = 0;
     uint64_t coll_seq_ = 0;
     uint64_t p2p_seq_ = 0;
+    uint64_t owed_ = 0;  // records whose completion a future's callback owes
+    bool closing_ = false;
+    bool finish_wanted_ = false;
 };
 using RingPtr = c10::intrusive_ptr<Ring>;
 
@@ -415,22 +454,22 @@ class TimedBackend : public c10d::Backend {
         WorkPtr work = call();
         const uint64_t start = mono_ns();
         Ring* ring = ring_.get();
-        const uint64_t ticket = ring->record(kind, func, dtype, peer, nbytes, enq, start, cpu0);
-        if (ticket == UINT64_MAX) return work;
-        if (kind == ARTEMIS_KIND_P2P) {
-            // gloo's send/recv Works have no future: time their wait.
-            return c10::make_intrusive<TimedWork>(std::move(work), ring_, ticket);
-        }
+        // The future first (gloo's send/recv Works have none: their wait is timed), so
+        // a record is owed to a callback only when there is one to run.
         c10::intrusive_ptr<c10::ivalue::Future> fut;
-        try {
-            fut = work->getFuture();
-        } catch (const std::exception&) {
-            return c10::make_intrusive<TimedWork>(std::move(work), ring_, ticket);
+        if (kind != ARTEMIS_KIND_P2P) {
+            try {
+                fut = work->getFuture();
+            } catch (const std::exception&) {
+            }
         }
+        const uint64_t ticket = ring->record(kind, func, dtype, peer, nbytes, enq, start, cpu0, bool(fut));
+        if (ticket == UINT64_MAX) return work;
+        if (!fut) return c10::make_intrusive<TimedWork>(std::move(work), ring_, ticket);
         fut->addCallback(
             [r = ring_, ticket](c10::ivalue::Future&) {
                 const uint64_t end = mono_ns(), cpu1 = cpu_ns();
-                r->complete(ticket, end, cpu1);
+                r->complete_owed(ticket, end, cpu1);
             },
             /*uses_future=*/false);
         return work;
