@@ -354,6 +354,9 @@ int main(int argc, char **argv) {
         char path[160];
         snprintf(path, sizeof path, "%s/bench.%016llx.r0.ring", dir, 0xbe4c0ULL + (uint64_t)i);
         unlink(path);
+        /* and its env sidecar (README.md "The env sidecar") */
+        strncat(path, ".env", sizeof path - strlen(path) - 1);
+        unlink(path);
     }
     rmdir(dir);
     return 0;
