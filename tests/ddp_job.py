@@ -11,6 +11,7 @@ DIR/findings.jsonl (no agent, no coordinator). Exit code: ``--exit-code``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -37,6 +38,9 @@ def _loader(rank: int, args: argparse.Namespace) -> Any:
 
 
 def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
+    # Python's stacks on a fatal signal: one rank once died of SIGABRT ("terminate
+    # called without an active exception") after its ring was finished
+    faulthandler.enable(all_threads=True)
     import artemis.job
     import torch
     import torch.distributed as dist
