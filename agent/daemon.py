@@ -235,12 +235,13 @@ class Agent:
             t.drained = t.header.finished and not len(inflight)
         # Windows are taken after every ring was read, so a rank's bridge records
         # (another ring) are in before its window closes.
+        live = self._largest_live()
         for t in list(self.rings.values()):
             if t.summarizer is not None:
                 ws = t.summarizer.take_windows(final=t.drained)
                 if not ws:
                     continue
-                if self._has_larger(t):
+                if t.header.nranks < live.get((t.header.job, t.grank), 0):
                     # A rank's larger communicator's windows are shipped, not these
                     # (docs/DESIGN.md "Window summaries"): a smaller one's are numbered by its
                     # own collectives (a TP pair's two all-reduces per step number its
@@ -254,20 +255,19 @@ class Agent:
                 out.extend(self._with_telemetry(t, ws))
         return out
 
-    def _has_larger(self, t: Tracked) -> bool:
-        """The rank has a larger communicator's ring still being written (not drained).
-        Only a strictly larger one: rings of the same size are another run of the job
-        (a job id reused, the old run's rings still here), whose windows go out as
-        before; and a larger ring that is drained (the job ending, or an old run's)
-        holds nothing back."""
-        key, n = (t.header.job, t.grank), t.header.nranks
-        return any(
-            not o.is_bridge
-            and not o.drained
-            and o.header.nranks > n
-            and (o.header.job, o.grank) == key
-            for o in self.rings.values()
-        )
+    def _largest_live(self) -> dict[tuple[str, int], int]:
+        """Per rank, the size of its largest communicator whose ring is still being
+        written (not drained): a smaller ring's windows are held back. Only a strictly
+        larger one holds back: rings of the same size are another run of the job (a job
+        id reused, the old run's rings still here), whose windows go out as before; and
+        a drained larger ring (the job ending, or an old run's) holds nothing back."""
+        largest: dict[tuple[str, int], int] = {}
+        for o in self.rings.values():
+            if o.is_bridge or o.drained:
+                continue
+            key = (o.header.job, o.grank)
+            largest[key] = max(largest.get(key, 0), o.header.nranks)
+        return largest
 
     def sample_telemetry(self) -> None:
         """Sample the live sources (GPU, host) for every rank; averaged per window."""
