@@ -21,6 +21,10 @@ PLUGIN_DIR = REPO / "profiler_plugin"
 PLUGIN_SO = PLUGIN_DIR / "build" / "libnccl-profiler-artemis.so"
 
 
+# The watchdog behind pytest-timeout (tests/watchdog_hooks.py).
+from watchdog_hooks import pytest_configure, pytest_runtest_protocol  # noqa: E402, F401
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

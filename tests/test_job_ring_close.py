@@ -14,6 +14,9 @@ is closed, then rank 1 joins.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -87,3 +90,51 @@ def test_a_ring_closed_before_its_last_completion_finishes_once_it_completes(
     g1.close_rings()
     with RingReader(g1.ring_path()) as rd:
         assert rd.header().finished and len(rd.poll().done) == 2
+
+
+# The groups are dropped while rank 0's gloo worker is inside a Python callback
+# (Future.then). The last reference takes the inner gloo backend with it, whose
+# destructor joins that worker, and the worker needs the GIL to leave the callback:
+# dropped with the GIL held, that join never returns (it hung `make test` in CI).
+# The callback sleeps (GIL released) so that the drop starts while it is inside.
+_DROP = """
+import gc, sys, threading, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[2])
+from test_job_ring_close import _pair
+g0, g1 = _pair(sys.argv[1])
+inside = threading.Event()
+def cb(f):
+    inside.set()
+    time.sleep(0.5)
+ar = dist.AllreduceOptions()
+w0 = g0.allreduce([torch.ones(4)], ar)
+after = w0.get_future().then(cb)
+w1 = g1.allreduce([torch.ones(4)], ar)
+w1.wait()
+assert inside.wait(30)
+del g0, g1, w0, w1, after
+gc.collect()
+print("dropped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("path", ["python", "cpp"])
+def test_groups_dropped_while_a_worker_runs_a_python_callback_do_not_deadlock(
+    path: str, tmp_path: Path
+) -> None:
+    if path == "cpp" and backend.load_ext() is None:
+        pytest.skip("the C++ path is not built here: make backend-ext")
+    env = {**os.environ, "ARTEMIS_SHM_DIR": str(tmp_path), "ARTEMIS_JOB": "dropjob"}
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", _DROP, path, str(Path(__file__).parent)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{path} path: dropping the groups deadlocked (no exit in 60 s)")
+    assert p.returncode == 0 and "dropped" in p.stdout, p.stdout + p.stderr

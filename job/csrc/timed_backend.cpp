@@ -479,6 +479,35 @@ class TimedBackend : public c10d::Backend {
     RingPtr ring_;
 };
 
+// The holder of both classes bound below. The last reference to a TimedBackend (or
+// to the group that holds one) destroys the inner gloo backend, whose destructor
+// joins gloo's worker threads; a worker finishing a future with a Python callback
+// (Future.then, the Python path's completions) takes the GIL to let go of it. Python
+// drops an object with the GIL held, so a plain intrusive_ptr holder deadlocked
+// there (tests/test_job_ring_close.py hung 2 runs in 30). This one lets go of the GIL
+// while the object goes, as torch's own bindings of its backends do.
+template <class T>
+class NoGilRef {
+   public:
+    NoGilRef() = default;
+    // pybind makes the holder of a new object from its pointer (refcount still 0).
+    explicit NoGilRef(T* p) : p_(c10::intrusive_ptr<T>::unsafe_steal_from_new(p)) {}
+    NoGilRef(const NoGilRef&) = default;
+    NoGilRef(NoGilRef&&) noexcept = default;
+    NoGilRef& operator=(const NoGilRef&) = default;
+    NoGilRef& operator=(NoGilRef&&) noexcept = default;
+    ~NoGilRef() {
+        if (p_ && PyGILState_Check()) {
+            py::gil_scoped_release nogil;
+            p_.reset();
+        }
+    }
+    T* get() const { return p_.get(); }
+
+   private:
+    c10::intrusive_ptr<T> p_;
+};
+
 // The group the C++ path hands to torch: a plain c10d ProcessGroup (no pybind
 // trampoline: torch's Python-subclassable ProcessGroup holds the GIL around every
 // call made from C++, DDP's reducer included, which deadlocks against gloo's
@@ -519,10 +548,12 @@ double bench_callback_ns(int n) {
 
 }  // namespace
 
+PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilRef<T>, true);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "The artemis torch.distributed backend's C++ hot path (job/csrc/timed_backend.cpp)";
     py::module_::import("torch.distributed");  // registers c10d's Backend type first
-    py::class_<TimedBackend, c10d::Backend, c10::intrusive_ptr<TimedBackend>>(m, "TimedBackend")
+    py::class_<TimedBackend, c10d::Backend, NoGilRef<TimedBackend>>(m, "TimedBackend")
         .def(py::init<BackendPtr, BackendPtr, const std::string&, int, int>(), py::arg("cpu"),
              py::arg("cuda"), py::arg("ring_path"), py::arg("rank"), py::arg("size"))
         .def("next_coll_seq", &TimedBackend::next_coll_seq)
@@ -531,7 +562,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def("close_ring", &TimedBackend::close_ring, py::call_guard<py::gil_scoped_release>());
     m.def("clock_read_ns", &clock_read_ns, py::arg("clock"), py::arg("n"));
     m.def("bench_callback_ns", &bench_callback_ns, py::arg("n"));
-    py::class_<ArtemisProcessGroupBase, c10d::ProcessGroup, c10::intrusive_ptr<ArtemisProcessGroupBase>>(
+    py::class_<ArtemisProcessGroupBase, c10d::ProcessGroup, NoGilRef<ArtemisProcessGroupBase>>(
         m, "ProcessGroupBase")
         .def(py::init<c10::intrusive_ptr<c10d::Store>, int, int>(), py::arg("store"), py::arg("rank"),
              py::arg("size"));
