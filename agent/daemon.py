@@ -53,6 +53,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("artemis.agent")
 
 DUMP_RECORDS = 256
+# Fault injection for the simulator (docs/RELIABILITY.md section 8): with this set to
+# "exit_after_plan", the agent exits with FAILPOINT_EXIT right after it publishes a
+# plan, before it can forward a single acknowledgement of it. A kill from outside at
+# that moment races the ranks' acks, which the agent forwards within a poll.
+FAILPOINT_ENV = "ARTEMIS_AGENT_FAILPOINT"
+FAILPOINT_EXIT = 86
 BRIDGE_COMM_NAME = "bridge"
 
 
@@ -390,6 +396,9 @@ class Agent:
                 clear_plan(self.shm, job)
                 return True, "plan cleared", []
             publish_plan(self.shm, job, dict(plan))
+            if os.environ.get(FAILPOINT_ENV) == "exit_after_plan":
+                log.warning("failpoint: exiting after publishing a plan", plan=plan.get("id"))
+                os._exit(FAILPOINT_EXIT)
             return True, f"plan {plan.get('id')} published", []
         if msg.action == "settings":
             if not pol.allow_settings:

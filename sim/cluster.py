@@ -6,7 +6,9 @@ job process per host (sim/hostproc.py) driving the real compiled plugin through
 the NCCL stand-in. Everything talks over loopback TCP with a real shared
 secret. The orchestrator only starts, watches and stops processes; it injects
 `agent_down` faults by killing an agent when the job reaches the fault's
-window (and starting it again at its end_window, if it has one).
+window, or with `on_plan` by starting it with the agent's failpoint, which makes
+it exit right after it publishes a rebalance plan (and starting it again, without
+the failpoint, at its end_window, if it has one).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from artemis.agent.daemon import FAILPOINT_ENV, FAILPOINT_EXIT
 from artemis.protocol.tomlfile import toml_value
 from artemis.sim.hostproc import metric_value
 from artemis.sim.scenario import Scenario, load_scenario
@@ -122,6 +125,10 @@ class SimCluster:
         self.opts = opts
         self.job = f"{self.path.stem}-sim"
         self._argv: dict[str, tuple[list[str], Path]] = {}  # name -> how it was started
+        # hosts of on_plan agent_down faults: their agents exit after the first plan
+        self._failpoint_hosts = {
+            self.sc.host_of(r) for f in self.sc.faults if f.on_plan for r in f.ranks
+        }
 
     def run(self) -> SimResult:
         opts, sc = self.opts, self.sc
@@ -221,7 +228,11 @@ class SimCluster:
                 ]
                 if opts.agent_argv is not None:
                     argv = opts.agent_argv(h, argv)
-                procs[f"agent-{h}"] = self._spawn(f"agent-{h}", argv, logs / f"agent-{h}.log")
+                # on_plan agent_down: the first start only (a restart has no failpoint)
+                fp = {FAILPOINT_ENV: "exit_after_plan"} if h in self._failpoint_hosts else {}
+                procs[f"agent-{h}"] = self._spawn(
+                    f"agent-{h}", argv, logs / f"agent-{h}.log", extra_env=fp
+                )
             if opts.before_job is not None:
                 opts.before_job(murl)
             scale = 1.0
@@ -291,12 +302,13 @@ class SimCluster:
         logfile: Path | None = None,
         *,
         append: bool = False,
+        extra_env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         if argv is None or logfile is None:
             argv, logfile = self._argv[name]
         self._argv[name] = (argv, logfile)
         f = open(logfile, "ab" if append else "wb")  # noqa: SIM115 - owned by the child
-        env = dict(os.environ)
+        env = {**os.environ, **(extra_env or {})}
         env.setdefault("PYTHONUNBUFFERED", "1")
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
 
@@ -335,8 +347,14 @@ class SimCluster:
                 for r in f.ranks:
                     h = sc.host_of(r)
                     down = h in ctx.killed_agents or h in ctx.revived_agents
-                    if cur >= start - 1 and not down:
-                        p = ctx.procs[f"agent-{h}"]
+                    p = ctx.procs[f"agent-{h}"]
+                    if f.on_plan and not down and p.poll() == FAILPOINT_EXIT:
+                        # it published the plan its ranks act on and exited before
+                        # forwarding any of their acknowledgements
+                        ctx.killed_agents.add(h)
+                        log.info("agent exited after the plan (agent_down fault, on_plan)")
+                        down = True
+                    if cur >= start - 1 and not down and not f.on_plan:
                         p.send_signal(signal.SIGKILL)
                         p.wait()
                         ctx.killed_agents.add(h)
@@ -356,7 +374,8 @@ class SimCluster:
                         return f"{name} exited with code {rc}"
                     if rc is not None and name.startswith("agent-"):
                         h = int(name.split("-")[1])
-                        if h not in ctx.killed_agents:
+                        failpoint = rc == FAILPOINT_EXIT and h in self._failpoint_hosts
+                        if h not in ctx.killed_agents and not failpoint:
                             return f"{name} exited with code {rc}"
             hosts_alive = [
                 p for n, p in ctx.procs.items() if n.startswith("host-") and p.poll() is None

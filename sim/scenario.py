@@ -65,6 +65,7 @@ class Fault:
     seed: int = 0  # the scenario's seed and the fault's index: fixes the duty pattern
     anomaly: str | None = None  # clock_anomaly: one of CLOCK_ANOMALIES
     rate: float = 1.0  # clock_anomaly "rate": device seconds per true second
+    on_plan: bool = False  # agent_down: dies when a rebalance plan reaches its host
 
     def active(self, window: int) -> bool:
         return window >= self.start_window and (self.end_window is None or window < self.end_window)
@@ -202,6 +203,7 @@ _FAULT_KEYS = {
     "duty",
     "anomaly",
     "rate",
+    "on_plan",
 }
 _TOP_KEYS = {"job", "fault", "detector", "software"}
 
@@ -511,6 +513,11 @@ def _parse_fault(
         raise err("duty", f"expected a number in (0, 1], got {duty!r}")
     if (ramp or duty < 1) and kind in NO_SLOWDOWN:
         raise err("kind", f"ramp_windows and duty do not apply to kind {kind!r}")
+    on_plan = f.get("on_plan", False)
+    if not isinstance(on_plan, bool):
+        raise err("on_plan", f"expected true or false, got {on_plan!r}")
+    if on_plan and kind != "agent_down":
+        raise err("on_plan", "only for kind 'agent_down'")
     return Fault(
         kind=kind,
         ranks=targets,
@@ -523,4 +530,5 @@ def _parse_fault(
         seed=seed * 1000 + i,
         anomaly=anomaly,
         rate=float(rate),
+        on_plan=on_plan,
     )

@@ -67,6 +67,14 @@ def _with(**job: object) -> dict:
             "'link' needs a job with two or more islands",
         ),
         ({**BASE, "fault": [{"kind": "hang", "rank": 1, "start_window": 9}]}, "start_window"),
+        (
+            {**BASE, "fault": [{"kind": "hang", "rank": 1, "start_window": 1, "on_plan": True}]},
+            "on_plan: only for kind 'agent_down'",
+        ),
+        (
+            {**BASE, "fault": [{"kind": "agent_down", "rank": 1, "start_window": 1, "on_plan": 1}]},
+            "on_plan: expected true or false",
+        ),
         ({**BASE, "detector": {"rebalance": "always"}}, "[detector].rebalance"),
         ({**BASE, "extra": {}}, "unknown table"),
     ],
