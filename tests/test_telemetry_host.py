@@ -49,9 +49,26 @@ def test_cpu_shares_from_stat_deltas(tmp_path: Path) -> None:
     assert got["steal_pct"] == pytest.approx(100 * d[7] / total)
     assert got["iowait_pct"] == pytest.approx(100 * d[4] / total)
     assert got["ncpu"] == 3
-    # no tick since the last sample: no share can be computed
-    again = src.sample(RankTarget(rank=0))
-    assert "cpu_pct" not in again and again["ncpu"] == 3
+    # the next rank of the pass, no tick later: the same (host-wide) shares
+    again = src.sample(RankTarget(rank=1))
+    assert again["cpu_pct"] == got["cpu_pct"] and again["steal_pct"] == got["steal_pct"]
+
+
+def test_every_rank_of_a_pass_gets_the_hosts_shares_until_they_are_stale(tmp_path: Path) -> None:
+    write_stat(tmp_path, STAT0)
+    clock = FakeClock()
+    src = HostSource(tmp_path, clock=clock)
+    assert "cpu_pct" not in src.sample(RankTarget(rank=0))  # no tick since the source was made
+    write_stat(tmp_path, STAT1)
+    clock.t += 0.5
+    first = [src.sample(RankTarget(rank=r)) for r in range(4)]  # one pass over 4 ranks
+    assert all(s["cpu_pct"] == first[0]["cpu_pct"] for s in first), first
+    # the next delta is taken from STAT1 (the pass moved nothing on): all idle ticks
+    write_stat(tmp_path, [*STAT1[:3], STAT1[3] + 1000, *STAT1[4:]])
+    clock.t += 0.5
+    assert src.sample(RankTarget(rank=0))["cpu_pct"] == pytest.approx(0.0)
+    clock.t += 11.0  # no tick for longer than SHARES_MAX_AGE_S: missing
+    assert "cpu_pct" not in src.sample(RankTarget(rank=0))
 
 
 def test_psi_load_and_missing_files(tmp_path: Path) -> None:

@@ -5,8 +5,12 @@
   change since the previous sample over the change of the total. Busy =
   user + nice + system + irq + softirq (guest time is already inside user);
   steal and iowait are reported on their own. The source reads /proc/stat once
-  when built, so the first sample already has a delta; a sample with no tick
-  elapsed reports these fields missing.
+  when built, so the first sample already has a delta. These are the host's, not
+  a rank's: the agent samples each rank of the host in turn, microseconds apart,
+  so a sample with no tick elapsed since the last delta reports that delta's
+  shares (and moves nothing on), up to SHARES_MAX_AGE_S old; older: missing. (Each
+  sample used to consume the delta, and every rank but the first of a pass had
+  no CPU shares at all.)
 * ``psi_cpu_some``: ``some avg10`` of ``/proc/pressure/cpu`` (absent on kernels
   without PSI: missing).
 * ``load1``: first field of ``/proc/loadavg``.
@@ -92,6 +96,9 @@ def parse_pid_cpu_ticks(text: str) -> int | None:
     return int(rest[11]) + int(rest[12])
 
 
+SHARES_MAX_AGE_S = 10.0
+
+
 class HostSource:
     """Host CPU, pressure, load and the rank process's own CPU use."""
 
@@ -107,6 +114,7 @@ class HostSource:
         self._clock = clock
         self._clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
         self._prev_stat: list[int] | None = None
+        self._shares: tuple[float, dict[str, float]] | None = None  # (when, shares)
         self._prev_pid: dict[int, tuple[float, int]] = {}
         text = _read(self.root / "proc/stat")
         if text is not None:
@@ -121,11 +129,15 @@ class HostSource:
             if ncpu:
                 out["ncpu"] = ncpu
             if agg is not None:
-                if self._prev_stat is not None:
-                    shares = cpu_shares(self._prev_stat, agg)
-                    if shares is not None:
-                        out.update(shares)
-                self._prev_stat = agg
+                now = self._clock()
+                shares = None if self._prev_stat is None else cpu_shares(self._prev_stat, agg)
+                if shares is not None:
+                    self._shares = (now, shares)
+                    self._prev_stat = agg
+                elif self._prev_stat is None:
+                    self._prev_stat = agg
+                if self._shares is not None and now - self._shares[0] <= SHARES_MAX_AGE_S:
+                    out.update(self._shares[1])
         psi = _read(self.root / "proc/pressure/cpu")
         if psi is not None:
             v = parse_psi_some_avg10(psi)
