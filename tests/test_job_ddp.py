@@ -36,6 +36,7 @@ from artemis.job import (  # noqa: E402
     scale_gradients,
 )
 from artemis.rebalance.files import read_acks  # noqa: E402
+from torch_exit import exit_when_done  # noqa: E402
 
 WORLD = 3
 GB = 12
@@ -110,6 +111,7 @@ def _train(rank: int, client: RebalanceClient, how: str) -> dict[str, Any]:
     return {"params": _params(base), "losses": losses, "sizes": sizes}
 
 
+@exit_when_done
 def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     import torch.distributed as dist
 
