@@ -64,6 +64,7 @@ def test_clock_anomaly_is_counted_and_never_flagged(anomaly: str, tmp_path: Path
             workdir=tmp_path / "work",
             timeout_s=120,
             on_tick=tick,
+            on_end=tick,  # the run ends once the last window is scored: one more read
         ),
     ).run()
     assert res.ok, res.reason
