@@ -347,14 +347,9 @@ class SimCluster:
                 for r in f.ranks:
                     h = sc.host_of(r)
                     down = h in ctx.killed_agents or h in ctx.revived_agents
-                    p = ctx.procs[f"agent-{h}"]
-                    if f.on_plan and not down and p.poll() == FAILPOINT_EXIT:
-                        # it published the plan its ranks act on and exited before
-                        # forwarding any of their acknowledgements
-                        ctx.killed_agents.add(h)
-                        log.info("agent exited after the plan (agent_down fault, on_plan)")
-                        down = True
+                    # on_plan: the agent exits by itself (its failpoint), seen below
                     if cur >= start - 1 and not down and not f.on_plan:
+                        p = ctx.procs[f"agent-{h}"]
                         p.send_signal(signal.SIGKILL)
                         p.wait()
                         ctx.killed_agents.add(h)
@@ -374,8 +369,13 @@ class SimCluster:
                         return f"{name} exited with code {rc}"
                     if rc is not None and name.startswith("agent-"):
                         h = int(name.split("-")[1])
-                        failpoint = rc == FAILPOINT_EXIT and h in self._failpoint_hosts
-                        if h not in ctx.killed_agents and not failpoint:
+                        down = h in ctx.killed_agents or h in ctx.revived_agents
+                        if rc == FAILPOINT_EXIT and h in self._failpoint_hosts and not down:
+                            # it published the plan its ranks act on and exited before
+                            # forwarding any of their acknowledgements (on_plan)
+                            ctx.killed_agents.add(h)
+                            log.info("agent exited after the plan (agent_down fault, on_plan)")
+                        elif h not in ctx.killed_agents:
                             return f"{name} exited with code {rc}"
             hosts_alive = [
                 p for n, p in ctx.procs.items() if n.startswith("host-") and p.poll() is None

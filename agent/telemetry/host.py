@@ -130,11 +130,11 @@ class HostSource:
                 out["ncpu"] = ncpu
             if agg is not None:
                 now = self._clock()
-                shares = None if self._prev_stat is None else cpu_shares(self._prev_stat, agg)
-                if shares is not None:
-                    self._shares = (now, shares)
+                if self._prev_stat is None:
                     self._prev_stat = agg
-                elif self._prev_stat is None:
+                elif (shares := cpu_shares(self._prev_stat, agg)) is not None:
+                    # (no tick elapsed: None, and the next delta still starts at prev)
+                    self._shares = (now, shares)
                     self._prev_stat = agg
                 if self._shares is not None and now - self._shares[0] <= SHARES_MAX_AGE_S:
                     out.update(self._shares[1])
