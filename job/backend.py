@@ -65,6 +65,9 @@ dist: Any = _torch_dist
 _C10D: Any = torch._C._distributed_c10d
 
 BACKEND_NAME = "artemis"
+# How long destroy_process_group waits for the completions its rings are still owed
+# (docs/DESIGN.md, "Closing"); an abort does not wait.
+CLOSE_WAIT_S = 2.0
 log = logging.getLogger("artemis.job")
 _JOB_ENV = ("ARTEMIS_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 
@@ -255,6 +258,7 @@ class _Comm:
         self.coll_seq = 0
         self.p2p_seq = 0
         self.lock = threading.Lock()  # completions come from the inner backend's threads
+        self._settled = threading.Condition(self.lock)  # the last owed completion ran
         self.owed = 0  # records a future's callback will complete (complete_owed)
         self.closing = False
 
@@ -266,9 +270,11 @@ class _Comm:
             self.owed -= 1
             if self.closing and self.owed == 0:
                 self.ring.close()
+                self._settled.notify_all()
 
-    def close(self) -> None:
-        """Mark the ring finished, once no future's callback still owes it a completion.
+    def close(self, wait_s: float = 0.0) -> bool:
+        """Mark the ring finished, once no future's callback still owes it a completion;
+        waits up to ``wait_s`` for that. True when the ring is finished on return.
 
         The inner backend wakes a future's waiters before it runs its callbacks, so the
         training thread can reach destroy_process_group while the last collective's
@@ -280,6 +286,8 @@ class _Comm:
             self.closing = True
             if self.owed == 0:
                 self.ring.close()
+                return True
+            return wait_s > 0 and self._settled.wait_for(lambda: self.owed == 0, wait_s)
 
 
 class _CudaTimer:
@@ -366,8 +374,9 @@ class ArtemisGroup:
         def inner(self) -> dict[str, Any]:
             """The wrapped backends by device type ("cpu", "cuda")."""
 
-        def close_rings(self) -> None:
-            """Mark this group's rings finished (the agent then ships their last windows)."""
+        def close_rings(self, wait_s: float = 0.0) -> bool:
+            """Mark this group's rings finished (the agent then ships their last windows),
+            waiting up to ``wait_s`` for owed completions; True when all are finished."""
 
     def _finish_init(
         self, rank: int, size: int, group_id: str, global_ranks: list[int] | None
@@ -786,21 +795,26 @@ class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
             enqueue_ns=start,
         )
 
-    def close_rings(self) -> None:
-        """Mark this group's rings finished (the agent then ships their last windows)."""
+    def close_rings(self, wait_s: float = 0.0) -> bool:
+        """Mark this group's rings finished (the agent then ships their last windows),
+        waiting up to ``wait_s`` in all for completions still owed; True when every ring
+        is finished on return."""
+        deadline = _mono() + int(wait_s * 1e9)
+        done = True
         for comm in self._comms.values():
             if comm is not None:
-                comm.close()
+                done = comm.close(max(0.0, (deadline - _mono()) / 1e9)) and done
         isl = self._isl
         if isl is not None and isl.bridge_ring is not None:
             isl.bridge_ring.close()
+        return done
 
     def shutdown(self) -> None:
         """``destroy_process_group`` calls this: shut the inner backends, finish the rings."""
         if self._isl is not None:
             self._isl.stop()
         self._pg.shutdown()
-        self.close_rings()
+        self.close_rings(CLOSE_WAIT_S)
 
     def abort(self) -> None:
         if self._isl is not None:
@@ -1145,8 +1159,8 @@ class _CppGroupAttrs(ArtemisGroup):
     def inner(self) -> dict[str, Any]:
         return dict(self._inner)
 
-    def close_rings(self) -> None:
-        self._tb.close_ring()
+    def close_rings(self, wait_s: float = 0.0) -> bool:
+        return bool(self._tb.close_ring(wait_s))
 
 
 _cpp_group_cls: list[type] = []

@@ -19,6 +19,8 @@ import tempfile
 import time
 from typing import Any
 
+from torch_exit import exit_when_done
+
 
 def _loader(rank: int, args: argparse.Namespace) -> Any:
     import torch
@@ -37,6 +39,7 @@ def _loader(rank: int, args: argparse.Namespace) -> Any:
         yield torch.randn(128, 64, generator=g), torch.randn(128, 1, generator=g)
 
 
+@exit_when_done
 def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     # Python's stacks on a fatal signal: one rank once died of SIGABRT ("terminate
     # called without an active exception") after its ring was finished

@@ -32,6 +32,8 @@ import tempfile
 import time
 from typing import Any
 
+from torch_exit import exit_when_done
+
 
 def _islands(rank: int, args: argparse.Namespace, dist: Any) -> None:
     import torch
@@ -108,6 +110,7 @@ def _mark(path: str, step: int, coll_seq: int) -> None:
         json.dump({"step": step, "coll_seq": coll_seq}, fh)
 
 
+@exit_when_done
 def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     import artemis.job
     import torch

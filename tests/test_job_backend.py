@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch")
 from artemis.agent import ring_format as rf  # noqa: E402
 from artemis.agent.fingerprint import ring_software  # noqa: E402
 from artemis.agent.ring import RingReader  # noqa: E402
+from torch_exit import exit_when_done  # noqa: E402
 
 WORLD = 2
 STEPS = 50
@@ -130,6 +131,7 @@ def _train(kind: str, rank: int, g: Any) -> dict[str, Any]:
     }
 
 
+@exit_when_done
 def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_SHM_DIR"] = shm
     os.environ["ARTEMIS_JOB"] = JOB

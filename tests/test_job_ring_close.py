@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,47 @@ def test_a_ring_closed_before_its_last_completion_finishes_once_it_completes(
     g1.close_rings()
     with RingReader(g1.ring_path()) as rd:
         assert rd.header().finished and len(rd.poll().done) == 2
+
+
+@pytest.mark.parametrize("path", ["python", "cpp"])
+def test_destroying_a_group_waits_for_its_owed_completion(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shutdown`` (destroy_process_group) returns with the ring finished once the
+    last completion comes within CLOSE_WAIT_S, so a job may leave right after it (with
+    ``os._exit``, say: tests/torch_exit.py); a wait that cannot end is bounded."""
+    if path == "cpp":
+        ext = backend.load_ext()
+        if ext is None:
+            pytest.skip("the C++ path is not built here: make backend-ext")
+        assert ext.CLOSE_WAIT_S == backend.CLOSE_WAIT_S  # one wait on both paths
+    monkeypatch.setenv("ARTEMIS_SHM_DIR", str(tmp_path))
+    monkeypatch.setenv("ARTEMIS_JOB", "closejob")
+    g0, g1 = _pair(path)
+    ar = dist.AllreduceOptions()
+    w0 = g0.allreduce([torch.ones(4)], ar)  # in flight: rank 1 has not joined
+    assert g0.close_rings(0.05) is False  # bounded: nothing can complete it yet
+    with RingReader(g0.ring_path()) as rd:
+        assert not rd.header().finished
+
+    def join() -> None:
+        # Later than the shutdown starts, unless this machine stalls the main thread:
+        # then the completion is in before the shutdown, which passes trivially (never
+        # falsely fails). Gloo's own shutdown does not wait for it (it returned in
+        # 15 us with the record still in flight when the wait was 0).
+        time.sleep(0.3)
+        g1.allreduce([torch.ones(4)], ar).wait()
+
+    t = threading.Thread(target=join)
+    t.start()
+    g0.shutdown()
+    with RingReader(g0.ring_path()) as rd:
+        assert rd.header().finished
+        b = rd.poll()
+        assert len(b.in_flight) == 0 and len(b.done) == 1
+    t.join(30)
+    w0.wait()
+    g1.shutdown()
 
 
 # The groups are dropped while rank 0's gloo worker is inside a Python callback

@@ -36,6 +36,7 @@ from artemis.agent import ring_format as rf  # noqa: E402
 from artemis.agent.ring import RingReader  # noqa: E402
 from artemis.agent.telemetry.base import RankTarget  # noqa: E402
 from artemis.agent.telemetry.simulated import SimulatedSource  # noqa: E402
+from torch_exit import exit_when_done  # noqa: E402
 
 WORLD = 4
 ISLANDS = ["nvidia", "nvidia", "amd", "amd"]
@@ -112,6 +113,7 @@ def _train(rank: int, g: Any, lr: float = 0.05, kind: str = "ddp") -> dict[str, 
     }
 
 
+@exit_when_done
 def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_SHM_DIR"] = shm
     os.environ["ARTEMIS_JOB"] = JOB

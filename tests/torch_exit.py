@@ -15,11 +15,12 @@ CI), not something that test checks, so its worker skips finalization once it is
 done: its results are already on disk, stdout and stderr are flushed. A worker
 that raised exits as before (torch's spawn reports the error).
 
-Not for jobs on the ``artemis`` backend: a ring is finished by the last owed
+Jobs on the ``artemis`` backend too: a ring is finished by the last owed
 completion, which a gloo worker runs after the training thread has returned
-from its last wait (docs/DESIGN.md, "Closing"); exiting at once lost that
-completion, and the rank's last window with it (a ``missing`` finding at the
-end of a clean `artemis run`, seen when the job scripts used this).
+from its last wait (docs/DESIGN.md, "Closing"), and ``destroy_process_group``
+waits for it (up to ``backend.CLOSE_WAIT_S``). Before it waited, exiting at
+once lost that completion, and the rank's last window with it (a ``missing``
+finding at the end of a clean `artemis run`, seen when the job scripts used this).
 """
 
 from __future__ import annotations

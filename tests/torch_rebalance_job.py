@@ -28,7 +28,10 @@ import tempfile
 import time
 from typing import Any
 
+from torch_exit import exit_when_done
 
+
+@exit_when_done
 def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     import artemis.job
     import torch

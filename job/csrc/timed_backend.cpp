@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -37,6 +39,10 @@ namespace {
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
+
+// How long destroy_process_group waits for owed completions: backend.py's CLOSE_WAIT_S
+// (the module exports it; tests/test_job_ring_close.py checks the two agree).
+constexpr double kCloseWaitS = 2.0;
 
 inline uint64_t clock_ns(clockid_t id) {
     timespec ts;
@@ -158,7 +164,10 @@ class Ring : public c10::intrusive_ptr_target {
     bool complete_owed(uint64_t ticket, uint64_t end, uint64_t cpu1) {
         std::lock_guard<std::mutex> g(mu_);
         const bool ok = mark_done(ticket, end, cpu1);
-        if (owed_ > 0 && --owed_ == 0 && closing_) unmap(finish_wanted_);
+        if (owed_ > 0 && --owed_ == 0 && closing_) {
+            unmap(finish_wanted_);
+            settled_.notify_all();
+        }
         return ok;
     }
 
@@ -169,12 +178,18 @@ class Ring : public c10::intrusive_ptr_target {
     // still to run (it did under load). Marking the ring finished then would leave that
     // record IN_FLIGHT for good in a finished ring, which the agent never drains (the
     // rank's last window would never be sent): the close is left to that callback.
-    void close(bool finish) {
-        std::lock_guard<std::mutex> g(mu_);
-        if (base_ == nullptr) return;
+    // Waits up to `wait_s` for the owed callbacks; true when the ring is closed on return.
+    bool close(bool finish, double wait_s = 0.0) {
+        std::unique_lock<std::mutex> g(mu_);
+        if (base_ == nullptr) return true;
         closing_ = true;
         finish_wanted_ = finish_wanted_ || finish;
-        if (owed_ == 0) unmap(finish_wanted_);
+        if (owed_ == 0) {
+            unmap(finish_wanted_);
+            return true;
+        }
+        if (wait_s <= 0.0) return false;
+        return settled_.wait_for(g, std::chrono::duration<double>(wait_s), [this] { return owed_ == 0; });
     }
 
     uint64_t coll_seq() {
@@ -218,6 +233,7 @@ class Ring : public c10::intrusive_ptr_target {
     }
 
     std::mutex mu_;
+    std::condition_variable settled_;  // the last owed completion of a closing ring ran
     std::string path_;
     uint8_t* base_ = nullptr;
     ArtemisRingHeader* hdr_ = nullptr;
@@ -314,10 +330,19 @@ class TimedBackend : public c10d::Backend {
     void monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all) override {
         primary()->monitoredBarrier(o, wait_all);
     }
+    // destroy_process_group: waits (bounded) for the completions the ring is still owed,
+    // with the GIL let go where this thread holds it (a callback before ours may be
+    // Python's). An abort does not wait.
     void shutdown() override {
         for (auto* b : {&cpu_, &cuda_})
             if (*b && (b == &cpu_ || cuda_ != cpu_)) (*b)->shutdown();
-        if (ring_) ring_->close(true);
+        if (!ring_) return;
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            py::gil_scoped_release nogil;
+            ring_->close(true, kCloseWaitS);
+        } else {
+            ring_->close(true, kCloseWaitS);
+        }
     }
     void abort() override {
         for (auto* b : {&cpu_, &cuda_})
@@ -421,9 +446,7 @@ class TimedBackend : public c10d::Backend {
 
     uint64_t next_coll_seq() const { return ring_ ? ring_->coll_seq() : 0; }
     uint64_t write_index() const { return ring_ ? ring_->write_index() : 0; }
-    void close_ring() {
-        if (ring_) ring_->close(true);
-    }
+    bool close_ring(double wait_s) { return ring_ ? ring_->close(true, wait_s) : true; }
 
    private:
     c10d::Backend* primary() const { return cpu_ ? cpu_.get() : cuda_.get(); }
@@ -553,13 +576,15 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilRef<T>, true);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "The artemis torch.distributed backend's C++ hot path (job/csrc/timed_backend.cpp)";
     py::module_::import("torch.distributed");  // registers c10d's Backend type first
+    m.attr("CLOSE_WAIT_S") = kCloseWaitS;
     py::class_<TimedBackend, c10d::Backend, NoGilRef<TimedBackend>>(m, "TimedBackend")
         .def(py::init<BackendPtr, BackendPtr, const std::string&, int, int>(), py::arg("cpu"),
              py::arg("cuda"), py::arg("ring_path"), py::arg("rank"), py::arg("size"))
         .def("next_coll_seq", &TimedBackend::next_coll_seq)
         .def("bench_record_ns", &TimedBackend::bench_record_ns)
         .def("write_index", &TimedBackend::write_index)
-        .def("close_ring", &TimedBackend::close_ring, py::call_guard<py::gil_scoped_release>());
+        .def("close_ring", &TimedBackend::close_ring, py::arg("wait_s") = 0.0,
+             py::call_guard<py::gil_scoped_release>());
     m.def("clock_read_ns", &clock_read_ns, py::arg("clock"), py::arg("n"));
     m.def("bench_callback_ns", &bench_callback_ns, py::arg("n"));
     py::class_<ArtemisProcessGroupBase, c10d::ProcessGroup, NoGilRef<ArtemisProcessGroupBase>>(
