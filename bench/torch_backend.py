@@ -115,7 +115,7 @@ def _cpp_pieces() -> dict[str, float]:
     runs): each clock read, one ring record + completion (mutex, seqlock, stores),
     one completion callback on a done future."""
     import torch
-    from artemis.job.backend import load_ext
+    from artemis.job.backend import CLOSE_WAIT_S, load_ext
     from artemis.job.ring_writer import RingWriter
 
     ext = load_ext()
@@ -135,7 +135,9 @@ def _cpp_pieces() -> dict[str, float]:
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     world: Any = dist.group.WORLD
-    tb = ext.TimedBackend(world._get_backend(torch.device("cpu")), None, path, 0, 1)
+    tb = ext.TimedBackend(
+        world._get_backend(torch.device("cpu")), None, path, 0, 1, close_wait_s=CLOSE_WAIT_S
+    )
     out = {
         "CLOCK_MONOTONIC read (vDSO)": med(lambda: ext.clock_read_ns("monotonic", n)),
         "CLOCK_PROCESS_CPUTIME_ID read (a system call)": med(

@@ -1134,7 +1134,9 @@ class _CppGroupAttrs(ArtemisGroup):
             )
             self._ring = comm.ring.path
             comm.ring.close(finish=False)
-        self._tb: Any = ext.TimedBackend(cpu, cuda, str(self._ring or ""), rank, size)
+        self._tb: Any = ext.TimedBackend(
+            cpu, cuda, str(self._ring or ""), rank, size, close_wait_s=CLOSE_WAIT_S
+        )
         kind = dist.ProcessGroup.BackendType.CUSTOM
         pg: Any = self  # a ProcessGroupBase, which mypy cannot see through the extension
         for dev in ("cpu", "cuda"):

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -39,10 +40,6 @@ namespace {
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
-
-// How long destroy_process_group waits for owed completions: backend.py's CLOSE_WAIT_S
-// (the module exports it; tests/test_job_ring_close.py checks the two agree).
-constexpr double kCloseWaitS = 2.0;
 
 inline uint64_t clock_ns(clockid_t id) {
     timespec ts;
@@ -306,8 +303,10 @@ const at::Tensor* first_of(const std::vector<std::vector<at::Tensor>>& ts) {
 
 class TimedBackend : public c10d::Backend {
    public:
-    TimedBackend(BackendPtr cpu, BackendPtr cuda, const std::string& ring_path, int rank, int size)
-        : Backend(rank, size), cpu_(std::move(cpu)), cuda_(std::move(cuda)) {
+    // `close_wait_s`: how long shutdown waits for owed completions (backend.py's CLOSE_WAIT_S).
+    TimedBackend(BackendPtr cpu, BackendPtr cuda, const std::string& ring_path, int rank, int size,
+                 double close_wait_s)
+        : Backend(rank, size), cpu_(std::move(cpu)), cuda_(std::move(cuda)), close_wait_s_(close_wait_s) {
         TORCH_CHECK(cpu_ || cuda_, "artemis: an inner backend is needed");
         if (!ring_path.empty()) ring_ = c10::make_intrusive<Ring>(ring_path);
     }
@@ -337,12 +336,9 @@ class TimedBackend : public c10d::Backend {
         for (auto* b : {&cpu_, &cuda_})
             if (*b && (b == &cpu_ || cuda_ != cpu_)) (*b)->shutdown();
         if (!ring_) return;
-        if (Py_IsInitialized() && PyGILState_Check()) {
-            py::gil_scoped_release nogil;
-            ring_->close(true, kCloseWaitS);
-        } else {
-            ring_->close(true, kCloseWaitS);
-        }
+        std::optional<py::gil_scoped_release> nogil;
+        if (Py_IsInitialized() && PyGILState_Check()) nogil.emplace();
+        ring_->close(true, close_wait_s_);
     }
     void abort() override {
         for (auto* b : {&cpu_, &cuda_})
@@ -447,6 +443,7 @@ class TimedBackend : public c10d::Backend {
     uint64_t next_coll_seq() const { return ring_ ? ring_->coll_seq() : 0; }
     uint64_t write_index() const { return ring_ ? ring_->write_index() : 0; }
     bool close_ring(double wait_s) { return ring_ ? ring_->close(true, wait_s) : true; }
+    double close_wait_s() const { return close_wait_s_; }
 
    private:
     c10d::Backend* primary() const { return cpu_ ? cpu_.get() : cuda_.get(); }
@@ -500,6 +497,7 @@ class TimedBackend : public c10d::Backend {
 
     BackendPtr cpu_, cuda_;
     RingPtr ring_;
+    double close_wait_s_;
 };
 
 // The holder of both classes bound below. The last reference to a TimedBackend (or
@@ -576,10 +574,11 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilRef<T>, true);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "The artemis torch.distributed backend's C++ hot path (job/csrc/timed_backend.cpp)";
     py::module_::import("torch.distributed");  // registers c10d's Backend type first
-    m.attr("CLOSE_WAIT_S") = kCloseWaitS;
     py::class_<TimedBackend, c10d::Backend, NoGilRef<TimedBackend>>(m, "TimedBackend")
-        .def(py::init<BackendPtr, BackendPtr, const std::string&, int, int>(), py::arg("cpu"),
-             py::arg("cuda"), py::arg("ring_path"), py::arg("rank"), py::arg("size"))
+        .def(py::init<BackendPtr, BackendPtr, const std::string&, int, int, double>(), py::arg("cpu"),
+             py::arg("cuda"), py::arg("ring_path"), py::arg("rank"), py::arg("size"),
+             py::arg("close_wait_s"))
+        .def_property_readonly("close_wait_s", &TimedBackend::close_wait_s)
         .def("next_coll_seq", &TimedBackend::next_coll_seq)
         .def("bench_record_ns", &TimedBackend::bench_record_ns)
         .def("write_index", &TimedBackend::write_index)
