@@ -14,7 +14,12 @@
  * the same run, and in units of one clock_gettime(CLOCK_MONOTONIC) read
  * measured in the same run too: median of RUNS interleaved runs, per-thread
  * CPU time (the machine is shared; preemption does not count).
- * "2 threads" = two threads issuing collectives on the same communicator.
+ * "2" = two threads issuing collectives on the same communicator at once
+ * (which NCCL's user guide, "Thread Safety", does not allow: a correct job
+ * never does it); "2 turns" = two threads taking turns on it, TURN
+ * collectives each (the multi-threaded use NCCL allows: DDP's gradient
+ * hooks on an autograd thread, its other calls on the main thread), CPU time
+ * counted over each thread's turns only.
  *
  *   bench_plugin                  the table
  *   bench_plugin callgrind V NCH [N]  2000 + N (default 20000) collectives
@@ -22,6 +27,8 @@
  *                                 valgrind --tool=callgrind
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +44,7 @@ extern ncclProfiler_v7_t ncclProfiler_v7;
 
 #define RUNS 9
 #define ITERS 100000
+#define TURN 64
 
 static uint64_t clock_ns(clockid_t id) {
     struct timespec ts;
@@ -202,6 +210,42 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* Two threads in turns of TURN collectives on one communicator: turn says
+ * whose it is; each thread's CPU time counts over its own turns only. */
+typedef struct {
+    Job job;
+    int me;
+    _Atomic int *turn;
+} TurnJob;
+
+static void *turn_worker(void *arg) {
+    TurnJob *tj = arg;
+    Job *j = &tj->job;
+    uint64_t ns = 0;
+    for (uint64_t i = 0; i < ITERS / TURN; i++) {
+        while (atomic_load_explicit(tj->turn, memory_order_acquire) % 2 != tj->me) sched_yield();
+        uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        for (uint64_t k = 0; k < TURN; k++) one_collective(j->plug, j->nch, i * TURN + k);
+        ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
+        atomic_fetch_add_explicit(tj->turn, 1, memory_order_release);
+    }
+    j->ns = ns;
+    return NULL;
+}
+
+/* CPU ns per collective of two threads taking turns (warmed up by one
+ * collective each, in turn, first) */
+static double measure_turns(const Plug *pl, int nch) {
+    _Atomic int turn = 0;
+    TurnJob tj[2];
+    for (int t = 0; t < 2; t++) tj[t] = (TurnJob){{pl, nch, 0, NULL}, t, &turn};
+    pthread_t th;
+    pthread_create(&th, NULL, turn_worker, &tj[1]);
+    turn_worker(&tj[0]);
+    pthread_join(th, NULL);
+    return ((double)tj[0].job.ns + (double)tj[1].job.ns) / (2.0 * (ITERS / TURN) * TURN);
+}
+
 /* a few collectives from another thread (BENCH_SHARED) */
 static void *one_job(void *arg) {
     Job *j = arg;
@@ -283,12 +327,13 @@ int main(int argc, char **argv) {
     if (getenv("BENCH_NOP_NULL") && !strcmp(getenv("BENCH_NOP_NULL"), "1")) nop_table.startEvent = nop_start_null;
     nop_table.init(&nctx, 0, &mask, NULL, 1, 1, 0, NULL);
     Plug nop = {&nop_table, 0, nctx, mask}, nop4 = {&nop_table, 1, nctx, mask};
-    /* per version, one communicator for the 1-thread rows and one for the
-     * 2-thread rows: a second thread switches a context to shared counters */
-    void *ctxs[16] = {0};
-    Plug art[16];
+    /* per version, one communicator for the 1-thread rows, one for the
+     * 2-thread rows and one for the turns: a second thread switches a context
+     * to shared mode */
+    void *ctxs[24] = {0};
+    Plug art[24];
     for (int v = 4; v <= 7; v++) {
-        for (int t = 0; t < 2; t++) {
+        for (int t = 0; t < 3; t++) {
             int i = v + 8 * t;
             int amask = 0;
             ctxs[i] = init_plugin(v, 0xbe4c0ULL + (uint64_t)i, &amask);
@@ -325,15 +370,17 @@ int main(int argc, char **argv) {
                "interleaved runs x %d collectives\n", RUNS, ITERS);
         printf("%-4s %-9s %-8s %10s %12s %11s %9s %13s\n", "ABI", "channels", "threads", "no-op ns",
                "artemis ns", "margin ns", "clock ns", "margin/clock");
-        const int chs[] = {2, 8}, ths[] = {1, 2};
+        const int chs[] = {2, 8};
+        const char *const rows[] = {"1", "2", "2 turns"};
         for (int v = 4; v <= 7; v++) {
             for (int ci = 0; ci < 2; ci++) {
-                for (int ti = 0; ti < 2; ti++) {
+                for (int ti = 0; ti < 3; ti++) {
                     double n[RUNS], a[RUNS], m[RUNS], c[RUNS], r[RUNS];
+                    const Plug *pn = v == 4 ? &nop4 : &nop, *pa = &art[v + 8 * ti];
                     for (int k = 0; k < RUNS; k++) {
                         c[k] = measure_clock();
-                        n[k] = measure(v == 4 ? &nop4 : &nop, chs[ci], ths[ti]);
-                        a[k] = measure(&art[v + 8 * ti], chs[ci], ths[ti]);
+                        n[k] = ti == 2 ? measure_turns(pn, chs[ci]) : measure(pn, chs[ci], ti + 1);
+                        a[k] = ti == 2 ? measure_turns(pa, chs[ci]) : measure(pa, chs[ci], ti + 1);
                         m[k] = a[k] - n[k];
                         r[k] = m[k] / c[k];
                     }
@@ -342,13 +389,13 @@ int main(int argc, char **argv) {
                     qsort(m, RUNS, sizeof(double), cmp_d);
                     qsort(c, RUNS, sizeof(double), cmp_d);
                     qsort(r, RUNS, sizeof(double), cmp_d);
-                    printf("v%-3d %-9d %-8d %10.1f %12.1f %11.1f %9.1f %13.2f\n", v, chs[ci], ths[ti],
+                    printf("v%-3d %-9d %-8s %10.1f %12.1f %11.1f %9.1f %13.2f\n", v, chs[ci], rows[ti],
                            n[RUNS / 2], a[RUNS / 2], m[RUNS / 2], c[RUNS / 2], r[RUNS / 2]);
                 }
             }
         }
     }
-    for (int i = 4; i < 16; i++) {
+    for (int i = 4; i < 24; i++) {
         if (!ctxs[i]) continue;
         table_of(i & 7)->finalize(ctxs[i]);
         char path[160];

@@ -405,21 +405,24 @@ static inline uint32_t kch_guess_slot(uintptr_t key) {
     return (uint32_t)(((uint64_t)(key >> 12) * 0x9E3779B97F4A7C15ULL) >> 62) & (ART_KCH_GUESS - 1u);
 }
 
-/* single: the caller is the context's only starter (owner_is_me), and only
- * starters claim, so a free handle (pend 0, released with a release store)
- * can be taken with a plain store, starting at the shared hint. Otherwise by
- * CAS, starting at a place of the caller's own (threads' keys are far apart),
- * so that two starting threads do not fight over the same handles. Either
- * way the op then waits for its Coll/P2p stop on cwait. */
-static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend, int single) {
+/* plain: the caller is the only thread that can claim now (the owner, alone
+ * in single mode: op_start_body), and only starters claim, so a free handle
+ * (pend 0, released with a release store) can be taken with a plain store,
+ * starting at the shared hint. Otherwise by CAS, starting at a place of the
+ * caller's own (its lane's last handle, or by its key: threads' keys are far
+ * apart), so that two starting threads do not fight over the same handles.
+ * Either way the op then waits for its Coll/P2p stop on cwait. */
+static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend, int plain,
+                                                     ArtLane *lane) {
     uint32_t n = ctx->nops;
-    uint32_t h = single ? atomic_load_explicit(&ctx->hint, RLX)
+    uint32_t h = plain ? atomic_load_explicit(&ctx->hint, RLX)
+                 : lane ? lane->claim_at
                         : (uint32_t)((thread_key() >> 12) * 0x9E3779B1u) & ~15u;
     for (uint32_t i = 0; i < n; i++) { /* a full scan happens only when nearly exhausted */
         uint32_t idx = (h + i) & (n - 1u);
         ArtOp *op = &ctx->ops[idx];
         if (!op_free(op)) continue;
-        if (single) {
+        if (plain) {
             atomic_store_explicit(&op->pend, pend, RLX);
             atomic_store_explicit(&op->cwait, 1u, RLX);
             atomic_store_explicit(&ctx->hint, idx + 1u, RLX);
@@ -437,14 +440,17 @@ static __attribute__((noinline)) ArtOp *op_claim_scan(ArtCtx *ctx, uint64_t pend
             continue;
         }
         atomic_store_explicit(&op->cwait, 1u, RLX);
+        /* a lane tries this handle first next time: freed by then, it is
+         * still in this core's cache */
+        if (lane) lane->claim_at = idx;
         return op;
     }
     return NULL;
 }
 
 static inline __attribute__((always_inline)) ArtOp *op_claim(ArtCtx *ctx, uint64_t pend,
-                                                             int single) {
-    if (single) {
+                                                             int plain, ArtLane *lane) {
+    if (plain) {
         /* the hint: usually the handle the last completion released */
         uint32_t idx = atomic_load_explicit(&ctx->hint, RLX) & (ART_OP_POOL - 1u);
         ArtOp *op = &ctx->ops[idx];
@@ -455,7 +461,7 @@ static inline __attribute__((always_inline)) ArtOp *op_claim(ArtCtx *ctx, uint64
             return op;
         }
     }
-    return op_claim_scan(ctx, pend, single);
+    return op_claim_scan(ctx, pend, plain, lane);
 }
 
 /* Returns the handle to the pool and points the hint at it, so the next claim
@@ -694,19 +700,26 @@ static __attribute__((noinline)) int art_membarrier(void) {
 static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
                                  const char *dtype, size_t count, uint8_t nChannels,
                                  const char *algo, const char *proto, int peer, int single,
-                                 int alone, int fastp);
+                                 int alone, int fastp, ArtLane *lane);
 
 #ifdef ART_TEST_HOOKS
 /* the harness only (tests/harness.c test_switch_in_start): called by the
  * owner's plain start between the load and the store of its ticket */
 void (*_Atomic art_test_ticket_hook)(void);
-/* the harness reads these two of a context's private fields */
+/* the harness reads these of a context's private fields */
 uint32_t art_test_mb_failed(void *context);
 int art_test_plain_start(void *context);
 uint32_t art_test_mb_failed(void *context) {
     return atomic_load(&((ArtCtx *)context)->mb_failed);
 }
 int art_test_plain_start(void *context) { return ((ArtCtx *)context)->plain_start; }
+/* lanes taken so far (README "Shared mode") */
+uint32_t art_test_lanes(void *context);
+uint32_t art_test_lanes(void *context) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ART_LANES; i++) n += atomic_load(&((ArtCtx *)context)->lane_key[i]) != 0;
+    return n;
+}
 #define ART_TICKET_HOOK()                                                      \
     do {                                                                       \
         void (*hook_)(void) = atomic_load(&art_test_ticket_hook);              \
@@ -740,6 +753,23 @@ static __attribute__((noinline)) void op_start_drop(ArtCtx *ctx, uint8_t kind) {
 static __attribute__((noinline)) void owner_ack(ArtCtx *ctx) {
     if (ctx->plain_start && !atomic_load_explicit(&ctx->switched, RLX))
         atomic_store_explicit(&ctx->switched, 1u, REL);
+}
+
+/* The calling thread's lane in shared mode (README "Shared mode"): found by
+ * its key, or taken with one CAS at its first start there; NULL once all
+ * ART_LANES are taken by other threads. */
+static ArtLane *lane_of(ArtCtx *ctx, uintptr_t me) {
+    for (uint32_t i = 0; i < ART_LANES; i++) {
+        uintptr_t k = atomic_load_explicit(&ctx->lane_key[i], RLX);
+        if (k == me) return &ctx->lanes[i];
+        if (k == 0 &&
+            atomic_compare_exchange_strong_explicit(&ctx->lane_key[i], &k, me, RLX, RLX)) {
+            /* its claims start in a part of the pool of its own */
+            ctx->lanes[i].claim_at = i * (ctx->nops / ART_LANES);
+            return &ctx->lanes[i];
+        }
+    }
+    return NULL;
 }
 
 /* Every start but the owner's in single mode (README "Single writer"): the
@@ -813,7 +843,7 @@ static __attribute__((noinline)) void op_start_slow(ArtCtx *ctx, void **eHandle,
         }
     }
     op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, single,
-                  marked && single, 0);
+                  marked && single, 0, single ? NULL : lane_of(ctx, me));
     if (marked) atomic_store_explicit(&ctx->in_start, 0u, REL);
 }
 
@@ -835,7 +865,7 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
         int go = atomic_load_explicit(&ctx->fast, RLX) == me;
         if (__builtin_expect(go, 1))
             op_start_body(ctx, eHandle, kind, func, dtype, count, nChannels, algo, proto, peer, 1,
-                          1, 1);
+                          1, 1, NULL);
         atomic_store_explicit(&ctx->in_start, 0u, REL);
         if (__builtin_expect(go, 1)) return;
     }
@@ -844,9 +874,9 @@ static inline __attribute__((always_inline)) void op_start(ArtCtx *ctx, void **e
 
 /* The pool is exhausted: reclaim aged ops and try again (rare). */
 static __attribute__((noinline)) ArtOp *op_claim_after_reclaim(ArtCtx *ctx, uint64_t pend,
-                                                               int single) {
+                                                               int plain, ArtLane *lane) {
     reclaim_aged(ctx);
-    ArtOp *op = op_claim(ctx, pend, single);
+    ArtOp *op = op_claim(ctx, pend, plain, lane);
     if (!op) count_drop(ctx);
     return op;
 }
@@ -878,15 +908,20 @@ static __attribute__((noinline)) int op_start_lap(ArtCtx *ctx, ArtOp *op, Artemi
 
 /* single: the owner, in single mode (plain ticket, claim, counter); alone:
  * single and no other start can run now (the slot entry is a plain store);
- * fastp: op_start's fast path (finalize closes it, so finished is not read) */
+ * fastp: op_start's fast path (finalize closes it, so finished is not read);
+ * lane: the caller's lane in shared mode (NULL in single mode, or without) */
 static inline __attribute__((always_inline)) void op_start_body(
     ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func, const char *dtype, size_t count,
     uint8_t nChannels, const char *algo, const char *proto, int peer, int single, int alone,
-    int fastp) {
-    uint64_t cseq = atomic_load_explicit(&ctx->coll_count, RLX);
-    if (kind == ARTEMIS_KIND_COLL) {
-        if (single) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
-        else cseq = atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
+    int fastp, ArtLane *lane) {
+    uint64_t cseq;
+    /* shared: one RMW, no load before it (that would fetch the line shared,
+     * then again for the RMW) */
+    if (kind == ARTEMIS_KIND_COLL && !single) {
+        cseq = atomic_fetch_add_explicit(&ctx->coll_count, 1, RLX);
+    } else {
+        cseq = atomic_load_explicit(&ctx->coll_count, RLX);
+        if (kind == ARTEMIS_KIND_COLL) atomic_store_explicit(&ctx->coll_count, cseq + 1u, RLX);
     }
     if (!fastp && atomic_load_explicit(&ctx->finished, RLX)) return;
 
@@ -901,13 +936,26 @@ static inline __attribute__((always_inline)) void op_start_body(
     }
     /* the Coll/P2p stop waits on cwait (op_claim), not in pend */
     uint64_t pend = ART_PEND_CLAIMED | ((1ULL << nch) - 1u);
-    ArtOp *op = op_claim(ctx, pend, single);
+    /* a plain claim only alone: without membarrier (plain_start 0) another
+     * thread's CAS claim may run beside the owner's single-mode start */
+    ArtOp *op = op_claim(ctx, pend, alone, lane);
     if (__builtin_expect(!op, 0)) {
-        op = op_claim_after_reclaim(ctx, pend, single);
+        op = op_claim_after_reclaim(ctx, pend, alone, lane);
         if (!op) return;
     }
-    /* the owner's starts read the TSC (README "Host clock") */
-    uint64_t now = single && ctx->host_tsc ? tsc_now(&ctx->tsc) : art_now_mono();
+    /* the owner's starts, and in shared mode those of a thread with a lane,
+     * read the TSC (README "Host clock") */
+    uint64_t now = !ctx->host_tsc ? art_now_mono()
+                   : single       ? tsc_now(&ctx->tsc)
+                   : lane         ? tsc_now(&lane->tsc)
+                                  : art_now_mono();
+    /* shared mode: the ticket now, so that its slot's line, most likely last
+     * written by another thread, is on its way while the handle is set up */
+    uint64_t ticket = 0;
+    if (!single) {
+        ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
+        __builtin_prefetch(&ctx->slots[ticket & ctx->slot_mask], 1, 3);
+    }
     /* The owner's last four strings of this kind and what they make: a
      * training loop repeats the same collective, so four pointer compares
      * replace four cache lookups and the packing of the record's words.
@@ -918,9 +966,9 @@ static inline __attribute__((always_inline)) void op_start_body(
      * visible; without membarrier no such edge exists, so only single. */
     uint32_t w4, size;
     uint64_t w8;
-    ArtMemo *m = &ctx->memo[kind - 1u];
-    if ((single || ctx->plain_start) && m->func == func && m->dtype == dtype && m->algo == algo &&
-        m->proto == proto) {
+    ArtMemo *m = lane ? &lane->memo[kind - 1u] : &ctx->memo[kind - 1u];
+    if ((single || lane || ctx->plain_start) && m->func == func && m->dtype == dtype &&
+        m->algo == algo && m->proto == proto) {
         w4 = m->w4, size = m->size, w8 = m->w8;
     } else {
         uint8_t fc = str_code(ctx, func, ART_STR_FUNC);
@@ -930,20 +978,18 @@ static inline __attribute__((always_inline)) void op_start_body(
         w4 = pack4(kind, fc, dc, ARTEMIS_STATE_IN_FLIGHT);
         size = dc ? art_dtype_size(dc) : 1u; /* unknown: bytes = count */
         w8 = pack8(ARTEMIS_REC_HOST, ac, pc, 0, 0);
-        if (single) *m = (ArtMemo){func, dtype, algo, proto, w4, size, w8};
+        if (single || lane) *m = (ArtMemo){func, dtype, algo, proto, w4, size, w8};
     }
     uint64_t bytes = (uint64_t)count * size;
     w8 = w8_with(w8, nChannels, (int32_t)peer);
     /* the expected KernelCh thread: the context's guess; with several starting
-     * threads, the guess kept for this one (0 at first: the op's first
-     * KernelCh start takes it with a CAS, and becomes the guess) */
-    if (single) {
-        atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_thread, RLX), RLX);
-    } else {
-        uint32_t g = kch_guess_slot(thread_key());
-        op->gslot = g;
-        atomic_store_explicit(&op->kowner, atomic_load_explicit(&ctx->kch_guess[g], RLX), RLX);
-    }
+     * threads, the guess kept for this one, in its lane (0 at first: the op's
+     * first KernelCh start takes it with a CAS, and becomes the guess) */
+    _Atomic uintptr_t *g = single ? &ctx->kch_thread
+                           : lane ? &lane->kch
+                                  : &ctx->kch_guess[kch_guess_slot(thread_key())];
+    op->kguess = g;
+    atomic_store_explicit(&op->kowner, atomic_load_explicit(g, RLX), RLX);
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);
     atomic_store_explicit(&op->own_stopped, 0, RLX);
@@ -963,13 +1009,10 @@ static inline __attribute__((always_inline)) void op_start_body(
     op->w4 = w4;
     op->w8 = w8;
 
-    uint64_t ticket;
     if (single) {
         ticket = atomic_load_explicit(A64(&ctx->hdr->write_index), RLX);
         ART_TICKET_HOOK();
         atomic_store_explicit(A64(&ctx->hdr->write_index), ticket + 1u, RLX);
-    } else {
-        ticket = atomic_fetch_add_explicit(A64(&ctx->hdr->write_index), 1, RLX);
     }
     atomic_store_explicit(&op->ticket, ticket, RLX);
     /* One scanner: the owner (in shared mode too), so the cursor has one
@@ -1046,24 +1089,18 @@ static ArtCh *kch_claim_other(ArtOp *op, uint32_t nch, uintptr_t me, uintptr_t k
         uintptr_t zero = 0;
         ko = atomic_compare_exchange_strong_explicit(&op->kowner, &zero, me, RLX, RLX) ? me : zero;
         if (ko == me) {
-            ArtCtx *c = op->ctx;
-            if (atomic_load_explicit(&c->shared, RLX)) {
-                /* the guess for the next ops of the same starting thread */
-                uint32_t g = op->gslot & (ART_KCH_GUESS - 1u);
-                if (atomic_load_explicit(&c->kch_guess[g], RLX) != me)
-                    atomic_store_explicit(&c->kch_guess[g], me, RLX);
-            } else if (atomic_load_explicit(&c->kch_thread, RLX) == 0) {
-                atomic_store_explicit(&c->kch_thread, me, RLX);
-            }
+            /* the guess for the next ops of the same starting thread (in
+             * single mode only if none was taken meanwhile) */
+            _Atomic uintptr_t *g = op->kguess;
+            uintptr_t cur = atomic_load_explicit(g, RLX);
+            if (cur != me && (cur == 0 || g != &op->ctx->kch_thread))
+                atomic_store_explicit(g, me, RLX);
             return kch_claim_own(op, nch, pTimer);
         }
     }
     /* any other thread: fetch_add from the top, and it becomes the guess for
      * later ops (of the op's starting thread, in shared mode) */
-    ArtCtx *ctx = op->ctx;
-    _Atomic uintptr_t *guess = atomic_load_explicit(&ctx->shared, RLX)
-                                   ? &ctx->kch_guess[op->gslot & (ART_KCH_GUESS - 1u)]
-                                   : &ctx->kch_thread;
+    _Atomic uintptr_t *guess = op->kguess;
     if (atomic_load_explicit(guess, RLX) != me) atomic_store_explicit(guess, me, RLX);
     uint32_t j = atomic_fetch_add_explicit(&op->foreign_next, 1, RLX);
     if (j >= nch) return NULL;

@@ -45,6 +45,9 @@
 
 #define ART_CACHELINE 64
 
+/* Starting threads with a lane of their own in shared mode (ArtCtx.lanes);
+ * more use the shared fallbacks (clock_gettime, kch_guess). */
+#define ART_LANES 4u
 /* Entries of ArtCtx.kch_guess (a power of two). */
 #define ART_KCH_GUESS 4u
 
@@ -99,10 +102,13 @@ typedef struct ArtOp {
      * that may take that path (membarrier available, nch >= 2), ART_RCLM_RMW for one that may not, and ART_RCLM_CLAIM once
      * a reclaimer, which then runs a membarrier and reads kfin, wants it. */
     _Atomic uint32_t kfin;
-    uint32_t gslot;             /* its starter's ArtCtx.kch_guess entry (shared mode) */
     _Atomic uint32_t rclm;
     _Atomic uint32_t xstop;     /* 1: a channel was stopped by another thread than kowner */
     ArtemisSlot *slot;
+    /* the guess its kowner came from, which a KernelCh start of another thread
+     * corrects: ArtCtx.kch_thread (single mode), its starter's ArtLane.kch,
+     * or an ArtCtx.kch_guess entry (a starter without a lane) */
+    _Atomic uintptr_t *kguess;
     /* ticket and host_start are read by the reclaim scan of another thread */
     _Atomic uint64_t ticket;
     _Atomic uint64_t host_start; /* CLOCK_MONOTONIC at start */
@@ -160,6 +166,18 @@ typedef struct ArtMemo {
     uint32_t size;
     uint64_t w8;
 } ArtMemo;
+
+/* One starting thread's own state in shared mode (README "Shared mode"): its
+ * TSC line, its last strings, the KernelCh thread its ops expect and where
+ * its handle claims start. Plain fields (only that thread uses them), except
+ * kch, which a KernelCh start of another thread may correct. Lines of their
+ * own, so that two starting threads write none in common here. */
+typedef struct ArtLane {
+    _Alignas(ART_CACHELINE) ArtTsc tsc;
+    ArtMemo memo[2];
+    _Atomic uintptr_t kch;
+    uint32_t claim_at; /* the handle it claimed last (tried first next time) */
+} ArtLane;
 
 typedef struct ArtCtx {
     uint64_t tag; /* ART_TAG_CTX */
@@ -231,7 +249,11 @@ typedef struct ArtCtx {
      * different threads (the bench's, each its own) each keep theirs */
     _Atomic uintptr_t kch_guess[ART_KCH_GUESS];
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
-    char tail_pad[ART_CACHELINE - sizeof(uint32_t)];
+    /* shared mode: the starting threads' lanes, taken once each by a CAS of
+     * the thread's key into lane_key (0 = free; never given back), so that
+     * the keys' line is only read after that */
+    _Alignas(ART_CACHELINE) _Atomic uintptr_t lane_key[ART_LANES];
+    ArtLane lanes[ART_LANES];
 } ArtCtx;
 
 /* ring.c */

@@ -1486,6 +1486,143 @@ static void test_two_starters(void) {
     clear_env();
 }
 
+/* Shared mode's lanes (README "Shared mode"): after the switch, six threads
+ * start ops on one communicator at once, each with its own KernelCh: four get
+ * a lane (their own TSC line, strings memo, KernelCh guess and claim place),
+ * two use the shared fallbacks. Each thread alternates two collectives (other
+ * strings per thread, each by its own rule), so a lane's memo both hits and
+ * misses. At rest every
+ * ticket holds one whole DONE record of one start, with the strings, bytes
+ * and device times of that start, an enqueue time between the clock reads
+ * around it, and a coll_seq of its own; tickets plus drops are the starts. */
+/* plugin.c's string tables, linked into the harness */
+uint8_t art_func_code(const char *s);
+uint8_t art_dtype_code(const char *s);
+uint8_t art_algo_code(const char *s);
+uint8_t art_proto_code(const char *s);
+uint32_t art_dtype_size(uint8_t code);
+uint32_t art_test_lanes(void *context); /* lanes taken (plugin.c, test hooks) */
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+#define LN_THREADS 6
+#define LN_OPS 1000u
+typedef struct {
+    Comm *cm;
+    unsigned t;
+    pthread_barrier_t *bar;
+    uint64_t t0[LN_OPS], t1[LN_OPS];
+} LnArg;
+
+static Expect ln_expect(unsigned t, unsigned i) {
+    Expect e;
+    memset(&e, 0, sizeof e);
+    /* each string by its own rule, so that consecutive starts repeat all four
+     * (a memo hit) or change one alone: a memo that compared fewer would hand
+     * a start the codes of the one before */
+    int b = ((i >> 1) & 1u) != 0;
+    e.func_s = i % 5u == 0 ? "AllGather" : "AllReduce";
+    e.dtype_s = (t & 1u) ? (b ? "ncclFloat32" : "ncclInt8") : (b ? "ncclInt8" : "ncclFloat64");
+    e.algo_s = (t & 2u) ? "TREE" : "RING";
+    e.proto_s = i % 3u == 0 ? "LL" : "SIMPLE";
+    e.count = ((size_t)t << 20) + i + 1u;
+    e.nch = 2;
+    return e;
+}
+
+static void *ln_user(void *arg) {
+    LnArg *a = arg;
+    pthread_barrier_wait(a->bar);
+    for (unsigned i = 0; i < LN_OPS; i++) {
+        Expect e = ln_expect(a->t, i);
+        a->t0[i] = mono_ns();
+        void *op = start_ev(a->cm, ncclProfileColl, NULL, &e, 0, 0);
+        a->t1[i] = mono_ns();
+        stop_ev(op);
+        void *kh[2];
+        for (unsigned k = 0; k < 2; k++)
+            kh[k] = start_ev(a->cm, ncclProfileKernelCh, op, NULL, ts_t0(e.count) + k, (int)k);
+        for (unsigned k = 0; k < 2; k++) {
+            ncclProfilerEventStateArgs_t sa;
+            sa.kernelCh.pTimer = ts_t0(e.count) + 500u + k;
+            record_ev(kh[k], ncclProfilerKernelChStop, &sa);
+            stop_ev(kh[k]);
+        }
+    }
+    return NULL;
+}
+
+static void test_lanes(void) {
+    clear_env();
+    setenv("ARTEMIS_RING_SLOTS", "8192", 1); /* every ticket stays in the ring */
+    setenv("ARTEMIS_RECLAIM_AGE_MS", "600000", 1);
+    Comm *cm = fixture("lanes", 6, 0x71);
+    const ArtemisRingHeader *h = cm->ring.hdr;
+    Expect e0 = ln_expect(0, 0);
+    e0.count = 1; /* the owner's one start, in single mode; no KernelCh: host-timed */
+    e0.nch = 0;
+    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e0, 0, 0));
+    static LnArg args[LN_THREADS];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, LN_THREADS);
+    pthread_t th[LN_THREADS];
+    for (unsigned t = 0; t < LN_THREADS; t++) {
+        args[t].cm = cm, args[t].t = t + 1u, args[t].bar = &bar;
+        pthread_create(&th[t], NULL, ln_user, &args[t]);
+    }
+    for (unsigned t = 0; t < LN_THREADS; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    uint64_t w = atomic_load(A64(&h->write_index)), d = atomic_load(A64(&h->dropped));
+    const uint64_t starts = 1u + (uint64_t)LN_THREADS * LN_OPS;
+    CHECK(w + d == starts && w <= h->capacity, "lanes: write_index %llu + dropped %llu != %llu starts",
+          (unsigned long long)w, (unsigned long long)d, (unsigned long long)starts);
+    CHECK(art_test_lanes(cm->ctx) == 4u, "lanes: %u lanes taken, want 4 (six starting threads)",
+          art_test_lanes(cm->ctx));
+    static uint8_t seen[LN_THREADS + 1][LN_OPS];
+    static uint8_t cseen[1u + LN_THREADS * LN_OPS];
+    memset(seen, 0, sizeof seen);
+    memset(cseen, 0, sizeof cseen);
+    uint64_t worst = 0;
+    for (uint64_t k = 1; k < w; k++) {
+        Rec r;
+        CHECK(read_slot(&cm->ring.slots[k], &r), "lanes: ticket %llu locked at rest", (unsigned long long)k);
+        CHECK(r.seq == k && r.state == ARTEMIS_STATE_DONE && r.kind == ARTEMIS_KIND_COLL &&
+                  r.clock == ARTEMIS_REC_DEVICE && r.nchannels == 2,
+              "lanes: ticket %llu: seq %llu state %u clock %u", (unsigned long long)k,
+              (unsigned long long)r.seq, r.state, r.clock);
+        uint32_t sz = r.dtype == ARTEMIS_DT_INT8 ? 1u : r.dtype == ARTEMIS_DT_FLOAT32 ? 4u : 8u;
+        uint64_t count = r.bytes / sz;
+        unsigned t = (unsigned)(count >> 20), i = (unsigned)(count & 0xfffffu) - 1u;
+        CHECK(t >= 1 && t <= LN_THREADS && i < LN_OPS && !seen[t][i],
+              "lanes: ticket %llu: bytes %llu name no start, or one recorded twice",
+              (unsigned long long)k, (unsigned long long)r.bytes);
+        seen[t][i] = 1;
+        Expect e = ln_expect(t, i);
+        CHECK(r.func == art_func_code(e.func_s) && r.dtype == art_dtype_code(e.dtype_s) &&
+                  r.algo == art_algo_code(e.algo_s) && r.proto == art_proto_code(e.proto_s) &&
+                  r.bytes == count * art_dtype_size(r.dtype) && r.start == ts_t0(count) &&
+                  r.end == ts_t0(count) + 501u,
+              "lanes: ticket %llu (thread %u op %u): fields are another start's", (unsigned long long)k,
+              t, i);
+        const LnArg *a = &args[t - 1u];
+        uint64_t q = r.enqueue_ns;
+        uint64_t dev = q < a->t0[i] ? a->t0[i] - q : q > a->t1[i] ? q - a->t1[i] : 0;
+        if (dev > worst) worst = dev;
+        CHECK(r.coll_seq < starts && !cseen[r.coll_seq], "lanes: coll_seq %llu twice or out of range",
+              (unsigned long long)r.coll_seq);
+        cseen[r.coll_seq] = 1;
+    }
+    CHECK(worst <= 20000, "lanes: an enqueue time %llu ns off the clock reads around its start",
+          (unsigned long long)worst);
+    printf("  lanes: %d threads, 4 lanes, %llu tickets, %llu dropped, every record one start's, "
+           "enqueue times within %llu ns\n", LN_THREADS, (unsigned long long)w,
+           (unsigned long long)d, (unsigned long long)worst);
+    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "lanes: finalize");
+    clear_env();
+}
+
 /* The single -> shared switch, many times (README "Single writer"): fresh
  * communicators, each with two threads that start at once (the first start of
  * the second thread lands while the owner is inside its plain-store starts),
@@ -1680,11 +1817,6 @@ static void test_switch_mb_fail(void) {
  * the TSC is not usable the plugin reads clock_gettime, and this holds
  * trivially (said in the output). */
 int art_tsc_usable(void); /* ring.c, linked into the harness */
-static uint64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void test_host_clock(int tsc) {
     clear_env();
@@ -1831,6 +1963,7 @@ int main(int argc, char **argv) {
     printf("  lapping an in-flight record done\n");
     test_kfin_race();
     test_two_starters();
+    test_lanes();
     test_switch_rounds();
     test_switch_in_start();
     test_switch_mb_fail();
