@@ -171,17 +171,18 @@ def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
 
 
 _ROW = re.compile(
-    r"^v(\d)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
+    r"^v(\d)\s+(\d+)\s+(\d+(?: turns)?)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
 )
 
 
-def _timing(binary: Path) -> dict[tuple[int, int, int], tuple[float, float]]:
+def _timing(binary: Path) -> dict[tuple[int, int, str], tuple[float, float]]:
     out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
     rows = {}
     for line in out.splitlines():
         m = _ROW.match(line)
         if m:
-            v, nch, th = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            # threads: "1", "2" (at once) or "2 turns" (bench_plugin.c's header)
+            v, nch, th = int(m.group(1)), int(m.group(2)), m.group(3)
             rows[(v, nch, th)] = (float(m.group(6)), float(m.group(8)))
     return rows
 
@@ -267,7 +268,7 @@ def main() -> int:
 
         if RUNS < 1:
             return 0
-        timing: dict[str, list[dict[tuple[int, int, int], tuple[float, float]]]] = {
+        timing: dict[str, list[dict[tuple[int, int, str], tuple[float, float]]]] = {
             "before": [],
             "after": [],
         }
@@ -282,7 +283,7 @@ def main() -> int:
             f"bench_plugin (each a median of 9); load average {min(loads):.2f}-{max(loads):.2f}"
         )
         print(
-            f"{'ABI':<4} {'ch':>3} {'thr':>3} {'clock reads before':>22} {'after':>18} "
+            f"{'ABI':<4} {'ch':>3} {'threads':>7} {'clock reads before':>22} {'after':>18} "
             f"{'ns before':>22} {'ns after':>22}"
         )
         for key in sorted(timing["after"][0]):
@@ -292,7 +293,7 @@ def main() -> int:
             nb = [r[key][0] for r in timing["before"]]
             na = [r[key][0] for r in timing["after"]]
             print(
-                f"v{v:<3} {nch:>3} {th:>3} {_span(rb, '.2f'):>22} {_span(ra, '.2f'):>18} "
+                f"v{v:<3} {nch:>3} {th:>7} {_span(rb, '.2f'):>22} {_span(ra, '.2f'):>18} "
                 f"{_span(nb, '.1f'):>22} {_span(na, '.1f'):>22}"
             )
     return 0

@@ -3,8 +3,8 @@
  *
  * Hot path (startEvent / stopEvent / recordEventState) rules:
  *   - no allocation, no locks, no system calls except one clock_gettime per
- *     Coll/P2p start (an rdtsc on the owner thread where the TSC is usable:
- *     README "Host clock"), plus one at completion when host timing is used,
+ *     Coll/P2p start (an rdtsc on the owner thread, and in shared mode on a
+ *     thread with a lane, where the TSC is usable: README "Host clock"), plus one at completion when host timing is used,
  *     plus one membarrier per context, at its switch to shared mode, and one
  *     per reclaim of an op whose channel owner may clear it without an RMW
  *     (README "Single writer");
