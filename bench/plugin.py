@@ -171,7 +171,7 @@ def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
 
 
 _ROW = re.compile(
-    r"^v(\d)\s+(\d+)\s+(\d+(?: turns)?)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
+    r"^v(\d)\s+(\d+)\s+(1\+proxy|\d+(?: turns)?)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
 )
 
 
@@ -181,7 +181,7 @@ def _timing(binary: Path) -> dict[tuple[int, int, str], tuple[float, float]]:
     for line in out.splitlines():
         m = _ROW.match(line)
         if m:
-            # threads: "1", "2" (at once) or "2 turns" (bench_plugin.c's header)
+            # threads: "1", "1+proxy", "2" (at once) or "2 turns" (bench_plugin.c's header)
             v, nch, th = int(m.group(1)), int(m.group(2)), m.group(3)
             rows[(v, nch, th)] = (float(m.group(6)), float(m.group(8)))
     return rows

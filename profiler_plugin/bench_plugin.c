@@ -19,7 +19,11 @@
  * never does it); "2 turns" = two threads taking turns on it, TURN
  * collectives each (the multi-threaded use NCCL allows: DDP's gradient
  * hooks on an autograd thread, its other calls on the main thread), CPU time
- * counted over each thread's turns only.
+ * counted over each thread's turns only; "1+proxy" = NCCL's own threading,
+ * one launching thread and a proxy thread delivering the KernelCh events, in
+ * phases of TURN collectives, the two pinned to two CPUs, CPU time over each
+ * thread's phases (the 1-thread rows deliver KernelCh on the launching
+ * thread: no line moves between cores).
  *
  *   bench_plugin                  the table
  *   bench_plugin callgrind V NCH [N]  2000 + N (default 20000) collectives
@@ -132,7 +136,9 @@ static inline void record_if(const Plug *pl, void *h, ncclProfilerEventState_t s
     if (h) pl->table->recordEventState(h, s, a);
 }
 
-static void one_collective(const Plug *pl, int nch, uint64_t i) {
+/* The launching thread's part of one collective: the API, Group and Coll
+ * events; returns the Coll handle (the KernelCh events' parent). */
+static void *launch(const Plug *pl, int nch, uint64_t i) {
     ncclProfilerEventDescr_v7_t d;
     void *ga = NULL, *api = NULL, *grp = NULL, *op = NULL, *kl = NULL;
     int mask = pl->mask;
@@ -180,11 +186,17 @@ static void one_collective(const Plug *pl, int nch, uint64_t i) {
         }
         stop_if(pl, ga);
     }
-    /* NCCL's proxy loop (src/transport/profiler.cc) starts the KernelCh of
-     * every channel of the op, then, as the kernel's completion counters pass,
-     * records and stops each one (proxy ops exist only with KernelCh in the
-     * mask; the parent is the Coll handle, NULL or not). */
-    if (!(mask & ncclProfileKernelCh)) return;
+    return op;
+}
+
+/* NCCL's proxy loop (src/transport/profiler.cc) starts the KernelCh of every
+ * channel of the op, then, as the kernel's completion counters pass, records
+ * and stops each one (proxy ops exist only with KernelCh in the mask; the
+ * parent is the Coll handle, NULL or not). */
+static void channels(const Plug *pl, int nch, uint64_t i, void *op) {
+    if (!(pl->mask & ncclProfileKernelCh)) return;
+    ncclProfilerEventDescr_v7_t d;
+    memset(&d, 0, 24);
     ncclProfilerEventStateArgs_v6_t a;
     void *khs[64];
     for (int k = 0; k < nch; k++) {
@@ -198,6 +210,10 @@ static void one_collective(const Plug *pl, int nch, uint64_t i) {
         record_if(pl, khs[k], ncclProfilerKernelChStop, &a);
         stop_if(pl, khs[k]);
     }
+}
+
+static void one_collective(const Plug *pl, int nch, uint64_t i) {
+    channels(pl, nch, i, launch(pl, nch, i));
 }
 
 static void *worker(void *arg) {
@@ -244,6 +260,70 @@ static double measure_turns(const Plug *pl, int nch) {
     turn_worker(&tj[0]);
     pthread_join(th, NULL);
     return ((double)tj[0].job.ns + (double)tj[1].job.ns) / (2.0 * (ITERS / TURN) * TURN);
+}
+
+/* NCCL's own threading: the launching thread makes each collective's API,
+ * Group and Coll events, a proxy thread its KernelCh events. In phases of
+ * TURN collectives (launch TURN, then the proxy takes their channels), so
+ * that each thread's CPU time counts over its own phases only (a proxy
+ * waiting for work is not the plugin's cost); the op's lines move between
+ * the two threads as under NCCL. */
+typedef struct {
+    Job job;
+    int me; /* 0 launches, 1 is the proxy */
+    _Atomic int *turn;
+    void **ops; /* TURN Coll handles, from the launcher to the proxy */
+    int cpu;    /* pinned to it (-1: not pinned) */
+} ProxyJob;
+
+static void pin(int cpu) {
+    if (cpu < 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+}
+
+static void *proxy_worker(void *arg) {
+    ProxyJob *pj = arg;
+    Job *j = &pj->job;
+    pin(pj->cpu);
+    uint64_t ns = 0;
+    for (uint64_t i = 0; i < ITERS / TURN; i++) {
+        while (atomic_load_explicit(pj->turn, memory_order_acquire) % 2 != pj->me) sched_yield();
+        uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        for (uint64_t k = 0; k < TURN; k++) {
+            if (pj->me == 0) pj->ops[k] = launch(j->plug, j->nch, i * TURN + k);
+            else channels(j->plug, j->nch, i * TURN + k, pj->ops[k]);
+        }
+        ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
+        atomic_fetch_add_explicit(pj->turn, 1, memory_order_release);
+    }
+    j->ns = ns;
+    return NULL;
+}
+
+/* CPU ns per collective, both threads' together (the launcher is the
+ * calling thread, as a training loop's). The two threads are pinned to two
+ * CPUs (the first two allowed), so the op's lines always cross cores, as
+ * between NCCL's launching and proxy threads; on one CPU they are not. */
+static double measure_proxy(const Plug *pl, int nch) {
+    _Atomic int turn = 0;
+    void *ops[TURN];
+    ProxyJob pj[2];
+    cpu_set_t was;
+    int cpus[2] = {-1, -1}, found = 0;
+    if (sched_getaffinity(0, sizeof was, &was) == 0)
+        for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
+            if (CPU_ISSET(c, &was)) cpus[found++] = c;
+    if (found < 2) cpus[0] = cpus[1] = -1;
+    for (int t = 0; t < 2; t++) pj[t] = (ProxyJob){{pl, nch, 0, NULL}, t, &turn, ops, cpus[t]};
+    pthread_t th;
+    pthread_create(&th, NULL, proxy_worker, &pj[1]);
+    proxy_worker(&pj[0]);
+    pthread_join(th, NULL);
+    if (found == 2) sched_setaffinity(0, sizeof was, &was);
+    return ((double)pj[0].job.ns + (double)pj[1].job.ns) / ((double)(ITERS / TURN) * TURN);
 }
 
 /* a few collectives from another thread (BENCH_SHARED) */
@@ -328,12 +408,12 @@ int main(int argc, char **argv) {
     nop_table.init(&nctx, 0, &mask, NULL, 1, 1, 0, NULL);
     Plug nop = {&nop_table, 0, nctx, mask}, nop4 = {&nop_table, 1, nctx, mask};
     /* per version, one communicator for the 1-thread rows, one for the
-     * 2-thread rows and one for the turns: a second thread switches a context
-     * to shared mode */
-    void *ctxs[24] = {0};
-    Plug art[24];
+     * 2-thread rows, one for the turns and one for the launcher + proxy: a
+     * second starting thread switches a context to shared mode */
+    void *ctxs[32] = {0};
+    Plug art[32];
     for (int v = 4; v <= 7; v++) {
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < 4; t++) {
             int i = v + 8 * t;
             int amask = 0;
             ctxs[i] = init_plugin(v, 0xbe4c0ULL + (uint64_t)i, &amask);
@@ -371,16 +451,21 @@ int main(int argc, char **argv) {
         printf("%-4s %-9s %-8s %10s %12s %11s %9s %13s\n", "ABI", "channels", "threads", "no-op ns",
                "artemis ns", "margin ns", "clock ns", "margin/clock");
         const int chs[] = {2, 8};
-        const char *const rows[] = {"1", "2", "2 turns"};
+        const char *const rows[] = {"1", "1+proxy", "2", "2 turns"};
+        const int row_ctx[] = {0, 3, 1, 2}; /* its context: art[v + 8 * row_ctx] */
         for (int v = 4; v <= 7; v++) {
             for (int ci = 0; ci < 2; ci++) {
-                for (int ti = 0; ti < 3; ti++) {
+                for (int ti = 0; ti < 4; ti++) {
                     double n[RUNS], a[RUNS], m[RUNS], c[RUNS], r[RUNS];
-                    const Plug *pn = v == 4 ? &nop4 : &nop, *pa = &art[v + 8 * ti];
+                    const Plug *pn = v == 4 ? &nop4 : &nop, *pa = &art[v + 8 * row_ctx[ti]];
                     for (int k = 0; k < RUNS; k++) {
                         c[k] = measure_clock();
-                        n[k] = ti == 2 ? measure_turns(pn, chs[ci]) : measure(pn, chs[ci], ti + 1);
-                        a[k] = ti == 2 ? measure_turns(pa, chs[ci]) : measure(pa, chs[ci], ti + 1);
+                        n[k] = ti == 1   ? measure_proxy(pn, chs[ci])
+                               : ti == 3 ? measure_turns(pn, chs[ci])
+                                         : measure(pn, chs[ci], ti == 0 ? 1 : 2);
+                        a[k] = ti == 1   ? measure_proxy(pa, chs[ci])
+                               : ti == 3 ? measure_turns(pa, chs[ci])
+                                         : measure(pa, chs[ci], ti == 0 ? 1 : 2);
                         m[k] = a[k] - n[k];
                         r[k] = m[k] / c[k];
                     }
@@ -395,7 +480,7 @@ int main(int argc, char **argv) {
             }
         }
     }
-    for (int i = 4; i < 24; i++) {
+    for (int i = 4; i < 32; i++) {
         if (!ctxs[i]) continue;
         table_of(i & 7)->finalize(ctxs[i]);
         char path[160];
