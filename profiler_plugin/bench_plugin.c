@@ -226,55 +226,21 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* Two threads in turns of TURN collectives on one communicator: turn says
- * whose it is; each thread's CPU time counts over its own turns only. */
+/* Two threads in phases of TURN collectives on one communicator, turn saying
+ * whose phase it is; each thread's CPU time counts over its own phases only
+ * (a thread waiting for its phase is not the plugin's cost). "2 turns": each
+ * phase is TURN whole collectives. "1+proxy", NCCL's own threading: thread 0
+ * launches TURN collectives (API, Group and Coll events), then thread 1, the
+ * proxy, makes their KernelCh events, so the op's lines move between the two
+ * threads as under NCCL. */
 typedef struct {
     Job job;
-    int me;
+    int me;    /* 0 or 1 */
+    int proxy; /* "1+proxy": 0 launches, 1 is the proxy */
     _Atomic int *turn;
-} TurnJob;
-
-static void *turn_worker(void *arg) {
-    TurnJob *tj = arg;
-    Job *j = &tj->job;
-    uint64_t ns = 0;
-    for (uint64_t i = 0; i < ITERS / TURN; i++) {
-        while (atomic_load_explicit(tj->turn, memory_order_acquire) % 2 != tj->me) sched_yield();
-        uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-        for (uint64_t k = 0; k < TURN; k++) one_collective(j->plug, j->nch, i * TURN + k);
-        ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
-        atomic_fetch_add_explicit(tj->turn, 1, memory_order_release);
-    }
-    j->ns = ns;
-    return NULL;
-}
-
-/* CPU ns per collective of two threads taking turns (warmed up by one
- * collective each, in turn, first) */
-static double measure_turns(const Plug *pl, int nch) {
-    _Atomic int turn = 0;
-    TurnJob tj[2];
-    for (int t = 0; t < 2; t++) tj[t] = (TurnJob){{pl, nch, 0, NULL}, t, &turn};
-    pthread_t th;
-    pthread_create(&th, NULL, turn_worker, &tj[1]);
-    turn_worker(&tj[0]);
-    pthread_join(th, NULL);
-    return ((double)tj[0].job.ns + (double)tj[1].job.ns) / (2.0 * (ITERS / TURN) * TURN);
-}
-
-/* NCCL's own threading: the launching thread makes each collective's API,
- * Group and Coll events, a proxy thread its KernelCh events. In phases of
- * TURN collectives (launch TURN, then the proxy takes their channels), so
- * that each thread's CPU time counts over its own phases only (a proxy
- * waiting for work is not the plugin's cost); the op's lines move between
- * the two threads as under NCCL. */
-typedef struct {
-    Job job;
-    int me; /* 0 launches, 1 is the proxy */
-    _Atomic int *turn;
-    void **ops; /* TURN Coll handles, from the launcher to the proxy */
+    void **ops; /* proxy: TURN Coll handles, from the launcher to the proxy */
     int cpu;    /* pinned to it (-1: not pinned) */
-} ProxyJob;
+} PhaseJob;
 
 static void pin(int cpu) {
     if (cpu < 0) return;
@@ -284,8 +250,8 @@ static void pin(int cpu) {
     sched_setaffinity(0, sizeof one, &one);
 }
 
-static void *proxy_worker(void *arg) {
-    ProxyJob *pj = arg;
+static void *phase_worker(void *arg) {
+    PhaseJob *pj = arg;
     Job *j = &pj->job;
     pin(pj->cpu);
     uint64_t ns = 0;
@@ -293,8 +259,10 @@ static void *proxy_worker(void *arg) {
         while (atomic_load_explicit(pj->turn, memory_order_acquire) % 2 != pj->me) sched_yield();
         uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         for (uint64_t k = 0; k < TURN; k++) {
-            if (pj->me == 0) pj->ops[k] = launch(j->plug, j->nch, i * TURN + k);
-            else channels(j->plug, j->nch, i * TURN + k, pj->ops[k]);
+            uint64_t c = i * TURN + k;
+            if (!pj->proxy) one_collective(j->plug, j->nch, c);
+            else if (pj->me == 0) pj->ops[k] = launch(j->plug, j->nch, c);
+            else channels(j->plug, j->nch, c, pj->ops[k]);
         }
         ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
         atomic_fetch_add_explicit(pj->turn, 1, memory_order_release);
@@ -303,27 +271,30 @@ static void *proxy_worker(void *arg) {
     return NULL;
 }
 
-/* CPU ns per collective, both threads' together (the launcher is the
- * calling thread, as a training loop's). The two threads are pinned to two
- * CPUs (the first two allowed), so the op's lines always cross cores, as
- * between NCCL's launching and proxy threads; on one CPU they are not. */
-static double measure_proxy(const Plug *pl, int nch) {
+/* CPU ns per collective, the calling thread being thread 0 (the launcher, as
+ * a training loop's). "1+proxy" pins the two threads to two CPUs (the first
+ * two allowed), so the op's lines always cross cores, as between NCCL's
+ * launching and proxy threads (on one CPU they do not); its collectives are
+ * split between the threads, a turn's are whole on each. */
+static double measure_phases(const Plug *pl, int nch, int proxy) {
     _Atomic int turn = 0;
     void *ops[TURN];
-    ProxyJob pj[2];
+    PhaseJob pj[2];
     cpu_set_t was;
     int cpus[2] = {-1, -1}, found = 0;
-    if (sched_getaffinity(0, sizeof was, &was) == 0)
+    if (proxy && sched_getaffinity(0, sizeof was, &was) == 0)
         for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
             if (CPU_ISSET(c, &was)) cpus[found++] = c;
     if (found < 2) cpus[0] = cpus[1] = -1;
-    for (int t = 0; t < 2; t++) pj[t] = (ProxyJob){{pl, nch, 0, NULL}, t, &turn, ops, cpus[t]};
+    for (int t = 0; t < 2; t++)
+        pj[t] = (PhaseJob){{pl, nch, 0, NULL}, t, proxy, &turn, ops, cpus[t]};
     pthread_t th;
-    pthread_create(&th, NULL, proxy_worker, &pj[1]);
-    proxy_worker(&pj[0]);
+    pthread_create(&th, NULL, phase_worker, &pj[1]);
+    phase_worker(&pj[0]);
     pthread_join(th, NULL);
     if (found == 2) sched_setaffinity(0, sizeof was, &was);
-    return ((double)pj[0].job.ns + (double)pj[1].job.ns) / ((double)(ITERS / TURN) * TURN);
+    double collectives = (double)(ITERS / TURN) * TURN * (proxy ? 1.0 : 2.0);
+    return ((double)pj[0].job.ns + (double)pj[1].job.ns) / collectives;
 }
 
 /* a few collectives from another thread (BENCH_SHARED) */
@@ -460,12 +431,11 @@ int main(int argc, char **argv) {
                     const Plug *pn = v == 4 ? &nop4 : &nop, *pa = &art[v + 8 * row_ctx[ti]];
                     for (int k = 0; k < RUNS; k++) {
                         c[k] = measure_clock();
-                        n[k] = ti == 1   ? measure_proxy(pn, chs[ci])
-                               : ti == 3 ? measure_turns(pn, chs[ci])
-                                         : measure(pn, chs[ci], ti == 0 ? 1 : 2);
-                        a[k] = ti == 1   ? measure_proxy(pa, chs[ci])
-                               : ti == 3 ? measure_turns(pa, chs[ci])
-                                         : measure(pa, chs[ci], ti == 0 ? 1 : 2);
+                        /* rows 1 and 3 in phases (1: the proxy), 0 and 2 free-running */
+                        n[k] = ti & 1 ? measure_phases(pn, chs[ci], ti == 1)
+                                      : measure(pn, chs[ci], ti == 0 ? 1 : 2);
+                        a[k] = ti & 1 ? measure_phases(pa, chs[ci], ti == 1)
+                                      : measure(pa, chs[ci], ti == 0 ? 1 : 2);
                         m[k] = a[k] - n[k];
                         r[k] = m[k] / c[k];
                     }

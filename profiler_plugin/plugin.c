@@ -4,8 +4,8 @@
  * Hot path (startEvent / stopEvent / recordEventState) rules:
  *   - no allocation, no locks, no system calls except one clock_gettime per
  *     Coll/P2p start (an rdtsc on the owner thread, and in shared mode on a
- *     thread with a lane, where the TSC is usable: README "Host clock"), plus one at completion when host timing is used,
- *     plus one membarrier per context, at its switch to shared mode, and one
+ *     thread with a lane, where the TSC is usable: README "Host clock"), plus
+ *     one at completion when host timing is used, plus one membarrier per context, at its switch to shared mode, and one
  *     per reclaim of an op whose channel owner may clear it without an RMW
  *     (README "Single writer");
  *   - every shared word is a C11 atomic with an explicit memory order;
@@ -985,10 +985,13 @@ static inline __attribute__((always_inline)) void op_start_body(
     /* the expected KernelCh thread: the context's guess; with several starting
      * threads, the guess kept for this one, in its lane (0 at first: the op's
      * first KernelCh start takes it with a CAS, and becomes the guess) */
-    _Atomic uintptr_t *g = single ? &ctx->kch_thread
-                           : lane ? &lane->kch
-                                  : &ctx->kch_guess[kch_guess_slot(thread_key())];
-    op->kguess = g;
+    _Atomic uintptr_t *g = &ctx->kch_thread;
+    if (!single) {
+        /* stored only here: a handle starts with kch_thread (init), and once
+         * the context is shared no start is single again */
+        g = lane ? &lane->kch : &ctx->kch_guess[kch_guess_slot(thread_key())];
+        op->kguess = g;
+    }
     atomic_store_explicit(&op->kowner, atomic_load_explicit(g, RLX), RLX);
     atomic_store_explicit(&op->own_next, 0, RLX);
     atomic_store_explicit(&op->foreign_next, 0, RLX);
@@ -1359,6 +1362,8 @@ static ncclResult_t art_init(void **context, int *mask, const char *comm_name, u
     for (uint32_t i = 0; i < ART_OP_POOL; i++) {
         ops[i].tag = ART_TAG_OP;
         ops[i].ctx = ctx;
+        /* single mode's guess; shared-mode starts set their own (op_start_body) */
+        ops[i].kguess = &ctx->kch_thread;
         for (uint32_t k = 0; k < ART_MAX_CH; k++) {
             ops[i].ch[k].tag = ART_TAG_KCH;
             ops[i].ch[k].op = &ops[i];

@@ -106,8 +106,8 @@ typedef struct ArtOp {
     _Atomic uint32_t xstop;     /* 1: a channel was stopped by another thread than kowner */
     ArtemisSlot *slot;
     /* the guess its kowner came from, which a KernelCh start of another thread
-     * corrects: ArtCtx.kch_thread (single mode), its starter's ArtLane.kch,
-     * or an ArtCtx.kch_guess entry (a starter without a lane) */
+     * corrects: ArtCtx.kch_thread (single mode: set at init), its starter's
+     * ArtLane.kch, or an ArtCtx.kch_guess entry (a starter without a lane) */
     _Atomic uintptr_t *kguess;
     /* ticket and host_start are read by the reclaim scan of another thread */
     _Atomic uint64_t ticket;
@@ -244,9 +244,8 @@ typedef struct ArtCtx {
     /* thread key of the last KernelCh start that was not its op's expected
      * one: the guess for the next ops (read at every start, rarely written) */
     _Alignas(ART_CACHELINE) _Atomic uintptr_t kch_thread;
-    /* in shared mode, the same guess per starting thread (kch_guess_slot in
-     * plugin.c: a hash of its key), so that threads whose KernelCh come from
-     * different threads (the bench's, each its own) each keep theirs */
+    /* in shared mode, the guess of a starting thread without a lane (more
+     * than ART_LANES of them), by a hash of its key (kch_guess_slot) */
     _Atomic uintptr_t kch_guess[ART_KCH_GUESS];
     _Alignas(ART_CACHELINE) _Atomic uint32_t hint;
     /* shared mode: the starting threads' lanes, taken once each by a CAS of

@@ -1491,10 +1491,10 @@ static void test_two_starters(void) {
  * a lane (their own TSC line, strings memo, KernelCh guess and claim place),
  * two use the shared fallbacks. Each thread alternates two collectives (other
  * strings per thread, each by its own rule), so a lane's memo both hits and
- * misses. At rest every
- * ticket holds one whole DONE record of one start, with the strings, bytes
- * and device times of that start, an enqueue time between the clock reads
- * around it, and a coll_seq of its own; tickets plus drops are the starts. */
+ * misses. At rest every ticket holds one whole DONE record of one start, with
+ * the strings, bytes and device times of that start, an enqueue time between
+ * the clock reads around it, and a coll_seq of its own; tickets plus drops
+ * are the starts. */
 /* plugin.c's string tables, linked into the harness */
 uint8_t art_func_code(const char *s);
 uint8_t art_dtype_code(const char *s);
@@ -1592,7 +1592,9 @@ static void test_lanes(void) {
                   r.clock == ARTEMIS_REC_DEVICE && r.nchannels == 2,
               "lanes: ticket %llu: seq %llu state %u clock %u", (unsigned long long)k,
               (unsigned long long)r.seq, r.state, r.clock);
-        uint32_t sz = r.dtype == ARTEMIS_DT_INT8 ? 1u : r.dtype == ARTEMIS_DT_FLOAT32 ? 4u : 8u;
+        uint32_t sz = art_dtype_size(r.dtype);
+        CHECK(sz != 0, "lanes: ticket %llu: datatype code %u has no size",
+              (unsigned long long)k, r.dtype);
         uint64_t count = r.bytes / sz;
         unsigned t = (unsigned)(count >> 20), i = (unsigned)(count & 0xfffffu) - 1u;
         CHECK(t >= 1 && t <= LN_THREADS && i < LN_OPS && !seen[t][i],
