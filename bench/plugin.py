@@ -22,7 +22,12 @@ then for each ABI version and 2 / 8 KernelCh channels:
   runs inside one process), run ``RUNS`` times alternating the two builds; the
   table gives the median and range of those runs for the margin in ns and in
   units of one ``clock_gettime(CLOCK_MONOTONIC)`` read timed in the same run,
-  and the range of the 1-minute load average around the runs.
+  and the range of the 1-minute load average around the runs;
+- from the same runs of this tree, the two-thread rows against their floors:
+  "2 turns" against "1" (the goal) and against "1 hop" (the same thread
+  moved between the two CPUs each phase: what moving the work between
+  cores costs with no second thread), and "2" (at once) over "1" in units
+  of one cache line's move between the two CPUs, timed in the same run.
 
 Needs ``cc``, ``make``, ``git`` and ``valgrind``; prints why and returns 1 if
 one is missing.
@@ -171,20 +176,52 @@ def _counts(binary: Path, tmp: Path) -> dict[tuple[int, int], dict[str, float]]:
 
 
 _ROW = re.compile(
-    r"^v(\d)\s+(\d+)\s+(1\+proxy|\d+(?: turns)?)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
+    r"^v(\d)\s+(\d+)\s+(1\+proxy|1 hop|\d+(?: turns)?)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)"
+    r"\s+([\d.]+)\s+(-?[\d.]+)(?:\s+([\d.]+))?"
 )
 
+# (margin ns, margin in clock reads, one line move in ns: 0 where the driver has no such column)
+Row = tuple[float, float, float]
 
-def _timing(binary: Path) -> dict[tuple[int, int, str], tuple[float, float]]:
+
+def _timing(binary: Path) -> dict[tuple[int, int, str], Row]:
     out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
     rows = {}
     for line in out.splitlines():
         m = _ROW.match(line)
         if m:
-            # threads: "1", "1+proxy", "2" (at once) or "2 turns" (bench_plugin.c's header)
+            # threads: "1", "1+proxy", "2" (at once), "2 turns" or "1 hop" (bench_plugin.c's header)
             v, nch, th = int(m.group(1)), int(m.group(2)), m.group(3)
-            rows[(v, nch, th)] = (float(m.group(6)), float(m.group(8)))
+            rows[(v, nch, th)] = (float(m.group(6)), float(m.group(8)), float(m.group(9) or 0.0))
     return rows
+
+
+def _floors(runs: list[dict[tuple[int, int, str], Row]]) -> None:
+    """The two-thread rows of this tree's runs against their floors (medians over the runs)."""
+    print(
+        "\nTwo threads against their floors, this tree: medians over the runs of the margin in ns; "
+        "turns / 1 is the goal's ratio (at most 2), turns / hop what a second thread adds to "
+        "moving the work between the two CPUs, (2 - 1) / line the at-once margin over one "
+        "thread's in cache-line moves between those CPUs (timed in the same runs)"
+    )
+    print(
+        f"{'ABI':<4} {'ch':>3} {'1':>7} {'1 hop':>7} {'2 turns':>8} {'2':>7} {'line':>6} "
+        f"{'turns/1':>8} {'turns/hop':>10} {'2/1':>6} {'(2-1)/line':>11}"
+    )
+    for v in VERSIONS:
+        for nch in CHANNELS:
+            med = {
+                th: statistics.median(r[(v, nch, th)][0] for r in runs)
+                for th in ("1", "1 hop", "2 turns", "2")
+            }
+            line = statistics.median(r[(v, nch, "1")][2] for r in runs)
+            one = med["1"] or float("nan")
+            print(
+                f"v{v:<3} {nch:>3} {med['1']:>7.1f} {med['1 hop']:>7.1f} {med['2 turns']:>8.1f} "
+                f"{med['2']:>7.1f} {line:>6.1f} {med['2 turns'] / one:>8.2f} "
+                f"{med['2 turns'] / (med['1 hop'] or float('nan')):>10.2f} {med['2'] / one:>6.2f} "
+                f"{(med['2'] - med['1']) / (line or float('nan')):>11.2f}"
+            )
 
 
 def _span(xs: list[float], fmt: str) -> str:
@@ -268,7 +305,7 @@ def main() -> int:
 
         if RUNS < 1:
             return 0
-        timing: dict[str, list[dict[tuple[int, int, str], tuple[float, float]]]] = {
+        timing: dict[str, list[dict[tuple[int, int, str], Row]]] = {
             "before": [],
             "after": [],
         }
@@ -296,6 +333,7 @@ def main() -> int:
                 f"v{v:<3} {nch:>3} {th:>7} {_span(rb, '.2f'):>22} {_span(ra, '.2f'):>18} "
                 f"{_span(nb, '.1f'):>22} {_span(na, '.1f'):>22}"
             )
+        _floors(timing["after"])
     return 0
 
 

@@ -23,7 +23,13 @@
  * one launching thread and a proxy thread delivering the KernelCh events, in
  * phases of TURN collectives, the two pinned to two CPUs, CPU time over each
  * thread's phases (the 1-thread rows deliver KernelCh on the launching
- * thread: no line moves between cores).
+ * thread: no line moves between cores); "1 hop" = one thread in phases of
+ * TURN collectives, moved to the other CPU between phases, CPU time over the
+ * phases: the single-mode path paying what "2 turns" pays for its lines
+ * moving between cores, and nothing for a second thread (the two turn rows
+ * use the same two CPUs). "line ns": one cache line's move from one of
+ * those CPUs to the other, measured in the same run (a ping-pong, half its
+ * round trip).
  *
  *   bench_plugin                  the table
  *   bench_plugin callgrind V NCH [N]  2000 + N (default 20000) collectives
@@ -271,30 +277,97 @@ static void *phase_worker(void *arg) {
     return NULL;
 }
 
+/* The first two CPUs this process may run on (-1, -1 if it has one), the
+ * calling thread's affinity saved in was. */
+static int two_cpus(int cpus[2], cpu_set_t *was) {
+    int found = 0;
+    cpus[0] = cpus[1] = -1;
+    if (sched_getaffinity(0, sizeof *was, was) == 0)
+        for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
+            if (CPU_ISSET(c, was)) cpus[found++] = c;
+    if (found < 2) cpus[0] = cpus[1] = -1;
+    return found == 2;
+}
+
 /* CPU ns per collective, the calling thread being thread 0 (the launcher, as
- * a training loop's). "1+proxy" pins the two threads to two CPUs (the first
- * two allowed), so the op's lines always cross cores, as between NCCL's
- * launching and proxy threads (on one CPU they do not); its collectives are
- * split between the threads, a turn's are whole on each. */
+ * a training loop's). Both rows pin the two threads to two CPUs (the first
+ * two allowed), so the lines always cross cores: between NCCL's launching
+ * and proxy threads ("1+proxy"), or between the turns ("2 turns"), as in
+ * "1 hop"; "1+proxy" splits its collectives between the threads, a turn's
+ * are whole on each. */
 static double measure_phases(const Plug *pl, int nch, int proxy) {
     _Atomic int turn = 0;
     void *ops[TURN];
     PhaseJob pj[2];
     cpu_set_t was;
-    int cpus[2] = {-1, -1}, found = 0;
-    if (proxy && sched_getaffinity(0, sizeof was, &was) == 0)
-        for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
-            if (CPU_ISSET(c, &was)) cpus[found++] = c;
-    if (found < 2) cpus[0] = cpus[1] = -1;
+    int cpus[2], pinned = two_cpus(cpus, &was);
     for (int t = 0; t < 2; t++)
         pj[t] = (PhaseJob){{pl, nch, 0, NULL}, t, proxy, &turn, ops, cpus[t]};
     pthread_t th;
     pthread_create(&th, NULL, phase_worker, &pj[1]);
     phase_worker(&pj[0]);
     pthread_join(th, NULL);
-    if (found == 2) sched_setaffinity(0, sizeof was, &was);
+    if (pinned) sched_setaffinity(0, sizeof was, &was);
     double collectives = (double)(ITERS / TURN) * TURN * (proxy ? 1.0 : 2.0);
     return ((double)pj[0].job.ns + (double)pj[1].job.ns) / collectives;
+}
+
+/* "1 hop": the calling thread alone, in 2 x ITERS/TURN phases of TURN
+ * collectives, moved to the other CPU before each (sched_setaffinity moves
+ * it before returning); CPU time over the phases only. */
+static double measure_hop(const Plug *pl, int nch) {
+    cpu_set_t was;
+    int cpus[2], pinned = two_cpus(cpus, &was);
+    uint64_t ns = 0, phases = 2 * (ITERS / TURN);
+    for (uint64_t i = 0; i < phases; i++) {
+        pin(cpus[i & 1]);
+        uint64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        for (uint64_t k = 0; k < TURN; k++) one_collective(pl, nch, i * TURN + k);
+        ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
+    }
+    if (pinned) sched_setaffinity(0, sizeof was, &was);
+    return (double)ns / (double)(phases * TURN);
+}
+
+/* One cache line's move between the two CPUs: a ping-pong of PING round
+ * trips on one word, each side waiting for the other's store; half a round
+ * trip (wall time: both threads are busy throughout). 0 with one CPU. */
+#define PING 20000u
+typedef struct {
+    _Alignas(64) _Atomic uint64_t word;
+    int cpu;
+} Ping;
+
+static void ping_side(Ping *p, int cpu, uint64_t me) {
+    pin(cpu);
+    for (uint64_t i = 0; i < PING; i++) {
+        while (atomic_load_explicit(&p->word, memory_order_acquire) != 2 * i + me) {
+        }
+        atomic_store_explicit(&p->word, 2 * i + me + 1u, memory_order_release);
+    }
+}
+
+static void *ping_thread(void *arg) {
+    Ping *p = arg;
+    ping_side(p, p->cpu, 1);
+    return NULL;
+}
+
+static double measure_line(void) {
+    cpu_set_t was;
+    int cpus[2];
+    if (!two_cpus(cpus, &was)) return 0.0;
+    static Ping p;
+    atomic_store_explicit(&p.word, 0, memory_order_relaxed);
+    p.cpu = cpus[1];
+    pthread_t th;
+    pthread_create(&th, NULL, ping_thread, &p);
+    uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
+    ping_side(&p, cpus[0], 0);
+    uint64_t t1 = clock_ns(CLOCK_MONOTONIC);
+    pthread_join(th, NULL);
+    sched_setaffinity(0, sizeof was, &was);
+    return (double)(t1 - t0) / (2.0 * PING);
 }
 
 /* a few collectives from another thread (BENCH_SHARED) */
@@ -419,23 +492,29 @@ int main(int argc, char **argv) {
     } else {
         printf("Artemis profiler plugin: CPU time per collective (whole event sequence), median of %d "
                "interleaved runs x %d collectives\n", RUNS, ITERS);
-        printf("%-4s %-9s %-8s %10s %12s %11s %9s %13s\n", "ABI", "channels", "threads", "no-op ns",
-               "artemis ns", "margin ns", "clock ns", "margin/clock");
+        printf("%-4s %-9s %-8s %10s %12s %11s %9s %13s %8s\n", "ABI", "channels", "threads",
+               "no-op ns", "artemis ns", "margin ns", "clock ns", "margin/clock", "line ns");
         const int chs[] = {2, 8};
-        const char *const rows[] = {"1", "1+proxy", "2", "2 turns"};
-        const int row_ctx[] = {0, 3, 1, 2}; /* its context: art[v + 8 * row_ctx] */
+        const char *const rows[] = {"1", "1+proxy", "2", "2 turns", "1 hop"};
+        /* its context: art[v + 8 * row_ctx] ("1 hop" is the 1-thread rows'
+         * thread: that context stays in single mode) */
+        const int row_ctx[] = {0, 3, 1, 2, 0};
         for (int v = 4; v <= 7; v++) {
             for (int ci = 0; ci < 2; ci++) {
-                for (int ti = 0; ti < 4; ti++) {
-                    double n[RUNS], a[RUNS], m[RUNS], c[RUNS], r[RUNS];
+                for (int ti = 0; ti < 5; ti++) {
+                    double n[RUNS], a[RUNS], m[RUNS], c[RUNS], r[RUNS], l[RUNS];
                     const Plug *pn = v == 4 ? &nop4 : &nop, *pa = &art[v + 8 * row_ctx[ti]];
                     for (int k = 0; k < RUNS; k++) {
                         c[k] = measure_clock();
-                        /* rows 1 and 3 in phases (1: the proxy), 0 and 2 free-running */
-                        n[k] = ti & 1 ? measure_phases(pn, chs[ci], ti == 1)
-                                      : measure(pn, chs[ci], ti == 0 ? 1 : 2);
-                        a[k] = ti & 1 ? measure_phases(pa, chs[ci], ti == 1)
-                                      : measure(pa, chs[ci], ti == 0 ? 1 : 2);
+                        l[k] = measure_line();
+                        /* rows 1 and 3 in phases (1: the proxy), 0 and 2
+                         * free-running, 4 hopping */
+                        n[k] = ti == 4  ? measure_hop(pn, chs[ci])
+                               : ti & 1 ? measure_phases(pn, chs[ci], ti == 1)
+                                        : measure(pn, chs[ci], ti == 0 ? 1 : 2);
+                        a[k] = ti == 4  ? measure_hop(pa, chs[ci])
+                               : ti & 1 ? measure_phases(pa, chs[ci], ti == 1)
+                                        : measure(pa, chs[ci], ti == 0 ? 1 : 2);
                         m[k] = a[k] - n[k];
                         r[k] = m[k] / c[k];
                     }
@@ -444,8 +523,10 @@ int main(int argc, char **argv) {
                     qsort(m, RUNS, sizeof(double), cmp_d);
                     qsort(c, RUNS, sizeof(double), cmp_d);
                     qsort(r, RUNS, sizeof(double), cmp_d);
-                    printf("v%-3d %-9d %-8s %10.1f %12.1f %11.1f %9.1f %13.2f\n", v, chs[ci], rows[ti],
-                           n[RUNS / 2], a[RUNS / 2], m[RUNS / 2], c[RUNS / 2], r[RUNS / 2]);
+                    qsort(l, RUNS, sizeof(double), cmp_d);
+                    printf("v%-3d %-9d %-8s %10.1f %12.1f %11.1f %9.1f %13.2f %8.1f\n", v, chs[ci],
+                           rows[ti], n[RUNS / 2], a[RUNS / 2], m[RUNS / 2], c[RUNS / 2], r[RUNS / 2],
+                           l[RUNS / 2]);
                 }
             }
         }
