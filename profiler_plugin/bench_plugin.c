@@ -397,6 +397,15 @@ static double measure(const Plug *pl, int nch, int threads) {
     return sum / threads;
 }
 
+/* CPU ns per collective of row ti of the table (rows[] in main): 0 and 2
+ * free-running (1 and 2 threads), 1 and 3 in phases (1: the proxy), 4
+ * hopping */
+static double measure_row(const Plug *pl, int nch, int ti) {
+    if (ti == 4) return measure_hop(pl, nch);
+    if (ti & 1) return measure_phases(pl, nch, ti == 1);
+    return measure(pl, nch, ti == 0 ? 1 : 2);
+}
+
 /* CPU ns of one clock_gettime(CLOCK_MONOTONIC), the plugin's host clock read */
 static double measure_clock(void) {
     volatile uint64_t sink = 0;
@@ -507,14 +516,8 @@ int main(int argc, char **argv) {
                     for (int k = 0; k < RUNS; k++) {
                         c[k] = measure_clock();
                         l[k] = measure_line();
-                        /* rows 1 and 3 in phases (1: the proxy), 0 and 2
-                         * free-running, 4 hopping */
-                        n[k] = ti == 4  ? measure_hop(pn, chs[ci])
-                               : ti & 1 ? measure_phases(pn, chs[ci], ti == 1)
-                                        : measure(pn, chs[ci], ti == 0 ? 1 : 2);
-                        a[k] = ti == 4  ? measure_hop(pa, chs[ci])
-                               : ti & 1 ? measure_phases(pa, chs[ci], ti == 1)
-                                        : measure(pa, chs[ci], ti == 0 ? 1 : 2);
+                        n[k] = measure_row(pn, chs[ci], ti);
+                        a[k] = measure_row(pa, chs[ci], ti);
                         m[k] = a[k] - n[k];
                         r[k] = m[k] / c[k];
                     }

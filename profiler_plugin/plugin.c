@@ -5,9 +5,10 @@
  *   - no allocation, no locks, no system calls except one clock_gettime per
  *     Coll/P2p start (an rdtsc on the owner thread, and in shared mode on a
  *     thread with a lane, where the TSC is usable: README "Host clock"), plus
- *     one at completion when host timing is used, plus one membarrier per context, at its switch to shared mode, and one
- *     per reclaim of an op whose channel owner may clear it without an RMW
- *     (README "Single writer");
+ *     one at completion when host timing is used, plus one membarrier per
+ *     context, at its switch to shared mode, and one per reclaim of an op
+ *     whose channel owner may clear it without an RMW (README "Single
+ *     writer");
  *   - every shared word is a C11 atomic with an explicit memory order;
  *   - every failure (pool full, slot busy, slot overwritten) drops the record
  *     and counts it in header.dropped; nothing ever waits or spins.
