@@ -110,7 +110,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agent coordinator protocol sim job rebalance store report regress
+	$(BIN)/mypy agent coordinator protocol sim job rebalance store report regress ring common cli detect
 
 # docs/incident-report.png: the report of a real simulated run (the flagship
 # scenario, rebalancing on), rendered by headless Chromium (README "Reading an incident").

@@ -16,7 +16,7 @@ from typing import Annotated
 import numpy as np
 import typer
 from artemis.agent.plugin_path import PluginNotFoundError, plugin_path
-from artemis.agent.ring import ReadBatch, RingError, RingReader, records_to_dicts
+from artemis.ring.reader import ReadBatch, RingError, RingReader, records_to_dicts
 
 DEFAULT_SHM_DIR = "/dev/shm/artemis"
 EXIT_BAD_INPUT = 2
@@ -195,8 +195,8 @@ def run_cmd(
 ) -> None:
     """Run the node agent: read rings, summarise windows, ship them to the coordinator."""
     from artemis.agent.config import AgentConfig
-    from artemis.protocol.logs import setup_logging
-    from artemis.protocol.tomlfile import ConfigError, load_config
+    from artemis.common.logs import setup_logging
+    from artemis.common.tomlfile import ConfigError, load_config
 
     try:
         cfg = load_config(
@@ -215,7 +215,7 @@ def run_cmd(
         raise typer.Exit(EXIT_BAD_INPUT) from None
     setup_logging(json_logs=cfg.log_json)
     from artemis.agent.run_main import main
-    from artemis.protocol.aio import run
+    from artemis.common.aio import run
 
     try:
         run(main(cfg))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from artemis.protocol.tomlfile import ConfigError
+from artemis.common.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 
 TELEMETRY_SOURCES = ("nvml", "amdsmi", "host", "simulated")

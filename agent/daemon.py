@@ -28,11 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from artemis.agent import ring_format as rf
 from artemis.agent.config import AgentConfig
 from artemis.agent.fingerprint import host_software, ring_software, software_of, workload_signature
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
-from artemis.agent.ring import RingError, RingHeader, RingReader, records_to_dicts
 from artemis.agent.summary import ProgressTracker, WindowSummarizer
 from artemis.agent.telemetry.base import (
     RankTarget,
@@ -41,11 +39,13 @@ from artemis.agent.telemetry.base import (
     collect,
     merge,
 )
-from artemis.protocol.lifecycle import Lifecycle
+from artemis.common.lifecycle import Lifecycle
 from artemis.protocol.messages import Control, Dump, Fingerprint, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow, Software
 from artemis.protocol.transport import Transport
 from artemis.rebalance.files import UNIFORM_PLAN_ID
+from artemis.ring import format as rf
+from artemis.ring.reader import RingError, RingHeader, RingReader, records_to_dicts
 
 if TYPE_CHECKING:
     from artemis.protocol.client import AgentLink
@@ -190,7 +190,7 @@ class Agent:
 
     def _mains(self) -> dict[tuple[str, int], Tracked]:
         """Each rank's main ring: its largest communicator, ties to the lowest hash, the
-        same choice as the coordinator's (coordinator/assembly.py)."""
+        same choice as the coordinator's (detect/assembly.py)."""
         best: dict[tuple[str, int], Tracked] = {}
         for t in self.rings.values():
             if t.is_bridge:

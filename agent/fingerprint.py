@@ -12,7 +12,7 @@ from three places:
   amdsmi_get_rocm_version), the simulator (its scenario's ``[software]``);
 * the rank's ring: ``nccl`` from the header's ``nccl_version``
   (ncclGetVersion), ``env`` and ``torch`` from the env sidecar its writer
-  left beside it (agent/ring_format.py), filtered again here so no writer can
+  left beside it (ring/format.py), filtered again here so no writer can
   make the agent send a name the privacy rule leaves out.
 
 Later places win. The WORKLOAD signature hashes the rank's per-step
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from artemis.agent import ring_format as rf
-from artemis.agent.ring import RingHeader
 from artemis.agent.telemetry.base import RankTarget, TelemetrySource
 from artemis.protocol.records import SOFTWARE_COMPONENTS, Software
+from artemis.ring import format as rf
+from artemis.ring.reader import RingHeader
 
 log = structlog.get_logger("artemis.agent")
 

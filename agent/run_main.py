@@ -6,10 +6,10 @@ import structlog
 from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import AgentDaemon
 from artemis.agent.telemetry.base import TelemetrySource
+from artemis.common.lifecycle import capture_signals
+from artemis.common.tomlfile import ConfigError
 from artemis.protocol.auth import load_secret
-from artemis.protocol.lifecycle import capture_signals
 from artemis.protocol.rdma.transport import RdmaUnavailable
-from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import build_transport
 
 log = structlog.get_logger("artemis.agent")

@@ -1,7 +1,7 @@
 """Window summaries of one rank's collectives: the agent's pure core.
 
 The ring reader hands over numpy structured arrays of DONE records in the ring's
-slot dtype (``artemis.agent.ring_format``: ``seq``, ``coll_seq``, ``kind``,
+slot dtype (``artemis.ring.format``: ``seq``, ``coll_seq``, ``kind``,
 ``func``, ``state``, ``clock``, ``peer``, ``bytes``, ``start``, ``end``, ...;
 CPU slots add fields). Only the fields named in ``NEEDED_FIELDS`` are read, so
 any array carrying them works.
@@ -60,7 +60,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from artemis.agent.ring_format import (
+from artemis.protocol.records import RankProgress, RankWindow, Telemetry
+from artemis.ring.format import (
     CLOCK_DEVICE_NS,
     CLOCK_DEVICE_TICKS,
     CLOCK_HOST,
@@ -71,7 +72,6 @@ from artemis.agent.ring_format import (
     REC_HOST,
     STATE_DONE,
 )
-from artemis.protocol.records import RankProgress, RankWindow, Telemetry
 
 NEEDED_FIELDS = ("coll_seq", "kind", "func", "clock", "peer", "bytes", "start", "end")
 

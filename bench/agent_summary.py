@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from artemis.agent.ring_format import STATE_DONE
 from artemis.agent.summary import WindowSummarizer
+from artemis.ring.format import STATE_DONE
 
 W, C = 50, 4
 SPAN = W * C

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import msgpack
 import numpy as np
-from artemis.coordinator.baselines import Baseline, WindowStats, window_stats
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
+from artemis.detect.baselines import Baseline, WindowStats, window_stats
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 

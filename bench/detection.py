@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from artemis.coordinator.settings import Settings
+from artemis.detect.settings import Settings
 from artemis.sim import inproc
 from artemis.sim.scenario import COMPUTE_FAULTS, Scenario, parse_scenario
 

@@ -6,7 +6,7 @@ the per-step gap quartiles), and the coordinator's `JobMonitor` (detector and
 `IncidentBook`) with default `Settings`. The baseline, measured on the same
 windows and flags, is the issue's example rule: the first window from the
 flag on (up to `flag_window` after it) where the rank's lower quartile is
-above its peers' median confirms it. The rule in use (coordinator/DETECTOR.md
+above its peers' median confirms it. The rule in use (detect/DETECTOR.md
 "Incidents"): the lower quartile shifted against the peers' lower quartiles
 at least half as much as the median against theirs, in the window tested and
 in at least half of the windows tested since the streak began.
@@ -29,12 +29,12 @@ import time
 from typing import Any
 
 import numpy as np
-from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.agent.summary import WindowSummarizer
-from artemis.coordinator import incidents
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
+from artemis.detect import incidents
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
+from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.sim.inproc import RecordMaker
 from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import Scenario
@@ -204,7 +204,7 @@ def cost() -> None:
     """The book's own time per window (rows, one open incident's update and its confirm
     test) against the detector's on the same window: JobMonitor.on_window minus
     Detector.score_window would mix in the missing-rank rule, so both are timed."""
-    from artemis.coordinator.detector import Detector
+    from artemis.detect.detector import Detector
     from artemis.protocol.columns import WindowColumns
 
     from bench.scoring import _records

@@ -79,7 +79,7 @@ def _rss(pid: int) -> int:
 
 def _null_server_main(address_file: str, secret_file: str) -> None:
     """`python -m bench.ingest null ADDR_FILE SECRET_FILE`: the protocol server, null app."""
-    from artemis.protocol.aio import run
+    from artemis.common.aio import run
     from artemis.protocol.auth import load_secret
     from artemis.protocol.server import ProtocolServer
     from artemis.protocol.tcp import TcpTransport
@@ -188,7 +188,7 @@ def _listening(port: int) -> bool:
 def _client_main(spec_json: str) -> None:
     """`python -m bench.ingest client SPEC`: play the agents, print one JSON result line."""
     _quiet()
-    from artemis.protocol.aio import run
+    from artemis.common.aio import run
 
     out = run(_drive(json.loads(spec_json)))
     print(json.dumps(out), flush=True)

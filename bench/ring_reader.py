@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from artemis.agent.ring import RingReader
-from artemis.agent.ring_format import HEADER_SIZE, KIND_COLL
-from artemis.job.ring_writer import BridgeRingWriter, RingWriter
+from artemis.ring.format import HEADER_SIZE, KIND_COLL
+from artemis.ring.reader import RingReader
+from artemis.ring.writer import BridgeRingWriter, RingWriter
 
 GOAL = 5_000_000  # records/s
 

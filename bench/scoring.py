@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import msgpack
 import numpy as np
-from artemis.coordinator.detector import Detector
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.scoring import score
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.scoring import score
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
@@ -188,10 +188,10 @@ def _coordinator_memory() -> None:
     import tempfile
     from pathlib import Path
 
-    from artemis.coordinator.findings import FindingsWriter
     from artemis.coordinator.metrics import Metrics
-    from artemis.coordinator.monitor import PlansWriter
     from artemis.coordinator.service import Coordinator
+    from artemis.detect.findings import FindingsWriter
+    from artemis.detect.monitor import PlansWriter
 
     print()
     print("Coordinator state per rank, one job, 8 windows scored (tracemalloc); baseline:")

@@ -116,7 +116,7 @@ def _cpp_pieces() -> dict[str, float]:
     one completion callback on a done future."""
     import torch
     from artemis.job.backend import CLOSE_WAIT_S, load_ext
-    from artemis.job.ring_writer import RingWriter
+    from artemis.ring.writer import RingWriter
 
     ext = load_ext()
     if ext is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from artemis.protocol.tomlfile import ConfigError
+from artemis.common.tomlfile import ConfigError
 
 app = typer.Typer(
     help=(
@@ -64,9 +64,9 @@ def serve(
     log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
 ) -> None:
     """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
+    from artemis.common.logs import setup_logging
+    from artemis.common.tomlfile import load_config
     from artemis.coordinator.config import CoordinatorConfig
-    from artemis.protocol.logs import setup_logging
-    from artemis.protocol.tomlfile import load_config
 
     try:
         cfg = load_config(
@@ -90,8 +90,8 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     setup_logging(json_logs=cfg.log_json)
+    from artemis.common.aio import run
     from artemis.coordinator.server_main import main
-    from artemis.protocol.aio import run
 
     try:
         run(main(cfg))

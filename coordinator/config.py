@@ -2,7 +2,7 @@
 
 The `[detector]` table holds the detector's tunables (thresholds, hardware
 classes, rebalance mode and bounds); they are validated by
-`artemis.coordinator.settings.Settings` and can be changed while running with
+`artemis.detect.settings.Settings` and can be changed while running with
 `artemis-coordinator set KEY VALUE`. `store` and `report_dir` are not: they
 are where the coordinator keeps its incident store and writes reports, fixed
 for its life (store/README.md). `[retention]` bounds what the outputs keep
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artemis.protocol.diskio import Retention
+from artemis.common.diskio import Retention
+from artemis.common.tomlfile import ConfigError
 from artemis.protocol.server import PeerLimits
-from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
 

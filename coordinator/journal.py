@@ -17,7 +17,7 @@ journal written by another version still reads), and `["r", job, window,
 scored it, so a new run of the job that reuses its window numbers is not
 mistaken for a resend (a mark without them covers every communicator), and the
 ranks it still misses (absent or empty: none). A window released with ranks
-missing takes their late summaries (coordinator/DETECTOR.md "Late summaries"):
+missing takes their late summaries (detect/DETECTOR.md "Late summaries"):
 a batch of a marked window is replayed for the ranks its latest mark still
 lists, so a late summary taken but not scored survives a crash, and one scored
 (a newer mark without it) is not scored twice. A batch costs one column
@@ -65,8 +65,8 @@ import msgpack
 import msgspec
 import numpy as np
 import structlog
+from artemis.common.diskio import FileHealth
 from artemis.protocol.columns import ColumnError, WindowBatch, WindowColumns, from_wire, to_wire
-from artemis.protocol.diskio import FileHealth
 from artemis.protocol.records import RankWindow, Telemetry
 
 log = structlog.get_logger("artemis.coordinator")

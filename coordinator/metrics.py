@@ -14,8 +14,8 @@ import threading
 from typing import Any
 
 import numpy as np
-from artemis.coordinator.detector import WindowResult
-from artemis.coordinator.findings import Finding
+from artemis.detect.detector import WindowResult
+from artemis.detect.findings import Finding
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -206,7 +206,7 @@ class Metrics:
             self._observe_findings(findings)
 
     def observe_incidents(self, records: list[dict[str, Any]]) -> None:
-        """Incident records (coordinator/incidents.py): open ones set their series, a
+        """Incident records (detect/incidents.py): open ones set their series, a
         closed one removes them and counts its verdict."""
         with self._lock:
             for rec in records:

@@ -15,19 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from artemis.common.lifecycle import Lifecycle, capture_signals
+from artemis.common.tomlfile import ConfigError
 from artemis.coordinator.cli import prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
-from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.settings import Settings, SettingsError
+from artemis.detect.findings import FindingsWriter, IncidentsWriter, incidents_path
+from artemis.detect.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
-from artemis.protocol.lifecycle import Lifecycle, capture_signals
 from artemis.protocol.messages import REASONS
 from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.server import REFUSAL_REASONS, ProtocolServer
-from artemis.protocol.tomlfile import ConfigError
 from artemis.protocol.transport import Transport, build_transport
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
@@ -105,7 +105,7 @@ WRITE_FILES = ("findings", "incidents", "plans", "journal", "state", "dumps", "s
 
 def _write_health_metrics(coord: Coordinator) -> Any:
     """straggler_write_* and straggler_disk_full: each output's write state
-    (protocol/diskio.py; docs/RELIABILITY.md "3. Full disks")."""
+    (common/diskio.py; docs/RELIABILITY.md "3. Full disks")."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     health = coord.write_health()

@@ -4,12 +4,12 @@
 assembler as columns; every window it releases (complete, or at its deadline
 with the absent ranks missing) goes to its job's `JobMonitor`, the pure core
 that owns the detector, the rebalance policy, the missing-rank rule and hang
-tracking (coordinator/monitor.py). What the monitor returns is written here:
+tracking (detect/monitor.py). What the monitor returns is written here:
 findings to the JSONL, plan events to the plans JSONL, both to Prometheus, and
 control intents to the job's agents, incident records to `incidents.jsonl` next
 to the findings (and Prometheus). Once a job's fingerprint is known the stored
 baselines of its workload are read (on the tick) and handed to its monitor; at
-its end the baselines it confirmed are written (coordinator/baselines.py).
+its end the baselines it confirmed are written (detect/baselines.py).
 Heartbeats carry progress and plan acks;
 dumps are written next to the findings and their paths handed to the monitor.
 
@@ -34,10 +34,8 @@ from typing import Any
 
 import msgpack
 import structlog
-from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
+from artemis.common.diskio import FileHealth, prune_dir
 from artemis.coordinator.config import RetentionConfig
-from artemis.coordinator.detector import LATE_WINDOWS
-from artemis.coordinator.findings import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.coordinator.journal import (
     AssemblyJournal,
     JournalUnavailable,
@@ -45,15 +43,17 @@ from artemis.coordinator.journal import (
     output_marks,
 )
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.monitor import (
+from artemis.detect.assembly import AssembledWindow, WindowAssembler
+from artemis.detect.detector import LATE_WINDOWS
+from artemis.detect.findings import FindingsWriter, IncidentsWriter, incidents_path
+from artemis.detect.monitor import (
     JobMonitor,
     MonitorOutput,
     PlanMetrics,
     PlansWriter,
     register_plan_metrics,
 )
-from artemis.coordinator.settings import Settings
-from artemis.protocol.diskio import FileHealth, prune_dir
+from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
 from artemis.store.sink import StoreSink
@@ -497,7 +497,7 @@ class Coordinator:
 
     def _load_baselines(self, m: JobMonitor, now: float) -> None:
         """The stored baselines of the job's workload, read once its fingerprint is known
-        (on the tick, never while scoring; coordinator/baselines.py): per hardware class,
+        (on the tick, never while scoring; detect/baselines.py): per hardware class,
         the latest one (what the job is judged by) and the one of its own software. The
         reads never wait on the database: the store's writer thread runs them (after the
         writes queued before them) and a later tick takes the answer ("pending" until

@@ -53,11 +53,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as _torch_dist
-from artemis.agent import ring_format as rf
 from artemis.rebalance.files import DEFAULT_SHM_DIR
+from artemis.ring import format as rf
+from artemis.ring.writer import RingWriter
 from torch.distributed import distributed_c10d as c10d
-
-from .ring_writer import RingWriter
 
 # torch's stubs type ProcessGroup's methods with overloads a forwarding wrapper
 # cannot restate one by one; the wrapper takes whatever c10d passes on.
@@ -495,7 +494,7 @@ class ArtemisProcessGroup(ArtemisGroup, dist.ProcessGroup):
             return  # a group inside one island: nothing crosses a bridge
         self._isl = isl = _Islands(store, timeout, self._rank, self._ranks, names)
         if isl.leader:
-            from .ring_writer import BridgeRingWriter
+            from artemis.ring.writer import BridgeRingWriter
 
             isl.bridge_ring = BridgeRingWriter(
                 self._shm,

@@ -28,12 +28,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from artemis.agent.ring import RingReader
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import RankTarget, TelemetryAccumulator, merge
 from artemis.agent.telemetry.host import HostSource
 from artemis.agent.telemetry.simulated import SimulatedSource
 from artemis.protocol.records import RankWindow, Telemetry
+from artemis.ring.reader import RingReader
 
 _STORE_KEY = "artemis/detector/address"
 
@@ -127,13 +127,13 @@ class Detector:
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         if self.rank == 0:
-            from artemis.coordinator.findings import (
+            from artemis.detect.findings import (
                 FindingsWriter,
                 IncidentsWriter,
                 incidents_path,
             )
-            from artemis.coordinator.monitor import JobMonitor
-            from artemis.coordinator.settings import Settings
+            from artemis.detect.monitor import JobMonitor
+            from artemis.detect.settings import Settings
 
             base = Settings()
             self._monitor = JobMonitor(

@@ -291,7 +291,7 @@ int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errl
 /* ---- the env sidecar (artemis_ring.h "Env sidecar") ----------------------
  * The job's communication settings for its software fingerprint, read from
  * this process's environ once per ring, at init. The rule is the one of
- * artemis.agent.ring_format.keep_env_name; a test holds the two together. */
+ * artemis.ring.format.keep_env_name; a test holds the two together. */
 
 extern char **environ;
 

@@ -25,7 +25,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
-from artemis.agent.ring_format import (
+from artemis.ring.format import (
     ENV_MAX_VARS,
     ENV_NAME_MAX,
     ENV_VALUE_MAX,
@@ -261,7 +261,7 @@ class RankInfo:
 # -- software fingerprint (docs/DESIGN.md "Fingerprints") ----------------------
 
 # The env filter and its bounds are the ring format's (the writers apply them
-# first): artemis.agent.ring_format, numpy-only, so the job side shares them.
+# first): artemis.ring.format, numpy-only, so the job side shares them.
 ENV_MAX = ENV_MAX_VARS
 SOFTWARE_COMPONENTS = ("gpu_model", "driver", "cuda", "nccl", "torch", "kernel")
 

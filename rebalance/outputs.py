@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from artemis.protocol.diskio import JsonlAppender, Retention
+from artemis.common.diskio import JsonlAppender, Retention
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .policy import STATUSES, PlanEvent
@@ -27,7 +27,7 @@ from .policy import STATUSES, PlanEvent
 
 class PlansWriter:
     """Appends plan events to a JSONL file, one line per status change, written at once
-    (through `JsonlAppender`, protocol/diskio.py: a full disk holds the lines in
+    (through `JsonlAppender`, common/diskio.py: a full disk holds the lines in
     memory until space returns; `retention` rotates the file)."""
 
     def __init__(self, path: str | Path, retention: Retention | None = None) -> None:

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from artemis.coordinator.baselines import software_hash
-from artemis.coordinator.findings import Finding, change_finding, regression_finding
-from artemis.coordinator.fingerprint import diff, flatten
+from artemis.detect.baselines import software_hash
+from artemis.detect.findings import Finding, change_finding, regression_finding
+from artemis.detect.fingerprint import diff, flatten
 
 # The smallest slowdown reported, relative, per device (``--margin`` overrides it).
 # GPU: 5%, so an 8% slower driver is seen on a quiet baseline (a GEMM's run-to-run
@@ -355,7 +355,7 @@ def evidence(run: Mapping[str, Any], c: Comparison) -> dict[str, Any]:
 
 
 def findings_of(run: Mapping[str, Any], j: Judgement, *, window: int) -> list[Finding]:
-    """The run's findings, built by the finding constructors of coordinator/findings.py:
+    """The run's findings, built by the finding constructors of detect/findings.py:
     one per comparison that is slower. ``window`` numbers the node's runs (its earlier
     runs' count); ``job`` is ``regress/<node>``; the subject is the hardware class."""
     out: list[Finding] = []

@@ -42,12 +42,12 @@ def software(device: str) -> dict[str, Any]:
     says (NVML or AMD SMI: ``gpu_model``, ``driver``, ``cuda``), then what torch says
     in this process (``torch``; on a GPU ``nccl`` from torch's NCCL/RCCL, and
     ``gpu_model`` / ``cuda`` where no telemetry source knows them), and ``env``:
-    this process's kept variables (the privacy filter of agent/ring_format.py). torch
+    this process's kept variables (the privacy filter of ring/format.py). torch
     is imported already: the benchmark ran."""
     import torch
     from artemis.agent.fingerprint import host_software, nccl_version, software_of
-    from artemis.agent.ring_format import filter_env
     from artemis.agent.telemetry import AmdSmiSource, NvmlSource, RankTarget
+    from artemis.ring.format import filter_env
 
     cuda = device == "cuda"
     own: dict[str, Any] = {"torch": str(torch.__version__), "env": filter_env(dict(os.environ))}

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from artemis.protocol.diskio import rotated_paths
+from artemis.common.diskio import rotated_paths
 from artemis.store import Store, StoreError, open_for_findings, open_store
 
 from .html import anchor, render

@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 from artemis.agent.daemon import FAILPOINT_ENV, FAILPOINT_EXIT
-from artemis.protocol.tomlfile import toml_value
+from artemis.common.tomlfile import toml_value
 from artemis.sim.hostproc import metric_value
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import write_telemetry

@@ -144,7 +144,7 @@ def run_host(
     run: str = "",
 ) -> int:
     from artemis.agent.plugin_path import plugin_path
-    from artemis.job.ring_writer import BridgeRingWriter
+    from artemis.ring.writer import BridgeRingWriter
     from artemis.sim.nccl import RUNTIMES, NcclStandIn
 
     sc = load_scenario(scenario)

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.agent.telemetry.simulated import overlay
-from artemis.coordinator.detector import Detector
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector
+from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
+from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.sim.model import TP_BYTES, CollSpec, LockstepModel
 from artemis.sim.scenario import Scenario
 from artemis.sim.telemetry import telemetry_plan

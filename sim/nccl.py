@@ -49,7 +49,7 @@ from ctypes import (
 from pathlib import Path
 from typing import Any
 
-from artemis.agent.ring_format import DTYPE_SIZE_BY_NAME
+from artemis.ring.format import DTYPE_SIZE_BY_NAME
 
 # -- event bits and states (profiler_plugin/nccl_profiler_abi.h) ------------
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from artemis.protocol.tomlfile import ConfigError, toml_value
+from artemis.common.tomlfile import ConfigError, toml_value
 
 REBALANCE_MODES = ("off", "recommend", "apply")
 _BIN = Path(sys.executable).parent
@@ -241,7 +241,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
         raise RunError("--window-steps: expected an integer >= 2")
     user_cfg: dict[str, Any] = {}
     if opts.config is not None:
-        from artemis.protocol.tomlfile import read_toml
+        from artemis.common.tomlfile import read_toml
 
         try:
             user_cfg = read_toml(opts.config)

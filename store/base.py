@@ -67,7 +67,7 @@ class Store(abc.ABC):
         or (incident, window) is replaced."""
 
     def write_baselines(self, records: list[dict[str, Any]]) -> None:
-        """Upsert baselines (coordinator/baselines.py ``Baseline.to_record``), one per
+        """Upsert baselines (detect/baselines.py ``Baseline.to_record``), one per
         (workload, hw_class, software_hash), with their software fingerprints, in one
         transaction. A store that keeps none (a JSONL view) raises ``StoreError``."""
         raise StoreError(f"{self.url}: this store keeps no baselines")

@@ -5,7 +5,7 @@ last line of an id is its current state, docs/DESIGN.md "Incidents"), the
 per-window rows are not (``job_windows`` and ``incident_windows`` are empty).
 A line that is not JSON (a line cut by a crash, at the end) is skipped.
 Rotated generations (``incidents.jsonl.N`` ... ``.1``, written by the
-coordinator's retention, protocol/diskio.py) are read first, oldest first, so
+coordinator's retention, common/diskio.py) are read first, oldest first, so
 an incident opened before a rotation keeps its history.
 """
 
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from artemis.protocol.diskio import rotated_paths
+from artemis.common.diskio import rotated_paths
 from artemis.store.base import Store, StoreError
 
 

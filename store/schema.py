@@ -28,7 +28,7 @@ status, verdict, cause, windows, GPU-hours lost), backfilled from their
 records; actions get their own table (one row per plan of an incident),
 backfilled too; the job rows get the p10/p90 bands; per-window rows of an
 incident's subject get a table (what redraws an incident's plots).
-v3: baselines across jobs (coordinator/baselines.py): the
+v3: baselines across jobs (detect/baselines.py): the
 software fingerprints by hash, and one baseline per (workload fingerprint,
 hardware class, software fingerprint) with its reference values in columns and
 its whole distribution as JSON; the latest of a (workload, class) is what a job
@@ -368,7 +368,7 @@ def _v3(db: Db) -> None:
     db.script(
         """
         CREATE TABLE fingerprints (
-            hash       TEXT PRIMARY KEY,   -- coordinator/baselines.py software_hash
+            hash       TEXT PRIMARY KEY,   -- detect/baselines.py software_hash
             software   TEXT NOT NULL,      -- JSON: the job's software fingerprint
             first_seen REAL NOT NULL       -- unix s
         );

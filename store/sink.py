@@ -26,7 +26,7 @@ coordinator, nor slow its scoring:
 
 A full disk (SQLite on a full filesystem) is not a refusal: the store stays on,
 the write that failed is given up and counted (``FileHealth``,
-protocol/diskio.py: ``straggler_write_errors_total{file="store"}`` and the rows
+common/diskio.py: ``straggler_write_errors_total{file="store"}`` and the rows
 given up in ``straggler_write_lost_total``), and the next write tries again
 (docs/RELIABILITY.md "3. Full disks").
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from artemis.protocol.diskio import FileHealth, reason_of
+from artemis.common.diskio import FileHealth, reason_of
 from artemis.store.base import (
     Store,
     StoreError,
@@ -119,7 +119,7 @@ def _snapshot(record: dict[str, Any]) -> dict[str, Any]:
     """A record as it is now, for a write run later. The incident tracker builds
     each record fresh (docs/DESIGN.md: each change is the whole record) but for
     its plans' ``history`` lists, which it goes on appending to
-    (coordinator/incidents.py): those are copied, the rest is shared. A deep copy
+    (detect/incidents.py): those are copied, the rest is shared. A deep copy
     would cost more than the store's write itself at 10k ranks (bench/README.md)."""
     acts = record.get("actions")
     if not acts:

@@ -51,7 +51,7 @@ UPSERT_INC_ROW = upsert(
 )
 
 
-# Baselines across jobs (schema v3, coordinator/baselines.py).
+# Baselines across jobs (schema v3, detect/baselines.py).
 BASELINE_COLS = (
     "workload",
     "hw_class",

@@ -1,7 +1,7 @@
 """Rings exactly as a minor-0 writer made them (a plugin or job writer from before the
 versioned header fields), for the rolling-upgrade tests.
 
-The layout is frozen here on purpose, independent of ``artemis.agent.ring_format``:
+The layout is frozen here on purpose, independent of ``artemis.ring.format``:
 the bytes an old plugin wrote do not change when the format grows. Every byte
 from offset 288 on is zero except ``write_index``, and slots are 64 bytes.
 """

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.agent import ring_format as rf
-from artemis.job.ring_writer import REC_HOST, BridgeRingWriter
+from artemis.ring import format as rf
+from artemis.ring.writer import REC_HOST, BridgeRingWriter
 
 AGENT = str(Path(sys.executable).parent / "artemis-agent")
 COMM = 0xFEEDFACE00000001

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import Agent
-from artemis.agent.ring_format import FUNC_CODES, KIND_COLL
-from artemis.coordinator.assembly import WindowAssembler
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
-from artemis.job.ring_writer import RingWriter
+from artemis.detect.assembly import WindowAssembler
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
+from artemis.ring.format import FUNC_CODES, KIND_COLL
+from artemis.ring.writer import RingWriter
 
 MS = 1_000_000
 STEPS, WINDOW_STEPS = 240, 20

@@ -7,7 +7,7 @@ The job writes where the stall started in collective numbering (``--mark``), so 
 window it starts in is known exactly. The detector runs at its default settings:
 four ranks share this machine's two cores with whatever else runs, so which rank
 the scheduler delays in a window is luck, and how much changes with the load; the
-adaptive rule measures that noise as the run goes (coordinator/DETECTOR.md, "The
+adaptive rule measures that noise as the run goes (detect/DETECTOR.md, "The
 combined test": the job's live noise) and judges the stall against it. Windows are
 40 steps (about 0.2 s): at 20 (0.1 s) a clean run once had rank 3 flagged for half a
 second of real CPU contention at its start (its gap 1.24x its peers' in 5 windows).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from artemis.coordinator.assembly import WindowAssembler
+from artemis.detect.assembly import WindowAssembler
 from artemis.protocol.records import RankWindow
 
 

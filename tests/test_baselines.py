@@ -1,4 +1,4 @@
-"""Baselines across jobs, the pure core (coordinator/baselines.py) inside `JobMonitor`.
+"""Baselines across jobs, the pure core (detect/baselines.py) inside `JobMonitor`.
 
 The windows are real: the simulator's lockstep model writes ring records as the
 plugin does, one agent `WindowSummarizer` per rank summarises them (with the
@@ -13,13 +13,13 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from artemis.agent.ring_format import CLOCK_DEVICE_NS
 from artemis.agent.summary import WindowSummarizer
-from artemis.coordinator.baselines import UNKNOWN_CLASS, BaselineBook, software_hash
-from artemis.coordinator.fingerprint import workload_hash
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
+from artemis.detect.baselines import UNKNOWN_CLASS, BaselineBook, software_hash
+from artemis.detect.fingerprint import workload_hash
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
+from artemis.ring.format import CLOCK_DEVICE_NS
 from artemis.sim.inproc import RecordMaker
 from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import parse_scenario
@@ -259,7 +259,7 @@ def test_a_late_agent_makes_the_job_fingerprint_again() -> None:
 def test_window_stats_of_a_big_two_class_job_from_a_sample() -> None:
     """Past SAMPLE rows the medians come from an even sample (within 0.1% of all the
     rows' here); who a finding names is every rank of its class, exactly."""
-    from artemis.coordinator.baselines import SAMPLE, window_stats
+    from artemis.detect.baselines import SAMPLE, window_stats
     from artemis.protocol.columns import WindowColumns
 
     n = 2 * SAMPLE + 1000

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.coordinator.baselines import software_hash
+from artemis.detect.baselines import software_hash
 from artemis.store import open_store
 from artemis.store.base import store_url as sqlite_url
 

@@ -1,5 +1,5 @@
 """Device-clock anomalies in ring records, through the real ring writer and reader
-(job/ring_writer.py -> agent/ring.py -> agent/summary.py): each one is corrected or left
+(ring/writer.py -> ring/reader.py -> agent/summary.py): each one is corrected or left
 out, counted by reason, and the window's timings stay those of a clean clock.
 
 The simulator's scenarios of the same anomalies, through the real plugin, agents and
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.agent.ring import RingReader
-from artemis.agent.ring_format import FUNC_CODES, KIND_COLL, REC_DEVICE
 from artemis.agent.summary import WindowSummarizer, device_timeline
-from artemis.coordinator.clockrate import correct_rates
-from artemis.job.ring_writer import RingWriter
+from artemis.detect.clockrate import correct_rates
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
+from artemis.ring.format import FUNC_CODES, KIND_COLL, REC_DEVICE
+from artemis.ring.reader import RingReader
+from artemis.ring.writer import RingWriter
 
 C, W, WINDOWS = (
     4,

@@ -4,10 +4,10 @@ and the diagnosis telling an input stall (idle gap) from CPU contention (busy ga
 from __future__ import annotations
 
 import numpy as np
-from artemis.agent import ring_format as rf
 from artemis.agent.summary import WindowSummarizer
-from artemis.coordinator.diagnosis import diagnose
+from artemis.detect.diagnosis import diagnose
 from artemis.protocol.records import Telemetry
+from artemis.ring import format as rf
 
 
 def _records(n: int, gap_ns: int, coll_ns: int, cpu_in_gap_ns: int) -> np.ndarray:

@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.agent import ring_format as rf
 from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import AgentDaemon
+from artemis.common.lifecycle import Lifecycle
 from artemis.coordinator.config import CoordinatorConfig
 from artemis.coordinator.server_main import CoordinatorServer
-from artemis.job.ring_writer import REC_HOST, RingWriter
 from artemis.protocol.auth import load_secret
-from artemis.protocol.lifecycle import Lifecycle
 from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.rdma.verbs import probe
 from artemis.protocol.tcp import TcpTransport
@@ -40,6 +38,8 @@ from artemis.protocol.transport import (
     TlsConfig,
     build_transport,
 )
+from artemis.ring import format as rf
+from artemis.ring.writer import REC_HOST, RingWriter
 from ring_minor0 import OldRecord, write_minor0_ring
 
 JOB = "lifejob"
@@ -335,7 +335,7 @@ def test_coordinator_refusing_its_config_opens_nothing(tmp_path: Path) -> None:
         control_socket=str(tmp_path / "c.sock"),
         detector={"suspect_ratio": 0.5},
     )
-    from artemis.protocol.tomlfile import ConfigError
+    from artemis.common.tomlfile import ConfigError
 
     server = CoordinatorServer(cfg)
     with pytest.raises(ConfigError, match="suspect_ratio"):

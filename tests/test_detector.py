@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from artemis.coordinator.detector import Detector, WindowResult
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector, WindowResult
+from artemis.detect.settings import Settings
 from artemis.protocol.records import Telemetry
 from test_detector_support import WINDOW_STEPS, make_window
 

@@ -1,13 +1,13 @@
 """`degraded` (an island or class too small for peers) under the adaptive rule: a
 CUSUM on the rank's own gap against its confirmed baseline, in its own noise
-(coordinator/DETECTOR.md, "The combined test"); `mode = "seed"` keeps the fixed
+(detect/DETECTOR.md, "The combined test"); `mode = "seed"` keeps the fixed
 `history >= suspect_ratio`."""
 
 from __future__ import annotations
 
 import numpy as np
-from artemis.coordinator.detector import Detector, WindowResult
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector, WindowResult
+from artemis.detect.settings import Settings
 from test_detector_support import make_window
 
 ISL = ["nvidia"] * 6 + ["amd"] * 2  # amd: two ranks, fewer than min_island_peers

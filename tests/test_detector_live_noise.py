@@ -7,7 +7,7 @@ peer ratio (``suspect_ratio``) and a warm-up spread measured once over five wind
 both sit inside that noise, so some rank reached 3 bad windows of 4 in most runs.
 The detector now measures the job's live noise (the spread across ranks of each
 rank's window-to-window change in log gap, against its group's) and asks a rank's
-log peer ratio to be beyond 3 times it (coordinator/detector.py ``NOISE_WINDOWS``, DETECTOR.md "The combined test").
+log peer ratio to be beyond 3 times it (detect/detector.py ``NOISE_WINDOWS``, DETECTOR.md "The combined test").
 
 tests/data/loaded_ddp_windows.json holds the window summaries of six real runs of
 tests/ddp_job.py on this machine under load (three quiet, three with rank 2's data
@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from artemis.coordinator.detector import Detector
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector
+from artemis.detect.settings import Settings
 from test_detector_support import make_window
 
 DATA = Path(__file__).resolve().parent / "data" / "loaded_ddp_windows.json"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from artemis.coordinator.detector import Detector, WindowResult
-from artemis.coordinator.findings import Finding
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector, WindowResult
+from artemis.detect.findings import Finding
+from artemis.detect.settings import Settings
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_detector_support import WINDOW_STEPS, make_window

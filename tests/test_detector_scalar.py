@@ -1,5 +1,5 @@
 """The scalar kinds' adaptive rule (island, collective, link): a limit scaled by the
-scalar's own recent noise, and the tail rule (coordinator/DETECTOR.md, "The combined
+scalar's own recent noise, and the tail rule (detect/DETECTOR.md, "The combined
 test"). Short windows with common stalls make the island's transfer time heavy-tailed:
 these must not flag, while a real collective slowdown still does."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from artemis.coordinator.detector import Detector
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector
+from artemis.detect.settings import Settings
 from artemis.sim.inproc import run
 from artemis.sim.scenario import parse_scenario
 from test_detector_support import make_window

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from artemis.coordinator.settings import Settings, SettingsError
+from artemis.detect.settings import Settings, SettingsError
 
 
 def test_defaults_match_the_design() -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from artemis.coordinator.detector import Detector
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector
+from artemis.detect.settings import Settings
 from artemis.sim.inproc import run
 from artemis.sim.scenario import COMPUTE_FAULTS, Scenario, parse_scenario
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from artemis.coordinator.diagnosis import DIAG_FIELDS, diagnose, nic_evidence, pcie_degraded
+from artemis.detect.diagnosis import DIAG_FIELDS, diagnose, nic_evidence, pcie_degraded
 from artemis.protocol.records import Telemetry
 
 # A healthy GPU on a quiet host: every field present.

@@ -1,4 +1,4 @@
-"""Outputs on a disk that fills, and their retention (protocol/diskio.py).
+"""Outputs on a disk that fills, and their retention (common/diskio.py).
 
 A real ENOSPC without root: the output's path is a symlink to /dev/full (every
 write fails with ENOSPC), then a regular file again (space returned). The
@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from artemis.coordinator.findings import IncidentsWriter
-from artemis.protocol.diskio import JsonlAppender, Retention, prune_dir, rotated_paths
+from artemis.common.diskio import JsonlAppender, Retention, prune_dir, rotated_paths
+from artemis.detect.findings import IncidentsWriter
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.jsonl import JsonlIncidents
 from artemis.store.sqlite import SqliteStore

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.coordinator.detector import Detector
-from artemis.coordinator.findings import (
+from artemis.detect.detector import Detector
+from artemis.detect.findings import (
     FIELDS,
     Finding,
     FindingsWriter,
     flag_message,
     hang_finding,
 )
-from artemis.coordinator.hang import check_hang
-from artemis.coordinator.settings import Settings
+from artemis.detect.hang import check_hang
+from artemis.detect.settings import Settings
 from artemis.protocol.records import RankProgress, Telemetry
 from test_detector_support import make_window
 

@@ -14,15 +14,15 @@ import msgpack
 import msgspec
 import numpy as np
 import pytest
-from artemis.agent import ring_format as rf
 from artemis.agent.fingerprint import nccl_version, software_of, workload_signature
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.nvml import cuda_version
-from artemis.coordinator.fingerprint import JobFingerprint, combine, diff, workload_hash
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
+from artemis.detect.fingerprint import JobFingerprint, combine, diff, workload_hash
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.messages import Fingerprint, ProtocolError, decode_body, encode_body
 from artemis.protocol.records import Software
+from artemis.ring import format as rf
 
 SW = {
     "gpu_model": "NVIDIA H100 80GB HBM3",

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.agent import ring_format as rf
 from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import Agent
 from artemis.agent.fingerprint import ring_software
-from artemis.agent.ring import RingReader
 from artemis.protocol.messages import Fingerprint
+from artemis.ring import format as rf
+from artemis.ring.reader import RingReader
 from artemis.sim.nccl import NcclStandIn
 
 SECRETS = {

@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.settings import Settings
+from artemis.detect.findings import FindingsWriter
+from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump
 from artemis.rebalance.outputs import PlansWriter
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from artemis.coordinator.findings import FIELDS, hang_finding
-from artemis.coordinator.hang import check_hang, hang_bound_s
-from artemis.coordinator.monitor import RESTORED_DUMP_WAIT_S, JobMonitor, MonitorOutput
-from artemis.coordinator.settings import Settings
+from artemis.detect.findings import FIELDS, hang_finding
+from artemis.detect.hang import check_hang, hang_bound_s
+from artemis.detect.monitor import RESTORED_DUMP_WAIT_S, JobMonitor, MonitorOutput
+from artemis.detect.settings import Settings
 from artemis.protocol.records import RankProgress, RankWindow
 from service_records import rank_window
 

@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.monitor import RESTORED_DUMP_WAIT_S
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.settings import Settings
+from artemis.detect.findings import FindingsWriter
+from artemis.detect.monitor import RESTORED_DUMP_WAIT_S
+from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Windows
 from artemis.protocol.records import RankProgress, RankWindow
 from artemis.protocol.server import PeerInfo

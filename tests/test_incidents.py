@@ -1,4 +1,4 @@
-"""Incidents (coordinator/incidents.py) through the per-job core, on real summariser output.
+"""Incidents (detect/incidents.py) through the per-job core, on real summariser output.
 
 Windows come from the simulator's lockstep model turned into ring records and
 summarised by the agent's own `WindowSummarizer` (as sim/inproc.py does), with
@@ -18,19 +18,19 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from artemis.agent.ring_format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.agent.telemetry.simulated import overlay
-from artemis.coordinator import findings as F
-from artemis.coordinator.findings import IncidentsWriter, incidents_path
-from artemis.coordinator.incidents import MARKERS, IncidentBook, WindowView
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.monitor import JobMonitor, MonitorOutput
-from artemis.coordinator.settings import Settings
+from artemis.detect import findings as F
+from artemis.detect.findings import IncidentsWriter, incidents_path
+from artemis.detect.incidents import MARKERS, IncidentBook, WindowView
+from artemis.detect.monitor import JobMonitor, MonitorOutput
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.rebalance.policy import PlanEvent
+from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.sim.inproc import RecordMaker
 from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import Scenario, load_scenario

@@ -26,9 +26,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from artemis.agent import ring_format as rf  # noqa: E402
 from artemis.agent.fingerprint import ring_software  # noqa: E402
-from artemis.agent.ring import RingReader  # noqa: E402
+from artemis.ring import format as rf  # noqa: E402
+from artemis.ring.reader import RingReader  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
 
 WORLD = 2

@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from artemis.agent import ring_format as rf  # noqa: E402
-from artemis.agent.ring import RingReader  # noqa: E402
 from artemis.job import backend  # noqa: E402
+from artemis.ring import format as rf  # noqa: E402
+from artemis.ring.reader import RingReader  # noqa: E402
 
 # Record fields that must agree between the paths (times are checked for sanity).
 SAME = ("kind", "func", "dtype", "state", "clock", "peer", "seq", "coll_seq", "bytes")

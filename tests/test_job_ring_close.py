@@ -28,8 +28,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-from artemis.agent.ring import RingReader  # noqa: E402
 from artemis.job import backend  # noqa: E402
+from artemis.ring.reader import RingReader  # noqa: E402
 
 
 def _pair(path: str) -> list[Any]:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.settings import Settings
+from artemis.detect.findings import FindingsWriter
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import Windows
 from artemis.protocol.records import RankWindow, Telemetry

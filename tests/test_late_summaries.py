@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from artemis.coordinator.assembly import AssembledWindow, WindowAssembler
-from artemis.coordinator.detector import LATE_PEERS, LATE_WINDOWS, Detector
-from artemis.coordinator.findings import Finding
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
+from artemis.detect.assembly import AssembledWindow, WindowAssembler
+from artemis.detect.detector import LATE_PEERS, LATE_WINDOWS, Detector
+from artemis.detect.findings import Finding
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.sim.inproc import summaries

@@ -6,9 +6,9 @@ import urllib.request
 
 import numpy as np
 import pytest
-from artemis.coordinator.detector import Detector, WindowResult
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.settings import Settings
+from artemis.detect.detector import Detector, WindowResult
+from artemis.detect.settings import Settings
 from prometheus_client import Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_detector_support import WINDOW_STEPS, make_window

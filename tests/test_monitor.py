@@ -9,8 +9,8 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from artemis.coordinator.monitor import JobMonitor, MonitorOutput
-from artemis.coordinator.settings import Settings, SettingsError
+from artemis.detect.monitor import JobMonitor, MonitorOutput
+from artemis.detect.settings import Settings, SettingsError
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
 
@@ -234,7 +234,7 @@ def test_live_max_shift_frac_reaches_the_next_plan_and_bad_values_are_refused() 
 
 @pytest.mark.parametrize("value", [-0.1, 0.0, 0.25, 0.99, 1.0, 1.5, float("nan")])
 def test_settings_and_the_policy_accept_the_same_max_shift_frac(value: float) -> None:
-    from artemis.coordinator.monitor import PolicySettings
+    from artemis.detect.monitor import PolicySettings
 
     def refused(make: Callable[[], object]) -> bool:
         try:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from artemis.agent.ring import RingReader, records_to_dicts
+from artemis.ring.reader import RingReader, records_to_dicts
 from artemis.sim import nccl
 from artemis.sim.nccl import NcclStandIn, format_c
 

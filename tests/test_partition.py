@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.coordinator.monitor import JobMonitor
-from artemis.coordinator.settings import Settings
+from artemis.detect.monitor import JobMonitor
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.sim.cluster import SimCluster, SimContext, SimOptions
 from artemis.sim.hostproc import metric_value

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from artemis.agent.ring import RingReader, records_to_dicts
+from artemis.ring.reader import RingReader, records_to_dicts
 from artemis.sim.nccl import NcclStandIn, p2p_nchannels
 
 

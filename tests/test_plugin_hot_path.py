@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.agent.ring import RingReader, records_to_dicts
-from artemis.agent.ring_format import HEADER_SIZE, REC_DEVICE, SLOT_DTYPE, SLOT_SIZE, STATE_DONE
+from artemis.ring.format import HEADER_SIZE, REC_DEVICE, SLOT_DTYPE, SLOT_SIZE, STATE_DONE
+from artemis.ring.reader import RingReader, records_to_dicts
 from artemis.sim.nccl import NcclStandIn
 
 

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import AgentDaemon
-from artemis.coordinator.findings import FindingsWriter
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.settings import Settings
+from artemis.detect.findings import FindingsWriter
+from artemis.detect.settings import Settings
 from artemis.protocol.client import AgentLink
 from artemis.protocol.messages import RankInfo
 from artemis.protocol.rdma import loopback

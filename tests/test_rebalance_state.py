@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from artemis.coordinator.settings import Settings, SettingsError
+from artemis.detect.settings import Settings, SettingsError
 from artemis.rebalance.policy import (
     BOUNDS,
     PlanEvent,

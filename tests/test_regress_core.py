@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from artemis.coordinator.baselines import software_hash
+from artemis.cli.regress import parse_cpus
+from artemis.detect.baselines import software_hash
 from artemis.regress import core
-from artemis.regress.cli import parse_cpus
 
 SOFT = {"kernel": "6.1.0", "torch": "2.13.0", "env": {"NCCL_ALGO": "Ring"}}
 TREE = {**SOFT, "env": {"NCCL_ALGO": "Tree"}}

@@ -1,4 +1,4 @@
-"""The Python ring format (artemis.agent.ring_format) matches the C header byte for byte."""
+"""The Python ring format (artemis.ring.format) matches the C header byte for byte."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from artemis.agent import ring_format as rf
+from artemis.ring import format as rf
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = REPO / "profiler_plugin" / "artemis_ring.h"
@@ -194,10 +194,10 @@ def test_job_writer_imports_no_agent_machinery() -> None:
     # A training script imports artemis.job; the ring format must not drag the
     # agent (its reader, daemon, telemetry, protocol, structlog) in with it.
     code = (
-        "import sys, artemis.job.ring_writer\n"
+        "import sys, artemis.ring.writer\n"
         "bad = sorted(m for m in sys.modules if m.startswith('artemis.') and not "
         "m.startswith(('artemis.job', 'artemis.rebalance')) and "
-        "m not in ('artemis.agent', 'artemis.agent.ring_format'))\n"
+        "m not in ('artemis.agent', 'artemis.ring.format'))\n"
         "bad += [m for m in ('structlog', 'msgpack', 'typer') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from artemis.agent import ring_format as rf
-from artemis.agent.ring import RingError, RingReader, cpu_times_ns, records_to_dicts
-from artemis.job.ring_writer import REC_DEVICE, REC_HOST, BridgeRingWriter, RingWriter
+from artemis.ring import format as rf
+from artemis.ring.reader import RingError, RingReader, cpu_times_ns, records_to_dicts
+from artemis.ring.writer import REC_DEVICE, REC_HOST, BridgeRingWriter, RingWriter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ring_minor0 import OldRecord, write_minor0_ring

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from artemis.coordinator.scoring import MAD_SCALE, group_ids, score, score_reference
+from artemis.detect.scoring import MAD_SCALE, group_ids, score, score_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -107,7 +107,7 @@ def test_scale_and_permutation_invariance(n: int, c: float, seed: int) -> None:
 def test_partitioned_and_sorted_paths_agree(x: np.ndarray, ngroups: int, seed: int) -> None:
     """Few groups are partitioned around their middle, many are sorted (scoring.FEW_GROUPS):
     the same numbers either way, ties included."""
-    import artemis.coordinator.scoring as scoring
+    import artemis.detect.scoring as scoring
 
     raw = np.random.default_rng(seed).integers(0, ngroups, x.size)
     g = np.unique(raw, return_inverse=True)[1].astype(np.int64)

@@ -7,7 +7,7 @@ every TP collective for the slow rank, so on the DP communicator alone its
 compute gap would read as slow too. The agent leaves the time inside the
 rank's other communicators' collectives out of the gap (`feed_nested`), and
 the coordinator judges each rank on its largest communicator
-(coordinator/DETECTOR.md, "Several communicators per rank").
+(detect/DETECTOR.md, "Several communicators per rank").
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.agent.ring_format import CLOCK_DEVICE_NS
 from artemis.agent.summary import WindowSummarizer
+from artemis.ring.format import CLOCK_DEVICE_NS
 from artemis.sim import inproc
 from artemis.sim.cluster import SimCluster, SimOptions
 from artemis.sim.model import LockstepModel

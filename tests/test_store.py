@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import structlog
+from artemis.common.tomlfile import ConfigError
 from artemis.coordinator.config import CoordinatorConfig
-from artemis.protocol.tomlfile import ConfigError
 from artemis.store import StoreError, open_for_findings, open_store, store_url
 from artemis.store.schema import CURRENT, MIGRATIONS, Db, migrate, wrap
 from artemis.store.sink import StoreSink, resolve_url
@@ -444,7 +444,7 @@ def test_sink_writes_records_as_they_were_when_queued(tmp_path: Path) -> None:
 
 
 def test_config_keys_and_flags(tmp_path: Path) -> None:
-    from artemis.protocol.tomlfile import load_config
+    from artemis.common.tomlfile import load_config
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(CoordinatorConfig, root / "deploy" / "coordinator.toml", {}).validated()

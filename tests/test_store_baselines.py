@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.coordinator.baselines import Baseline, WindowStats, software_hash
+from artemis.detect.baselines import Baseline, WindowStats, software_hash
 from artemis.store import open_store
 from artemis.store.base import store_url as sqlite_url
 from artemis.store.schema import CURRENT, migrate

@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from artemis.agent import ring_format as rf
-from artemis.agent.ring_format import CLOCK_DEVICE_TICKS, STATE_DONE, STATE_IN_FLIGHT
 from artemis.agent.summary import (
     ProgressTracker,
     WindowSummarizer,
@@ -23,6 +21,8 @@ from artemis.agent.summary import (
     ring_position,
 )
 from artemis.protocol.records import RankWindow
+from artemis.ring import format as rf
+from artemis.ring.format import CLOCK_DEVICE_TICKS, STATE_DONE, STATE_IN_FLIGHT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

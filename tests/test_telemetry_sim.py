@@ -92,7 +92,7 @@ def test_the_targets_job_selects_the_file(tmp_path: Path) -> None:
 def test_simulated_ranks_report_hardware_fields_missing_unless_a_fault_sets_them(
     tmp_path: Path,
 ) -> None:
-    from artemis.coordinator.diagnosis import diagnose
+    from artemis.detect.diagnosis import diagnose
     from artemis.protocol.records import Telemetry
     from artemis.sim.scenario import load_scenario
     from artemis.sim.telemetry import fault_fields, telemetry_plan

@@ -32,10 +32,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from artemis.agent import ring_format as rf  # noqa: E402
-from artemis.agent.ring import RingReader  # noqa: E402
 from artemis.agent.telemetry.base import RankTarget  # noqa: E402
 from artemis.agent.telemetry.simulated import SimulatedSource  # noqa: E402
+from artemis.ring import format as rf  # noqa: E402
+from artemis.ring.reader import RingReader  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
 
 WORLD = 4

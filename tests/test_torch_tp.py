@@ -13,7 +13,7 @@ Rank 0, its TP partner, then waits inside every TP all_reduce for it, and rank 3
 its DP partner, inside every DP all_reduce; on any one ring those waits would read
 as compute. The agent leaves the time inside a rank's other communicators'
 collectives out of the gap of its main ring, and the coordinator judges each rank
-once, on its largest communicator (coordinator/DETECTOR.md, "Several communicators
+once, on its largest communicator (detect/DETECTOR.md, "Several communicators
 per rank"). Rank 1 is rank 1 of the job, rank 1 of its TP pair and rank 0 of its DP
 group; the finding names it by its job-wide rank, from the rings' ``global_rank``.
 
@@ -40,7 +40,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from artemis.agent.ring import RingReader
+from artemis.ring.reader import RingReader
 from run_workdir import KEEP, keep_workdir
 
 BIN = Path(sys.executable).parent

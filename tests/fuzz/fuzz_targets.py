@@ -76,7 +76,7 @@ def _ring_template() -> bytes:
     """A valid small ring (8 slots, 5 records) written by the real bridge writer."""
     global _RING_TEMPLATE
     if _RING_TEMPLATE is None:
-        from artemis.job.ring_writer import BridgeRingWriter
+        from artemis.ring.writer import BridgeRingWriter
 
         d = _RING_DIR / "template"
         d.mkdir(exist_ok=True)
@@ -114,7 +114,7 @@ def ring_file(data: bytes) -> bytes:
 
 def ring(data: bytes) -> None:
     """A corrupted ring file: RingReader refuses it with RingError or reads it whole."""
-    from artemis.agent.ring import RingError, RingReader, cpu_times_ns, records_to_dicts
+    from artemis.ring.reader import RingError, RingReader, cpu_times_ns, records_to_dicts
 
     path = _RING_DIR / f"r-{os.getpid()}.ring"
     path.write_bytes(ring_file(data))
@@ -156,9 +156,9 @@ def scenario(data: bytes) -> None:
 def config(data: bytes) -> None:
     """Both daemons' TOML configs (tomlfile.from_mapping + validated) and [detector]."""
     from artemis.agent.config import AgentConfig
+    from artemis.common.tomlfile import ConfigError, from_mapping
     from artemis.coordinator.config import CoordinatorConfig
-    from artemis.coordinator.settings import Settings, SettingsError
-    from artemis.protocol.tomlfile import ConfigError, from_mapping
+    from artemis.detect.settings import Settings, SettingsError
 
     if not data:
         return
@@ -233,13 +233,13 @@ MODULES: dict[str, tuple[str, ...]] = {
         "artemis.protocol.records",
         "artemis.protocol.session",
     ),
-    "ring": ("artemis.agent.ring", "artemis.agent.ring_format"),
+    "ring": ("artemis.ring.reader", "artemis.ring.format"),
     "scenario": ("artemis.sim.scenario",),
     "config": (
-        "artemis.protocol.tomlfile",
+        "artemis.common.tomlfile",
         "artemis.agent.config",
         "artemis.coordinator.config",
-        "artemis.coordinator.settings",
+        "artemis.detect.settings",
         "artemis.protocol.transport",
     ),
     "store_url": ("artemis.store.base", "artemis.store.sink"),

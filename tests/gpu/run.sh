@@ -53,7 +53,7 @@ if ! "$PY" -m pip install --quiet --no-deps --no-index --no-build-isolation -e .
   for p in agent coordinator protocol sim job; do ln -s "$PWD/$p" "$farm/artemis/$p"; done
   export PYTHONPATH="$farm${PYTHONPATH:+:$PYTHONPATH}"
 fi
-"$PY" -c 'import artemis.agent.telemetry, artemis.agent.ring' || die "artemis does not import"
+"$PY" -c 'import artemis.agent.telemetry, artemis.ring.reader' || die "artemis does not import"
 [[ $(torch_id) == "$before" ]] || die "torch changed: $before -> $(torch_id)"
 
 say "GPU checks"

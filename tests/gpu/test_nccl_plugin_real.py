@@ -93,7 +93,7 @@ def _run(script: str, shm: Path, timeout: float = 150, **extra: str) -> str:
 
 def _rings(shm: Path, out: str) -> list[tuple[Any, list[dict[str, Any]], int]]:
     """(header, records done, records in flight) of every ring the run left."""
-    from artemis.agent.ring import RingReader, records_to_dicts
+    from artemis.ring.reader import RingReader, records_to_dicts
 
     paths = sorted(shm.glob("gpucheck.*.ring"))
     assert paths, f"no ring written; NCCL said:\n{out}"

@@ -432,15 +432,15 @@ def test_k8s_manifests_parse() -> None:
 
 def _load_agent(path: Path) -> object:
     from artemis.agent.config import AgentConfig
-    from artemis.protocol.tomlfile import load_config
+    from artemis.common.tomlfile import load_config
 
     return load_config(AgentConfig, path, {}).validated()
 
 
 def _load_coordinator(path: Path) -> object:
+    from artemis.common.tomlfile import load_config
     from artemis.coordinator.config import CoordinatorConfig
-    from artemis.coordinator.settings import Settings
-    from artemis.protocol.tomlfile import load_config
+    from artemis.detect.settings import Settings
 
     cfg = load_config(CoordinatorConfig, path, {}).validated()
     Settings.from_mapping(cfg.detector)  # thresholds and rebalance keys are valid

@@ -6,7 +6,7 @@ import asyncio
 import signal
 import sys
 
-from artemis.protocol.aio import run
+from artemis.common.aio import run
 from artemis.protocol.auth import load_secret
 from artemis.protocol.messages import Message
 from artemis.protocol.server import PeerInfo, ProtocolServer

@@ -203,7 +203,7 @@ def test_every_list_derives_from_the_schema() -> None:
     import dataclasses
 
     from artemis.agent.telemetry import base
-    from artemis.coordinator import diagnosis
+    from artemis.detect import diagnosis
     from artemis.protocol import records
     from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowBatch
 

@@ -1,7 +1,7 @@
 """`JobMonitor`: the pure core of one job.
 
 It owns the job's detector, its rebalance policy, the missing-rank rule,
-hang tracking and the job's incidents (coordinator/incidents.py). The caller
+hang tracking and the job's incidents (detect/incidents.py). The caller
 feeds it what arrives (a window's columns, the ranks' progress, plan
 acknowledgements, dump paths) and `now`, a monotonic reading, and forwards
 what it returns (`MonitorOutput`): findings, plan events, incident records and
@@ -25,15 +25,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from artemis.coordinator import findings as F
-from artemis.coordinator.baselines import BaselineBook
-from artemis.coordinator.clockrate import correct_rates, reported
-from artemis.coordinator.detector import Detector, LateResult, WindowResult
-from artemis.coordinator.findings import Finding
-from artemis.coordinator.fingerprint import JobFingerprint
-from artemis.coordinator.hang import HangVerdict, check_hang
-from artemis.coordinator.incidents import IncidentBook, WindowView
-from artemis.coordinator.settings import Settings
+from artemis.detect import findings as F
+from artemis.detect.baselines import BaselineBook
+from artemis.detect.clockrate import correct_rates, reported
+from artemis.detect.detector import Detector, LateResult, WindowResult
+from artemis.detect.findings import Finding
+from artemis.detect.fingerprint import JobFingerprint
+from artemis.detect.hang import HangVerdict, check_hang
+from artemis.detect.incidents import IncidentBook, WindowView
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
 from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
@@ -77,7 +77,7 @@ class MonitorOutput:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     incident_rows: list[dict[str, Any]] = field(default_factory=list)
     # Device-clock anomalies of the window, by reason: the agents' counts and the
-    # wrong-rate ranks corrected here (coordinator/clockrate.py).
+    # wrong-rate ranks corrected here (detect/clockrate.py).
     clock: dict[str, int] = field(default_factory=dict)
 
     def extend(self, other: MonitorOutput) -> MonitorOutput:
@@ -144,7 +144,7 @@ class JobMonitor:
         # rank -> (software dict, workload signature): each rank's last fingerprint
         self.fingerprints: dict[int, tuple[dict[str, Any], str | None]] = {}
         self._software: dict[str, dict[str, Any]] = {}  # interned software dicts
-        # The job against the stored baselines of its workload (coordinator/baselines.py).
+        # The job against the stored baselines of its workload (detect/baselines.py).
         self.baselines = BaselineBook(job, settings, run=run)
         # fingerprints changed since the baselines were told (a job-wide combine
         # is a pass over every rank: only when something changed)
@@ -232,7 +232,7 @@ class JobMonitor:
         self.incidents.run = self.run
         self.incidents.on_window(self._view(window, cols, res, wall), out.findings)
         # A healthy window (no finding line of any kind, no incident open) may feed the
-        # job's baseline, once confirmed (coordinator/baselines.py).
+        # job's baseline, once confirmed (detect/baselines.py).
         self.baselines.after_window(
             window, healthy=not final and not out.findings and not self.incidents.any_open()
         )
@@ -307,7 +307,7 @@ class JobMonitor:
         return True
 
     def fingerprint(self) -> JobFingerprint | None:
-        """The job's fingerprint (coordinator/fingerprint.py) once every rank of the job
+        """The job's fingerprint (detect/fingerprint.py) once every rank of the job
         has sent its own, else None."""
         n = self.nranks
         if any(r not in self.fingerprints for r in range(n)):

@@ -89,8 +89,8 @@ def regress(
     baseline and its same-hardware peers: a slowdown beyond the noise is a `change`
     finding (the fingerprint changed) or a `regression` (it did not). Exit 2 when the
     benchmark or the store cannot run."""
-    from artemis.coordinator.findings import FindingsWriter
-    from artemis.protocol.logs import setup_logging
+    from artemis.common.logs import setup_logging
+    from artemis.detect.findings import FindingsWriter
     from artemis.regress import core
     from artemis.regress import textfile as tf
     from artemis.regress.bench import BenchError, BenchOptions, measure

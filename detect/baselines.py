@@ -11,13 +11,13 @@ owns, one per job. Per hardware class of the job it
   regression never becomes a baseline;
 - compares every window after warm-up with the baseline stored for (workload
   fingerprint, hardware class), the latest one whatever its software, with the
-  matched-comparison rule of incident confirmation (coordinator/incidents.py,
+  matched-comparison rule of incident confirmation (detect/incidents.py,
   `CONFIRM_Q1_SHARE`): the class's lower quartile of per-step gap must move
   with its median, so stalls in some steps do not make a slower job;
 - reports a difference in `flag_after` of the last `flag_window` windows as a
   `change` finding when the software fingerprint differs from the baseline's
   (`evidence.changed`: component -> [old, new]), else as `regression` with
-  cause `unknown` (coordinator/findings.py).
+  cause `unknown` (detect/findings.py).
 
 The shell reads the store when the job's fingerprint is known (`wanted`, then
 `settle`) and writes `records()` at the job's end (docs/DESIGN.md "The store"),
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from artemis.coordinator import findings as F
-from artemis.coordinator.detector import _all_none, _factorize, _none, _objects
-from artemis.coordinator.findings import Finding
-from artemis.coordinator.fingerprint import diff, flatten
-from artemis.coordinator.incidents import CONFIRM_Q1_SHARE
-from artemis.coordinator.settings import Settings
+from artemis.detect import findings as F
+from artemis.detect.detector import _all_none, _factorize, _none, _objects
+from artemis.detect.findings import Finding
+from artemis.detect.fingerprint import diff, flatten
+from artemis.detect.incidents import CONFIRM_Q1_SHARE
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 
 # Per-window values a baseline keeps (the latest): about 40 B each, so a baseline
@@ -366,7 +366,7 @@ class BaselineBook:
         c.own = Baseline.from_record(own) if own is not None else None
         c.changed = {}
         if c.baseline is not None and c.baseline.software_hash != self.software_hash:
-            # coordinator/fingerprint.py: per component, env.NAME per variable
+            # detect/fingerprint.py: per component, env.NAME per variable
             c.changed = {k: list(v) for k, v in diff(c.baseline.software, self.software).items()}
 
     # ------------------------------------------------------------------ windows

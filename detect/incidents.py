@@ -9,14 +9,14 @@ per-window rows that let a report redraw an incident's plots.
 - An incident opens at a finding's `flagged` (a `suspect` that never flags
   makes none), follows its `ongoing` lines and closes at `cleared` or at the end
   of the job (`close_all`).
-- Confirmation (coordinator/DETECTOR.md "Incidents: confirm before acting"): a
+- Confirmation (detect/DETECTOR.md "Incidents: confirm before acting"): a
   `rank` incident is confirmed when the rank's lower quartile of per-step compute
   gap is above the median of its peers' (the other ranks of its island, of its
   class where classes split the island), in the flag window or any of the
   `flag_window` windows after it. Not confirmed by then, or cleared first: it is
   `dismissed`, with the numbers that say why. Kinds without per-rank quartiles
   (island, link, collective, hang, missing, and change and regression, whose flag
-  already is the quartile rule against the stored baseline: coordinator/baselines.py)
+  already is the quartile rule against the stored baseline: detect/baselines.py)
   are confirmed by their flag.
 - Only confirmed incidents reach the rebalance policy (`JobMonitor`).
 - Closed incidents leave the book once their last record is out: memory is
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from artemis.coordinator.escalation import escalation
-from artemis.coordinator.findings import BASELINE_KINDS, Finding
+from artemis.detect.escalation import escalation
+from artemis.detect.findings import BASELINE_KINDS, Finding
 from artemis.protocol.columns import WindowColumns
 
 VERDICTS = ("recovered", "mitigated", "escalated", "unresolved", "dismissed")
@@ -41,7 +41,7 @@ CHANGES = ("opened", "confirmed", "action", "updated", "closed")
 # The `change` a line names when several happened at once (its `changes` lists them all).
 _PRIMARY = ("closed", "opened", "action", "confirmed", "updated")
 MARKERS = ("onset", "flagged", "confirmed", "applied", "verified", "rolled_back", "cleared")
-# The confirm rule (coordinator/DETECTOR.md "Incidents"): the lower quartile's shift
+# The confirm rule (detect/DETECTOR.md "Incidents"): the lower quartile's shift
 # against the peers' must be at least this share of the median's (and the lower
 # quartile above the peers' median).
 CONFIRM_Q1_SHARE = 0.5
@@ -472,7 +472,7 @@ class IncidentBook:
     def _rows_of(self, f: Finding, view: WindowView) -> tuple[int | None, np.ndarray]:
         """The subject's row in the window's columns and its peers' rows: the other
         ranks of its island, and of its hardware class when the finding names one
-        (the detector's scoring group, coordinator/DETECTOR.md)."""
+        (the detector's scoring group, detect/DETECTOR.md)."""
         cols = view.cols
         ranks = cols.ints("rank")
         mine = np.flatnonzero(ranks == f.rank)
@@ -548,7 +548,7 @@ class IncidentBook:
             self._close(inc, f.window, t, "dismissed", view)
 
     def _quartile_check(self, f: Finding, view: WindowView | None) -> dict[str, Any] | None:
-        """The confirm test on this window (coordinator/DETECTOR.md "Incidents"): the
+        """The confirm test on this window (detect/DETECTOR.md "Incidents"): the
         subject's lower quartile of per-step gap must be shifted against its peers'
         lower quartiles (their median) by at least half as much as its median is
         against theirs, and above their median (`CONFIRM_Q1_SHARE`). A whole

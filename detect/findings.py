@@ -25,15 +25,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from artemis.protocol.diskio import FileHealth, JsonlAppender, Retention
+from artemis.common.diskio import FileHealth, JsonlAppender, Retention
 
 if TYPE_CHECKING:
-    from artemis.coordinator.hang import HangVerdict
+    from artemis.detect.hang import HangVerdict
 
 # `missing` (ranks that stopped reporting: their agent or node is gone) is an
 # addition to DESIGN.md's kinds, documented in docs/DESIGN.md; so are `change` and
 # `regression` (a whole job slower than the stored baseline of its workload, with or
-# without a fingerprint change: coordinator/baselines.py).
+# without a fingerprint change: detect/baselines.py).
 KINDS = (
     "rank",
     "degraded",
@@ -353,7 +353,7 @@ def hang_finding(
     steps: Sequence[int] | None = None,
     state: str = "flagged",
 ) -> Finding:
-    """A hang (coordinator/hang.py), with the dump paths collected from the agents."""
+    """A hang (detect/hang.py), with the dump paths collected from the agents."""
     ranks = list(verdict.ranks)
     isl = sorted({islands[r] for r in ranks if islands and r in islands})
     return progress_finding(
@@ -584,7 +584,7 @@ def log_flags(findings: Iterable[Finding]) -> int:
 class FindingsWriter:
     """Appends one JSON object per finding to `path`, one write per window.
 
-    The lines go through `JsonlAppender` (protocol/diskio.py): on a full disk they
+    The lines go through `JsonlAppender` (common/diskio.py): on a full disk they
     wait in memory (bounded) and are written when space returns, whole lines
     only; `retention` rotates the file by size and age."""
 

@@ -1,8 +1,8 @@
 """The shared-memory ring format in Python: the one mirror of ``profiler_plugin/artemis_ring.h``.
 
 Every Python reader and writer of rings takes the layout from here: the agent's
-reader (``artemis.agent.ring``), the summariser, the daemon, the job-side
-writer (``artemis.job.ring_writer``) and the simulator. ``tests/test_ring_layout.py``
+reader (``artemis.ring.reader``), the summariser, the daemon, the job-side
+writer (``artemis.ring.writer``) and the simulator. ``tests/test_ring_layout.py``
 compiles the C header and checks every constant, offset and size below against it.
 
 This module imports nothing but numpy and the standard library, so a training

@@ -1,7 +1,7 @@
 """Read-only reader of the plugin's shared-memory rings.
 
 The format is defined once, in ``profiler_plugin/artemis_ring.h``; its one
-Python mirror is ``artemis.agent.ring_format`` (checked against the header by
+Python mirror is ``artemis.ring.format`` (checked against the header by
 ``tests/test_ring_layout.py``).
 
 Versions: the reader refuses another major ``version`` and reads every minor
@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from artemis.agent.ring_format import (
+from artemis.ring.format import (
     ALGO_NAMES,
     CLOCK_KIND_NAMES,
     DTYPE_NAMES,

@@ -25,7 +25,7 @@ late agent). Summaries for an older run are dropped, counted per reason
 (`dropped`) and listed in `drops` for the caller to log.
 
 **Late summaries.** A window released at its deadline with ranks missing keeps
-the list of those ranks for `late_windows` windows (coordinator/DETECTOR.md
+the list of those ranks for `late_windows` windows (detect/DETECTOR.md
 "Late summaries"). A summary of one of them that comes after (a partitioned
 node's backlog) is not dropped: it joins a *late part* of that window, which
 leaves like a window, in order, as soon as every rank still missing reported

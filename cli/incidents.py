@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from artemis.coordinator.findings import BASELINE_KINDS
+from artemis.detect.findings import BASELINE_KINDS
 from artemis.store.base import Store, StoreError, open_for_findings, open_store
 
 app = typer.Typer(

@@ -48,7 +48,7 @@ class Settings:
     collective_ratio: float = 1.15  # island transfer time vs its warm-up
     link_ratio: float = 1.15  # bridge time vs its warm-up
     # A hardware class's median compute gap vs the stored baseline of the job's workload
-    # (across jobs, coordinator/baselines.py): `change` / `regression` from this share on.
+    # (across jobs, detect/baselines.py): `change` / `regression` from this share on.
     change_ratio: float = 1.05
     # Hang bound = max(hang_floor_s, hang_step_factor x median step time).
     hang_floor_s: float = 10.0

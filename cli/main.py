@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from artemis.regress.cli import regress as regress_command
+from artemis.cli.incidents import app as incidents_app
+from artemis.cli.regress import regress as regress_command
 from artemis.sim.scenario import ScenarioError
-from artemis.store.cli import app as incidents_app
 
 app = typer.Typer(
     help=(
@@ -33,7 +33,7 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 def _setup_logs(json_logs: bool = False) -> None:
-    from artemis.protocol.logs import setup_logging
+    from artemis.common.logs import setup_logging
 
     setup_logging(json_logs=json_logs)
 
@@ -215,7 +215,7 @@ def loadtest(
     outputs (findings JSONL, /metrics) for what it made of them."""
     import asyncio
 
-    from artemis.protocol.aio import run
+    from artemis.common.aio import run
     from artemis.protocol.auth import SecretFileError, load_secret
     from artemis.sim.loadtest import LoadSpec, parse_straggler, run_load
 
@@ -310,8 +310,8 @@ def run(
     raise typer.Exit(code)
 
 
-# `artemis report` lives in its own room (report/cli.py); registered here so that
+# `artemis report` lives in its own room (cli/report.py); registered here so that
 # every operator command is under `artemis`.
-from artemis.report.cli import report as _report  # noqa: E402
+from artemis.cli.report import report as _report  # noqa: E402
 
 app.command("report")(_report)

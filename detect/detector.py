@@ -23,11 +23,11 @@ from typing import Any
 import msgspec
 import numpy as np
 import numpy.typing as npt
-from artemis.coordinator import findings as F
-from artemis.coordinator import scoring
-from artemis.coordinator.diagnosis import diagnose, nic_evidence
-from artemis.coordinator.findings import KINDS, Finding
-from artemis.coordinator.settings import Settings
+from artemis.detect import findings as F
+from artemis.detect import scoring
+from artemis.detect.diagnosis import diagnose, nic_evidence
+from artemis.detect.findings import KINDS, Finding
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import (
     TELEMETRY_COLUMNS,
     WindowBatch,

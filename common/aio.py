@@ -10,7 +10,7 @@ import structlog
 
 T = TypeVar("T")
 
-log = structlog.get_logger("artemis.protocol.aio")
+log = structlog.get_logger("artemis.common.aio")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from artemis.coordinator.settings import Settings
+from artemis.detect.settings import Settings
 from artemis.protocol.records import RankProgress
 
 
