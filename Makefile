@@ -113,7 +113,7 @@ lint: setup
 	$(BIN)/mypy agent coordinator protocol sim job rebalance store report regress ring common cli detect
 
 # docs/incident-report.png: the report of a real simulated run (the flagship
-# scenario, rebalancing on), rendered by headless Chromium (README "Reading an incident").
+# scenario, rebalancing on), rendered by headless Chromium (docs/OPERATING.md "Reading an incident").
 DOCS_RUN := out/docs-report
 docs-screenshot: setup
 	bash tests/setup/install-chromium.sh

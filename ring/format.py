@@ -298,7 +298,7 @@ ENV_MAGIC = b"artemis-env=1"
 
 
 # The variables a fingerprint keeps: the job's communication and runtime settings.
-# A name holding one of SECRET_MARKERS (any case) is never kept (README
+# A name holding one of SECRET_MARKERS (any case) is never kept (docs/OPERATING.md
 # "Regressions across changes", privacy). The plugin applies the same rule in C
 # (profiler_plugin/ring.c art_env_keep); tests/test_fingerprint_plugin.py checks
 # that both keep the same names.

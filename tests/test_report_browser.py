@@ -3,7 +3,7 @@
 Driven over Chromium's DevTools protocol on a pipe (artemis.report.browser, stdlib
 only). `make test` installs chromium (tests/setup/install-chromium.sh); without it
 this test skips and says why, except under CI=true, where it fails. The
-screenshots are kept in out/test-artifacts/report/ (README "Reading an incident").
+screenshots are kept in out/test-artifacts/report/ (docs/OPERATING.md "Reading an incident").
 """
 
 from __future__ import annotations

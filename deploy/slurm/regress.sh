@@ -2,7 +2,7 @@
 # Artemis regress under Slurm: the fixed micro-benchmark on every node of the
 # allocation, one task per node with the whole node (--exclusive: no job shares
 # it), results in one PostgreSQL store for the fleet (what makes same-hardware
-# peers comparable; README "Regressions across changes").
+# peers comparable; docs/OPERATING.md "Regressions across changes").
 #
 # In a maintenance reservation (as root):
 #   scontrol create reservation reservationname=maint starttime=2026-12-06T03:00 \

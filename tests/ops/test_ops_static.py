@@ -44,7 +44,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 UNITS = ("artemis-agent.service", "artemis-coordinator.service")
-# `artemis regress` on a timer (README "Regressions across changes").
+# `artemis regress` on a timer (docs/OPERATING.md "Regressions across changes").
 REGRESS_UNITS = ("artemis-regress.service", "artemis-regress.timer")
 # Series of the coordinator process as a whole: they carry no job label.
 PROCESS_WIDE = {
