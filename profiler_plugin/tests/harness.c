@@ -1,7 +1,7 @@
 /*
  * harness.c: multi-threaded self-checking test of the Artemis profiler plugin.
  *
- * Built together with plugin.c and ring.c under ASan+UBSan and under TSan
+ * Built together with abi.c, core.c and ring.c under ASan+UBSan and under TSan
  * (see the Makefile). User-like threads issue the NCCL 2.28+ event sequence
  * for collectives and p2p ops; proxy-like threads issue KernelCh events for
  * them (channels of one op go to different threads, before or after the Coll
@@ -163,7 +163,7 @@ static int read_slot(const ArtemisSlot *s, Rec *r) {
     uint32_t l1 = atomic_load_explicit(A32(&s->lock), memory_order_acquire);
     if (l1 & 1u) return 0;
     /* acquire loads of the body pair with the writer's release stores: no
-     * fence, so ThreadSanitizer sees every edge (see seq_enter in plugin.c) */
+     * fence, so ThreadSanitizer sees every edge (see seq_enter in slot.h) */
     const memory_order B = memory_order_acquire;
     uint32_t w4 = atomic_load_explicit(A32(&s->kind), B);
     uint64_t w8 = atomic_load_explicit(A64(&s->clock), B);
@@ -782,7 +782,7 @@ static void test_failures(void) {
     d.type = ncclProfileGroup;
     void *grp = NULL;
     ncclProfiler_v6.startEvent(ctx, &grp, &d);
-    /* v5+ on NCCL: NULL (NCCL 2.28+ gates no task on it; plugin.c dummy_group) */
+    /* v5+ on NCCL: NULL (NCCL 2.28+ gates no task on it; core.c dummy_group) */
     CHECK(grp == NULL, "Group under v6 on NCCL gets NULL");
     /* v4: the static dummy (NCCL 2.27 starts Coll/P2p only under a Group
      * handle that is not NULL); the descriptor's type is at offset 0 in both */
@@ -1495,13 +1495,13 @@ static void test_two_starters(void) {
  * the strings, bytes and device times of that start, an enqueue time between
  * the clock reads around it, and a coll_seq of its own; tickets plus drops
  * are the starts. */
-/* plugin.c's string tables, linked into the harness */
+/* codes.h's string tables (in core.c), linked into the harness */
 uint8_t art_func_code(const char *s);
 uint8_t art_dtype_code(const char *s);
 uint8_t art_algo_code(const char *s);
 uint8_t art_proto_code(const char *s);
 uint32_t art_dtype_size(uint8_t code);
-uint32_t art_test_lanes(void *context); /* lanes taken (plugin.c, test hooks) */
+uint32_t art_test_lanes(void *context); /* lanes taken (core.c, test hooks) */
 static uint64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
