@@ -269,41 +269,40 @@ struct Comm {
     char path[512];
 };
 
+/* The descriptor's members every version has under the same names: the
+ * header, and the Coll, P2p and KernelCh arms (v5+ only append members). */
+#define FILL_TASK(d)                                                                        \
+    do {                                                                                    \
+        memset(&(d), 0, sizeof(d));                                                         \
+        (d).parentObj = parent;                                                             \
+        (d).rank = cm->rank;                                                                \
+        if (type == ncclProfileColl) {                                                      \
+            (d).coll.func = e->func_s; (d).coll.datatype = e->dtype_s;                      \
+            (d).coll.count = e->count; (d).coll.nChannels = e->nch;                         \
+            (d).coll.algo = e->algo_s; (d).coll.proto = e->proto_s;                         \
+        } else if (type == ncclProfileP2p) {                                                \
+            (d).p2p.func = e->func_s; (d).p2p.datatype = e->dtype_s;                        \
+            (d).p2p.count = e->count; (d).p2p.nChannels = e->nch; (d).p2p.peer = e->peer;   \
+        } else if (type == ncclProfileKernelCh) {                                           \
+            (d).kernelCh.channelId = (uint8_t)channel; (d).kernelCh.pTimer = ptimer;        \
+        }                                                                                   \
+    } while (0)
+
 /* Builds a descriptor of the comm's version and calls its startEvent. */
 static void *start_ev(Comm *cm, int type, void *parent, const Expect *e, uint64_t ptimer,
                       int channel) {
     void *h = (void *)0x1; /* must be overwritten */
     if (cm->version == 4) {
         ncclProfilerEventDescr_v4_t d;
-        memset(&d, 0, sizeof d);
+        FILL_TASK(d);
         d.type = (uint8_t)type;
-        d.parentObj = parent;
-        d.rank = cm->rank;
-        if (type == ncclProfileColl) {
-            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
-            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
-        } else if (type == ncclProfileP2p) {
-            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
-            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
-        } else if (type == ncclProfileKernelCh) {
-            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
-        }
         ncclProfiler_v4.startEvent(cm->ctx, &h, &d);
     } else if (cm->version == 7) {
         ncclProfilerEventDescr_v7_t d;
-        memset(&d, 0, sizeof d);
+        FILL_TASK(d);
         d.type = (uint64_t)type;
-        d.parentObj = parent;
-        d.rank = cm->rank;
         if (type == ncclProfileColl) {
-            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
-            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
             d.coll.userTag = 77;
-        } else if (type == ncclProfileP2p) {
-            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
-            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
-        } else if (type == ncclProfileKernelCh) {
-            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
         } else if (type == ncclProfileCollApi && e) {
             d.collApi.func = e->func_s; d.collApi.count = e->count; d.collApi.datatype = e->dtype_s;
         } else if (type == ncclProfileGroupApi) {
@@ -312,19 +311,9 @@ static void *start_ev(Comm *cm, int type, void *parent, const Expect *e, uint64_
         ncclProfiler_v7.startEvent(cm->ctx, &h, &d);
     } else {
         ncclProfilerEventDescr_v6_t d; /* v5 has the same layout for the arms we use */
-        memset(&d, 0, sizeof d);
+        FILL_TASK(d);
         d.type = (uint64_t)type;
-        d.parentObj = parent;
-        d.rank = cm->rank;
-        if (type == ncclProfileColl) {
-            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
-            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
-        } else if (type == ncclProfileP2p) {
-            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
-            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
-        } else if (type == ncclProfileKernelCh) {
-            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
-        } else if (type == ncclProfileCollApi && e) {
+        if (type == ncclProfileCollApi && e) {
             d.collApi.func = e->func_s; d.collApi.count = e->count; d.collApi.datatype = e->dtype_s;
         }
         if (cm->version == 5)
