@@ -348,37 +348,6 @@ class StandInComm:
             ca.root = root
         self._coll_key = key
 
-    def _p2p_api(self, func: str, count: int, dtype: str, gapi: int | None) -> int | None:
-        """The P2pApi event of one ncclSend / ncclRecv, started and stopped."""
-        pa = self._d_p2p_api.p2pApi
-        pa.func = _cstr(func)
-        pa.count = count
-        pa.datatype = _cstr(dtype)
-        papi = self._start("p2p_api", gapi)
-        self._stop(papi)
-        return papi
-
-    def _p2p_start(
-        self,
-        func: str,
-        count: int,
-        dtype: str,
-        peer: int,
-        nchannels: int,
-        group: int | None,
-        papi: int | None,
-    ) -> int | None:
-        """Starts one P2p event (parent: Group on v4, its P2pApi on v5+); returns its handle."""
-        p = self._d_p2p.p2p
-        p.func = _cstr(func)
-        p.datatype = _cstr(dtype)
-        p.count = count
-        p.peer = peer
-        p.nChannels = nchannels
-        if not self._v4:
-            p.parentGroup = group
-        return self._start("p2p", group if self._v4 else papi)
-
     # -- operations -----------------------------------------------------------
 
     def begin_collective(
@@ -444,28 +413,7 @@ class StandInComm:
         self, func: str, count: int, dtype: str, peer: int, *, nchannels: int = 1
     ) -> PendingOp:
         """ncclSend / ncclRecv on the host, up to Group/GroupApi stop."""
-        if func not in ("Send", "Recv"):
-            raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
-        mask = self.nccl.mask.value
-        v4 = self.nccl.version == 4
-        gapi = papi = group = None
-        if not v4 and mask & _NEEDS_GROUP_API:
-            gapi = self._start("group_api", None)
-            self._record(gapi, STATE_GROUP_START_API_STOP, None)
-        if not v4 and mask & _NEEDS_P2P_API:
-            papi = self._p2p_api(func, count, dtype, gapi)
-        if not v4:
-            self._record(gapi, STATE_GROUP_END_API_START, None)
-        if mask & _NEEDS_GROUP:
-            group = self._start("group", None)
-        p2p = None
-        if mask & _NEEDS_P2P:
-            p2p = self._p2p_start(func, count, dtype, peer, nchannels, group, papi)
-            self._stop(p2p)
-        self._stop(group)
-        if not v4:
-            self._stop(gapi)
-        return PendingOp(self, p2p, nchannels)
+        return self._p2p_group([(func, count, dtype, peer)], nchannels=nchannels)[0]
 
     def p2p(
         self,
@@ -492,6 +440,17 @@ class StandInComm:
         0 : 2``), so its PendingOp.complete() sends no KernelCh event. An
         in-place self pair (same buffer) is dropped before the plan: no P2p.
         """
+        return self._p2p_group(ops, nnodes=nnodes)
+
+    def _p2p_group(
+        self,
+        ops: Sequence[tuple[str, int, str, int]],
+        *,
+        nnodes: int = 1,
+        nchannels: int | None = None,
+    ) -> list[PendingOp]:
+        """The events of group_p2p; with ``nchannels`` (begin_p2p: a group of one),
+        every P2p reports that many channels and a self one gets its KernelCh too."""
         for func, _, _, _ in ops:
             if func not in ("Send", "Recv"):
                 raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
@@ -505,20 +464,38 @@ class StandInComm:
         for func, count, dtype, _ in ops:
             papi = None
             if not v4 and mask & _NEEDS_P2P_API:
-                papi = self._p2p_api(func, count, dtype, gapi)
+                pa = self._d_p2p_api.p2pApi
+                pa.func = _cstr(func)
+                pa.count = count
+                pa.datatype = _cstr(dtype)
+                papi = self._start("p2p_api", gapi)
+                self._stop(papi)
             apis.append(papi)
         if not v4:
             self._record(gapi, STATE_GROUP_END_API_START, None)
         if mask & _NEEDS_GROUP:
             group = self._start("group", None)
         pending: list[PendingOp] = []
+        p = self._d_p2p.p2p
         for (func, count, dtype, peer), papi in zip(ops, apis, strict=True):
-            nch = p2p_nchannels(count * DTYPE_SIZE_BY_NAME.get(dtype, 1), self.nranks, nnodes)
+            if nchannels is None:
+                nbytes = count * DTYPE_SIZE_BY_NAME.get(dtype, 1)
+                nch = p2p_nchannels(nbytes, self.nranks, nnodes)
+                # Self: no proxy op, so no KernelCh ever follows (0 channels to emit).
+                emit = 0 if peer == self.rank else nch
+            else:
+                nch = emit = nchannels
             h = None
             if mask & _NEEDS_P2P:
-                h = self._p2p_start(func, count, dtype, peer, nch, group, papi)
-            # Self: no proxy op, so no KernelCh ever follows (0 channels to emit).
-            pending.append(PendingOp(self, h, 0 if peer == self.rank else nch))
+                p.func = _cstr(func)
+                p.datatype = _cstr(dtype)
+                p.count = count
+                p.peer = peer
+                p.nChannels = nch
+                if not v4:
+                    p.parentGroup = group
+                h = self._start("p2p", group if v4 else papi)
+            pending.append(PendingOp(self, h, emit))
         for op in pending:
             self._stop(op.handle)
         self._stop(group)

@@ -55,6 +55,16 @@ STATE_GROUP_END_API_START = 24
 
 _PARENT_GROUP = ("parentGroup", c_void_p)
 _USER_TAG = ("userTag", c_uint64)
+# The members a Coll and a CeColl (v6+) begin with.
+_COLL_HEAD = [
+    ("seqNumber", c_uint64),
+    ("func", c_char_p),
+    ("sendBuff", c_void_p),
+    ("recvBuff", c_void_p),
+    ("count", c_size_t),
+    ("root", c_int),
+    ("datatype", c_char_p),
+]
 
 # Each arm of the descriptor's union, in the union's order: the first ABI
 # version that has it, its members there, and the members later versions
@@ -88,13 +98,7 @@ _ARMS: dict[str, tuple[int, list[Any], dict[int, list[Any]]]] = {
     "coll": (
         4,
         [
-            ("seqNumber", c_uint64),
-            ("func", c_char_p),
-            ("sendBuff", c_void_p),
-            ("recvBuff", c_void_p),
-            ("count", c_size_t),
-            ("root", c_int),
-            ("datatype", c_char_p),
+            *_COLL_HEAD,
             ("nChannels", c_uint8),
             ("nWarps", c_uint8),
             ("algo", c_char_p),
@@ -135,13 +139,7 @@ _ARMS: dict[str, tuple[int, list[Any], dict[int, list[Any]]]] = {
     "ceColl": (
         6,
         [
-            ("seqNumber", c_uint64),
-            ("func", c_char_p),
-            ("sendBuff", c_void_p),
-            ("recvBuff", c_void_p),
-            ("count", c_size_t),
-            ("root", c_int),
-            ("datatype", c_char_p),
+            *_COLL_HEAD,
             ("syncStrategy", c_char_p),
             ("intraBatchSync", c_bool),
             ("batchSize", c_uint32),
