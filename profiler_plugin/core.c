@@ -636,10 +636,11 @@ static inline ncclResult_t kch_stop(ArtCh *ch) {
 }
 
 /* ------------------------------------------------------------------ */
-/* entry points                                                         */
+/* the event callbacks (abi.c's tables point at them)                   */
 
 /* One startEvent per descriptor version; the union arms we read have the
- * same offsets in v4..v7 (v5+ only append members). */
+ * same offsets in v4..v7 (v5+ only append members). Here, not in abi.c:
+ * each inlines the hot path (op_start, kch_start). */
 #define ART_DEFINE_START(N)                                                                    \
     /* Coll / P2p: out of line, so that startEvent stays small for KernelCh */                 \
     static __attribute__((noinline)) ncclResult_t art_op_start_v##N(                         \
