@@ -311,32 +311,34 @@ ARTEMIS_DECLARE_PROFILER_V5PLUS(7)
 _Static_assert(sizeof(void *) == 8, "LP64 only");
 _Static_assert(sizeof(ncclProfilerEventStateArgs_t) == 8, "state args union is 8 bytes");
 _Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventStateArgs_t, kernelCh.pTimer) == 0, "args pTimer");
-_Static_assert(sizeof(ncclProfilerEventDescr_v4_t) == 104, "v4 descriptor size");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v4_t, coll) == 24, "v4 union at 24");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v4_t, kernelCh.pTimer) == 32, "v4 kernelCh.pTimer");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v4_t, coll.proto) == 96, "v4 coll.proto");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v4_t, p2p.nChannels) == 60, "v4 p2p.nChannels");
-_Static_assert(sizeof(ncclProfilerEventDescr_v5_t) == 112, "v5 descriptor size");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v5_t, coll) == 24, "v5 union at 24");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v5_t, coll.parentGroup) == 104, "v5 coll.parentGroup");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v5_t, kernelCh.pTimer) == 32, "v5 kernelCh.pTimer");
-_Static_assert(sizeof(ncclProfilerEventDescr_v6_t) == 112, "v6 descriptor size");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, coll) == 24, "v6 union at 24");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, coll.parentGroup) == 104, "v6 coll.parentGroup");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, coll.nChannels) == 80, "v6 coll.nChannels");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, kernelCh.pTimer) == 32, "v6 kernelCh.pTimer");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, proxyOp.isSend) == 44, "v6 proxyOp.isSend");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, collApi.graphCaptured) == 64, "v6 collApi.graphCaptured");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, ceColl.stream) == 104, "v6 ceColl.stream");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v6_t, p2p.peer) == 56, "v6 p2p.peer");
-_Static_assert(sizeof(ncclProfilerEventDescr_v7_t) == 136, "v7 descriptor size");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, coll) == 24, "v7 union at 24");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, coll.kernelVariant) == 112, "v7 coll.kernelVariant");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, coll.userTag) == 128, "v7 coll.userTag");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, collApi.userTag) == 72, "v7 collApi.userTag");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, kernelPhase.pTimer) == 40, "v7 kernelPhase.pTimer");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, kernelCh.pTimer) == 32, "v7 kernelCh.pTimer");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, coll.nChannels) == 80, "v7 coll.nChannels");
-_Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v7_t, p2p.nChannels) == 60, "v7 p2p.nChannels");
+/* One pin of version V's descriptor: member m at offset off. */
+#define ARTEMIS_ABI_PIN(V, m, off)                                                    \
+    _Static_assert(ARTEMIS_ABI_OFF(ncclProfilerEventDescr_v##V##_t, m) == (off),      \
+                   "v" #V " " #m " at " #off)
+/* What every version pins: the size, the union at 24, kernelCh.pTimer at 32. */
+#define ARTEMIS_ABI_PIN_DESCR(V, size)                                                \
+    _Static_assert(sizeof(ncclProfilerEventDescr_v##V##_t) == (size),                 \
+                   "v" #V " descriptor size");                                        \
+    ARTEMIS_ABI_PIN(V, coll, 24);                                                     \
+    ARTEMIS_ABI_PIN(V, kernelCh.pTimer, 32)
+ARTEMIS_ABI_PIN_DESCR(4, 104);
+ARTEMIS_ABI_PIN(4, coll.proto, 96);
+ARTEMIS_ABI_PIN(4, p2p.nChannels, 60);
+ARTEMIS_ABI_PIN_DESCR(5, 112);
+ARTEMIS_ABI_PIN(5, coll.parentGroup, 104);
+ARTEMIS_ABI_PIN_DESCR(6, 112);
+ARTEMIS_ABI_PIN(6, coll.parentGroup, 104);
+ARTEMIS_ABI_PIN(6, coll.nChannels, 80);
+ARTEMIS_ABI_PIN(6, proxyOp.isSend, 44);
+ARTEMIS_ABI_PIN(6, collApi.graphCaptured, 64);
+ARTEMIS_ABI_PIN(6, ceColl.stream, 104);
+ARTEMIS_ABI_PIN(6, p2p.peer, 56);
+ARTEMIS_ABI_PIN_DESCR(7, 136);
+ARTEMIS_ABI_PIN(7, coll.kernelVariant, 112);
+ARTEMIS_ABI_PIN(7, coll.userTag, 128);
+ARTEMIS_ABI_PIN(7, collApi.userTag, 72);
+ARTEMIS_ABI_PIN(7, kernelPhase.pTimer, 40);
+ARTEMIS_ABI_PIN(7, coll.nChannels, 80);
+ARTEMIS_ABI_PIN(7, p2p.nChannels, 60);
 
 #endif /* ARTEMIS_NCCL_PROFILER_ABI_H */

@@ -1,5 +1,8 @@
 /*
- * plugin_internal.h: private types shared by plugin.c and ring.c.
+ * plugin_internal.h: private types and declarations shared by the plugin's
+ * files: abi.c (exported tables, init), core.c (event callbacks, handles;
+ * with codes.h, slot.h, hostclock.h, oppool.h) and ring.c (config, ring
+ * creation).
  * Nothing here is part of the ring contract (that is artemis_ring.h).
  */
 #ifndef ARTEMIS_PLUGIN_INTERNAL_H
@@ -14,6 +17,17 @@
 
 #define ART_HIDDEN __attribute__((visibility("hidden")))
 #define ART_EXPORT __attribute__((visibility("default")))
+
+/* every atomic access names its memory order; these are the short names */
+#define RLX memory_order_relaxed
+#define ACQ memory_order_acquire
+#define REL memory_order_release
+#define ACQREL memory_order_acq_rel
+
+/* The slot and header body fields are plain in artemis_ring.h; we access
+ * them as same-size atomics (lock-free, naturally aligned). */
+#define A32(p) ((_Atomic uint32_t *)(void *)(p))
+#define A64(p) ((_Atomic uint64_t *)(void *)(p))
 
 /* 64-bit type tags: the first word of every handle we give NCCL. */
 #define ART_TAG_CTX 0x415254435458ULL            /* "ARTCTX" */
@@ -82,7 +96,7 @@ typedef struct ArtOp {
      * store of 0, not an RMW on pend: the handle is free only when pend and
      * cwait are both 0 (op_claim; README "Recording an operation"). */
     _Atomic uint32_t cwait;
-    /* KernelCh channel claims (kch_start in plugin.c): kowner, fixed at start,
+    /* KernelCh channel claims (kch_start in core.c): kowner, fixed at start,
      * is the thread expected to deliver the op's KernelCh events; it takes
      * channels 0, 1, ... with a plain load and store of own_next, any other
      * thread takes nch-1, nch-2, ... with a fetch_add on foreign_next. */
@@ -144,7 +158,7 @@ typedef struct ArtConfig {
 } ArtConfig;
 
 /* CLOCK_MONOTONIC ns from the TSC, for the owner thread's starts (tsc_now in
- * plugin.c; README "Host clock"): ns = ns0 + (tsc - tsc0) * mult / 2^32, the
+ * hostclock.h; README "Host clock"): ns = ns0 + (tsc - tsc0) * mult / 2^32, the
  * line re-anchored on a clock_gettime pair every span ticks, its slope
  * measured over a baseline (btsc, bns) up to 2^30 ticks long. Plain fields:
  * only the owner, while single, uses them. */
@@ -197,7 +211,7 @@ typedef struct ArtCtx {
     _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
     char path[512];
     char env_err[256]; /* why the env sidecar was not written ("" = it was): init logs it */
-    /* string -> code cache, keyed by pointer (see str_code in plugin.c); each
+    /* string -> code cache, keyed by pointer (see str_code in codes.h); each
      * entry is one word: (pointer << 8) | (table << 4) | code, 0 = empty.
      * Written only on a miss, so after warm-up its lines are only read. */
     _Alignas(ART_CACHELINE) _Atomic uint64_t strcache[ART_STRCACHE];
@@ -219,7 +233,7 @@ typedef struct ArtCtx {
      * 0 before the owner's first start */
     _Atomic uintptr_t fast;
     _Atomic uint32_t shared;   /* 1 once another thread started an op: fetch_add from then on */
-    /* The switch's asymmetric Dekker (op_start in plugin.c): the owner sets
+    /* The switch's asymmetric Dekker (op_start in core.c): the owner sets
      * in_start around each start it makes while shared is 0; the switching
      * thread sets shared, runs a membarrier, sets mb_done; the first start of
      * another thread that then sees in_start 0 sets switched. Until then other
@@ -232,7 +246,7 @@ typedef struct ArtCtx {
     _Atomic uint32_t mb_failed;
     _Atomic uint32_t switched;
     int plain_start;
-    int group_dummy;           /* Group gets dummy_group (v4; v7 on NCCL), else NULL (plugin.c) */
+    int group_dummy;           /* Group gets dummy_group (v4; v7 on NCCL), else NULL (core.c) */
     int host_tsc;              /* tsc below is used */
     /* written on the hot path: own cache lines. coll_count and the header's
      * write_index have one writer while `shared` is 0: the owner thread,
@@ -272,7 +286,18 @@ ART_HIDDEN int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_
                                const char *comm_name, int nnodes, int nranks, int rank,
                                uint32_t plugin_version, char *err, size_t errlen);
 
-/* plugin.c: string -> code tables (also used by tests through the ring values) */
+/* core.c: the event callbacks of the exported tables (abi.c) */
+ART_HIDDEN ncclResult_t art_start_v4(void *context, void **eHandle, ncclProfilerEventDescr_v4_t *d);
+ART_HIDDEN ncclResult_t art_start_v5(void *context, void **eHandle, ncclProfilerEventDescr_v5_t *d);
+ART_HIDDEN ncclResult_t art_start_v6(void *context, void **eHandle, ncclProfilerEventDescr_v6_t *d);
+ART_HIDDEN ncclResult_t art_start_v7(void *context, void **eHandle, ncclProfilerEventDescr_v7_t *d);
+ART_HIDDEN ncclResult_t art_stop(void *eHandle);
+ART_HIDDEN ncclResult_t art_record(void *eHandle, ncclProfilerEventState_t eState,
+                                   ncclProfilerEventStateArgs_t *args);
+/* 1 if this process can issue expedited private membarriers (registered once). */
+ART_HIDDEN int art_membarrier_register(void);
+
+/* codes.h: string -> code tables (also used by tests through the ring values) */
 ART_HIDDEN uint8_t art_func_code(const char *s);
 ART_HIDDEN uint8_t art_dtype_code(const char *s);
 ART_HIDDEN uint8_t art_algo_code(const char *s);

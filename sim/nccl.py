@@ -2,12 +2,10 @@
 
 Loads the compiled plugin and calls it the way NCCL 2.28+ does (and 2.27 for
 the v4 shape), so the simulator and the tests drive the real plugin through
-its real entry points. The descriptor and state-argument layouts below are
-our own declarations, written from NCCL's published profiler ABI (not from
-the plugin's header, so the two are checked against each other);
-tests/test_nccl_standin.py pins their sizes and offsets. The ABI and the
-order of events are described in profiler_plugin/README.md ("Recording an
-operation", "Which NCCL/RCCL version emits which events").
+its real entry points. The ABI's declarations are in sim/nccl_abi.py, the
+logger's formatting in sim/nccl_log.py. The ABI and the order of events are
+described in profiler_plugin/README.md ("Recording an operation", "Which
+NCCL/RCCL version emits which events").
 
 Event order for one collective (v5+):
 
@@ -28,50 +26,39 @@ bit or a descendant's bit is in the activation mask the plugin set at init.
 from __future__ import annotations
 
 import ctypes
-import re
 import time
 from collections.abc import Sequence
-from ctypes import (
-    CFUNCTYPE,
-    Structure,
-    Union,
-    c_bool,
-    c_char_p,
-    c_int,
-    c_int64,
-    c_size_t,
-    c_uint8,
-    c_uint32,
-    c_uint64,
-    c_ulong,
-    c_void_p,
-)
+from ctypes import c_char_p, c_int, c_uint64, c_void_p
 from pathlib import Path
 from typing import Any
 
 from artemis.ring.format import DTYPE_SIZE_BY_NAME
+from artemis.sim.nccl_abi import (
+    CE_BATCH,
+    CE_COLL,
+    CE_SYNC,
+    COLL,
+    COLL_API,
+    DESCRIPTORS,
+    GROUP,
+    GROUP_API,
+    KERNEL_CH,
+    KERNEL_LAUNCH,
+    LOGFN,
+    NET_PLUGIN,
+    P2P,
+    P2P_API,
+    PLUGIN_TABLES,
+    PROXY_OP,
+    PROXY_STEP,
+    STATE_GROUP_END_API_START,
+    STATE_GROUP_START_API_STOP,
+    STATE_KERNEL_CH_STOP,
+    StateArgs,
+)
+from artemis.sim.nccl_log import format_c
 
-# -- event bits and states (profiler_plugin/nccl_profiler_abi.h) ------------
-
-GROUP = 1 << 0
-COLL = 1 << 1
-P2P = 1 << 2
-PROXY_OP = 1 << 3
-PROXY_STEP = 1 << 4
-PROXY_CTRL = 1 << 5
-KERNEL_CH = 1 << 6
-NET_PLUGIN = 1 << 7
-GROUP_API = 1 << 8
-COLL_API = 1 << 9
-P2P_API = 1 << 10
-KERNEL_LAUNCH = 1 << 11
-CE_COLL = 1 << 12
-CE_SYNC = 1 << 13
-CE_BATCH = 1 << 14
-
-STATE_KERNEL_CH_STOP = 22
-STATE_GROUP_START_API_STOP = 23
-STATE_GROUP_END_API_START = 24
+# -- NCCL's rule for which events it sends -----------------------------------
 
 _CE = CE_COLL | CE_SYNC | CE_BATCH
 _BELOW_TASK = PROXY_OP | PROXY_STEP | KERNEL_CH | NET_PLUGIN
@@ -84,344 +71,6 @@ _NEEDS_P2P_API = P2P_API | P2P | _BELOW_TASK
 _NEEDS_GROUP = COLL | P2P | _BELOW_TASK
 _NEEDS_COLL = COLL | _BELOW_TASK
 _NEEDS_P2P = P2P | _BELOW_TASK
-
-# -- ABI declarations --------------------------------------------------------
-
-
-class _GroupApi(Structure):
-    _fields_ = [("graphCaptured", c_bool), ("groupDepth", c_int)]
-
-
-class _CollApiV5(Structure):
-    _fields_ = [
-        ("func", c_char_p),
-        ("count", c_size_t),
-        ("datatype", c_char_p),
-        ("root", c_int),
-        ("stream", c_void_p),
-        ("graphCaptured", c_bool),
-    ]
-
-
-class _CollApiV7(Structure):
-    _fields_ = [*_CollApiV5._fields_, ("userTag", c_uint64)]
-
-
-class _P2pApiV5(Structure):
-    _fields_ = [
-        ("func", c_char_p),
-        ("count", c_size_t),
-        ("datatype", c_char_p),
-        ("stream", c_void_p),
-        ("graphCaptured", c_bool),
-    ]
-
-
-class _P2pApiV7(Structure):
-    _fields_ = [*_P2pApiV5._fields_, ("userTag", c_uint64)]
-
-
-class _KernelLaunch(Structure):
-    _fields_ = [("stream", c_void_p)]
-
-
-_COLL_V4: list[Any] = [
-    ("seqNumber", c_uint64),
-    ("func", c_char_p),
-    ("sendBuff", c_void_p),
-    ("recvBuff", c_void_p),
-    ("count", c_size_t),
-    ("root", c_int),
-    ("datatype", c_char_p),
-    ("nChannels", c_uint8),
-    ("nWarps", c_uint8),
-    ("algo", c_char_p),
-    ("proto", c_char_p),
-]
-
-
-class _CollV4(Structure):
-    _fields_ = _COLL_V4
-
-
-class _CollV5(Structure):
-    _fields_ = [*_COLL_V4, ("parentGroup", c_void_p)]
-
-
-class _CollV7(Structure):
-    _fields_ = [
-        *_CollV5._fields_,
-        ("kernelVariant", c_char_p),
-        ("isSymColl", c_bool),
-        ("userTag", c_uint64),
-    ]
-
-
-_P2P_V4: list[Any] = [
-    ("func", c_char_p),
-    ("buff", c_void_p),
-    ("datatype", c_char_p),
-    ("count", c_size_t),
-    ("peer", c_int),
-    ("nChannels", c_uint8),
-]
-
-
-class _P2pV4(Structure):
-    _fields_ = _P2P_V4
-
-
-class _P2pV5(Structure):
-    _fields_ = [*_P2P_V4, ("parentGroup", c_void_p)]
-
-
-class _P2pV7(Structure):
-    _fields_ = [*_P2pV5._fields_, ("userTag", c_uint64)]
-
-
-class _ProxyOp(Structure):
-    _fields_ = [
-        ("pid", c_int),
-        ("channelId", c_uint8),
-        ("peer", c_int),
-        ("nSteps", c_int),
-        ("chunkSize", c_int),
-        ("isSend", c_int),
-    ]
-
-
-class _ProxyStep(Structure):
-    _fields_ = [("step", c_int)]
-
-
-class _KernelCh(Structure):
-    _fields_ = [("channelId", c_uint8), ("pTimer", c_uint64)]
-
-
-class _NetPlugin(Structure):
-    _fields_ = [("id", c_int64), ("data", c_void_p)]
-
-
-_CE_COLL_V6: list[Any] = [
-    ("seqNumber", c_uint64),
-    ("func", c_char_p),
-    ("sendBuff", c_void_p),
-    ("recvBuff", c_void_p),
-    ("count", c_size_t),
-    ("root", c_int),
-    ("datatype", c_char_p),
-    ("syncStrategy", c_char_p),
-    ("intraBatchSync", c_bool),
-    ("batchSize", c_uint32),
-    ("numBatches", c_uint32),
-    ("ceSeqNum", c_uint32),
-    ("stream", c_void_p),
-]
-
-
-class _CeCollV6(Structure):
-    _fields_ = _CE_COLL_V6
-
-
-class _CeCollV7(Structure):
-    _fields_ = [*_CE_COLL_V6, ("userTag", c_uint64)]
-
-
-class _CeCollSync(Structure):
-    _fields_ = [("isComplete", c_bool), ("nRanks", c_int)]
-
-
-class _CeCollBatch(Structure):
-    _fields_ = [("numOps", c_int), ("totalBytes", c_size_t), ("useIntraSync", c_bool)]
-
-
-class _KernelPhase(Structure):
-    _fields_ = [
-        ("channelId", c_uint8),
-        ("phaseId", c_uint8),
-        ("phaseName", c_char_p),
-        ("pTimer", c_uint64),
-    ]
-
-
-class _UnionV4(Union):
-    _fields_ = [
-        ("coll", _CollV4),
-        ("p2p", _P2pV4),
-        ("proxyOp", _ProxyOp),
-        ("proxyStep", _ProxyStep),
-        ("kernelCh", _KernelCh),
-        ("netPlugin", _NetPlugin),
-    ]
-
-
-_ARMS_V5: list[Any] = [
-    ("groupApi", _GroupApi),
-    ("collApi", _CollApiV5),
-    ("p2pApi", _P2pApiV5),
-    ("kernelLaunch", _KernelLaunch),
-    ("coll", _CollV5),
-    ("p2p", _P2pV5),
-    ("proxyOp", _ProxyOp),
-    ("proxyStep", _ProxyStep),
-    ("kernelCh", _KernelCh),
-    ("netPlugin", _NetPlugin),
-]
-
-
-class _UnionV5(Union):
-    _fields_ = _ARMS_V5
-
-
-class _UnionV6(Union):
-    _fields_ = [
-        *_ARMS_V5,
-        ("ceColl", _CeCollV6),
-        ("ceCollSync", _CeCollSync),
-        ("ceCollBatch", _CeCollBatch),
-    ]
-
-
-class _UnionV7(Union):
-    _fields_ = [
-        ("groupApi", _GroupApi),
-        ("collApi", _CollApiV7),
-        ("p2pApi", _P2pApiV7),
-        ("kernelLaunch", _KernelLaunch),
-        ("coll", _CollV7),
-        ("p2p", _P2pV7),
-        ("proxyOp", _ProxyOp),
-        ("proxyStep", _ProxyStep),
-        ("kernelCh", _KernelCh),
-        ("netPlugin", _NetPlugin),
-        ("ceColl", _CeCollV7),
-        ("ceCollSync", _CeCollSync),
-        ("ceCollBatch", _CeCollBatch),
-        ("kernelPhase", _KernelPhase),
-    ]
-
-
-class DescrV4(Structure):
-    _anonymous_ = ("u",)
-    _fields_ = [("type", c_uint8), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV4)]
-
-
-class DescrV5(Structure):
-    _anonymous_ = ("u",)
-    _fields_ = [("type", c_uint64), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV5)]
-
-
-class DescrV6(Structure):
-    _anonymous_ = ("u",)
-    _fields_ = [("type", c_uint64), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV6)]
-
-
-class DescrV7(Structure):
-    _anonymous_ = ("u",)
-    _fields_ = [("type", c_uint64), ("parentObj", c_void_p), ("rank", c_int), ("u", _UnionV7)]
-
-
-DESCRIPTORS: dict[int, type[Structure]] = {4: DescrV4, 5: DescrV5, 6: DescrV6, 7: DescrV7}
-
-
-class _ArgsProxyStep(Structure):
-    _fields_ = [("transSize", c_size_t)]
-
-
-class _ArgsProxyCtrl(Structure):
-    _fields_ = [("appendedProxyOps", c_int)]
-
-
-class _ArgsNetPlugin(Structure):
-    _fields_ = [("data", c_void_p)]
-
-
-class _ArgsKernelCh(Structure):
-    _fields_ = [("pTimer", c_uint64)]
-
-
-class StateArgs(Union):
-    """ncclProfilerEventStateArgs v4..v7 (8 bytes)."""
-
-    _fields_ = [
-        ("proxyStep", _ArgsProxyStep),
-        ("proxyCtrl", _ArgsProxyCtrl),
-        ("netPlugin", _ArgsNetPlugin),
-        ("kernelCh", _ArgsKernelCh),
-    ]
-
-
-# The variadic logger, seen from the callee: the fixed arguments, then the
-# first integer-class variadic arguments. On x86-64 SysV and Linux aarch64,
-# integer varargs travel exactly like named integer arguments, so declaring
-# them as uint64 slots reads them; float varargs are not supported (shown raw).
-_N_VARARGS = 8
-LOGFN = CFUNCTYPE(None, c_int, c_ulong, c_char_p, c_int, c_char_p, *([c_uint64] * _N_VARARGS))
-# Every pointer argument is passed as an address (int): fastest ctypes conversion.
-_INIT_V5 = CFUNCTYPE(c_int, c_void_p, c_uint64, c_void_p, c_char_p, c_int, c_int, c_int, LOGFN)
-_INIT_V4 = CFUNCTYPE(c_int, c_void_p, c_void_p, c_char_p, c_uint64, c_int, c_int, c_int, LOGFN)
-_START = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p)
-_STOP = CFUNCTYPE(c_int, c_void_p)
-_RECORD = CFUNCTYPE(c_int, c_void_p, c_int, c_void_p)
-_FINALIZE = CFUNCTYPE(c_int, c_void_p)
-
-
-def _plugin_struct(init: Any) -> type[Structure]:
-    class _Plugin(Structure):
-        _fields_ = [
-            ("name", c_char_p),
-            ("init", init),
-            ("startEvent", _START),
-            ("stopEvent", _STOP),
-            ("recordEventState", _RECORD),
-            ("finalize", _FINALIZE),
-        ]
-
-    return _Plugin
-
-
-_PLUGIN_V4 = _plugin_struct(_INIT_V4)
-_PLUGIN_V5 = _plugin_struct(_INIT_V5)
-
-# -- logger --------------------------------------------------------------------
-
-_FMT = re.compile(r"%([-+ #0]*)(\d*)(?:\.(\d+))?(hh|h|ll|l|z|j|t)?([diouxXscp%])")
-_WIDTH_BITS = {"hh": 8, "h": 16, None: 32, "l": 64, "ll": 64, "z": 64, "j": 64, "t": 64}
-
-
-def format_c(fmt: str, args: Sequence[int]) -> str:
-    """printf-style formatting of integer-class arguments (what loggers pass)."""
-    it = iter(args)
-
-    def one(m: re.Match[str]) -> str:
-        flags, width, prec, length, conv = m.groups()
-        if conv == "%":
-            return "%"
-        raw = next(it, 0)
-        if conv == "s":
-            text = ctypes.string_at(raw).decode("utf-8", "replace") if raw else "(null)"
-            if prec is not None:
-                text = text[: int(prec)]
-        elif conv == "c":
-            text = chr(raw & 0xFF)
-        elif conv == "p":
-            text = hex(raw)
-        else:
-            bits = _WIDTH_BITS[length]
-            v = raw & ((1 << bits) - 1)
-            if conv in "di" and v >> (bits - 1):
-                v -= 1 << bits
-            spec = {"o": "o", "x": "x", "X": "X"}.get(conv, "d")
-            text = format(v, spec)
-            if prec is not None:
-                text = text.rjust(int(prec), "0")
-        if width:
-            pad = "0" if "0" in flags and "-" not in flags and conv not in "sc" else " "
-            text = text.ljust(int(width)) if "-" in flags else text.rjust(int(width), pad)
-        return text
-
-    return _FMT.sub(one, fmt)
-
 
 # Callbacks and strings handed to the plugin must outlive every call it may
 # make; the library is never unloaded, so keep them for the process lifetime.
@@ -487,7 +136,7 @@ class NcclStandIn:
         self.lib_path = Path(lib_path)
         self.lib = ctypes.CDLL(str(self.lib_path), mode=ctypes.RTLD_LOCAL)
         sym = f"ncclProfiler_v{version}"
-        table_type = _PLUGIN_V4 if version == 4 else _PLUGIN_V5
+        table_type = PLUGIN_TABLES[version]
         try:
             self._table = table_type.in_dll(self.lib, sym)
         except ValueError as e:
@@ -764,41 +413,7 @@ class StandInComm:
         self, func: str, count: int, dtype: str, peer: int, *, nchannels: int = 1
     ) -> PendingOp:
         """ncclSend / ncclRecv on the host, up to Group/GroupApi stop."""
-        if func not in ("Send", "Recv"):
-            raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
-        mask = self.nccl.mask.value
-        v4 = self.nccl.version == 4
-        gapi = papi = group = None
-        if not v4 and mask & _NEEDS_GROUP_API:
-            gapi = self._start("group_api", None)
-            self._record(gapi, STATE_GROUP_START_API_STOP, None)
-        if not v4 and mask & _NEEDS_P2P_API:
-            pa = self._d_p2p_api.p2pApi
-            pa.func = _cstr(func)
-            pa.count = count
-            pa.datatype = _cstr(dtype)
-            papi = self._start("p2p_api", gapi)
-            self._stop(papi)
-        if not v4:
-            self._record(gapi, STATE_GROUP_END_API_START, None)
-        if mask & _NEEDS_GROUP:
-            group = self._start("group", None)
-        p2p = None
-        if mask & _NEEDS_P2P:
-            p = self._d_p2p.p2p
-            p.func = _cstr(func)
-            p.datatype = _cstr(dtype)
-            p.count = count
-            p.peer = peer
-            p.nChannels = nchannels
-            if not v4:
-                p.parentGroup = group
-            p2p = self._start("p2p", group if v4 else papi)
-            self._stop(p2p)
-        self._stop(group)
-        if not v4:
-            self._stop(gapi)
-        return PendingOp(self, p2p, nchannels)
+        return self._p2p_group([(func, count, dtype, peer)], nchannels=nchannels)[0]
 
     def p2p(
         self,
@@ -825,6 +440,17 @@ class StandInComm:
         0 : 2``), so its PendingOp.complete() sends no KernelCh event. An
         in-place self pair (same buffer) is dropped before the plan: no P2p.
         """
+        return self._p2p_group(ops, nnodes=nnodes)
+
+    def _p2p_group(
+        self,
+        ops: Sequence[tuple[str, int, str, int]],
+        *,
+        nnodes: int = 1,
+        nchannels: int | None = None,
+    ) -> list[PendingOp]:
+        """The events of group_p2p; with ``nchannels`` (begin_p2p: a group of one),
+        every P2p reports that many channels and a self one gets its KernelCh too."""
         for func, _, _, _ in ops:
             if func not in ("Send", "Recv"):
                 raise ValueError(f"p2p func must be 'Send' or 'Recv', not {func!r}")
@@ -852,7 +478,13 @@ class StandInComm:
         pending: list[PendingOp] = []
         p = self._d_p2p.p2p
         for (func, count, dtype, peer), papi in zip(ops, apis, strict=True):
-            nch = p2p_nchannels(count * DTYPE_SIZE_BY_NAME.get(dtype, 1), self.nranks, nnodes)
+            if nchannels is None:
+                nbytes = count * DTYPE_SIZE_BY_NAME.get(dtype, 1)
+                nch = p2p_nchannels(nbytes, self.nranks, nnodes)
+                # Self: no proxy op, so no KernelCh ever follows (0 channels to emit).
+                emit = 0 if peer == self.rank else nch
+            else:
+                nch = emit = nchannels
             h = None
             if mask & _NEEDS_P2P:
                 p.func = _cstr(func)
@@ -863,8 +495,7 @@ class StandInComm:
                 if not v4:
                     p.parentGroup = group
                 h = self._start("p2p", group if v4 else papi)
-            # Self: no proxy op, so no KernelCh ever follows (0 channels to emit).
-            pending.append(PendingOp(self, h, 0 if peer == self.rank else nch))
+            pending.append(PendingOp(self, h, emit))
         for op in pending:
             self._stop(op.handle)
         self._stop(group)

@@ -33,7 +33,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def plugin_lib() -> Path:
     """The compiled plugin (built now if missing or older than its sources)."""
-    if not (PLUGIN_DIR / "plugin.c").exists():
+    if not (PLUGIN_DIR / "core.c").exists():
         from artemis.agent.plugin_path import plugin_path
 
         return plugin_path()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from artemis.ring.reader import RingReader, records_to_dicts
-from artemis.sim import nccl
+from artemis.sim import nccl_abi as nccl
 from artemis.sim.nccl import NcclStandIn, format_c
 
 VERSIONS = (4, 5, 6, 7)

@@ -1,7 +1,7 @@
 /*
  * harness.c: multi-threaded self-checking test of the Artemis profiler plugin.
  *
- * Built together with plugin.c and ring.c under ASan+UBSan and under TSan
+ * Built together with abi.c, core.c and ring.c under ASan+UBSan and under TSan
  * (see the Makefile). User-like threads issue the NCCL 2.28+ event sequence
  * for collectives and p2p ops; proxy-like threads issue KernelCh events for
  * them (channels of one op go to different threads, before or after the Coll
@@ -163,7 +163,7 @@ static int read_slot(const ArtemisSlot *s, Rec *r) {
     uint32_t l1 = atomic_load_explicit(A32(&s->lock), memory_order_acquire);
     if (l1 & 1u) return 0;
     /* acquire loads of the body pair with the writer's release stores: no
-     * fence, so ThreadSanitizer sees every edge (see seq_enter in plugin.c) */
+     * fence, so ThreadSanitizer sees every edge (see seq_enter in slot.h) */
     const memory_order B = memory_order_acquire;
     uint32_t w4 = atomic_load_explicit(A32(&s->kind), B);
     uint64_t w8 = atomic_load_explicit(A64(&s->clock), B);
@@ -269,41 +269,40 @@ struct Comm {
     char path[512];
 };
 
+/* The descriptor's members every version has under the same names: the
+ * header, and the Coll, P2p and KernelCh arms (v5+ only append members). */
+#define FILL_TASK(d)                                                                        \
+    do {                                                                                    \
+        memset(&(d), 0, sizeof(d));                                                         \
+        (d).parentObj = parent;                                                             \
+        (d).rank = cm->rank;                                                                \
+        if (type == ncclProfileColl) {                                                      \
+            (d).coll.func = e->func_s; (d).coll.datatype = e->dtype_s;                      \
+            (d).coll.count = e->count; (d).coll.nChannels = e->nch;                         \
+            (d).coll.algo = e->algo_s; (d).coll.proto = e->proto_s;                         \
+        } else if (type == ncclProfileP2p) {                                                \
+            (d).p2p.func = e->func_s; (d).p2p.datatype = e->dtype_s;                        \
+            (d).p2p.count = e->count; (d).p2p.nChannels = e->nch; (d).p2p.peer = e->peer;   \
+        } else if (type == ncclProfileKernelCh) {                                           \
+            (d).kernelCh.channelId = (uint8_t)channel; (d).kernelCh.pTimer = ptimer;        \
+        }                                                                                   \
+    } while (0)
+
 /* Builds a descriptor of the comm's version and calls its startEvent. */
 static void *start_ev(Comm *cm, int type, void *parent, const Expect *e, uint64_t ptimer,
                       int channel) {
     void *h = (void *)0x1; /* must be overwritten */
     if (cm->version == 4) {
         ncclProfilerEventDescr_v4_t d;
-        memset(&d, 0, sizeof d);
+        FILL_TASK(d);
         d.type = (uint8_t)type;
-        d.parentObj = parent;
-        d.rank = cm->rank;
-        if (type == ncclProfileColl) {
-            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
-            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
-        } else if (type == ncclProfileP2p) {
-            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
-            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
-        } else if (type == ncclProfileKernelCh) {
-            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
-        }
         ncclProfiler_v4.startEvent(cm->ctx, &h, &d);
     } else if (cm->version == 7) {
         ncclProfilerEventDescr_v7_t d;
-        memset(&d, 0, sizeof d);
+        FILL_TASK(d);
         d.type = (uint64_t)type;
-        d.parentObj = parent;
-        d.rank = cm->rank;
         if (type == ncclProfileColl) {
-            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
-            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
             d.coll.userTag = 77;
-        } else if (type == ncclProfileP2p) {
-            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
-            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
-        } else if (type == ncclProfileKernelCh) {
-            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
         } else if (type == ncclProfileCollApi && e) {
             d.collApi.func = e->func_s; d.collApi.count = e->count; d.collApi.datatype = e->dtype_s;
         } else if (type == ncclProfileGroupApi) {
@@ -312,19 +311,9 @@ static void *start_ev(Comm *cm, int type, void *parent, const Expect *e, uint64_
         ncclProfiler_v7.startEvent(cm->ctx, &h, &d);
     } else {
         ncclProfilerEventDescr_v6_t d; /* v5 has the same layout for the arms we use */
-        memset(&d, 0, sizeof d);
+        FILL_TASK(d);
         d.type = (uint64_t)type;
-        d.parentObj = parent;
-        d.rank = cm->rank;
-        if (type == ncclProfileColl) {
-            d.coll.func = e->func_s; d.coll.datatype = e->dtype_s; d.coll.count = e->count;
-            d.coll.nChannels = e->nch; d.coll.algo = e->algo_s; d.coll.proto = e->proto_s;
-        } else if (type == ncclProfileP2p) {
-            d.p2p.func = e->func_s; d.p2p.datatype = e->dtype_s; d.p2p.count = e->count;
-            d.p2p.nChannels = e->nch; d.p2p.peer = e->peer;
-        } else if (type == ncclProfileKernelCh) {
-            d.kernelCh.channelId = (uint8_t)channel; d.kernelCh.pTimer = ptimer;
-        } else if (type == ncclProfileCollApi && e) {
+        if (type == ncclProfileCollApi && e) {
             d.collApi.func = e->func_s; d.collApi.count = e->count; d.collApi.datatype = e->dtype_s;
         }
         if (cm->version == 5)
@@ -782,7 +771,7 @@ static void test_failures(void) {
     d.type = ncclProfileGroup;
     void *grp = NULL;
     ncclProfiler_v6.startEvent(ctx, &grp, &d);
-    /* v5+ on NCCL: NULL (NCCL 2.28+ gates no task on it; plugin.c dummy_group) */
+    /* v5+ on NCCL: NULL (NCCL 2.28+ gates no task on it; core.c dummy_group) */
     CHECK(grp == NULL, "Group under v6 on NCCL gets NULL");
     /* v4: the static dummy (NCCL 2.27 starts Coll/P2p only under a Group
      * handle that is not NULL); the descriptor's type is at offset 0 in both */
@@ -1495,13 +1484,13 @@ static void test_two_starters(void) {
  * the strings, bytes and device times of that start, an enqueue time between
  * the clock reads around it, and a coll_seq of its own; tickets plus drops
  * are the starts. */
-/* plugin.c's string tables, linked into the harness */
+/* codes.h's string tables (in core.c), linked into the harness */
 uint8_t art_func_code(const char *s);
 uint8_t art_dtype_code(const char *s);
 uint8_t art_algo_code(const char *s);
 uint8_t art_proto_code(const char *s);
 uint32_t art_dtype_size(uint8_t code);
-uint32_t art_test_lanes(void *context); /* lanes taken (plugin.c, test hooks) */
+uint32_t art_test_lanes(void *context); /* lanes taken (core.c, test hooks) */
 static uint64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
