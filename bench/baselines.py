@@ -25,7 +25,8 @@ from artemis.detect.baselines import Baseline, WindowStats, window_stats
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
-from artemis.protocol.records import RankWindow
+
+from bench._windows import bench_window
 
 RUNS = 5
 SIZES = (1_000, 16_000, 100_000)
@@ -43,24 +44,10 @@ def _median_s(fn: Callable[[], object], runs: int = RUNS) -> float:
 def _cols(n: int, window: int, rng: np.random.Generator, classes: int = 2) -> WindowColumns:
     gap = 100.0 * (1 + 0.01 * rng.standard_normal(n))
     recs = [
-        RankWindow(
-            job="bench",
-            comm="0" * 16,
-            rank=r,
-            nranks=n,
-            host=f"h{r // 8}",
-            window=window,
-            step_lo=window * 50,
-            step_hi=window * 50 + 50,
-            coll_lo=0,
-            coll_hi=0,
-            gap_ms=float(gap[r]),
-            coll_ms=10.0 + float(gap.max() - gap[r]),
-            step_ms=float(gap.max()) + 10.0,
-            collectives=200,
-            bytes=0,
-            lost=0,
-            clock="device",
+        bench_window(
+            r,
+            window,
+            gap,
             island="nvidia" if r < n // 2 else "amd",
             hw_class="H100" if r < n // 2 or classes == 1 else "MI300X",
             gap_q1_ms=float(gap[r]) * 0.98,

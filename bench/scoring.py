@@ -21,6 +21,8 @@ from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
+from bench._windows import bench_window
+
 RUNS = 7
 
 
@@ -60,29 +62,7 @@ def _records(n: int, window: int, rng: np.random.Generator) -> list[RankWindow]:
     gap = 100.0 * (1 + 0.01 * rng.standard_normal(n))
     gap[n // 3] *= 1.2
     isl = ["nvidia" if r < n // 2 else "amd" for r in range(n)]
-    return [
-        RankWindow(
-            job="bench",
-            comm="0" * 16,
-            rank=r,
-            nranks=n,
-            host=f"h{r // 8}",
-            window=window,
-            step_lo=window * 50,
-            step_hi=window * 50 + 50,
-            coll_lo=0,
-            coll_hi=0,
-            gap_ms=float(gap[r]),
-            coll_ms=10.0 + float(gap.max() - gap[r]),
-            step_ms=float(gap.max()) + 10.0,
-            collectives=200,
-            bytes=0,
-            lost=0,
-            clock="device",
-            island=isl[r],
-        )
-        for r in range(n)
-    ]
+    return [bench_window(r, window, gap, island=isl[r]) for r in range(n)]
 
 
 def main() -> None:
