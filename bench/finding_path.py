@@ -44,21 +44,7 @@ from artemis.ring.reader import RingReader
 from artemis.ring.writer import RingWriter
 
 REPO = Path(__file__).resolve().parents[1]
-ROOMS = (
-    "agent",
-    "cli",
-    "common",
-    "coordinator",
-    "detect",
-    "job",
-    "protocol",
-    "rebalance",
-    "regress",
-    "report",
-    "ring",
-    "sim",
-    "store",
-)
+NOT_PRODUCT = ("tests", "bench", "docs", "deploy")  # top folders whose code is not the product
 JOB, COMM, RANKS = "path", 0x5A17, 4
 SLOW_RANK = 1
 STEPS, COLLS = 10, 2  # steps per window, collectives per step
@@ -147,9 +133,9 @@ class Tracer:
         if filename not in self._seen:
             p = Path(filename).resolve()
             rel = None
-            if p.is_relative_to(REPO):
+            if p.suffix == ".py" and p.is_relative_to(REPO):  # not "<string>" and the like
                 rel = str(p.relative_to(REPO))
-                if rel.split("/", 1)[0] not in ROOMS:
+                if rel.split("/", 1)[0] in NOT_PRODUCT:
                     rel = None
             self._seen[filename] = rel
         return self._seen[filename]

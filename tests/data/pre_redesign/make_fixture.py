@@ -64,17 +64,12 @@ def half(host: str, window: int) -> Windows:
 
 def coordinator(d: Path, now: list[float]) -> Coordinator:
     """A coordinator on directory `d`, restored from what is there (nothing: a first life)."""
+    findings = FindingsWriter(d / "f.jsonl")
+    store = StoreSink.open("auto", findings.path)  # artemis.db beside the findings
     c = Coordinator(
-        Settings(),
-        FindingsWriter(d / "f.jsonl"),
-        PlansWriter(d / "p.jsonl"),
-        Metrics(),
-        deadline_s=30.0,
-        grace_s=1.0,
-        clock=lambda: now[0],
-        wall=lambda: WALL0 + now[0],
-        store=StoreSink.open("auto", d / "f.jsonl"),
-    )
+        Settings(), findings, PlansWriter(d / "p.jsonl"), Metrics(), deadline_s=30.0,
+        grace_s=1.0, clock=lambda: now[0], wall=lambda: WALL0 + now[0], store=store,
+    )  # fmt: skip
     c.restore(AssemblyJournal(d / "f.assembly"))
     return c
 
