@@ -21,19 +21,10 @@ from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
+from bench._timing import median_s
 from bench._windows import bench_window
 
 RUNS = 7
-
-
-def _median_s(fn: Callable[[], object], runs: int = RUNS) -> float:
-    fn()  # warm caches and imports
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _fresh_s(det: Detector, window: object, runs: int = 5) -> float:
@@ -72,7 +63,7 @@ def main() -> None:
     for n in (1_000, 16_000, 100_000):
         gap = 100.0 * (1 + 0.01 * rng.standard_normal(n))
         gid = (np.arange(n) >= n // 2).astype(np.int64)
-        t = _median_s(lambda g=gap, i=gid: score(g, i))  # type: ignore[misc]
+        t = median_s(lambda g=gap, i=gid: score(g, i), RUNS, warm=True)  # type: ignore[misc]
         mem = _peak_mib(lambda g=gap, i=gid: score(g, i))  # type: ignore[misc]
         goal = "<= 100 ms" if n == 100_000 else ""
         print(f"{n:>8} {t * 1e3:>10.2f} {mem:>9.1f} {goal:>10}")
@@ -102,9 +93,9 @@ def main() -> None:
         mem = _peak_mib(lambda d=fresh, x=lc: d.score_window(7, x))  # type: ignore[misc]
         t_seed = _fresh_s(seed, lc)
         mons = [copy.deepcopy(mon) for _ in range(6)]
-        t_mon = _median_s(lambda m=mons, x=lc: _fresh_window(m.pop(), x), runs=5)  # type: ignore[misc]
+        t_mon = median_s(lambda m=mons, x=lc: _fresh_window(m.pop(), x), 5, warm=True)  # type: ignore[misc]
         blob = msgpack.packb(mon.snapshot(), use_bin_type=True)
-        t_snap = _median_s(lambda m=mon: msgpack.packb(m.snapshot()), runs=5)  # type: ignore[misc]
+        t_snap = median_s(lambda m=mon: msgpack.packb(m.snapshot()), 5, warm=True)  # type: ignore[misc]
         print(
             f"{n:>8} {t_rec * 1e3:>11.1f} {t_col * 1e3:>11.1f} {t_rec / t_col:>6.1f} {mem:>9.1f}"
             f" {t_mon * 1e3:>11.1f} {t_snap * 1e3:>12.1f} {len(blob) / 1e6:>5.1f}"
