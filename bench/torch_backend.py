@@ -244,13 +244,7 @@ def _detector_worker(rank: int, init: str, out: str, world: int) -> None:
     dist.init_process_group("artemis", init_method=f"file://{init}", rank=rank, world_size=world)
     det = artemis.job.Detector(jsonl=os.path.join(out, "findings.jsonl"), window_steps=20)
     torch.manual_seed(0)
-    m = torch.nn.Sequential(
-        torch.nn.Linear(64, 256),
-        torch.nn.Tanh(),
-        torch.nn.Linear(256, 256),
-        torch.nn.Tanh(),
-        torch.nn.Linear(256, 1),
-    )
+    m = mlp()
     model, opt = DDP(m), torch.optim.SGD(m.parameters(), lr=0.01)
     x, y = torch.randn(128, 64), torch.randn(128, 1)
 
@@ -292,7 +286,8 @@ def _detector_share(world: int = 4) -> list[dict[str, int]]:
     return [json.loads((d / f"share{r}.json").read_text()) for r in range(world)]
 
 
-def _mlp() -> Any:
+def mlp() -> Any:
+    """The benches' small DDP model (64 -> 256 -> 256 -> 1, tanh)."""
     import torch
 
     return torch.nn.Sequential(
@@ -443,7 +438,7 @@ def _ddp_worker(
         gc.collect()
         for name in rng.sample(list(arms), len(arms)):
             torch.manual_seed(0)
-            m = _mlp()
+            m = mlp()
             models[name] = (
                 DDP(m, process_group=groups[name]),
                 torch.optim.SGD(m.parameters(), lr=0.01),
