@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.torch_backend import mlp
+from bench._torch_steps import mlp
 
 ROUNDS = 7
 STEPS = 30
