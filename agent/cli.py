@@ -16,6 +16,7 @@ from typing import Annotated
 import numpy as np
 import typer
 from artemis.agent.plugin_path import PluginNotFoundError, plugin_path
+from artemis.common.exits import exit_error
 from artemis.ring.reader import ReadBatch, RingError, RingReader, records_to_dicts
 
 DEFAULT_SHM_DIR = "/dev/shm/artemis"
@@ -211,8 +212,7 @@ def run_cmd(
             },
         ).validated()
     except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        exit_error(e, EXIT_BAD_INPUT)
     setup_logging(json_logs=cfg.log_json)
     from artemis.agent.run_main import main
     from artemis.common.aio import run
@@ -220,5 +220,4 @@ def run_cmd(
     try:
         run(main(cfg))
     except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        exit_error(e, EXIT_BAD_INPUT)

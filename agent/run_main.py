@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import structlog
 from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import AgentDaemon
@@ -11,6 +13,10 @@ from artemis.common.tomlfile import ConfigError
 from artemis.protocol.auth import load_secret
 from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.transport import build_transport
+
+if TYPE_CHECKING:
+    from artemis.agent.telemetry.amd import AmdSmiSource
+    from artemis.agent.telemetry.nvml import NvmlSource
 
 log = structlog.get_logger("artemis.agent")
 
@@ -28,25 +34,26 @@ def make_sources(cfg: AgentConfig) -> list[TelemetrySource]:
             from artemis.agent.telemetry.host import HostSource
 
             out.append(HostSource(cfg.proc_root))
-        elif name == "nvml":
-            from artemis.agent.telemetry.nvml import NvmlSource
-
-            nv = NvmlSource(cfg.proc_root)
-            ok, why = nv.available()
+        elif name in ("nvml", "amdsmi"):
+            gpu, label = _gpu_source(name, cfg.proc_root)
+            ok, why = gpu.available()
             if ok:
-                out.append(nv)
+                out.append(gpu)
             else:
-                log.info("NVML telemetry unavailable", reason=why)
-        elif name == "amdsmi":
-            from artemis.agent.telemetry.amd import AmdSmiSource
-
-            amd = AmdSmiSource(cfg.proc_root)
-            ok, why = amd.available()
-            if ok:
-                out.append(amd)
-            else:
-                log.info("AMD SMI telemetry unavailable", reason=why)
+                log.info(f"{label} telemetry unavailable", reason=why)
     return out
+
+
+def _gpu_source(name: str, proc_root: str) -> tuple[NvmlSource | AmdSmiSource, str]:
+    """A GPU vendor's telemetry source and its name in the logs, its library imported
+    only when configured."""
+    if name == "nvml":
+        from artemis.agent.telemetry.nvml import NvmlSource
+
+        return NvmlSource(proc_root), "NVML"
+    from artemis.agent.telemetry.amd import AmdSmiSource
+
+    return AmdSmiSource(proc_root), "AMD SMI"
 
 
 async def main(cfg: AgentConfig) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
-from collections.abc import Callable
 
 import msgpack
 import numpy as np
@@ -25,42 +23,21 @@ from artemis.detect.baselines import Baseline, WindowStats, window_stats
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
-from artemis.protocol.records import RankWindow
+
+from bench._timing import median_s
+from bench._windows import bench_window
 
 RUNS = 5
 SIZES = (1_000, 16_000, 100_000)
 
 
-def _median_s(fn: Callable[[], object], runs: int = RUNS) -> float:
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
-
-
 def _cols(n: int, window: int, rng: np.random.Generator, classes: int = 2) -> WindowColumns:
     gap = 100.0 * (1 + 0.01 * rng.standard_normal(n))
     recs = [
-        RankWindow(
-            job="bench",
-            comm="0" * 16,
-            rank=r,
-            nranks=n,
-            host=f"h{r // 8}",
-            window=window,
-            step_lo=window * 50,
-            step_hi=window * 50 + 50,
-            coll_lo=0,
-            coll_hi=0,
-            gap_ms=float(gap[r]),
-            coll_ms=10.0 + float(gap.max() - gap[r]),
-            step_ms=float(gap.max()) + 10.0,
-            collectives=200,
-            bytes=0,
-            lost=0,
-            clock="device",
+        bench_window(
+            r,
+            window,
+            gap,
             island="nvidia" if r < n // 2 else "amd",
             hw_class="H100" if r < n // 2 or classes == 1 else "MI300X",
             gap_q1_ms=float(gap[r]) * 0.98,
@@ -110,12 +87,12 @@ def main() -> None:
         # off and on in turn, so a change of the machine's load hits both alike
         t_offs, t_ons = [], []
         for _ in range(RUNS):
-            t_offs.append(_median_s(lambda m=offs, x=last: _fresh(m.pop(), x), runs=1))  # type: ignore[misc]
-            t_ons.append(_median_s(lambda m=ons, x=last: _fresh(m.pop(), x), runs=1))  # type: ignore[misc]
+            t_offs.append(median_s(lambda m=offs, x=last: _fresh(m.pop(), x), 1))  # type: ignore[misc]
+            t_ons.append(median_s(lambda m=ons, x=last: _fresh(m.pop(), x), 1))  # type: ignore[misc]
         t_off, t_on = statistics.median(t_offs), statistics.median(t_ons)
-        t_ws = _median_s(lambda x=last: window_stats(7, x, 110.0))  # type: ignore[misc]
+        t_ws = median_s(lambda x=last: window_stats(7, x, 110.0), RUNS)  # type: ignore[misc]
         one = _cols(n, 7, rng, classes=1)
-        t_ws1 = _median_s(lambda x=one: window_stats(7, x, 110.0))  # type: ignore[misc]
+        t_ws1 = median_s(lambda x=one: window_stats(7, x, 110.0), RUNS)  # type: ignore[misc]
         b = on.baselines
         for w in range(8, 200):  # the per-window values only (bounded), not the scoring
             b.on_window(w, last, 110.0)

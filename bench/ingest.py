@@ -37,6 +37,7 @@ message of the window, the loopback trip and the ack coalescing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -320,24 +322,32 @@ def measure(mode: str, ranks: int, k: int) -> tuple[float, float]:
     """(rank-windows/s of wall time, rank-windows per CPU second of the server) of one run,
     every window queued at once."""
     windows = max(2, SUMMARIES // ranks)
+    with _server(mode, windows) as (srv, secret):
+        cpu0: list[float] = []
+        out = _play(
+            srv.address, secret, ranks, k, windows, 0.0,
+            on_ready=lambda: cpu0.append(_cpu_s(srv.proc.pid)),
+        )  # fmt: skip
+        used = _cpu_s(srv.proc.pid) - cpu0[0]
+    n = ranks * windows
+    return n / out["elapsed"], n / max(used, 1e-9)
+
+
+@contextlib.contextmanager
+def _server(mode: str, windows: int) -> Iterator[tuple[_Server, Path]]:
+    """A server of `mode` on its pinned CPU, in a temporary directory, and its secret;
+    stopped at the end, after a coordinator's run is checked (`_check_scored`)."""
     cpu, _ = _cpus()
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         work = Path(tmp)
         secret = _secret(work)
         srv = _Server(mode, work, secret, cpu)
         try:
-            cpu0: list[float] = []
-            out = _play(
-                srv.address, secret, ranks, k, windows, 0.0,
-                on_ready=lambda: cpu0.append(_cpu_s(srv.proc.pid)),
-            )  # fmt: skip
-            used = _cpu_s(srv.proc.pid) - cpu0[0]
+            yield srv, secret
             if mode == "coordinator":
                 _check_scored(work / "findings.jsonl", windows)
         finally:
             srv.stop()
-    n = ranks * windows
-    return n / out["elapsed"], n / max(used, 1e-9)
 
 
 def _check_scored(path: Path, windows: int) -> None:
@@ -352,18 +362,9 @@ def paced(
     ranks: int, k: int, windows: int, window_s: float, mode: str = "coordinator"
 ) -> tuple[list[float], float]:
     """(per-window latency bounds in s, server bytes per rank) of a paced job."""
-    cpu, _ = _cpus()
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        work = Path(tmp)
-        secret = _secret(work)
-        srv = _Server(mode, work, secret, cpu)
-        try:
-            out = _play(srv.address, secret, ranks, k, windows, window_s)
-            rss = srv.rss()
-            if mode == "coordinator":
-                _check_scored(work / "findings.jsonl", windows)
-        finally:
-            srv.stop()
+    with _server(mode, windows) as (srv, secret):
+        out = _play(srv.address, secret, ranks, k, windows, window_s)
+        rss = srv.rss()
     lat: list[float] = out["latency"]
     return lat, (rss - srv.rss0) / ranks
 

@@ -8,26 +8,16 @@ runs of 5000 collectives each.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from functools import partial
 
 from artemis.agent.plugin_path import plugin_path
 from artemis.sim.nccl import NcclStandIn, StandInComm
 
+from bench._timing import median_s
+
 N = 5000
 CALLS_PER_COLL = 16  # v5+: 10 host events/states + 3 per channel x 2 channels
-
-
-def _median(fn: Callable[[], None], runs: int = 5) -> float:
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def _colls(comm: StandInComm) -> None:
@@ -50,7 +40,9 @@ def main() -> int:
         for version in (7, 4):
             nccl = NcclStandIn(plugin_path(), version)
             comm = nccl.comm_init(0xB0 + version, 0, 2)
-            rows.append((version, _median(partial(_colls, comm)), _median(partial(_bare, nccl))))
+            rows.append(
+                (version, median_s(partial(_colls, comm), 5), median_s(partial(_bare, nccl), 5))
+            )
             nccl.finalize()
     print(f"{'ABI':>4} {'collectives/s':>14} {'us/coll':>8} {'bare calls us':>14} {'ratio':>6}")
     for v, t, b in rows:

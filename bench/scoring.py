@@ -21,17 +21,10 @@ from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
+from bench._timing import median_s
+from bench._windows import bench_window
+
 RUNS = 7
-
-
-def _median_s(fn: Callable[[], object], runs: int = RUNS) -> float:
-    fn()  # warm caches and imports
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _fresh_s(det: Detector, window: object, runs: int = 5) -> float:
@@ -60,29 +53,7 @@ def _records(n: int, window: int, rng: np.random.Generator) -> list[RankWindow]:
     gap = 100.0 * (1 + 0.01 * rng.standard_normal(n))
     gap[n // 3] *= 1.2
     isl = ["nvidia" if r < n // 2 else "amd" for r in range(n)]
-    return [
-        RankWindow(
-            job="bench",
-            comm="0" * 16,
-            rank=r,
-            nranks=n,
-            host=f"h{r // 8}",
-            window=window,
-            step_lo=window * 50,
-            step_hi=window * 50 + 50,
-            coll_lo=0,
-            coll_hi=0,
-            gap_ms=float(gap[r]),
-            coll_ms=10.0 + float(gap.max() - gap[r]),
-            step_ms=float(gap.max()) + 10.0,
-            collectives=200,
-            bytes=0,
-            lost=0,
-            clock="device",
-            island=isl[r],
-        )
-        for r in range(n)
-    ]
+    return [bench_window(r, window, gap, island=isl[r]) for r in range(n)]
 
 
 def main() -> None:
@@ -92,7 +63,7 @@ def main() -> None:
     for n in (1_000, 16_000, 100_000):
         gap = 100.0 * (1 + 0.01 * rng.standard_normal(n))
         gid = (np.arange(n) >= n // 2).astype(np.int64)
-        t = _median_s(lambda g=gap, i=gid: score(g, i))  # type: ignore[misc]
+        t = median_s(lambda g=gap, i=gid: score(g, i), RUNS, warm=True)  # type: ignore[misc]
         mem = _peak_mib(lambda g=gap, i=gid: score(g, i))  # type: ignore[misc]
         goal = "<= 100 ms" if n == 100_000 else ""
         print(f"{n:>8} {t * 1e3:>10.2f} {mem:>9.1f} {goal:>10}")
@@ -122,9 +93,9 @@ def main() -> None:
         mem = _peak_mib(lambda d=fresh, x=lc: d.score_window(7, x))  # type: ignore[misc]
         t_seed = _fresh_s(seed, lc)
         mons = [copy.deepcopy(mon) for _ in range(6)]
-        t_mon = _median_s(lambda m=mons, x=lc: _fresh_window(m.pop(), x), runs=5)  # type: ignore[misc]
+        t_mon = median_s(lambda m=mons, x=lc: _fresh_window(m.pop(), x), 5, warm=True)  # type: ignore[misc]
         blob = msgpack.packb(mon.snapshot(), use_bin_type=True)
-        t_snap = _median_s(lambda m=mon: msgpack.packb(m.snapshot()), runs=5)  # type: ignore[misc]
+        t_snap = median_s(lambda m=mon: msgpack.packb(m.snapshot()), 5, warm=True)  # type: ignore[misc]
         print(
             f"{n:>8} {t_rec * 1e3:>11.1f} {t_col * 1e3:>11.1f} {t_rec / t_col:>6.1f} {mem:>9.1f}"
             f" {t_mon * 1e3:>11.1f} {t_snap * 1e3:>12.1f} {len(blob) / 1e6:>5.1f}"

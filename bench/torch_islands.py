@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._torch_steps import mlp
+
 ROUNDS = 7
 STEPS = 30
 WORLD = 4
@@ -49,13 +51,7 @@ def _worker(rank: int, init: str, out: str) -> None:
     models = {}
     for name, g in groups.items():
         torch.manual_seed(0)
-        m = torch.nn.Sequential(
-            torch.nn.Linear(64, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 1),
-        )
+        m = mlp()
         models[name] = (DDP(m, process_group=g), torch.optim.SGD(m.parameters(), lr=0.01))
     x, y = torch.randn(128, 64), torch.randn(128, 1)
     times: dict[str, list[float]] = {n: [] for n in NAMES}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from artemis.common.exits import exit_error
 from artemis.detect.findings import BASELINE_KINDS
 from artemis.store.base import Store, StoreError, open_for_findings, open_store
 
@@ -59,8 +60,7 @@ def _open(store: str | None, findings: Path | None) -> Store:
     try:
         return open_store(store, readonly=True) if store else open_for_findings(findings or "")
     except StoreError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
 
 
 def _num(v: Any, fmt: str = ".1f", unit: str = "") -> str:
@@ -114,8 +114,7 @@ def list_(
         try:
             recs = s.incidents(job)
         except StoreError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            exit_error(e)
         where = s.url
     con = _console()
     if not recs:
@@ -238,8 +237,7 @@ def show(
                 None,
             )
         except StoreError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            exit_error(e)
         where = s.url
     if r is None:
         typer.echo(f"error: no incident {id!r} in {where} (see `artemis incidents list`)", err=True)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from artemis.cli.incidents import app as incidents_app
 from artemis.cli.regress import regress as regress_command
+from artemis.common.exits import exit_error
 from artemis.sim.scenario import ScenarioError
 
 app = typer.Typer(
@@ -103,8 +104,7 @@ def sim(
             ),
         )
     except ScenarioError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
     res = cluster.run()
     typer.echo(
         f"{'completed' if res.ok else 'FAILED'}: {res.windows_scored} windows scored in "
@@ -168,8 +168,7 @@ def demo(
             ),
         )
     except ScenarioError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
     console.print(
         f"Prometheus metrics on http://127.0.0.1:{metrics_port}/metrics; findings -> {findings}"
     )
@@ -305,8 +304,7 @@ def run(
             )
         )
     except RunError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
     raise typer.Exit(code)
 
 

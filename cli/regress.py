@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import structlog
 import typer
+from artemis.common.exits import exit_error
 
 log = structlog.get_logger("artemis.regress")
 
@@ -105,8 +106,7 @@ def regress(
     try:
         st = open_store(store)
     except StoreError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
     with st:
         try:
             m = measure(opts)
@@ -136,8 +136,7 @@ def regress(
             findings = core.findings_of(run, j, window=len(earlier))
             st.write_regress_run(run)
         except StoreError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            exit_error(e)
     if jsonl is not None:
         with FindingsWriter(jsonl) as w:
             w.write(findings)

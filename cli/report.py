@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from artemis.common.exits import exit_error
 
 
 def report(
@@ -60,8 +61,7 @@ def report(
             n = len(b["incidents"])
             typer.echo(f"{path}  ({n} incident{'s' if n != 1 else ''})")
     except ReportError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
     except OSError as e:
         typer.echo(f"error: cannot write the report into {out}: {e}", err=True)
         raise typer.Exit(2) from None

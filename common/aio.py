@@ -1,9 +1,10 @@
-"""Event-loop entry point shared by the daemons: uvloop where it exists, asyncio otherwise."""
+"""Event-loop helpers shared by the daemons: the entry point (uvloop where it exists,
+asyncio otherwise) and the cancelling of a connection's or a listener's tasks."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
 import structlog
@@ -26,3 +27,12 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     result: T = uvloop.run(coro)
     return result
+
+
+async def cancel_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel `tasks` and wait until each has ended (what they raise is dropped)."""
+    tasks = list(tasks)
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from artemis.common.exits import exit_error
 from artemis.common.tomlfile import ConfigError
 
 app = typer.Typer(
@@ -87,8 +88,7 @@ def serve(
             },
         ).validated()
     except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
     setup_logging(json_logs=cfg.log_json)
     from artemis.common.aio import run
     from artemis.coordinator.server_main import main
@@ -96,8 +96,7 @@ def serve(
     try:
         run(main(cfg))
     except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        exit_error(e)
 
 
 def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:

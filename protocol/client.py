@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from artemis.common.aio import cancel_all
 from artemis.protocol.codec import DEFAULT_MAX_FRAME, FrameDecoder, encode
 from artemis.protocol.messages import PROTOCOL_VERSION, Control, Message, ProtocolError
 from artemis.protocol.session import (
@@ -423,9 +424,7 @@ class AgentLink:
             tasks: list[asyncio.Future[Any]] = [sender, worker, watchdog]
             if recv is not None:
                 tasks.append(recv)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_all(tasks)
         return self._healthy(started)
 
     async def _stall_watch(self) -> str:

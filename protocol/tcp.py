@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from artemis.common.aio import cancel_all
 from artemis.protocol.codec import DEFAULT_MAX_FRAME, HEADER
 from artemis.protocol.transport import ChannelClosed, Handler, TlsRefused
 
@@ -356,10 +357,7 @@ class TcpListener:
             self._sock.close()
         for ch in list(self._channels):
             await ch.close()
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)

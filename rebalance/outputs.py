@@ -16,7 +16,6 @@ import contextlib
 import json
 import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from artemis.common.diskio import JsonlAppender, Retention
@@ -70,12 +69,7 @@ class PlansWriter:
     def __enter__(self) -> PlansWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

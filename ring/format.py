@@ -80,70 +80,34 @@ REC_HOST = 0
 REC_DEVICE = 1
 REC_CLOCK_NAMES = {REC_HOST: "host", REC_DEVICE: "device"}
 
-# Codes -> the names NCCL puts in its descriptors.
-FUNC_NAMES: dict[int, str] = {
-    0: "Unknown",
-    1: "AllReduce",
-    2: "AllGather",
-    3: "ReduceScatter",
-    4: "Broadcast",
-    5: "Reduce",
-    6: "AlltoAll",
-    7: "Gather",
-    8: "Scatter",
-    9: "Send",
-    10: "Recv",
-    11: "SendRecv",
-    12: "Bridge",
-}
+# Codes -> the names NCCL puts in its descriptors (a code is its position here).
+FUNC_NAMES: dict[int, str] = dict(
+    enumerate(
+        ("Unknown", "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce",
+         "AlltoAll", "Gather", "Scatter", "Send", "Recv", "SendRecv", "Bridge")
+    )
+)  # fmt: skip
 FUNC_CODES = {v: k for k, v in FUNC_NAMES.items()}
 FUNC_BRIDGE = FUNC_CODES["Bridge"]
 
-DTYPE_NAMES: dict[int, str] = {
-    0: "Unknown",
-    1: "ncclInt8",
-    2: "ncclUint8",
-    3: "ncclInt32",
-    4: "ncclUint32",
-    5: "ncclInt64",
-    6: "ncclUint64",
-    7: "ncclFloat16",
-    8: "ncclFloat32",
-    9: "ncclFloat64",
-    10: "ncclBfloat16",
-    11: "ncclFloat8e4m3",
-    12: "ncclFloat8e5m2",
-}
+# NCCL's datatypes by code (position): name, element size in bytes.
+_DTYPES = (
+    ("Unknown", 1), ("ncclInt8", 1), ("ncclUint8", 1), ("ncclInt32", 4), ("ncclUint32", 4),
+    ("ncclInt64", 8), ("ncclUint64", 8), ("ncclFloat16", 2), ("ncclFloat32", 4),
+    ("ncclFloat64", 8), ("ncclBfloat16", 2), ("ncclFloat8e4m3", 1), ("ncclFloat8e5m2", 1),
+)  # fmt: skip
+DTYPE_NAMES: dict[int, str] = {c: name for c, (name, _size) in enumerate(_DTYPES)}
 DTYPE_CODES = {v: k for k, v in DTYPE_NAMES.items()}
 DT_UINT8 = DTYPE_CODES["ncclUint8"]
-DTYPE_SIZES: dict[int, int] = {
-    0: 1,
-    1: 1,
-    2: 1,
-    3: 4,
-    4: 4,
-    5: 8,
-    6: 8,
-    7: 2,
-    8: 4,
-    9: 8,
-    10: 2,
-    11: 1,
-    12: 1,
-}
+DTYPE_SIZES: dict[int, int] = {c: size for c, (_name, size) in enumerate(_DTYPES)}
 # Element size by NCCL datatype name (what a Coll descriptor carries).
 DTYPE_SIZE_BY_NAME = {DTYPE_NAMES[c]: s for c, s in DTYPE_SIZES.items() if c}
 
-ALGO_NAMES: dict[int, str] = {
-    0: "Unknown",
-    1: "TREE",
-    2: "RING",
-    3: "COLLNET_DIRECT",
-    4: "COLLNET_CHAIN",
-    5: "NVLS",
-    6: "NVLS_TREE",
-    7: "PAT",
-}
+ALGO_NAMES: dict[int, str] = dict(
+    enumerate(
+        ("Unknown", "TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+    )
+)
 PROTO_NAMES: dict[int, str] = {0: "Unknown", 1: "LL", 2: "LL128", 3: "SIMPLE"}
 
 # -- structs: (name, numpy format, offset), in the header's member order --------

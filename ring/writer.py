@@ -39,7 +39,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 from artemis.ring import format as rf
 
@@ -53,7 +52,8 @@ _MINOR = rf.packer(rf.HEADER_FIELDS, "minor", "tsc_hz")  # offsets 288..312
 # The slot without its lock word, in one store: base slots, and CPU slots (the
 # CPU times follow ``end`` without a gap).
 _BODY = rf.packer(rf.SLOT_FIELDS, "kind", "end")
-_BODY_CPU = rf.packer(rf.SLOT_CPU_FIELDS, "kind", "cpu_end_ns")
+_CPU_TAIL = rf.packer(rf.SLOT_CPU_FIELDS, "cpu_start_ns", "cpu_end_ns")
+_CPU_TAIL_AT = rf.slot_offset("cpu_start_ns")
 _OFF_FLAGS = rf.header_offset("flags")
 _OFF_FINISHED_NS = rf.header_offset("finished_ns")
 _OFF_STATE = rf.slot_offset("state")
@@ -124,7 +124,6 @@ class RingWriter:
         self.slot_minor = rf.SLOT_MINOR_CPU if cpu_times else rf.SLOT_MINOR_BASE
         self.slot_size = rf.SLOT_LAYOUTS[self.slot_minor][0]
         self._mask = capacity - 1
-        self._body = _BODY_CPU if cpu_times else _BODY
         self._next = 0
         d = Path(shm_dir)
         d.mkdir(parents=True, exist_ok=True)
@@ -230,48 +229,27 @@ class RingWriter:
         lock = u32[li]
         # Seqlock: odd while the body is being written, even (+2) when whole.
         u32[li] = (lock + 1) & _U32_MAX
-        if self.cpu_times:
-            self._body.pack_into(
-                self._view,
-                off + 4,
-                kind,
-                func,
-                dtype,
-                state,
-                clock,
-                algo,
-                proto,
-                nchannels,
-                peer,
-                t,
-                coll_seq,
-                nbytes,
-                enqueue_ns,
-                start,
-                end,
-                cpu_start_ns,
-                cpu_end_ns,
-            )
-        else:
-            self._body.pack_into(
-                self._view,
-                off + 4,
-                kind,
-                func,
-                dtype,
-                state,
-                clock,
-                algo,
-                proto,
-                nchannels,
-                peer,
-                t,
-                coll_seq,
-                nbytes,
-                enqueue_ns,
-                start,
-                end,
-            )
+        _BODY.pack_into(
+            self._view,
+            off + 4,
+            kind,
+            func,
+            dtype,
+            state,
+            clock,
+            algo,
+            proto,
+            nchannels,
+            peer,
+            t,
+            coll_seq,
+            nbytes,
+            enqueue_ns,
+            start,
+            end,
+        )
+        if self.cpu_times:  # the CPU slot: the base slot's fields, then the CPU times
+            _CPU_TAIL.pack_into(self._view, off + _CPU_TAIL_AT, cpu_start_ns, cpu_end_ns)
         u32[li] = (lock + 2) & _U32_MAX
         # Publish the ticket after the slot is whole: a reader that sees the
         # new write_index finds the record (or an odd lock it retries).
@@ -328,12 +306,7 @@ class RingWriter:
     def __enter__(self) -> RingWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from artemis.store.base import StoreError, redact
 from artemis.store.schema import CURRENT, POSTGRES, Db, migrate, version_of
-from artemis.store.sql import SqlStore
+from artemis.store.sql import SqlStore, check_version
 
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout unless the URL sets one
 
@@ -99,17 +99,8 @@ class PostgresStore(SqlStore):
                 v = version_of(self._db)
             except LookupError as e:
                 raise StoreError(f"{self.url}: not an Artemis store: a database with {e}") from None
-            if v > CURRENT:
-                raise StoreError(
-                    f"{self.url}: store schema v{v} was written by a newer Artemis;"
-                    f" this one knows up to v{CURRENT}"
-                )
+            check_version(self.url, v, self.readonly)
             if self.readonly:
-                if v < CURRENT:
-                    raise StoreError(
-                        f"{self.url}: store schema v{v}, this Artemis reads v{CURRENT}:"
-                        " open it read-write once (a coordinator does) to upgrade it"
-                    )
                 self.db.execute("SET default_transaction_read_only = on")
             else:
                 self.upgraded = migrate(self._db)

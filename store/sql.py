@@ -16,7 +16,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from artemis.store.base import Store, StoreError
-from artemis.store.schema import Db, action_rows, incident_columns, upsert
+from artemis.store.schema import CURRENT, Db, action_rows, incident_columns, upsert
 
 T = TypeVar("T")
 
@@ -81,17 +81,7 @@ ENSURE_FINGERPRINT = upsert(
     "fingerprints", ("hash", "software", "first_seen"), ("hash",), update=False
 )
 # The keys of a baseline record held in their own columns (the rest is its JSON).
-BASELINE_KEYS = (
-    "workload",
-    "hw_class",
-    "software_hash",
-    "software",
-    "updated",
-    "windows",
-    "step_ms",
-    "gap_q1_ms",
-    "gap_q2_ms",
-)
+BASELINE_KEYS = (*BASELINE_COLS[:2], "software_hash", *BASELINE_COLS[2:-1])
 BASELINE_SELECT = (
     "SELECT b.workload, b.hw_class, b.software, f.software, b.updated, b.windows, b.step_ms,"
     " b.gap_q1_ms, b.gap_q2_ms, b.record FROM baselines b"
@@ -113,6 +103,21 @@ def _baseline_dict(r: tuple[Any, ...]) -> dict[str, Any]:
         "gap_q1_ms": r[7],
         "gap_q2_ms": r[8],
     }
+
+
+def check_version(where: object, v: int, readonly: bool) -> None:
+    """Refuse a store whose schema `v` this Artemis cannot use: newer than it knows, or
+    (read-only, so not upgraded here) older than it reads."""
+    if v > CURRENT:
+        raise StoreError(
+            f"{where}: store schema v{v} was written by a newer Artemis;"
+            f" this one knows up to v{CURRENT}"
+        )
+    if readonly and v < CURRENT:
+        raise StoreError(
+            f"{where}: store schema v{v}, this Artemis reads v{CURRENT}:"
+            " open it read-write once (a coordinator does) to upgrade it"
+        )
 
 
 def dumps(v: Any) -> str:

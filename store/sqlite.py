@@ -16,7 +16,7 @@ from pathlib import Path
 
 from artemis.store.base import StoreError
 from artemis.store.schema import CURRENT, SQLITE, Db, migrate, version_of
-from artemis.store.sql import SqlStore
+from artemis.store.sql import SqlStore, check_version
 
 BUSY_TIMEOUT_S = 5.0  # another writer (a second coordinator on the same file) holds the lock
 
@@ -80,18 +80,9 @@ class SqliteStore(SqlStore):
             raise StoreError(
                 f"{self.path}: not an Artemis store: a SQLite database with {e}"
             ) from None
-        if v > CURRENT:
-            raise StoreError(
-                f"{self.path}: store schema v{v} was written by a newer Artemis;"
-                f" this one knows up to v{CURRENT}"
-            )
+        check_version(self.path, v, self.readonly)
         try:
             if self.readonly:
-                if v < CURRENT:
-                    raise StoreError(
-                        f"{self.path}: store schema v{v}, this Artemis reads v{CURRENT}:"
-                        " open it read-write once (a coordinator does) to upgrade it"
-                    )
                 self.db.execute("PRAGMA query_only = ON")
             else:
                 mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]

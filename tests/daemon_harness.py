@@ -107,6 +107,19 @@ def metric_by_label(
     return out
 
 
+def json_records(text: str) -> list[dict[str, Any]]:
+    """The JSON objects among `text`'s lines (a log's other lines, torn ones, skipped)."""
+    out = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 # ---------------------------------------------------------------- daemons
 
 
@@ -157,15 +170,7 @@ class Daemon:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def log_records(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+        return json_records(self.log_text())
 
 
 @dataclass

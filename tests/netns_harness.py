@@ -26,8 +26,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from netns_tun import CLONE_NEWNET
+from netns_tun import setns as _setns
+
 HERE = Path(__file__).resolve().parent
-CLONE_NEWNET = 0x40000000
 SUBNET = "10.213.0"
 C_ADDR, B_ADDR = f"{SUBNET}.1", f"{SUBNET}.2"
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -51,16 +53,6 @@ def unavailable() -> str | None:
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-def _setns(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns {path}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager

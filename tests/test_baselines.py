@@ -20,9 +20,8 @@ from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
 from artemis.ring.format import CLOCK_DEVICE_NS
-from artemis.sim.inproc import RecordMaker
-from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import parse_scenario
+from lockstep_summaries import summarised
 
 OLD = {"driver": "535.104.05", "cuda": "12.2", "nccl": "2.19.3", "env": {"NCCL_ALGO": "Ring"}}
 NEW = {**OLD, "driver": "550.54.14"}
@@ -46,8 +45,6 @@ def windows(seed: int, faults: list[dict[str, Any]] | None = None) -> list[list[
             "fault": faults or [],
         }
     )
-    model = LockstepModel(sc)
-    maker = RecordMaker(model)
     summ = [
         WindowSummarizer(
             "j", "c1", r, sc.ranks, f"h{r // 4}", sc.window_steps, clock_kind=CLOCK_DEVICE_NS
@@ -55,13 +52,8 @@ def windows(seed: int, faults: list[dict[str, Any]] | None = None) -> list[list[
         for r in range(sc.ranks)
     ]
     out: dict[int, list[RankWindow]] = {}
-    for w in range(sc.windows):
-        wt = model.window(w)
-        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=w == sc.windows - 1):
-                out.setdefault(rw.window, []).append(rw)
+    for _r, rw in summarised(sc, summ):
+        out.setdefault(rw.window, []).append(rw)
     return [out[w] for w in sorted(out)]
 
 

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import json
 import signal
-import subprocess
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -41,6 +40,7 @@ from artemis.protocol.transport import (
 from artemis.ring import format as rf
 from artemis.ring.writer import REC_HOST, RingWriter
 from ring_minor0 import OldRecord, write_minor0_ring
+from tls_certs import localhost_cert as _cert
 
 JOB = "lifejob"
 NRANKS = 4
@@ -50,33 +50,6 @@ STEPS = 40  # one collective per step
 
 def run(coro: Coroutine[Any, Any, None], timeout: float = 60.0) -> None:
     asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def _cert(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 def _secret(tmp: Path) -> Path:

@@ -31,10 +31,9 @@ from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.rebalance.policy import PlanEvent
 from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
-from artemis.sim.inproc import RecordMaker
-from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import telemetry_plan
+from lockstep_summaries import summarised
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "sim" / "scenarios"
@@ -43,8 +42,6 @@ T0 = 1_764_584_400.0  # a wall time; the core only carries it
 
 def sim_windows(sc: Scenario) -> list[tuple[int, list[RankWindow]]]:
     """Every window of the scenario as the agents would summarise it (one island)."""
-    model = LockstepModel(sc)
-    maker = RecordMaker(model)
     plan = telemetry_plan(sc)
     summ = [
         WindowSummarizer(
@@ -59,14 +56,9 @@ def sim_windows(sc: Scenario) -> list[tuple[int, list[RankWindow]]]:
         for r in range(sc.ranks)
     ]
     pending: dict[int, list[RankWindow]] = {}
-    for w in range(sc.windows):
-        wt = model.window(w)
-        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=w == sc.windows - 1):
-                rw = dataclasses.replace(rw, telemetry=merge([overlay(plan[r], rw.window)]))
-                pending.setdefault(rw.window, []).append(rw)
+    for r, rw in summarised(sc, summ):
+        rw = dataclasses.replace(rw, telemetry=merge([overlay(plan[r], rw.window)]))
+        pending.setdefault(rw.window, []).append(rw)
     return sorted(pending.items())
 
 

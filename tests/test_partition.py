@@ -42,6 +42,7 @@ from artemis.sim.cluster import SimCluster, SimContext, SimOptions
 from artemis.sim.hostproc import metric_value
 from artemis.sim.inproc import summaries
 from artemis.sim.scenario import load_scenario
+from daemon_harness import json_records
 from netns_harness import C_ADDR, Link, inside, unavailable
 
 REASON = unavailable()
@@ -98,16 +99,7 @@ class Outcome:
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+    return json_records(path.read_text(errors="replace")) if path.exists() else []
 
 
 def run_partitioned(

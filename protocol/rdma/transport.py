@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import msgpack
 import structlog
+from artemis.common.aio import cancel_all
 from artemis.protocol import auth
 from artemis.protocol.rdma.adapter import AdapterError, AdapterFactory, Info, RdmaAdapter
 from artemis.protocol.rdma.stream import (
@@ -342,10 +343,7 @@ class RdmaListener:
 
     async def close(self) -> None:
         self._server.close()
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 2.0)
 

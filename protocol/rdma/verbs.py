@@ -97,17 +97,9 @@ def _import_pyverbs() -> SimpleNamespace:
                 root.removeHandler(h)
         root.setLevel(level)
     _pv = SimpleNamespace(
-        addr=addr,
-        cq=cq,
-        device=device,
-        mr=mr,
-        pd=pd,
-        qp=qp,
-        wr=wr,
-        e=enums,
-        PyverbsError=PyverbsError,
-        PyverbsRDMAError=PyverbsRDMAError,
-    )
+        addr=addr, cq=cq, device=device, mr=mr, pd=pd, qp=qp, wr=wr, e=enums,
+        PyverbsError=PyverbsError, PyverbsRDMAError=PyverbsRDMAError,
+    )  # fmt: skip
     return _pv
 
 

@@ -50,7 +50,10 @@ if ! "$PY" -m pip install --quiet --no-deps --no-index --no-build-isolation -e .
   say "pip could not install the project ($(tail -1 /tmp/artemis-pip.log)); using the source tree"
   farm=$(mktemp -d)/site
   mkdir -p "$farm/artemis"
-  for p in agent coordinator protocol sim job; do ln -s "$PWD/$p" "$farm/artemis/$p"; done
+  # every room (a package artemis.<room> is the folder <room>/): tests/test_gpu_imports.py
+  for p in agent cli common coordinator detect job protocol rebalance regress report ring sim store; do
+    ln -s "$PWD/$p" "$farm/artemis/$p"
+  done
   export PYTHONPATH="$farm${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PY" -c 'import artemis.agent.telemetry, artemis.ring.reader' || die "artemis does not import"

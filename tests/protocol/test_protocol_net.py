@@ -39,6 +39,7 @@ from protocol_helpers import (
     wait_until,
     windows_msg,
 )
+from tls_certs import localhost_cert as _make_cert
 
 HERE = Path(__file__).resolve().parent
 FAST = {"backoff_base": 0.02, "backoff_cap": 0.2, "healthy_s": 0.0}
@@ -421,33 +422,6 @@ def test_control_result_fails_when_agent_leaves_first() -> None:
                 await srv.control_result(cid, 5)
 
     arun(main())
-
-
-def _make_cert(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 def test_tls_transport_delivers(tmp_path: Path) -> None:
