@@ -52,7 +52,14 @@ log = logging.getLogger("artemis.agent.telemetry")
 ALL_FIELDS: tuple[str, ...] = GPU_FIELDS + HOST_FIELDS
 # Error counts: sources report running totals; a window gets their increase.
 COUNT_FIELDS = frozenset(
-    {"xid_count", "ecc_corrected", "ecc_uncorrected", "nvlink_errors", *NIC_FIELDS}
+    {
+        "xid_count",
+        "ecc_corrected",
+        "ecc_uncorrected",
+        "nvlink_errors",
+        "cg_nr_throttled",
+        *NIC_FIELDS,
+    }
 )
 # Error-counter state: the last value seen.
 _STATE_FIELDS = frozenset(HW_FIELDS) - COUNT_FIELDS
