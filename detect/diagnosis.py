@@ -194,6 +194,19 @@ def _signal_key(words: str) -> str:
     return parts[0] if parts[0] == "load" else " ".join(parts[:2])
 
 
+def _measured_by(words: str, shares: dict[str, float]) -> bool:
+    """Whether a qualitative host signal is one a measured host mechanism already
+    weighed (then its fit, not the signal, decides). Pressure, load and a busy
+    host mean waits for a CPU: run delay measures them; a starved process is
+    either that or idle. Steal is neither (the guest sees its task running)."""
+    key = _signal_key(words)
+    if key == "CPU steal":
+        return False
+    if key == "the rank's":
+        return "runnable_wait" in shares or "idle" in shares
+    return "runnable_wait" in shares
+
+
 def _input_stall(t: Telemetry, peer_tels: Sequence[Telemetry]) -> str | None:
     """An idle compute gap on a busy job: the rank waits on its input, not on a CPU."""
     peers = _median([p.gap_busy_pct for p in peer_tels])
@@ -329,6 +342,7 @@ def diagnose(
     # The host's quantitative fit, where the slowdown is measured and some
     # mechanism's figures are there; it replaces the fixed cut-offs.
     hfit = host_fit(t, peer_tels, slowdown) if slowdown is not None and slowdown > 0 else HostFit()
+    host_by_fit = hfit.explained is not None and hfit.explained >= EXPLAIN_MIN
 
     evidence: dict[str, Any] = {
         "sm_mhz": _r(t.sm_mhz),
@@ -376,19 +390,21 @@ def diagnose(
                 f"x{t.pcie_width}/x{t.pcie_width_max}: {pcie:.0%} of bandwidth lost{absent})"
             )
         stall = _input_stall(t, peer_tels) if hfit.mechanism is None else None
-        if hfit.explained is not None:
-            if hfit.explained >= EXPLAIN_MIN:
-                fits["host"] = hfit.text
+        uncovered = [w for w in host if not _measured_by(w, hfit.shares)]
+        if host_by_fit:
+            fits["host"] = hfit.text
         elif stall:
             fits["host"] = stall + absent
-        elif host:
+        elif uncovered:
             clocks = "GPU clocks normal" if not clocks_low else "GPU clocks low too"
             busy = (
                 f"; busy {t.gap_busy_pct:.0f}% of its compute gap"
                 if t.gap_busy_pct is not None
                 else ""
             )
-            fits["host"] = f"host CPU contention ({'; '.join(host)}{busy}{absent}) with {clocks}"
+            fits["host"] = (
+                f"host CPU contention ({'; '.join(uncovered)}{busy}{absent}) with {clocks}"
+            )
     reported = {k: getattr(t, k) for k in HW_EVIDENCE if getattr(t, k) is not None}
     if hw or any(isinstance(v, int) and v > 0 for k, v in reported.items() if k in HW_SIGNALS):
         evidence["hardware"] = {
@@ -415,7 +431,7 @@ def diagnose(
         def fit_of(kind: str) -> float | None:
             if kind in ("thermal", "power", "clocks"):
                 return None if clock_fit is None else round(clock_fit, 3)
-            if kind == "host":
+            if kind == "host" and host_by_fit:
                 return hfit.explained
             return None
 

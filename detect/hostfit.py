@@ -106,8 +106,8 @@ def _words(
     if mechanism == "cgroup_throttled":
         n = f", {t.cg_nr_throttled} periods" if t.cg_nr_throttled is not None else ""
         return (
-            f"CPU quota: the rank's cgroup was throttled {t.cg_throttled_pct:.0f}% of the "
-            f"time{n} vs {peers_thr:.0f}% on its peers"
+            f"CPU quota: the rank's cgroup was throttled {min(t.cg_throttled_pct or 0.0, 100.0):.0f}"
+            f"% of the time{n} vs {min(peers_thr or 0.0, 100.0):.0f}% on its peers"
         )
     if mechanism == "runnable_wait":
         share = (

@@ -125,3 +125,14 @@ def test_without_a_measured_slowdown_the_fit_is_not_made() -> None:
     assert host_fit(replace(QUIET, gap_busy_pct=60.0), PEERS, 0.5).mechanism == "idle"
     c = diagnose(replace(QUIET, gap_busy_pct=60.0), PEERS)
     assert c.kind == "unknown" and c.explained is None  # the seed's cut-offs: 60% is busy
+
+
+def test_steal_that_no_figure_measures_stays_a_qualitative_host_fit() -> None:
+    # A stolen vCPU is not run delay (the guest sees its task running): with the
+    # figures measured and explaining nothing, steal on this rank alone still fits.
+    c = diagnose(replace(QUIET, steal_pct=20.0), PEERS, slowdown=0.2)
+    assert c.kind == "host" and c.explained is None
+    assert c.text.startswith("host CPU contention (CPU steal 20%")
+    fit = c.evidence["host_fit"]
+    assert set(fit) == {"idle", "runnable_wait", "cgroup_throttled"}
+    assert max(fit.values()) < 0.05  # measured, and explaining nothing
