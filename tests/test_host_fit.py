@@ -136,3 +136,19 @@ def test_steal_that_no_figure_measures_stays_a_qualitative_host_fit() -> None:
     fit = c.evidence["host_fit"]
     assert set(fit) == {"idle", "runnable_wait", "cgroup_throttled"}
     assert max(fit.values()) < 0.05  # measured, and explaining nothing
+
+
+def test_a_cgroup_quota_escalates_to_the_quota_check() -> None:
+    from artemis.detect.escalation import escalation
+
+    rank = replace(QUIET, cg_throttled_pct=20.0, cg_nr_throttled=40, run_delay_pct=22.0)
+    cause = diagnose(rank, PEERS, slowdown=0.3).to_json()
+    esc = escalation("rank", cause, {}, rank=3, hosts=["node-a"], subject="3")
+    assert esc["check"].startswith(
+        "CPU quota on rank 3 on node-a: the rank's cgroup was throttled 20%"
+    )
+    assert "cpu.cfs_quota_us" in esc["check"] and "cpu.max" in esc["check"]
+    # the idle mechanism keeps the input-stall check (its text starts "input stall")
+    cause = diagnose(replace(QUIET, gap_busy_pct=60.0), PEERS, slowdown=0.6).to_json()
+    esc = escalation("rank", cause, {}, rank=3, hosts=["node-a"], subject="3")
+    assert esc["check"].startswith("input stall on")
