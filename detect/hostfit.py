@@ -3,7 +3,9 @@
 Pure (no I/O). The diagnosis passes the measured slowdown s: the rank's compute
 gap G against its peers' P, s = G/P - 1, so its excess is G - P = s x P. Each
 mechanism's extra time on this rank over the peers' median, in the gap, is
-divided by that excess and clipped to [0, 1]: its `explained` share.
+divided by that excess and clipped to [0, 1]: its `explained` share. (Where
+the detector's change test judged the rank, s is the change from its own
+confirmed pace; the peers' figures then stand for its healthy self.)
 
 - `runnable_wait`: the main thread was runnable but not running (schedstat run
   delay, `run_delay_pct` of the wall time). The slow rank's gap fills nearly
