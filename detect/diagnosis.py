@@ -4,9 +4,12 @@ Diagnosis by consistency (DETECTOR.md "Diagnosis"): given the measured
 slowdown, a cause is named when its evidence explains it. The SM clock has a
 quantitative model: compute is CLOCK_BOUND clock-bound, so a clock at c of
 its peers' makes the rank CLOCK_BOUND x (1/c - 1) slower, and
-`explained` = that / the measured slowdown (capped at 1). PCIe, host and
-hardware evidence has no such model: it fits qualitatively, when present on
-this rank and absent on its peers. Every fitting cause is named, best first
+`explained` = that / the measured slowdown (capped at 1). The host has one
+too (`hostfit.py`): the extra time its mechanism (`idle`, `runnable_wait`,
+`cgroup_throttled`) took in the rank's gap over the peers', / the excess.
+PCIe and hardware evidence, and host signals without those figures (steal,
+pressure, load), fit qualitatively, when present on this rank and absent on
+its peers. Every fitting cause is named, best first
 (`kind`, then `alternatives`). Without a measured slowdown the fixed
 cut-off CLOCK_LOW_FRAC is the clock test, as in the seed.
 
@@ -33,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from artemis.detect.hostfit import HostFit, host_fit
 from artemis.protocol import records
 from artemis.protocol.records import Telemetry
 
@@ -49,7 +53,7 @@ PSI_CPU_SOME = 20.0
 LOAD_PER_CPU = 1.0
 CPU_BUSY_PCT = 95.0
 PROC_STARVED_FRAC = 0.75  # the rank's process gets <= 75% of its peers' CPU
-# Input stall: the process is busy for at most GAP_IDLE_PCT % of its compute gap
+# Without a measured slowdown (or the figures hostfit needs), input stall: the process is busy for at most GAP_IDLE_PCT % of its compute gap
 # (per-record CPU times, Telemetry.gap_busy_pct) and at most GAP_IDLE_FRAC of
 # its peers' share: it sleeps on its input (a data loader, storage). Relative to
 # the peers because on a crowded host every gap is partly spent waiting for a core.
@@ -190,6 +194,19 @@ def _signal_key(words: str) -> str:
     return parts[0] if parts[0] == "load" else " ".join(parts[:2])
 
 
+def _measured_by(words: str, shares: dict[str, float]) -> bool:
+    """Whether a qualitative host signal is one a measured host mechanism already
+    weighed (then its fit, not the signal, decides). Pressure, load and a busy
+    host mean waits for a CPU: run delay measures them; a starved process is
+    either that or idle. Steal is neither (the guest sees its task running)."""
+    key = _signal_key(words)
+    if key == "CPU steal":
+        return False
+    if key == "the rank's":
+        return "runnable_wait" in shares or "idle" in shares
+    return "runnable_wait" in shares
+
+
 def _input_stall(t: Telemetry, peer_tels: Sequence[Telemetry]) -> str | None:
     """An idle compute gap on a busy job: the rank waits on its input, not on a CPU."""
     peers = _median([p.gap_busy_pct for p in peer_tels])
@@ -322,6 +339,10 @@ def diagnose(
         fleet = {_signal_key(w) for w in _host_signals(peer, None, None)}
         host = [w for w in host if _signal_key(w) not in fleet]
     hw = hardware_rises(t, peer_tels)
+    # The host's quantitative fit, where the slowdown is measured and some
+    # mechanism's figures are there; it replaces the fixed cut-offs.
+    hfit = host_fit(t, peer_tels, slowdown) if slowdown is not None and slowdown > 0 else HostFit()
+    host_by_fit = hfit.explained is not None and hfit.explained >= EXPLAIN_MIN
 
     evidence: dict[str, Any] = {
         "sm_mhz": _r(t.sm_mhz),
@@ -368,24 +389,29 @@ def diagnose(
                 f"PCIe link below its maximum (gen {t.pcie_gen}/{t.pcie_gen_max}, "
                 f"x{t.pcie_width}/x{t.pcie_width_max}: {pcie:.0%} of bandwidth lost{absent})"
             )
-        stall = _input_stall(t, peer_tels)
-        if stall:
+        stall = _input_stall(t, peer_tels) if hfit.mechanism is None else None
+        uncovered = [w for w in host if not _measured_by(w, hfit.shares)]
+        if host_by_fit:
+            fits["host"] = hfit.text
+        elif stall:
             fits["host"] = stall + absent
-        elif host:
+        elif uncovered:
             clocks = "GPU clocks normal" if not clocks_low else "GPU clocks low too"
             busy = (
                 f"; busy {t.gap_busy_pct:.0f}% of its compute gap"
                 if t.gap_busy_pct is not None
                 else ""
             )
-            fits["host"] = f"host CPU contention ({'; '.join(host)}{busy}{absent}) with {clocks}"
+            fits["host"] = (
+                f"host CPU contention ({'; '.join(uncovered)}{busy}{absent}) with {clocks}"
+            )
     reported = {k: getattr(t, k) for k in HW_EVIDENCE if getattr(t, k) is not None}
     if hw or any(isinstance(v, int) and v > 0 for k, v in reported.items() if k in HW_SIGNALS):
         evidence["hardware"] = {
             **reported,
             "peers": {k: _median([getattr(p, k) for p in peer_tels]) for k in HW_SIGNALS},
         }
-    if host or "host" in fits:
+    if host or "host" in fits or hfit.shares:
         evidence.update(
             cpu_pct=_r(t.cpu_pct),
             peers_cpu_pct=_r(peers_cpu),
@@ -396,12 +422,17 @@ def diagnose(
             gap_busy_pct=_r(t.gap_busy_pct),
             peers_gap_busy_pct=_r(_median([p.gap_busy_pct for p in peer_tels])),
         )
+        evidence.update(hfit.evidence)
+        if host and hfit.shares:
+            evidence["host_signals"] = host  # qualitative: no share of their own
 
     if fits:
         # explained: the clock kinds' quantitative fit; None for qualitative ones
         def fit_of(kind: str) -> float | None:
             if kind in ("thermal", "power", "clocks"):
                 return None if clock_fit is None else round(clock_fit, 3)
+            if kind == "host" and host_by_fit:
+                return hfit.explained
             return None
 
         def order(kind: str) -> float:
@@ -420,6 +451,11 @@ def diagnose(
     why = _why_unknown(t, clocks_low, clk, slowing, missing)
     if slowdown is not None and clock_fit is not None:
         why += f"; the clock explains {clock_fit:.0%} of the {slowdown:.1%} slowdown"
+    if slowdown is not None and hfit.mechanism is not None and hfit.explained is not None:
+        why += (
+            f"; the host explains {hfit.explained:.0%} ({hfit.mechanism.replace('_', ' ')})"
+            f" of the {slowdown:.1%} slowdown"
+        )
     return Cause("unknown", why, evidence, missing)
 
 

@@ -146,7 +146,15 @@ def escalation(
         busy = ce.get("gap_busy_pct")
         peers_busy = ce.get("peers_gap_busy_pct")
         text = str((cause or {}).get("text") or "")
-        if text.startswith("input stall"):
+        if ce.get("mechanism") == "cgroup_throttled":
+            check = (
+                f"CPU quota on {where}: the rank's cgroup was throttled "
+                f"{_n(ce.get('cg_throttled_pct'))}% of the time vs "
+                f"{_n(ce.get('peers_cg_throttled_pct'))}% on its peers. Check the quota of the "
+                "process's cgroup (/proc/<pid>/cgroup; cpu.cfs_quota_us on cgroup v1, cpu.max "
+                "on v2) against its peers'"
+            )
+        elif text.startswith("input stall"):
             check = (
                 f"input stall on {where}: the process was busy {_n(busy)}% of its compute "
                 f"gap vs {_n(peers_busy)}% on its peers, waiting on its input. Check the data "

@@ -121,6 +121,13 @@ class Telemetry:
     # CPU time of the rank's process inside its compute gaps, % of their length
     # (from the ring's CPU slots: artemis backend; low = idle, e.g. an input stall)
     gap_busy_pct: Annotated[Percent | None, HOST, DIAG] = None
+    # Time the rank's main thread was runnable but not running (/proc/<pid>/schedstat
+    # run delay), % of the window's wall time: it waited for a CPU
+    run_delay_pct: Annotated[Percent | None, HOST, DIAG] = None
+    # The rank's cgroup CPU quota (cpu.stat): throttled time, % of the window's wall
+    # time (summed over CPUs, so it may pass 100), and the periods throttled
+    cg_throttled_pct: Annotated[Percent | None, HOST, DIAG] = None
+    cg_nr_throttled: Annotated[Count | None, HOST, DIAG] = None
     # GPU identity, for an RMA ticket (agent/telemetry/nvml.py, amd.py)
     gpu_uuid: Annotated[Name | None, GPU, IDENT] = None
     gpu_serial: Annotated[Name | None, GPU, IDENT] = None

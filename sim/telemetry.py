@@ -11,7 +11,9 @@ physical state (`physics.fault_state`): a thermal fault holds the die at the
 regulator's limit and the clocks fall; a power cap lowers the limit, the GPU
 draws what the limit allows and the clocks fall; locked clocks lower power
 and temperature with them; a host fault gives the rank's process a smaller
-share of the CPU it needs, so its CPU time falls and the run queue grows.
+share of the CPU it needs, so its CPU time falls, the run queue grows and the
+process waits runnable for the rest (its run delay). Every rank's cgroup has no
+CPU quota (throttled 0%); a healthy rank's run delay is a little of its time.
 No reading is copied from a diagnosis threshold.
 
 With `telemetry_noise` > 0 (or a fault that ramps or comes and goes) every
@@ -49,6 +51,9 @@ TEL_KINDS = ("clocks", "thermal", "power", "pcie", "host", "hardware")
 
 
 def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str, Any]:
+    # The run delay draws from its own stream: the shared one keeps its sequence,
+    # so every other reading stays what it was.
+    delay_rng = np.random.default_rng([sc.seed, 0x5C4ED, rank])
     vendor = VENDOR_OF_ISLAND.get(sc.islands[rank], "nvidia")
     model = sc.software_of(rank)["gpu_model"]  # its class, the vendor's model, or [software]
     sm_max = SM_MAX[vendor]
@@ -75,6 +80,9 @@ def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str,
         "load1": round(float(rng.uniform(14, 20)), 2),
         "ncpu": 96,
         "proc_cpu_pct": round(float(rng.uniform(95, 105)), 1),
+        "run_delay_pct": round(float(delay_rng.uniform(0.3, 1.5)), 2),
+        "cg_throttled_pct": 0.0,
+        "cg_nr_throttled": 0,
     }
 
 
@@ -118,6 +126,11 @@ def state_fields(kind: str, st: FaultState, base: dict[str, Any]) -> dict[str, A
         out["cpu_pct"] = 99.5
         out["psi_cpu_some"] = round(max(float(base["psi_cpu_some"]), 100.0 * (1.0 - q)), 2)
         out["proc_cpu_pct"] = round(float(base["proc_cpu_pct"]) * q, 1)
+        # Runnable all along, it runs q of the time and waits the rest: a process
+        # that ran proc_cpu_pct of a core now waits that x (1 - q) of the time.
+        out["run_delay_pct"] = round(
+            float(base["run_delay_pct"]) + float(base["proc_cpu_pct"]) * (1.0 - q), 2
+        )
     return out
 
 
@@ -152,6 +165,11 @@ def _window_reading(
     cur["power_w"] = min(float(cur["power_w"]), float(cur["power_limit_w"]))
     cur["cpu_pct"] = min(float(cur["cpu_pct"]), 100.0)
     out: dict[str, Any] = {k: round(float(cur[k]), 2) for k in NOISY + NOISY_PROC}
+    # The run delay is sampled with the process's CPU time (the same noise, no
+    # new draw: the shared stream keeps its sequence).
+    proc = float(fields.get("proc_cpu_pct", base["proc_cpu_pct"]))
+    delay = float(fields.get("run_delay_pct", base["run_delay_pct"]))
+    out["run_delay_pct"] = round(delay * (float(cur["proc_cpu_pct"]) / proc if proc else 1.0), 2)
     out.update({k: v for k, v in fields.items() if k not in out})
     if "throttle" not in out:
         out["throttle"] = {}

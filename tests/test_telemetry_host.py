@@ -118,3 +118,125 @@ def test_on_the_real_proc_values_are_in_range() -> None:
     for k in ("cpu_pct", "steal_pct", "iowait_pct"):
         if k in got:
             assert 0.0 <= float(got[k]) <= 100.0
+
+
+# -- run delay and cgroup throttling (issue 31: host causes by fit) -----------
+
+
+def write_sched(root: Path, pid: int, delay_ns: int, cgroup: str, cpu_stat: str) -> None:
+    d = root / f"proc/{pid}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "schedstat").write_text(f"123456789 {delay_ns} 42\n")
+    (d / "cgroup").write_text(cgroup)
+    (d / "stat").write_text(f"{pid} (x) S" + " 0" * 49 + "\n")
+
+
+V1_CGROUP = "12:memory:/job\n4:cpu,cpuacct:/slurm/job1/rank3\n0::/\n"
+V2_CGROUP = "0::/kubepods/pod1/rank3\n"
+
+
+def test_run_delay_and_v1_cgroup_throttling_as_deltas(tmp_path: Path) -> None:
+    write_stat(tmp_path, STAT0)
+    clock = FakeClock()
+    src = HostSource(tmp_path, clock=clock, clk_tck=100)
+    cg = tmp_path / "sys/fs/cgroup/cpu,cpuacct/slurm/job1/rank3"
+    cg.mkdir(parents=True)
+    stat = "nr_periods {p}\nnr_throttled {n}\nthrottled_time {t}\n"
+    cg.joinpath("cpu.stat").write_text(stat.format(p=100, n=10, t=2_000_000_000))
+    write_sched(tmp_path, 77, 5_000_000_000, V1_CGROUP, "")
+    first = src.sample(RankTarget(rank=0, pid=77))
+    assert "run_delay_pct" not in first and "cg_throttled_pct" not in first  # primes
+    assert first["cg_nr_throttled"] == 0  # a running total, from this first read
+    clock.t += 2.0
+    cg.joinpath("cpu.stat").write_text(stat.format(p=120, n=16, t=2_600_000_000))
+    write_sched(tmp_path, 77, 5_500_000_000, V1_CGROUP, "")
+    got = src.sample(RankTarget(rank=0, pid=77))
+    assert got["run_delay_pct"] == pytest.approx(100 * 0.5 / 2.0)  # 0.5 s waiting in 2 s
+    assert got["cg_throttled_pct"] == pytest.approx(100 * 0.6 / 2.0)
+    assert got["cg_nr_throttled"] == 6
+
+
+def test_v2_cgroup_throttled_usec(tmp_path: Path) -> None:
+    write_stat(tmp_path, STAT0)
+    clock = FakeClock()
+    src = HostSource(tmp_path, clock=clock)
+    cg = tmp_path / "sys/fs/cgroup/kubepods/pod1/rank3"
+    cg.mkdir(parents=True)
+    stat = "usage_usec 1\nnr_periods 9\nnr_throttled {n}\nthrottled_usec {t}\n"
+    cg.joinpath("cpu.stat").write_text(stat.format(n=3, t=100_000))
+    write_sched(tmp_path, 78, 0, V2_CGROUP, "")
+    src.sample(RankTarget(rank=0, pid=78))
+    clock.t += 1.0
+    cg.joinpath("cpu.stat").write_text(stat.format(n=5, t=350_000))
+    got = src.sample(RankTarget(rank=0, pid=78))
+    assert got["cg_throttled_pct"] == pytest.approx(25.0)
+    assert got["cg_nr_throttled"] == 2
+    assert got["run_delay_pct"] == 0.0
+
+
+def test_no_schedstat_or_cgroup_leaves_the_fields_missing(tmp_path: Path) -> None:
+    write_stat(tmp_path, STAT0)
+    write_pid_stat(tmp_path, 79, utime=1, stime=1)
+    src = HostSource(tmp_path)
+    for _ in range(2):
+        got = src.sample(RankTarget(rank=0, pid=79))
+    assert not {"run_delay_pct", "cg_throttled_pct", "cg_nr_throttled"} & set(got)
+
+
+def test_the_window_gets_the_increase_of_nr_throttled() -> None:
+    from artemis.agent.telemetry.base import TelemetryAccumulator
+
+    acc = TelemetryAccumulator()
+    for total, pct in ((0, 10.0), (4, 30.0), (9, 20.0)):
+        acc.add({"cg_nr_throttled": total, "cg_throttled_pct": pct})
+    t = acc.result()
+    assert t.cg_nr_throttled == 9 and t.cg_throttled_pct == pytest.approx(20.0)
+
+
+CG_V1_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+def test_on_the_real_host_run_delay_and_a_cgroup_quota_throttle() -> None:
+    """A real busy child process: its schedstat run delay is read, and a child
+    cgroup with a 5% CPU quota (cgroup v1) throttles it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    src = HostSource()
+    target = RankTarget(rank=0, pid=busy.pid)
+    try:
+        src.sample(target)
+        time.sleep(0.5)
+        got = src.sample(target)
+        if not Path(f"/proc/{busy.pid}/schedstat").exists():
+            pytest.skip("kernel without /proc/<pid>/schedstat (no CONFIG_SCHED_INFO)")
+        assert 0.0 <= float(got["run_delay_pct"]) <= 100.0 * 1.05
+        if not (CG_V1_CPU / "cpu.stat").exists():
+            pytest.skip("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+        cg = CG_V1_CPU / f"artemis-test-{os.getpid()}"
+        try:
+            cg.mkdir()
+        except OSError as exc:
+            pytest.skip(f"cannot create a cgroup here ({exc})")
+        try:
+            (cg / "cpu.cfs_period_us").write_text("100000")
+            (cg / "cpu.cfs_quota_us").write_text("5000")
+            (cg / "cgroup.procs").write_text(str(busy.pid))
+            first = src.sample(target)  # a new cgroup: primes its delta
+            assert "cg_throttled_pct" not in first
+            time.sleep(1.5)
+            got = src.sample(target)
+            # 5 ms per 100 ms period: throttled most of the time
+            assert float(got["cg_throttled_pct"]) > 30.0, got
+            assert int(got["cg_nr_throttled"]) > int(first["cg_nr_throttled"]), (first, got)
+            # the kernel counts the throttled wait as run delay
+            assert float(got["run_delay_pct"]) > 30.0, got
+        finally:
+            (CG_V1_CPU / "cgroup.procs").write_text(str(busy.pid))
+            cg.rmdir()
+    finally:
+        busy.kill()
+        busy.wait()

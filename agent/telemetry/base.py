@@ -52,7 +52,14 @@ log = logging.getLogger("artemis.agent.telemetry")
 ALL_FIELDS: tuple[str, ...] = GPU_FIELDS + HOST_FIELDS
 # Error counts: sources report running totals; a window gets their increase.
 COUNT_FIELDS = frozenset(
-    {"xid_count", "ecc_corrected", "ecc_uncorrected", "nvlink_errors", *NIC_FIELDS}
+    {
+        "xid_count",
+        "ecc_corrected",
+        "ecc_uncorrected",
+        "nvlink_errors",
+        "cg_nr_throttled",
+        *NIC_FIELDS,
+    }
 )
 # Error-counter state: the last value seen.
 _STATE_FIELDS = frozenset(HW_FIELDS) - COUNT_FIELDS
@@ -227,9 +234,9 @@ class TelemetryAccumulator:
             elif k in _MIN_FIELDS:
                 self._min[k] = min(self._min.get(k, v), v)
             elif k in COUNT_FIELDS:
-                d = self._totals.delta(None, k, v)
-                if d is not None:
-                    self._count[k] = self._count.get(k, 0) + d
+                inc = self._totals.delta(None, k, v)
+                if inc is not None:
+                    self._count[k] = self._count.get(k, 0) + inc
             else:
                 self._sums[k] = self._sums.get(k, 0.0) + float(v)
                 self._n[k] = self._n.get(k, 0) + 1

@@ -19,6 +19,18 @@
   ``/proc/<pid>/stat``, in clock ticks, ``SC_CLK_TCK``) since the previous
   sample for that pid, over the elapsed monotonic time, as % of one core. The
   first sample of a pid only primes it (missing).
+* ``run_delay_pct``: the rank process's run delay (2nd field of
+  ``/proc/<pid>/schedstat``, ns: time runnable but waiting for a CPU) since the
+  previous sample, over the elapsed monotonic time, in %. It is the main
+  thread's (the one that drives the steps). First sample of a pid: missing.
+* ``cg_throttled_pct``, ``cg_nr_throttled``: the CPU quota of the process's
+  cgroup, from its ``cpu.stat``. The cgroup is the ``cpu`` controller's line
+  of ``/proc/<pid>/cgroup`` under ``sys/fs/cgroup/cpu`` (or ``cpu,cpuacct``)
+  on cgroup v1, else the ``0::`` line under ``sys/fs/cgroup`` (v2).
+  ``throttled_time`` (v1, ns) or ``throttled_usec`` (v2) since the previous
+  sample over the elapsed time, in % (summed over CPUs, so it may pass 100);
+  ``nr_throttled`` as a running total (the window gets its increase). A cgroup
+  without a quota reports 0.
 
 * ``nic_symbol_errors``, ``nic_link_downed``, ``nic_rcv_errors``,
   ``nic_xmit_wait``: the host's InfiniBand/RoCE port error counters under
@@ -34,8 +46,9 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget
+from artemis.agent.telemetry.base import RankTarget, RunningTotals
 from artemis.agent.telemetry.nic import NicCounters
 
 
@@ -96,6 +109,44 @@ def parse_pid_cpu_ticks(text: str) -> int | None:
     return int(rest[11]) + int(rest[12])
 
 
+def parse_schedstat_delay_ns(text: str) -> int | None:
+    """Run delay (ns) from /proc/<pid>/schedstat: on-CPU ns, run-delay ns, timeslices."""
+    parts = text.split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+
+
+def parse_cgroup_paths(text: str) -> tuple[str | None, str | None]:
+    """(v1 cpu controller path, v2 path) from /proc/<pid>/cgroup text."""
+    v1 = v2 = None
+    for line in text.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            v2 = path
+        elif "cpu" in controllers.split(","):
+            v1 = path
+    return v1, v2
+
+
+def parse_cpu_stat(text: str) -> tuple[int, int] | None:
+    """(nr_throttled, throttled ns) from a cgroup's cpu.stat (v1 ns, v2 usec)."""
+    kv: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            kv[parts[0]] = int(parts[1])
+    if "nr_throttled" not in kv:
+        return None
+    if "throttled_time" in kv:
+        return kv["nr_throttled"], kv["throttled_time"]
+    if "throttled_usec" in kv:
+        return kv["nr_throttled"], kv["throttled_usec"] * 1000
+    return None
+
+
+# Where cgroup v1 mounts the cpu controller (distributions differ).
+CGROUP_V1_CPU = ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct", "sys/fs/cgroup/cpuacct,cpu")
+
 SHARES_MAX_AGE_S = 10.0
 
 
@@ -116,6 +167,11 @@ class HostSource:
         self._prev_stat: list[int] | None = None
         self._shares: tuple[float, dict[str, float]] | None = None  # (when, shares)
         self._prev_pid: dict[int, tuple[float, int]] = {}
+        self._prev_delay: dict[int, tuple[float, int]] = {}
+        # (pid, cpu.stat path) -> (when, throttled ns): a process moved to another
+        # cgroup starts a new delta
+        self._prev_cg: dict[tuple[int, Path], tuple[float, int]] = {}
+        self._cg_totals = RunningTotals()
         text = _read(self.root / "proc/stat")
         if text is not None:
             self._prev_stat = parse_stat(text)[0]
@@ -150,6 +206,7 @@ class HostSource:
             pct = self._proc_cpu(target.pid)
             if pct is not None:
                 out["proc_cpu_pct"] = pct
+            out.update(self._sched(target.pid))
         out.update(self._nic.sample())
         return out
 
@@ -165,3 +222,54 @@ class HostSource:
         if prev is None or now <= prev[0] or ticks < prev[1]:
             return None  # first sight of this pid (or a new process under the same pid)
         return 100.0 * (ticks - prev[1]) / self._clk_tck / (now - prev[0])
+
+    def _rate(
+        self, prev: dict[Any, tuple[float, int]], key: Any, value: int | None
+    ) -> float | None:
+        """% of wall time: ns of ``value`` gained since the previous read of ``key``."""
+        now = self._clock()
+        if value is None:
+            prev.pop(key, None)
+            return None
+        last = prev.get(key)
+        prev[key] = (now, value)
+        if last is None or now <= last[0] or value < last[1]:
+            return None  # first sight (or a new process, a reset counter)
+        return 100.0 * (value - last[1]) / 1e9 / (now - last[0])
+
+    def _sched(self, pid: int) -> dict[str, object]:
+        """Run delay and cgroup throttling of the process (see the module doc)."""
+        out: dict[str, object] = {}
+        text = _read(self.root / f"proc/{pid}/schedstat")
+        delay = parse_schedstat_delay_ns(text) if text is not None else None
+        if (pct := self._rate(self._prev_delay, pid, delay)) is not None:
+            out["run_delay_pct"] = pct
+        stat_path = self._cpu_stat_path(pid)
+        text = _read(stat_path) if stat_path is not None else None
+        cg = parse_cpu_stat(text) if text is not None else None
+        if stat_path is None or cg is None:
+            for k in [k for k in self._prev_cg if k[0] == pid]:
+                del self._prev_cg[k]
+            return out
+        total = self._cg_totals.add(stat_path, "nr_throttled", cg[0], scope=pid)
+        if total is not None:
+            out["cg_nr_throttled"] = total
+        if (pct := self._rate(self._prev_cg, (pid, stat_path), cg[1])) is not None:
+            out["cg_throttled_pct"] = pct
+        return out
+
+    def _cpu_stat_path(self, pid: int) -> Path | None:
+        text = _read(self.root / f"proc/{pid}/cgroup")
+        if text is None:
+            return None
+        v1, v2 = parse_cgroup_paths(text)
+        if v1 is not None:
+            for mount in CGROUP_V1_CPU:
+                p = self.root / mount / v1.lstrip("/") / "cpu.stat"
+                if p.exists():
+                    return p
+        if v2 is not None:
+            p = self.root / "sys/fs/cgroup" / v2.lstrip("/") / "cpu.stat"
+            if p.exists():
+                return p
+        return None
