@@ -120,7 +120,9 @@ def test_a_script_with_no_artemis_import_runs_on_the_backend(tmp_path: Path) -> 
 # One fresh interpreter per sample: torch imported with autoload off, then torch's own
 # autoload function timed, with artemis's entry point in the list ("on") or filtered
 # out ("off"). Both arms pay torch's scan of the installed metadata, so the difference
-# is what the artemis entry point adds to `import torch`.
+# is what the artemis entry point adds to `import torch`. The bound is on CPU time (the
+# cost to the job); wall time, which the scheduler of a shared machine inflates by tens
+# of ms either way, is reported alongside.
 _COST = """
 import importlib.metadata as md, sys, time
 import torch
@@ -131,23 +133,29 @@ def entry_points(**kw):
         return eps
     return md.EntryPoints(e for e in eps if not (e.group == "torch.backends" and e.name == "artemis"))
 md.entry_points = entry_points
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 torch._import_device_backends()
-dt = time.perf_counter() - t0
+c1, t1 = time.process_time(), time.perf_counter()
 assert ("artemis.job._autoload" in sys.modules) == (sys.argv[1] == "on")
-print(dt)
+print(c1 - c0, t1 - t0)
 """
 
 
 @pytest.mark.slow
 def test_the_autoload_adds_at_most_5_ms_to_import_torch(tmp_path: Path) -> None:
     env = _env(tmp_path, False)  # torch's import-time call off: the script makes it
-    got: dict[str, list[float]] = {"on": [], "off": []}
+    cpu: dict[str, list[float]] = {"on": [], "off": []}
+    wall: dict[str, list[float]] = {"on": [], "off": []}
     for _ in range(5):  # interleaved, so load on the machine falls on both arms alike
         for arm in ("off", "on"):
             run = _python(_COST, env, arm)
             assert run.returncode == 0, run.stderr
-            got[arm].append(float(run.stdout.split()[-1]))
-    added_ms = (statistics.median(got["on"]) - statistics.median(got["off"])) * 1e3
-    print(f"autoload adds {added_ms:.2f} ms (medians of 5: on {got['on']}, off {got['off']})")
-    assert added_ms <= 5.0, (added_ms, got)
+            c, w = (float(x) for x in run.stdout.split()[-2:])
+            cpu[arm].append(c)
+            wall[arm].append(w)
+
+    def added_ms(d: dict[str, list[float]]) -> float:
+        return (statistics.median(d["on"]) - statistics.median(d["off"])) * 1e3
+
+    print(f"autoload adds {added_ms(cpu):.2f} ms CPU, {added_ms(wall):.2f} ms wall (medians of 5)")
+    assert added_ms(cpu) <= 5.0, cpu
