@@ -150,22 +150,27 @@ class _Islands:
         """
         dtype = _DTYPES.get(tensors[0].dtype, 0)
         nbytes = _nbytes(tensors)
+
+        def opened(func: str, seq: int, t: int, cpu: int) -> int:
+            """One of the island's two records, in flight from ``t`` (under comm.lock)."""
+            return comm.ring.record(
+                kind=rf.KIND_COLL,
+                func=_F[func],
+                dtype=dtype,
+                coll_seq=seq,
+                nbytes=nbytes,
+                start=t,
+                state=rf.STATE_IN_FLIGHT,
+                clock=rf.REC_HOST,
+                enqueue_ns=t,
+                cpu_start_ns=cpu,
+            )
+
         enq, cpu0 = _mono(), _cpu()
         with comm.lock:
             seq = comm.coll_seq
             comm.coll_seq += 2
-            t1 = comm.ring.record(
-                kind=rf.KIND_COLL,
-                func=_F["Reduce"],
-                dtype=dtype,
-                coll_seq=seq,
-                nbytes=nbytes,
-                start=enq,
-                state=rf.STATE_IN_FLIGHT,
-                clock=rf.REC_HOST,
-                enqueue_ns=enq,
-                cpu_start_ns=cpu0,
-            )
+            t1 = opened("Reduce", seq, enq, cpu0)
 
         def job() -> list[Any]:
             one = len(tensors) == 1 and tensors[0].is_contiguous()
@@ -176,18 +181,7 @@ class _Islands:
             e1, c1 = _mono(), _cpu()
             with comm.lock:
                 comm.ring.complete(t1, end=e1, cpu_end_ns=c1)
-                t2 = comm.ring.record(
-                    kind=rf.KIND_COLL,
-                    func=_F["Broadcast"],
-                    dtype=dtype,
-                    coll_seq=seq + 1,
-                    nbytes=nbytes,
-                    start=e1,
-                    state=rf.STATE_IN_FLIGHT,
-                    clock=rf.REC_HOST,
-                    enqueue_ns=e1,
-                    cpu_start_ns=c1,
-                )
+                t2 = opened("Broadcast", seq + 1, e1, c1)
             if self.leader:
                 self._bridge_exchange(buf, op, seq + 1, nbytes, delay_s())
             bo = dist.BroadcastOptions()
