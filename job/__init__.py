@@ -8,12 +8,24 @@ The rules, files and maths live in ``artemis.rebalance``; this package holds
 only what the training script calls.
 """
 
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .detector import Detector, PrometheusExporter
+
+
+def _inside_import_torch() -> bool:
+    """True while ``import torch`` runs: its backend autoload (job/_autoload.py) imports
+    this package then, where each millisecond is every job's, so the names below wait
+    for their first use (``__getattr__``). Any other import loads them now, as always."""
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+if TYPE_CHECKING or not _inside_import_torch():
     from artemis.rebalance.files import PlanFormatError
 
-    from .detector import Detector, PrometheusExporter
     from .rebalance import RebalanceClient, rank_slice, uniform_split
     from .torch_helpers import (
         RebalancedBatchSampler,
@@ -24,8 +36,8 @@ if TYPE_CHECKING:
         scale_gradients,
     )
 
-# Every name is loaded on first use: torch's backend autoload imports this package
-# inside ``import torch`` (job/_autoload.py), where each millisecond is every job's.
+# Where each name loads from on first use (the deferred ones above, and these two,
+# which need torch and the agent's summariser).
 _LAZY = {
     "PlanFormatError": "artemis.rebalance.files",
     "RebalanceClient": "artemis.job.rebalance",
@@ -37,7 +49,6 @@ _LAZY = {
     "global_mean_loss": "artemis.job.torch_helpers",
     "install_weighted_allreduce": "artemis.job.torch_helpers",
     "scale_gradients": "artemis.job.torch_helpers",
-    # Detector and PrometheusExporter need torch and the agent's summariser.
     "Detector": "artemis.job.detector",
     "PrometheusExporter": "artemis.job.detector",
 }
