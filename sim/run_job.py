@@ -264,7 +264,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
         "\n".join(
             [
                 # simulated: the per-rank file where ARTEMIS_ISLANDS publishes each
-                # rank's island (job/backend.py); absent files read as nothing
+                # rank's island (job/islands.py); absent files read as nothing
                 'telemetry = ["nvml", "amdsmi", "host", "simulated"]',
                 "poll_interval_s = 0.05",
                 "heartbeat_s = 0.3",

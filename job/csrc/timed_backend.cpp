@@ -533,7 +533,7 @@ class NoGilRef {
 // trampoline: torch's Python-subclassable ProcessGroup holds the GIL around every
 // call made from C++, DDP's reducer included, which deadlocks against gloo's
 // workers and would put the GIL on the hot path). Python subclasses of it add the
-// attributes only (job/backend.py, ArtemisCppGroup).
+// attributes only (job/cpp_path.py, ArtemisCppGroup).
 class ArtemisProcessGroupBase : public c10d::ProcessGroup {
    public:
     ArtemisProcessGroupBase(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
