@@ -43,19 +43,14 @@ from artemis.coordinator.journal import (
     output_marks,
 )
 from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.writers import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
 from artemis.detect.detector import LATE_WINDOWS
-from artemis.detect.findings import FindingsWriter, IncidentsWriter, incidents_path
-from artemis.detect.monitor import (
-    JobMonitor,
-    MonitorOutput,
-    PlanMetrics,
-    PlansWriter,
-    register_plan_metrics,
-)
+from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
+from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
 from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")

@@ -13,8 +13,8 @@ restarted coordinator carries on where the last one stopped: a persistent
 straggler stays `ongoing` with its `since`, and an applied plan stays in force
 and is still verified.
 
-This module is also the one place the coordinator imports the rebalance
-policy and its outputs from.
+This module is also the one place the coordinator's core imports the rebalance
+policy from (its file and metric outputs, rebalance/outputs.py, are the shell's).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from artemis.detect.incidents import IncidentBook, WindowView
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
-from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
 from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
 
 __all__ = [
@@ -44,10 +43,7 @@ __all__ = [
     "JobMonitor",
     "MonitorOutput",
     "PlanEvent",
-    "PlanMetrics",
-    "PlansWriter",
     "PolicySettings",
-    "register_plan_metrics",
 ]
 
 SNAPSHOT_VERSION = 1

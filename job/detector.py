@@ -127,7 +127,7 @@ class Detector:
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         if self.rank == 0:
-            from artemis.detect.findings import (
+            from artemis.coordinator.writers import (
                 FindingsWriter,
                 IncidentsWriter,
                 incidents_path,
