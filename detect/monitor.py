@@ -151,6 +151,42 @@ class JobMonitor:
     def nranks(self) -> int:
         return self.detector.nranks
 
+    # ------------------------------------------------------------------ for the shell
+
+    def use_baselines(self, on: bool) -> None:
+        """Judge the job by the stored baselines of its workload (off: no store)."""
+        self.baselines.enabled = on
+
+    @property
+    def software_hash(self) -> str | None:
+        """The job's software fingerprint hash, once known (its own baseline's key)."""
+        return self.baselines.software_hash
+
+    def carry_over(self, previous: JobMonitor) -> None:
+        """A new run of the job on the same processes: their hosts and fingerprints
+        (sent once per rank) stay."""
+        self.hosts.update(previous.hosts)
+        self.fingerprints.update(previous.fingerprints)
+
+    def all_finished(self, ranks: Iterable[int]) -> bool:
+        """Every rank of `ranks` (at least one) reported its ring finished."""
+        ranks = list(ranks)
+        return bool(ranks) and all(r in self.progress and self.progress[r].finished for r in ranks)
+
+    def islands(self) -> dict[int, str]:
+        """Each rank's island, as the detector knows it."""
+        return self.detector.islands()
+
+    def host_count(self) -> int:
+        return len(self.hosts)
+
+    def host_names(self) -> list[str]:
+        """The job's hosts (as announced), sorted."""
+        return sorted(set(self.hosts.values()))
+
+    def open_findings(self) -> int:
+        return len(self.detector.active())
+
     # ------------------------------------------------------------------ inputs
 
     def expect(self, ranks: Iterable[int], host: str | None = None) -> None:
