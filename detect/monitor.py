@@ -154,34 +154,28 @@ class JobMonitor:
     # ------------------------------------------------------------------ for the shell
 
     def use_baselines(self, on: bool) -> None:
-        """Judge the job by the stored baselines of its workload (off: no store)."""
-        self.baselines.enabled = on
+        self.baselines.enabled = on  # off: no store to read the workload's baselines from
 
     @property
     def software_hash(self) -> str | None:
-        """The job's software fingerprint hash, once known (its own baseline's key)."""
-        return self.baselines.software_hash
+        return self.baselines.software_hash  # the job's own baseline's key, once known
 
     def carry_over(self, previous: JobMonitor) -> None:
-        """A new run of the job on the same processes: their hosts and fingerprints
-        (sent once per rank) stay."""
+        """A new run on the same processes keeps their hosts and fingerprints (sent once)."""
         self.hosts.update(previous.hosts)
         self.fingerprints.update(previous.fingerprints)
 
     def all_finished(self, ranks: Iterable[int]) -> bool:
-        """Every rank of `ranks` (at least one) reported its ring finished."""
         ranks = list(ranks)
         return bool(ranks) and all(r in self.progress and self.progress[r].finished for r in ranks)
 
     def islands(self) -> dict[int, str]:
-        """Each rank's island, as the detector knows it."""
         return self.detector.islands()
 
     def host_count(self) -> int:
         return len(self.hosts)
 
     def host_names(self) -> list[str]:
-        """The job's hosts (as announced), sorted."""
         return sorted(set(self.hosts.values()))
 
     def open_findings(self) -> int:

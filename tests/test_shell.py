@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from artemis.coordinator.local import LocalShell
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.sinks import MemorySink, Sinks, StateFiles
@@ -178,3 +179,17 @@ def test_the_rank_channel_is_the_protocols_windows_message() -> None:
     dec = FrameDecoder()
     (msg,) = dec.feed(frame[:5]) + dec.feed(frame[5:])
     assert isinstance(msg, Windows) and list(msg.windows) == rows
+
+
+def test_an_in_process_rank_takes_its_island_from_the_backends_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No simulated source in the detector: the island the backend composes by is the
+    rank's vendor (what the agent's simulated source read back from the backend's file)."""
+    pytest.importorskip("torch")
+    from artemis.job.detector import _island
+
+    monkeypatch.setenv("ARTEMIS_ISLANDS", "nvidia,nvidia,amd,amd")
+    assert [_island(r) for r in range(4)] == ["nvidia", "nvidia", "amd", "amd"]
+    monkeypatch.delenv("ARTEMIS_ISLANDS")
+    assert _island(0) is None
