@@ -17,7 +17,6 @@ change and regression: the stored baseline of the job's workload, across jobs).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -73,8 +72,6 @@ FIELDS = (
 )
 # Keys added to the seed's, after them in every line.
 ADDED_FIELDS = ("job",)
-
-logger = logging.getLogger("straggler")
 
 
 @dataclass
