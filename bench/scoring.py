@@ -190,7 +190,7 @@ def _coordinator_memory() -> None:
 
     from artemis.coordinator.metrics import Metrics
     from artemis.coordinator.service import Coordinator
-    from artemis.coordinator.writers import FindingsWriter
+    from artemis.coordinator.sinks import FindingsWriter
     from artemis.rebalance.outputs import PlansWriter
 
     print()

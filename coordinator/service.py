@@ -42,8 +42,13 @@ from artemis.coordinator.journal import (
     output_marks,
 )
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.sinks import Sinks, StateFiles
-from artemis.coordinator.writers import FindingsWriter, IncidentsWriter, incidents_path
+from artemis.coordinator.sinks import (
+    FindingsWriter,
+    IncidentsWriter,
+    Sinks,
+    StateFiles,
+    incidents_path,
+)
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
 from artemis.detect.detector import LATE_WINDOWS
 from artemis.detect.jobs import BASELINE_RETRY_S, JobTable

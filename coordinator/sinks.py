@@ -10,13 +10,17 @@ the order of writes: the record files first (findings, incidents, plans: a
 store that fails, logged then off, never costs a line of them), then the
 metrics, then the store, then the in-memory lists of the in-process detector.
 The coordinator daemon (service.py) and `artemis.job.Detector` both write
-through it.
+through it. The record files' writers (`FindingsWriter`, `IncidentsWriter`,
+with the `straggler` log line of each new flag) are here too: the JSONL is
+`Finding.to_json` and the incident records, both the pure core's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -24,15 +28,132 @@ from typing import Any, Protocol
 
 import msgpack
 import structlog
-from artemis.common.diskio import FileHealth
+from artemis.common.diskio import FileHealth, JsonlAppender, Retention
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.writers import FindingsWriter, IncidentsWriter
-from artemis.detect.findings import Finding
+from artemis.detect.findings import Finding, _clean, flag_message
 from artemis.detect.monitor import MonitorOutput
 from artemis.rebalance.outputs import PlanMetrics, PlansWriter
 from artemis.store.sink import StoreSink
 
+__all__ = [
+    "INCIDENTS_FILE",
+    "FindingsSink",
+    "FindingsWriter",
+    "IncidentsSink",
+    "IncidentsWriter",
+    "MemorySink",
+    "MetricsSink",
+    "PlansSink",
+    "Sink",
+    "Sinks",
+    "StateFiles",
+    "StoreOutputs",
+    "incidents_path",
+    "log_flags",
+]
+
 log = structlog.get_logger("artemis.coordinator")
+
+# --------------------------------------------------------------------------- record files
+# The JSONL writers of findings and incidents (their contents are the core's:
+# `Finding.to_json`, the incident records) and the `straggler` log line of a flag.
+
+logger = logging.getLogger("straggler")
+
+
+def log_flags(findings: Iterable[Finding]) -> int:
+    """Log new flags to the `straggler` logger at WARNING; returns how many."""
+    n = 0
+    for f in findings:
+        if f.state == "flagged":
+            logger.warning(flag_message(f))
+            n += 1
+    return n
+
+
+class FindingsWriter:
+    """Appends one JSON object per finding to `path`, one write per window.
+
+    The lines go through `JsonlAppender` (common/diskio.py): on a full disk they
+    wait in memory (bounded) and are written when space returns, whole lines
+    only; `retention` rotates the file by size and age."""
+
+    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
+        self.path = Path(path)
+        self.out = JsonlAppender(self.path, "findings", retention)
+
+    @property
+    def health(self) -> FileHealth:
+        return self.out.health
+
+    def write(self, findings: Iterable[Finding]) -> int:
+        """Write one window's findings; returns the number of findings taken."""
+        batch = list(findings)
+        if not batch:
+            return 0
+        self.out.write_lines(
+            json.dumps(f.to_json(), allow_nan=False, separators=(", ", ": ")) for f in batch
+        )
+        log_flags(batch)
+        return len(batch)
+
+    def retry(self) -> None:
+        self.out.retry()
+
+    def close(self) -> None:
+        self.out.close()
+
+    def __enter__(self) -> FindingsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+INCIDENTS_FILE = "incidents.jsonl"
+
+
+def incidents_path(findings: str | Path) -> Path:
+    """Where the incidents of a findings file go: `incidents.jsonl` in its folder."""
+    return Path(findings).parent / INCIDENTS_FILE
+
+
+class IncidentsWriter:
+    """Appends one JSON object per incident change (docs/DESIGN.md "Incidents"), one
+    write per batch, through `JsonlAppender` as the findings; the coordinator and
+    the in-process detector both write with it."""
+
+    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
+        self.path = Path(path)
+        self.out = JsonlAppender(self.path, "incidents", retention)
+
+    @property
+    def health(self) -> FileHealth:
+        return self.out.health
+
+    def write(self, records: Iterable[Mapping[str, Any]]) -> int:
+        batch = list(records)
+        if not batch:
+            return 0
+        self.out.write_lines(
+            json.dumps(_clean(dict(rec)), allow_nan=False, separators=(", ", ": ")) for rec in batch
+        )
+        return len(batch)
+
+    def retry(self) -> None:
+        self.out.retry()
+
+    def close(self) -> None:
+        self.out.close()
+
+    def __enter__(self) -> IncidentsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- sinks
 
 
 class Sink(Protocol):

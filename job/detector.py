@@ -293,8 +293,13 @@ def _open_shell(
 ) -> Any:
     """Rank 0's shell: the coordinator's job table and sinks, without its daemon."""
     from artemis.coordinator.local import LocalShell
-    from artemis.coordinator.sinks import MemorySink, Sinks
-    from artemis.coordinator.writers import FindingsWriter, IncidentsWriter, incidents_path
+    from artemis.coordinator.sinks import (
+        FindingsWriter,
+        IncidentsWriter,
+        MemorySink,
+        Sinks,
+        incidents_path,
+    )
     from artemis.detect.settings import Settings
     from artemis.store.sink import StoreSink
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.coordinator.writers import FindingsWriter
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.detector import Detector
 from artemis.detect.findings import (
     FIELDS,

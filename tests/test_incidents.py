@@ -22,7 +22,7 @@ from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.agent.telemetry.simulated import overlay
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.writers import IncidentsWriter, incidents_path
+from artemis.coordinator.sinks import IncidentsWriter, incidents_path
 from artemis.detect import findings as F
 from artemis.detect.incidents import MARKERS, IncidentBook, WindowView
 from artemis.detect.monitor import JobMonitor, MonitorOutput

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from artemis.coordinator.local import LocalShell
 from artemis.coordinator.metrics import Metrics
-from artemis.coordinator.sinks import MemorySink, Sinks, StateFiles
-from artemis.coordinator.writers import FindingsWriter, IncidentsWriter
+from artemis.coordinator.sinks import FindingsWriter, IncidentsWriter, MemorySink, Sinks, StateFiles
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
 from artemis.detect.jobs import BASELINE_RETRY_S, JobTable
 from artemis.detect.monitor import Intent
