@@ -161,8 +161,8 @@ def _coordinator_memory() -> None:
 
     from artemis.coordinator.metrics import Metrics
     from artemis.coordinator.service import Coordinator
-    from artemis.detect.findings import FindingsWriter
-    from artemis.detect.monitor import PlansWriter
+    from artemis.coordinator.sinks import FindingsWriter
+    from artemis.rebalance.outputs import PlansWriter
 
     print()
     print("Coordinator state per rank, one job, 8 windows scored (tracemalloc); baseline:")

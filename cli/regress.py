@@ -91,7 +91,7 @@ def regress(
     finding (the fingerprint changed) or a `regression` (it did not). Exit 2 when the
     benchmark or the store cannot run."""
     from artemis.common.logs import setup_logging
-    from artemis.detect.findings import FindingsWriter
+    from artemis.coordinator.sinks import FindingsWriter
     from artemis.regress import core
     from artemis.regress import textfile as tf
     from artemis.regress.bench import BenchError, BenchOptions, measure

@@ -22,7 +22,7 @@ from artemis.coordinator.config import CoordinatorConfig
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.detect.findings import FindingsWriter, IncidentsWriter, incidents_path
+from artemis.coordinator.sinks import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.detect.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
 from artemis.protocol.messages import REASONS

@@ -13,8 +13,8 @@ restarted coordinator carries on where the last one stopped: a persistent
 straggler stays `ongoing` with its `since`, and an applied plan stays in force
 and is still verified.
 
-This module is also the one place the coordinator imports the rebalance
-policy and its outputs from.
+This module is also the one place the coordinator's core imports the rebalance
+policy from (its file and metric outputs, rebalance/outputs.py, are the shell's).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from artemis.detect.incidents import IncidentBook, WindowView
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
-from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
 from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
 
 __all__ = [
@@ -44,10 +43,7 @@ __all__ = [
     "JobMonitor",
     "MonitorOutput",
     "PlanEvent",
-    "PlanMetrics",
-    "PlansWriter",
     "PolicySettings",
-    "register_plan_metrics",
 ]
 
 SNAPSHOT_VERSION = 1
@@ -154,6 +150,36 @@ class JobMonitor:
     @property
     def nranks(self) -> int:
         return self.detector.nranks
+
+    # ------------------------------------------------------------------ for the shell
+
+    def use_baselines(self, on: bool) -> None:
+        self.baselines.enabled = on  # off: no store to read the workload's baselines from
+
+    @property
+    def software_hash(self) -> str | None:
+        return self.baselines.software_hash  # the job's own baseline's key, once known
+
+    def carry_over(self, previous: JobMonitor) -> None:
+        """A new run on the same processes keeps their hosts and fingerprints (sent once)."""
+        self.hosts.update(previous.hosts)
+        self.fingerprints.update(previous.fingerprints)
+
+    def all_finished(self, ranks: Iterable[int]) -> bool:
+        ranks = list(ranks)
+        return bool(ranks) and all(r in self.progress and self.progress[r].finished for r in ranks)
+
+    def islands(self) -> dict[int, str]:
+        return self.detector.islands()
+
+    def host_count(self) -> int:
+        return len(self.hosts)
+
+    def host_names(self) -> list[str]:
+        return sorted(set(self.hosts.values()))
+
+    def open_findings(self) -> int:
+        return len(self.detector.active())
 
     # ------------------------------------------------------------------ inputs
 

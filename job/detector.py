@@ -1,41 +1,35 @@
-"""``artemis.job.Detector``: the detector inside the job, with no agent and no coordinator.
-
-Created on every rank after ``init_process_group(backend="artemis")``. Each rank
-runs a thread that reads its own ring (the one the ``artemis`` backend writes),
-summarises its windows with the agent's summariser (``WindowSummarizer``) and
-attaches host telemetry of its own process (``HostSource``; GPU telemetry where
-pynvml or amdsmi exist). The summaries go to rank 0 over a TCP side channel whose
-address rank 0 publishes in the job's c10d store (never a collective: it cannot
-block or reorder a training step). Rank 0 scores each window, once every rank's
-summary is in (or ``deadline_s`` after the first), with the coordinator's
-``JobMonitor`` and writes what it returns like the coordinator does: the findings
-JSONL, ``incidents.jsonl`` next to it (closed at ``close()``: the job's end), the
-incident store next to it (``incident_store``, by default ``artemis.db``: store/README.md), the
-``straggler`` logger, and the ``straggler_*`` metrics of an optional
-``PrometheusExporter`` (served from its own thread).
-"""
-
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import queue
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import structlog
 from artemis.agent.summary import WindowSummarizer
-from artemis.agent.telemetry.base import RankTarget, TelemetryAccumulator, merge
+from artemis.agent.telemetry.base import (
+    RankTarget,
+    TelemetryAccumulator,
+    TelemetrySource,
+    collect,
+    merge,
+)
 from artemis.agent.telemetry.host import HostSource
-from artemis.agent.telemetry.simulated import SimulatedSource
-from artemis.protocol.records import RankWindow, Telemetry
+from artemis.protocol.codec import FrameDecoder, encode
+from artemis.protocol.messages import ProtocolError, Windows
+from artemis.protocol.records import RankWindow
 from artemis.ring.reader import RingReader
 
+log = structlog.get_logger("artemis.job")
+
 _STORE_KEY = "artemis/detector/address"
+RUN = "inproc"  # the in-process job's one run: its summaries' communicator
 
 
 class PrometheusExporter:
@@ -60,16 +54,6 @@ class PrometheusExporter:
             self._server = None
 
 
-def _to_wire(w: RankWindow) -> bytes:
-    return (json.dumps(dataclasses.asdict(w), separators=(",", ":")) + "\n").encode()
-
-
-def _from_wire(line: bytes) -> RankWindow:
-    d = json.loads(line)
-    d["telemetry"] = Telemetry(**d.get("telemetry") or {})
-    return RankWindow(**d)
-
-
 class Detector:
     """Per-rank summariser and, on rank 0, the scorer. Use as a context manager or ``close()``."""
 
@@ -84,6 +68,7 @@ class Detector:
         poll_interval_s: float = 0.5,
         deadline_s: float = 10.0,
         incident_store: str = "auto",
+        telemetry: Sequence[TelemetrySource] = (),
         **settings: Any,
     ) -> None:
         import torch.distributed as dist
@@ -98,22 +83,24 @@ class Detector:
             )
         self.rank, self.world = pg.rank(), pg.size()
         self._ring_path = pg.ring_path("cpu")
-        # islands (ARTEMIS_ISLANDS): a leader's bridge records, and the island as the
-        # agent learns it (the per-rank telemetry file's vendor, docs/DESIGN.md "Ring")
+        # islands (ARTEMIS_ISLANDS): a leader's bridge records, and the rank's island as
+        # its vendor (an emulated island has no GPU to report one: docs/DESIGN.md "Ring")
         self._bridge_path = pg.bridge_ring_path()
-        self._sim = SimulatedSource(pg.shm_dir, pg.job)
+        self._island = _island(pg.global_rank)
+        self._sources = list(telemetry)  # sampled per window (the simulator's, injected)
         self._stop = threading.Event()
         # Every 0.5 s by default: each poll (ring read, summariser, host sample) costs
         # about 1 ms of CPU; at 0.1 s the detector's threads took 6-8% of a rank's CPU
         # on the benchmark's job, at 0.5 s 2.5-4% (bench/README.md, "The artemis
         # backend"). Windows still go out within half a second of their end.
         self._poll_s = poll_interval_s
+        self._hostname = socket.gethostname()
         self._sum = WindowSummarizer(
             pg.job,
-            "",
+            RUN,
             pg.global_rank,
             self.world,
-            socket.gethostname(),
+            self._hostname,
             window_steps=window_steps,
             colls_per_step=colls_per_step,
             clock_kind="host",
@@ -121,43 +108,25 @@ class Detector:
         self._host = HostSource()
         self._acc = TelemetryAccumulator()
         self._pid = os.getpid()
+        self._seq = 0  # windows messages sent (their protocol sequence numbers)
         self.findings: list[Any] = []
+        self.incidents: list[dict[str, Any]] = []
         store = dist.distributed_c10d._get_default_store()
-        self._inbox: queue.SimpleQueue[RankWindow | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         if self.rank == 0:
-            from artemis.detect.findings import (
-                FindingsWriter,
-                IncidentsWriter,
-                incidents_path,
+            self._shell = _open_shell(
+                pg.job, self.world, jsonl, exporter, incident_store, deadline_s, settings
             )
-            from artemis.detect.monitor import JobMonitor
-            from artemis.detect.settings import Settings
-
-            base = Settings()
-            self._monitor = JobMonitor(
-                pg.job, dataclasses.replace(base, **settings), run="inproc", nranks=self.world
-            )
-            # No agent sends fingerprints in-process: no baselines across jobs here.
-            self._monitor.baselines.enabled = False
-            self._writer = FindingsWriter(jsonl) if jsonl is not None else None
-            self._incidents = IncidentsWriter(incidents_path(jsonl)) if jsonl is not None else None
-            from artemis.store.sink import StoreSink
-
-            # The incident store next to the findings, as the coordinator keeps one
-            # (auto | off | sqlite:///PATH; a broken one is logged, then off).
-            self._store = (
-                StoreSink.open(incident_store, jsonl) if jsonl is not None else StoreSink(None)
-            )
-            self._store.write_job(pg.job, {"run": "inproc", "ranks": self.world, "ended": None})
-            self.incidents: list[dict[str, Any]] = []
+            # the in-memory lists are the shell's (coordinator/sinks.py MemorySink)
+            assert self._shell.sinks.memory is not None
+            self.findings = self._shell.sinks.memory.findings
+            self.incidents = self._shell.sinks.memory.incidents
             self._exporter = exporter
-            self._metrics = exporter.start() if exporter is not None else None
-            self._deadline_s = deadline_s
             srv = socket.create_server(("0.0.0.0", 0), backlog=self.world)
             self._srv = srv
-            host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+            host = os.environ.get("MASTER_ADDR") or self._hostname
             store.set(_STORE_KEY, f"{host}:{srv.getsockname()[1]}")
             self._spawn(self._accept)
             self._spawn(self._score_loop)
@@ -181,15 +150,23 @@ class Detector:
         live = self._acc.result().to_dict()
         live.pop("missing", None)
         self._acc.reset()
+        island = {"vendor": self._island} if self._island else {}
+        out = []
         for w in windows:
             own = {k: v for k, v in w.telemetry.to_dict().items() if v is not None}
             own.pop("missing", None)
-            sim = self._sim.sample(RankTarget(rank=w.rank, pid=self._pid, window=w.window))
-            w = dataclasses.replace(w, telemetry=merge([own, sim, live]))
-            if self._sock is not None:
-                self._sock.sendall(_to_wire(w))
-            else:
-                self._inbox.put(w)
+            parts: list[Any] = [own, island]
+            if self._sources:
+                target = RankTarget(rank=w.rank, pid=self._pid, window=w.window)
+                sampled = collect(self._sources, target).to_dict()
+                sampled.pop("missing", None)
+                parts.append({k: v for k, v in sampled.items() if v is not None})
+            out.append(dataclasses.replace(w, telemetry=merge([*parts, live])))
+        if self._sock is not None:
+            self._seq += 1
+            self._sock.sendall(encode(Windows(host=self._hostname, windows=out), seq=self._seq))
+        else:
+            self._inbox.put(out)
 
     def _summarise_loop(self) -> None:
         reader: RingReader | None = None
@@ -216,8 +193,7 @@ class Detector:
         if bridge is not None:
             bridge.close()
         if self._sock is not None:
-            self._sock.sendall(b"done\n")
-            self._sock.close()
+            self._sock.close()  # the end of this rank's stream: rank 0 reads EOF
         else:
             self._inbox.put(None)
 
@@ -230,62 +206,40 @@ class Detector:
 
     def _spawn_reader(self, conn: socket.socket) -> None:
         def read() -> None:
-            with conn, conn.makefile("rb") as fh:
-                for line in fh:
-                    if line.strip() == b"done":
+            dec = FrameDecoder()
+            with conn:
+                while True:
+                    data = conn.recv(1 << 16)
+                    if not data:
                         break
-                    self._inbox.put(_from_wire(line))
+                    for msg in dec.feed(data):
+                        if isinstance(msg, Windows):
+                            self._inbox.put(msg.columns)
+                        elif isinstance(msg, ProtocolError):
+                            # a bad frame loses its windows only (they are scored missing)
+                            log.warning("rank summaries refused", reason=msg.reason, error=msg.text)
+                            if msg.fatal:
+                                break
+                    if dec.poisoned:
+                        break
             self._inbox.put(None)
 
         t = threading.Thread(target=read, name="artemis-detector-peer", daemon=True)
         t.start()
         self._threads.append(t)
 
-    def _score(self, window: int, rows: list[RankWindow]) -> None:
-        t0 = time.perf_counter()
-        present = {r.rank for r in rows}
-        missing = [r for r in range(self.world) if r not in present]
-        out = self._monitor.on_window(window, rows, missing, wall=time.time())
-        if self._writer is not None:
-            self._writer.write(out.findings)
-        self.findings += out.findings
-        if self._metrics is not None and out.result is not None:
-            self._metrics.observe_window(out.result, time.perf_counter() - t0)
-        self._write_incidents(out)
-
-    def _write_incidents(self, out: Any) -> None:
-        self.incidents += out.incidents
-        if self._incidents is not None:
-            self._incidents.write(out.incidents)
-        self._store.write_incidents(out.incidents)
-        self._store.write_monitor_rows(out.incident_rows)
-        if self._metrics is not None:
-            self._metrics.observe_incidents(out.incidents)
-            self._metrics.observe_incident_rows(out.incident_rows)
-
     def _score_loop(self) -> None:
-        pending: dict[int, list[RankWindow]] = {}
-        first_seen: dict[int, float] = {}
         ended = 0
         while ended < self.world:
             try:
-                w = self._inbox.get(timeout=0.1)
-                if w is None:
+                batch = self._inbox.get(timeout=0.1)
+                if batch is None:
                     ended += 1
                 else:
-                    pending.setdefault(w.window, []).append(w)
-                    first_seen.setdefault(w.window, time.monotonic())
+                    self._shell.add(batch, time.monotonic())
             except queue.Empty:
                 pass
-            now = time.monotonic()
-            for win in sorted(pending):
-                rows = pending[win]
-                if len(rows) >= self.world or now - first_seen[win] > self._deadline_s:
-                    self._score(win, pending.pop(win))
-                else:
-                    break  # windows are scored in order
-        for win in sorted(pending):
-            self._score(win, pending.pop(win))
+            self._shell.expire(time.monotonic())
 
     # -- lifetime -------------------------------------------------------------
 
@@ -299,18 +253,9 @@ class Detector:
             t.join(max(0.0, end - time.monotonic()))
         if self.rank == 0:
             self._srv.close()
-            # the job's end: its open incidents close with their verdicts
-            end = self._monitor.finish(time.time())
-            if self._writer is not None:
-                self._writer.write(end.findings)
-            self._write_incidents(end)
-            if self._writer is not None:
-                self._writer.close()
-            if self._incidents is not None:
-                self._incidents.close()
-            last = self._monitor.last_window
-            self._store.write_job(self._monitor.job, {"last_window": last, "ended": time.time()})
-            self._store.close()
+            # the job's end: what is pending scored, its open incidents closed with
+            # their verdicts, the outputs closed
+            self._shell.close()
             if self._exporter is not None:
                 self._exporter.close()
 
@@ -324,3 +269,55 @@ class Detector:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _island(global_rank: int) -> str | None:
+    """This rank's island (``ARTEMIS_ISLANDS``), the name the backend composes by."""
+    from .backend import island_names
+
+    try:
+        names = island_names()
+    except ValueError:
+        return None  # the backend refused it already
+    return names[global_rank] if names is not None and global_rank < len(names) else None
+
+
+def _open_shell(
+    job: str,
+    world: int,
+    jsonl: str | os.PathLike[str] | None,
+    exporter: PrometheusExporter | None,
+    incident_store: str,
+    deadline_s: float,
+    settings: dict[str, Any],
+) -> Any:
+    """Rank 0's shell: the coordinator's job table and sinks, without its daemon."""
+    from artemis.coordinator.local import LocalShell
+    from artemis.coordinator.sinks import (
+        FindingsWriter,
+        IncidentsWriter,
+        MemorySink,
+        Sinks,
+        incidents_path,
+    )
+    from artemis.detect.settings import Settings
+    from artemis.store.sink import StoreSink
+
+    path = None if jsonl is None else Path(jsonl)
+    sinks = Sinks(
+        findings=None if path is None else FindingsWriter(path),
+        incidents=None if path is None else IncidentsWriter(incidents_path(path)),
+        metrics=exporter.start() if exporter is not None else None,
+        # The incident store next to the findings, as the coordinator keeps one
+        # (auto | off | sqlite:///PATH; a broken one is logged, then off).
+        store=StoreSink.open(incident_store, path) if path is not None else StoreSink(None),
+        memory=MemorySink(),
+    )
+    return LocalShell(
+        job,
+        RUN,
+        world,
+        dataclasses.replace(Settings(), **settings),
+        sinks,
+        deadline_s=deadline_s,
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from artemis.common.diskio import JsonlAppender, Retention, prune_dir, rotated_paths
-from artemis.detect.findings import IncidentsWriter
+from artemis.coordinator.sinks import IncidentsWriter
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.jsonl import JsonlIncidents
 from artemis.store.sqlite import SqliteStore

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.detector import Detector
 from artemis.detect.findings import (
     FIELDS,
     Finding,
-    FindingsWriter,
     flag_message,
     hang_finding,
 )

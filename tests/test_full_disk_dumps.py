@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.detect.findings import FindingsWriter
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump
 from artemis.rebalance.outputs import PlansWriter

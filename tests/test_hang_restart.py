@@ -18,7 +18,7 @@ from typing import Any
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.detect.findings import FindingsWriter
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.monitor import RESTORED_DUMP_WAIT_S
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Windows

@@ -22,8 +22,8 @@ from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.agent.telemetry.simulated import overlay
 from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.sinks import IncidentsWriter, incidents_path
 from artemis.detect import findings as F
-from artemis.detect.findings import IncidentsWriter, incidents_path
 from artemis.detect.incidents import MARKERS, IncidentBook, WindowView
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings

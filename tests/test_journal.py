@@ -13,7 +13,7 @@ import pytest
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.detect.findings import FindingsWriter
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import Windows

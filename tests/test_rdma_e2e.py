@@ -27,7 +27,7 @@ from artemis.agent.config import AgentConfig
 from artemis.agent.daemon import AgentDaemon
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.detect.findings import FindingsWriter
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.settings import Settings
 from artemis.protocol.client import AgentLink
 from artemis.protocol.messages import RankInfo
