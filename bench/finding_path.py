@@ -33,7 +33,7 @@ from artemis.common.logs import setup_logging
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.detect.findings import FindingsWriter
+from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.settings import Settings
 from artemis.protocol.codec import FrameDecoder, encode
 from artemis.protocol.messages import RankInfo, Windows

@@ -48,16 +48,6 @@ CORE_FORBIDDEN = (
     "artemis.store",
     "artemis.coordinator",
 )
-# The one core module that still breaks the rule, until the shell's merge: its findings
-# and incidents writers (JSONL appenders: artemis.common.diskio) and its flag log lines
-# (`log_flags`: logging) move to the shell's sinks (issue 28 "One shell"). This set is
-# emptied on that merge; the test fails if an entry here no longer happens.
-KNOWN_UNTIL_SHELL_MERGE = {
-    ("detect/findings.py", "artemis.common.diskio"),
-    ("detect/findings.py", "logging"),
-}
-
-
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -154,11 +144,7 @@ def test_the_core_imports_no_io() -> None:
             for bad in CORE_FORBIDDEN:
                 if _matches(mod, bad):
                     found.add((rel, bad))
-    unexpected = sorted(found - KNOWN_UNTIL_SHELL_MERGE)
-    assert not unexpected, f"the pure core imports I/O: {unexpected}"
-    # An offender that went away leaves the allowance: keep it honest.
-    stale = sorted(KNOWN_UNTIL_SHELL_MERGE - found)
-    assert not stale, f"KNOWN_UNTIL_SHELL_MERGE lists what no longer happens: {stale}"
+    assert not found, f"the pure core imports I/O: {sorted(found)}"
 
 
 def test_the_import_reader_sees_every_form() -> None:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # tests/: service_records
 from artemis.coordinator.journal import AssemblyJournal  # noqa: E402
 from artemis.coordinator.metrics import Metrics  # noqa: E402
 from artemis.coordinator.service import Coordinator  # noqa: E402
-from artemis.detect.findings import FindingsWriter  # noqa: E402
+from artemis.coordinator.sinks import FindingsWriter  # noqa: E402
 from artemis.detect.settings import Settings  # noqa: E402
 from artemis.protocol.messages import Windows  # noqa: E402
 from artemis.protocol.records import RankWindow  # noqa: E402
