@@ -44,7 +44,7 @@ from artemis.ring.reader import RingReader
 from artemis.ring.writer import RingWriter
 
 REPO = Path(__file__).resolve().parents[1]
-NOT_PRODUCT = ("tests", "bench", "docs", "deploy")  # top folders whose code is not the product
+NOT_PRODUCT = ("tests", "bench", "docs", "deploy", ".venv", "build")  # not the product
 JOB, COMM, RANKS = "path", 0x5A17, 4
 SLOW_RANK = 1
 STEPS, COLLS = 10, 2  # steps per window, collectives per step
