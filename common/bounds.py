@@ -1,0 +1,108 @@
+"""Settings bounds, stated once as ``msgspec.Meta`` on a field's type, as the wire's records are.
+
+A settings class annotates each bounded field (``Annotated[float, Meta(ge=0, lt=1)]``,
+``Literal["off", "on"]``); ``Bound.of`` reads that annotation, msgspec does the check
+(``msgspec.convert``), and ``describe`` says what is allowed in the words errors
+have always used ("a number in [0, 1)", "an integer of at least 1"), so an error
+still names the key, the value and the allowed range. Bounds print as written in
+the ``Meta`` (``gt=1.0`` -> "1.0", ``ge=0`` -> "0").
+
+``Meta(description=...)`` replaces the generated words where they would say less
+than the field means (an optional count, a choice with aliases).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The allowed values of one settings field, read from its annotated type."""
+
+    tp: Any  # the field's type, Meta and all: what msgspec checks against
+    lo: float | None = None
+    lo_open: bool = False  # gt rather than ge
+    hi: float | None = None
+    hi_open: bool = False  # lt rather than le
+    integer: bool = False
+    choices: tuple[str, ...] = ()
+    words: str = ""  # Meta(description=...): said instead of the generated words
+    base: Any = None  # the type under the annotations (float, int, a Literal)
+
+    @classmethod
+    def of(cls, tp: Any) -> Bound:
+        """The bound an annotation states (``Annotated[..., Meta]``, ``Literal``, ``X | None``)."""
+        base, metas = _peel(tp)
+        lo = hi = None
+        lo_open = hi_open = False
+        words = ""
+        for m in metas:
+            if m.ge is not None or m.gt is not None:
+                lo, lo_open = (m.gt, True) if m.gt is not None else (m.ge, False)
+            if m.le is not None or m.lt is not None:
+                hi, hi_open = (m.lt, True) if m.lt is not None else (m.le, False)
+            words = m.description or words
+        choices: tuple[str, ...] = ()
+        if typing.get_origin(base) is Literal:
+            choices = tuple(str(c) for c in typing.get_args(base))
+        return cls(tp, lo, lo_open, hi, hi_open, base is int, choices, words, base)
+
+    def describe(self) -> str:
+        """What is allowed, in words (for error messages and --help)."""
+        if self.words:
+            return self.words
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
+        noun = "an integer" if self.integer else "a number"
+        if self.hi is not None:
+            return f"a number in {'(' if self.lo_open else '['}{self.lo}, {self.hi}" + (
+                ")" if self.hi_open else "]"
+            )
+        if self.lo_open:
+            return f"{noun} greater than {self.lo}"
+        return f"{noun} of at least {self.lo}"
+
+    def problem(self, value: Any) -> str:
+        """ "" when ``value`` is allowed, else what is allowed (for an error message)."""
+        try:
+            msgspec.convert(value, self.tp)
+        except msgspec.ValidationError:
+            return self.describe()
+        if isinstance(value, float) and not math.isfinite(value):
+            return self.describe()  # a bound below refuses NaN; none refuses +inf
+        return ""
+
+
+def bounds_of(cls: type) -> dict[str, Bound]:
+    """Every field of a settings class whose annotation states a bound, by name."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = {}
+    for name, tp in hints.items():
+        b = Bound.of(tp)
+        if b.lo is not None or b.hi is not None or b.choices or b.words:
+            out[name] = b
+    return out
+
+
+def _peel(tp: Any) -> tuple[Any, list[msgspec.Meta]]:
+    """(the base type, every Meta on it), through ``Annotated`` and ``X | None``."""
+    metas: list[msgspec.Meta] = []
+    while True:
+        if typing.get_origin(tp) is typing.Annotated:
+            args = typing.get_args(tp)
+            metas.extend(m for m in args[1:] if isinstance(m, msgspec.Meta))
+            tp = args[0]
+            continue
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None
+            some = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(some) == 1:
+                tp = some[0]
+                continue
+        return tp, metas
