@@ -9,17 +9,23 @@ the ``Meta`` (``gt=1.0`` -> "1.0", ``ge=0`` -> "0").
 
 ``Meta(description=...)`` replaces the generated words where they would say less
 than the field means (an optional count, a choice with aliases).
+
+As on the wire (protocol/records.py), a bound below refuses NaN and an upper
+bound of ``FLOAT_MAX`` refuses +inf: it only says "finite" and is not printed.
 """
 
 from __future__ import annotations
 
-import math
+import sys
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
+
+FLOAT_MAX = sys.float_info.max  # an upper bound that only refuses +inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +52,7 @@ class Bound:
         for m in metas:
             if m.ge is not None or m.gt is not None:
                 lo, lo_open = (m.gt, True) if m.gt is not None else (m.ge, False)
-            if m.le is not None or m.lt is not None:
+            if m.lt is not None or (m.le is not None and m.le != FLOAT_MAX):
                 hi, hi_open = (m.lt, True) if m.lt is not None else (m.le, False)
             words = m.description or words
         choices: tuple[str, ...] = ()
@@ -62,7 +68,7 @@ class Bound:
             return f"one of {', '.join(self.choices)}"
         noun = "an integer" if self.integer else "a number"
         if self.hi is not None:
-            return f"a number in {'(' if self.lo_open else '['}{self.lo}, {self.hi}" + (
+            return f"{noun} in {'(' if self.lo_open else '['}{self.lo}, {self.hi}" + (
                 ")" if self.hi_open else "]"
             )
         if self.lo_open:
@@ -75,8 +81,6 @@ class Bound:
             msgspec.convert(value, self.tp)
         except msgspec.ValidationError:
             return self.describe()
-        if isinstance(value, float) and not math.isfinite(value):
-            return self.describe()  # a bound below refuses NaN; none refuses +inf
         return ""
 
 
@@ -106,3 +110,14 @@ def _peel(tp: Any) -> tuple[Any, list[msgspec.Meta]]:
                 tp = some[0]
                 continue
         return tp, metas
+
+
+def out_of_bounds(obj: Any, bounds: Mapping[str, Bound], where: str = "") -> str:
+    """ "" when every bounded field of ``obj`` is allowed, else a message naming the first
+    that is not: ``WHERE.KEY: expected WORDS, got VALUE`` (for a config file's errors)."""
+    for name, bound in bounds.items():
+        value = getattr(obj, name)
+        problem = bound.problem(value)
+        if problem:
+            return f"{where}{name}: expected {problem}, got {value!r}"
+    return ""

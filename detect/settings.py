@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Annotated, Any, Literal
 
-from artemis.common.bounds import bounds_of
+from artemis.common.bounds import FLOAT_MAX, bounds_of
 from artemis.rebalance.settings import AtLeast0, AtLeast1, ShiftFrac
 from msgspec import Meta
 
@@ -31,8 +31,8 @@ HARDWARE_CLASSES = ("auto", "on", "off")
 REBALANCE = ("off", "recommend", "apply")
 MODES = ("adaptive", "seed")
 
-Ratio = Annotated[float, Meta(gt=1.0)]  # a slowdown threshold: above 1x its reference
-Positive = Annotated[float, Meta(gt=0)]
+Ratio = Annotated[float, Meta(gt=1.0, le=FLOAT_MAX)]  # a slowdown threshold: above 1x its reference
+Positive = Annotated[float, Meta(gt=0, le=FLOAT_MAX)]
 Peers = Annotated[int, Meta(ge=2)]  # a median needs two others to mean anything
 GpuCount = Annotated[
     Annotated[int, Meta(ge=1)] | None,

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from artemis.common.bounds import Bound, bounds_of
+from artemis.common.bounds import FLOAT_MAX, Bound, bounds_of
 from msgspec import Meta
 
 MODES = ("off", "recommend", "apply")
@@ -22,7 +22,7 @@ MODES = ("off", "recommend", "apply")
 ShiftFrac = Annotated[float, Meta(ge=0, lt=1)]
 AtLeast1 = Annotated[int, Meta(ge=1)]
 AtLeast0 = Annotated[int, Meta(ge=0)]
-Share = Annotated[float, Meta(ge=0)]
+Share = Annotated[float, Meta(ge=0, le=FLOAT_MAX)]
 Tolerance = Annotated[float, Meta(ge=0, lt=1)]
 
 
