@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,18 @@ class PlanEvent:
     @classmethod
     def from_state(cls, d: Mapping[str, Any]) -> PlanEvent:
         return cls(**{k: v for k, v in d.items() if k != "control"})
+
+
+def plan_control(plan_id: str, split: Sequence[int], apply_at_step: int) -> dict[str, Any]:
+    """The control (action "plan") the agents publish to the job: every rank switches
+    to ``split`` at ``apply_at_step``."""
+    return {
+        "action": "plan",
+        "id": plan_id,
+        "apply_at_step": int(apply_at_step),
+        "samples": [int(n) for n in split],
+        "global_batch": int(sum(split)),
+    }
 
 
 def _r(v: float | None) -> float | None:

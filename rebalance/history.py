@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .settings import PolicySettings
+
 TRIGGER_KINDS = frozenset({"rank", "degraded"})
 TRIGGER_STATES = frozenset({"flagged", "ongoing"})
 
@@ -164,3 +166,10 @@ def median_throughput(windows: Iterable[Window]) -> float | None:
     """The median of the windows' job throughputs (samples/s), None if none was measured."""
     vals = [w.throughput for w in windows if w.throughput is not None]
     return float(np.median(vals)) if vals else None
+
+
+def history_len(s: PolicySettings) -> int:
+    """Windows of history the rules read: the trigger and speed runs, and the windows
+    from a plan's step through its ack timeout and its verification (README "Life of a
+    plan"). Bounded so the policy's memory per rank does not grow with the run."""
+    return max(s.trigger_windows, s.speed_windows, s.verify_windows + s.ack_timeout_windows + 2)

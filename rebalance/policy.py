@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from . import snapshot
-from .events import STATUSES, PlanEvent
+from .events import STATUSES, PlanEvent, plan_control
 from .history import (
     TRIGGER_KINDS,
     TRIGGER_STATES,
     Window,
     flagged_ranks,
+    history_len,
     median_throughput,
     per_rank,
     per_sample_speeds,
@@ -91,7 +92,7 @@ class RebalancePolicy:
         # when more ranks appear. A configured one is the job's and stays.
         self._gb_learned = global_batch is None
         self._mode = settings.mode
-        self._history: deque[Window] = deque(maxlen=_history_len(settings))
+        self._history: deque[Window] = deque(maxlen=history_len(settings))
         self._healthy: deque[float] = deque(maxlen=settings.baseline_windows)
         self._split: list[int] | None = (
             uniform_split(global_batch, nranks) if global_batch is not None else None
@@ -157,7 +158,7 @@ class RebalancePolicy:
         """
         settings.validate()
         self.settings = dataclasses.replace(settings, mode=self._mode)
-        n = _history_len(self.settings)
+        n = history_len(self.settings)
         if self._history.maxlen != n:
             self._history = deque(self._history, maxlen=n)
         if self._healthy.maxlen != self.settings.baseline_windows:
@@ -205,7 +206,7 @@ class RebalancePolicy:
             assert self.global_batch is not None
             self._split = uniform_split(self.global_batch, nranks)
             if events and self._history:
-                events[-1].control = self._control(
+                events[-1].control = plan_control(
                     f"{events[-1].id}-resized", self._split, self._apply_step(self._history[-1])
                 )
         return events
@@ -372,16 +373,6 @@ class RebalancePolicy:
         self._seq += 1
         return f"{self.settings.id_prefix}p{self._seq}-w{window}-r{rank}"
 
-    def _control(self, plan_id: str, split: Sequence[int], apply_at_step: int) -> dict[str, Any]:
-        gb = int(sum(split))
-        return {
-            "action": "plan",
-            "id": plan_id,
-            "apply_at_step": int(apply_at_step),
-            "samples": [int(n) for n in split],
-            "global_batch": gb,
-        }
-
     def _apply_step(self, w: Window) -> int:
         return w.step_hi + self.settings.lead_windows * self.settings.window_steps
 
@@ -480,7 +471,7 @@ class RebalancePolicy:
         ev.apply_at_step = at
         ev.reason = f"{head}; sent to the job, every rank switches at step {at}"
         self._start(PlanState.SENT, w.window, ev)
-        return [dataclasses.replace(ev, control=self._control(pid, after, at))]
+        return [dataclasses.replace(ev, control=plan_control(pid, after, at))]
 
     def _maybe_restore(self, w: Window) -> list[PlanEvent]:
         """Restore the uniform split once the slow rank is as fast per sample as its peers."""
@@ -520,7 +511,7 @@ class RebalancePolicy:
         )
         self._last_change = w.window
         self._start(PlanState.SENT, w.window, ev, restore=True)
-        return [dataclasses.replace(ev, control=self._control(pid, uniform, at))]
+        return [dataclasses.replace(ev, control=plan_control(pid, uniform, at))]
 
     def _recovered(self, rank: int, windows: Sequence[Window]) -> bool:
         """``rank`` computes as fast per sample as its peers' median over ``windows``."""
@@ -626,7 +617,7 @@ class RebalancePolicy:
 
     def _withdraw(self, p: Plan, w: Window, tag: str) -> dict[str, Any]:
         """Control that republishes the split in force before ``p``, switching in the future."""
-        return self._control(f"{p.event.id}-{tag}", p.event.before, self._apply_step(w))
+        return plan_control(f"{p.event.id}-{tag}", p.event.before, self._apply_step(w))
 
     def _revert_all(self, reason: str) -> list[PlanEvent]:
         """Withdraw the pending plan and undo the applied one: back to the uniform split."""
@@ -652,19 +643,12 @@ class RebalancePolicy:
         if events and (self._split != uniform or unsent):
             # One control for the lot: every rank goes back to the uniform split together.
             tag = "withdrawn" if unsent else "reverted"
-            events[-1].control = self._control(
+            events[-1].control = plan_control(
                 f"{events[-1].id}-{tag}", uniform, self._apply_step(last)
             )
         self._split = uniform
         self._last_change = last.window
         return events
-
-
-def _history_len(s: PolicySettings) -> int:
-    """Windows of history the rules read: the trigger and speed runs, and the windows
-    from a plan's step through its ack timeout and its verification (README "Life of a
-    plan"). Bounded so the policy's memory per rank does not grow with the run."""
-    return max(s.trigger_windows, s.speed_windows, s.verify_windows + s.ack_timeout_windows + 2)
 
 
 def _status(state: PlanState) -> str:
