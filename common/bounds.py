@@ -41,11 +41,12 @@ class Bound:
     choices: tuple[str, ...] = ()
     words: str = ""  # Meta(description=...): said instead of the generated words
     base: Any = None  # the type under the annotations (float, int, a Literal)
+    optional: bool = False  # X | None: None is allowed too
 
     @classmethod
     def of(cls, tp: Any) -> Bound:
         """The bound an annotation states (``Annotated[..., Meta]``, ``Literal``, ``X | None``)."""
-        base, metas = _peel(tp)
+        base, metas, optional = _peel(tp)
         lo = hi = None
         lo_open = hi_open = False
         words = ""
@@ -58,7 +59,7 @@ class Bound:
         choices: tuple[str, ...] = ()
         if typing.get_origin(base) is Literal:
             choices = tuple(str(c) for c in typing.get_args(base))
-        return cls(tp, lo, lo_open, hi, hi_open, base is int, choices, words, base)
+        return cls(tp, lo, lo_open, hi, hi_open, base is int, choices, words, base, optional)
 
     def describe(self) -> str:
         """What is allowed, in words (for error messages and --help)."""
@@ -95,9 +96,11 @@ def bounds_of(cls: type) -> dict[str, Bound]:
     return out
 
 
-def _peel(tp: Any) -> tuple[Any, list[msgspec.Meta]]:
-    """(the base type, every Meta on it), through ``Annotated`` and ``X | None``."""
+def _peel(tp: Any) -> tuple[Any, list[msgspec.Meta], bool]:
+    """(the base type, every Meta on it, whether None is allowed), through ``Annotated``
+    and ``X | None``."""
     metas: list[msgspec.Meta] = []
+    optional = False
     while True:
         if typing.get_origin(tp) is typing.Annotated:
             args = typing.get_args(tp)
@@ -107,9 +110,9 @@ def _peel(tp: Any) -> tuple[Any, list[msgspec.Meta]]:
         if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None
             some = [a for a in typing.get_args(tp) if a is not type(None)]
             if len(some) == 1:
-                tp = some[0]
+                tp, optional = some[0], True
                 continue
-        return tp, metas
+        return tp, metas, optional
 
 
 def out_of_bounds(obj: Any, bounds: Mapping[str, Bound], where: str = "") -> str:

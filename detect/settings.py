@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from artemis.common.bounds import FLOAT_MAX, bounds_of
-from artemis.rebalance.settings import AtLeast0, AtLeast1, ShiftFrac
+from artemis.rebalance.settings import AtLeast0, AtLeast1, Mode, ShiftFrac
 from msgspec import Meta
 
 
@@ -27,9 +27,11 @@ class SettingsError(ValueError):
     """A setting key is unknown or its value is not allowed."""
 
 
-HARDWARE_CLASSES = ("auto", "on", "off")
-REBALANCE = ("off", "recommend", "apply")
-MODES = ("adaptive", "seed")
+HardwareClasses = Literal["auto", "on", "off"]
+RankRule = Literal["adaptive", "seed"]
+HARDWARE_CLASSES: tuple[str, ...] = get_args(HardwareClasses)
+REBALANCE: tuple[str, ...] = get_args(Mode)
+MODES: tuple[str, ...] = get_args(RankRule)
 
 Ratio = Annotated[float, Meta(gt=1.0, le=FLOAT_MAX)]  # a slowdown threshold: above 1x its reference
 Positive = Annotated[float, Meta(gt=0, le=FLOAT_MAX)]
@@ -53,7 +55,7 @@ class Settings:
     # Baselines come from the first `warmup_windows` healthy windows after window 0.
     warmup_windows: AtLeast1 = 5
     # Compare ranks within their GPU class: auto = only when classes differ in an island.
-    hardware_classes: Literal["auto", "on", "off"] = "auto"
+    hardware_classes: HardwareClasses = "auto"
     # An island (or class) with fewer ranks than this judges ranks by their own history.
     min_island_peers: Peers = 3
     drift_ratio: Ratio = 1.10  # island median gap vs its warm-up
@@ -65,7 +67,7 @@ class Settings:
     # Hang bound = max(hang_floor_s, hang_step_factor x median step time).
     hang_floor_s: Positive = 10.0
     hang_step_factor: Positive = 20.0
-    rebalance: Literal["off", "recommend", "apply"] = "off"
+    rebalance: Mode = "off"
     # Bounds for the rebalance policy (read by the policy, typed with its bounds).
     max_shift_frac: ShiftFrac = 0.25
     min_samples: AtLeast1 = 1
@@ -74,7 +76,7 @@ class Settings:
     gpu_count: GpuCount = None
     # The rank rule: adaptive (peers with a noise-scaled threshold + a change test
     # against the rank's own baseline, DETECTOR.md) or the seed's fixed ratio.
-    mode: Literal["adaptive", "seed"] = "adaptive"
+    mode: RankRule = "adaptive"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -182,7 +184,7 @@ def _coerce(key: str, value: Any) -> Any:
         raise _bad(key, value, kind)
     if key in _FLOAT_KEYS and isinstance(value, int):
         return float(value)
-    if key == "gpu_count" and value is None:
+    if value is None and _BOUNDS[key].optional:
         return None
     return value
 
@@ -193,7 +195,7 @@ def _check_type(key: str, value: Any) -> None:
         ok = isinstance(value, float) and not isinstance(value, bool)
     elif key in _INT_KEYS:
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif key == "gpu_count":
+    elif _BOUNDS[key].optional:
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     else:
         ok = isinstance(value, str)
@@ -203,32 +205,24 @@ def _check_type(key: str, value: Any) -> None:
 
 _Parser = Callable[[str, str], Any]
 
-# key -> how a string (a command, a TOML string) parses to the field's type
-_PARSE: dict[str, _Parser] = {
-    "suspect_ratio": _parse_float,
-    "flag_after": _parse_int,
-    "flag_window": _parse_int,
-    "clear_after": _parse_int,
-    "warmup_windows": _parse_int,
-    "hardware_classes": _parse_choice(HARDWARE_CLASSES, _BOOL_ALIASES),
-    "min_island_peers": _parse_int,
-    "drift_ratio": _parse_float,
-    "collective_ratio": _parse_float,
-    "link_ratio": _parse_float,
-    "change_ratio": _parse_float,
-    "hang_floor_s": _parse_float,
-    "hang_step_factor": _parse_float,
-    "rebalance": _parse_choice(REBALANCE, {}),
-    "max_shift_frac": _parse_float,
-    "min_samples": _parse_int,
-    "min_plan_interval_windows": _parse_int,
-    "gpu_count": _parse_opt_int,
-    "mode": _parse_choice(MODES, {}),
-}
 # Every field's bound, read from its annotation (a typed value outside it is refused).
 _BOUNDS = bounds_of(Settings)
 _FLOAT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is float)
-_INT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is int and k != "gpu_count")
+_INT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is int and not b.optional)
+_ALIASES = {"hardware_classes": _BOOL_ALIASES}
+
+
+def _parser(key: str) -> _Parser:
+    """How a string (a command, a TOML string) parses to the field's type."""
+    b = _BOUNDS[key]
+    if b.choices:
+        return _parse_choice(b.choices, _ALIASES.get(key, {}))
+    if b.base is float:
+        return _parse_float
+    return _parse_opt_int if b.optional else _parse_int
+
+
+_PARSE: dict[str, _Parser] = {k: _parser(k) for k in Settings.names()}
 
 
 def _words(key: str) -> str:

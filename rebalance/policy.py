@@ -8,7 +8,9 @@ returns: each ``PlanEvent`` is a line for the plans file, and an event whose
 (control action ``"plan"``). The rules in prose are in rebalance/README.md; the
 life of one plan is the transition table in ``artemis.rebalance.state``; its knobs
 and their bounds are ``artemis.rebalance.settings``, its event lines
-``artemis.rebalance.events``, the windows it remembers ``artemis.rebalance.history``.
+``artemis.rebalance.events``, the windows it remembers ``artemis.rebalance.history``,
+the verification rule ``artemis.rebalance.verify`` and its saved state's format
+``artemis.rebalance.snapshot``.
 
 Its whole state is plain data (``snapshot``/``restore``), so an applied plan
 stays in force and is still verified after a coordinator restart. Its knobs

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from artemis.common.bounds import FLOAT_MAX, Bound, bounds_of
 from msgspec import Meta
 
-MODES = ("off", "recommend", "apply")
+Mode = Literal["off", "recommend", "apply"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 # max_shift_frac < 1: at 1 a rank's share could fall to zero.
 ShiftFrac = Annotated[float, Meta(ge=0, lt=1)]
