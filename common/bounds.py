@@ -4,8 +4,8 @@ A settings class annotates each bounded field (``Annotated[float, Meta(ge=0, lt=
 ``Literal["off", "on"]``); ``Bound.of`` reads that annotation, msgspec does the check
 (``msgspec.convert``), and ``describe`` says what is allowed in the words errors
 have always used ("a number in [0, 1)", "an integer of at least 1"), so an error
-still names the key, the value and the allowed range. Bounds print as written in
-the ``Meta`` (``gt=1.0`` -> "1.0", ``ge=0`` -> "0").
+still names the key, the value and the allowed range. Whole bounds print without a
+point (``ge=0.0`` -> "0").
 
 ``Meta(description=...)`` replaces the generated words where they would say less
 than the field means (an optional count, a choice with aliases).
@@ -68,13 +68,13 @@ class Bound:
         if self.choices:
             return f"one of {', '.join(self.choices)}"
         noun = "an integer" if self.integer else "a number"
+        lo, hi = _num(self.lo), _num(self.hi)
         if self.hi is not None:
-            return f"{noun} in {'(' if self.lo_open else '['}{self.lo}, {self.hi}" + (
-                ")" if self.hi_open else "]"
-            )
+            close = ")" if self.hi_open else "]"
+            return f"{noun} in {'(' if self.lo_open else '['}{lo}, {hi}{close}"
         if self.lo_open:
-            return f"{noun} greater than {self.lo}"
-        return f"{noun} of at least {self.lo}"
+            return f"{noun} greater than {lo}"
+        return f"{noun} of at least {lo}"
 
     def problem(self, value: Any) -> str:
         """ "" when ``value`` is allowed, else what is allowed (for an error message)."""
@@ -94,6 +94,14 @@ def bounds_of(cls: type) -> dict[str, Bound]:
         if b.lo is not None or b.hi is not None or b.choices or b.words:
             out[name] = b
     return out
+
+
+def _num(v: float | None) -> str:
+    # Whole numbers print without a point: typing caches equal Annotated types, so
+    # Meta(ge=0) may come back as another module's Meta(ge=0.0).
+    if v is None:
+        return ""
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
 def _peel(tp: Any) -> tuple[Any, list[msgspec.Meta], bool]:

@@ -33,7 +33,8 @@ HARDWARE_CLASSES: tuple[str, ...] = get_args(HardwareClasses)
 REBALANCE: tuple[str, ...] = get_args(Mode)
 MODES: tuple[str, ...] = get_args(RankRule)
 
-Ratio = Annotated[float, Meta(gt=1.0, le=FLOAT_MAX)]  # a slowdown threshold: above 1x its reference
+# A slowdown threshold: above 1x its reference (its words keep the point: "1.0").
+Ratio = Annotated[float, Meta(gt=1.0, le=FLOAT_MAX, description="a number greater than 1.0")]
 Positive = Annotated[float, Meta(gt=0, le=FLOAT_MAX)]
 Peers = Annotated[int, Meta(ge=2)]  # a median needs two others to mean anything
 GpuCount = Annotated[
