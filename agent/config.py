@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from artemis.common.bounds import bounds_of, out_of_bounds
 from artemis.common.tomlfile import ConfigError
 from artemis.protocol.transport import RdmaConfig, TlsConfig
+from msgspec import Meta
+
+# The bounds of the numeric keys, stated on their types (artemis.common.bounds).
+Port = Annotated[int, Meta(ge=0, le=65535)]
+PositiveSeconds = Annotated[float, Meta(gt=0)]
 
 TELEMETRY_SOURCES = ("nvml", "amdsmi", "host", "simulated")
 
@@ -27,19 +34,21 @@ class AgentConfig:
     secret_file: str = "/etc/artemis/secret"
     host: str = ""  # "" = this machine's hostname
     transport: str = "tcp"  # tcp | rdma
-    poll_interval_s: float = 0.2
-    heartbeat_s: float = 2.0
+    poll_interval_s: PositiveSeconds = 0.2
+    heartbeat_s: PositiveSeconds = 2.0
     scan_interval_s: float = 1.0
     telemetry_interval_s: float = 1.0  # live GPU/host samples, averaged per window
-    window_steps: int = 50
+    window_steps: Annotated[int, Meta(ge=2)] = 50
     colls_per_step: int = 0  # 0 = infer from the collective pattern
     telemetry: list[str] = field(default_factory=lambda: ["nvml", "amdsmi", "host"])
     island: str = ""  # "" = from telemetry (GPU vendor)
     proc_root: str = "/"  # root of /proc and /sys (tests use fixture trees)
     buffer_max: int = 20000  # messages kept until acknowledged
-    uplink_stall_s: float = 15.0  # data unacknowledged this long: reconnect (0 = never)
-    reconnect_max_s: float = 30.0  # the reconnect back-off's cap
-    metrics_port: int = 0  # the agent's Prometheus endpoint (0 = none)
+    uplink_stall_s: Annotated[float, Meta(ge=0)] = (
+        15.0  # data unacknowledged this long: reconnect (0 = never)
+    )
+    reconnect_max_s: PositiveSeconds = 30.0  # the reconnect back-off's cap
+    metrics_port: Port = 0  # the agent's Prometheus endpoint (0 = none)
     metrics_addr: str = "127.0.0.1"
     remove_finished: bool = True  # remove a finished job's rings once shipped and acked
     log_json: bool = False
@@ -55,14 +64,9 @@ class AgentConfig:
             raise ConfigError(
                 f"telemetry: unknown source {bad[0]!r}; allowed: {', '.join(TELEMETRY_SOURCES)}"
             )
-        if self.window_steps < 2:
-            raise ConfigError(f"window_steps: expected an integer >= 2, got {self.window_steps}")
-        if self.poll_interval_s <= 0 or self.heartbeat_s <= 0:
-            raise ConfigError("poll_interval_s and heartbeat_s must be > 0")
-        if self.uplink_stall_s < 0 or self.reconnect_max_s <= 0:
-            raise ConfigError("uplink_stall_s must be >= 0 and reconnect_max_s > 0")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
+        bad = out_of_bounds(self, _BOUNDS)
+        if bad:
+            raise ConfigError(bad)
         if ":" not in self.coordinator:
             raise ConfigError(f"coordinator: expected HOST:PORT, got {self.coordinator!r}")
         return self
@@ -70,3 +74,6 @@ class AgentConfig:
     @property
     def hostname(self) -> str:
         return self.host or socket.gethostname()
+
+
+_BOUNDS = bounds_of(AgentConfig)

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from artemis.common.bounds import bounds_of, out_of_bounds
 from artemis.common.diskio import Retention
 from artemis.common.tomlfile import ConfigError
 from artemis.protocol.server import PeerLimits
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
+from msgspec import Meta
+
+# The bounds of the numeric keys, stated on their types (artemis.common.bounds).
+Port = Annotated[int, Meta(ge=0, le=65535)]
+PositiveSeconds = Annotated[float, Meta(gt=0)]
+NoLimit = Annotated[float, Meta(ge=0, description="a number of at least 0 (0 = no limit)")]
 
 
 @dataclass(frozen=True)
@@ -30,14 +37,14 @@ class RetentionConfig:
     # The findings, incidents and plans JSONL: rotated (NAME.1, NAME.2, ...) when
     # the live file would pass this size, or when its oldest line is older than
     # max_age_days; keep_files rotated generations are kept per file.
-    jsonl_max_mb: float = 256.0
-    keep_files: int = 5
+    jsonl_max_mb: NoLimit = 256.0
+    keep_files: Annotated[int, Meta(ge=1)] = 5
     # Rotated JSONL files, hang dumps and store rows older than this are deleted.
-    max_age_days: float = 30.0
+    max_age_days: NoLimit = 30.0
     # The hang dumps folder: oldest dumps deleted first beyond this total size.
-    dumps_max_mb: float = 512.0
+    dumps_max_mb: NoLimit = 512.0
     # How often the age and size limits are applied (the tick checks the clock).
-    prune_every_s: float = 3600.0
+    prune_every_s: PositiveSeconds = 3600.0
 
     def jsonl(self) -> Retention:
         return Retention(
@@ -47,20 +54,16 @@ class RetentionConfig:
         )
 
     def validated(self) -> RetentionConfig:
-        for name in ("jsonl_max_mb", "max_age_days", "dumps_max_mb"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"retention.{name}: expected >= 0 (0 = no limit)")
-        if self.keep_files < 1:
-            raise ConfigError("retention.keep_files: expected at least 1")
-        if self.prune_every_s <= 0:
-            raise ConfigError("retention.prune_every_s: expected > 0")
+        bad = out_of_bounds(self, _RETENTION_BOUNDS, "retention.")
+        if bad:
+            raise ConfigError(bad)
         return self
 
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
     listen: str = "0.0.0.0:7470"
-    metrics_port: int = 9464  # 0 = no metrics server
+    metrics_port: Port = 9464  # 0 = no metrics server
     metrics_addr: str = "0.0.0.0"
     jsonl: str = "findings.jsonl"
     plans_jsonl: str = "plans.jsonl"
@@ -71,7 +74,9 @@ class CoordinatorConfig:
     secret_file: str = "/etc/artemis/secret"
     control_socket: str = "/run/artemis/coordinator.sock"  # for `artemis-coordinator set`
     transport: str = "tcp"  # tcp | rdma
-    assembly_deadline_s: float = 5.0  # a window is scored without the ranks absent this long
+    assembly_deadline_s: PositiveSeconds = (
+        5.0  # a window is scored without the ranks absent this long
+    )
     # After (re)start no window counts as complete for this long, so agents that
     # are still reconnecting can announce their ranks; < 0 = the deadline.
     assembly_grace_s: float = -1.0
@@ -88,9 +93,9 @@ class CoordinatorConfig:
     store: str = "auto"
     # Writes queued in memory while the store is slow or unreachable; more are
     # dropped and counted (straggler_store_writes_dropped_total).
-    store_queue_max: int = 10_000
+    store_queue_max: Annotated[int, Meta(ge=1)] = 10_000
     # The longest wait between reconnects to a store that went away (back-off).
-    store_retry_max_s: float = 30.0
+    store_retry_max_s: PositiveSeconds = 30.0
     # Where the HTML report of each job is written when the job ends ("" = none).
     report_dir: str = ""
     tls: TlsConfig = field(default_factory=TlsConfig)  # cert + key: TLS on the agent listener
@@ -109,14 +114,9 @@ class CoordinatorConfig:
             raise ConfigError(f"transport: expected 'tcp' or 'rdma', got {self.transport!r}")
         if ":" not in self.listen:
             raise ConfigError(f"listen: expected HOST:PORT, got {self.listen!r}")
-        if not (0 <= self.metrics_port < 65536):
-            raise ConfigError(f"metrics_port: expected 0..65535, got {self.metrics_port}")
-        if self.assembly_deadline_s <= 0:
-            raise ConfigError("assembly_deadline_s must be > 0")
-        if self.store_queue_max < 1:
-            raise ConfigError("store_queue_max must be >= 1")
-        if self.store_retry_max_s <= 0:
-            raise ConfigError("store_retry_max_s must be > 0")
+        bad = out_of_bounds(self, _BOUNDS)
+        if bad:
+            raise ConfigError(bad)
         try:
             self.limits.validated()
         except ValueError as e:
@@ -126,3 +126,7 @@ class CoordinatorConfig:
             raise ConfigError(bad)
         self.retention.validated()
         return self
+
+
+_RETENTION_BOUNDS = bounds_of(RetentionConfig)
+_BOUNDS = bounds_of(CoordinatorConfig)

@@ -6,69 +6,84 @@ operator at run time) builds a new validated object with `Settings.set` or
 `JobMonitor.update_settings` (its detector and its rebalance policy).
 A bad key or value raises `SettingsError` naming the key, the value and what is
 allowed, so a typo in a TOML file never silently falls back to a default.
+
+Each field's bound is stated once, as `msgspec.Meta` on its type (as the wire's
+records state theirs: artemis.common.bounds); the rebalance bounds are the
+policy's own types (artemis.rebalance.settings).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from functools import partial
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
-from artemis.rebalance.policy import BOUNDS, bound_problem
+from artemis.common.bounds import FLOAT_MAX, bounds_of
+from artemis.rebalance.settings import AtLeast0, AtLeast1, Mode, ShiftFrac
+from msgspec import Meta
 
 
 class SettingsError(ValueError):
     """A setting key is unknown or its value is not allowed."""
 
 
-HARDWARE_CLASSES = ("auto", "on", "off")
-REBALANCE = ("off", "recommend", "apply")
-MODES = ("adaptive", "seed")
+HardwareClasses = Literal["auto", "on", "off"]
+RankRule = Literal["adaptive", "seed"]
+HARDWARE_CLASSES: tuple[str, ...] = get_args(HardwareClasses)
+REBALANCE: tuple[str, ...] = get_args(Mode)
+MODES: tuple[str, ...] = get_args(RankRule)
+
+# A slowdown threshold: above 1x its reference (its words keep the point: "1.0").
+Ratio = Annotated[float, Meta(gt=1.0, le=FLOAT_MAX, description="a number greater than 1.0")]
+Positive = Annotated[float, Meta(gt=0, le=FLOAT_MAX)]
+Peers = Annotated[int, Meta(ge=2)]  # a median needs two others to mean anything
+GpuCount = Annotated[
+    Annotated[int, Meta(ge=1)] | None,
+    Meta(description="a positive integer or none (= number of ranks)"),
+]
 
 
 @dataclass(frozen=True)
 class Settings:
     # A rank is suspect when its compute gap is this many times the median of
     # the other ranks of its island (or class), or of its own warm-up history.
-    suspect_ratio: float = 1.10
+    suspect_ratio: Ratio = 1.10
     # Flagged after `flag_after` suspect windows out of the last `flag_window`.
-    flag_after: int = 3
-    flag_window: int = 4
+    flag_after: AtLeast1 = 3
+    flag_window: AtLeast1 = 4
     # Cleared after this many consecutive healthy windows.
-    clear_after: int = 3
+    clear_after: AtLeast1 = 3
     # Baselines come from the first `warmup_windows` healthy windows after window 0.
-    warmup_windows: int = 5
+    warmup_windows: AtLeast1 = 5
     # Compare ranks within their GPU class: auto = only when classes differ in an island.
-    hardware_classes: str = "auto"
+    hardware_classes: HardwareClasses = "auto"
     # An island (or class) with fewer ranks than this judges ranks by their own history.
-    min_island_peers: int = 3
-    drift_ratio: float = 1.10  # island median gap vs its warm-up
-    collective_ratio: float = 1.15  # island transfer time vs its warm-up
-    link_ratio: float = 1.15  # bridge time vs its warm-up
+    min_island_peers: Peers = 3
+    drift_ratio: Ratio = 1.10  # island median gap vs its warm-up
+    collective_ratio: Ratio = 1.15  # island transfer time vs its warm-up
+    link_ratio: Ratio = 1.15  # bridge time vs its warm-up
     # A hardware class's median compute gap vs the stored baseline of the job's workload
     # (across jobs, detect/baselines.py): `change` / `regression` from this share on.
-    change_ratio: float = 1.05
+    change_ratio: Ratio = 1.05
     # Hang bound = max(hang_floor_s, hang_step_factor x median step time).
-    hang_floor_s: float = 10.0
-    hang_step_factor: float = 20.0
-    rebalance: str = "off"
-    # Bounds for the rebalance policy (read by the policy, checked against its BOUNDS).
-    max_shift_frac: float = 0.25
-    min_samples: int = 1
-    min_plan_interval_windows: int = 4
+    hang_floor_s: Positive = 10.0
+    hang_step_factor: Positive = 20.0
+    rebalance: Mode = "off"
+    # Bounds for the rebalance policy (read by the policy, typed with its bounds).
+    max_shift_frac: ShiftFrac = 0.25
+    min_samples: AtLeast1 = 1
+    min_plan_interval_windows: AtLeast0 = 4
     # GPUs in the job for the cost in GPU-hours; None = one per rank.
-    gpu_count: int | None = None
+    gpu_count: GpuCount = None
     # The rank rule: adaptive (peers with a noise-scaled threshold + a change test
     # against the rank's own baseline, DETECTOR.md) or the seed's fixed ratio.
-    mode: str = "adaptive"
+    mode: RankRule = "adaptive"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             _check_type(f.name, value)
-            problem = _RULES[f.name][1](value)
+            problem = _BOUNDS[f.name].problem(value)
             if problem:
                 raise SettingsError(
                     f"setting {f.name}={value!r} is not allowed: expected {problem}"
@@ -86,19 +101,19 @@ class Settings:
     @staticmethod
     def describe(key: str) -> str:
         """What `key` allows, in words (for errors and --help)."""
-        if key not in _RULES:
+        if key not in _PARSE:
             raise SettingsError(_unknown(key))
-        return _RULES[key][2]
+        return _words(key)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def set(self, key: str, value: str) -> Settings:
         """A copy with `key` parsed from the string `value` (e.g. from a command)."""
-        if key not in _RULES:
+        if key not in _PARSE:
             raise SettingsError(_unknown(key))
-        parsed = _RULES[key][0](key, value)
-        problem = _RULES[key][1](parsed)
+        parsed = _PARSE[key](key, value)
+        problem = _BOUNDS[key].problem(parsed)
         if problem:
             raise _bad(key, value, problem)
         return replace(self, **{key: parsed})
@@ -109,10 +124,10 @@ class Settings:
         out = base if base is not None else cls()
         changes: dict[str, Any] = {}
         for key, value in data.items():
-            if key not in _RULES:
+            if key not in _PARSE:
                 raise SettingsError(_unknown(key))
             if isinstance(value, str):
-                changes[key] = _RULES[key][0](key, value)
+                changes[key] = _PARSE[key](key, value)
             else:
                 changes[key] = _coerce(key, value)
         return replace(out, **changes)
@@ -130,7 +145,7 @@ def _parse_float(key: str, text: str) -> float:
     try:
         v = float(text.strip())
     except ValueError:
-        raise _bad(key, text, _RULES[key][2]) from None
+        raise _bad(key, text, _words(key)) from None
     return v
 
 
@@ -138,7 +153,7 @@ def _parse_int(key: str, text: str) -> int:
     try:
         return int(text.strip())
     except ValueError:
-        raise _bad(key, text, _RULES[key][2]) from None
+        raise _bad(key, text, _words(key)) from None
 
 
 def _parse_opt_int(key: str, text: str) -> int | None:
@@ -152,7 +167,7 @@ def _parse_choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> _Pars
         t = text.strip().lower()
         t = aliases.get(t, t)
         if t not in choices:
-            raise _bad(key, text, _RULES[key][2])
+            raise _bad(key, text, _words(key))
         return t
 
     return parse
@@ -163,14 +178,14 @@ _BOOL_ALIASES = {"true": "on", "false": "off", "yes": "on", "no": "off", "1": "o
 
 def _coerce(key: str, value: Any) -> Any:
     """A native TOML value to the field's type (bool for hardware_classes, int for floats)."""
-    kind = _RULES[key][2]
+    kind = _words(key)
     if key == "hardware_classes" and isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, bool):
         raise _bad(key, value, kind)
     if key in _FLOAT_KEYS and isinstance(value, int):
         return float(value)
-    if key == "gpu_count" and value is None:
+    if value is None and _BOUNDS[key].optional:
         return None
     return value
 
@@ -181,71 +196,38 @@ def _check_type(key: str, value: Any) -> None:
         ok = isinstance(value, float) and not isinstance(value, bool)
     elif key in _INT_KEYS:
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif key == "gpu_count":
+    elif _BOUNDS[key].optional:
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     else:
         ok = isinstance(value, str)
     if not ok:
-        raise _bad(key, value, _RULES[key][2])
+        raise _bad(key, value, _words(key))
 
 
 _Parser = Callable[[str, str], Any]
-_Check = Callable[[Any], str]
+
+# Every field's bound, read from its annotation (a typed value outside it is refused).
+_BOUNDS = bounds_of(Settings)
+_FLOAT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is float)
+_INT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is int and not b.optional)
+_ALIASES = {"hardware_classes": _BOOL_ALIASES}
 
 
-def _ratio(v: float) -> str:
-    return "" if math.isfinite(v) and v > 1.0 else "a number greater than 1.0"
+def _parser(key: str) -> _Parser:
+    """How a string (a command, a TOML string) parses to the field's type."""
+    b = _BOUNDS[key]
+    if b.choices:
+        return _parse_choice(b.choices, _ALIASES.get(key, {}))
+    if b.base is float:
+        return _parse_float
+    return _parse_opt_int if b.optional else _parse_int
 
 
-def _pos(v: float) -> str:
-    return "" if math.isfinite(v) and v > 0 else "a number greater than 0"
+_PARSE: dict[str, _Parser] = {k: _parser(k) for k in Settings.names()}
 
 
-def _at_least(n: int) -> _Check:
-    return lambda v: "" if v >= n else f"an integer of at least {n}"
-
-
-def _choice(choices: tuple[str, ...]) -> _Check:
-    return lambda v: "" if v in choices else f"one of {', '.join(choices)}"
-
-
-def _opt_count(v: int | None) -> str:
-    return "" if v is None or v >= 1 else "a positive integer or none (= number of ranks)"
-
-
-# key -> (parse a string, check a typed value -> problem or "", what is allowed)
-_RULES: dict[str, tuple[_Parser, Callable[[Any], str], str]] = {
-    "suspect_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
-    "flag_after": (_parse_int, _at_least(1), "an integer of at least 1"),
-    "flag_window": (_parse_int, _at_least(1), "an integer of at least 1"),
-    "clear_after": (_parse_int, _at_least(1), "an integer of at least 1"),
-    "warmup_windows": (_parse_int, _at_least(1), "an integer of at least 1"),
-    "hardware_classes": (
-        _parse_choice(HARDWARE_CLASSES, _BOOL_ALIASES),
-        _choice(HARDWARE_CLASSES),
-        "one of auto, on, off (or true/false)",
-    ),
-    "min_island_peers": (_parse_int, _at_least(2), "an integer of at least 2"),
-    "drift_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
-    "collective_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
-    "link_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
-    "change_ratio": (_parse_float, _ratio, "a number greater than 1.0"),
-    "hang_floor_s": (_parse_float, _pos, "a number greater than 0"),
-    "hang_step_factor": (_parse_float, _pos, "a number greater than 0"),
-    "rebalance": (_parse_choice(REBALANCE, {}), _choice(REBALANCE), "one of off, recommend, apply"),
-    # The policy's bounds, stated once in artemis.rebalance.policy.BOUNDS.
-    **{
-        k: (parse, partial(bound_problem, k), BOUNDS[k].describe())
-        for k, parse in (
-            ("max_shift_frac", _parse_float),
-            ("min_samples", _parse_int),
-            ("min_plan_interval_windows", _parse_int),
-        )
-    },
-    "gpu_count": (_parse_opt_int, _opt_count, "a positive integer or none (= number of ranks)"),
-    "mode": (_parse_choice(MODES, {}), _choice(MODES), "one of adaptive, seed"),
-}
-_FLOAT_KEYS = frozenset(
-    k for k, f in Settings.__dataclass_fields__.items() if f.type in ("float", float)
-)
-_INT_KEYS = frozenset(k for k, f in Settings.__dataclass_fields__.items() if f.type in ("int", int))
+def _words(key: str) -> str:
+    """What `key` allows, as a parse error and --help say it."""
+    if key == "hardware_classes":
+        return "one of auto, on, off (or true/false)"  # the aliases parse too
+    return _BOUNDS[key].describe()

@@ -2,7 +2,12 @@
 
     split    the maths: uniform and proportional splits, bounds, a rank's slice
     state    one plan's life: PlanState, the transition table, Plan
-    policy   RebalancePolicy, PolicySettings (and its BOUNDS), PlanEvent: pure
+    settings PolicySettings, its bounds (msgspec.Meta on each knob; BOUNDS read from them)
+    events   PlanEvent: one line of the plans file
+    history  the windows the policy remembers, per-rank arrays and speeds
+    verify   the verification rule (did the plan help?)
+    snapshot the policy's state as plain data
+    policy   RebalancePolicy: the rules, pure
     files    the plan and ack files on a node: names, format, atomic writes, readers
     outputs  the plans JSONL writer and the plan metrics
 
@@ -18,9 +23,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .events import PlanEvent
     from .files import PlanFormatError
     from .outputs import PlanMetrics, PlansWriter, register_plan_metrics
-    from .policy import BOUNDS, MODES, PlanEvent, PolicySettings, RebalancePolicy, bound_problem
+    from .policy import RebalancePolicy
+    from .settings import BOUNDS, MODES, PolicySettings, bound_problem
     from .split import proportional_split, rank_slice, split_bounds, uniform_split
     from .state import TRANSITIONS, IllegalTransition, Plan, PlanState
 
@@ -29,12 +36,12 @@ _WHERE = {
     "PlanMetrics": "outputs",
     "PlansWriter": "outputs",
     "register_plan_metrics": "outputs",
-    "BOUNDS": "policy",
-    "MODES": "policy",
-    "PlanEvent": "policy",
-    "PolicySettings": "policy",
+    "BOUNDS": "settings",
+    "MODES": "settings",
+    "PlanEvent": "events",
+    "PolicySettings": "settings",
     "RebalancePolicy": "policy",
-    "bound_problem": "policy",
+    "bound_problem": "settings",
     "proportional_split": "split",
     "rank_slice": "split",
     "split_bounds": "split",

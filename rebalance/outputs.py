@@ -21,7 +21,7 @@ from typing import Any
 from artemis.common.diskio import JsonlAppender, Retention
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .policy import STATUSES, PlanEvent
+from .events import STATUSES, PlanEvent
 
 
 class PlansWriter:

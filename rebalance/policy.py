@@ -6,7 +6,11 @@ acknowledgement that came back from the job (``on_ack``), and forwards what it
 returns: each ``PlanEvent`` is a line for the plans file, and an event whose
 ``control`` is set carries the plan the agents must publish to the job
 (control action ``"plan"``). The rules in prose are in rebalance/README.md; the
-life of one plan is the transition table in ``artemis.rebalance.state``.
+life of one plan is the transition table in ``artemis.rebalance.state``; its knobs
+and their bounds are ``artemis.rebalance.settings``, its event lines
+``artemis.rebalance.events``, the windows it remembers ``artemis.rebalance.history``,
+the verification rule ``artemis.rebalance.verify`` and its saved state's format
+``artemis.rebalance.snapshot``.
 
 Its whole state is plain data (``snapshot``/``restore``), so an applied plan
 stays in force and is still verified after a coordinator restart. Its knobs
@@ -16,240 +20,47 @@ change at run time (``update_settings``, ``set_mode``) and its rank count grows
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import snapshot
+from .events import STATUSES, PlanEvent, plan_control
+from .history import (
+    TRIGGER_KINDS,
+    TRIGGER_STATES,
+    Window,
+    flagged_ranks,
+    history_len,
+    median_throughput,
+    per_rank,
+    per_sample_speeds,
+)
+from .settings import BOUNDS, MODES, PolicySettings, bound_problem
+from .snapshot import SNAPSHOT_VERSION
 from .split import proportional_split, step_compute_ms, uniform_split
 from .state import STATUS_OF, Plan, PlanState
+from .verify import verdict
 
-MODES = ("off", "recommend", "apply")
-STATUSES = ("recommended", "applied", "verified", "rolled_back")
-TRIGGER_KINDS = frozenset({"rank", "degraded"})
-TRIGGER_STATES = frozenset({"flagged", "ongoing"})
+# The names other modules import from here (README, DESIGN and the tests give this path).
+__all__ = [
+    "BOUNDS",
+    "MODES",
+    "RESTORE_REASON",
+    "SNAPSHOT_VERSION",
+    "STATUSES",
+    "TRIGGER_KINDS",
+    "TRIGGER_STATES",
+    "PlanEvent",
+    "PolicySettings",
+    "RebalancePolicy",
+    "bound_problem",
+]
+
 RESTORE_REASON = "rank recovered: uniform split restored"
-SNAPSHOT_VERSION = 1
-
-
-# --------------------------------------------------------------------------- bounds
-
-
-@dataclass(frozen=True, slots=True)
-class Bound:
-    """The allowed range of one numeric knob: ``lo``/``hi`` (None: unbounded), open or closed."""
-
-    lo: float
-    hi: float | None = None
-    hi_open: bool = False
-    integer: bool = False
-
-    def describe(self) -> str:
-        if self.hi is None:
-            kind = "an integer" if self.integer else "a number"
-            return f"{kind} of at least {self.lo:g}"
-        close = ")" if self.hi_open else "]"
-        return f"a number in [{self.lo:g}, {self.hi:g}{close}"
-
-    def problem(self, value: Any) -> str:
-        """ "" when ``value`` is allowed, else what is allowed (for an error message)."""
-        if isinstance(value, bool):
-            return self.describe()
-        if self.integer:
-            ok = isinstance(value, int) and value >= self.lo
-        else:
-            ok = isinstance(value, (int, float)) and math.isfinite(value) and value >= self.lo
-            if ok and self.hi is not None:
-                ok = value < self.hi if self.hi_open else value <= self.hi
-        return "" if ok else self.describe()
-
-
-# The one statement of the policy's bounds. PolicySettings checks every knob here;
-# the coordinator's Settings checks its copies of max_shift_frac, min_samples and
-# min_plan_interval_windows with ``bound_problem`` too, so both refuse the same values
-# with the same words. max_shift_frac < 1: at 1 a rank's share could fall to zero.
-BOUNDS: dict[str, Bound] = {
-    "max_shift_frac": Bound(0.0, 1.0, hi_open=True),
-    "min_samples": Bound(1, integer=True),
-    "min_plan_interval_windows": Bound(0, integer=True),
-    "window_steps": Bound(1, integer=True),
-    "trigger_windows": Bound(1, integer=True),
-    "speed_windows": Bound(1, integer=True),
-    "lead_windows": Bound(0, integer=True),
-    "ack_timeout_windows": Bound(0, integer=True),
-    "verify_windows": Bound(1, integer=True),
-    "baseline_windows": Bound(1, integer=True),
-    "rollback_backoff_windows": Bound(0, integer=True),
-    "min_expected_gain": Bound(0.0),
-    "verify_min_gain": Bound(0.0),
-    "verify_recover_frac": Bound(0.0),
-    "verify_noise_frac": Bound(0.0),
-    "recovered_tolerance": Bound(0.0, 1.0, hi_open=True),
-}
-
-
-def bound_problem(name: str, value: Any) -> str:
-    """ "" when ``value`` is allowed for knob ``name``, else what is allowed."""
-    return BOUNDS[name].problem(value)
-
-
-@dataclass(frozen=True, slots=True)
-class PolicySettings:
-    """Knobs of the policy; the coordinator builds this from its ``Settings``."""
-
-    mode: str = "off"  # off | recommend | apply
-    max_shift_frac: float = 0.25  # a rank may lose or gain at most this fraction of uniform
-    min_samples: int = 1  # no rank gets fewer samples per step than this
-    min_plan_interval_windows: int = 4  # windows between two changes of plan
-    window_steps: int = 50  # steps per window, to place apply_at_step when not told
-    trigger_windows: int = 3  # a finding on the same rank this many windows in a row
-    speed_windows: int = 4  # windows over which per-sample speed is measured
-    lead_windows: int = 2  # apply_at_step lies this many windows past the current one
-    ack_timeout_windows: int = 3  # windows after apply_at_step to wait for every ack
-    verify_windows: int = 3  # whole windows after the switch that verification measures
-    min_expected_gain: float = 0.02  # a plan must promise this much faster steps to be made
-    verify_min_gain: float = 0.02  # relative throughput gain that counts as recovered
-    verify_recover_frac: float = 0.5  # ... or this fraction of the throughput lost to the fault
-    verify_noise_frac: float = 0.005  # ... provided the gain is above this noise floor
-    recovered_tolerance: float = 0.05  # slow rank within this of its peers' speed = recovered
-    baseline_windows: int = 8  # healthy windows whose median throughput is the baseline
-    rollback_backoff_windows: int = 16  # no new plan for a rank this long after a failed one
-    id_prefix: str = ""  # lets a restarted coordinator mint ids the job has not seen
-
-    @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> PolicySettings:
-        """Build from the coordinator's ``Settings`` (fields rebalance, max_shift_frac,
-        min_samples, min_plan_interval_windows); ``overrides`` set any other knob."""
-        base: dict[str, Any] = {
-            "mode": settings.rebalance,
-            "max_shift_frac": settings.max_shift_frac,
-            "min_samples": settings.min_samples,
-            "min_plan_interval_windows": settings.min_plan_interval_windows,
-        }
-        base.update(overrides)
-        return cls(**base)
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first knob outside ``BOUNDS`` (or an unknown mode)."""
-        if self.mode not in MODES:
-            raise ValueError(f"rebalance mode must be one of {MODES}, got {self.mode!r}")
-        for name in BOUNDS:
-            value = getattr(self, name)
-            problem = bound_problem(name, value)
-            if problem:
-                raise ValueError(f"{name}={value!r} is not allowed: expected {problem}")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(slots=True)
-class PlanEvent:
-    """One change of a plan's status: one line of the plans file (DESIGN "Rebalance plans")."""
-
-    id: str
-    window: int
-    rank: int  # the slow rank the plan works around
-    finding: dict[str, Any] | None  # the finding that triggered it
-    speeds: list[float]  # measured per-sample speed per rank, samples/s of compute
-    before: list[int]  # samples per rank before the plan
-    after: list[int]  # samples per rank under the plan (same sum as before)
-    apply_at_step: int | None  # the step at which every rank switches (None: not sent)
-    status: str  # recommended | applied | verified | rolled_back
-    throughput_before: float | None = None  # samples/s measured before the plan
-    throughput_after: float | None = None  # samples/s measured under the plan
-    reason: str = ""
-    escalate: bool = False  # the plan failed: the coordinator logs it at WARNING
-    job: str = ""  # the job the plan is for (added key; the seed keys stay)
-    # What the agents must publish to the job now (control action "plan"), if anything.
-    # Not part of the plans file: it is an instruction, the line above is the record.
-    control: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The plans-file line (rounded for reading; ``to_state`` keeps the exact values)."""
-        return {
-            "id": self.id,
-            "window": self.window,
-            "rank": self.rank,
-            "finding": self.finding,
-            "speeds": [round(s, 3) for s in self.speeds],
-            "before": list(self.before),
-            "after": list(self.after),
-            "apply_at_step": self.apply_at_step,
-            "status": self.status,
-            "throughput_before": _r(self.throughput_before),
-            "throughput_after": _r(self.throughput_after),
-            "reason": self.reason,
-            "escalate": self.escalate,
-            "job": self.job,
-        }
-
-    def to_state(self) -> dict[str, Any]:
-        """Every field exactly (floats survive JSON), control excluded: for snapshots."""
-        d = dataclasses.asdict(self)
-        d.pop("control")
-        return d
-
-    @classmethod
-    def from_state(cls, d: Mapping[str, Any]) -> PlanEvent:
-        return cls(**{k: v for k, v in d.items() if k != "control"})
-
-
-# --------------------------------------------------------------------------- policy
-
-
-@dataclass(slots=True)
-class _Window:
-    window: int
-    step_lo: int
-    step_hi: int
-    gap_ms: np.ndarray  # per rank, float64, NaN where not measured
-    samples: np.ndarray  # per rank, float64 (whole numbers), NaN where not reported
-    throughput: float | None  # samples/s for the whole job
-    flagged: frozenset[int]  # ranks with a rank/degraded finding flagged or ongoing
-
-    def to_json(self, binary: bool = False) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "step_lo": self.step_lo,
-            "step_hi": self.step_hi,
-            "gap_ms": _pack(self.gap_ms, binary),
-            "samples": _pack(self.samples, binary),
-            "throughput": self.throughput,
-            "flagged": sorted(self.flagged),
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> _Window:
-        return cls(
-            window=int(d["window"]),
-            step_lo=int(d["step_lo"]),
-            step_hi=int(d["step_hi"]),
-            gap_ms=_unpack(d["gap_ms"]),
-            samples=_unpack(d["samples"]),
-            throughput=d["throughput"],
-            flagged=frozenset(int(r) for r in d["flagged"]),
-        )
-
-    def padded(self, nranks: int) -> _Window:
-        extra = nranks - self.gap_ms.size
-        pad = np.full(extra, np.nan)
-        return dataclasses.replace(
-            self,
-            gap_ms=np.concatenate([self.gap_ms, pad]),
-            samples=np.concatenate([self.samples, pad]),
-        )
 
 
 class RebalancePolicy:
@@ -283,7 +94,7 @@ class RebalancePolicy:
         # when more ranks appear. A configured one is the job's and stays.
         self._gb_learned = global_batch is None
         self._mode = settings.mode
-        self._history: deque[_Window] = deque(maxlen=_history_len(settings))
+        self._history: deque[Window] = deque(maxlen=history_len(settings))
         self._healthy: deque[float] = deque(maxlen=settings.baseline_windows)
         self._split: list[int] | None = (
             uniform_split(global_batch, nranks) if global_batch is not None else None
@@ -349,7 +160,7 @@ class RebalancePolicy:
         """
         settings.validate()
         self.settings = dataclasses.replace(settings, mode=self._mode)
-        n = _history_len(self.settings)
+        n = history_len(self.settings)
         if self._history.maxlen != n:
             self._history = deque(self._history, maxlen=n)
         if self._healthy.maxlen != self.settings.baseline_windows:
@@ -397,7 +208,7 @@ class RebalancePolicy:
             assert self.global_batch is not None
             self._split = uniform_split(self.global_batch, nranks)
             if events and self._history:
-                events[-1].control = self._control(
+                events[-1].control = plan_control(
                     f"{events[-1].id}-resized", self._split, self._apply_step(self._history[-1])
                 )
         return events
@@ -433,25 +244,17 @@ class RebalancePolicy:
         lo = window * ws if step_lo is None else step_lo
         hi = lo + ws if step_hi is None else step_hi
         self._now = window
-        fmap = _flagged(findings)
-        gap = _per_rank(gap_ms, self.nranks)
+        fmap = flagged_ranks(findings)
+        gap = per_rank(gap_ms, self.nranks)
         gap[~(np.isfinite(gap) & (gap > 0))] = np.nan
-        meas = _per_rank(samples if samples is not None else {}, self.nranks)
+        meas = per_rank(samples if samples is not None else {}, self.nranks)
         if self.global_batch is None and bool(np.isfinite(meas).all()):
             self.global_batch = int(meas.sum())
             self._split = [int(v) for v in meas.tolist()]
         thr = None
         if self.global_batch and step_ms is not None and step_ms > 0:
             thr = self.global_batch / step_ms * 1000.0
-        w = _Window(
-            window=window,
-            step_lo=lo,
-            step_hi=hi,
-            gap_ms=gap,
-            samples=meas,
-            throughput=thr,
-            flagged=frozenset(fmap),
-        )
+        w = Window(window, lo, hi, gap, meas, thr, frozenset(fmap))
         self._history.append(w)
         if (
             not w.flagged
@@ -504,25 +307,9 @@ class RebalancePolicy:
 
         Per-rank history arrays are little-endian float64 in base64; ``binary=True``
         leaves them as ``bytes`` instead (for msgpack: no base64, a third of the time
-        for a 100k-rank job). ``restore`` reads either.
+        for a 100k-rank job). ``restore`` reads either. The format: rebalance/snapshot.py.
         """
-        return {
-            "version": SNAPSHOT_VERSION,
-            "job": self.job,
-            "settings": self.settings.to_json(),
-            "nranks": self.nranks,
-            "global_batch": self.global_batch,
-            "global_batch_learned": self._gb_learned,
-            "split": self.split,
-            "history": [w.to_json(binary) for w in self._history],
-            "healthy": list(self._healthy),
-            "plans": [{**p.to_json(), "event": p.event.to_state()} for p in self._plans],
-            "blocked": {str(r): w for r, w in sorted(self._blocked.items())},
-            "rollbacks": {str(r): n for r, n in sorted(self._rollbacks.items())},
-            "last_change": self._last_change,
-            "now": self._now,
-            "seq": self._seq,
-        }
+        return snapshot.dump(self, binary)
 
     @classmethod
     def restore(
@@ -534,24 +321,7 @@ class RebalancePolicy:
         but not the saved mode: a mode change goes through ``set_mode``, whose
         events the caller must forward.
         """
-        if state.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(
-                f"rebalance snapshot version {state.get('version')!r}, expected {SNAPSHOT_VERSION}"
-            )
-        saved = PolicySettings(**state["settings"])
-        use = saved if settings is None else dataclasses.replace(settings, mode=saved.mode)
-        pol = cls(use, int(state["nranks"]), state["global_batch"], job=str(state["job"]))
-        pol._gb_learned = bool(state["global_batch_learned"])
-        pol._split = None if state["split"] is None else [int(x) for x in state["split"]]
-        pol._history.extend(_Window.from_json(w) for w in state["history"])
-        pol._healthy.extend(float(x) for x in state["healthy"])
-        pol._plans = [Plan.from_json(d, PlanEvent.from_state(d["event"])) for d in state["plans"]]
-        pol._blocked = {int(r): int(w) for r, w in state["blocked"].items()}
-        pol._rollbacks = {int(r): int(n) for r, n in state["rollbacks"].items()}
-        pol._last_change = state["last_change"]
-        pol._now = int(state["now"])
-        pol._seq = int(state["seq"])
-        return pol
+        return snapshot.load(cls, state, settings)
 
     # ------------------------------------------------------------------ roles
 
@@ -605,41 +375,11 @@ class RebalancePolicy:
         self._seq += 1
         return f"{self.settings.id_prefix}p{self._seq}-w{window}-r{rank}"
 
-    def _control(self, plan_id: str, split: Sequence[int], apply_at_step: int) -> dict[str, Any]:
-        gb = int(sum(split))
-        return {
-            "action": "plan",
-            "id": plan_id,
-            "apply_at_step": int(apply_at_step),
-            "samples": [int(n) for n in split],
-            "global_batch": gb,
-        }
-
-    def _apply_step(self, w: _Window) -> int:
+    def _apply_step(self, w: Window) -> int:
         return w.step_hi + self.settings.lead_windows * self.settings.window_steps
 
-    def _speeds(self, windows: Sequence[_Window]) -> np.ndarray | None:
-        """Per-sample compute speed per rank (samples/s): median over windows of samples / gap.
-
-        The median, not a pooled ratio, so one window from before a change (the
-        trigger needs 3 slow windows, the speed looks at 4) does not dilute it.
-        """
-        if not windows:
-            return None
-        gap = np.stack([w.gap_ms for w in windows])
-        n = np.stack([w.samples for w in windows])
-        if self._split is not None:
-            n = np.where(np.isnan(n), np.asarray(self._split, dtype=np.float64), n)
-        valid = np.isfinite(gap) & np.isfinite(n) & (n > 0)
-        if not bool(valid.any(axis=0).all()):
-            return None  # a rank without data cannot be planned around
-        with np.errstate(invalid="ignore", divide="ignore"):
-            v = np.where(valid, 1000.0 * n / gap, np.nan)
-        return _nanmedian0(v, valid.sum(axis=0))
-
-    def _median_thr(self, windows: Iterable[_Window]) -> float | None:
-        vals = [w.throughput for w in windows if w.throughput is not None]
-        return float(np.median(vals)) if vals else None
+    def _speeds(self, windows: Sequence[Window]) -> np.ndarray | None:
+        return per_sample_speeds(windows, self._split)
 
     def _baseline(self) -> float | None:
         return float(np.median(list(self._healthy))) if self._healthy else None
@@ -661,7 +401,7 @@ class RebalancePolicy:
             return None
         return next(iter(common))
 
-    def _maybe_plan(self, w: _Window, fmap: Mapping[int, dict[str, Any]]) -> list[PlanEvent]:
+    def _maybe_plan(self, w: Window, fmap: Mapping[int, dict[str, Any]]) -> list[PlanEvent]:
         s = self.settings
         rank = self._triggered_rank()
         if rank is not None and w.window < self._blocked.get(rank, w.window):
@@ -697,7 +437,7 @@ class RebalancePolicy:
             return []
         before = list(self._split)
         pid = self._next_id(w.window, rank)
-        thr_before = self._median_thr(recent)
+        thr_before = median_throughput(recent)
         base = self._baseline()
         lost = (
             ""
@@ -733,9 +473,9 @@ class RebalancePolicy:
         ev.apply_at_step = at
         ev.reason = f"{head}; sent to the job, every rank switches at step {at}"
         self._start(PlanState.SENT, w.window, ev)
-        return [dataclasses.replace(ev, control=self._control(pid, after, at))]
+        return [dataclasses.replace(ev, control=plan_control(pid, after, at))]
 
-    def _maybe_restore(self, w: _Window) -> list[PlanEvent]:
+    def _maybe_restore(self, w: Window) -> list[PlanEvent]:
         """Restore the uniform split once the slow rank is as fast per sample as its peers."""
         act = self._in_force
         if act is None or self._mode != "apply" or not self._interval_ok(w.window):
@@ -767,15 +507,15 @@ class RebalancePolicy:
             after=uniform,
             apply_at_step=at,
             status="recommended",
-            throughput_before=self._median_thr(since[-s.verify_windows :]),
+            throughput_before=median_throughput(since[-s.verify_windows :]),
             reason=f"{RESTORE_REASON} (sent to the job, every rank switches at step {at})",
             job=self.job,
         )
         self._last_change = w.window
         self._start(PlanState.SENT, w.window, ev, restore=True)
-        return [dataclasses.replace(ev, control=self._control(pid, uniform, at))]
+        return [dataclasses.replace(ev, control=plan_control(pid, uniform, at))]
 
-    def _recovered(self, rank: int, windows: Sequence[_Window]) -> bool:
+    def _recovered(self, rank: int, windows: Sequence[Window]) -> bool:
         """``rank`` computes as fast per sample as its peers' median over ``windows``."""
         speeds = self._speeds(windows)
         if speeds is None or self.nranks < 2:
@@ -783,7 +523,7 @@ class RebalancePolicy:
         peers = float(np.median(np.delete(speeds, rank)))
         return bool(speeds[rank] >= (1.0 - self.settings.recovered_tolerance) * peers)
 
-    def _follow(self, w: _Window, missing: Sequence[int] = ()) -> list[PlanEvent]:
+    def _follow(self, w: Window, missing: Sequence[int] = ()) -> list[PlanEvent]:
         p = self._pending
         assert p is not None
         s = self.settings
@@ -793,20 +533,13 @@ class RebalancePolicy:
             if gone:
                 # Ranks whose agent is gone cannot get the plan or report their switch:
                 # the others must not run on it alone. Withdrawn now, not at the timeout.
-                back = self._withdraw(p, w, "withdrawn")
-                return [
-                    self._emit(
-                        p,
-                        PlanState.WITHDRAWN,
-                        control=back,
-                        window=w.window,
-                        reason=(
-                            f"ranks {gone} stopped reporting before acknowledging it"
-                            f" (acks from ranks {sorted(p.acks)} of {self.nranks}); plan"
-                            " withdrawn, the job keeps its previous split"
-                        ),
-                    )
-                ]
+                return self._withdrawn(
+                    p,
+                    w,
+                    f"ranks {gone} stopped reporting before acknowledging it"
+                    f" (acks from ranks {sorted(p.acks)} of {self.nranks}); plan"
+                    " withdrawn, the job keeps its previous split",
+                )
             if w.step_hi < at + s.ack_timeout_windows * s.window_steps:
                 return []
             # The job never confirmed: it may not use artemis.job at all, which is a
@@ -815,44 +548,20 @@ class RebalancePolicy:
             self._back_off(p, w)
             acked = sorted(p.acks)
             note = f" (acks from ranks {acked} of {self.nranks})" if acked else ""
-            back = self._withdraw(p, w, "withdrawn")
-            return [
-                self._emit(
-                    p,
-                    PlanState.WITHDRAWN,
-                    control=back,
-                    window=w.window,
-                    reason=(
-                        f"not acknowledged by the job after {w.window - p.event.window} windows"
-                        f"{note}; plan withdrawn, the job keeps its previous split"
-                    ),
-                )
-            ]
+            return self._withdrawn(
+                p,
+                w,
+                f"not acknowledged by the job after {w.window - p.event.window} windows"
+                f"{note}; plan withdrawn, the job keeps its previous split",
+            )
         start = max([at, *p.acks.values()])
         after_w = [x for x in self._history if x.step_lo >= start]
         if len(after_w) < s.verify_windows:
             return []
-        thr_after = self._median_thr(after_w[: s.verify_windows])
-        thr_before = p.event.throughput_before
-        if thr_after is None or thr_before is None or thr_before <= 0:
-            ok, why = False, "throughput could not be measured"
-        elif p.restore:
-            ok = thr_after >= thr_before * (1.0 - s.verify_min_gain)
-            why = f"throughput {_pct(thr_before, thr_after)} ({thr_before:.1f} -> {thr_after:.1f} samples/s)"
-        else:
-            gain = thr_after - thr_before
-            base = self._baseline()
-            lost = None if base is None else base - thr_before
-            ok = gain >= s.verify_min_gain * thr_before or (
-                lost is not None
-                and lost > 0
-                and gain >= s.verify_recover_frac * lost
-                and gain >= s.verify_noise_frac * thr_before
-            )
-            why = f"throughput {_pct(thr_before, thr_after)} ({thr_before:.1f} -> {thr_after:.1f} samples/s"
-            if lost is not None and lost > 0:
-                why += f", {100.0 * gain / lost:.0f}% of the {lost:.1f} samples/s lost"
-            why += ")"
+        thr_after = median_throughput(after_w[: s.verify_windows])
+        ok, why = verdict(
+            s, p.event.throughput_before, thr_after, self._baseline(), restore=p.restore
+        )
         # What else happened in the verification windows, for the reason: the plan's
         # rank recovering by itself, or another rank slowing (both move the throughput).
         checked = after_w[: s.verify_windows]
@@ -895,7 +604,7 @@ class RebalancePolicy:
             )
         ]
 
-    def _back_off(self, p: Plan, w: _Window) -> None:
+    def _back_off(self, p: Plan, w: Window) -> None:
         """No new plan for this rank for a while (doubling): it failed or was ignored."""
         if p.restore:
             return
@@ -903,9 +612,14 @@ class RebalancePolicy:
         n = self._rollbacks[rank] = self._rollbacks.get(rank, 0) + 1
         self._blocked[rank] = w.window + self.settings.rollback_backoff_windows * 2 ** (n - 1)
 
-    def _withdraw(self, p: Plan, w: _Window, tag: str) -> dict[str, Any]:
+    def _withdrawn(self, p: Plan, w: Window, reason: str) -> list[PlanEvent]:
+        """``p`` never switched on every rank: withdrawn, the previous split republished."""
+        back = self._withdraw(p, w, "withdrawn")
+        return [self._emit(p, PlanState.WITHDRAWN, control=back, window=w.window, reason=reason)]
+
+    def _withdraw(self, p: Plan, w: Window, tag: str) -> dict[str, Any]:
         """Control that republishes the split in force before ``p``, switching in the future."""
-        return self._control(f"{p.event.id}-{tag}", p.event.before, self._apply_step(w))
+        return plan_control(f"{p.event.id}-{tag}", p.event.before, self._apply_step(w))
 
     def _revert_all(self, reason: str) -> list[PlanEvent]:
         """Withdraw the pending plan and undo the applied one: back to the uniform split."""
@@ -931,7 +645,7 @@ class RebalancePolicy:
         if events and (self._split != uniform or unsent):
             # One control for the lot: every rank goes back to the uniform split together.
             tag = "withdrawn" if unsent else "reverted"
-            events[-1].control = self._control(
+            events[-1].control = plan_control(
                 f"{events[-1].id}-{tag}", uniform, self._apply_step(last)
             )
         self._split = uniform
@@ -939,98 +653,8 @@ class RebalancePolicy:
         return events
 
 
-def _history_len(s: PolicySettings) -> int:
-    """Windows of history the rules read: the trigger and speed runs, and the windows
-    from a plan's step through its ack timeout and its verification (README "Life of a
-    plan"). Bounded so the policy's memory per rank does not grow with the run."""
-    return max(s.trigger_windows, s.speed_windows, s.verify_windows + s.ack_timeout_windows + 2)
-
-
 def _status(state: PlanState) -> str:
     st = STATUS_OF[state]
     if st is None:
         raise ValueError(f"a plan entering {state.value} writes no plans-file line")
     return st
-
-
-def _per_rank(
-    values: Mapping[int, Any] | np.ndarray | Sequence[float | None], nranks: int
-) -> np.ndarray:
-    """A float64 array of ``nranks`` from a mapping rank -> value or a sequence (NaN: absent)."""
-    if isinstance(values, Mapping):
-        out = np.full(nranks, np.nan)
-        for r, v in values.items():
-            if v is not None and 0 <= int(r) < nranks:
-                out[int(r)] = float(v)
-        return out
-    if isinstance(values, np.ndarray):
-        arr = values.astype(np.float64, copy=True)  # the caller's columns stay untouched
-    else:
-        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    if arr.shape != (nranks,):
-        raise ValueError(f"{arr.size} values for {nranks} ranks")
-    return arr
-
-
-def _nanmedian0(v: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Median over axis 0 ignoring NaN, every column having ``count`` >= 1 numbers: the
-    middle one, or the mean of the middle two (as ``statistics.median``). np.nanmedian
-    does the same through masked arrays, several times slower for a 100k-rank job."""
-    srt = np.sort(v, axis=0)  # NaN sort last
-    lo = np.take_along_axis(srt, ((count - 1) // 2)[None, :], axis=0)[0]
-    hi = np.take_along_axis(srt, (count // 2)[None, :], axis=0)[0]
-    return np.asarray((lo + hi) / 2.0, dtype=np.float64)
-
-
-def _pack(a: np.ndarray, binary: bool = False) -> dict[str, Any]:
-    """A per-rank float64 array as plain data: little-endian bytes, in base64 for JSON
-    (exact, NaN included, and no per-rank Python work), or raw for msgpack."""
-    raw = a.astype("<f8").tobytes()
-    if binary:
-        return {"dtype": "<f8", "bytes": raw}
-    return {"dtype": "<f8", "b64": base64.b64encode(raw).decode("ascii")}
-
-
-def _unpack(d: Mapping[str, Any]) -> np.ndarray:
-    if d.get("dtype") != "<f8":
-        raise ValueError(f"snapshot array of dtype {d.get('dtype')!r}, expected '<f8'")
-    raw = d["bytes"] if "bytes" in d else base64.b64decode(d["b64"])
-    return np.frombuffer(raw, dtype="<f8").astype(np.float64)
-
-
-def _flagged(findings: Iterable[Any]) -> dict[int, dict[str, Any]]:
-    """Ranks with a rank/degraded finding flagged or ongoing, with that finding as a dict."""
-    out: dict[int, dict[str, Any]] = {}
-    for f in findings:
-        if isinstance(f, Mapping):
-            kind, state, rank = f.get("kind"), f.get("state"), f.get("rank")
-            d: dict[str, Any] = dict(f)
-        elif isinstance(f, tuple):
-            kind, state, rank = f[0], f[1], f[2]
-            d = {"kind": kind, "state": state, "rank": rank}
-        else:
-            kind, state, rank = (
-                getattr(f, "kind", None),
-                getattr(f, "state", None),
-                getattr(f, "rank", None),
-            )
-            # The detector's Finding has to_json (exactly the DESIGN keys, JSON-safe).
-            if hasattr(f, "to_json"):
-                d = dict(f.to_json())
-            elif hasattr(f, "to_dict"):
-                d = dict(f.to_dict())
-            elif dataclasses.is_dataclass(f) and not isinstance(f, type):
-                d = dataclasses.asdict(f)
-            else:
-                d = {"kind": kind, "state": state, "rank": rank}
-        if kind in TRIGGER_KINDS and state in TRIGGER_STATES and rank is not None:
-            out.setdefault(int(rank), d)
-    return out
-
-
-def _pct(a: float, b: float) -> str:
-    return f"{100.0 * (b - a) / a:+.1f}%"
-
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)

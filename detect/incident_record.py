@@ -1,0 +1,224 @@
+"""What the incident book writes: each incident's record, its verdict, and the per-window rows.
+
+The record is the whole incident as docs/DESIGN.md "Incidents" fixes its keys;
+the rows (one per window for the job, one per window and open incident for its
+subject) let a report redraw an incident's plots. Pure: builds plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from artemis.detect.escalation import escalation
+from artemis.detect.findings import Finding
+from artemis.detect.incident_confirm import WindowView, not_shifted
+from artemis.detect.incident_state import Incident, IncidentState, num, rnd
+
+VERDICTS = ("recovered", "mitigated", "escalated", "unresolved", "dismissed")
+CHANGES = ("opened", "confirmed", "action", "updated", "closed")
+# The `change` a line names when several happened at once (its `changes` lists them all).
+_PRIMARY = ("closed", "opened", "action", "confirmed", "updated")
+# Kinds confirmed by the per-step gap quartiles; the others by their flag.
+QUARTILE_KINDS = frozenset({"rank", "degraded"})
+# Telemetry whose episode means (rank vs its peers) go into `evidence.telemetry`.
+TELEMETRY_MEANS = (
+    "sm_mhz",
+    "sm_mhz_max",
+    "temp_c",
+    "power_w",
+    "power_limit_w",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+    "cpu_pct",
+    "steal_pct",
+    "proc_cpu_pct",
+    "gap_busy_pct",
+)
+
+
+def judge(inc: Incident, window: int, why: str, view: WindowView | None) -> None:
+    """The verdict and its reason for an incident just closed (by ``why``) at ``window``:
+    docs/DESIGN.md "Incidents"."""
+    if inc.state is IncidentState.DISMISSED:
+        # (dismissed by the wait: the book wrote the reason, with its last test's numbers)
+        if why != "dismissed":
+            check = inc.last_check
+            head = "cleared" if why == "cleared" else "the job ended"
+            inc.reason = f"{head} before it was confirmed" + (
+                f": {not_shifted(check)}" if check is not None else ""
+            )
+    elif why == "cleared":
+        inc.verdict = "recovered"
+        ratio = inc.mean("ratio")
+        rec: dict[str, Any] = {"window": window, "ratio_episode": rnd(ratio, 4)}
+        if view is not None:
+            rec["samples_per_s"] = rnd(view.samples_per_s, 3)
+            if inc.kind in QUARTILE_KINDS and inc.rank is not None:
+                ok = view.ranks == inc.rank
+                if ok.any():
+                    rec["ratio"] = rnd(float(view.pace[ok][0]), 4)
+        inc.recovery = rec
+        after = ""
+        if "ratio" in rec:
+            after = f" (pace {rec['ratio']} vs {rec['ratio_episode']} over the episode)"
+        inc.reason = f"cleared at window {window}{after}"
+    else:
+        verified = [a for a in inc.actions.values() if a["status"] == "verified"]
+        failed = [a for a in inc.actions.values() if a["status"] == "rolled_back"]
+        if verified and (verified[-1]["gain_pct"] or 0) > 0:
+            a = verified[-1]
+            inc.verdict = "mitigated"
+            inc.reason = (
+                f"plan {a['plan']} in force: {a['throughput_before']} -> "
+                f"{a['throughput_after']} samples/s ({a['gain_pct']:+.1f}%); still slow "
+                "at the end of the job"
+            )
+        elif failed:
+            a = failed[-1]
+            inc.verdict = "escalated"
+            inc.reason = (
+                f"plan {a['plan']} was rolled back ({a.get('reason', '')}): rebalancing "
+                "did not restore throughput, an engineer must act"
+            )
+        else:
+            inc.verdict = "unresolved"
+            inc.reason = "still slow at the end of the job" + (
+                ", no rebalancing action allowed" if not inc.actions else ""
+            )
+
+
+def job_row(job: str, run: str, view: WindowView, slow: set[int]) -> dict[str, Any]:
+    """The job's row of a window: its pace quantiles over the ranks not in ``slow``."""
+    keep = np.isfinite(view.pace)
+    if slow:
+        keep &= ~np.isin(view.ranks, np.fromiter(slow, dtype=np.int64, count=len(slow)))
+    p = view.pace[keep]
+    q = np.quantile(p, (0.1, 0.5, 0.9)).tolist() if p.size else [None, None, None]
+    return {
+        "row": "job",
+        "job": job,
+        "run": run,
+        "window": view.window,
+        "time": view.time,
+        "step_ms": rnd(view.step_ms, 3),
+        "samples_per_s": rnd(view.samples_per_s, 3),
+        "ratio_p10": rnd(q[0], 4),
+        "ratio_p50": rnd(q[1], 4),
+        "ratio_p90": rnd(q[2], 4),
+    }
+
+
+def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) -> dict[str, Any]:
+    """An incident's row of a window: its subject's ratio and gaps (from ``f``, its line)."""
+    ratio = gap = peers_gap = None
+    if f is not None:
+        ratio = num(f.ratio)
+        ev = f.evidence or {}
+        if f.kind in QUARTILE_KINDS:
+            gap = num(ev.get("gap_ms"))
+            peers_gap = num(ev.get("peers_gap_ms") or ev.get("baseline_gap_ms"))
+        else:
+            for a, b in (
+                ("gap_q2_ms", "baseline_gap_q2_ms"),
+                ("median_gap_ms", "baseline_gap_ms"),
+                ("transfer_ms", "baseline_transfer_ms"),
+                ("bridge_ms", "baseline_bridge_ms"),
+            ):
+                if a in ev:
+                    gap, peers_gap = num(ev.get(a)), num(ev.get(b))
+    if ratio is None and inc.rank is not None:
+        ok = view.ranks == inc.rank
+        if ok.any():
+            ratio = num(float(view.pace[ok][0]))
+    return {
+        "row": "subject",
+        "incident": inc.id,
+        "job": job,
+        "window": view.window,
+        "time": view.time,
+        "ratio": rnd(ratio, 4),
+        "gap_ms": rnd(gap, 3),
+        "peers_gap_ms": rnd(peers_gap, 3),
+        "gpu_hours": rnd(inc.gpu_hours, 6),
+    }
+
+
+def record(
+    inc: Incident, job: str, run: str, gpus: int, changes: Sequence[str] | None
+) -> dict[str, Any]:
+    """The whole incident record (docs/DESIGN.md "Incidents"), naming ``changes``."""
+    changes = list(changes or [])
+    primary = next((c for c in _PRIMARY if c in changes), "updated")
+    loss = inc.mean("loss_pct")
+    hours = inc.gpu_hours
+    if inc.kind == "hang" and hours is None:
+        t0, t1 = inc.opened.get("time"), (inc.closed or {}).get("time")
+        if t0 is not None and t1 is not None:
+            hours = max(0.0, t1 - t0) / 3600.0 * gpus
+    evidence: dict[str, Any] = {
+        "windows": inc.windows,
+        "gap_ms": rnd(inc.mean("gap_ms")),
+        "peers_gap_ms": rnd(inc.mean("peers_gap_ms")),
+        "ratio": rnd(inc.mean("ratio"), 4),
+    }
+    tel = {}
+    for name in TELEMETRY_MEANS:
+        a, b = inc.mean(f"tel:{name}"), inc.mean(f"tel_peers:{name}")
+        if a is not None or b is not None:
+            tel[name] = {"rank": rnd(a, 2), "peers": rnd(b, 2)}
+    evidence["telemetry"] = tel
+    fmeans = {
+        k[3:]: rnd(m.value, 4)
+        for k, m in inc.means.items()
+        if k.startswith("ev:") and m.value is not None
+    }
+    if fmeans:
+        evidence["finding"] = fmeans
+    esc = None
+    if inc.verdict != "dismissed":
+        esc = escalation(
+            inc.kind,
+            inc.cause,
+            evidence,
+            rank=inc.rank,
+            hosts=inc.hosts,
+            subject=inc.subject,
+            finding_evidence=inc.finding_evidence,
+        )
+    actions = [{k: v for k, v in act.items() if k != "after"} for act in inc.actions.values()]
+    return {
+        "id": inc.id,
+        "job": job,
+        "run": run,
+        "kind": inc.kind,
+        "subject": inc.subject,
+        "rank": inc.rank,
+        "ranks": list(inc.ranks),
+        "island": inc.island,
+        "hosts": list(inc.hosts),
+        "change": primary,
+        "changes": changes,
+        "status": "closed" if inc.closed is not None else "open",
+        "opened": dict(inc.opened),
+        "confirmed": None if inc.confirmed is None else dict(inc.confirmed),
+        "closed": None if inc.closed is None else dict(inc.closed),
+        "since": inc.since,
+        "cause": inc.cause,
+        "evidence": evidence,
+        "cost": {
+            "excess_ms": rnd(inc.mean("excess_ms")),
+            "loss_pct": rnd(loss),
+            "gpu_hours": rnd(hours, 6),
+            "gpu_hours_per_day": None if loss is None else rnd(loss / 100.0 * gpus * 24.0, 4),
+        },
+        "actions": actions,
+        "escalation": esc,
+        "verdict": inc.verdict,
+        "reason": inc.reason,
+        "recovery": inc.recovery,
+        "markers": [dict(m) for m in inc.markers],
+    }
