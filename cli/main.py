@@ -285,8 +285,8 @@ def run(
         bool, typer.Option("--keep-workdir", help="Keep the private folder (logs, rings).")
     ] = False,
 ) -> None:
-    from artemis.sim.run_job import RunError, RunOptions
-    from artemis.sim.run_job import run as run_job
+    from artemis.cli.run import RunError, RunOptions
+    from artemis.cli.run import run as run_job
 
     try:
         code = run_job(
