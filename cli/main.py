@@ -199,7 +199,13 @@ def loadtest(
     window_s: Annotated[float, typer.Option(min=0.0, help="Seconds between windows.")] = 1.0,
     straggler: Annotated[
         list[str] | None,
-        typer.Option(help="RANK:SLOWDOWN, e.g. 17:1.3 (repeat for more than one)."),
+        typer.Option(
+            help=(
+                "RANK:SLOWDOWN, SLOWDOWN a step-time factor > 1: 17:1.3 makes rank 17 30%"
+                " slower (scenario files give a fraction instead: slowdown = 0.3). Repeat"
+                " for more than one."
+            )
+        ),
     ] = None,
     job: Annotated[str, typer.Option(help="Job id the summaries carry.")] = "loadtest",
     ack_timeout_s: Annotated[
