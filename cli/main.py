@@ -273,8 +273,14 @@ def loadtest(
 )
 def run(
     command: Annotated[list[str] | None, typer.Argument(help="The job: COMMAND ARGS...")] = None,
-    jsonl: Annotated[Path | None, typer.Option(help="Findings JSONL (default: private).")] = None,
-    plans_jsonl: Annotated[Path | None, typer.Option(help="Rebalance plan events JSONL.")] = None,
+    jsonl: Annotated[
+        Path | None,
+        typer.Option(help="Findings JSONL (default: ./artemis-out/JOB/findings.jsonl)."),
+    ] = None,
+    plans_jsonl: Annotated[
+        Path | None,
+        typer.Option(help="Rebalance plan events JSONL (default: ./artemis-out/JOB/plans.jsonl)."),
+    ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
     ] = None,
@@ -290,6 +296,10 @@ def run(
     keep_workdir: Annotated[
         bool, typer.Option("--keep-workdir", help="Keep the private folder (logs, rings).")
     ] = False,
+    summary_json: Annotated[
+        Path | None,
+        typer.Option(help="Write the end summary as one JSON object (docs/DESIGN.md)."),
+    ] = None,
 ) -> None:
     from artemis.cli.run import RunError, RunOptions
     from artemis.cli.run import run as run_job
@@ -307,6 +317,7 @@ def run(
                 config=config,
                 job=job,
                 keep_workdir=keep_workdir,
+                summary_json=summary_json,
             )
         )
     except RunError as e:
