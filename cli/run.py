@@ -177,12 +177,13 @@ def _wait_metrics(url: str, proc: subprocess.Popen[bytes], timeout: float) -> No
     raise RunError(f"the coordinator's metrics did not come up within {timeout:.0f} s")
 
 
-def _job_ended(log: Path, job: str) -> bool:
-    """The coordinator logged that it ended ``job`` (every rank finished, nothing pending)."""
+def _job_ended(log: Path, job: str) -> dict[str, Any] | None:
+    """The coordinator's log record of ending ``job`` (every rank finished, nothing
+    pending), or None."""
     try:
         text = log.read_text(errors="replace")
     except FileNotFoundError:
-        return False
+        return None
     for line in text.splitlines():
         if "job ended" in line and job in line:
             try:
@@ -190,8 +191,30 @@ def _job_ended(log: Path, job: str) -> bool:
             except ValueError:
                 continue
             if rec.get("job") == job and str(rec.get("event", "")).startswith("job ended"):
-                return True
-    return False
+                return dict(rec)
+    return None
+
+
+def _windows_scored(store: str, job: str, metrics: str, ended: dict[str, Any] | None) -> int:
+    """How many of the job's windows the coordinator scored. Its metric series go when
+    the job ends (job_linger_s), so the store's per-window rows count first; without a
+    store, the live metric, else the last window the end's log record names."""
+    from artemis.store import StoreError, open_store
+
+    if store.startswith(("sqlite:", "postgresql:")):
+        try:
+            db = open_store(store, readonly=True)
+            try:
+                return len(db.job_windows(job))
+            finally:
+                db.close()
+        except (StoreError, OSError):
+            pass
+    live = metric_value(metrics, "straggler_windows_scored_total", job)
+    if live is not None:
+        return int(live)
+    last = (ended or {}).get("last_window")
+    return int(last) + 1 if isinstance(last, int) and last >= 0 else 0
 
 
 def _metrics_text(url: str) -> str:
@@ -390,9 +413,10 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
                 quiet_at = time.monotonic() + 1.0
             time.sleep(0.1)
         follower.stop()
-        windows = int(
-            metric_value(_metrics_text(metrics_url), "straggler_windows_scored_total", job) or 0
-        )
+        metrics = _metrics_text(metrics_url)
+        _stop(daemons)  # the store flushed and closed before it is read
+        ended = _job_ended(work / "coordinator.log", job)
+        windows = _windows_scored(store, job, metrics, ended)
         seen = census(shm, job)  # again: the rings are all finished by now
         mine = [f for f in follower.findings if f.get("job") == job]
         lines = [watched_line(seen, windows)]
@@ -407,7 +431,6 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
         lines += incident_lines(incidents, job)
         for line in lines:
             print(line, file=out, flush=True)
-        _stop(daemons)  # the store flushed and closed before the report reads it
         _end_of_run(opts, out, job, seen, windows, code, mine, store, jsonl, plans, out_dir)
         return code
     finally:
