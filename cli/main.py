@@ -268,7 +268,9 @@ def loadtest(
     help=(
         "Run COMMAND under a one-node Artemis (real coordinator and agent on loopback).\n\n"
         "  artemis run --jsonl findings.jsonl -- torchrun --nproc-per-node 4 train.py\n\n"
-        "NCCL jobs need no change; gloo jobs use dist.init_process_group('artemis')."
+        "NCCL jobs need no change; gloo jobs use dist.init_process_group('artemis').\n\n"
+        "Kept in ./artemis-out/JOB/: findings, incidents, plans, the HTML report when there"
+        " was an incident, and state/ (journal, dumps, store)."
     ),
 )
 def run(

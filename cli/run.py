@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -267,7 +268,10 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             raise RunError(f"--config {opts.config}: {e}") from None
 
     job = opts.job or f"run-{os.getpid()}-{secrets.token_hex(3)}"
-    out_dir = (opts.out_root / job).absolute()
+    # a job id is the user's text (ARTEMIS_JOB): one safe folder name, never a path
+    out_dir = (
+        opts.out_root / (re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip(".") or "job")
+    ).absolute()
     state = out_dir / "state"
     try:
         state.mkdir(parents=True, exist_ok=True)
