@@ -199,7 +199,13 @@ def loadtest(
     window_s: Annotated[float, typer.Option(min=0.0, help="Seconds between windows.")] = 1.0,
     straggler: Annotated[
         list[str] | None,
-        typer.Option(help="RANK:SLOWDOWN, e.g. 17:1.3 (repeat for more than one)."),
+        typer.Option(
+            help=(
+                "RANK:SLOWDOWN, SLOWDOWN a step-time factor > 1: 17:1.3 makes rank 17 30%"
+                " slower (scenario files give a fraction instead: slowdown = 0.3). Repeat"
+                " for more than one."
+            )
+        ),
     ] = None,
     job: Annotated[str, typer.Option(help="Job id the summaries carry.")] = "loadtest",
     ack_timeout_s: Annotated[
@@ -262,13 +268,21 @@ def loadtest(
     help=(
         "Run COMMAND under a one-node Artemis (real coordinator and agent on loopback).\n\n"
         "  artemis run --jsonl findings.jsonl -- torchrun --nproc-per-node 4 train.py\n\n"
-        "NCCL jobs need no change; gloo jobs use dist.init_process_group('artemis')."
+        "NCCL jobs need no change; gloo jobs use dist.init_process_group('artemis').\n\n"
+        "Kept in ./artemis-out/JOB/: findings, incidents, plans, the HTML report when there"
+        " was an incident, and state/ (journal, dumps, store)."
     ),
 )
 def run(
     command: Annotated[list[str] | None, typer.Argument(help="The job: COMMAND ARGS...")] = None,
-    jsonl: Annotated[Path | None, typer.Option(help="Findings JSONL (default: private).")] = None,
-    plans_jsonl: Annotated[Path | None, typer.Option(help="Rebalance plan events JSONL.")] = None,
+    jsonl: Annotated[
+        Path | None,
+        typer.Option(help="Findings JSONL (default: ./artemis-out/JOB/findings.jsonl)."),
+    ] = None,
+    plans_jsonl: Annotated[
+        Path | None,
+        typer.Option(help="Rebalance plan events JSONL (default: ./artemis-out/JOB/plans.jsonl)."),
+    ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
     ] = None,
@@ -284,9 +298,13 @@ def run(
     keep_workdir: Annotated[
         bool, typer.Option("--keep-workdir", help="Keep the private folder (logs, rings).")
     ] = False,
+    summary_json: Annotated[
+        Path | None,
+        typer.Option(help="Write the end summary as one JSON object (docs/DESIGN.md)."),
+    ] = None,
 ) -> None:
-    from artemis.sim.run_job import RunError, RunOptions
-    from artemis.sim.run_job import run as run_job
+    from artemis.cli.run import RunError, RunOptions
+    from artemis.cli.run import run as run_job
 
     try:
         code = run_job(
@@ -301,6 +319,7 @@ def run(
                 config=config,
                 job=job,
                 keep_workdir=keep_workdir,
+                summary_json=summary_json,
             )
         )
     except RunError as e:

@@ -8,7 +8,8 @@ ranks' summaries of that window, built as arrays (no per-rank objects, so the
 generator is not the bottleneck). Windows are paced at one per `window_s`.
 
 The synthetic job is synchronous: every rank computes `gap_ms` per step, a
-rank given `--straggler RANK:SLOWDOWN` computes `SLOWDOWN` times longer, and
+rank given `--straggler RANK:SLOWDOWN` computes `SLOWDOWN` times longer (a step-time
+factor > 1: 1.3 is 30% slower; scenario files say `slowdown = 0.3`, a fraction), and
 the step time is set by the slowest rank; the others wait the difference in
 their collectives. A small deterministic per-rank spread (0.2 %) keeps the
 peers realistic without ever reaching a suspicion threshold.
@@ -75,8 +76,11 @@ class LoadSpec:
         for r, slow in self.stragglers.items():
             if not (0 <= r < self.ranks):
                 raise ValueError(f"straggler rank {r} is not in [0, {self.ranks})")
-            if not (slow > 0 and math.isfinite(slow)):
-                raise ValueError(f"straggler slowdown for rank {r} must be > 0, got {slow}")
+            if not (slow > 1 and math.isfinite(slow)):
+                raise ValueError(
+                    f"straggler rank {r}: expected a step-time factor > 1 ({FACTOR_HINT}),"
+                    f" got {slow}"
+                )
 
     @property
     def agents(self) -> int:
@@ -100,15 +104,27 @@ class LoadResult:
         return self.sent > 0 and self.acked == self.sent
 
 
+# A factor, not a fraction: a factor of 0.25 once ran silently as a rank four times
+# faster, which no straggler test means.
+FACTOR_HINT = "1.3 = 30% slower"
+
+
 def parse_straggler(text: str) -> tuple[int, float]:
-    """`RANK:SLOWDOWN` (e.g. `17:1.3`) -> (17, 1.3)."""
+    """`RANK:SLOWDOWN` (e.g. `17:1.3`) -> (17, 1.3). SLOWDOWN is a step-time factor > 1."""
     rank_s, sep, slow_s = text.partition(":")
     try:
         if not sep:
             raise ValueError
         rank, slow = int(rank_s), float(slow_s)
     except ValueError:
-        raise ValueError(f"expected RANK:SLOWDOWN (e.g. 17:1.3), got {text!r}") from None
+        raise ValueError(
+            f"expected RANK:SLOWDOWN, SLOWDOWN a step-time factor (e.g. 17:1.3, {FACTOR_HINT}),"
+            f" got {text!r}"
+        ) from None
+    if not (slow > 1 and math.isfinite(slow)):
+        raise ValueError(
+            f"expected a step-time factor > 1 ({FACTOR_HINT}), got {slow_s!r} in {text!r}"
+        )
     return rank, slow
 
 

@@ -107,6 +107,10 @@ def test_run_flags_a_stalled_data_loader(tmp_path: Path) -> None:
     assert inc["rank"] == 2 and inc["confirmed"] is not None, inc
     assert inc["verdict"] == "unresolved" and inc["closed"]["why"] == "job_end", inc["reason"]
     assert f"incident {inc['id']}: unresolved" in out and "check: input stall" in out, out
+    # what was watched opens the summary; the incident's report is written and named
+    assert "[artemis] watched 4 ranks on 1 host, " in out, out
+    report = next(x for x in out.splitlines() if x.startswith("[artemis] report "))
+    assert Path(report.split(" ", 2)[2]).is_file(), report
 
 
 @pytest.mark.slow
@@ -121,16 +125,21 @@ def test_run_without_a_stall_flags_nothing(tmp_path: Path) -> None:
 def test_run_errors_are_clear(tmp_path: Path) -> None:
     art = str(BIN / "artemis")
     p = subprocess.run(
-        [art, "run", "--", "no-such-command-xyz"], capture_output=True, text=True, timeout=60
+        [art, "run", "--", "no-such-command-xyz"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert p.returncode == 2 and "COMMAND not found: 'no-such-command-xyz'" in p.stderr
-    p = subprocess.run([art, "run"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([art, "run"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 2 and "no COMMAND given" in p.stderr
     p = subprocess.run(
         [art, "run", "--rebalance", "maybe", "--", "true"],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=tmp_path,
     )
     assert p.returncode == 2 and "--rebalance: expected one of off, recommend, apply" in p.stderr
     p = subprocess.run(
@@ -138,10 +147,15 @@ def test_run_errors_are_clear(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=tmp_path,
     )
     assert p.returncode == 2 and "window-steps" in p.stderr
     p = subprocess.run(
-        [art, "run", "--", "sh", "-c", "exit 3"], capture_output=True, text=True, timeout=60
+        [art, "run", "--", "sh", "-c", "exit 3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert p.returncode == 3, p.stdout + p.stderr
 
@@ -164,6 +178,7 @@ def test_run_ctrl_c_reaches_the_job_first(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own group: the test plays the terminal
+        cwd=tmp_path,
     )
     assert p.stdout is not None
     lines = []
@@ -181,3 +196,103 @@ def test_run_ctrl_c_reaches_the_job_first(tmp_path: Path) -> None:
     out = "".join(lines) + rest
     assert p.returncode == 42, out
     assert "job got SIGINT" in out and "summary: nothing flagged" in out, out
+
+
+def _summary_types(obj: dict[str, Any]) -> None:
+    """--summary-json's keys and their types (docs/DESIGN.md, "Command line")."""
+    types = {
+        "job": str,
+        "ranks": int,
+        "hosts": list,
+        "windows_scored": int,
+        "collectives_seen": bool,
+        "exit_code": int,
+        "findings": list,
+        "incidents": list,
+    }
+    assert set(obj) == set(types), obj
+    for k, t in types.items():
+        assert type(obj[k]) is t, (k, obj[k])
+    assert all(isinstance(h, str) for h in obj["hosts"]), obj
+
+
+def test_run_that_saw_no_collective_says_why_and_keeps_its_files(tmp_path: Path) -> None:
+    """A job that runs no collective: the run says so and names the likely reasons, still
+    exits with the job's code, and keeps its files under ./artemis-out/<job>/."""
+    summary = tmp_path / "summary.json"
+    p = subprocess.run(
+        [
+            str(BIN / "artemis"), "run", "--job", "quiet", "--summary-json", str(summary),
+            "--", sys.executable, "-c", "import sys; sys.exit(5)",
+        ],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    out = p.stdout + p.stderr
+    assert p.returncode == 5, out
+    assert "[artemis] watched 0 ranks on 0 hosts, 0 windows scored" in out, out
+    assert "no collective seen from the job" in out, out
+    assert "init_process_group('artemis')" in out and "NCCL" in out, out
+    assert "summary: nothing flagged" in out, out
+    home = tmp_path / "artemis-out" / "quiet"
+    assert (home / "findings.jsonl").is_file(), out
+    assert (home / "state" / "artemis.db").is_file(), sorted(map(str, home.rglob("*")))
+    # named at the start and at the end of the run
+    assert out.count(str(home / "findings.jsonl")) == 2, out
+    assert out.count(str(home / "state")) == 2, out
+    obj = json.loads(summary.read_text())
+    _summary_types(obj)
+    assert obj["job"] == "quiet" and obj["exit_code"] == 5 and obj["ranks"] == 0, obj
+    assert obj["collectives_seen"] is False and obj["windows_scored"] == 0, obj
+
+
+def test_run_with_jsonl_leaves_only_findings_and_incidents_beside_it(tmp_path: Path) -> None:
+    """--jsonl f.jsonl once dropped artemis.db, f.assembly and f.assembly.jobs/ beside the
+    user's file: the coordinator's state now goes under ./artemis-out/<job>/state/."""
+    user = tmp_path / "user"
+    user.mkdir()
+    p = subprocess.run(
+        [
+            str(BIN / "artemis"), "run", "--job", "mine", "--jsonl", str(user / "f.jsonl"),
+            "--", "sh", "-c", "exit 0",
+        ],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert {x.name for x in user.iterdir()} <= {"f.jsonl", "incidents.jsonl"}, list(user.iterdir())
+    state = tmp_path / "artemis-out" / "mine" / "state"
+    assert (state / "artemis.db").is_file() and (state / "journal.assembly").exists(), out
+    assert str(user / "incidents.jsonl") in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.torch_e2e
+def test_run_of_a_job_shorter_than_a_window_says_so_without_waiting(tmp_path: Path) -> None:
+    """16 steps and the job's 5 start-up collectives: 21 of a 50-step window. The run says
+    so plainly, and does not wait for a job end the coordinator never sees."""
+    summary = tmp_path / "summary.json"
+    ended = tmp_path / "ended"  # the job's end, stamped by the shell that ran it
+    p = subprocess.run(
+        [
+            str(BIN / "artemis"), "run", KEEP, "--summary-json", str(summary),
+            "--window-steps", "50", "--", "sh", "-c",
+            f'"$0" "$@"; rc=$?; date +%s.%N > {ended}; exit $rc',
+            sys.executable, str(JOB), "--steps", "16",
+        ],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    after_job_s = time.time() - float(ended.read_text())
+    out = p.stdout + p.stderr
+    keep_workdir(p.stdout, tmp_path)
+    assert p.returncode == 0, out
+    assert "ended before its first full window: 21 of 50 steps" in out, out
+    assert "did not finish the job" not in out, out
+    assert "no collective seen" not in out, out
+    assert "[artemis] watched 4 ranks on 1 host, 0 windows scored" in out, out
+    obj = json.loads(summary.read_text())
+    _summary_types(obj)
+    assert obj["ranks"] == 4 and len(obj["hosts"]) == 1 and obj["collectives_seen"], obj
+    assert obj["windows_scored"] == 0 and obj["findings"] == [], obj
+    # from the job's end to the run's: the summary and the daemons' stop, not the 30 s
+    # the run once waited for a job end that never came
+    assert after_job_s < 20, (after_job_s, out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import subprocess
 from pathlib import Path
 
@@ -122,3 +123,33 @@ def test_loadtest_says_so_when_it_cannot_connect(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 1 and "could connect" in r.stderr, r.stderr[-2000:]
+
+
+def test_straggler_factor_must_slow_the_rank(tmp_path: Path) -> None:
+    """SLOWDOWN is a step-time factor (1.3 = 30% slower), not a scenario file's fraction:
+    0.25 once ran silently as a rank four times faster."""
+    for bad in ("3:0.25", "3:1", "3:1.0", "3:-2", "3:inf", "3:nan"):
+        with pytest.raises(ValueError, match=r"step-time factor > 1 \(1\.3 = 30% slower\)"):
+            parse_straggler(bad)
+    with pytest.raises(ValueError, match="step-time factor > 1"):
+        LoadSpec("h:1", b"s", ranks=4, ranks_per_agent=2, windows=1, stragglers={1: 0.25})
+    secret = write_secret(tmp_path / "secret")
+    wide = dict(os.environ, COLUMNS="400")  # rich wraps the error box at the terminal's width
+    r = subprocess.run(
+        [
+            str(BIN / "artemis"), "loadtest", "--coordinator", "127.0.0.1:1",
+            "--secret-file", str(secret), "--ranks", "4", "--ranks-per-agent", "2",
+            "--windows", "1", "--straggler", "1:0.25",
+        ],
+        capture_output=True, text=True, timeout=60, env=wide,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "step-time factor > 1 (1.3 = 30%" in " ".join(r.stderr.split()), r.stderr
+    h = subprocess.run(
+        [str(BIN / "artemis"), "loadtest", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=wide,
+    )
+    assert "step-time factor" in " ".join(h.stdout.split()), h.stdout

@@ -7,14 +7,21 @@ secret in a private (0700) folder. COMMAND runs with ``NCCL_PROFILER_PLUGIN``
 set: NCCL jobs need no change, other jobs use the ``artemis`` backend. New flags
 are printed one line each as the coordinator writes them; when COMMAND exits the
 run waits for the coordinator to score the job's last window (it ends a job once
-every rank's ring is finished and nothing is pending), prints the summary and
-exits with COMMAND's exit code.
+every rank's ring is finished and nothing is pending) unless the job never filled
+a window, prints the summary (cli/run_summary.py) and exits with COMMAND's exit
+code.
+
+What is kept goes under ``./artemis-out/<job>/``: the findings and incidents (unless
+``--jsonl`` puts them elsewhere), the plans, the HTML report when there was an
+incident, and ``state/`` (the coordinator's journal, hang dumps and store), so that
+nothing but ``incidents.jsonl`` lands beside a user's ``--jsonl`` file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -30,6 +37,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from artemis.cli.run_summary import (
+    RingCensus,
+    census,
+    full_window_possible,
+    incident_lines,
+    latest_incidents,
+    metric_value,
+    no_collective_lines,
+    one_line,
+    short_job_line,
+    summary_json,
+    summary_lines,
+    watched_line,
+)
 from artemis.common.tomlfile import ConfigError, toml_value
 
 REBALANCE_MODES = ("off", "recommend", "apply")
@@ -53,6 +74,8 @@ class RunOptions:
     job: str | None = None
     settle_timeout_s: float = 30.0
     keep_workdir: bool = False
+    summary_json: Path | None = None
+    out_root: Path = Path("artemis-out")  # the kept outputs: <out_root>/<job>/
 
 
 def _free_port() -> int:
@@ -68,11 +91,17 @@ def _toml_value(v: Any) -> str:
         raise RunError(f"--config: {e}") from None
 
 
-def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None) -> str:
+def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None, state: Path) -> str:
     """The user's coordinator TOML with what a one-node run needs layered on."""
     top = {k: v for k, v in user.items() if not isinstance(v, dict)}
     tables = {k: dict(v) for k, v in user.items() if isinstance(v, dict)}
     top["control_socket"] = str(work / "coordinator.sock")
+    # The coordinator's own files default to beside the findings; a run keeps them in
+    # its state folder instead, so a user's --jsonl folder gets no artemis.db,
+    # <stem>.assembly or <stem>.assembly.jobs/ (incidents.jsonl stays with the findings).
+    top.setdefault("journal", str(state / "journal.assembly"))
+    top.setdefault("dumps_dir", str(state / "dumps"))
+    top.setdefault("store", f"sqlite:///{state / 'artemis.db'}")
     top["metrics_addr"] = "127.0.0.1"
     top.setdefault("tick_s", 0.1)
     # the ranks of a job on one busy node may finish seconds apart
@@ -96,20 +125,6 @@ def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None) -
 def _cli(name: str, module: str) -> list[str]:
     exe = _BIN / name
     return [str(exe)] if exe.exists() else [sys.executable, "-m", module]
-
-
-def _who(f: dict[str, Any]) -> str:
-    if f.get("rank") is not None:
-        return f"rank {f['rank']}" if f["kind"] == "rank" else f"{f['kind']} rank {f['rank']}"
-    return f"{f['kind']} {f.get('island') or ''}".strip()
-
-
-def _one_line(f: dict[str, Any]) -> str:
-    who = _who(f)
-    cost = f" loss {f['loss_pct']:.1f}%" if f.get("loss_pct") is not None else ""
-    cause = f.get("cause") or {}
-    why = f" cause {cause.get('kind')}: {cause.get('text')}" if cause else ""
-    return f"[artemis] {f['state']} {who} window {f['window']}{cost}{why}"
 
 
 class _Follower:
@@ -163,12 +178,13 @@ def _wait_metrics(url: str, proc: subprocess.Popen[bytes], timeout: float) -> No
     raise RunError(f"the coordinator's metrics did not come up within {timeout:.0f} s")
 
 
-def _job_ended(log: Path, job: str) -> bool:
-    """The coordinator logged that it ended ``job`` (every rank finished, nothing pending)."""
+def _job_ended(log: Path, job: str) -> dict[str, Any] | None:
+    """The coordinator's log record of ending ``job`` (every rank finished, nothing
+    pending), or None."""
     try:
         text = log.read_text(errors="replace")
     except FileNotFoundError:
-        return False
+        return None
     for line in text.splitlines():
         if "job ended" in line and job in line:
             try:
@@ -176,56 +192,59 @@ def _job_ended(log: Path, job: str) -> bool:
             except ValueError:
                 continue
             if rec.get("job") == job and str(rec.get("event", "")).startswith("job ended"):
-                return True
-    return False
+                return dict(rec)
+    return None
 
 
-def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
-    """One line per subject ever flagged: when, its worst cost, its last state and cause."""
-    by: dict[str, list[dict[str, Any]]] = {}
-    for f in findings:
-        by.setdefault(_who(f), []).append(f)
-    flagged = {w: fs for w, fs in by.items() if any(f["state"] == "flagged" for f in fs)}
-    if not flagged:
-        return ["[artemis] summary: nothing flagged"]
-    out = [f"[artemis] summary: {len(flagged)} flagged"]
-    for who, fs in flagged.items():
-        first = next(f for f in fs if f["state"] == "flagged")
-        last = fs[-1]
-        costs = [f["loss_pct"] for f in fs if f.get("loss_pct") is not None]
-        cost = f"up to {max(costs):.1f}% of the step time" if costs else "n/a"
-        cause = next((f["cause"] for f in reversed(fs) if f.get("cause")), None) or {}
-        out.append(
-            f"  {who}: flagged in window {first['window']}, {last['state']} in window "
-            f"{last['window']}; cost {cost}; cause {cause.get('kind', 'none')}"
-            + (f": {cause.get('text')}" if cause.get("text") else "")
-        )
-    return out
+def _windows_scored(store: str, job: str, metrics: str, ended: dict[str, Any] | None) -> int:
+    """How many of the job's windows the coordinator scored. Its metric series go when
+    the job ends (job_linger_s), so the store's per-window rows count first; without a
+    store, the live metric, else the last window the end's log record names."""
+    from artemis.store import StoreError, open_store
+
+    if store.startswith(("sqlite:", "postgresql:")):
+        try:
+            db = open_store(store, readonly=True)
+            try:
+                return len(db.job_windows(job))
+            finally:
+                db.close()
+        except (StoreError, OSError):
+            pass
+    live = metric_value(metrics, "straggler_windows_scored_total", job)
+    if live is not None:
+        return int(live)
+    last = (ended or {}).get("last_window")
+    return int(last) + 1 if isinstance(last, int) and last >= 0 else 0
 
 
-def incident_lines(path: Path, job: str) -> list[str]:
-    """One line per incident of ``job`` in ``incidents.jsonl`` (its last record): the
-    verdict, why, and the recommended check."""
-    last: dict[str, dict[str, Any]] = {}
+def _metrics_text(url: str) -> str:
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    rec = json.loads(line)
-                    if rec.get("job") == job:
-                        last[rec["id"]] = rec
-    except FileNotFoundError:
-        return []
-    out = []
-    for rec in last.values():
-        out.append(
-            f"  incident {rec['id']}: {rec.get('verdict') or rec.get('status')}"
-            + (f" ({rec['reason']})" if rec.get("reason") else "")
-        )
-        esc = rec.get("escalation") or {}
-        if esc.get("check"):
-            out.append(f"    check: {esc['check']}")
-    return out
+        with urllib.request.urlopen(url, timeout=5.0) as r:
+            return str(r.read().decode("utf-8", "replace"))
+    except OSError:
+        return ""
+
+
+def _report(store: str, findings: Path, plans: Path, job: str, out_dir: Path) -> Path | None:
+    """The job's HTML incident report (as `artemis report` writes it) into ``out_dir``."""
+    from artemis.report.load import (
+        ReportError,
+        bundles_from_findings,
+        bundles_from_store,
+        write_bundle,
+    )
+
+    if store.startswith(("sqlite:", "postgresql:")):
+        bundles = bundles_from_store(store, job=job, generated=time.time())
+    else:  # no store of ours: the incident records and the findings' own lines
+        plans_arg = plans if plans.is_file() else None
+        bundles = bundles_from_findings(findings, plans_arg, job=job, generated=time.time())
+    try:
+        (bundle,) = bundles
+    except ValueError:
+        raise ReportError(f"no report data for job {job}") from None
+    return write_bundle(bundle, out_dir, job=job)
 
 
 def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
@@ -248,18 +267,29 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
         except (OSError, ConfigError, ValueError) as e:
             raise RunError(f"--config {opts.config}: {e}") from None
 
-    work = Path(tempfile.mkdtemp(prefix="artemis-run-"))  # mkdtemp makes it 0700
     job = opts.job or f"run-{os.getpid()}-{secrets.token_hex(3)}"
+    # a job id is the user's text (ARTEMIS_JOB): one safe folder name, never a path
+    out_dir = (
+        opts.out_root / (re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip(".") or "job")
+    ).absolute()
+    state = out_dir / "state"
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"cannot make {state}: {e.strerror}") from None
+    work = Path(tempfile.mkdtemp(prefix="artemis-run-"))  # mkdtemp makes it 0700
     shm = work / "shm"
     shm.mkdir()
     secret = work / "secret"
     fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, (secrets.token_hex(32) + "\n").encode())
     os.close(fd)
-    jsonl = opts.jsonl or work / "findings.jsonl"
-    plans = opts.plans_jsonl or work / "plans.jsonl"
+    jsonl = (opts.jsonl or out_dir / "findings.jsonl").absolute()
+    incidents = jsonl.parent / "incidents.jsonl"  # the coordinator writes it there
+    plans = (opts.plans_jsonl or out_dir / "plans.jsonl").absolute()
+    store = str(user_cfg.get("store", f"sqlite:///{state / 'artemis.db'}"))
     port, mport = _free_port(), opts.metrics_port or _free_port()
-    (work / "coordinator.toml").write_text(_coordinator_toml(user_cfg, work, opts.rebalance))
+    (work / "coordinator.toml").write_text(_coordinator_toml(user_cfg, work, opts.rebalance, state))
     (work / "agent.toml").write_text(
         "\n".join(
             [
@@ -289,6 +319,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
 
     code = 1
     follower: _Follower | None = None
+    metrics_url = f"http://127.0.0.1:{mport}/metrics"
     try:
         coord = start(
             [
@@ -310,7 +341,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             ],
             "coordinator.log",
         )
-        _wait_metrics(f"http://127.0.0.1:{mport}/metrics", coord, 30.0)
+        _wait_metrics(metrics_url, coord, 30.0)
         start(
             [
                 *_cli("artemis-agent", "artemis.agent.cli"),
@@ -336,15 +367,14 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             pass  # no plugin built: gloo jobs through the artemis backend still work
         print(
             f"[artemis] job {job}: coordinator 127.0.0.1:{port}, metrics "
-            f"http://127.0.0.1:{mport}/metrics, findings {jsonl}, incidents "
-            f"{jsonl.parent / 'incidents.jsonl'}",
+            f"{metrics_url}, findings {jsonl}, incidents {incidents}, state {state}",
             file=out,
             flush=True,
         )
 
         def live(f: dict[str, Any]) -> None:
             if f.get("job") == job and f["state"] in ("flagged", "cleared"):
-                print(_one_line(f), file=out, flush=True)
+                print(one_line(f), file=out, flush=True)
 
         follower = _Follower(jsonl, live)
         # The job shares our foreground process group, so the terminal's Ctrl-C
@@ -355,10 +385,17 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             code = job_proc.wait()
         finally:
             signal.signal(signal.SIGINT, old)
+        code = code if code >= 0 else 128 - code
         end = time.monotonic() + opts.settle_timeout_s
-        # a job that wrote no ring (no collective ran) has nothing to flush
-        has_rings = any(shm.glob(f"{job}.*.ring"))
-        while has_rings and not _job_ended(work / "coordinator.log", job):
+        seen = census(shm, job)
+        # The coordinator ends a job once it has scored its last window; a job that
+        # never filled one (or ran no collective) sends it nothing to score or end, and
+        # waiting for that end was a 30 s wait for nothing.
+        pending = seen.collectives_seen and not (
+            seen.done and not full_window_possible(seen, opts.window_steps, opts.colls_per_step)
+        )
+        quiet_at = time.monotonic() + 5.0
+        while pending and not _job_ended(work / "coordinator.log", job):
             if time.monotonic() > end:
                 print(
                     f"[artemis] the coordinator did not finish the job within "
@@ -370,27 +407,91 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
                 break
             if coord.poll() is not None:
                 break
+            # A job whose rings are all done and of which nothing was scored after a
+            # few seconds never filled a window the agent could send (its collectives
+            # per step were more than one): nothing will end it.
+            if seen.done and time.monotonic() > quiet_at:
+                scored = _metrics_text(metrics_url)
+                if not metric_value(scored, "straggler_windows_scored_total", job):
+                    break
+                quiet_at = time.monotonic() + 1.0
             time.sleep(0.1)
         follower.stop()
-        for line in summary_lines([f for f in follower.findings if f.get("job") == job]):
-            print(line, file=out, flush=True)
+        metrics = _metrics_text(metrics_url)
+        _stop(daemons)  # the store flushed and closed before it is read
+        ended = _job_ended(work / "coordinator.log", job)
+        windows = _windows_scored(store, job, metrics, ended)
+        seen = census(shm, job)  # again: the rings are all finished by now
+        mine = [f for f in follower.findings if f.get("job") == job]
+        lines = [watched_line(seen, windows)]
+        if not seen.collectives_seen:
+            lines += no_collective_lines(seen, "NCCL_PROFILER_PLUGIN" in env)
+        elif windows == 0 and not full_window_possible(
+            seen, opts.window_steps, opts.colls_per_step
+        ):
+            lines.append(short_job_line(seen, opts.window_steps, opts.colls_per_step))
+        lines += summary_lines(mine)
         # the coordinator writes incidents.jsonl next to the findings (DESIGN "Incidents")
-        for line in incident_lines(jsonl.parent / "incidents.jsonl", job):
+        lines += incident_lines(incidents, job)
+        for line in lines:
             print(line, file=out, flush=True)
-        return code if code >= 0 else 128 - code
+        _end_of_run(opts, out, job, seen, windows, code, mine, store, jsonl, plans, out_dir)
+        return code
     finally:
         if follower is not None:
             follower.stop()
-        for p in reversed(daemons):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in daemons:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        _stop(daemons)
         if not opts.keep_workdir:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"[artemis] logs and rings kept in {work}", file=out, flush=True)
+
+
+def _stop(daemons: list[subprocess.Popen[bytes]]) -> None:
+    for p in reversed(daemons):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in daemons:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _end_of_run(
+    opts: RunOptions,
+    out: TextIO,
+    job: str,
+    seen: RingCensus,
+    windows: int,
+    code: int,
+    findings: list[dict[str, Any]],
+    store: str,
+    jsonl: Path,
+    plans: Path,
+    out_dir: Path,
+) -> None:
+    """The report (when there was an incident), --summary-json, and where it all is."""
+    from artemis.report.load import ReportError
+    from artemis.store import StoreError
+
+    incidents = jsonl.parent / "incidents.jsonl"
+    latest = latest_incidents(incidents, job)
+    if latest:
+        try:
+            path = _report(store, jsonl, plans, job, out_dir)
+            print(f"[artemis] report {path}", file=out, flush=True)
+        except (ReportError, StoreError, OSError) as e:
+            print(f"[artemis] no report: {e}", file=out, flush=True)
+    if opts.summary_json is not None:
+        obj = summary_json(job, seen, windows, code, findings, latest)
+        try:
+            opts.summary_json.write_text(json.dumps(obj, indent=1) + "\n")
+        except OSError as e:
+            print(f"[artemis] --summary-json {opts.summary_json}: {e.strerror}", file=out)
+    print(
+        f"[artemis] findings {jsonl}, incidents {incidents}, state {out_dir / 'state'}",
+        file=out,
+        flush=True,
+    )

@@ -1,0 +1,84 @@
+"""`artemis run`'s end-of-run text and JSON (cli/run_summary.py), on made-up findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from artemis.cli.run_summary import (
+    RingCensus,
+    full_window_possible,
+    latest_findings,
+    metric_value,
+    no_collective_lines,
+    short_job_line,
+    summary_json,
+    summary_lines,
+    watched_line,
+)
+
+
+def _f(state: str, window: int, cause: str | None, rank: int = 2) -> dict[str, object]:
+    return {
+        "job": "j",
+        "kind": "rank",
+        "rank": rank,
+        "state": state,
+        "window": window,
+        "loss_pct": 5.0,
+        "cause": {"kind": cause, "text": f"{cause} text"} if cause else None,
+    }
+
+
+def test_summary_gives_the_cause_of_the_live_flag_line() -> None:
+    found = [_f("suspect", 3, None), _f("flagged", 4, "host"), _f("ongoing", 5, "unknown")]
+    (head, line) = summary_lines(found)
+    assert head == "[artemis] summary: 1 flagged"
+    assert "cause host: host text" in line and "(later lines: unknown)" in line, line
+    assert summary_lines([_f("suspect", 3, "host")]) == ["[artemis] summary: nothing flagged"]
+
+
+def test_watched_line_and_census_rules() -> None:
+    c = RingCensus(ranks={0, 1, 2, 3}, hosts={"a"}, records=21, rings=4)
+    assert watched_line(c, 21) == "[artemis] watched 4 ranks on 1 host, 21 windows scored"
+    assert watched_line(RingCensus(), 1) == "[artemis] watched 0 ranks on 0 hosts, 1 window scored"
+    assert not full_window_possible(c, 50, 0) and full_window_possible(c, 20, 1)
+    assert not full_window_possible(c, 20, 2)  # 21 collectives at 2 a step: 10 steps
+    assert short_job_line(c, 50, 0).endswith("21 of 50 steps (--window-steps sets the window)")
+    assert c.collectives_seen and not RingCensus().collectives_seen
+
+
+def test_no_collective_names_the_likely_reasons() -> None:
+    text = "\n".join(no_collective_lines(RingCensus(), plugin=True))
+    assert "no collective seen" in text
+    assert "gloo" in text and "init_process_group('artemis')" in text
+    assert "plugin was not loaded" in text and "older than the profiler API" in text
+    assert "no profiler plugin is built" in "\n".join(no_collective_lines(RingCensus(), False))
+
+
+def test_metric_value_reads_one_jobs_sample() -> None:
+    text = (
+        "# HELP straggler_windows_scored_total x\n"
+        'straggler_windows_scored_total{job="other"} 7.0\n'
+        'straggler_windows_scored_total{job="j"} 21.0\n'
+        'straggler_windows_scored_total_created{job="j"} 1.7e9\n'
+    )
+    assert metric_value(text, "straggler_windows_scored_total", "j") == 21.0
+    assert metric_value(text, "straggler_windows_scored_total", "none") is None
+    assert metric_value("", "straggler_windows_scored_total", "j") is None
+
+
+def test_summary_json_keeps_the_latest_per_subject_and_incident(tmp_path: Path) -> None:
+    found = [_f("flagged", 4, "host"), _f("suspect", 4, None, rank=1), _f("cleared", 9, "host")]
+    assert [f["window"] for f in latest_findings(found)] == [9, 4]
+    c = RingCensus(ranks={0, 1}, hosts={"b", "a"}, records=3)
+    obj = summary_json("j", c, 2, 7, found, {"i1": {"id": "i1", "verdict": "confirmed"}})
+    assert obj == {
+        "job": "j",
+        "ranks": 2,
+        "hosts": ["a", "b"],
+        "windows_scored": 2,
+        "collectives_seen": True,
+        "exit_code": 7,
+        "findings": latest_findings(found),
+        "incidents": [{"id": "i1", "verdict": "confirmed"}],
+    }
