@@ -129,7 +129,7 @@ def _words(
         else ""
     )
     return (
-        f"input stall or a stopped process: the process was idle for {100 - b:.0f}% of its "
+        f"input stall: the process was idle for {100 - b:.0f}% of its "
         f"compute gap (busy {b:.0f}% vs {peers_busy:.0f}% on its peers) while it could have "
-        f"run: waiting on its data loader or storage, or stopped, not on a CPU{unsure}"
+        f"run: waiting on its data loader or storage, or a stopped process, not on a CPU{unsure}"
     )

@@ -31,7 +31,7 @@ def test_a_data_loader_sleep_at_60_percent_busy_is_an_idle_host_fit() -> None:
     c = diagnose(rank, PEERS, slowdown=slow)
     assert c.kind == "host" and c.evidence["mechanism"] == "idle"
     assert c.explained == pytest.approx(1.0, abs=0.03)
-    assert c.text.startswith("input stall or a stopped process: the process was idle for 40%")
+    assert c.text.startswith("input stall: the process was idle for 40%")
     assert "explains 9" in c.text and "of the 63.1% slowdown" in c.text
     assert c.to_json()["explained"] == c.explained
     # the same figures, worked by hand: (0.4 x 29.2 - 0.03 x 17.9) / 11.3 ms
