@@ -17,7 +17,7 @@ from typing import Any
 
 from artemis.common.diskio import Retention
 from artemis.common.tomlfile import ConfigError
-from artemis.protocol.server import PeerLimits
+from artemis.protocol.peers import PeerLimits
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
 

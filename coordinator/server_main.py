@@ -26,8 +26,9 @@ from artemis.detect.findings import FindingsWriter, IncidentsWriter, incidents_p
 from artemis.detect.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
 from artemis.protocol.messages import REASONS
+from artemis.protocol.peers import REFUSAL_REASONS
 from artemis.protocol.rdma.transport import RdmaUnavailable
-from artemis.protocol.server import REFUSAL_REASONS, ProtocolServer
+from artemis.protocol.server import ProtocolServer
 from artemis.protocol.transport import Transport, build_transport
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
