@@ -42,17 +42,11 @@ from artemis.coordinator.journal import (
     cut_back,
     output_marks,
 )
-from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.metrics import Metrics, PlanMetrics, register_plan_metrics
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
 from artemis.detect.detector import LATE_WINDOWS
 from artemis.detect.findings import FindingsWriter, IncidentsWriter, incidents_path
-from artemis.detect.monitor import (
-    JobMonitor,
-    MonitorOutput,
-    PlanMetrics,
-    PlansWriter,
-    register_plan_metrics,
-)
+from artemis.detect.monitor import JobMonitor, MonitorOutput, PlansWriter
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, NotTaken, PeerInfo

@@ -36,7 +36,7 @@ from artemis.detect.incidents import IncidentBook, WindowView
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
-from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
+from artemis.rebalance.outputs import PlansWriter
 from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
 
 __all__ = [
@@ -44,10 +44,8 @@ __all__ = [
     "JobMonitor",
     "MonitorOutput",
     "PlanEvent",
-    "PlanMetrics",
     "PlansWriter",
     "PolicySettings",
-    "register_plan_metrics",
 ]
 
 SNAPSHOT_VERSION = 1

@@ -19,16 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .files import PlanFormatError
-    from .outputs import PlanMetrics, PlansWriter, register_plan_metrics
+    from .outputs import PlansWriter
     from .policy import BOUNDS, MODES, PlanEvent, PolicySettings, RebalancePolicy, bound_problem
     from .split import proportional_split, rank_slice, split_bounds, uniform_split
     from .state import TRANSITIONS, IllegalTransition, Plan, PlanState
 
 _WHERE = {
     "PlanFormatError": "files",
-    "PlanMetrics": "outputs",
     "PlansWriter": "outputs",
-    "register_plan_metrics": "outputs",
     "BOUNDS": "policy",
     "MODES": "policy",
     "PlanEvent": "policy",
@@ -53,7 +51,6 @@ __all__ = [
     "Plan",
     "PlanEvent",
     "PlanFormatError",
-    "PlanMetrics",
     "PlanState",
     "PlansWriter",
     "PolicySettings",
@@ -61,7 +58,6 @@ __all__ = [
     "bound_problem",
     "proportional_split",
     "rank_slice",
-    "register_plan_metrics",
     "split_bounds",
     "uniform_split",
 ]
