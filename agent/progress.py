@@ -4,14 +4,9 @@ the records the agent polls: the input of the coordinator's hang detection. Pure
 from __future__ import annotations
 
 import numpy as np
+from artemis.agent.summary import is_done
 from artemis.protocol.records import RankProgress
-from artemis.ring.format import KIND_COLL, STATE_DONE
-
-
-def is_done(records: np.ndarray) -> np.ndarray:
-    if records.dtype.names is not None and "state" in records.dtype.names:
-        return np.asarray(records["state"] == STATE_DONE)
-    return np.ones(records.shape[0], dtype=bool)
+from artemis.ring.format import KIND_COLL
 
 
 def ring_position(

@@ -61,8 +61,6 @@ from typing import Any
 
 import numpy as np
 from artemis.agent.device_clock import CLOCK_REASONS, device_timeline
-from artemis.agent.period import infer_period
-from artemis.agent.progress import is_done
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.ring.format import (
     CLOCK_DEVICE_NS,
@@ -73,6 +71,7 @@ from artemis.ring.format import (
     KIND_COLL,
     REC_DEVICE,
     REC_HOST,
+    STATE_DONE,
 )
 
 NEEDED_FIELDS = ("coll_seq", "kind", "func", "clock", "peer", "bytes", "start", "end")
@@ -100,6 +99,49 @@ _NESTED_DT = np.dtype([("clock", "u1"), ("start", "<u8"), ("end", "<u8")])
 _INFER_CAP = 16384
 
 
+def infer_period(
+    funcs: np.ndarray,
+    sizes: np.ndarray,
+    max_period: int = 64,
+    min_periods: int = 3,
+    tolerance: float | None = None,
+) -> int | None:
+    """Collectives per step: the smallest period of the (func, bytes) sequence.
+
+    ``funcs[i]``/``sizes[i]`` describe the collective with index ``first + i``;
+    an entry with ``funcs[i] < 0`` is unknown (lost) and takes part in no
+    comparison. Period ``p`` explains the sequence when at most ``tolerance``
+    of the comparisons ``x[i]`` vs ``x[i-p]`` disagree (default
+    ``0.5 / max_period``: any wrong period below a true one of at most
+    ``max_period`` disagrees at least once per true period, so it fails).
+
+    Returns None until there is enough data to rule out every longer period up
+    to ``max_period``: ``len >= max(min_periods * p, p + 2 * max_period)``.
+    A stream of identical collectives has period 1 (each collective is taken as
+    a step) unless the caller configures ``colls_per_step``.
+    """
+    f = np.asarray(funcs, dtype=np.int64)
+    s = np.asarray(sizes, dtype=np.int64)
+    if f.shape != s.shape or f.ndim != 1:
+        raise ValueError("funcs and sizes must be 1-d arrays of the same length")
+    if max_period < 1 or min_periods < 2:
+        raise ValueError("max_period must be >= 1 and min_periods >= 2")
+    tol = 0.5 / max_period if tolerance is None else tolerance
+    n = f.size
+    valid = f >= 0
+    for p in range(1, max_period + 1):
+        if n < max(min_periods * p, p + 2 * max_period):
+            return None  # the requirement only grows with p
+        both = valid[p:] & valid[:-p]
+        m = int(both.sum())
+        if m < (min_periods - 1) * p:
+            continue
+        differ = both & ((f[p:] != f[:-p]) | (s[p:] != s[:-p]))
+        if int(differ.sum()) <= tol * m:
+            return p
+    return None
+
+
 def _clock_kind(kind: int | str | None, tick_hz: float | None) -> int:
     """The ring header's clock kind (int or the reader's name); None: ticks iff tick_hz."""
     if kind is None:
@@ -109,6 +151,13 @@ def _clock_kind(kind: int | str | None, tick_hz: float | None) -> int:
             raise ValueError(f"unknown clock kind {kind!r}; expected one of {sorted(CLOCK_KINDS)}")
         return CLOCK_KINDS[kind]
     return int(kind)
+
+
+def is_done(records: np.ndarray) -> np.ndarray:
+    """Which records are DONE (all of them in an array without a ``state`` field)."""
+    if records.dtype.names is not None and "state" in records.dtype.names:
+        return np.asarray(records["state"] == STATE_DONE)
+    return np.ones(records.shape[0], dtype=bool)
 
 
 def _as_int(a: np.ndarray, field: str, dtype: str) -> np.ndarray:
