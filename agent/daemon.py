@@ -31,7 +31,8 @@ import structlog
 from artemis.agent.config import AgentConfig
 from artemis.agent.fingerprint import host_software, ring_software, software_of, workload_signature
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
-from artemis.agent.summary import ProgressTracker, WindowSummarizer
+from artemis.agent.progress import ProgressTracker
+from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import (
     RankTarget,
     TelemetryAccumulator,

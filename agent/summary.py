@@ -60,7 +60,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from artemis.protocol.records import RankProgress, RankWindow, Telemetry
+from artemis.agent.device_clock import CLOCK_REASONS, device_timeline
+from artemis.protocol.records import RankWindow, Telemetry
 from artemis.ring.format import (
     CLOCK_DEVICE_NS,
     CLOCK_DEVICE_TICKS,
@@ -152,14 +153,15 @@ def _clock_kind(kind: int | str | None, tick_hz: float | None) -> int:
     return int(kind)
 
 
-def _as_int(a: np.ndarray, field: str, dtype: str) -> np.ndarray:
-    return np.asarray(a[field]).astype(dtype, copy=False)
-
-
-def _is_done(records: np.ndarray) -> np.ndarray:
+def is_done(records: np.ndarray) -> np.ndarray:
+    """Which records are DONE (all of them in an array without a ``state`` field)."""
     if records.dtype.names is not None and "state" in records.dtype.names:
         return np.asarray(records["state"] == STATE_DONE)
     return np.ones(records.shape[0], dtype=bool)
+
+
+def _as_int(a: np.ndarray, field: str, dtype: str) -> np.ndarray:
+    return np.asarray(a[field]).astype(dtype, copy=False)
 
 
 def _median_or_nan(x: np.ndarray) -> float:
@@ -263,7 +265,7 @@ class WindowSummarizer:
         """Add polled records (any kinds, any order); p2p and in-flight ones are ignored."""
         if records.size == 0:
             return
-        done = _is_done(records)
+        done = is_done(records)
         kind = np.asarray(records["kind"])
         is_coll = done & (kind == KIND_COLL)
         is_bridge = done & (kind == KIND_BRIDGE)
@@ -309,7 +311,7 @@ class WindowSummarizer:
         out (docs/DESIGN.md, "Protocol": a rank with several communicators)."""
         if records.size == 0:
             return
-        keep = _is_done(records) & (np.asarray(records["kind"]) == KIND_COLL)
+        keep = is_done(records) & (np.asarray(records["kind"]) == KIND_COLL)
         keep &= (records["start"] > 0) & (records["end"] >= records["start"])
         r = records[keep]
         if r.size == 0:
@@ -564,197 +566,3 @@ def _gap_busy_pct(timed: np.ndarray, lo: int) -> float | None:
     if total <= 0:
         return None
     return float(round(100.0 * max(0, int(cpu[keep].sum())) / total, 2))
-
-
-# Device-clock anomalies (docs/RELIABILITY.md "4. Device-clock anomalies"), per reason.
-CLOCK_REASONS = ("reversed", "jump", "wrap", "reset")
-WRAP_BITS = (32, 40, 48, 56)  # device counters narrower than 64 bits (64 wraps modulo 2**64)
-JUMP_S = 600.0  # the device clock stepping this much further than the host's did is a jump
-BACK_S = 1.0  # the device clock going back more than this (no wrap explains it) is a reset
-
-
-class Timeline:
-    """A window's device times made continuous: see `device_timeline`."""
-
-    __slots__ = ("broken", "counts", "end", "keep", "start")
-
-    def __init__(
-        self,
-        keep: np.ndarray,
-        start: np.ndarray,
-        end: np.ndarray,
-        broken: np.ndarray,
-        counts: dict[str, int],
-    ) -> None:
-        self.keep, self.start, self.end, self.broken, self.counts = keep, start, end, broken, counts
-
-
-def _wrap_fix(a: int, b: int, lo: int, hi: int) -> int | None:
-    """`b - a` on a counter narrower than 64 bits that wrapped between a and b, when that
-    difference lands in [lo, hi]; else None."""
-    for k in WRAP_BITS:
-        top = 1 << k
-        if a < top and b < top and lo <= b + top - a <= hi:
-            return b + top - a
-    return None
-
-
-def device_timeline(
-    start: np.ndarray,
-    end: np.ndarray,
-    enqueue: np.ndarray,
-    inside: np.ndarray,
-    units_per_s: float,
-) -> Timeline:
-    """One rank's device-clock records (sorted by coll_seq), checked for the clock's
-    anomalies and laid on one continuous timeline in device units from the first kept
-    start: ``start``/``end`` int64 for the kept records, ``broken`` where the gap before a
-    kept record is unknown, ``counts`` per reason (only records/gaps ``inside`` the window:
-    the one before it belongs to the previous window). Per record, end before start is a
-    counter wrap when a 64-bit or narrower wrap explains it (corrected), else ``reversed``
-    (the record is left out of the timings). Between two records, a step back past
-    ``BACK_S`` is a ``wrap`` when one explains it (corrected: the true gap is kept), else a
-    ``reset`` (a GPU reset restarts the timer); a step forward ``JUMP_S`` past what the
-    host clock (enqueue times) saw is a ``jump``. After a reset or a jump the times go on
-    from the previous record's end, and that gap is ``broken`` (unknown), never a
-    fabricated compute gap."""
-    n = int(start.size)
-    counts = dict.fromkeys(CLOCK_REASONS, 0)
-    s = np.asarray(start, dtype=np.uint64)
-    e = np.asarray(end, dtype=np.uint64)
-    jump = int(JUMP_S * units_per_s)
-    back = int(BACK_S * units_per_s)
-    dur = (e - s).view(np.int64).copy()  # modulo 2**64: a 64-bit wrap comes out right
-    keep = np.ones(n, dtype=bool)
-    for i in np.flatnonzero(e < s).tolist():
-        d = int(dur[i])
-        fixed = d if 0 <= d <= jump else _wrap_fix(int(s[i]), int(e[i]), 0, jump)
-        reason = "reversed" if fixed is None else "wrap"
-        if fixed is None:
-            keep[i] = False
-        else:
-            dur[i] = fixed
-        counts[reason] += bool(inside[i])
-    idx = np.flatnonzero(keep)
-    s, e, dur = s[idx], e[idx], dur[idx]
-    k = int(idx.size)
-    gap = np.zeros(k, dtype=np.int64)
-    broken = np.zeros(k, dtype=bool)
-    if k > 1:
-        gap[1:] = (s[1:] - e[:-1]).view(np.int64)
-        enq = np.asarray(enqueue, dtype=np.uint64)[idx]
-        host = np.zeros(k, dtype=np.float64)
-        both = (enq[1:] > 0) & (enq[:-1] > 0)
-        host[1:][both] = (enq[1:][both] - enq[:-1][both]).view(np.int64) * (units_per_s / 1e9)
-        odd = (gap < -back) | ((gap > jump) & (gap > host + jump))
-        # numerically back by more than `back` (a 64-bit wrap leaves a small modular gap)
-        odd[1:] |= (e[:-1] > s[1:]) & ((e[:-1] - s[1:]) > np.uint64(back))
-        odd[0] = False
-        for i in np.flatnonzero(odd).tolist():
-            g = int(gap[i])
-            a, b = int(e[i - 1]), int(s[i])
-            if b < a - back and -back <= g <= jump:
-                counts["wrap"] += 1  # a 64-bit counter wrapped: g is the true gap
-            elif g < -back:
-                w = _wrap_fix(a, b, -back, jump)
-                if w is None:
-                    counts["reset"] += 1
-                    gap[i], broken[i] = 0, True
-                else:
-                    counts["wrap"] += 1
-                    gap[i] = w
-            elif g > jump and g > host[i] + jump:
-                counts["jump"] += 1
-                gap[i], broken[i] = 0, True
-    rel_s = np.zeros(k, dtype=np.int64)
-    if k > 1:
-        rel_s[1:] = np.cumsum(dur[:-1] + gap[1:])
-    return Timeline(keep, rel_s, rel_s + dur, broken, counts)
-
-
-def ring_position(
-    done: np.ndarray, inflight: np.ndarray, last_done: int = -1
-) -> tuple[int, int | None]:
-    """(last done coll_seq, collective the rank sits in) from polled records.
-
-    Only collectives count. ``last_done`` carries the value from earlier polls;
-    the rank sits in the oldest in-flight collective newer than it.
-    """
-    if done.size:
-        d = done[(np.asarray(done["kind"]) == KIND_COLL) & _is_done(done)]
-        if d.size:
-            last_done = max(last_done, int(d["coll_seq"].max()))
-    sitting: int | None = None
-    if inflight.size:
-        f = inflight["coll_seq"][
-            (np.asarray(inflight["kind"]) == KIND_COLL)
-            & (inflight["coll_seq"].astype(np.int64) > last_done)
-        ]
-        if f.size:
-            sitting = int(f.min())
-    return last_done, sitting
-
-
-class ProgressTracker:
-    """Where one rank stands, from the agent's own monotonic observations.
-
-    ``idle_s`` is the time since anything observed changed (last done, the
-    in-flight collective, the ring's write index when given, or ``changed=True``
-    from the caller, e.g. any record polled); ``inflight_s`` the time since the
-    current in-flight collective was first seen.
-    """
-
-    def __init__(self, job: str, comm: str, rank: int, host: str) -> None:
-        self.job, self.comm, self.rank, self.host = job, comm, rank, host
-        self.last_done = -1
-        self._state: tuple[int, int | None, int | None] | None = None
-        self._changed_at = 0.0
-        self._inflight: int | None = None
-        self._inflight_since = 0.0
-        self._current = RankProgress(job, comm, rank, host, -1, None, 0.0, 0.0)
-
-    def observe(
-        self,
-        now: float,
-        last_done: int | None,
-        inflight: int | None,
-        finished: bool = False,
-        ring_index: int | None = None,
-        changed: bool = False,
-    ) -> RankProgress:
-        """Record one observation; ``last_done`` None means no collective completed now."""
-        if last_done is not None:
-            self.last_done = max(self.last_done, last_done)
-        state = (self.last_done, inflight, ring_index)
-        if changed or state != self._state:
-            self._state, self._changed_at = state, now
-        if inflight != self._inflight:
-            self._inflight, self._inflight_since = inflight, now
-        self._current = RankProgress(
-            job=self.job,
-            comm=self.comm,
-            rank=self.rank,
-            host=self.host,
-            last_done=self.last_done,
-            inflight=inflight,
-            inflight_s=0.0 if inflight is None else max(0.0, now - self._inflight_since),
-            idle_s=max(0.0, now - self._changed_at),
-            finished=finished,
-        )
-        return self._current
-
-    def current(self) -> RankProgress:
-        """The progress computed at the last observation."""
-        return self._current
-
-    def update(
-        self,
-        now: float,
-        done: np.ndarray,
-        inflight: np.ndarray,
-        finished: bool = False,
-        ring_index: int | None = None,
-    ) -> RankProgress:
-        """``observe`` from this poll's DONE and in-flight records."""
-        last, sitting = ring_position(done, inflight, self.last_done)
-        return self.observe(now, last, sitting, finished, ring_index)

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from artemis.common.bounds import bounds_of, out_of_bounds
 from artemis.common.diskio import Retention
 from artemis.common.tomlfile import ConfigError
-from artemis.protocol.server import PeerLimits
+from artemis.protocol.peers import PeerLimits
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from artemis.store.sink import check_setting
 from msgspec import Meta

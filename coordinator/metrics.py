@@ -1,24 +1,38 @@
-"""Prometheus metrics of the detector, on a registry of their own.
+"""Every ``straggler_*`` Prometheus family the daemons export, said once, and the
+collectors that fill them; the daemons only register them.
 
-`Metrics.observe_window` turns a `WindowResult` into gauges and counters,
-labelled with the job;
-`serve` exposes the registry on HTTP from a thread of its own, so a scrape
-never runs on the coordinator's event loop. Other parts of the coordinator
-register their own metrics on `Metrics.registry`.
+``FAMILIES`` names each family (help text, labels, type). ``Metrics`` holds the
+detector's families, labelled with the job (``observe_window`` turns a
+``WindowResult`` into them); ``register_protocol_metrics``,
+``register_store_metrics`` and ``register_plan_metrics`` add the protocol
+server's, the store sink's and the rebalance plans' families to its registry,
+read at scrape time where the source keeps plain counters; ``LinkCollector`` is
+the agent's uplink. ``serve`` exposes a registry on HTTP from a thread of its
+own, so a scrape never runs on the coordinator's event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from artemis.detect.detector import WindowResult
-from artemis.detect.findings import Finding
+from artemis.protocol.messages import REASONS
+from artemis.protocol.peers import REFUSAL_REASONS
+from artemis.rebalance.events import STATUSES
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from artemis.detect.detector import WindowResult
+    from artemis.detect.findings import Finding
+    from artemis.protocol.client import LinkStats
+    from artemis.protocol.server import ProtocolServer
+    from artemis.rebalance.policy import PlanEvent
+    from artemis.store.sink import StoreSink
 
 # Per-rank pace series of one job beyond which only the ranks farthest from the pace
 # of their peers are exported (docs/DESIGN.md "Metrics"): a scrape of 100k per-rank
@@ -27,6 +41,100 @@ PACE_SERIES_MAX = 4096
 
 # Scoring a window takes well under a second; buckets from 100 us to 2.5 s.
 SCORING_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
+
+# The outputs whose write state straggler_write_* and straggler_disk_full report (`file`).
+WRITE_FILES = ("findings", "incidents", "plans", "journal", "state", "dumps", "store")
+
+# Every family, one a line: type, name (a counter's without the _total of its samples),
+# labels ("-": none) and help text.
+_TABLE = """
+# The detector (Metrics), by job.
+gauge     straggler_rank_pace_ratio               job,rank,island          Rank compute gap over the median of the other ranks of its island (own warm-up history where the island is too small)
+gauge     straggler_flagged                       job,kind,subject         1 while a finding is flagged (until cleared), else 0
+gauge     straggler_step_ms                       job                      Median step time of the last window (ms)
+counter   straggler_findings                      job,kind,state           Finding reports by kind and state
+gauge     straggler_missing_ranks                 job                      Ranks without a record in the last window
+gauge     straggler_detector_active               -                        1 while the detector is scoring
+counter   straggler_gpu_hours_lost                job                      GPU-hours lost to confirmed findings (every GPU waiting on the slow part)
+counter   straggler_windows_scored                job                      Windows scored
+counter   straggler_windows_dropped               job,reason               Rank-window summaries dropped: late (their window was scored with that rank: a resend; or older than the late bound), old_run (a run of the job that a new run replaced), already_scored
+counter   straggler_windows_late_scored           job                      Rank-window summaries that came after their window's deadline and were scored against that window's own peers
+histogram straggler_scoring_seconds               job                      Time to score one window
+counter   straggler_clock_anomalies               job,reason               Device-clock anomalies in the ranks' records, corrected or left out of the timings: reversed, jump, wrap, reset (the agents') and rate (a rank whose clock runs at the wrong rate, rescaled here), in rank-windows
+gauge     straggler_last_window                   job                      Index of the last window scored
+# The flagged-now view (Grafana table, alerts): one series per finding
+# while it is flagged or ongoing, removed when it clears.
+gauge     straggler_finding_info                  job,kind,subject,since,cause 1 while a finding is flagged or ongoing; labels say what, since when and why
+gauge     straggler_finding_loss_pct              job,kind,subject         Share of each step the finding costs (%), while it lasts
+gauge     straggler_finding_excess_seconds        job,kind,subject         Extra time per step the finding costs (seconds), while it lasts
+# Incidents (docs/DESIGN.md "Incidents"): a counter of closed ones by verdict, and
+# two gauges for the open ones only, removed when an incident closes, so the
+# series stay as many as the incidents open at once.
+counter   straggler_incidents                     job,kind,verdict         Incidents closed, by kind and verdict
+gauge     straggler_incident_open                 job,kind,subject,cause   1 while an incident is open; labels say what and the cause
+gauge     straggler_incident_gpu_hours_lost       job,incident             GPU-hours an open incident has cost so far
+# With report_dir set (the coordinator writes each job's report there at its
+# end), each open incident also has a series naming where its report will be,
+# for the dashboard's annotation (grafana/: "Incident report").
+gauge     straggler_incident_report               job,incident,path        1 while an incident is open; `path` is its section of the job's report
+# Rebalance plans (PlanMetrics), by job.
+counter   straggler_plans                         job,status               Rebalance plan status changes, by job and status
+gauge     straggler_throughput_samples_per_second job,phase                Useful throughput (samples/s) measured before and after the job's latest plan
+counter   straggler_plan_escalations              job                      Plans rolled back because throughput did not recover, by job
+gauge     straggler_plan_active                   job                      1 while a verified uneven split is in force for the job, else 0
+# The protocol server and the assembler (register_protocol_metrics).
+counter   straggler_protocol_frames               -                        Frames received
+counter   straggler_protocol_bad_frames           reason                   Bad frames by reason
+counter   straggler_protocol_refused_peers        reason                   Refused peers by reason
+gauge     straggler_agents_connected              -                        Authenticated agents connected
+gauge     straggler_protocol_unauthenticated      -                        Connections open and not (yet) authenticated ([limits] bounds them)
+counter   straggler_protocol_duplicates           -                        Resent data messages already delivered
+counter   straggler_windows_late                  -                        Rank-window summaries that came after their window was released: scored late (straggler_windows_late_scored) or dropped (reason late)
+counter   straggler_windows_duplicate             -                        Rank-window summaries received twice (an agent resending; ignored)
+# Each output's write state (common/diskio.py; docs/RELIABILITY.md "3. Full disks").
+counter   straggler_write_errors                  file,reason              Failed writes of an output (findings, journal, store, ...) by reason
+counter   straggler_write_lost                    file,reason              Lines or records of an output given up (never written), by reason
+gauge     straggler_disk_full                     file                     1 while the last write of an output failed
+gauge     straggler_write_backlog_lines           file                     Lines held in memory until their output's disk has space again
+counter   straggler_windows_not_taken             -                        Window batches refused (not acked; the agent resends) because the journal could not keep them
+# The store sink's queue (store/sink.py).
+counter   straggler_store_writes_dropped          -                        Store writes dropped: its queue was full (the store slow or unreachable)
+gauge     straggler_store_queue_depth             -                        Store writes queued, not done
+gauge     straggler_store_connected               -                        1 while the incident store is open, 0 while it is being reached (or refused)
+# The agent's uplink (agent/metrics.py serves them), by host.
+gauge     straggler_agent_uplink_up               host                     1 while connected to the coordinator
+counter   straggler_agent_uplink_outages          host                     Established connections to the coordinator that were lost
+counter   straggler_agent_uplink_down_seconds     host                     Seconds without a connection to the coordinator since the first (the outage now included)
+counter   straggler_agent_uplink_stalls           host                     Connections dropped for taking data without acknowledging it (uplink_stall_s)
+gauge     straggler_agent_outbox_buffered         host                     Messages kept until the coordinator acknowledges them
+counter   straggler_agent_outbox_dropped          host                     Messages dropped because the outbox was full (buffer_max)
+counter   straggler_agent_windows_sent            host                     Rank-window summaries handed to the uplink
+"""
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    name: (kind, text, () if labels == "-" else tuple(labels.split(",")))
+    for kind, name, labels, text in (
+        line.split(None, 3) for line in _TABLE.splitlines() if line and line[0] != "#"
+    )
+}
+
+
+def declare(registry: CollectorRegistry, name: str) -> Any:
+    """A labelled family of ``FAMILIES`` on ``registry``, updated as events come."""
+    kind, text, labels = FAMILIES[name]
+    if kind == "histogram":
+        return Histogram(name, text, labels, buckets=SCORING_BUCKETS, registry=registry)
+    return (Gauge if kind == "gauge" else Counter)(name, text, labels, registry=registry)
+
+
+def family(name: str, samples: Iterable[tuple[Iterable[str], float]]) -> Metric:
+    """A family of ``FAMILIES`` built at scrape time from (label values, value) pairs."""
+    kind, text, labels = FAMILIES[name]
+    fam: Metric = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+        name, text, labels=list(labels)
+    )
+    for values, v in samples:
+        fam.add_metric(list(values), v)  # type: ignore[attr-defined]
+    return fam
 
 
 class Metrics:
@@ -43,120 +151,25 @@ class Metrics:
         # only when scraped (_PaceCollector), not one labelled child per rank per window.
         self.pace = _PaceCollector(pace_series_max)
         reg.register(self.pace)
-        self.flagged = Gauge(
-            "straggler_flagged",
-            "1 while a finding is flagged (until cleared), else 0",
-            ["job", "kind", "subject"],
-            registry=reg,
-        )
-        self.step_ms = Gauge(
-            "straggler_step_ms", "Median step time of the last window (ms)", ["job"], registry=reg
-        )
-        self.findings = Counter(
-            "straggler_findings",
-            "Finding reports by kind and state",
-            ["job", "kind", "state"],
-            registry=reg,
-        )
-        self.missing = Gauge(
-            "straggler_missing_ranks",
-            "Ranks without a record in the last window",
-            ["job"],
-            registry=reg,
-        )
-        self.active = Gauge(
-            "straggler_detector_active", "1 while the detector is scoring", registry=reg
-        )
-        self.gpu_hours = Counter(
-            "straggler_gpu_hours_lost",
-            "GPU-hours lost to confirmed findings (every GPU waiting on the slow part)",
-            ["job"],
-            registry=reg,
-        )
-        self.windows = Counter("straggler_windows_scored", "Windows scored", ["job"], registry=reg)
-        self.dropped = Counter(
-            "straggler_windows_dropped",
-            "Rank-window summaries dropped: late (their window was scored with that rank: "
-            "a resend; or older than the late bound), old_run (a run of the job that a new "
-            "run replaced), already_scored",
-            ["job", "reason"],
-            registry=reg,
-        )
-        self.late_scored = Counter(
-            "straggler_windows_late_scored",
-            "Rank-window summaries that came after their window's deadline and were scored "
-            "against that window's own peers",
-            ["job"],
-            registry=reg,
-        )
-        self.scoring = Histogram(
-            "straggler_scoring_seconds",
-            "Time to score one window",
-            ["job"],
-            buckets=SCORING_BUCKETS,
-            registry=reg,
-        )
-        self.clock_anomalies = Counter(
-            "straggler_clock_anomalies",
-            "Device-clock anomalies in the ranks' records, corrected or left out of the"
-            " timings: reversed, jump, wrap, reset (the agents') and rate (a rank whose"
-            " clock runs at the wrong rate, rescaled here), in rank-windows",
-            ["job", "reason"],
-            registry=reg,
-        )
-        self.last_window = Gauge(
-            "straggler_last_window", "Index of the last window scored", ["job"], registry=reg
-        )
-        # The flagged-now view (Grafana table, alerts): one series per finding
-        # while it is flagged or ongoing, removed when it clears.
-        self.finding_info = Gauge(
-            "straggler_finding_info",
-            "1 while a finding is flagged or ongoing; labels say what, since when and why",
-            ["job", "kind", "subject", "since", "cause"],
-            registry=reg,
-        )
-        self.finding_loss = Gauge(
-            "straggler_finding_loss_pct",
-            "Share of each step the finding costs (%), while it lasts",
-            ["job", "kind", "subject"],
-            registry=reg,
-        )
-        self.finding_excess = Gauge(
-            "straggler_finding_excess_seconds",
-            "Extra time per step the finding costs (seconds), while it lasts",
-            ["job", "kind", "subject"],
-            registry=reg,
-        )
-        # Incidents (docs/DESIGN.md "Incidents"): a counter of closed ones by verdict, and
-        # two gauges for the open ones only, removed when an incident closes, so the
-        # series stay as many as the incidents open at once.
-        self.incidents_total = Counter(
-            "straggler_incidents",
-            "Incidents closed, by kind and verdict",
-            ["job", "kind", "verdict"],
-            registry=reg,
-        )
-        self.incident_open = Gauge(
-            "straggler_incident_open",
-            "1 while an incident is open; labels say what and the cause",
-            ["job", "kind", "subject", "cause"],
-            registry=reg,
-        )
-        self.incident_hours = Gauge(
-            "straggler_incident_gpu_hours_lost",
-            "GPU-hours an open incident has cost so far",
-            ["job", "incident"],
-            registry=reg,
-        )
-        # With report_dir set (the coordinator writes each job's report there at its
-        # end), each open incident also has a series naming where its report will be,
-        # for the dashboard's annotation (grafana/: "Incident report").
-        self.incident_report = Gauge(
-            "straggler_incident_report",
-            "1 while an incident is open; `path` is its section of the job's report",
-            ["job", "incident", "path"],
-            registry=reg,
-        )
+        self.flagged = declare(reg, "straggler_flagged")
+        self.step_ms = declare(reg, "straggler_step_ms")
+        self.findings = declare(reg, "straggler_findings")
+        self.missing = declare(reg, "straggler_missing_ranks")
+        self.active = declare(reg, "straggler_detector_active")
+        self.gpu_hours = declare(reg, "straggler_gpu_hours_lost")
+        self.windows = declare(reg, "straggler_windows_scored")
+        self.dropped = declare(reg, "straggler_windows_dropped")
+        self.late_scored = declare(reg, "straggler_windows_late_scored")
+        self.scoring = declare(reg, "straggler_scoring_seconds")
+        self.clock_anomalies = declare(reg, "straggler_clock_anomalies")
+        self.last_window = declare(reg, "straggler_last_window")
+        self.finding_info = declare(reg, "straggler_finding_info")
+        self.finding_loss = declare(reg, "straggler_finding_loss_pct")
+        self.finding_excess = declare(reg, "straggler_finding_excess_seconds")
+        self.incidents_total = declare(reg, "straggler_incidents")
+        self.incident_open = declare(reg, "straggler_incident_open")
+        self.incident_hours = declare(reg, "straggler_incident_gpu_hours_lost")
+        self.incident_report = declare(reg, "straggler_incident_report")
         self.report_dir = ""
         self._incident_labels: dict[tuple[str, str], tuple[str, ...]] = {}  # (job, id) -> open
         self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
@@ -308,6 +321,173 @@ class Metrics:
         return serve(self, port, addr)
 
 
+def register_protocol_metrics(
+    registry: CollectorRegistry, server: ProtocolServer, coord: Any | None = None
+) -> None:
+    """The protocol server's plain counters and, with the coordinator, its assembler's
+    and its outputs' write state: read at scrape time."""
+    registry.register(_ProtocolCollector(server, coord))
+
+
+def register_store_metrics(registry: CollectorRegistry, sink: StoreSink) -> None:
+    """The store sink's queue (store/sink.py), read at scrape time."""
+    registry.register(_StoreCollector(sink))
+
+
+def register_plan_metrics(registry: CollectorRegistry) -> PlanMetrics:
+    """The rebalance plans' families, by job."""
+    return PlanMetrics(
+        plans=declare(registry, "straggler_plans"),
+        throughput=declare(registry, "straggler_throughput_samples_per_second"),
+        escalations=declare(registry, "straggler_plan_escalations"),
+        active=declare(registry, "straggler_plan_active"),
+    )
+
+
+class _ProtocolCollector:
+    def __init__(self, server: ProtocolServer, coord: Any | None) -> None:
+        self.server, self.coord = server, coord
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.server.stats.snapshot()
+        yield family("straggler_protocol_frames", [((), st["frames_total"])])
+        # Every known reason is exported from the start (at 0), so rates and
+        # alerts have a series before the first bad frame arrives.
+        bad = {**dict.fromkeys(REASONS, 0), **st["bad_frames_total"]}
+        yield family("straggler_protocol_bad_frames", (((k,), v) for k, v in sorted(bad.items())))
+        refused = {**dict.fromkeys(REFUSAL_REASONS, 0), **st["refused_peers_total"]}
+        yield family(
+            "straggler_protocol_refused_peers", (((k,), v) for k, v in sorted(refused.items()))
+        )
+        yield family("straggler_agents_connected", [((), st["established"])])
+        yield family("straggler_protocol_unauthenticated", [((), st["unauthenticated"])])
+        yield family("straggler_protocol_duplicates", [((), st["duplicates_total"])])
+        coord = self.coord
+        if coord is not None:
+            yield family("straggler_windows_late", [((), coord.assembler.late)])
+            yield family("straggler_windows_duplicate", [((), coord.assembler.duplicates)])
+            yield from _write_health(coord)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+def _write_health(coord: Any) -> Iterator[Metric]:
+    """straggler_write_* and straggler_disk_full: each output's write state."""
+    health = coord.write_health()
+    yield family(
+        "straggler_write_errors",
+        (((h.label, r), n) for h in health for r, n in sorted(h.errors.items())),
+    )
+    yield family(
+        "straggler_write_lost",
+        (((h.label, r), n) for h in health for r, n in sorted(h.lost.items())),
+    )
+    yield family("straggler_disk_full", (((h.label,), 1.0 if h.failing else 0.0) for h in health))
+    yield family("straggler_write_backlog_lines", (((h.label,), float(h.backlog)) for h in health))
+    yield family("straggler_windows_not_taken", [((), coord.refused_batches)])
+
+
+class _StoreCollector:
+    def __init__(self, sink: StoreSink) -> None:
+        self.sink = sink
+
+    def collect(self) -> Iterator[Metric]:
+        sink = self.sink
+        yield family("straggler_store_writes_dropped", [((), sink.dropped)])
+        yield family("straggler_store_queue_depth", [((), sink.depth)])
+        if sink.url is not None:  # a store configured (none with store = "off")
+            yield family("straggler_store_connected", [((), 1 if sink.connected else 0)])
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+class PlanMetrics:
+    """Prometheus series for rebalance plans, registered on one registry, by job: every
+    series carries a ``job`` label, taken from the event, so two jobs on one coordinator
+    never share a series and one job's clean-up (``forget``) leaves the others alone."""
+
+    def __init__(
+        self, plans: Counter, throughput: Gauge, escalations: Counter, active: Gauge
+    ) -> None:
+        self.plans = plans  # straggler_plans_total{job,status}
+        self.throughput = throughput  # straggler_throughput_samples_per_second{job,phase}
+        self.escalations = escalations  # straggler_plan_escalations_total{job}
+        self.active = active  # straggler_plan_active{job}: 1 while on an uneven split
+        self._jobs: set[str] = set()
+
+    def add_job(self, job: str) -> None:
+        """Make the job's series visible at 0 before its first plan."""
+        if job in self._jobs:
+            return
+        self._jobs.add(job)
+        for s in STATUSES:
+            self.plans.labels(job=job, status=s)
+        self.escalations.labels(job=job)
+        self.active.labels(job=job).set(0.0)
+
+    def forget(self, job: str) -> None:
+        """Remove every series of ``job`` (it ended); other jobs' series stay."""
+        if job not in self._jobs:
+            return
+        self._jobs.discard(job)
+        for s in STATUSES:
+            self.plans.remove(job, s)
+        for phase in ("before", "after"):
+            with contextlib.suppress(KeyError):
+                self.throughput.remove(job, phase)
+        self.escalations.remove(job)
+        self.active.remove(job)
+
+    def observe(self, event: PlanEvent, job: str | None = None) -> None:
+        """Count ``event`` under ``job`` (default: the event's own ``job``)."""
+        job = event.job if job is None else job
+        self.add_job(job)
+        self.plans.labels(job=job, status=event.status).inc()
+        if event.throughput_before is not None:
+            self.throughput.labels(job=job, phase="before").set(event.throughput_before)
+        if event.throughput_after is not None:
+            self.throughput.labels(job=job, phase="after").set(event.throughput_after)
+        if event.escalate:
+            self.escalations.labels(job=job).inc()
+        if event.status == "verified":
+            self.active.labels(job=job).set(0.0 if _even(event.after) else 1.0)
+        elif event.status == "rolled_back":
+            self.active.labels(job=job).set(0.0 if _even(event.before) else 1.0)
+
+
+def _even(split: list[int]) -> bool:
+    return max(split) - min(split) <= 1 if split else True
+
+
+class LinkCollector:
+    """The agent's own link to the coordinator, which the coordinator cannot see while
+    the link is down: whether it is up, its outages and how long they lasted in all
+    (the outage now included), connections dropped for taking data without
+    acknowledging it, and what it keeps for the coordinator meanwhile
+    (docs/DESIGN.md "Metrics", docs/RELIABILITY.md "Network partitions")."""
+
+    def __init__(self, host: str, stats: Callable[[], LinkStats], sent: Callable[[], int]) -> None:
+        self.host = host
+        self.stats = stats
+        self.sent = sent
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.stats()
+        h = (self.host,)
+        yield family("straggler_agent_uplink_up", [(h, st.connected)])
+        yield family("straggler_agent_uplink_outages", [(h, st.outages)])
+        yield family("straggler_agent_uplink_down_seconds", [(h, st.down_seconds())])
+        yield family("straggler_agent_uplink_stalls", [(h, st.stalls)])
+        yield family("straggler_agent_outbox_buffered", [(h, st.buffered)])
+        yield family("straggler_agent_outbox_dropped", [(h, st.dropped)])
+        yield family("straggler_agent_windows_sent", [(h, self.sent())])
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
 class _PaceCollector(Collector):
     """`straggler_rank_pace_ratio{job, rank, island}`: one series per rank with a finite
     pace in the job's last scored window, or, in a job with more such ranks than
@@ -319,10 +499,6 @@ class _PaceCollector(Collector):
     operations and a scrape builds the samples."""
 
     NAME = "straggler_rank_pace_ratio"
-    HELP = (
-        "Rank compute gap over the median of the other ranks of its island "
-        "(own warm-up history where the island is too small)"
-    )
 
     def __init__(self, limit: int = PACE_SERIES_MAX) -> None:
         self.limit = limit
@@ -341,14 +517,14 @@ class _PaceCollector(Collector):
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
 
-    def describe(self) -> list[GaugeMetricFamily]:
-        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "rank", "island"])]
+    def describe(self) -> list[Metric]:
+        return [family(self.NAME, ())]
 
-    def collect(self) -> list[GaugeMetricFamily]:
-        fam = GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "rank", "island"])
+    def collect(self) -> list[Metric]:
+        fam = family(self.NAME, ())
         for job, (ranks, islands, values) in list(self._jobs.items()):
             for r, isl, v in zip(ranks.tolist(), islands.tolist(), values.tolist(), strict=True):
-                fam.add_metric([job, str(r), str(isl)], v)
+                fam.add_metric([job, str(r), str(isl)], v)  # type: ignore[attr-defined]
         return [fam]
 
 

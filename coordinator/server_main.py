@@ -20,160 +20,22 @@ from artemis.common.tomlfile import ConfigError
 from artemis.coordinator.cli import prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
 from artemis.coordinator.journal import AssemblyJournal
-from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.metrics import (
+    Metrics,
+    register_protocol_metrics,
+    register_store_metrics,
+)
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.sinks import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.detect.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
-from artemis.protocol.messages import REASONS
 from artemis.protocol.rdma.transport import RdmaUnavailable
-from artemis.protocol.server import REFUSAL_REASONS, ProtocolServer
+from artemis.protocol.server import ProtocolServer
 from artemis.protocol.transport import Transport, build_transport
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
-
-
-def register_protocol_metrics(
-    registry: Any, server: ProtocolServer, coord: Coordinator | None = None
-) -> None:
-    """Expose the server's plain counters through a collector read at scrape time."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    class _Collector:
-        def collect(self) -> Any:
-            st = server.stats.snapshot()
-            c = CounterMetricFamily("straggler_protocol_frames", "Frames received", labels=[])
-            c.add_metric([], st["frames_total"])
-            yield c
-            # Every known reason is exported from the start (at 0), so rates and
-            # alerts have a series before the first bad frame arrives.
-            b = CounterMetricFamily(
-                "straggler_protocol_bad_frames", "Bad frames by reason", labels=["reason"]
-            )
-            bad = {**dict.fromkeys(REASONS, 0), **st["bad_frames_total"]}
-            for k, v in sorted(bad.items()):
-                b.add_metric([k], v)
-            yield b
-            r = CounterMetricFamily(
-                "straggler_protocol_refused_peers", "Refused peers by reason", labels=["reason"]
-            )
-            refused = {**dict.fromkeys(REFUSAL_REASONS, 0), **st["refused_peers_total"]}
-            for k, v in sorted(refused.items()):
-                r.add_metric([k], v)
-            yield r
-            g = GaugeMetricFamily("straggler_agents_connected", "Authenticated agents connected")
-            g.add_metric([], st["established"])
-            yield g
-            u = GaugeMetricFamily(
-                "straggler_protocol_unauthenticated",
-                "Connections open and not (yet) authenticated ([limits] bounds them)",
-            )
-            u.add_metric([], st["unauthenticated"])
-            yield u
-            d = CounterMetricFamily(
-                "straggler_protocol_duplicates", "Resent data messages already delivered"
-            )
-            d.add_metric([], st["duplicates_total"])
-            yield d
-            if coord is not None:
-                a = coord.assembler
-                late = CounterMetricFamily(
-                    "straggler_windows_late",
-                    "Rank-window summaries that came after their window was released: "
-                    "scored late (straggler_windows_late_scored) or dropped (reason late)",
-                )
-                late.add_metric([], a.late)
-                yield late
-                dup = CounterMetricFamily(
-                    "straggler_windows_duplicate",
-                    "Rank-window summaries received twice (an agent resending; ignored)",
-                )
-                dup.add_metric([], a.duplicates)
-                yield dup
-                yield from _write_health_metrics(coord)
-
-        def describe(self) -> Any:
-            return []
-
-    registry.register(_Collector())
-
-
-WRITE_FILES = ("findings", "incidents", "plans", "journal", "state", "dumps", "store")
-
-
-def _write_health_metrics(coord: Coordinator) -> Any:
-    """straggler_write_* and straggler_disk_full: each output's write state
-    (common/diskio.py; docs/RELIABILITY.md "3. Full disks")."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    health = coord.write_health()
-    err = CounterMetricFamily(
-        "straggler_write_errors",
-        "Failed writes of an output (findings, journal, store, ...) by reason",
-        labels=["file", "reason"],
-    )
-    lost = CounterMetricFamily(
-        "straggler_write_lost",
-        "Lines or records of an output given up (never written), by reason",
-        labels=["file", "reason"],
-    )
-    full = GaugeMetricFamily(
-        "straggler_disk_full", "1 while the last write of an output failed", labels=["file"]
-    )
-    backlog = GaugeMetricFamily(
-        "straggler_write_backlog_lines",
-        "Lines held in memory until their output's disk has space again",
-        labels=["file"],
-    )
-    for h in health:
-        full.add_metric([h.label], 1.0 if h.failing else 0.0)
-        backlog.add_metric([h.label], float(h.backlog))
-        for reason, n in sorted(h.errors.items()):
-            err.add_metric([h.label, reason], n)
-        for reason, n in sorted(h.lost.items()):
-            lost.add_metric([h.label, reason], n)
-    yield err
-    yield lost
-    yield full
-    yield backlog
-    nt = CounterMetricFamily(
-        "straggler_windows_not_taken",
-        "Window batches refused (not acked; the agent resends) because the journal"
-        " could not keep them",
-    )
-    nt.add_metric([], coord.refused_batches)
-    yield nt
-
-
-def register_store_metrics(registry: Any, sink: StoreSink) -> None:
-    """The store sink's queue (store/sink.py), read at scrape time."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    class _Collector:
-        def collect(self) -> Any:
-            d = CounterMetricFamily(
-                "straggler_store_writes_dropped",
-                "Store writes dropped: its queue was full (the store slow or unreachable)",
-            )
-            d.add_metric([], sink.dropped)
-            yield d
-            q = GaugeMetricFamily("straggler_store_queue_depth", "Store writes queued, not done")
-            q.add_metric([], sink.depth)
-            yield q
-            if sink.url is not None:  # a store configured (none with store = "off")
-                c = GaugeMetricFamily(
-                    "straggler_store_connected",
-                    "1 while the incident store is open, 0 while it is being reached (or refused)",
-                )
-                c.add_metric([], 1 if sink.connected else 0)
-                yield c
-
-        def describe(self) -> Any:
-            return []
-
-    registry.register(_Collector())
 
 
 class CoordinatorServer(Lifecycle):

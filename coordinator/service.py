@@ -41,7 +41,7 @@ from artemis.coordinator.journal import (
     cut_back,
     output_marks,
 )
-from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.metrics import Metrics, PlanMetrics, register_plan_metrics
 from artemis.coordinator.sinks import (
     FindingsWriter,
     IncidentsWriter,
@@ -56,7 +56,7 @@ from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
-from artemis.rebalance.outputs import PlanMetrics, PlansWriter, register_plan_metrics
+from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
 
 __all__ = ["BASELINE_RETRY_S", "REPORT_FLUSH_S", "Coordinator"]

@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import msgpack
 import structlog
 from artemis.common.diskio import FileHealth, JsonlAppender, Retention
-from artemis.coordinator.metrics import Metrics
+from artemis.coordinator.metrics import Metrics, PlanMetrics
 from artemis.detect.findings import Finding, _clean, flag_message
 from artemis.detect.monitor import MonitorOutput
-from artemis.rebalance.outputs import PlanMetrics, PlansWriter
+from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .events import PlanEvent
     from .files import PlanFormatError
-    from .outputs import PlanMetrics, PlansWriter, register_plan_metrics
+    from .outputs import PlansWriter
     from .policy import RebalancePolicy
     from .settings import BOUNDS, MODES, PolicySettings, bound_problem
     from .split import proportional_split, rank_slice, split_bounds, uniform_split
@@ -33,9 +33,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "PlanFormatError": "files",
-    "PlanMetrics": "outputs",
     "PlansWriter": "outputs",
-    "register_plan_metrics": "outputs",
     "BOUNDS": "settings",
     "MODES": "settings",
     "PlanEvent": "events",
@@ -60,7 +58,6 @@ __all__ = [
     "Plan",
     "PlanEvent",
     "PlanFormatError",
-    "PlanMetrics",
     "PlanState",
     "PlansWriter",
     "PolicySettings",
@@ -68,7 +65,6 @@ __all__ = [
     "bound_problem",
     "proportional_split",
     "rank_slice",
-    "register_plan_metrics",
     "split_bounds",
     "uniform_split",
 ]

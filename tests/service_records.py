@@ -4,8 +4,8 @@ summary in a 4-rank, 2-host communicator `c0`, and the peer of the host that sen
 from __future__ import annotations
 
 from artemis.protocol.messages import RankInfo
+from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow
-from artemis.protocol.server import PeerInfo
 
 
 def rank_window(

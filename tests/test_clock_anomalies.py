@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artemis.agent.summary import WindowSummarizer, device_timeline
+from artemis.agent.device_clock import device_timeline
+from artemis.agent.summary import WindowSummarizer
 from artemis.detect.clockrate import correct_rates
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow

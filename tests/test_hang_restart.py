@@ -22,8 +22,8 @@ from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.monitor import RESTORED_DUMP_WAIT_S
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Windows
+from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankProgress, RankWindow
-from artemis.protocol.server import PeerInfo
 from artemis.rebalance.outputs import PlansWriter
 from service_records import host_peer, rank_window
 

@@ -48,6 +48,8 @@ CORE_FORBIDDEN = (
     "artemis.store",
     "artemis.coordinator",
 )
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":

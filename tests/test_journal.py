@@ -17,8 +17,8 @@ from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import Windows
+from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow, Telemetry
-from artemis.protocol.server import PeerInfo
 from artemis.rebalance.outputs import PlansWriter
 from service_records import host_peer, rank_window
 

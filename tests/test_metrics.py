@@ -9,7 +9,7 @@ import pytest
 from artemis.coordinator.metrics import Metrics
 from artemis.detect.detector import Detector, WindowResult
 from artemis.detect.settings import Settings
-from prometheus_client import Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_detector_support import WINDOW_STEPS, make_window
 
@@ -152,3 +152,47 @@ def test_a_job_over_the_pace_series_limit_exports_its_ranks_farthest_from_pace()
     cut = sorted((abs(np.log(v)) for v in every.values()), reverse=True)[3]
     assert all(abs(np.log(v)) >= cut for v in some.values()) and "2" in some
     assert all(some[r] == every[r] for r in some)
+
+
+def test_every_straggler_family_is_said_once_in_the_metrics_module() -> None:
+    # The coordinator's registry with every part registered, and the agent's collector:
+    # each family they export is one of FAMILIES (name, type, help, labels), and every
+    # one of FAMILIES is exported by one of them.
+    from types import SimpleNamespace
+
+    from artemis.common.diskio import FileHealth
+    from artemis.coordinator.metrics import (
+        FAMILIES,
+        LinkCollector,
+        register_plan_metrics,
+        register_protocol_metrics,
+        register_store_metrics,
+    )
+    from artemis.protocol.client import LinkStats
+    from artemis.protocol.peers import ProtocolStats
+
+    m = Metrics()
+    health = FileHealth("findings")
+    health.errors["ENOSPC"] += 1
+    health.lost["ENOSPC"] += 1
+    coord = SimpleNamespace(
+        assembler=SimpleNamespace(late=0, duplicates=0),
+        write_health=lambda: [health],
+        refused_batches=0,
+    )
+    register_protocol_metrics(m.registry, SimpleNamespace(stats=ProtocolStats()), coord)  # type: ignore[arg-type]
+    sink = SimpleNamespace(dropped=0, depth=0, url="sqlite:///x", connected=True)
+    register_store_metrics(m.registry, sink)  # type: ignore[arg-type]
+    register_plan_metrics(m.registry)
+    agent = CollectorRegistry()
+    agent.register(LinkCollector("h0", LinkStats, lambda: 0))
+    seen = {}
+    for reg in (m.registry, agent):
+        for fam in reg.collect():
+            seen[fam.name] = (fam.type, fam.documentation, fam)
+    assert set(seen) == set(FAMILIES)
+    for name, (kind, text, labels) in FAMILIES.items():
+        got_kind, got_text, fam = seen[name]
+        assert (got_kind, got_text) == (kind, text), name
+        for s in fam.samples:
+            assert set(s.labels) - {"le"} <= set(labels), (name, s.labels)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
+from artemis.coordinator.metrics import register_plan_metrics
 from artemis.job import PlanFormatError, RebalanceClient
 from artemis.rebalance.files import ack_path, plan_path, read_acks, read_plan
-from artemis.rebalance.outputs import PlansWriter, register_plan_metrics
+from artemis.rebalance.outputs import PlansWriter
 from artemis.rebalance.policy import PlanEvent
 
 JOB = "job-7"

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from artemis.report import render
-from artemis.report.html import MAX_POINTS, job_summary, story
+from artemis.report.charts import MAX_POINTS
+from artemis.report.story import job_summary, story
 from artemis.report.svg import nice_ticks
 from report_data import contract_bundle, drawn_bars
 

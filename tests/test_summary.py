@@ -14,12 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from artemis.agent.summary import (
-    ProgressTracker,
-    WindowSummarizer,
-    infer_period,
-    ring_position,
-)
+from artemis.agent.progress import ProgressTracker, ring_position
+from artemis.agent.summary import WindowSummarizer, infer_period
 from artemis.protocol.records import RankWindow
 from artemis.ring import format as rf
 from artemis.ring.format import CLOCK_DEVICE_TICKS, STATE_DONE, STATE_IN_FLIGHT

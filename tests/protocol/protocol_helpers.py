@@ -22,8 +22,8 @@ from artemis.protocol.messages import (
     Welcome,
     Windows,
 )
+from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankProgress, RankWindow, Telemetry
-from artemis.protocol.server import PeerInfo
 
 T = TypeVar("T")
 

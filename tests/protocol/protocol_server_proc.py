@@ -9,7 +9,8 @@ import sys
 from artemis.common.aio import run
 from artemis.protocol.auth import load_secret
 from artemis.protocol.messages import Message
-from artemis.protocol.server import PeerInfo, ProtocolServer
+from artemis.protocol.peers import PeerInfo
+from artemis.protocol.server import ProtocolServer
 from artemis.protocol.tcp import TcpTransport
 
 

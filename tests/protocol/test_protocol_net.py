@@ -20,7 +20,8 @@ from artemis.protocol.messages import (
     Windows,
     message_to_map,
 )
-from artemis.protocol.server import NotConnected, PeerInfo, ProtocolServer
+from artemis.protocol.peers import NotConnected, PeerInfo
+from artemis.protocol.server import ProtocolServer
 from artemis.protocol.session import (
     AgentIdentity,
     AgentSession,

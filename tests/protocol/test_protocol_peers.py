@@ -18,7 +18,8 @@ import pytest
 from artemis.protocol.client import AgentLink
 from artemis.protocol.codec import FrameDecoder, encode
 from artemis.protocol.messages import Error
-from artemis.protocol.server import PeerLimits, ProtocolServer
+from artemis.protocol.peers import PeerLimits
+from artemis.protocol.server import ProtocolServer
 from artemis.protocol.session import AgentIdentity, AgentSession, Send
 from artemis.protocol.tcp import TcpChannel, TcpTransport, client_ssl_context, server_ssl_context
 from artemis.protocol.transport import ChannelClosed

@@ -22,7 +22,8 @@ from typing import Any
 
 import hostile_peer
 import pytest
-from artemis.protocol.server import LOG_REFUSALS_PER_S, REFUSAL_REASONS
+from artemis.protocol.peers import REFUSAL_REASONS
+from artemis.protocol.server import LOG_REFUSALS_PER_S
 from artemis.protocol.transport import TLS_REASONS
 from daemon_harness import (
     Coordinator,

@@ -1,0 +1,250 @@
+"""An incident and its job in words: the headline numbers, the one-paragraph story,
+and the number formats the page shares. Pure (report/README.md)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from html import escape
+from typing import Any
+
+
+def fmt_num(v: Any, digits: int = 1, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        s = f"{v:,}"
+    elif isinstance(v, float):
+        s = f"{v:,.{digits}f}"
+    else:
+        return escape(str(v))
+    return f"{s} {unit}".strip() if unit else s
+
+
+def fmt_hours(v: Any) -> str:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return "—"
+    if v == 0:
+        return "0"
+    if abs(v) < 0.01:
+        return f"{v:.2g}"
+    if abs(v) < 10:
+        return f"{v:.2f}"
+    return f"{v:,.1f}"
+
+
+def fmt_when(t: Any) -> str:
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return ""
+    return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def window_of(point: Any) -> int | None:
+    if isinstance(point, Mapping):
+        w = point.get("window")
+        return int(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else None
+    return None
+
+
+def fmt_signed(v: Any) -> str:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return "—"
+    return f"{v:+.1f}%"
+
+
+def subject_name(inc: Mapping[str, Any]) -> str:
+    """How the page names an incident's subject: rank 2, ranks 2, 3, island amd, link a-b."""
+    kind = inc.get("kind")
+    ranks = inc.get("ranks") or []
+    if kind in ("rank", "degraded") and inc.get("rank") is not None:
+        return f"rank {inc['rank']}"
+    if kind == "island":
+        return f"island {inc.get('island') or inc.get('subject')}"
+    if kind == "link":
+        return f"link {inc.get('subject')}"
+    if kind == "collective":
+        return f"the collectives of island {inc.get('island') or inc.get('subject')}"
+    if len(ranks) > 1:
+        return "ranks " + ", ".join(str(r) for r in ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return str(inc.get("subject", "?"))
+
+
+def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's headline numbers, from its record, its window rows and its incidents."""
+    job = dict(bundle.get("job") or {})
+    incidents = list(bundle.get("incidents") or [])
+    rows = list(bundle.get("windows") or [])
+    by_verdict: Counter[str] = Counter(
+        (inc.get("verdict") or "open") for inc in incidents if isinstance(inc, Mapping)
+    )
+    lost = sum(
+        float((inc.get("cost") or {}).get("gpu_hours") or 0.0)
+        for inc in incidents
+        if isinstance(inc, Mapping)
+    )
+    windows = [r["window"] for r in rows if isinstance(r.get("window"), int)]
+    times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
+    ranks = job.get("ranks")
+    gpus = job.get("gpu_count") or ranks  # the coordinator's gpu_count setting, else a GPU a rank
+    gpu_hours = job.get("gpu_hours")
+    wall_s = None
+    if len(times) >= 2:
+        # The rows are window ends: n windows span n intervals, the first one's length
+        # estimated as the mean interval.
+        span = max(times) - min(times)
+        wall_s = span * len(times) / (len(times) - 1)
+    elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
+        job.get("last_time"), (int, float)
+    ):
+        wall_s = float(job["last_time"]) - float(job["first_seen"])
+    # The job's own time: its step times over its windows, the measure the incidents'
+    # costs use (a simulator's wall clock runs faster); else the wall time.
+    steps = job.get("window_steps")
+    step_ms = [float(r["step_ms"]) for r in rows if isinstance(r.get("step_ms"), (int, float))]
+    train_s = None
+    if isinstance(steps, int) and step_ms and len(step_ms) == len(rows):
+        train_s = sum(step_ms) * steps / 1000.0
+    if gpu_hours is None and isinstance(gpus, int):
+        t = train_s if train_s is not None else wall_s
+        if t is not None:
+            gpu_hours = gpus * t / 3600.0
+    hosts = job.get("hosts")
+    if isinstance(hosts, Sequence) and not isinstance(hosts, str):
+        hosts = len(hosts)
+    islands = job.get("islands")
+    if isinstance(islands, Mapping):
+        island_text = ", ".join(f"{k} ({v})" for k, v in islands.items())
+        n_islands = len(islands)
+    elif isinstance(islands, Sequence) and not isinstance(islands, str):
+        names = list(dict.fromkeys(str(i) for i in islands))
+        island_text = ", ".join(names)
+        n_islands = len(names)
+    else:
+        # Not in the job's record: say which islands its incidents name, no count.
+        n_islands = None
+        named = sorted({str(i["island"]) for i in incidents if i.get("island")})
+        island_text = ("not recorded; incidents name " + ", ".join(named)) if named else ""
+    return {
+        "job": job.get("job") or bundle.get("job_id") or "?",
+        "run": job.get("run"),
+        "ranks": ranks,
+        "hosts": hosts,
+        "islands": n_islands,
+        "island_text": island_text,
+        "windows": (min(windows), max(windows)) if windows else None,
+        "started": min(times) if times else job.get("started"),
+        "ended": max(times) if times else job.get("ended"),
+        "wall_s": wall_s,
+        "train_s": train_s,
+        "gpu_hours": gpu_hours,
+        "lost_gpu_hours": lost,
+        "lost_pct": (100.0 * lost / gpu_hours) if gpu_hours else None,
+        "incidents": len(incidents),
+        "by_verdict": dict(by_verdict),
+    }
+
+
+def story(inc: Mapping[str, Any]) -> str:
+    """The incident in one paragraph of plain text, every number from the record."""
+    who = subject_name(inc)
+    where = []
+    if inc.get("island") and inc.get("kind") in ("rank", "degraded"):
+        where.append(f"island {inc['island']}")
+    hosts = inc.get("hosts") or []
+    if hosts:
+        where.append(("host " if len(hosts) == 1 else "hosts ") + ", ".join(hosts))
+    marks = {m.get("marker"): m.get("window") for m in inc.get("markers") or []}
+    ev = inc.get("evidence") or {}
+    cost = inc.get("cost") or {}
+    parts: list[str] = []
+    onset = marks.get("onset")
+    head = who[0].upper() + who[1:]
+    if where:
+        head += f" ({'; '.join(where)})"
+    verb = {"hang": "hung", "missing": "stopped reporting"}.get(str(inc.get("kind")), "slowed")
+    slow = f"{head} {verb}"
+    if onset is not None:
+        slow += f" {'at' if verb != 'slowed' else 'from'} window {onset}"
+    ratio = ev.get("ratio")
+    if isinstance(ratio, (int, float)) and ev.get("gap_ms") is not None:
+        slow += (
+            f": its compute gap ran {100 * (ratio - 1):.0f}% over its peers' "
+            f"({fmt_num(ev.get('gap_ms'))} ms against {fmt_num(ev.get('peers_gap_ms'))} ms"
+            f" over {ev.get('windows', '?')} windows)"
+        )
+    parts.append(slow + ".")
+    if cost.get("excess_ms") is not None:
+        parts.append(
+            f"That cost {fmt_num(cost.get('excess_ms'))} ms a step, {fmt_num(cost.get('loss_pct'))}% "
+            f"of the job's throughput."
+        )
+    opened = window_of(inc.get("opened"))
+    conf = inc.get("confirmed")
+    if opened is not None:
+        s = f"Artemis flagged it at window {opened}"
+        if isinstance(conf, Mapping) and conf.get("window") is not None:
+            s += f" and confirmed it at window {conf['window']}"
+            if conf.get("q1_ms") is not None:
+                s += (
+                    f" (its lower quartile {fmt_num(conf.get('q1_ms'))} ms above the peers' "
+                    f"median {fmt_num(conf.get('peers_median_ms'))} ms: the whole distribution moved)"
+                )
+        elif inc.get("verdict") == "dismissed":
+            s += " but never confirmed it"
+        parts.append(s + ".")
+    cause = inc.get("cause") or {}
+    if cause.get("kind"):
+        text = cause.get("text") or ""
+        parts.append(f"Cause ({cause['kind']}): {text or 'no telemetry explains it'}.")
+    for act in inc.get("actions") or []:
+        hist = act.get("history") or []
+        applied = next((h for h in hist if h.get("status") == "applied"), None)
+        s = f"Plan {act.get('plan')}"
+        if applied is not None:
+            # the marker's window: where the split changes (apply_at_step), which can
+            # be a window or two after the acknowledgement in the history
+            at = next(
+                (m.get("window") for m in inc.get("markers") or [] if m.get("marker") == "applied"),
+                applied.get("window"),
+            )
+            s += f" was applied at window {at}"
+        else:
+            s += f" was {act.get('status')}"
+        end = next((h for h in hist if h.get("status") in ("verified", "rolled_back")), None)
+        if end is not None:
+            s += (
+                f" and {'verified' if end['status'] == 'verified' else 'rolled back'}"
+                f" at window {end.get('window')}"
+            )
+        if act.get("throughput_before") is not None and act.get("throughput_after") is not None:
+            s += (
+                f": throughput {fmt_num(act['throughput_before'])} → "
+                f"{fmt_num(act['throughput_after'])} samples/s ({fmt_signed(act.get('gain_pct'))})"
+            )
+        parts.append(s + ".")
+    closed = inc.get("closed")
+    if isinstance(closed, Mapping):
+        if closed.get("why") == "cleared":
+            parts.append(f"It cleared at window {closed.get('window')}.")
+        else:
+            parts.append(f"The job ended at window {closed.get('window')} with it still open.")
+    if cost.get("gpu_hours") is not None:
+        s = f"Over the episode it cost {fmt_hours(cost['gpu_hours'])} GPU-hours"
+        if cost.get("gpu_hours_per_day") is not None and inc.get("verdict") not in (
+            "recovered",
+            "dismissed",
+        ):
+            s += f" ({fmt_hours(cost['gpu_hours_per_day'])} a day if left unresolved)"
+        parts.append(s + ".")
+    verdict = inc.get("verdict") or "open"
+    v = f"Verdict: {verdict}"
+    if inc.get("reason"):
+        v += f", {inc['reason']}"
+    parts.append(v + ".")
+    return " ".join(parts)
