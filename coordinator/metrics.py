@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from artemis.detect.detector import WindowResult
-from artemis.detect.findings import Finding
+from artemis.detect.findings import ACTIVE_STATES, Finding
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -280,7 +280,7 @@ class Metrics:
             job = f.job
             self._child(self.findings, job, f.kind, f.state).inc()
             key = (job, f.kind, f.subject)
-            if f.state in ("flagged", "ongoing"):
+            if f.state in ACTIVE_STATES:
                 self._child(self.flagged, *key).set(1)
                 cause = (f.cause or {}).get("kind", "") if f.cause else ""
                 labels = (*key, str(f.since if f.since is not None else ""), cause)

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from artemis.detect import findings as F
 from artemis.detect import scoring
 from artemis.detect.diagnosis import diagnose, nic_evidence
-from artemis.detect.findings import KINDS, Finding
+from artemis.detect.findings import KINDS, RANK_KINDS, Finding
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import (
     TELEMETRY_COLUMNS,
@@ -1056,7 +1056,7 @@ class Detector:
             bad = bad & only
         todo = set(np.flatnonzero(bad).tolist())
         tracked = np.array(
-            sorted({int(k[1]) for k in self._tracks if k[0] in ("rank", "degraded")}),
+            sorted({int(k[1]) for k in self._tracks if k[0] in RANK_KINDS}),
             dtype=np.int64,
         )
         if tracked.size:
@@ -1375,12 +1375,12 @@ class Detector:
                     )
                 )
         # An island's drift against the others' drift, when there are others.
-        for f in out:
+        for n, f in enumerate(out):
             if f.kind == "island":
                 k = int(np.flatnonzero(v.isl_names == f.island)[0])
                 rest = [d for j, d in drifts.items() if j != k]
                 if rest and f.drift is not None:
-                    f.ratio = f.drift / float(np.median(rest))
+                    out[n] = dataclasses.replace(f, ratio=f.drift / float(np.median(rest)))
         return out
 
     def _link_findings(self, ctx: _Ctx, v: _View) -> list[Finding]:

@@ -7,8 +7,8 @@ lost, a hang's dumps) rides inside `evidence`, never as a new top-level key.
 
 Every kind is built by one named constructor below (`rank_finding`,
 `degraded_finding`, `scalar_finding` for island/collective/link,
-`hang_finding`, `missing_finding`): the fields a kind never uses default to
-null there, once, instead of at every call site. `confidence` says what the
+`hang_finding`, `missing_finding`), which names only the fields it sets: the
+others take `Finding`'s defaults. A finding is frozen once built. `confidence` says what the
 verdict rests on (`peers`, `history`, `baseline`: a scalar's warm-up value,
 `progress`); `basis` says what judged it (`peers` for rank, `history` for
 degraded and the scalar kinds, `progress` for hang and missing, `baseline` for
@@ -46,6 +46,10 @@ KINDS = (
     "regression",
 )
 STATES = ("suspect", "flagged", "ongoing", "cleared")
+# A finding that is confirmed and not yet cleared: what incidents, metrics and plans act on.
+ACTIVE_STATES = ("flagged", "ongoing")
+# The kinds about one rank (against its peers, or its own history where it has none).
+RANK_KINDS = ("rank", "degraded")
 # `software`: a change finding's cause, the fingerprint components that changed.
 CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "hardware", "software", "unknown")
 # Kinds judged against the stored baseline of the job's workload (across jobs).
@@ -81,26 +85,30 @@ ADDED_FIELDS = ("job",)
 logger = logging.getLogger("straggler")
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Finding:
+    """One report. Frozen: a changed finding is a new one (`dataclasses.replace`).
+    Every field but the first three defaults to what a kind that never sets it
+    writes (null, an empty list), so a constructor names only what it sets."""
+
     kind: str
     state: str
     window: int
-    steps: list[int]  # [first step, one past the last] of the window
-    island: str | None
-    rank: int | None
-    ranks: list[int]
-    hosts: list[str]
-    since: int | None
-    ratio: float | None
-    z: float | None
-    history: float | None
-    drift: float | None
-    excess_ms: float | None
-    loss_pct: float | None
-    confidence: str  # "peers" | "history" | "baseline" | "progress"
-    signal: str  # "gap" | "coll" | "bridge" | "progress"
-    basis: str  # "peers" | "history" | "baseline" | "progress"
+    steps: list[int] = field(default_factory=list)  # [first step, one past the last]
+    island: str | None = None
+    rank: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    since: int | None = None
+    ratio: float | None = None
+    z: float | None = None
+    history: float | None = None
+    drift: float | None = None
+    excess_ms: float | None = None
+    loss_pct: float | None = None
+    confidence: str = "peers"  # "peers" | "history" | "baseline" | "progress"
+    signal: str = "gap"  # "gap" | "coll" | "bridge" | "progress"
+    basis: str = "peers"  # "peers" | "history" | "baseline" | "progress"
     missing: list[str] = field(default_factory=list)
     evidence: dict[str, Any] | None = None
     cause: dict[str, Any] | None = None  # {"kind", "text", "evidence"} or None
@@ -115,7 +123,7 @@ class Finding:
     @property
     def subject(self) -> str:
         """What the finding is about, as one label (metrics, logs)."""
-        if self.kind in ("rank", "degraded") and self.rank is not None:
+        if self.kind in RANK_KINDS and self.rank is not None:
             return str(self.rank)
         if self.kind in ("hang", "missing"):
             return ",".join(str(r) for r in self.ranks)
@@ -192,11 +200,9 @@ def rank_finding(
         ratio=ratio,
         z=z,
         history=history,
-        drift=None,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
         confidence="history" if basis == "history" else "peers",
-        signal="gap",
         basis=basis,
         missing=list(missing),
         evidence=evidence,
@@ -225,26 +231,27 @@ def degraded_finding(
 ) -> Finding:
     """A rank slow against its own warm-up history, where its group is too small for peers.
     `ratio` is the peer ratio for information (when a peer exists); `z` is null."""
-    f = rank_finding(
-        job=job,
+    return Finding(
+        kind="degraded",
         state=state,
         window=window,
-        steps=steps,
-        rank=rank,
+        steps=list(steps),
         island=island,
-        hosts=hosts,
+        rank=rank,
+        ranks=[rank],
+        hosts=list(hosts),
         since=since,
         ratio=ratio,
-        z=None,
         history=history,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
-        missing=missing,
+        confidence="history",
+        basis="history",
+        missing=list(missing),
         evidence=evidence,
         cause=cause,
+        job=job,
     )
-    f.kind, f.confidence, f.basis = "degraded", "history", "history"
-    return f
 
 
 SCALAR_SIGNALS = {"island": "gap", "collective": "coll", "link": "bridge"}
@@ -277,22 +284,17 @@ def scalar_finding(
         window=window,
         steps=list(steps),
         island=subject,
-        rank=None,
         ranks=list(ranks),
         hosts=list(hosts),
         since=since,
         ratio=ratio,
-        z=None,
-        history=None,
         drift=drift,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
         confidence="baseline",
         signal=SCALAR_SIGNALS[kind],
         basis="history",
-        missing=[],
         evidence=evidence,
-        cause=None,
         job=job,
     )
 
@@ -326,18 +328,12 @@ def progress_finding(
         ranks=ranks,
         hosts=list(hosts),
         since=since,
-        ratio=None,
-        z=None,
-        history=None,
-        drift=None,
-        excess_ms=None,
         loss_pct=loss_pct,
         confidence="progress",
         signal="progress",
         basis="progress",
         missing=list(missing),
         evidence=evidence,
-        cause=None,
         job=job,
     )
 
@@ -426,21 +422,15 @@ def _baseline_finding(
         state=state,
         window=window,
         steps=list(steps),
-        island=None,
-        rank=None,
         ranks=list(ranks),
         hosts=list(hosts),
         since=since,
         ratio=ratio,
-        z=None,
-        history=None,
         drift=drift,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
         confidence="baseline",
-        signal="gap",
         basis="baseline",
-        missing=[],
         evidence=evidence,
         cause=cause,
         job=job,
