@@ -182,13 +182,16 @@ def rank_finding(
     evidence: dict[str, Any] | None = None,
     cause: dict[str, Any] | None = None,
     basis: str = "peers",
+    kind: str = "rank",
 ) -> Finding:
     """A rank slow against the other ranks of its island (or class), or against its own
     confirmed baseline (`basis` = peers | history | both: what judged it)."""
     if basis not in ("peers", "history", "both"):
         raise ValueError(f"rank finding basis must be peers, history or both, got {basis!r}")
+    if kind not in RANK_KINDS:
+        raise ValueError(f"rank finding kind must be rank or degraded, got {kind!r}")
     return Finding(
-        kind="rank",
+        kind=kind,
         state=state,
         window=window,
         steps=list(steps),
@@ -211,47 +214,11 @@ def rank_finding(
     )
 
 
-def degraded_finding(
-    *,
-    job: str,
-    state: str,
-    window: int,
-    steps: Sequence[int],
-    rank: int,
-    island: str,
-    hosts: Sequence[str],
-    since: int | None,
-    ratio: float | None,
-    history: float | None,
-    excess_ms: float,
-    loss_pct: float | None,
-    missing: Sequence[str] = (),
-    evidence: dict[str, Any] | None = None,
-    cause: dict[str, Any] | None = None,
-) -> Finding:
-    """A rank slow against its own warm-up history, where its group is too small for peers.
-    `ratio` is the peer ratio for information (when a peer exists); `z` is null."""
-    return Finding(
-        kind="degraded",
-        state=state,
-        window=window,
-        steps=list(steps),
-        island=island,
-        rank=rank,
-        ranks=[rank],
-        hosts=list(hosts),
-        since=since,
-        ratio=ratio,
-        history=history,
-        excess_ms=excess_ms,
-        loss_pct=loss_pct,
-        confidence="history",
-        basis="history",
-        missing=list(missing),
-        evidence=evidence,
-        cause=cause,
-        job=job,
-    )
+def degraded_finding(**common: Any) -> Finding:
+    """A rank slow against its own warm-up history, where its group is too small for peers:
+    `rank_finding`'s arguments but `z` (null) and `basis` (history). `ratio` is the peer
+    ratio for information (when a peer exists)."""
+    return rank_finding(**common, z=None, basis="history", kind="degraded")
 
 
 SCALAR_SIGNALS = {"island": "gap", "collective": "coll", "link": "bridge"}

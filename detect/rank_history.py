@@ -94,6 +94,13 @@ class RankHistory:
 
     # -- baselines and noise --------------------------------------------------
 
+    def _ready(self, window: int, s: Settings) -> tuple[tuple[int, bool], npt.NDArray[np.bool_]]:
+        """The cache key of the warm-up medians, and the ranks whose baseline is in use:
+        a full warm-up, or any once the warm-up windows are past."""
+        cnt = self.rank_count
+        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
+        return (self.samples_version, window > s.warmup_windows), ready
+
     def baseline(self, window: int, s: Settings) -> F64:
         """Per rank: the median of its warm-up gaps (NaN until in use)."""
         # Baselines change only while warm-up samples are fed: reuse the medians
@@ -101,9 +108,8 @@ class RankHistory:
         key = (self.samples_version, window > s.warmup_windows)
         if self._base_cache is not None and self._base_cache[0] == key:
             return self._base_cache[1]
-        cnt = self.rank_count
-        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
-        out = np.full(cnt.size, np.nan)
+        key, ready = self._ready(window, s)
+        out = np.full(ready.size, np.nan)
         if ready.any():
             with np.errstate(all="ignore"):
                 med = np.nanmedian(self.rank_samples[ready], axis=1)
@@ -118,18 +124,12 @@ class RankHistory:
         key = (self.samples_version, window > s.warmup_windows)
         if self._gap_noise_cache is not None and self._gap_noise_cache[0] == key:
             return self._gap_noise_cache[1]
-        cnt = self.rank_count
-        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
-        sd = np.full(cnt.size, np.nan)
+        key, ready = self._ready(window, s)
+        sd = np.full(ready.size, np.nan)
         if ready.any():
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
+            with np.errstate(all="ignore"):
                 x = np.log(self.rank_samples[ready])
-                med = np.nanmedian(x, axis=1)
-                own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
-                own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
-                pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
-            sd[ready] = np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)
+            sd[ready] = _spread(x)[1]
         self._gap_noise_cache = (key, sd)
         return sd
 
@@ -138,21 +138,11 @@ class RankHistory:
         key = (self.samples_version, window > s.warmup_windows)
         if self._ratio_cache is not None and self._ratio_cache[0] == key:
             return self._ratio_cache[1]
-        cnt = self.rank_count
-        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
-        base = np.full(cnt.size, np.nan)
-        sd = np.full(cnt.size, np.nan)
+        key, ready = self._ready(window, s)
+        base = np.full(ready.size, np.nan)
+        sd = np.full(ready.size, np.nan)
         if ready.any():
-            x = self.ratio_samples[ready]
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                # nanmedian of an all-NaN row warns; that row's NaN is the answer here
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med = np.nanmedian(x, axis=1)
-                own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
-                own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
-                pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
-            base[ready] = med
-            sd[ready] = np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)
+            base[ready], sd[ready] = _spread(self.ratio_samples[ready])
         self._ratio_cache = (key, (base, sd))
         return base, sd
 
@@ -230,3 +220,17 @@ def noise_sd(d: F64) -> float:
     """One window's noise sd from pooled changes of log gap (robust: a rank's real
     change, a stall starting, is an outlier among them)."""
     return scoring.MAD_SCALE * float(np.median(np.abs(d))) / math.sqrt(2.0)
+
+
+def _spread(x: F64) -> tuple[F64, F64]:
+    """Per row of warm-up samples (NaN: none): the median, and the robust sd around it,
+    no less than the median of every row's (five samples can be small by luck) nor
+    SIGMA_FLOOR; a row with fewer than three samples takes the pooled one."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        # nanmedian of an all-NaN row warns; that row's NaN is the answer here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(x, axis=1)
+        own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
+        own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
+        pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
+    return med, np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)

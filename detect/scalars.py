@@ -8,10 +8,9 @@ shown a tail needs a second window in a row (DETECTOR.md, SCALAR_HISTORY).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +80,26 @@ class ScalarBaseline:
                 del self.recent[:-SCALAR_HISTORY]
 
 
+# Per kind: the evidence keys of its value this window and of its baseline.
+EVIDENCE_KEYS = {
+    "island": ("median_gap_ms", "baseline_gap_ms"),
+    "collective": ("transfer_ms", "baseline_transfer_ms"),
+    "link": ("bridge_ms", "baseline_bridge_ms"),
+}
+
+
+class Step(NamedTuple):
+    """One scalar judged in one window."""
+
+    kind: str
+    subject: str
+    value: float
+    state: str | None  # the state it reports (None: nothing to report)
+    ratio: float | None  # value / its baseline (None: no baseline yet)
+    excess: float  # ms over its baseline
+    track: Track | None
+
+
 class ScalarRule:
     """The scalar kinds of one job: their baselines, judged window by window; their
     tracks live in the job's `Ledger`, beside the ranks'."""
@@ -93,14 +112,14 @@ class ScalarRule:
 
     def step(
         self, kind: str, subject: str, value: float, ratio_limit: float, ctx: Ctx, s: Settings
-    ) -> tuple[str | None, float | None, float, Track | None]:
-        """Judge a scalar against its warm-up baseline: (state, ratio, excess, track)."""
+    ) -> Step:
+        """Judge a scalar against its warm-up baseline."""
         b = self.baselines.setdefault((kind, subject), ScalarBaseline())
         ref = b.value(ctx.window, s)
         key = (kind, subject)
         if ref is None or not ref > 0:
             b.feed(ctx.window, value, s)
-            return None, None, 0.0, None
+            return Step(kind, subject, value, None, None, 0.0, None)
         ratio = value / ref
         sd = b.log_sd(ref) if s.mode == "adaptive" else None
         if sd is not None:
@@ -114,46 +133,56 @@ class ScalarRule:
         if track is None and not bad:
             if not above:  # (an excursion the tail rule let pass is no healthy sample)
                 b.feed(ctx.window, value, s)
-            return None, ratio, 0.0, None
+            return Step(kind, subject, value, None, ratio, 0.0, None)
         track = self.ledger.track(key, s.flag_window)
         excess = max(0.0, value - ref)
         state = self.ledger.advance(track, ctx.window, bad, excess, ctx.hours_per_ms, s)
         if not above and not track.active:
             b.feed(ctx.window, value, s)
         self.ledger.forget_idle(key, track)
-        return state, ratio, excess, track
+        return Step(kind, subject, value, state, ratio, excess, track)
 
-    def _scalar(
+    def _report(
         self,
-        kind: str,
-        state: str,
-        subject: str,
+        st: Step,
         members: npt.NDArray[np.bool_] | I64,
         v: View,
-        track: Track,
         ctx: Ctx,
-        excess: float,
-        **kw: Any,
-    ) -> Finding:
+        s: Settings,
+        ratio: float | None,
+    ) -> list[Finding]:
+        """The finding of a judged scalar, if its window reports one (else none)."""
+        if st.state is None or st.track is None:
+            return []
+        track, excess = st.track, st.excess
         ranks = sorted(int(x) for x in v.r[members])
         hosts = sorted({str(h) for h in self.roster.host[ranks] if h is not None}) if ranks else []
-        ev = {"gpu_hours": track.pending_hours if state == "suspect" else track.hours}
-        ev.update(kw.pop("evidence"))
-        return F.scalar_finding(
-            kind,
-            job=self.job,
-            state=state,
-            window=ctx.window,
-            steps=ctx.steps,
-            subject=subject,
-            ranks=ranks,
-            hosts=hosts,
-            since=track.since,
-            excess_ms=excess,
-            loss_pct=pct(excess, ctx.step_ms),
-            evidence=ev,
-            **kw,
-        )
+        value_key, ref_key = EVIDENCE_KEYS[st.kind]
+        ev = {
+            "gpu_hours": track.pending_hours if st.state == "suspect" else track.hours,
+            value_key: st.value,
+            ref_key: self.baselines[(st.kind, st.subject)].value(ctx.window, s),
+        }
+        if st.kind != "island":  # port errors point at a link or an island's network
+            ev.update(nic(v, members))
+        return [
+            F.scalar_finding(
+                st.kind,
+                job=self.job,
+                state=st.state,
+                window=ctx.window,
+                steps=ctx.steps,
+                subject=st.subject,
+                ranks=ranks,
+                hosts=hosts,
+                since=track.since,
+                excess_ms=excess,
+                loss_pct=pct(excess, ctx.step_ms),
+                ratio=ratio,
+                drift=st.ratio if st.kind == "island" else None,
+                evidence=ev,
+            )
+        ]
 
     def island_findings(
         self, ctx: Ctx, v: View, s: Settings, judge_transfer: bool = True
@@ -164,7 +193,6 @@ class ScalarRule:
         gap, coll = v.actual, v.coll
         medians = np.array([np.median(gap[v.isl_id == k]) for k in range(n_isl)])
         maxgap = np.array([gap[v.isl_id == k].max() for k in range(n_isl)])
-        drifts: dict[int, float] = {}
         # Islands on separate communicators meet at a bridge between their leaders;
         # every rank of an island waits inside a collective while its leader is on
         # the bridge (waiting for the other islands, then the transfer). That time
@@ -176,32 +204,11 @@ class ScalarRule:
             k = int(v.isl_id[i])
             bridge_of[k] = min(bridge_of.get(k, math.inf), float(bridge[i]))
         bridged = len(bridge_of) > 1
+        drifts: list[Step] = []
         for k in range(n_isl):
             name = str(v.isl_names[k])
             members = v.isl_id == k
-            state, drift, excess, track = self.step(
-                "island", name, float(medians[k]), s.drift_ratio, ctx, s
-            )
-            if drift is not None:
-                drifts[k] = drift
-            if state is not None and track is not None:
-                ref = self.baselines[("island", name)].value(ctx.window, s)
-                ev = {"median_gap_ms": float(medians[k]), "baseline_gap_ms": ref}
-                out.append(
-                    self._scalar(
-                        "island",
-                        state,
-                        name,
-                        members,
-                        v,
-                        track,
-                        ctx,
-                        excess,
-                        drift=drift,
-                        evidence=ev,
-                    )
-                )
-
+            drifts.append(self.step("island", name, float(medians[k]), s.drift_ratio, ctx, s))
             if not judge_transfer:
                 continue
             # Transfer time of the island: the last rank to arrive waits least, so
@@ -213,34 +220,13 @@ class ScalarRule:
             transfer = float(np.min(np.maximum(0.0, coll[members] - wait)))
             if bridged and k in bridge_of:
                 transfer = max(0.0, transfer - bridge_of[k])
-            state, cratio, excess, track = self.step(
-                "collective", name, transfer, s.collective_ratio, ctx, s
-            )
-            if state is not None and track is not None:
-                ref = self.baselines[("collective", name)].value(ctx.window, s)
-                ev = {"transfer_ms": transfer, "baseline_transfer_ms": ref}
-                ev.update(nic(v, members))
-                out.append(
-                    self._scalar(
-                        "collective",
-                        state,
-                        name,
-                        members,
-                        v,
-                        track,
-                        ctx,
-                        excess,
-                        ratio=cratio,
-                        evidence=ev,
-                    )
-                )
-        # An island's drift against the others' drift, when there are others.
-        for n, f in enumerate(out):
-            if f.kind == "island":
-                k = int(np.flatnonzero(v.isl_names == f.island)[0])
-                rest = [d for j, d in drifts.items() if j != k]
-                if rest and f.drift is not None:
-                    out[n] = dataclasses.replace(f, ratio=f.drift / float(np.median(rest)))
+            st = self.step("collective", name, transfer, s.collective_ratio, ctx, s)
+            out += self._report(st, members, v, ctx, s, st.ratio)
+        # An island's ratio is its drift against the others' drift, when there are others.
+        for k, st in enumerate(drifts):
+            rest = [d.ratio for j, d in enumerate(drifts) if j != k and d.ratio is not None]
+            ratio = st.ratio / float(np.median(rest)) if rest and st.ratio is not None else None
+            out += self._report(st, v.isl_id == k, v, ctx, s, ratio)
         return out
 
     def link_findings(self, ctx: Ctx, v: View, s: Settings) -> list[Finding]:
@@ -260,23 +246,6 @@ class ScalarRule:
             members = np.array(links[name], dtype=np.int64)
             # Like the collective signal: the leader that arrives last waits least.
             value = float(bridge[members].min())
-            state, ratio, excess, track = self.step("link", name, value, s.link_ratio, ctx, s)
-            if state is not None and track is not None:
-                ref = self.baselines[("link", name)].value(ctx.window, s)
-                ev = {"bridge_ms": value, "baseline_bridge_ms": ref}
-                ev.update(nic(v, members))
-                out.append(
-                    self._scalar(
-                        "link",
-                        state,
-                        name,
-                        members,
-                        v,
-                        track,
-                        ctx,
-                        excess,
-                        ratio=ratio,
-                        evidence=ev,
-                    )
-                )
+            st = self.step("link", name, value, s.link_ratio, ctx, s)
+            out += self._report(st, members, v, ctx, s, st.ratio)
         return out
