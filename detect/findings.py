@@ -367,7 +367,7 @@ def missing_finding(
     )
 
 
-def _baseline_finding(
+def baseline_finding(
     kind: str,
     *,
     job: str,
@@ -382,8 +382,14 @@ def _baseline_finding(
     excess_ms: float | None,
     loss_pct: float | None,
     evidence: dict[str, Any],
-    cause: dict[str, Any] | None,
 ) -> Finding:
+    """A whole hardware class of the job slower than the stored baseline of its workload
+    (`ratio`: the class's median compute gap over the baseline's; `drift`: the job's
+    step time over the baseline's), `change` where its software fingerprint changed
+    since, `regression` where nothing in it did. The cause is the kind's (none once
+    cleared)."""
+    if kind not in _BASELINE_CAUSES:
+        raise ValueError(f"baseline finding kind {kind!r} is not change or regression")
     return Finding(
         kind=kind,
         state=state,
@@ -399,95 +405,43 @@ def _baseline_finding(
         confidence="baseline",
         basis="baseline",
         evidence=evidence,
-        cause=cause,
+        cause=None if state == "cleared" else _BASELINE_CAUSES[kind](evidence),
         job=job,
     )
 
 
-def change_finding(
-    *,
-    job: str,
-    state: str,
-    window: int,
-    steps: Sequence[int],
-    ranks: Sequence[int],
-    hosts: Sequence[str],
-    since: int | None,
-    ratio: float | None,
-    drift: float | None,
-    excess_ms: float | None,
-    loss_pct: float | None,
-    evidence: dict[str, Any],
-) -> Finding:
-    """A whole hardware class of the job slower than the stored baseline of its workload,
-    its software fingerprint changed since: `evidence.changed` maps each component that
-    differs to [old, new]; the cause (`software`) names them. `ratio`: the class's median
-    compute gap over the baseline's; `drift`: the job's step time over the baseline's."""
-    changed = evidence.get("changed") or {}
-    if state != "cleared" and not changed:
+def change_finding(**common: Any) -> Finding:
+    """`baseline_finding` of kind `change`: `evidence.changed` maps each component that
+    differs to [old, new]; the cause (`software`) names them."""
+    changed = common["evidence"].get("changed")
+    if common["state"] != "cleared" and not changed:
         raise ValueError("a change finding names what changed (evidence.changed)")
+    return baseline_finding("change", **common)
+
+
+def regression_finding(**common: Any) -> Finding:
+    """`baseline_finding` of kind `regression`: nothing in the fingerprint changed, so
+    the cause is `unknown`, its evidence what was checked (the components compared, equal)."""
+    return baseline_finding("regression", **common)
+
+
+def _change_cause(evidence: Mapping[str, Any]) -> dict[str, Any]:
+    changed = evidence.get("changed") or {}
     text = "; ".join(f"{k} {_v(v[0])} -> {_v(v[1])}" for k, v in sorted(changed.items()))
-    return _baseline_finding(
-        "change",
-        job=job,
-        state=state,
-        window=window,
-        steps=steps,
-        ranks=ranks,
-        hosts=hosts,
-        since=since,
-        ratio=ratio,
-        drift=drift,
-        excess_ms=excess_ms,
-        loss_pct=loss_pct,
-        evidence=evidence,
-        cause=None
-        if state == "cleared"
-        else {"kind": "software", "text": f"since {text}", "evidence": {"changed": changed}},
-    )
+    return {"kind": "software", "text": f"since {text}", "evidence": {"changed": changed}}
 
 
-def regression_finding(
-    *,
-    job: str,
-    state: str,
-    window: int,
-    steps: Sequence[int],
-    ranks: Sequence[int],
-    hosts: Sequence[str],
-    since: int | None,
-    ratio: float | None,
-    drift: float | None,
-    excess_ms: float | None,
-    loss_pct: float | None,
-    evidence: dict[str, Any],
-) -> Finding:
-    """As `change_finding`, with nothing in the fingerprint changed: cause `unknown`, its
-    evidence what was checked (the components compared, equal)."""
+def _regression_cause(evidence: Mapping[str, Any]) -> dict[str, Any]:
     checked = evidence.get("checked") or []
-    return _baseline_finding(
-        "regression",
-        job=job,
-        state=state,
-        window=window,
-        steps=steps,
-        ranks=ranks,
-        hosts=hosts,
-        since=since,
-        ratio=ratio,
-        drift=drift,
-        excess_ms=excess_ms,
-        loss_pct=loss_pct,
-        evidence=evidence,
-        cause=None
-        if state == "cleared"
-        else {
-            "kind": "unknown",
-            "text": "slower than the baseline of this workload with the same fingerprint "
-            f"({', '.join(checked) or 'no component known'}): not a fingerprinted change",
-            "evidence": {"checked": list(checked), "workload": evidence.get("workload")},
-        },
-    )
+    return {
+        "kind": "unknown",
+        "text": "slower than the baseline of this workload with the same fingerprint "
+        f"({', '.join(checked) or 'no component known'}): not a fingerprinted change",
+        "evidence": {"checked": list(checked), "workload": evidence.get("workload")},
+    }
+
+
+_BASELINE_CAUSES = {"change": _change_cause, "regression": _regression_cause}
 
 
 def _v(v: Any) -> str:
