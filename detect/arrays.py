@@ -65,6 +65,7 @@ def objects(values: Any) -> OBJ:
 
 
 def pack(a: npt.NDArray[Any]) -> bytes:
+    """An array as raw little-endian bytes (snapshots: msgpack-able, any host's)."""
     return np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
 
 
@@ -73,9 +74,11 @@ def unpack(b: bytes, dtype: Any) -> npt.NDArray[Any]:
 
 
 def finite_or_none(v: Any) -> float | None:
+    """A number for a finding's field: non-finite is unknown (null)."""
     x = float(v)
     return x if math.isfinite(x) else None
 
 
 def pct(excess: float, step_ms: float) -> float | None:
+    """Excess as a percentage of the step (None without a step time)."""
     return 100.0 * excess / step_ms if step_ms > 0 else None

@@ -42,7 +42,7 @@ class View:
     cols: WindowColumns
     row: I64  # row of each usable rank in `cols`
     r: I64
-    gap: F64  # as judged: per sample under a plan (see score_window)
+    gap: F64  # as judged: per sample under a plan (see Roster.view)
     actual: F64  # as measured
     coll: F64
     isl_labels: OBJ  # island name per rank
