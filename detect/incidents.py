@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from artemis.detect.escalation import escalation
-from artemis.detect.findings import ACTIVE_STATES, BASELINE_KINDS, RANK_KINDS, Finding
+from artemis.detect.findings import BASELINE_KINDS, Finding
 from artemis.protocol.columns import WindowColumns
 
 VERDICTS = ("recovered", "mitigated", "escalated", "unresolved", "dismissed")
@@ -46,7 +46,7 @@ MARKERS = ("onset", "flagged", "confirmed", "applied", "verified", "rolled_back"
 # quartile above the peers' median).
 CONFIRM_Q1_SHARE = 0.5
 # Kinds confirmed by the per-step gap quartiles; the others by their flag.
-QUARTILE_KINDS = frozenset(RANK_KINDS)
+QUARTILE_KINDS = frozenset({"rank", "degraded"})
 # Peers whose telemetry median is taken per window (an even sample beyond this).
 TELEMETRY_PEERS = 256
 # Telemetry whose episode means (rank vs its peers) go into `evidence.telemetry`.
@@ -219,7 +219,7 @@ class IncidentBook:
         """Whether the rebalance policy may see finding `f`: a flagged or ongoing line
         only when its incident is confirmed (issue 12: the policy acts only on
         confirmed incidents); every other line as it is."""
-        if f.state not in ACTIVE_STATES:
+        if f.state not in ("flagged", "ongoing"):
             return True
         inc = self._open.get(_key(f))
         return inc is not None and inc.confirmed is not None
