@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from artemis.agent.summary import WindowSummarizer
 from artemis.detect import incidents
+from artemis.detect.findings import ACTIVE_STATES, RANK_KINDS
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
@@ -113,7 +114,7 @@ def outcome(windows: list[tuple[int, list[RankWindow]]], rank: int, ranks: int) 
     for w, rows in windows:
         recs += m.on_window(w, rows).incidents
     recs += m.finish().incidents
-    mine = [r for r in recs if r["rank"] == rank and r["kind"] in ("rank", "degraded")]
+    mine = [r for r in recs if r["rank"] == rank and r["kind"] in RANK_KINDS]
     if not mine:
         return "none"
     last = mine[-1]
@@ -227,7 +228,7 @@ def cost() -> None:
             cols = WindowColumns.from_records(q)
             res = det.score_window(w, cols)
         assert cols is not None and res is not None
-        flagged = [f for f in res.findings if f.state in ("flagged", "ongoing")]
+        flagged = [f for f in res.findings if f.state in ACTIVE_STATES]
         assert flagged, "the bench window has no open finding"
         snap = det.snapshot()
         dts, bts = [], []

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from artemis.detect.findings import RANK_KINDS
 from artemis.sim.cluster import SimCluster, SimOptions
 from artemis.sim.model import LockstepModel
 from artemis.sim.scenario import Scenario, load_scenario
@@ -95,7 +96,7 @@ def one_run(sc_path: Path, slow_rank: int) -> Run:
         (
             int(f["window"])
             for f in findings
-            if f.get("kind") in ("rank", "degraded")
+            if f.get("kind") in RANK_KINDS
             and f.get("rank") == slow_rank
             and f.get("state") == "flagged"
         ),

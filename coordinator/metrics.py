@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from artemis.detect.findings import ACTIVE_STATES
 from artemis.protocol.messages import REASONS
 from artemis.protocol.peers import REFUSAL_REASONS
 from artemis.rebalance.events import STATUSES
@@ -293,7 +294,7 @@ class Metrics:
             job = f.job
             self._child(self.findings, job, f.kind, f.state).inc()
             key = (job, f.kind, f.subject)
-            if f.state in ("flagged", "ongoing"):
+            if f.state in ACTIVE_STATES:
                 self._child(self.flagged, *key).set(1)
                 cause = (f.cause or {}).get("kind", "") if f.cause else ""
                 labels = (*key, str(f.since if f.since is not None else ""), cause)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 from artemis.detect import findings as F
-from artemis.detect.detector import _all_none, _factorize, _none, _objects
+from artemis.detect.arrays import all_none, factorize, none_mask, objects
 from artemis.detect.findings import Finding
 from artemis.detect.fingerprint import diff, flatten
 from artemis.detect.incidents import CONFIRM_Q1_SHARE
@@ -120,11 +120,11 @@ SAMPLE = 16384
 
 def _classes(cols: WindowColumns, rows: np.ndarray) -> np.ndarray:
     """Each row's class: its `hw_class`, else its GPU model, else UNKNOWN_CLASS."""
-    cls = _objects(cols["hw_class"])[rows]
-    unknown = _none(cls)
+    cls = objects(cols["hw_class"])[rows]
+    unknown = none_mask(cls)
     if unknown.any():
-        cls[unknown] = _objects(cols["tel_gpu_model"])[rows[unknown]]
-        unknown = _none(cls)
+        cls[unknown] = objects(cols["tel_gpu_model"])[rows[unknown]]
+        unknown = none_mask(cls)
         cls[unknown] = UNKNOWN_CLASS
     return cls
 
@@ -151,7 +151,7 @@ def window_stats(
         return {}
     hw, model = cols["hw_class"], cols["tel_gpu_model"]
     single: str | None = None
-    if _all_none(hw) and _all_none(model):
+    if all_none(hw) and all_none(model):
         single = UNKNOWN_CLASS
     elif _all_same(hw):  # one class in every row (the usual job): no pass per row
         single = str(hw[0])
@@ -169,7 +169,7 @@ def window_stats(
     if single is not None:
         names, ids = np.array([single], dtype=object), np.zeros(picked.size, np.int64)
     else:
-        names, ids = _factorize(_classes(cols, picked))
+        names, ids = factorize(_classes(cols, picked))
     ok = np.isfinite(q1) & np.isfinite(q2) & (q2 > 0)
     one = len(names) == 1
     out: dict[str, tuple[WindowStats, ClassRows]] = {}

@@ -7,8 +7,8 @@ lost, a hang's dumps) rides inside `evidence`, never as a new top-level key.
 
 Every kind is built by one named constructor below (`rank_finding`,
 `degraded_finding`, `scalar_finding` for island/collective/link,
-`hang_finding`, `missing_finding`): the fields a kind never uses default to
-null there, once, instead of at every call site. `confidence` says what the
+`hang_finding`, `missing_finding`), which names only the fields it sets: the
+others take `Finding`'s defaults. A finding is frozen once built. `confidence` says what the
 verdict rests on (`peers`, `history`, `baseline`: a scalar's warm-up value,
 `progress`); `basis` says what judged it (`peers` for rank, `history` for
 degraded and the scalar kinds, `progress` for hang and missing, `baseline` for
@@ -41,6 +41,10 @@ KINDS = (
     "regression",
 )
 STATES = ("suspect", "flagged", "ongoing", "cleared")
+# A finding that is confirmed and not yet cleared: what incidents, metrics and plans act on.
+ACTIVE_STATES = ("flagged", "ongoing")
+# The kinds about one rank (against its peers, or its own history where it has none).
+RANK_KINDS = ("rank", "degraded")
 # `software`: a change finding's cause, the fingerprint components that changed.
 CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "hardware", "software", "unknown")
 # Kinds judged against the stored baseline of the job's workload (across jobs).
@@ -74,26 +78,30 @@ FIELDS = (
 ADDED_FIELDS = ("job",)
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Finding:
+    """One report. Frozen: a changed finding is a new one (`dataclasses.replace`).
+    Every field but the first three defaults to what a kind that never sets it
+    writes (null, an empty list), so a constructor names only what it sets."""
+
     kind: str
     state: str
     window: int
-    steps: list[int]  # [first step, one past the last] of the window
-    island: str | None
-    rank: int | None
-    ranks: list[int]
-    hosts: list[str]
-    since: int | None
-    ratio: float | None
-    z: float | None
-    history: float | None
-    drift: float | None
-    excess_ms: float | None
-    loss_pct: float | None
-    confidence: str  # "peers" | "history" | "baseline" | "progress"
-    signal: str  # "gap" | "coll" | "bridge" | "progress"
-    basis: str  # "peers" | "history" | "baseline" | "progress"
+    steps: list[int] = field(default_factory=list)  # [first step, one past the last]
+    island: str | None = None
+    rank: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    since: int | None = None
+    ratio: float | None = None
+    z: float | None = None
+    history: float | None = None
+    drift: float | None = None
+    excess_ms: float | None = None
+    loss_pct: float | None = None
+    confidence: str = "peers"  # "peers" | "history" | "baseline" | "progress"
+    signal: str = "gap"  # "gap" | "coll" | "bridge" | "progress"
+    basis: str = "peers"  # "peers" | "history" | "baseline" | "progress"
     missing: list[str] = field(default_factory=list)
     evidence: dict[str, Any] | None = None
     cause: dict[str, Any] | None = None  # {"kind", "text", "evidence"} or None
@@ -108,7 +116,7 @@ class Finding:
     @property
     def subject(self) -> str:
         """What the finding is about, as one label (metrics, logs)."""
-        if self.kind in ("rank", "degraded") and self.rank is not None:
+        if self.kind in RANK_KINDS and self.rank is not None:
             return str(self.rank)
         if self.kind in ("hang", "missing"):
             return ",".join(str(r) for r in self.ranks)
@@ -167,13 +175,16 @@ def rank_finding(
     evidence: dict[str, Any] | None = None,
     cause: dict[str, Any] | None = None,
     basis: str = "peers",
+    kind: str = "rank",
 ) -> Finding:
     """A rank slow against the other ranks of its island (or class), or against its own
     confirmed baseline (`basis` = peers | history | both: what judged it)."""
     if basis not in ("peers", "history", "both"):
         raise ValueError(f"rank finding basis must be peers, history or both, got {basis!r}")
+    if kind not in RANK_KINDS:
+        raise ValueError(f"rank finding kind must be rank or degraded, got {kind!r}")
     return Finding(
-        kind="rank",
+        kind=kind,
         state=state,
         window=window,
         steps=list(steps),
@@ -185,11 +196,9 @@ def rank_finding(
         ratio=ratio,
         z=z,
         history=history,
-        drift=None,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
         confidence="history" if basis == "history" else "peers",
-        signal="gap",
         basis=basis,
         missing=list(missing),
         evidence=evidence,
@@ -198,46 +207,11 @@ def rank_finding(
     )
 
 
-def degraded_finding(
-    *,
-    job: str,
-    state: str,
-    window: int,
-    steps: Sequence[int],
-    rank: int,
-    island: str,
-    hosts: Sequence[str],
-    since: int | None,
-    ratio: float | None,
-    history: float | None,
-    excess_ms: float,
-    loss_pct: float | None,
-    missing: Sequence[str] = (),
-    evidence: dict[str, Any] | None = None,
-    cause: dict[str, Any] | None = None,
-) -> Finding:
-    """A rank slow against its own warm-up history, where its group is too small for peers.
-    `ratio` is the peer ratio for information (when a peer exists); `z` is null."""
-    f = rank_finding(
-        job=job,
-        state=state,
-        window=window,
-        steps=steps,
-        rank=rank,
-        island=island,
-        hosts=hosts,
-        since=since,
-        ratio=ratio,
-        z=None,
-        history=history,
-        excess_ms=excess_ms,
-        loss_pct=loss_pct,
-        missing=missing,
-        evidence=evidence,
-        cause=cause,
-    )
-    f.kind, f.confidence, f.basis = "degraded", "history", "history"
-    return f
+def degraded_finding(**common: Any) -> Finding:
+    """A rank slow against its own warm-up history, where its group is too small for peers:
+    `rank_finding`'s arguments but `z` (null) and `basis` (history). `ratio` is the peer
+    ratio for information (when a peer exists)."""
+    return rank_finding(**common, z=None, basis="history", kind="degraded")
 
 
 SCALAR_SIGNALS = {"island": "gap", "collective": "coll", "link": "bridge"}
@@ -270,22 +244,17 @@ def scalar_finding(
         window=window,
         steps=list(steps),
         island=subject,
-        rank=None,
         ranks=list(ranks),
         hosts=list(hosts),
         since=since,
         ratio=ratio,
-        z=None,
-        history=None,
         drift=drift,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
         confidence="baseline",
         signal=SCALAR_SIGNALS[kind],
         basis="history",
-        missing=[],
         evidence=evidence,
-        cause=None,
         job=job,
     )
 
@@ -319,18 +288,12 @@ def progress_finding(
         ranks=ranks,
         hosts=list(hosts),
         since=since,
-        ratio=None,
-        z=None,
-        history=None,
-        drift=None,
-        excess_ms=None,
         loss_pct=loss_pct,
         confidence="progress",
         signal="progress",
         basis="progress",
         missing=list(missing),
         evidence=evidence,
-        cause=None,
         job=job,
     )
 
@@ -397,7 +360,7 @@ def missing_finding(
     )
 
 
-def _baseline_finding(
+def baseline_finding(
     kind: str,
     *,
     job: str,
@@ -412,118 +375,66 @@ def _baseline_finding(
     excess_ms: float | None,
     loss_pct: float | None,
     evidence: dict[str, Any],
-    cause: dict[str, Any] | None,
 ) -> Finding:
+    """A whole hardware class of the job slower than the stored baseline of its workload
+    (`ratio`: the class's median compute gap over the baseline's; `drift`: the job's
+    step time over the baseline's), `change` where its software fingerprint changed
+    since, `regression` where nothing in it did. The cause is the kind's (none once
+    cleared)."""
+    if kind not in _BASELINE_CAUSES:
+        raise ValueError(f"baseline finding kind {kind!r} is not change or regression")
     return Finding(
         kind=kind,
         state=state,
         window=window,
         steps=list(steps),
-        island=None,
-        rank=None,
         ranks=list(ranks),
         hosts=list(hosts),
         since=since,
         ratio=ratio,
-        z=None,
-        history=None,
         drift=drift,
         excess_ms=excess_ms,
         loss_pct=loss_pct,
         confidence="baseline",
-        signal="gap",
         basis="baseline",
-        missing=[],
         evidence=evidence,
-        cause=cause,
+        cause=None if state == "cleared" else _BASELINE_CAUSES[kind](evidence),
         job=job,
     )
 
 
-def change_finding(
-    *,
-    job: str,
-    state: str,
-    window: int,
-    steps: Sequence[int],
-    ranks: Sequence[int],
-    hosts: Sequence[str],
-    since: int | None,
-    ratio: float | None,
-    drift: float | None,
-    excess_ms: float | None,
-    loss_pct: float | None,
-    evidence: dict[str, Any],
-) -> Finding:
-    """A whole hardware class of the job slower than the stored baseline of its workload,
-    its software fingerprint changed since: `evidence.changed` maps each component that
-    differs to [old, new]; the cause (`software`) names them. `ratio`: the class's median
-    compute gap over the baseline's; `drift`: the job's step time over the baseline's."""
-    changed = evidence.get("changed") or {}
-    if state != "cleared" and not changed:
+def change_finding(**common: Any) -> Finding:
+    """`baseline_finding` of kind `change`: `evidence.changed` maps each component that
+    differs to [old, new]; the cause (`software`) names them."""
+    changed = common["evidence"].get("changed")
+    if common["state"] != "cleared" and not changed:
         raise ValueError("a change finding names what changed (evidence.changed)")
+    return baseline_finding("change", **common)
+
+
+def regression_finding(**common: Any) -> Finding:
+    """`baseline_finding` of kind `regression`: nothing in the fingerprint changed, so
+    the cause is `unknown`, its evidence what was checked (the components compared, equal)."""
+    return baseline_finding("regression", **common)
+
+
+def _change_cause(evidence: Mapping[str, Any]) -> dict[str, Any]:
+    changed = evidence.get("changed") or {}
     text = "; ".join(f"{k} {_v(v[0])} -> {_v(v[1])}" for k, v in sorted(changed.items()))
-    return _baseline_finding(
-        "change",
-        job=job,
-        state=state,
-        window=window,
-        steps=steps,
-        ranks=ranks,
-        hosts=hosts,
-        since=since,
-        ratio=ratio,
-        drift=drift,
-        excess_ms=excess_ms,
-        loss_pct=loss_pct,
-        evidence=evidence,
-        cause=None
-        if state == "cleared"
-        else {"kind": "software", "text": f"since {text}", "evidence": {"changed": changed}},
-    )
+    return {"kind": "software", "text": f"since {text}", "evidence": {"changed": changed}}
 
 
-def regression_finding(
-    *,
-    job: str,
-    state: str,
-    window: int,
-    steps: Sequence[int],
-    ranks: Sequence[int],
-    hosts: Sequence[str],
-    since: int | None,
-    ratio: float | None,
-    drift: float | None,
-    excess_ms: float | None,
-    loss_pct: float | None,
-    evidence: dict[str, Any],
-) -> Finding:
-    """As `change_finding`, with nothing in the fingerprint changed: cause `unknown`, its
-    evidence what was checked (the components compared, equal)."""
+def _regression_cause(evidence: Mapping[str, Any]) -> dict[str, Any]:
     checked = evidence.get("checked") or []
-    return _baseline_finding(
-        "regression",
-        job=job,
-        state=state,
-        window=window,
-        steps=steps,
-        ranks=ranks,
-        hosts=hosts,
-        since=since,
-        ratio=ratio,
-        drift=drift,
-        excess_ms=excess_ms,
-        loss_pct=loss_pct,
-        evidence=evidence,
-        cause=None
-        if state == "cleared"
-        else {
-            "kind": "unknown",
-            "text": "slower than the baseline of this workload with the same fingerprint "
-            f"({', '.join(checked) or 'no component known'}): not a fingerprinted change",
-            "evidence": {"checked": list(checked), "workload": evidence.get("workload")},
-        },
-    )
+    return {
+        "kind": "unknown",
+        "text": "slower than the baseline of this workload with the same fingerprint "
+        f"({', '.join(checked) or 'no component known'}): not a fingerprinted change",
+        "evidence": {"checked": list(checked), "workload": evidence.get("workload")},
+    }
+
+
+_BASELINE_CAUSES = {"change": _change_cause, "regression": _regression_cause}
 
 
 def _v(v: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from artemis.detect.escalation import escalation
-from artemis.detect.findings import Finding
+from artemis.detect.findings import RANK_KINDS, Finding
 from artemis.detect.incident_confirm import WindowView, not_shifted
 from artemis.detect.incident_state import Incident, IncidentState, num, rnd
 
@@ -21,7 +21,7 @@ CHANGES = ("opened", "confirmed", "action", "updated", "closed")
 # The `change` a line names when several happened at once (its `changes` lists them all).
 _PRIMARY = ("closed", "opened", "action", "confirmed", "updated")
 # Kinds confirmed by the per-step gap quartiles; the others by their flag.
-QUARTILE_KINDS = frozenset({"rank", "degraded"})
+QUARTILE_KINDS = frozenset(RANK_KINDS)
 # Telemetry whose episode means (rank vs its peers) go into `evidence.telemetry`.
 TELEMETRY_MEANS = (
     "sm_mhz",

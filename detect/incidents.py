@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from artemis.detect.findings import BASELINE_KINDS, Finding
+from artemis.detect.findings import ACTIVE_STATES, BASELINE_KINDS, Finding
 from artemis.detect.incident_confirm import (
     CONFIRM_Q1_SHARE,
     WindowView,
@@ -137,7 +137,7 @@ class IncidentBook:
         """Whether the rebalance policy may see finding `f`: a flagged or ongoing line
         only when its incident is confirmed (issue 12: the policy acts only on
         confirmed incidents); every other line as it is."""
-        if f.state not in ("flagged", "ongoing"):
+        if f.state not in ACTIVE_STATES:
             return True
         inc = self._open.get(_key(f))
         return inc is not None and inc.confirmed is not None

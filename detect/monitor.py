@@ -248,7 +248,7 @@ class JobMonitor:
         slow = {
             int(f.rank)
             for f in out.findings
-            if f.kind in ("rank", "degraded") and f.rank is not None and f.state != "cleared"
+            if f.kind in F.RANK_KINDS and f.rank is not None and f.state != "cleared"
         }
         slow.update(self.incidents.open_ranks())
         out.findings += self.baselines.on_window(

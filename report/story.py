@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from artemis.detect.findings import RANK_KINDS
+
 
 def fmt_num(v: Any, digits: int = 1, unit: str = "") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -60,7 +62,7 @@ def subject_name(inc: Mapping[str, Any]) -> str:
     """How the page names an incident's subject: rank 2, ranks 2, 3, island amd, link a-b."""
     kind = inc.get("kind")
     ranks = inc.get("ranks") or []
-    if kind in ("rank", "degraded") and inc.get("rank") is not None:
+    if kind in RANK_KINDS and inc.get("rank") is not None:
         return f"rank {inc['rank']}"
     if kind == "island":
         return f"island {inc.get('island') or inc.get('subject')}"
@@ -154,7 +156,7 @@ def story(inc: Mapping[str, Any]) -> str:
     """The incident in one paragraph of plain text, every number from the record."""
     who = subject_name(inc)
     where = []
-    if inc.get("island") and inc.get("kind") in ("rank", "degraded"):
+    if inc.get("island") and inc.get("kind") in RANK_KINDS:
         where.append(f"island {inc['island']}")
     hosts = inc.get("hosts") or []
     if hosts:

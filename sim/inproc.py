@@ -25,6 +25,7 @@ from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.agent.telemetry.simulated import overlay
 from artemis.detect.detector import Detector
+from artemis.detect.findings import RANK_KINDS
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
 from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
@@ -151,7 +152,7 @@ def run(
                 continue
             subject = str(f.rank) if f.rank is not None else str(f.island)
             out.first_flag.setdefault((f.kind, subject), w)
-            if f.kind in ("rank", "degraded") and f.rank in slow:
+            if f.kind in RANK_KINDS and f.rank in slow:
                 if f.rank not in out.flag_window:
                     out.flag_window[f.rank] = w
                     out.cause[f.rank] = f.cause

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artemis.detect.findings import ACTIVE_STATES
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
@@ -119,7 +120,7 @@ class LiveState:
                 else ""
             )
             state = str(f.get("state", ""))
-            style = "bold red" if state in ("flagged", "ongoing") else ""
+            style = "bold red" if state in ACTIVE_STATES else ""
             ft.add_row(
                 key[0],
                 key[1],

@@ -559,7 +559,7 @@ def test_peers_are_the_ranks_island_and_class() -> None:
     cols.cols["hw_class"][:] = ["A100", "A100", "A100", "A100", "V100", "V100"]
     view = _view(5, cols)
     f = _finding("flagged", 5)
-    f.evidence = {**(f.evidence or {}), "hw_class": "A100"}
+    f = dataclasses.replace(f, evidence={**(f.evidence or {}), "hw_class": "A100"})
     book = IncidentBook("j")
     row, peers = book._rows_of(f, view)
     assert row == 2 and sorted(cols.ints("rank")[peers].tolist()) == [0, 1, 3]

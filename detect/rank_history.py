@@ -1,0 +1,236 @@
+"""Each rank's own history and the noise model the rank rule judges in.
+
+Per rank: its warm-up gaps (the baseline `degraded` is judged against), its
+warm-up log peer ratios (the confirmed pace the change test starts from), the
+change test's two sums, and its last log gap. Per job: the live noise, each
+rank's change from one window to the next against its group's, over the last
+NOISE_WINDOWS windows (DETECTOR.md "The combined test"). Arrays are indexed by
+rank and grow by doubling; the medians are cached until a warm-up sample is fed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from artemis.detect import scoring
+from artemis.detect.arrays import F64, I64, pack, unpack
+from artemis.detect.settings import Settings
+from artemis.detect.tuning import DIAG_PEERS, NOISE_RECENT, NOISE_WINDOWS, SIGMA_FLOOR
+
+
+class RankHistory:
+    def __init__(self, warmup_windows: int) -> None:
+        self.rank_samples: F64 = np.full((0, warmup_windows), np.nan)
+        self.rank_count: I64 = np.zeros(0, dtype=np.int64)
+        # Adaptive mode: warm-up log peer ratios (fed with the gap samples) and the CUSUM.
+        self.ratio_samples: F64 = np.full((0, warmup_windows), np.nan)
+        self.cusum: F64 = np.zeros(0)
+        self.prev_lg: F64 = np.zeros(0)  # last judged window's log gap (NaN: none)
+        # per recent window: each rank's change in log gap less its group's (see NOISE_WINDOWS)
+        self.live_noise: deque[F64] = deque(maxlen=NOISE_WINDOWS)
+        self.dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
+        self._ratio_cache: tuple[tuple[int, bool], tuple[F64, F64]] | None = None
+        self._gap_noise_cache: tuple[tuple[int, bool], F64] | None = None
+        self._base_cache: tuple[tuple[int, bool], F64] | None = None
+        self.samples_version = 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.rank_count.size)
+
+    def grow(self, extra: int) -> None:
+        w = self.rank_samples.shape[1]
+        self.rank_samples = np.vstack([self.rank_samples, np.full((extra, w), np.nan)])
+        self.ratio_samples = np.vstack([self.ratio_samples, np.full((extra, w), np.nan)])
+        self.cusum = np.concatenate([self.cusum, np.zeros(extra)])
+        self.prev_lg = np.concatenate([self.prev_lg, np.full(extra, np.nan)])
+        self.dcusum = np.concatenate([self.dcusum, np.zeros(extra)])
+        self.rank_count = np.concatenate([self.rank_count, np.zeros(extra, dtype=np.int64)])
+        self.samples_version += 1
+
+    def set_warmup(self, w: int) -> None:
+        """A new warm-up length: samples beyond it are dropped, room made for more."""
+        if w == self.rank_samples.shape[1]:
+            return
+        grown = np.full((self.rank_count.size, w), np.nan)
+        keep = min(w, self.rank_samples.shape[1])
+        grown[:, :keep] = self.rank_samples[:, :keep]
+        self.rank_samples = grown
+        grown_r = np.full((self.rank_count.size, w), np.nan)
+        grown_r[:, :keep] = self.ratio_samples[:, :keep]
+        self.ratio_samples = grown_r
+        self.rank_count = np.minimum(self.rank_count, w)
+        self.samples_version += 1
+
+    def feed(
+        self,
+        r: I64,
+        healthy: npt.NDArray[np.bool_],
+        gap: F64,
+        peer_ratio: F64,
+        peers_ok: npt.NDArray[np.bool_],
+        s: Settings,
+    ) -> None:
+        """Warm-up samples of the `healthy` ones of ranks `r` (arrays aligned on `r`):
+        their gaps and log peer ratios (where they have peers); a rank whose warm-up
+        is full takes no more."""
+        feed = healthy & (self.rank_count[r] < s.warmup_windows)
+        fr = r[feed]
+        if fr.size:
+            self.rank_samples[fr, self.rank_count[fr]] = gap[feed]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lr = np.log(peer_ratio[feed])
+            self.ratio_samples[fr, self.rank_count[fr]] = np.where(
+                peers_ok[feed] & np.isfinite(lr), lr, np.nan
+            )
+            self.rank_count[fr] += 1
+            self.samples_version += 1
+
+    # -- baselines and noise --------------------------------------------------
+
+    def _ready(self, window: int, s: Settings) -> tuple[tuple[int, bool], npt.NDArray[np.bool_]]:
+        """The cache key of the warm-up medians, and the ranks whose baseline is in use:
+        a full warm-up, or any once the warm-up windows are past."""
+        cnt = self.rank_count
+        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
+        return (self.samples_version, window > s.warmup_windows), ready
+
+    def baseline(self, window: int, s: Settings) -> F64:
+        """Per rank: the median of its warm-up gaps (NaN until in use)."""
+        # Baselines change only while warm-up samples are fed: reuse the medians
+        # (a nanmedian over every rank was a third of a window's scoring).
+        key = (self.samples_version, window > s.warmup_windows)
+        if self._base_cache is not None and self._base_cache[0] == key:
+            return self._base_cache[1]
+        key, ready = self._ready(window, s)
+        out = np.full(ready.size, np.nan)
+        if ready.any():
+            with np.errstate(all="ignore"):
+                med = np.nanmedian(self.rank_samples[ready], axis=1)
+            out[ready] = med
+        self._base_cache = (key, out)
+        return out
+
+    def gap_noise(self, window: int, s: Settings) -> F64:
+        """Per rank: the robust sd of its warm-up log gaps around their median, no less
+        than the median of every rank's (five samples can be small by luck) and
+        SIGMA_FLOOR; NaN until its baseline is in use."""
+        key = (self.samples_version, window > s.warmup_windows)
+        if self._gap_noise_cache is not None and self._gap_noise_cache[0] == key:
+            return self._gap_noise_cache[1]
+        key, ready = self._ready(window, s)
+        sd = np.full(ready.size, np.nan)
+        if ready.any():
+            with np.errstate(all="ignore"):
+                x = np.log(self.rank_samples[ready])
+            sd[ready] = _spread(x)[1]
+        self._gap_noise_cache = (key, sd)
+        return sd
+
+    def ratio_baseline(self, window: int, s: Settings) -> tuple[F64, F64]:
+        """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
+        key = (self.samples_version, window > s.warmup_windows)
+        if self._ratio_cache is not None and self._ratio_cache[0] == key:
+            return self._ratio_cache[1]
+        key, ready = self._ready(window, s)
+        base = np.full(ready.size, np.nan)
+        sd = np.full(ready.size, np.nan)
+        if ready.any():
+            base[ready], sd[ready] = _spread(self.ratio_samples[ready])
+        self._ratio_cache = (key, (base, sd))
+        return base, sd
+
+    def noise_now(self) -> float:
+        """The job's live noise sd of one window's log peer ratio (NaN until measured)."""
+        if not self.live_noise:
+            return math.nan
+        recent = list(self.live_noise)[-NOISE_RECENT:]
+        return max(noise_sd(np.concatenate(self.live_noise)), noise_sd(np.concatenate(recent)))
+
+    def observe_noise(self, r: I64, lg: F64, gid: I64, peers_ok: npt.NDArray[np.bool_]) -> None:
+        """Feed this window's log gaps to the live noise: each rank's change since the
+        last window against its group's (what every rank shares, e.g. a data-dependent
+        step length, cancels)."""
+        with np.errstate(invalid="ignore"):
+            d = lg - self.prev_lg[r]
+        self.prev_lg[r] = lg
+        idx = np.flatnonzero(peers_ok & np.isfinite(d))
+        if idx.size < 3:
+            return
+        if idx.size > 4 * DIAG_PEERS:  # an evenly spaced sample says as much, for less
+            idx = idx[np.linspace(0, idx.size - 1, 4 * DIAG_PEERS).astype(np.int64)]
+        # each rank's change against the median change of the others of its group (the
+        # leave-one-out median: in a group of four, centring on the median of all
+        # would make two of the four near zero); the sd of that difference is the
+        # rank's own times sqrt(1 + pi / (2 (n - 1))), the error of a median of n - 1
+        sc = scoring.score(np.exp(d[idx]), gid[idx])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.log(sc.ratio) / np.sqrt(1.0 + 0.5 * math.pi / np.maximum(1, sc.group_size - 1))
+        d = d[np.isfinite(d) & (sc.group_size >= 3)]
+        if d.size >= 3:
+            self.live_noise.append(d)
+
+    # -- state ----------------------------------------------------------------
+
+    def snapshot(self, n: int) -> dict[str, Any]:
+        """The first `n` ranks' history, as raw little-endian bytes (the snapshot keys)."""
+        return {
+            "rank_samples": pack(self.rank_samples[:n]),
+            "rank_count": pack(self.rank_count[:n]),
+            "ratio_samples": pack(self.ratio_samples[:n]),
+            "cusum": pack(self.cusum[:n]),
+            "prev_lr": pack(self.prev_lg[:n]),
+            "live_noise": [pack(d) for d in self.live_noise],
+            "dcusum": pack(self.dcusum[:n]),
+        }
+
+    def restore(self, state: Mapping[str, Any], n: int, w: int) -> None:
+        """Take back `snapshot(n)`'s keys (already grown to `n` ranks), for warm-up `w`.
+        Older snapshots lack the keys of later rules: those start afresh."""
+        samples = unpack(state["rank_samples"], np.float64).reshape(n, -1)
+        count = unpack(state["rank_count"], np.int64)
+        self.rank_samples[:n] = np.nan
+        keep = min(w, samples.shape[1])
+        self.rank_samples[:n, :keep] = samples[:, :keep]
+        self.rank_count[:n] = np.minimum(count, w)
+        self.ratio_samples[:n] = np.nan
+        self.cusum[:n] = 0.0
+        self.dcusum[:n] = 0.0
+        if "dcusum" in state:  # (snapshots from before the adaptive degraded rule lack it)
+            self.dcusum[:n] = unpack(state["dcusum"], np.float64)
+        if "ratio_samples" in state:  # snapshots from before the adaptive rule lack it
+            rs = unpack(state["ratio_samples"], np.float64).reshape(n, -1)
+            self.ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
+            self.cusum[:n] = unpack(state["cusum"], np.float64)
+        self.prev_lg[:n] = np.nan
+        self.live_noise.clear()
+        if "prev_lr" in state:  # snapshots from before the live noise lack it
+            self.prev_lg[:n] = unpack(state["prev_lr"], np.float64)
+            self.live_noise.extend(unpack(d, np.float64) for d in state["live_noise"])
+        self.samples_version += 1
+
+
+def noise_sd(d: F64) -> float:
+    """One window's noise sd from pooled changes of log gap (robust: a rank's real
+    change, a stall starting, is an outlier among them)."""
+    return scoring.MAD_SCALE * float(np.median(np.abs(d))) / math.sqrt(2.0)
+
+
+def _spread(x: F64) -> tuple[F64, F64]:
+    """Per row of warm-up samples (NaN: none): the median, and the robust sd around it,
+    no less than the median of every row's (five samples can be small by luck) nor
+    SIGMA_FLOOR; a row with fewer than three samples takes the pooled one."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        # nanmedian of an all-NaN row warns; that row's NaN is the answer here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(x, axis=1)
+        own = scoring.MAD_SCALE * np.nanmedian(np.abs(x - med[:, None]), axis=1)
+        own = np.where(np.sum(np.isfinite(x), axis=1) >= 3, own, np.nan)
+        pooled = np.nanmedian(own) if np.isfinite(own).any() else SIGMA_FLOOR
+    return med, np.fmax(np.fmax(own, pooled), SIGMA_FLOOR)

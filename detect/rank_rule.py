@@ -1,0 +1,318 @@
+"""The rank rule: every rank's verdict in one window, and its rank/degraded findings.
+
+A rank is judged against its scoring group's leave-one-out median (`rank`), or,
+where the group is too small for peers, against its own warm-up gap
+(`degraded`). In adaptive mode (DETECTOR.md "The combined test") the peer test
+is also scaled to the group's spread and the job's live noise, and a CUSUM
+change test follows each rank's log peer ratio against its own confirmed pace.
+Numpy over every rank; Python per finding only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from artemis.detect import findings as F
+from artemis.detect import scoring
+from artemis.detect.arrays import F64, I64, finite_or_none, pct
+from artemis.detect.diagnosis import diagnose
+from artemis.detect.findings import RANK_KINDS, Finding
+from artemis.detect.lifecycle import Ledger, Track
+from artemis.detect.rank_history import RankHistory
+from artemis.detect.settings import Settings
+from artemis.detect.tuning import (
+    CHANGE_Z,
+    CUSUM_CAP,
+    CUSUM_H,
+    DIAG_PEERS,
+    MIN_SHIFT,
+    NOISE_Z,
+    PEER_MIN,
+    PEER_Z,
+    PEER_Z_MIN_GROUP,
+)
+from artemis.detect.view import Ctx, Roster, View, telemetry
+
+
+@dataclass
+class RankScores:
+    """Per-rank verdicts of one window, aligned with `View.r`."""
+
+    peers: scoring.Scores  # on the judged gap
+    cost: scoring.Scores  # on the measured gap (the cost)
+    base: F64  # own warm-up baseline
+    history: F64  # gap / baseline
+    peers_ok: npt.NDArray[np.bool_]
+    peer_bad: npt.NDArray[np.bool_]
+    hist_bad: npt.NDArray[np.bool_]
+    # adaptive mode: the change test on the peer ratio (NaN / False in seed mode)
+    change_bad: npt.NDArray[np.bool_]
+    shift: F64  # log peer ratio - its confirmed baseline
+    noise: F64  # the rank's noise sd (log ratio units)
+    cusum: F64
+
+
+class RankRule:
+    """The rank rule of one job: judges with its ranks' `RankHistory`, keeps their
+    tracks in the job's `Ledger`."""
+
+    def __init__(self, job: str, history: RankHistory, ledger: Ledger, roster: Roster) -> None:
+        self.job = job
+        self.history = history
+        self.ledger = ledger
+        self.roster = roster
+
+    def judge(
+        self,
+        window: int,
+        v: View,
+        s: Settings,
+        pre: tuple[scoring.Scores, scoring.Scores] | None = None,
+        live: float | None = None,
+        only: npt.NDArray[np.bool_] | None = None,
+    ) -> RankScores:
+        """Every rank's verdicts. A late window (score_late) passes its peers' scores
+        (`pre`), the live noise of its own time (`live`) and the ranks whose state
+        may change (`only`: the late ones; the others are its peers, judged then)."""
+        if pre is not None:
+            peers, cost = pre
+        else:
+            peers = scoring.score(v.gap, v.gid)
+            cost = peers if v.gap is v.actual else scoring.score(v.actual, v.gid)
+        base = self.history.baseline(window, s)[v.r]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            history = np.where(base > 0, v.gap / base, np.nan)
+        judging = window >= 1  # window 0 carries start-up work (compilation, warm caches)
+        peers_ok = peers.group_size >= s.min_island_peers
+        peer_bad = judging & peers_ok & (peers.ratio >= s.suspect_ratio)
+        n = v.r.size
+        nan = np.full(n, np.nan)
+        change_bad = np.zeros(n, dtype=bool)
+        shift, noise, cusum = nan, nan, nan
+        if s.mode == "adaptive":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                # noise-scaled peer test: a tight group is judged more finely
+                peer_bad |= (
+                    judging
+                    & peers_ok
+                    & (peers.group_size >= PEER_Z_MIN_GROUP)
+                    & (peers.ratio - 1.0 >= PEER_MIN * (s.suspect_ratio - 1.0) / 0.10)
+                    & (peers.z >= PEER_Z)
+                )
+                lr = np.log(peers.ratio)
+                if only is not None:
+                    # a late window feeds no live noise (that is the job's now), but
+                    # the rank's last log gap is this one, as its windows come in order
+                    self.history.prev_lg[v.r[only]] = np.log(v.gap[only])
+                elif window >= 1:
+                    self.history.observe_noise(v.r, np.log(v.gap), v.gid, peers_ok)
+                if live is None:
+                    live = self.history.noise_now()
+                if math.isfinite(live):
+                    # slower than its peers, but within what every rank's ratio moves
+                    # by from window to window now: noise, whatever the ratio
+                    peer_bad &= lr >= NOISE_Z * live
+                rbase, rsd = self.history.ratio_baseline(window, s)
+                shift = lr - rbase[v.r]
+                noise = np.fmax(rsd[v.r], live) if math.isfinite(live) else rsd[v.r]
+                ref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * noise)
+                step = (shift - ref) / noise
+                ok = judging & peers_ok & np.isfinite(step)
+                cusum = np.where(ok, np.clip(self.history.cusum[v.r] + step, 0.0, CUSUM_CAP), 0.0)
+                change_bad = ok & (cusum >= CUSUM_H) & (shift >= ref)
+            w_ok = ok if only is None else ok & only
+            self.history.cusum[v.r[w_ok]] = cusum[w_ok]
+            # `degraded` (no peers): the same change test on the rank's own gap against
+            # its warm-up median, in the noise of its warm-up gaps. Nothing shared is
+            # taken out here (no peers), so that noise includes the job's jitter.
+            no_peers = judging & ~peers_ok
+            with np.errstate(invalid="ignore", divide="ignore"):
+                dsd = self.history.gap_noise(window, s)[v.r] if no_peers.any() else nan
+                dshift = np.log(history)
+                dref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * dsd)
+                dstep = (dshift - dref) / dsd
+                dok = judging & ~peers_ok & np.isfinite(dstep)
+                dc = np.where(dok, np.clip(self.history.dcusum[v.r] + dstep, 0.0, CUSUM_CAP), 0.0)
+                hist_bad = dok & (dc >= CUSUM_H) & (dshift >= dref)
+                # and the seed's fixed ratio, where it is at least PEER_Z of that noise
+                hist_bad |= dok & (history >= s.suspect_ratio) & (dshift >= PEER_Z * dsd)
+            w_dok = dok if only is None else dok & only
+            self.history.dcusum[v.r[w_dok]] = dc[w_dok]
+            shift, noise, cusum = (
+                np.where(peers_ok, a, b) for a, b in ((shift, dshift), (noise, dsd), (cusum, dc))
+            )
+        else:
+            hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
+        return RankScores(
+            peers=peers,
+            cost=cost,
+            base=base,
+            history=history,
+            peers_ok=peers_ok,
+            peer_bad=peer_bad,
+            hist_bad=hist_bad,
+            change_bad=change_bad,
+            shift=shift,
+            noise=noise,
+            cusum=cusum,
+        )
+
+    def findings(
+        self,
+        v: View,
+        sc: RankScores,
+        ctx: Ctx,
+        s: Settings,
+        only: npt.NDArray[np.bool_] | None = None,
+    ) -> tuple[list[Finding], npt.NDArray[np.bool_]]:
+        """Advance the track of every bad or tracked rank (of `only`, where given);
+        (findings, ranks held out of their baseline because they are bad or flagged)."""
+        bad = sc.peer_bad | sc.hist_bad | sc.change_bad
+        if only is not None:
+            bad = bad & only
+        todo = set(np.flatnonzero(bad).tolist())
+        tracked = np.array(
+            sorted({int(k[1]) for k in self.ledger.tracks if k[0] in RANK_KINDS}),
+            dtype=np.int64,
+        )
+        if tracked.size:
+            pos = np.minimum(np.searchsorted(v.r, tracked), v.r.size - 1)
+            hit = pos[v.r[pos] == tracked]
+            if only is not None:
+                hit = hit[only[hit]]
+            todo.update(hit.tolist())
+        out: list[Finding] = []
+        held = np.zeros(v.r.size, dtype=bool)
+        for i in sorted(todo):
+            kind = "rank" if sc.peers_ok[i] else "degraded"
+            key = (kind, str(int(v.r[i])))
+            if key not in self.ledger.tracks and not bad[i]:
+                continue
+            track = self.ledger.track(key, s.flag_window)
+            if kind == "rank":
+                excess = max(0.0, float(v.actual[i] - sc.cost.loo_median[i]))
+            else:
+                excess = max(0.0, float(v.actual[i] - sc.base[i])) if sc.base[i] > 0 else 0.0
+            if kind == "rank" and sc.change_bad[i] and not sc.peer_bad[i]:
+                # slow against its own baseline but within its peers' spread: the
+                # peers' median is not the cost, its own confirmed pace is
+                excess = max(0.0, float(v.actual[i] * (1.0 - math.exp(-sc.shift[i]))))
+            # the intermittent rule is for ranks (a GPU that comes and goes), not scalars
+            state = self.ledger.advance(
+                track, ctx.window, bool(bad[i]), excess, ctx.hours_per_ms, s, s.mode == "adaptive"
+            )
+            held[i] = track.active or bool(bad[i])
+            if state is not None:
+                out.append(self._finding(kind, state, i, v, sc, excess, track, ctx, s))
+            self.ledger.forget_idle(key, track)
+        return out, held
+
+    def feed(
+        self,
+        window: int,
+        v: View,
+        sc: RankScores,
+        held: npt.NDArray[np.bool_],
+        s: Settings,
+        only: npt.NDArray[np.bool_] | None = None,
+    ) -> None:
+        # An unconfirmed regression never becomes a baseline: only healthy windows feed.
+        healthy = (window >= 1) & ~sc.peer_bad & ~sc.hist_bad & ~sc.change_bad & ~held
+        if only is not None:
+            healthy &= only
+        self.history.feed(v.r, healthy, v.gap, sc.peers.ratio, sc.peers_ok, s)
+
+    def _finding(
+        self,
+        kind: str,
+        state: str,
+        i: int,
+        v: View,
+        sc: RankScores,
+        excess: float,
+        track: Track,
+        ctx: Ctx,
+        s: Settings,
+    ) -> Finding:
+        rank = int(v.r[i])
+        cause: dict[str, Any] | None = None
+        missing: list[str] = []
+        if state != "cleared":
+            # The slowdown the cause must explain: against its peers (whose clocks
+            # are the reference), else its own pace; where the change test judged it,
+            # the change from its own confirmed pace (a rank always 2% slow for
+            # reasons its clock does not show keeps that offset out of it).
+            slow = sc.peers.ratio[i] - 1.0 if kind == "rank" else sc.history[i] - 1.0
+            if kind == "rank" and sc.change_bad[i]:
+                slow = math.expm1(sc.shift[i])
+            c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
+            cause, missing = c.to_json(), list(c.missing)
+        evidence: dict[str, Any] = {
+            "gpu_hours": track.pending_hours if state == "suspect" else track.hours,
+            "gap_ms": float(v.gap[i]),
+            "peers": int(sc.peers.group_size[i]) - 1,
+        }
+        samples = float(v.cols.floats("samples")[v.row[i]])
+        if math.isfinite(samples):
+            evidence["samples"] = int(samples)
+        if kind == "rank":
+            evidence["peers_gap_ms"] = finite_or_none(sc.peers.loo_median[i])
+        else:
+            evidence["baseline_gap_ms"] = finite_or_none(sc.base[i])
+        if v.class_of[i] is not None:
+            evidence["hw_class"] = v.class_of[i]
+        basis = "peers"
+        if s.mode == "adaptive":
+            if kind == "rank":
+                pb, cb = bool(sc.peer_bad[i]), bool(sc.change_bad[i])
+                basis = "both" if pb and cb else "history" if cb else "peers"
+            if math.isfinite(sc.shift[i]):
+                # the change test: shift from its own confirmed pace, in its own noise
+                evidence["shift"] = round(float(math.expm1(sc.shift[i])), 4)
+                evidence["noise"] = round(float(sc.noise[i]), 5)
+                evidence["cusum"] = round(float(sc.cusum[i]), 2)
+            evidence["intermittent"] = track.intermittent
+        common: dict[str, Any] = {
+            "job": self.job,
+            "state": state,
+            "window": ctx.window,
+            "steps": ctx.steps,
+            "rank": rank,
+            "island": str(v.isl_labels[i]),
+            "hosts": [] if self.roster.host[rank] is None else [str(self.roster.host[rank])],
+            "since": track.since,
+            "ratio": finite_or_none(sc.peers.ratio[i]),
+            "history": finite_or_none(sc.history[i]),
+            "excess_ms": excess,
+            "loss_pct": pct(excess, ctx.step_ms),
+            "missing": missing,
+            "evidence": evidence,
+            "cause": cause,
+        }
+        if kind == "rank":
+            return F.rank_finding(z=finite_or_none(sc.peers.z[i]), basis=basis, **common)
+        return F.degraded_finding(**common)
+
+    def _diagnose(self, kind: str, i: int, v: View, slowdown: float | None) -> Any:
+        """Why rank i is slow: its telemetry against its group's (rank) or island's (degraded)."""
+        peers = np.flatnonzero(v.gid == v.gid[i] if kind == "rank" else v.isl_id == v.isl_id[i])
+        peers = peers[peers != i]
+        if peers.size > DIAG_PEERS:
+            peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
+        own, *others = telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
+        return diagnose(own, others, slowdown)
+
+
+def weighted(values: F64, gid: I64, rep: I64) -> scoring.Scores:
+    """Leave-one-out scores where entry i stands for rep[i] ranks (a kept window's
+    peers): exact for the entries of weight 1 (the late ranks)."""
+    if (rep == 1).all():
+        return scoring.score(values, gid)
+    big = np.repeat(np.arange(values.size), rep)
+    sc = scoring.score(values[big], gid[big])
+    first = np.cumsum(rep) - rep
+    return scoring.Scores(sc.loo_median[first], sc.ratio[first], sc.z[first], sc.group_size[first])
