@@ -15,7 +15,7 @@ from typing import Any
 
 from artemis.coordinator.sinks import Sinks
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
-from artemis.detect.detector import LATE_WINDOWS
+from artemis.detect.detector import LATE_WINDOWS, Detector
 from artemis.detect.jobs import JobTable
 from artemis.detect.monitor import MonitorOutput
 from artemis.detect.settings import Settings
@@ -37,13 +37,14 @@ class LocalShell:
         *,
         deadline_s: float = 10.0,
         wall: Callable[[], float] = time.time,
+        detector: type[Detector] = Detector,
     ) -> None:
         self.job = job
         # Every rank is known from the start: no grace for late announcements.
         self.assembler = WindowAssembler(
             deadline_s=deadline_s, grace_s=0.0, late_windows=LATE_WINDOWS
         )
-        self.jobs = JobTable(settings, self.assembler)
+        self.jobs = JobTable(settings, self.assembler, detector=detector)
         self.sinks = sinks
         self.wall = wall
         self.monitor = self.jobs.monitor(job, run)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
+from artemis.detect.detector import Detector
 from artemis.detect.monitor import Intent, JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankProgress
@@ -40,8 +41,10 @@ class JobTable:
         dump_wait_s: float = 5.0,
         job_linger_s: float = 300.0,
         baselines: bool = False,
+        detector: type[Detector] = Detector,
     ) -> None:
         self.settings = settings
+        self.detector = detector  # the class each job's monitor scores with
         self.assembler = assembler
         self.global_batch = global_batch
         self.dump_wait_s = dump_wait_s
@@ -68,6 +71,7 @@ class JobTable:
                 run=run,
                 global_batch=self.global_batch,
                 dump_wait_s=self.dump_wait_s,
+                detector=self.detector,
             )
             m.use_baselines(self.baselines)
         return m
