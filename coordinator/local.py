@@ -3,7 +3,8 @@
 The same job table (detect/jobs.py) and sinks (coordinator/sinks.py) the
 coordinator daemon drives, fed directly: no agents, no journal, no saved state,
 so no intents and nothing to replay. `artemis.job.Detector` runs one on its
-rank 0 (the ranks' summaries come over its side channel); the caller passes
+rank 0 (the ranks' summaries come over its side channel), the simulator's
+in-process path (sim/inproc.py) one per scenario; the caller passes
 `now` (monotonic) and the shell reads the wall time for the incident records.
 """
 

@@ -1,7 +1,7 @@
 """`JobTable`: the jobs one shell serves, and the rules that are not any one job's.
 
-The pure core of the shell (coordinator/service.py, the in-process detector in
-job/detector.py): it owns the window assembler and one `JobMonitor` per job, and
+The pure core of the shell (coordinator/service.py, and coordinator/local.py
+for the in-process detector in job/detector.py and sim/inproc.py): it owns the window assembler and one `JobMonitor` per job, and
 says when a window starts a new run of its job, when a job has ended, which
 heartbeats count (the communicator each rank is judged on), what an agent that
 (re)connects must be sent again (the job's last plan control, the dumps a hang
