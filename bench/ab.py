@@ -34,14 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = r"""
 import copy, json, sys, time
 import numpy as np
-try:
-    from artemis.detect.detector import Detector
-    from artemis.detect.monitor import JobMonitor
-    from artemis.detect.settings import Settings
-except ImportError:
+try:  # the old path first: the installed tree would answer the new one for any tree
     from artemis.coordinator.detector import Detector
     from artemis.coordinator.monitor import JobMonitor
     from artemis.coordinator.settings import Settings
+except ImportError:
+    from artemis.detect.detector import Detector
+    from artemis.detect.monitor import JobMonitor
+    from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 import bench.agent_summary as agent
 import bench.ingest as ingest
@@ -72,6 +72,9 @@ if "scoring" in which:
 if "ingest" in which:
     wall, cpu = ingest.measure("coordinator", 10_000, 64)
     out["ingest coordinator CPU s (10k ranks, 64/agent)"] = cpu
+import os, artemis.protocol.records as r
+for f in (r.__file__, sys.modules[Detector.__module__].__file__):  # this tree's code only
+    assert os.path.realpath(f).startswith(os.path.realpath(sys.argv[2]) + "/"), f
 print(json.dumps(out))
 """
 
@@ -106,7 +109,7 @@ def _run(tree: Path, pkg: Path, probes: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{pkg}{os.pathsep}{tree}")
     env.pop("ARTEMIS_CONFIG", None)
     p = subprocess.run(
-        [sys.executable, "-c", PROBE, probes],
+        [sys.executable, "-c", PROBE, probes, str(tree)],
         cwd=tree,
         env=env,
         capture_output=True,

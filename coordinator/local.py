@@ -3,7 +3,8 @@
 The same job table (detect/jobs.py) and sinks (coordinator/sinks.py) the
 coordinator daemon drives, fed directly: no agents, no journal, no saved state,
 so no intents and nothing to replay. `artemis.job.Detector` runs one on its
-rank 0 (the ranks' summaries come over its side channel); the caller passes
+rank 0 (the ranks' summaries come over its side channel), the simulator's
+in-process path (sim/inproc.py) one per scenario; the caller passes
 `now` (monotonic) and the shell reads the wall time for the incident records.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from artemis.coordinator.sinks import Sinks
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
-from artemis.detect.detector import LATE_WINDOWS
+from artemis.detect.detector import LATE_WINDOWS, Detector
 from artemis.detect.jobs import JobTable
 from artemis.detect.monitor import MonitorOutput
 from artemis.detect.settings import Settings
@@ -37,13 +38,14 @@ class LocalShell:
         *,
         deadline_s: float = 10.0,
         wall: Callable[[], float] = time.time,
+        detector: type[Detector] = Detector,
     ) -> None:
         self.job = job
         # Every rank is known from the start: no grace for late announcements.
         self.assembler = WindowAssembler(
             deadline_s=deadline_s, grace_s=0.0, late_windows=LATE_WINDOWS
         )
-        self.jobs = JobTable(settings, self.assembler)
+        self.jobs = JobTable(settings, self.assembler, detector=detector)
         self.sinks = sinks
         self.wall = wall
         self.monitor = self.jobs.monitor(job, run)

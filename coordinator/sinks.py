@@ -9,8 +9,8 @@ dynolog's CompositeLogger composes its loggers, and is the ONE place that fixes
 the order of writes: the record files first (findings, incidents, plans: a
 store that fails, logged then off, never costs a line of them), then the
 metrics, then the store, then the in-memory lists of the in-process detector.
-The coordinator daemon (service.py) and `artemis.job.Detector` both write
-through it. The record files' writers (`FindingsWriter`, `IncidentsWriter`,
+The coordinator daemon (service.py), `artemis.job.Detector` and the
+simulator's in-process path (sim/inproc.py) all write through it. The record files' writers (`FindingsWriter`, `IncidentsWriter`,
 with the `straggler` log line of each new flag) are here too: the JSONL is
 `Finding.to_json` and the incident records, both the pure core's.
 """

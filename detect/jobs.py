@@ -1,7 +1,7 @@
 """`JobTable`: the jobs one shell serves, and the rules that are not any one job's.
 
-The pure core of the shell (coordinator/service.py, the in-process detector in
-job/detector.py): it owns the window assembler and one `JobMonitor` per job, and
+The pure core of the shell (coordinator/service.py, and coordinator/local.py
+for the in-process detector in job/detector.py and sim/inproc.py): it owns the window assembler and one `JobMonitor` per job, and
 says when a window starts a new run of its job, when a job has ended, which
 heartbeats count (the communicator each rank is judged on), what an agent that
 (re)connects must be sent again (the job's last plan control, the dumps a hang
@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from artemis.detect.assembly import AssembledWindow, WindowAssembler
+from artemis.detect.detector import Detector
 from artemis.detect.monitor import Intent, JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankProgress
@@ -40,8 +41,10 @@ class JobTable:
         dump_wait_s: float = 5.0,
         job_linger_s: float = 300.0,
         baselines: bool = False,
+        detector: type[Detector] = Detector,
     ) -> None:
         self.settings = settings
+        self.detector = detector  # the class each job's monitor scores with
         self.assembler = assembler
         self.global_batch = global_batch
         self.dump_wait_s = dump_wait_s
@@ -68,6 +71,7 @@ class JobTable:
                 run=run,
                 global_batch=self.global_batch,
                 dump_wait_s=self.dump_wait_s,
+                detector=self.detector,
             )
             m.use_baselines(self.baselines)
         return m

@@ -111,13 +111,15 @@ class JobMonitor:
         islands: Mapping[int, str] | None = None,
         classes: Mapping[int, str] | None = None,
         island_order: Sequence[str] | None = None,
+        detector: type[Detector] = Detector,
     ) -> None:
         self.job = job
         self.run = run
         self.settings = settings
         self.global_batch = global_batch
         self.dump_wait_s = dump_wait_s
-        self.detector = Detector(
+        # `detector`: the class that scores (a test may tap it: tests/test_detector_sim.py)
+        self.detector = detector(
             settings,
             job,
             max(1, nranks),

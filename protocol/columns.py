@@ -140,7 +140,9 @@ class WindowColumns:
         return cls(0, {k: _empty(kind) for k, kind in COLUMNS.items()})
 
     @classmethod
-    def from_records(cls, recs: Sequence[RankWindow]) -> WindowColumns:
+    def from_records(cls, recs: Sequence[RankWindow] | WindowColumns) -> WindowColumns:
+        if isinstance(recs, WindowColumns):
+            return recs  # columns already (a detector's input either way: detect/monitor.py)
         n = len(recs)
         cols: dict[str, Any] = {}
         for name, kind in WINDOW_COLUMNS.items():

@@ -6,8 +6,10 @@ record per collective, device clock, start = the rank's arrival, end = the
 collective's end; see `sim/hostproc.py`); one agent `WindowSummarizer` per rank
 turns them into `RankWindow` summaries; the rank's simulated telemetry
 (`telemetry.telemetry_plan`, read back through the agent's own
-`SimulatedSource.overlay` and `merge`) rides on each summary; the
-coordinator's `Detector` scores every window. No daemons and no wire, so
+`SimulatedSource.overlay` and `merge`) rides on each summary; the one shell
+(coordinator/local.py `LocalShell`: the job table and its monitor, as the
+coordinator daemon and `artemis.job.Detector` drive them) assembles and scores
+every window, with no sink but the caller. No daemons and no wire, so
 thousands of rank-windows take seconds. One island (no bridge records). With
 `tp > 1` each rank is summarised on its data-parallel communicator, its TP
 collectives fed in as the agent does (`WindowSummarizer.feed_nested`).
@@ -24,7 +26,9 @@ import numpy as np
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.agent.telemetry.simulated import overlay
-from artemis.detect.detector import Detector
+from artemis.coordinator.local import LocalShell
+from artemis.coordinator.sinks import Sinks
+from artemis.detect.detector import Detector, WindowResult
 from artemis.detect.findings import RANK_KINDS
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
@@ -137,14 +141,19 @@ def run(
     *,
     telemetry: bool = True,
 ) -> RunResult:
+    """The scenario's windows through the one shell (`LocalShell`, as the coordinator and
+    `artemis.job.Detector` drive it), with no sink but the caller: what the detector
+    reported at each window is counted into a `RunResult`."""
     windows = summaries(sc, telemetry=telemetry)
-    det = Detector(settings or Settings(), JOB, sc.ranks)
-    pending: dict[int, list[RankWindow]] = {}
+    # `Detector` read at call time: a test may put its own class here (a tap).
+    shell = LocalShell(JOB, COMM, sc.ranks, settings or Settings(), Sinks(), detector=Detector)
     out = RunResult()
     slow = set(slow_ranks)
 
-    def score(w: int) -> None:
-        res = det.score_window(w, pending.pop(w, []))
+    def count(res: WindowResult) -> None:
+        # The detector's own reports, as before the shell: the monitor's additions
+        # (missing ranks, baselines) are not the rank rule's figures.
+        w = res.window
         if w >= 1:
             out.healthy_rank_windows += sc.ranks - len(res.missing) - len(slow)
         for f in res.findings:
@@ -161,7 +170,13 @@ def run(
                 out.false_flags += 1
                 out.false_by_kind[f.kind] = out.false_by_kind.get(f.kind, 0) + 1
 
+    # Simulated time: one second a window, so no window waits for its deadline.
     for w in range(sc.windows):
-        pending[w] = windows[w]
-        score(w)
+        for mo in shell.add(windows[w], now=float(w)):
+            if mo.result is not None:
+                count(mo.result)
+    for mo in shell.expire(now=float(sc.windows) + shell.assembler.deadline_s):
+        if mo.result is not None:
+            count(mo.result)
+    shell.close()
     return out

@@ -172,6 +172,28 @@ def test_the_local_shell_scores_a_job_and_writes_it(tmp_path: Path) -> None:
     assert len(lines) == len(mem.findings)
 
 
+def test_the_shell_scores_with_the_detector_class_it_is_given() -> None:
+    """A tap on the detector (the simulator's tests use one) sees every window the
+    shell scores, and the simulator's in-process path is this shell."""
+    from artemis.detect.detector import Detector
+    from artemis.sim import inproc
+
+    seen: list[int] = []
+
+    class Tap(Detector):
+        def score_window(self, window: int, ranks: Any, missing: Any = ()) -> Any:
+            seen.append(window)
+            return super().score_window(window, ranks, missing)
+
+    shell = LocalShell(JOB, "inproc", 2, Settings(), Sinks(), detector=Tap)
+    for w in range(3):
+        shell.add([rw(r, w, "inproc") for r in range(2)], float(w))
+    shell.close()
+    assert seen == [0, 1, 2]
+    assert isinstance(shell.monitor.detector, Tap)
+    assert inproc.LocalShell is LocalShell
+
+
 def test_the_rank_channel_is_the_protocols_windows_message() -> None:
     rows = [rw(r, 0, "inproc") for r in range(3)]
     frame = encode(Windows(host="h", windows=rows), seq=1)
