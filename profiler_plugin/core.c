@@ -92,7 +92,7 @@ int art_membarrier_register(void) {
 }
 
 #ifdef ART_TEST_HOOKS
-/* the harness only (tests/harness.c test_switch_mb_fail): both membarriers fail */
+/* the harness only (tests/harness_shared.c test_switch_mb_fail): both membarriers fail */
 _Atomic int art_test_membarrier_fail;
 #endif
 
@@ -119,7 +119,7 @@ static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, cons
                                  int alone, int fastp, ArtLane *lane);
 
 #ifdef ART_TEST_HOOKS
-/* the harness only (tests/harness.c test_switch_in_start): called by the
+/* the harness only (tests/harness_shared.c test_switch_in_start): called by the
  * owner's plain start between the load and the store of its ticket */
 void (*_Atomic art_test_ticket_hook)(void);
 /* the harness reads these of a context's private fields */
