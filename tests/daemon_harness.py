@@ -431,3 +431,58 @@ class PacedJob(threading.Thread):
         while not self.stop.is_set():
             self.feeder.write_steps(self.steps)
             self.stop.wait(self.period)
+
+
+def run_lockstep_job(
+    work: Path,
+    plugin: Path,
+    compute_ms: Sequence[Sequence[float]],
+    config: dict[str, Any],
+    windows: int,
+    *,
+    window_steps: int,
+    colls_per_step: int,
+    before_agent_stops: Callable[[Coordinator], None] | None = None,
+) -> Coordinator:
+    """One host ("h0") of a lockstep job scored to its end: a coordinator with `config`,
+    an agent, `windows` windows written and the job finished, the last window scored.
+
+    The agent is stopped on the way out, after `before_agent_stops` (checks that must
+    see the coordinator before that); the coordinator keeps running for the caller,
+    unless this failed, when it is stopped too.
+    """
+    secret = write_secret(work / "secret")
+    shm = work / "shm" / "h0"
+    job = LockstepFeeder(plugin, [shm] * len(compute_ms), compute_ms)
+    coord = Coordinator(work, secret, deadline_s=2.0, config=config)
+    agent: Daemon | None = None
+    try:
+        coord.start()
+        agent = start_agent(
+            work,
+            coord.address,
+            shm,
+            secret,
+            "h0",
+            window_steps=window_steps,
+            colls_per_step=colls_per_step,
+        )
+        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
+        job.write_steps(windows * window_steps)
+        job.finish()
+        wait_for(
+            lambda: (coord.value("straggler_last_window", job=JOB) or -1) >= windows - 1,
+            60,
+            f"window {windows - 1} scored",
+        )
+        assert coord.daemon is not None and coord.daemon.alive()
+        if before_agent_stops is not None:
+            before_agent_stops(coord)
+    except BaseException:
+        if coord.daemon is not None:
+            coord.daemon.stop()
+        raise
+    finally:
+        if agent is not None:
+            agent.stop()
+    return coord
