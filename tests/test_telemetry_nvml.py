@@ -371,20 +371,24 @@ def test_the_fake_behaves_like_pynvml_on_a_missing_symbol() -> None:
 # ------------------------------------------------------------------ item 4: driver versions
 
 
+# FakeGpu's reasons (0x4 | 0x40) as the source reads them, every reason supported.
+SW_POWER_CAP_HW_THERMAL = {
+    "idle": False,
+    "apps_clocks": False,
+    "sw_power_cap": True,
+    "hw_slowdown": False,
+    "sync_boost": False,
+    "sw_thermal": False,
+    "hw_thermal": True,
+    "hw_power_brake": False,
+}
+
+
 @pytest.mark.parametrize("driver", [R525, ALL_SYMBOLS, CUDA14], ids=["R525", "R550", "CUDA14"])
 def test_throttle_reasons_on_every_driver(monkeypatch: pytest.MonkeyPatch, driver: Any) -> None:
     src, _ = install(monkeypatch, [FakeGpu()], driver)
     got = src.sample(at(0))
-    assert got["throttle"] == {
-        "idle": False,
-        "apps_clocks": False,
-        "sw_power_cap": True,
-        "hw_slowdown": False,
-        "sync_boost": False,
-        "sw_thermal": False,
-        "hw_thermal": True,
-        "hw_power_brake": False,
-    }
+    assert got["throttle"] == SW_POWER_CAP_HW_THERMAL
 
 
 def test_supported_reasons_fall_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
