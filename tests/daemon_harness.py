@@ -433,6 +433,18 @@ class PacedJob(threading.Thread):
             self.stop.wait(self.period)
 
 
+def connect_agent(work: Path, coord: Coordinator, shm: Path, secret: Path, **kw: Any) -> Daemon:
+    """Agent "h0" on `shm` (`kw`: start_agent's), once `coord` counts it connected; an
+    agent that does not connect is stopped."""
+    agent = start_agent(work, coord.address, shm, secret, "h0", **kw)
+    try:
+        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
+    except BaseException:
+        agent.stop()
+        raise
+    return agent
+
+
 def run_lockstep_job(
     work: Path,
     plugin: Path,
@@ -458,16 +470,9 @@ def run_lockstep_job(
     agent: Daemon | None = None
     try:
         coord.start()
-        agent = start_agent(
-            work,
-            coord.address,
-            shm,
-            secret,
-            "h0",
-            window_steps=window_steps,
-            colls_per_step=colls_per_step,
+        agent = connect_agent(
+            work, coord, shm, secret, window_steps=window_steps, colls_per_step=colls_per_step
         )
-        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
         job.write_steps(windows * window_steps)
         job.finish()
         wait_for(
