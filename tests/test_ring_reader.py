@@ -516,27 +516,15 @@ def test_minor1_header_fields(tmp_path: Path) -> None:
 def test_cpu_slots_round_trip(tmp_path: Path) -> None:
     w = RingWriter(tmp_path, "j", COMM, 1, 2, 8, cpu_times=True, clock_kind="host")
     assert w.path.stat().st_size == 512 + 8 * 128
-    t0 = w.record(
-        kind=rf.KIND_COLL,
-        func=rf.FUNC_CODES["AllReduce"],
-        coll_seq=0,
-        nbytes=64,
-        start=10,
-        end=20,
-        clock=REC_HOST,
-        cpu_start_ns=5_000,
-        cpu_end_ns=7_000,
-    )
-    t1 = w.record(
-        kind=rf.KIND_COLL,
-        func=rf.FUNC_CODES["AllReduce"],
-        coll_seq=1,
-        nbytes=64,
-        start=30,
-        state=rf.STATE_IN_FLIGHT,
-        clock=REC_HOST,
-        cpu_start_ns=9_000,
-    )
+    # Two host-timed 64-byte all_reduces: the first done, the second still in flight.
+    ar: dict[str, Any] = {
+        "kind": rf.KIND_COLL,
+        "func": rf.FUNC_CODES["AllReduce"],
+        "nbytes": 64,
+        "clock": REC_HOST,
+    }
+    t0 = w.record(**ar, coll_seq=0, start=10, end=20, cpu_start_ns=5_000, cpu_end_ns=7_000)
+    t1 = w.record(**ar, coll_seq=1, start=30, state=rf.STATE_IN_FLIGHT, cpu_start_ns=9_000)
     with RingReader(w.path) as r:
         h = r.header()
         assert (h.slot_minor, h.slot_size, h.cpu_times) == (rf.SLOT_MINOR_CPU, 128, True)
