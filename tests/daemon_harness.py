@@ -431,3 +431,63 @@ class PacedJob(threading.Thread):
         while not self.stop.is_set():
             self.feeder.write_steps(self.steps)
             self.stop.wait(self.period)
+
+
+def connect_agent(work: Path, coord: Coordinator, shm: Path, secret: Path, **kw: Any) -> Daemon:
+    """Agent "h0" on `shm` (`kw`: start_agent's), once `coord` counts it connected; an
+    agent that does not connect is stopped."""
+    agent = start_agent(work, coord.address, shm, secret, "h0", **kw)
+    try:
+        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
+    except BaseException:
+        agent.stop()
+        raise
+    return agent
+
+
+def run_lockstep_job(
+    work: Path,
+    plugin: Path,
+    compute_ms: Sequence[Sequence[float]],
+    config: dict[str, Any],
+    windows: int,
+    *,
+    window_steps: int,
+    colls_per_step: int,
+    before_agent_stops: Callable[[Coordinator], None] | None = None,
+) -> Coordinator:
+    """One host ("h0") of a lockstep job scored to its end: a coordinator with `config`,
+    an agent, `windows` windows written and the job finished, the last window scored.
+
+    The agent is stopped on the way out, after `before_agent_stops` (checks that must
+    see the coordinator before that); the coordinator keeps running for the caller,
+    unless this failed, when it is stopped too.
+    """
+    secret = write_secret(work / "secret")
+    shm = work / "shm" / "h0"
+    job = LockstepFeeder(plugin, [shm] * len(compute_ms), compute_ms)
+    coord = Coordinator(work, secret, deadline_s=2.0, config=config)
+    agent: Daemon | None = None
+    try:
+        coord.start()
+        agent = connect_agent(
+            work, coord, shm, secret, window_steps=window_steps, colls_per_step=colls_per_step
+        )
+        job.write_steps(windows * window_steps)
+        job.finish()
+        wait_for(
+            lambda: (coord.value("straggler_last_window", job=JOB) or -1) >= windows - 1,
+            60,
+            f"window {windows - 1} scored",
+        )
+        assert coord.daemon is not None and coord.daemon.alive()
+        if before_agent_stops is not None:
+            before_agent_stops(coord)
+    except BaseException:
+        if coord.daemon is not None:
+            coord.daemon.stop()
+        raise
+    finally:
+        if agent is not None:
+            agent.stop()
+    return coord

@@ -50,6 +50,24 @@ FINDING_KEYS = (
     "cause",
     "job",  # the one key added since the seed (docs/DESIGN.md)
 )
+
+# DESIGN.md "Rebalance plans": the fields of every plans line, written out for the
+# same reason.
+PLAN_KEYS = {
+    "id",
+    "window",
+    "rank",
+    "finding",
+    "speeds",
+    "before",
+    "after",
+    "apply_at_step",
+    "status",
+    "throughput_before",
+    "throughput_after",
+    "reason",
+}
+
 # DESIGN.md kinds, plus `missing` (ranks that stopped reporting), which DESIGN.md
 # documents as the finding of an `agent_down` fault.
 FINDING_KINDS = {"rank", "degraded", "island", "link", "collective", "hang", "missing"}

@@ -123,40 +123,24 @@ def test_run_without_a_stall_flags_nothing(tmp_path: Path) -> None:
 
 
 def test_run_errors_are_clear(tmp_path: Path) -> None:
-    art = str(BIN / "artemis")
-    p = subprocess.run(
-        [art, "run", "--", "no-such-command-xyz"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "artemis"), "run", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+
+    p = run("--", "no-such-command-xyz")
     assert p.returncode == 2 and "COMMAND not found: 'no-such-command-xyz'" in p.stderr
-    p = subprocess.run([art, "run"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    p = run()
     assert p.returncode == 2 and "no COMMAND given" in p.stderr
-    p = subprocess.run(
-        [art, "run", "--rebalance", "maybe", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    p = run("--rebalance", "maybe", "--", "true")
     assert p.returncode == 2 and "--rebalance: expected one of off, recommend, apply" in p.stderr
-    p = subprocess.run(
-        [art, "run", "--window-steps", "x", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    p = run("--window-steps", "x", "--", "true")
     assert p.returncode == 2 and "window-steps" in p.stderr
-    p = subprocess.run(
-        [art, "run", "--", "sh", "-c", "exit 3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    p = run("--", "sh", "-c", "exit 3")
     assert p.returncode == 3, p.stdout + p.stderr
 
 

@@ -20,8 +20,6 @@ on one database: `test_two_runs_share_a_postgresql_store`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ import pytest
 from artemis.detect.baselines import software_hash
 from artemis.store import open_store
 from artemis.store.base import store_url as sqlite_url
+from sim_cli import artemis_sim
 
 pytestmark = pytest.mark.slow
 
@@ -90,24 +89,7 @@ class Run:
 def run_sim(name: str, text: str, tmp: Path, store: str) -> None:
     scenario = tmp / f"{name}.toml"
     scenario.write_text(text)
-    r = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "artemis"),
-            "sim",
-            "--scenario",
-            str(scenario),
-            "--jsonl",
-            str(tmp / name / "findings.jsonl"),
-            "--store",
-            store,
-            "--timeout-s",
-            "120",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    artemis_sim(scenario, tmp / name / "findings.jsonl", "--store", store)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

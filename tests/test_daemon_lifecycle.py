@@ -94,6 +94,15 @@ def _configs(
     return coord, agent
 
 
+def _fallback_configs(tmp: Path, transport: str) -> tuple[CoordinatorConfig, AgentConfig]:
+    """Both daemons' configs with TLS; skips the test where RDMA would really run,
+    since the "rdma" cases are there for the fallback to TCP."""
+    if transport == "rdma" and probe()[0]:
+        pytest.skip("RDMA can run here: this case covers the fallback to TCP")
+    cert, key = _cert(tmp)
+    return _configs(tmp, transport, _secret(tmp), cert, key)
+
+
 def _write_job(shm: Path) -> list[Path]:
     """A finished 4-rank job: rank SLOW computes 30% longer before every collective.
 
@@ -164,10 +173,7 @@ async def _until(what: str, cond: Any, *tasks: asyncio.Task[None], timeout: floa
 
 @pytest.mark.parametrize("transport", ["tcp", "rdma"])
 def test_coordinator_and_agent_serve_and_stop(tmp_path: Path, transport: str) -> None:
-    if transport == "rdma" and probe()[0]:
-        pytest.skip("RDMA can run here: this case covers the fallback to TCP")
-    cert, key = _cert(tmp_path)
-    ccfg, acfg = _configs(tmp_path, transport, _secret(tmp_path), cert, key)
+    ccfg, acfg = _fallback_configs(tmp_path, transport)
     rings = _write_job(Path(acfg.shm_dir))
 
     async def main() -> None:
@@ -221,10 +227,7 @@ def _frame(body: bytes) -> bytes:
 
 @pytest.mark.parametrize("transport", ["tcp", "rdma"])
 def test_build_transport_keeps_tls(tmp_path: Path, transport: str) -> None:
-    if transport == "rdma" and probe()[0]:
-        pytest.skip("RDMA can run here: this case covers the fallback to TCP")
-    cert, key = _cert(tmp_path)
-    ccfg, acfg = _configs(tmp_path, transport, _secret(tmp_path), cert, key)
+    ccfg, acfg = _fallback_configs(tmp_path, transport)
     st = build_transport(ccfg, "coordinator")
     ct = build_transport(acfg, "agent")
     assert isinstance(st, TcpTransport) and st.server_ssl is not None

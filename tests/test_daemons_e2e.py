@@ -90,6 +90,14 @@ class Cluster:
     def wait_window(self, w: int, timeout: float = 30) -> None:
         wait_for(lambda: self.last_window() >= w, timeout, f"window {w} scored")
 
+    def write_windows(self, n: int) -> None:
+        """Writes windows 0 to n - 1; after each window w > 0, waits for window w - 1 to be
+        scored, so the job stays about a window ahead of the coordinator."""
+        for w in range(n):
+            self.job.write_steps(W_STEPS)
+            if w:
+                self.wait_window(w - 1)
+
     def stop(self) -> None:
         for a in self.agents.values():
             a.stop()
@@ -175,10 +183,7 @@ def test_coordinator_sigkill_and_restart(cluster: Any) -> None:
     windows the dead one had acked but not yet scored (its assembly state dies with it)."""
     c = cluster(deadline_s=8.0).start()
     n, kill_after = 14, 5
-    for w in range(kill_after):
-        c.job.write_steps(W_STEPS)
-        if w:
-            c.wait_window(w - 1)
+    c.write_windows(kill_after)
     c.job.write_steps(W_STEPS)  # window kill_after - 1 closes; it may be in flight at the kill
     assert c.coord.daemon is not None
     c.coord.daemon.kill()
@@ -217,10 +222,7 @@ def test_coordinator_sigkill_and_restart(cluster: Any) -> None:
 def test_agent_sigkill_and_restart_reads_rings_again_without_double_counting(cluster: Any) -> None:
     c = cluster(deadline_s=8.0).start()
     n, kill_after = 10, 4
-    for w in range(kill_after):
-        c.job.write_steps(W_STEPS)
-        if w:
-            c.wait_window(w - 1)
+    c.write_windows(kill_after)
     h = HOST_OF[SLOW]
     c.agents[h].kill()
     c.job.write_steps(W_STEPS)  # window kill_after - 1 closes while that agent is down

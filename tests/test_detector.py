@@ -213,12 +213,18 @@ def test_collective_ignores_waiting_for_another_island() -> None:
     assert kinds == {("island", "amd")}
 
 
+def _slowing_bridge(w: int) -> dict[int, tuple[float, int]]:
+    """Bridge times of ranks 0 and 4 (the islands' leaders) for window `w`: 5 ms, and
+    7 ms from window 8 on (rank 4 half a ms more)."""
+    b = 5.0 if w < 8 else 7.0
+    return {0: (b, 1), 4: (b + 0.5, 0)}
+
+
 def test_link_from_bridge_records() -> None:
     det = Detector(Settings(), "job1", 8, island_order=["nvidia", "amd"])
     res = []
     for w in range(12):
-        b = 5.0 if w < 8 else 7.0
-        bridge = {0: (b, 1), 4: (b + 0.5, 0)}
+        bridge = _slowing_bridge(w)
         res.append(det.score_window(w, make_window(w, [100.0] * 8, islands=ISL8, bridge=bridge)))
     assert states(res, "link", "amd<->nvidia")[8:11] == ["suspect", "suspect", "flagged"]
     f = next(f for f in res[10].findings if f.kind == "link")
@@ -232,8 +238,7 @@ def test_link_finding_carries_the_leaders_nic_counters() -> None:
     det = Detector(Settings(), "job1", 8, island_order=["nvidia", "amd"])
     res = []
     for w in range(12):
-        b = 5.0 if w < 8 else 7.0
-        bridge = {0: (b, 1), 4: (b + 0.5, 0)}
+        bridge = _slowing_bridge(w)
         errs = 12 if w >= 8 else 0
         tel = {0: Telemetry(nic_symbol_errors=0), 4: Telemetry(nic_symbol_errors=errs)}
         win = make_window(w, [100.0] * 8, islands=ISL8, bridge=bridge, telemetry=tel)

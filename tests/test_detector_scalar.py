@@ -5,6 +5,8 @@ these must not flag, while a real collective slowdown still does."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from artemis.detect.detector import Detector
@@ -20,6 +22,20 @@ REALISTIC = {
     "stall_prob": 0.005,
     "stall_ms": 60.0,
 }
+
+
+def _short_windows_job(windows: int, seed: int) -> dict[str, Any]:
+    """32 ranks at 100 ms steps in 10-step windows (1 s), with REALISTIC's noise."""
+    return {
+        "ranks": 32,
+        "ranks_per_host": 8,
+        "step_ms": 100.0,
+        "collectives_per_step": 4,
+        "window_steps": 10,
+        "windows": windows,
+        "seed": seed,
+        **REALISTIC,
+    }
 
 
 def _states(det: Detector, colls: np.ndarray, start: int) -> list[str | None]:
@@ -89,16 +105,7 @@ def test_healthy_short_windows_with_stalls_flag_nothing(seed: int) -> None:
 def test_a_30_percent_collective_slowdown_in_short_windows_is_flagged() -> None:
     sc = parse_scenario(
         {
-            "job": {
-                "ranks": 32,
-                "ranks_per_host": 8,
-                "step_ms": 100.0,
-                "collectives_per_step": 4,
-                "window_steps": 10,
-                "windows": 24,
-                "seed": 0,
-                **REALISTIC,
-            },
+            "job": _short_windows_job(windows=24, seed=0),
             "fault": [
                 {"kind": "collective", "island": "nvidia", "start_window": 16, "slowdown": 0.3}
             ],
@@ -118,16 +125,7 @@ def test_short_windows_flag_a_10_percent_straggler_within_3_under_realistic_nois
     for seed in range(100, 108):
         sc = parse_scenario(
             {
-                "job": {
-                    "ranks": 32,
-                    "ranks_per_host": 8,
-                    "step_ms": 100.0,
-                    "collectives_per_step": 4,
-                    "window_steps": 10,
-                    "windows": 16 + 4,
-                    "seed": seed,
-                    **REALISTIC,
-                },
+                "job": _short_windows_job(windows=16 + 4, seed=seed),
                 "fault": [{"kind": "clocks", "rank": 13, "start_window": 16, "slowdown": 0.1}],
             }
         )

@@ -48,6 +48,13 @@ def fault(kind: str = "clocks", slowdown: float = 0.1, **kw: Any) -> dict[str, A
     return {"kind": kind, "rank": SLOW, "start_window": ONSET, "slowdown": slowdown, **kw}
 
 
+# The healthy runs' cluster: 64 ranks for 162 windows (>= 10k judged rank-windows),
+# 2% rank spread, 5% shared jitter, stalls (when there are any) of 60 ms.
+HEALTHY_64: dict[str, Any] = dict(
+    ranks=64, windows=162, rank_spread=0.02, shared_jitter=0.05, stall_ms=60.0
+)
+
+
 def windows_to_flag(res: Any, rank: int = SLOW, onset: int = ONSET) -> int | None:
     w = res.flag_window.get(rank)
     return None if w is None else w - onset + 1  # the onset window counts as the first
@@ -59,12 +66,8 @@ def test_healthy_realistic_noise_flags_nothing_in_10k_rank_windows() -> None:
     (95% upper bound 3/N = 2.9 per 10k)."""
     classes = ["H100"] * 48 + ["A100"] * 16
     sc = scenario(
-        ranks=64,
-        windows=162,
-        rank_spread=0.02,
-        shared_jitter=0.05,
+        **HEALTHY_64,
         stall_prob=0.005,
-        stall_ms=60.0,
         telemetry_noise=0.03,
         classes=classes,
         class_speed={"A100": 0.6},
@@ -80,15 +83,7 @@ def test_healthy_short_windows_flag_no_rank(stall_prob: float) -> None:
     ranks (a quarter of the steps has one) the island's transfer time, a minimum of
     per-rank window medians, is heavy-tailed in 10-step windows; the scalar rule's
     noise history and tail rule keep the `collective` kind quiet (DETECTOR.md)."""
-    sc = scenario(
-        ranks=64,
-        windows=162,
-        window_steps=10,
-        rank_spread=0.02,
-        shared_jitter=0.05,
-        stall_prob=stall_prob,
-        stall_ms=60.0,
-    )
+    sc = scenario(**HEALTHY_64, window_steps=10, stall_prob=stall_prob)
     res = run(sc, telemetry=False)
     assert res.healthy_rank_windows >= 10_000
     assert res.false_flags == 0, res.false_by_kind

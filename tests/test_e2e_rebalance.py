@@ -30,6 +30,7 @@ from artemis.sim.cluster import SimCluster, SimOptions
 from artemis.sim.scenario import Fault, Scenario, load_scenario
 from e2e_expect import (
     DEFAULT_MAX_SHIFT_FRAC,
+    PLAN_KEYS,
     SIM_SCENARIOS,
     lockstep_throughput,
     read_jsonl,
@@ -39,21 +40,6 @@ from incidents_expect import check_incidents, incidents_file
 pytestmark = pytest.mark.slow
 
 ARTEMIS = Path(sys.executable).parent / "artemis"
-# DESIGN.md "Rebalance plans": the fields of every plans line.
-PLAN_KEYS = {
-    "id",
-    "window",
-    "rank",
-    "finding",
-    "speeds",
-    "before",
-    "after",
-    "apply_at_step",
-    "status",
-    "throughput_before",
-    "throughput_after",
-    "reason",
-}
 STATUSES = {"recommended", "applied", "verified", "rolled_back"}
 
 

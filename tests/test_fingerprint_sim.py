@@ -6,12 +6,11 @@ nowhere."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from artemis.store import open_for_findings
+from sim_cli import artemis_sim
 
 pytestmark = pytest.mark.slow
 
@@ -42,22 +41,7 @@ def test_host_overrides_reach_the_coordinator(tmp_path: Path) -> None:
     scen = tmp_path / "fp.toml"
     scen.write_text(SCENARIO)
     findings = tmp_path / "findings.jsonl"
-    r = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "artemis"),
-            "sim",
-            "--scenario",
-            str(scen),
-            "--jsonl",
-            str(findings),
-            "--timeout-s",
-            "120",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    artemis_sim(scen, findings)
     with open_for_findings(findings) as store:
         (job,) = store.jobs()
     fp = job["fingerprint"]

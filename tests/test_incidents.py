@@ -375,6 +375,16 @@ def _plan(status: str, window: int, before: float, after: float | None) -> PlanE
     )
 
 
+def _applied_then(status: str, after: float) -> list[tuple[int, PlanEvent]]:
+    """Plan p1 for window 7's flag: recommended at window 7, applied at 9, and at 12
+    `status` with the throughput `after` it measured (2000 before)."""
+    return [
+        (7, _plan("recommended", 7, 2000.0, None)),
+        (9, _plan("applied", 7, 2000.0, None)),
+        (12, _plan(status, 7, 2000.0, after)),
+    ]
+
+
 def _book_through(plans: list[tuple[int, PlanEvent]], end: str) -> dict[str, Any]:
     b = IncidentBook("j", flag_window=4)
     out: list[dict[str, Any]] = []
@@ -398,11 +408,7 @@ def test_verdict_unresolved_without_actions() -> None:
 
 
 def test_verdict_mitigated_with_measured_gain() -> None:
-    plans = [
-        (7, _plan("recommended", 7, 2000.0, None)),
-        (9, _plan("applied", 7, 2000.0, None)),
-        (12, _plan("verified", 7, 2000.0, 2300.0)),
-    ]
+    plans = _applied_then("verified", 2300.0)
     rec = _book_through(plans, "job_end")
     assert rec["verdict"] == "mitigated", rec["reason"]
     (a,) = rec["actions"]
@@ -415,11 +421,7 @@ def test_verdict_mitigated_with_measured_gain() -> None:
 
 
 def test_verdict_escalated_when_the_plan_is_rolled_back() -> None:
-    plans = [
-        (7, _plan("recommended", 7, 2000.0, None)),
-        (9, _plan("applied", 7, 2000.0, None)),
-        (12, _plan("rolled_back", 7, 2000.0, 1990.0)),
-    ]
+    plans = _applied_then("rolled_back", 1990.0)
     rec = _book_through(plans, "job_end")
     assert rec["verdict"] == "escalated", rec["reason"]
     assert rec["escalation"]["check"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from artemis.agent.fingerprint import ring_software  # noqa: E402
 from artemis.ring import format as rf  # noqa: E402
 from artemis.ring.reader import RingReader  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
+from torch_workers import spawn_and_join, train_on_group  # noqa: E402
 
 WORLD = 2
 STEPS = 50
@@ -99,36 +99,7 @@ def _model() -> Any:
 
 def _train(kind: str, rank: int, g: Any) -> dict[str, Any]:
     """50 steps of DDP or FSDP2 on group ``g``; final params and last grads."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    m = _model()
-    if kind == "ddp":
-        model: Any = DDP(m, process_group=g, bucket_cap_mb=0.001)  # several buckets
-    else:
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = DeviceMesh.from_group(g, "cpu")
-        for layer in m:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        model = fully_shard(m, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(100 + rank)
-    for _ in range(STEPS):
-        x = torch.randn(8, 16, generator=gen)
-        y = torch.randn(8, 1, generator=gen)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-
-    def full(p: Any) -> Any:
-        return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-    return {
-        "params": [full(p.detach()).flatten().tolist() for p in model.parameters()],
-        "grads": [full(p.grad).flatten().tolist() for p in model.parameters()],
-    }
+    return train_on_group(_model(), kind, g, rank, STEPS, lr=0.05)
 
 
 @exit_when_done
@@ -168,26 +139,10 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_artemis_backend_matches_gloo_and_records(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     shm = tmp_path / "shm"
-    ctx = mp.start_processes(
-        _worker,
-        args=(str(tmp_path / "store"), str(shm), str(tmp_path)),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
+    spawn_and_join(
+        _worker, (str(tmp_path / "store"), str(shm), str(tmp_path)), WORLD, JOIN_TIMEOUT_S
     )
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"workers did not finish within {JOIN_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     from artemis.job.backend import load_ext
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from artemis.job import (  # noqa: E402
 )
 from artemis.rebalance.files import read_acks  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
+from torch_workers import spawn_and_join  # noqa: E402
 
 WORLD = 3
 GB = 12
@@ -140,27 +140,15 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
 
 
 def test_uneven_split_with_weights_matches_uniform(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     shm = tmp_path / "shm"
     shm.mkdir()
-    ctx = mp.start_processes(
+    ctx = spawn_and_join(
         _worker,
-        args=(str(tmp_path / "store"), str(shm), str(tmp_path)),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
+        (str(tmp_path / "store"), str(shm), str(tmp_path)),
+        WORLD,
+        JOIN_TIMEOUT_S,
+        what="DDP workers",
     )
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"DDP workers did not finish within {JOIN_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     ref = res[0]["reference"]
 

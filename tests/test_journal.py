@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import msgpack
 import pytest
@@ -22,6 +23,8 @@ from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.outputs import PlansWriter
 from service_records import host_peer, rank_window
 
+C = TypeVar("C", bound=Coordinator)
+
 JOB = "jj"
 
 
@@ -34,9 +37,10 @@ def peer(host: str) -> PeerInfo:
     return host_peer(JOB, host, minor=0)
 
 
-def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metrics]:
+def coordinator(cls: type[C], tmp: Path, now: list[float], grace_s: float) -> tuple[C, Metrics]:
+    """A coordinator (or a subclass that fails on cue) on ``tmp``'s files, its clock ``now[0]``."""
     m = Metrics()
-    c = Coordinator(
+    c = cls(
         Settings(),
         FindingsWriter(tmp / "f.jsonl"),
         PlansWriter(tmp / "p.jsonl"),
@@ -45,6 +49,11 @@ def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metr
         grace_s=grace_s,
         clock=lambda: now[0],
     )
+    return c, m
+
+
+def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metrics]:
+    c, m = coordinator(Coordinator, tmp, now, grace_s)
     c.restore(AssemblyJournal(tmp / "f.assembly"))
     return c, m
 
@@ -220,16 +229,7 @@ def test_a_crash_inside_a_windows_outputs_scores_it_once(tmp_path: Path, at: str
     now = [0.0]
 
     async def run() -> None:
-        m = Metrics()
-        a = CrashingCoordinator(
-            Settings(),
-            FindingsWriter(tmp_path / "f.jsonl"),
-            PlansWriter(tmp_path / "p.jsonl"),
-            m,
-            deadline_s=30.0,
-            grace_s=0.0,
-            clock=lambda: now[0],
-        )
+        a, _ = coordinator(CrashingCoordinator, tmp_path, now, grace_s=0.0)
         j = CrashingJournal(tmp_path / "f.assembly")
         a.restore(j)
         a.on_connect(peer("h0"))

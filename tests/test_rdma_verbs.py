@@ -304,6 +304,14 @@ def sysfs(root: Path, table: list[tuple[str, str | None]], dev: str = "mlx5_0") 
 REMOTE = {"qpn": 0x22, "psn": 5, "gid": V4, "lid": 0, "mtu": 3}
 
 
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> World:
+    """The RoCE host (ROCE_TABLE's GIDs), its fake pyverbs installed."""
+    w = World(ROCE_TABLE)
+    install(monkeypatch, w)
+    return w
+
+
 def opened(world: World, tmp_path: Path, **kw: Any) -> VerbsAdapter:
     a = VerbsAdapter(sysfs_root=kw.pop("root", tmp_path), **kw)
     a.open(4096, 4, 4)
@@ -313,11 +321,7 @@ def opened(world: World, tmp_path: Path, **kw: Any) -> VerbsAdapter:
 # ---------------------------------------------------------------- GRH hop limit
 
 
-def test_the_grh_hop_limit_lets_rocev2_cross_routers(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    world = World(ROCE_TABLE)
-    install(monkeypatch, world)
+def test_the_grh_hop_limit_lets_rocev2_cross_routers(world: World, tmp_path: Path) -> None:
     a = opened(world, sysfs(tmp_path, ROCE_TABLE))
     a.connect(REMOTE)
     gr = world.rtr.ah_attr.gr
@@ -329,11 +333,7 @@ def test_the_grh_hop_limit_lets_rocev2_cross_routers(
 # ---------------------------------------------------------------- GID choice
 
 
-def test_default_gid_is_the_rocev2_ipv4_one(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    world = World(ROCE_TABLE)
-    install(monkeypatch, world)
+def test_default_gid_is_the_rocev2_ipv4_one(world: World, tmp_path: Path) -> None:
     a = opened(world, tmp_path, root=sysfs(tmp_path, ROCE_TABLE))
     assert a.gid_index == 3
     assert a.local_info()["gid"] == V4
@@ -343,19 +343,13 @@ def test_default_gid_is_the_rocev2_ipv4_one(
     a.close()
 
 
-def test_gid_type_from_libibverbs_when_sysfs_is_not_there(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    world = World(ROCE_TABLE)
-    install(monkeypatch, world)
+def test_gid_type_from_libibverbs_when_sysfs_is_not_there(world: World, tmp_path: Path) -> None:
     a = opened(world, tmp_path)  # an empty root: no gid_attrs
     assert a.gid_index == 3 and world.gid_type_queries > 0
     a.close()
 
 
-def test_configured_gid_index_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    world = World(ROCE_TABLE)
-    install(monkeypatch, world)
+def test_configured_gid_index_is_kept(world: World, tmp_path: Path) -> None:
     a = opened(world, sysfs(tmp_path, ROCE_TABLE), gid_index=5)
     assert a.gid_index == 5 and a.local_info()["gid"] == V6
     a.close()
@@ -462,11 +456,7 @@ def test_missing_enums_after_open_are_adapter_errors(
     assert set(map(id, world.closed)) == set(map(id, world.opened))
 
 
-def test_get_event_without_an_event_is_false(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    world = World(ROCE_TABLE)
-    install(monkeypatch, world)
+def test_get_event_without_an_event_is_false(world: World, tmp_path: Path) -> None:
     a = opened(world, sysfs(tmp_path, ROCE_TABLE))
     assert a.get_event() is False  # EAGAIN from the non-blocking channel
     a.close()

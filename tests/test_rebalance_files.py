@@ -14,6 +14,7 @@ from artemis.job import PlanFormatError, RebalanceClient
 from artemis.rebalance.files import ack_path, plan_path, read_acks, read_plan
 from artemis.rebalance.outputs import PlansWriter
 from artemis.rebalance.policy import PlanEvent
+from e2e_expect import PLAN_KEYS
 
 JOB = "job-7"
 
@@ -224,20 +225,7 @@ def test_plans_writer_and_metrics(tmp_path: Path) -> None:
         w.write_all([ev, ev])
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(recs) == 3
-    assert set(recs[0]) >= {
-        "id",
-        "window",
-        "rank",
-        "finding",
-        "speeds",
-        "before",
-        "after",
-        "apply_at_step",
-        "status",
-        "throughput_before",
-        "throughput_after",
-        "reason",
-    }
+    assert set(recs[0]) >= PLAN_KEYS
     assert recs[0]["job"] == "job-a"  # added key
     assert "control" not in recs[0]
     assert sum(recs[0]["before"]) == sum(recs[0]["after"])

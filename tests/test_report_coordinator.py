@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from artemis.store import open_for_findings
-from daemon_harness import JOB, Coordinator, LockstepFeeder, start_agent, wait_for, write_secret
+from daemon_harness import JOB, Coordinator, run_lockstep_job
 
 pytestmark = pytest.mark.slow
 
@@ -23,30 +23,23 @@ def test_report_written_at_job_end(
     for var in ("ARTEMIS_DISABLE", "ARTEMIS_DEVICE_TIMING", "ARTEMIS_RING_SLOTS", "ARTEMIS_CLOCK"):
         monkeypatch.delenv(var, raising=False)
     reports = tmp_path / "reports"
-    secret = write_secret(tmp_path / "secret")
-    shm = tmp_path / "shm" / "h0"
-    job = LockstepFeeder(plugin_lib, [shm] * len(SPEED), [[b * f for b in BASE_MS] for f in SPEED])
-    coord = Coordinator(tmp_path, secret, deadline_s=2.0, config={"report_dir": str(reports)})
-    agent = None
-    try:
-        coord.start()
-        agent = start_agent(
-            tmp_path, coord.address, shm, secret, "h0", window_steps=W_STEPS, colls_per_step=COLLS
-        )
-        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
-        job.write_steps(WINDOWS * W_STEPS)
-        job.finish()
-        wait_for(
-            lambda: (coord.value("straggler_last_window", job=JOB) or -1) >= WINDOWS - 1,
-            60,
-            "last window scored",
-        )
+
+    def not_yet(coord: Coordinator) -> None:
         assert not reports.exists()  # not before the job's end
-    finally:
-        if agent is not None:
-            agent.stop()
-        assert coord.daemon is not None
-        assert coord.daemon.stop() == 0
+
+    compute = [[b * f for b in BASE_MS] for f in SPEED]
+    coord = run_lockstep_job(
+        tmp_path,
+        plugin_lib,
+        compute,
+        {"report_dir": str(reports)},
+        WINDOWS,
+        window_steps=W_STEPS,
+        colls_per_step=COLLS,
+        before_agent_stops=not_yet,
+    )
+    assert coord.daemon is not None
+    assert coord.daemon.stop() == 0
     page = reports / f"{JOB}.html"
     assert page.is_file(), coord.daemon.log_text()[-3000:]
     html = page.read_text()

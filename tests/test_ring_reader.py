@@ -7,6 +7,8 @@ import mmap
 import multiprocessing as mp
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,19 @@ class RawRing:
 
 def _writer(d: Path, cap: int = 8, **kw: Any) -> BridgeRingWriter:
     return BridgeRingWriter(d, "job1", COMM, 3, 8, cap, **kw)
+
+
+@contextmanager
+def _raw_ring(d: Path, cap: int) -> Iterator[tuple[BridgeRingWriter, RawRing]]:
+    """A ring and a RawRing on it, to claim and write slots by hand (hangs, torn
+    writes); both closed after."""
+    w = _writer(d, cap)
+    raw = RawRing(w.path)
+    try:
+        yield w, raw
+    finally:
+        raw.close()
+        w.close()
 
 
 def _append(w: BridgeRingWriter, n: int) -> None:
@@ -169,9 +184,7 @@ def test_from_start_false_skips_history(tmp_path: Path) -> None:
 
 
 def test_in_flight_reported_then_done_once(tmp_path: Path) -> None:
-    w = _writer(tmp_path, 16)
-    raw = RawRing(w.path)
-    with RingReader(w.path) as r:
+    with _raw_ring(tmp_path, 16) as (w, raw), RingReader(w.path) as r:
         t0 = raw.claim()
         raw.write(t0, rf.STATE_IN_FLIGHT)
         b = r.poll()
@@ -189,14 +202,10 @@ def test_in_flight_reported_then_done_once(tmp_path: Path) -> None:
         assert b.done["seq"].tolist() == [0] and b.done["end"].tolist() == [2000]
         assert len(b.in_flight) == 0 and r.pending == 0
         assert len(r.poll().done) == 0
-    raw.close()
-    w.close()
 
 
 def test_hang_through_wrap_is_lost_and_pending_bounded(tmp_path: Path) -> None:
-    w = _writer(tmp_path, 8)
-    raw = RawRing(w.path)
-    with RingReader(w.path) as r:
+    with _raw_ring(tmp_path, 8) as (w, raw), RingReader(w.path) as r:
         t0 = raw.claim()
         raw.write(t0, rf.STATE_IN_FLIGHT)
         r.poll()
@@ -208,14 +217,10 @@ def test_hang_through_wrap_is_lost_and_pending_bounded(tmp_path: Path) -> None:
             lost += b.lost
             assert r.pending <= 8
         assert lost == 1 and r.pending == 0  # only ticket 0, the hung one
-    raw.close()
-    w.close()
 
 
 def test_torn_slot_never_accepted(tmp_path: Path) -> None:
-    w = _writer(tmp_path, 8)
-    raw = RawRing(w.path)
-    with RingReader(w.path) as r:
+    with _raw_ring(tmp_path, 8) as (w, raw), RingReader(w.path) as r:
         # Writer inside the slot (odd lock): full body, still rejected.
         t = raw.claim()
         raw.write(t, rf.STATE_DONE, lock_after="odd")
@@ -229,14 +234,10 @@ def test_torn_slot_never_accepted(tmp_path: Path) -> None:
         raw.slots["lock"][t % 8] += 1
         b = r.poll()
         assert b.done["seq"].tolist() == [0] and r.pending == 0
-    raw.close()
-    w.close()
 
 
 def test_torn_slot_that_never_heals_is_lost(tmp_path: Path) -> None:
-    w = _writer(tmp_path, 4)
-    raw = RawRing(w.path)
-    with RingReader(w.path) as r:
+    with _raw_ring(tmp_path, 4) as (w, raw), RingReader(w.path) as r:
         raw.write(raw.claim(), rf.STATE_DONE, lock_after="odd")
         assert r.poll().lost == 0 and r.pending == 1
         total_lost = 0
@@ -251,8 +252,6 @@ def test_torn_slot_that_never_heals_is_lost(tmp_path: Path) -> None:
         # counted once, and never returned.
         assert seen == [1, 2, 3, 4, 5, 6]
         assert total_lost == 1 and r.pending == 0
-    raw.close()
-    w.close()
 
 
 def _stress_writer(path: str, n: int) -> None:
@@ -517,27 +516,15 @@ def test_minor1_header_fields(tmp_path: Path) -> None:
 def test_cpu_slots_round_trip(tmp_path: Path) -> None:
     w = RingWriter(tmp_path, "j", COMM, 1, 2, 8, cpu_times=True, clock_kind="host")
     assert w.path.stat().st_size == 512 + 8 * 128
-    t0 = w.record(
-        kind=rf.KIND_COLL,
-        func=rf.FUNC_CODES["AllReduce"],
-        coll_seq=0,
-        nbytes=64,
-        start=10,
-        end=20,
-        clock=REC_HOST,
-        cpu_start_ns=5_000,
-        cpu_end_ns=7_000,
-    )
-    t1 = w.record(
-        kind=rf.KIND_COLL,
-        func=rf.FUNC_CODES["AllReduce"],
-        coll_seq=1,
-        nbytes=64,
-        start=30,
-        state=rf.STATE_IN_FLIGHT,
-        clock=REC_HOST,
-        cpu_start_ns=9_000,
-    )
+    # Two host-timed 64-byte all_reduces: the first done, the second still in flight.
+    ar: dict[str, Any] = {
+        "kind": rf.KIND_COLL,
+        "func": rf.FUNC_CODES["AllReduce"],
+        "nbytes": 64,
+        "clock": REC_HOST,
+    }
+    t0 = w.record(**ar, coll_seq=0, start=10, end=20, cpu_start_ns=5_000, cpu_end_ns=7_000)
+    t1 = w.record(**ar, coll_seq=1, start=30, state=rf.STATE_IN_FLIGHT, cpu_start_ns=9_000)
     with RingReader(w.path) as r:
         h = r.header()
         assert (h.slot_minor, h.slot_size, h.cpu_times) == (rf.SLOT_MINOR_CPU, 128, True)

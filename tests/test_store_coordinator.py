@@ -13,15 +13,7 @@ from typing import Any
 
 import pytest
 from artemis.store.jsonl import JsonlIncidents
-from daemon_harness import (
-    JOB,
-    Coordinator,
-    Daemon,
-    LockstepFeeder,
-    start_agent,
-    wait_for,
-    write_secret,
-)
+from daemon_harness import JOB, Coordinator, run_lockstep_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -39,29 +31,10 @@ def env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(tmp: Path, plugin: Path, config: dict[str, Any], windows: int) -> Coordinator:
-    secret = write_secret(tmp / "secret")
-    shm = tmp / "shm" / "h0"
-    job = LockstepFeeder(plugin, [shm] * len(SPEED), [[b * f for b in BASE_MS] for f in SPEED])
-    coord = Coordinator(tmp, secret, deadline_s=2.0, config=config)
-    agent: Daemon | None = None
-    try:
-        coord.start()
-        agent = start_agent(
-            tmp, coord.address, shm, secret, "h0", window_steps=W_STEPS, colls_per_step=COLLS
-        )
-        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
-        job.write_steps(windows * W_STEPS)
-        job.finish()
-        wait_for(
-            lambda: (coord.value("straggler_last_window", job=JOB) or -1) >= windows - 1,
-            60,
-            f"window {windows - 1} scored",
-        )
-        assert coord.daemon is not None and coord.daemon.alive()
-    finally:
-        if agent is not None:
-            agent.stop()
-    return coord
+    compute = [[b * f for b in BASE_MS] for f in SPEED]
+    return run_lockstep_job(
+        tmp, plugin, compute, config, windows, window_steps=W_STEPS, colls_per_step=COLLS
+    )
 
 
 def test_damaged_store_logged_and_coordinator_keeps_going(

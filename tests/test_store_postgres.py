@@ -27,7 +27,7 @@ from daemon_harness import (
     Coordinator,
     Daemon,
     LockstepFeeder,
-    start_agent,
+    connect_agent,
     wait_for,
     write_secret,
 )
@@ -74,16 +74,9 @@ def test_postgres_stopped_mid_run(tmp_path: Path, plugin_lib: Path, env: None) -
         agent: Daemon | None = None
         try:
             coord.start()
-            agent = start_agent(
-                tmp_path,
-                coord.address,
-                shm,
-                secret,
-                "h0",
-                window_steps=W_STEPS,
-                colls_per_step=COLLS,
+            agent = connect_agent(
+                tmp_path, coord, shm, secret, window_steps=W_STEPS, colls_per_step=COLLS
             )
-            wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
 
             def scored(w: int) -> None:
                 wait_for(

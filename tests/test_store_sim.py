@@ -8,8 +8,6 @@ The rebalance scenario: rank 1's clocks drop at window 8 and Artemis rebalances
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from artemis.sim.scenario import load_scenario
 from artemis.store import open_for_findings
 from artemis.store.jsonl import JsonlIncidents
 from artemis.store.sqlite import SqliteStore
+from sim_cli import artemis_sim
 from test_incidents_cli import _in_pty, _plain
 
 pytestmark = pytest.mark.slow
@@ -29,24 +28,9 @@ SCENARIO = ROOT / "sim" / "scenarios" / "rebalance.toml"
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("store-sim")
-    r = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "artemis"),
-            "sim",
-            "--scenario",
-            str(SCENARIO),
-            "--jsonl",
-            str(tmp / "findings.jsonl"),
-            "--plans-jsonl",
-            str(tmp / "plans.jsonl"),
-            "--timeout-s",
-            "240",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    artemis_sim(
+        SCENARIO, tmp / "findings.jsonl", "--plans-jsonl", str(tmp / "plans.jsonl"), timeout_s=240
     )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return tmp / "findings.jsonl"
 
 

@@ -258,6 +258,12 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
         assert ctype == 0, "the source reads the volatile counters"
         return gpu(h).ecc[etype]
 
+    def reasons(h: Handle) -> int:
+        return gpu(h).reasons
+
+    def supported(h: Handle) -> int:
+        return gpu(h).supported
+
     fns: dict[str, tuple[str, Any]] = {
         "nvmlShutdown": ("nvmlShutdown", lambda: None),
         "nvmlDeviceGetCount": ("nvmlDeviceGetCount_v2", lambda: len(gpus)),
@@ -273,22 +279,15 @@ def fake_pynvml(gpus: list[FakeGpu], symbols: frozenset[str] = ALL_SYMBOLS) -> t
         "nvmlDeviceGetTemperatureV": ("nvmlDeviceGetTemperatureV", lambda h, s, *v: 61),
         "nvmlDeviceGetPowerUsage": ("nvmlDeviceGetPowerUsage", lambda h: 412_000),
         "nvmlDeviceGetEnforcedPowerLimit": ("nvmlDeviceGetEnforcedPowerLimit", lambda h: 700_000),
-        "nvmlDeviceGetCurrentClocksEventReasons": (
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            lambda h: gpu(h).reasons,
-        ),
-        "nvmlDeviceGetSupportedClocksEventReasons": (
-            "nvmlDeviceGetSupportedClocksEventReasons",
-            lambda h: gpu(h).supported,
-        ),
-        "nvmlDeviceGetCurrentClocksThrottleReasons": (
-            "nvmlDeviceGetCurrentClocksThrottleReasons",
-            lambda h: gpu(h).reasons,
-        ),
-        "nvmlDeviceGetSupportedClocksThrottleReasons": (
-            "nvmlDeviceGetSupportedClocksThrottleReasons",
-            lambda h: gpu(h).supported,
-        ),
+        # The clock event reasons, under their R535 names and their older "throttle" ones.
+        **{
+            f"nvmlDeviceGet{which}Clocks{kind}Reasons": (
+                f"nvmlDeviceGet{which}Clocks{kind}Reasons",
+                reasons if which == "Current" else supported,
+            )
+            for kind in ("Event", "Throttle")
+            for which in ("Current", "Supported")
+        },
         "nvmlDeviceGetCurrPcieLinkGeneration": ("nvmlDeviceGetCurrPcieLinkGeneration", lambda h: 5),
         "nvmlDeviceGetMaxPcieLinkGeneration": ("nvmlDeviceGetMaxPcieLinkGeneration", lambda h: 5),
         "nvmlDeviceGetCurrPcieLinkWidth": ("nvmlDeviceGetCurrPcieLinkWidth", lambda h: 16),
@@ -372,20 +371,24 @@ def test_the_fake_behaves_like_pynvml_on_a_missing_symbol() -> None:
 # ------------------------------------------------------------------ item 4: driver versions
 
 
+# FakeGpu's reasons (0x4 | 0x40) as the source reads them, every reason supported.
+SW_POWER_CAP_HW_THERMAL = {
+    "idle": False,
+    "apps_clocks": False,
+    "sw_power_cap": True,
+    "hw_slowdown": False,
+    "sync_boost": False,
+    "sw_thermal": False,
+    "hw_thermal": True,
+    "hw_power_brake": False,
+}
+
+
 @pytest.mark.parametrize("driver", [R525, ALL_SYMBOLS, CUDA14], ids=["R525", "R550", "CUDA14"])
 def test_throttle_reasons_on_every_driver(monkeypatch: pytest.MonkeyPatch, driver: Any) -> None:
     src, _ = install(monkeypatch, [FakeGpu()], driver)
     got = src.sample(at(0))
-    assert got["throttle"] == {
-        "idle": False,
-        "apps_clocks": False,
-        "sw_power_cap": True,
-        "hw_slowdown": False,
-        "sync_boost": False,
-        "sw_thermal": False,
-        "hw_thermal": True,
-        "hw_power_brake": False,
-    }
+    assert got["throttle"] == SW_POWER_CAP_HW_THERMAL
 
 
 def test_supported_reasons_fall_back_too(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ from artemis.agent.telemetry.amd import (
 )
 from artemis.agent.telemetry.nvml import gpu_from_environ, read_environ, throttle_from_mask
 from artemis.protocol.records import GPU_FIELDS, HOST_FIELDS, Telemetry
+from test_telemetry_nvml import SW_POWER_CAP_HW_THERMAL
 
 
 class DictSource:
@@ -158,16 +159,7 @@ def test_amd_reports_missing_cleanly_without_amdsmi(monkeypatch: pytest.MonkeyPa
 
 
 def test_nvml_throttle_bits() -> None:
-    assert throttle_from_mask(0x4 | 0x40) == {
-        "idle": False,
-        "apps_clocks": False,
-        "sw_power_cap": True,
-        "hw_slowdown": False,
-        "sync_boost": False,
-        "sw_thermal": False,
-        "hw_thermal": True,
-        "hw_power_brake": False,
-    }
+    assert throttle_from_mask(0x4 | 0x40) == SW_POWER_CAP_HW_THERMAL
     # only the reasons the device supports are reported
     assert throttle_from_mask(0x40 | 0x80, supported=0x40 | 0x4) == {
         "sw_power_cap": False,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from artemis.agent.telemetry.simulated import SimulatedSource  # noqa: E402
 from artemis.ring import format as rf  # noqa: E402
 from artemis.ring.reader import RingReader  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
+from torch_workers import spawn_and_join, train_on_group  # noqa: E402
 
 WORLD = 4
 ISLANDS = ["nvidia", "nvidia", "amd", "amd"]
@@ -80,37 +80,7 @@ def _model() -> Any:
 
 
 def _train(rank: int, g: Any, lr: float = 0.05, kind: str = "ddp") -> dict[str, Any]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model: Any
-    if kind == "ddp":
-        model = DDP(_model(), process_group=g, bucket_cap_mb=0.001)  # several buckets
-    else:
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
-
-        m = _model()
-        mesh = DeviceMesh.from_group(g, "cpu")
-        for layer in m:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        model = fully_shard(m, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(100 + rank)
-    for _ in range(STEPS):
-        x = torch.randn(8, 16, generator=gen, dtype=torch.float64)
-        y = torch.randn(8, 1, generator=gen, dtype=torch.float64)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-
-    def full(p: Any) -> Any:
-        return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-    return {
-        "params": [full(p.detach()).flatten().tolist() for p in model.parameters()],
-        "grads": [full(p.grad).flatten().tolist() for p in model.parameters()],
-    }
+    return train_on_group(_model(), kind, g, rank, STEPS, lr, dtype=torch.float64)
 
 
 @exit_when_done
@@ -143,22 +113,6 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(res))
 
 
-def _spawn(worker: Any, args: tuple[Any, ...], timeout: float) -> None:
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(worker, args=args, nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"workers did not finish within {timeout} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 def _close(a: Any, b: Any) -> bool:
     return bool(torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-9, atol=1e-12))
 
@@ -167,7 +121,9 @@ def _close(a: Any, b: Any) -> bool:
 @pytest.mark.torch_e2e  # not timing-sensitive, but 4 torch processes take ~50 s here
 def test_islands_compose_like_gloo_and_write_bridge_records(tmp_path: Path) -> None:
     shm = tmp_path / "shm"
-    _spawn(_worker, (str(tmp_path / "store"), str(shm), str(tmp_path)), JOIN_TIMEOUT_S)
+    spawn_and_join(
+        _worker, (str(tmp_path / "store"), str(shm), str(tmp_path)), WORLD, JOIN_TIMEOUT_S
+    )
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r in range(WORLD):
         assert res[r]["island"] == ISLANDS[r]
