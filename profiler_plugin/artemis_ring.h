@@ -63,7 +63,26 @@ enum {
     ARTEMIS_WRITER_TSC = 1u << 1,     /* host times are TSC ticks: see tsc_hz and tsc_anchor */
     ARTEMIS_WRITER_BACKEND = 1u << 2, /* written by the artemis torch.distributed backend */
     ARTEMIS_WRITER_ENV = 1u << 3,     /* an env sidecar was written beside the ring (below) */
+    ARTEMIS_WRITER_FLOCK = 1u << 4,   /* the writer holds a shared flock on the ring (below) */
 };
+
+/* Lifetime (docs/DESIGN.md "Ring", "Who removes a ring"). No field: the marks
+ * are kernel locks and one file, so a reader needs no write access to a ring.
+ * - The writer holds flock(LOCK_SH) on the ring file from before its rename for
+ *   as long as its open file lives (the plugin's mapping keeps it to the
+ *   process's end), and sets ARTEMIS_WRITER_FLOCK. The kernel
+ *   drops the lock when the process dies, so a reader that can take LOCK_EX
+ *   (LOCK_NB) on a ring with the bit knows its writer is gone (pids are reused
+ *   and differ across pid namespaces; a lock is neither).
+ * - An agent serving a folder holds flock(LOCK_EX) on "<folder>/agent.lock".
+ * - A reader that will read a ring to its end (the agent) marks it with an empty
+ *   sidecar "<name>.ring.reader".
+ * At a clean finish (finalize) a writer removes its ring, its .env and .reader
+ * sidecars when no agent serves the folder (it can take LOCK_SH|LOCK_NB on
+ * agent.lock, or there is none), no reader marked the ring, and ARTEMIS_KEEP_RINGS
+ * is not set to 1. Otherwise the ring stays for its reader, which removes it once
+ * read to the end; a ring whose writer is gone is reclaimed by the agent after a
+ * bound. */
 
 /* Env sidecar (the software fingerprint's environment, docs/DESIGN.md "Ring"):
  * beside <name>.ring its writer leaves <name>.ring.env, written once at creation

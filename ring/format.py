@@ -64,6 +64,7 @@ WRITER_RCCL = 1 << 0
 WRITER_TSC = 1 << 1
 WRITER_BACKEND = 1 << 2
 WRITER_ENV = 1 << 3  # an env sidecar was written beside the ring (see the end of this file)
+WRITER_FLOCK = 1 << 4  # the writer holds a shared flock on the ring (artemis.ring.lifetime)
 
 RING_FINISHED = 1 << 0
 

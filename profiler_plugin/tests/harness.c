@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -653,6 +654,34 @@ static Comm *fixture(const char *label, int version, uint64_t hash) {
     CHECK(map_ring(cm->path, &cm->ring) == 0, "%s: map %s", label, cm->path);
     cm->ring.device = getenv("ARTEMIS_DEVICE_TIMING") == NULL;
     return cm;
+}
+
+/* Lifetime (artemis_ring.h): at finalize a ring no reader marked, in a folder no
+ * agent serves, goes with its sidecars; a reader's mark or an agent's lock keeps it. */
+static void test_retire(void) {
+    unsetenv("ARTEMIS_KEEP_RINGS"); /* read at init */
+    char side[600], lock[400];
+    Comm *a = fixture("retire", 6, 0x31);
+    CHECK(a->ring.hdr->writer_flags & ARTEMIS_WRITER_FLOCK, "retire: lock flag");
+    int probe = open(a->path, O_RDONLY);
+    CHECK(probe >= 0 && flock(probe, LOCK_EX | LOCK_NB) != 0, "retire: writer's lock held");
+    CHECK(finalize_ctx(6, a->ctx) == ncclSuccess, "retire: finalize");
+    snprintf(side, sizeof side, "%s.env", a->path);
+    CHECK(access(a->path, F_OK) != 0 && access(side, F_OK) != 0, "retire: unread ring removed");
+    close(probe);
+    Comm *b = fixture("retire", 6, 0x32);
+    snprintf(side, sizeof side, "%s.reader", b->path);
+    close(open(side, O_WRONLY | O_CREAT, 0644));
+    CHECK(finalize_ctx(6, b->ctx) == ncclSuccess, "retire: finalize marked");
+    CHECK(access(b->path, F_OK) == 0 && access(side, F_OK) == 0, "retire: marked ring kept");
+    Comm *c = fixture("retire", 6, 0x33);
+    snprintf(lock, sizeof lock, "%s/retire/agent.lock", g_root);
+    int agent = open(lock, O_RDWR | O_CREAT, 0644);
+    CHECK(agent >= 0 && flock(agent, LOCK_EX) == 0, "retire: agent lock");
+    CHECK(finalize_ctx(6, c->ctx) == ncclSuccess, "retire: finalize served");
+    CHECK(access(c->path, F_OK) == 0, "retire: ring kept while an agent serves");
+    close(agent);
+    setenv("ARTEMIS_KEEP_RINGS", "1", 1);
 }
 
 static Rec slot_rec(Comm *cm, uint64_t ticket) {
@@ -1943,6 +1972,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("artemis plugin harness (root %s, %llu ops per comm)\n", g_root, (unsigned long long)scale);
+    /* the tests read rings after finalize: kept (test_retire checks removal) */
+    setenv("ARTEMIS_KEEP_RINGS", "1", 1);
+    test_retire();
+    printf("  ring lifetime done\n");
 
     test_failures();
     printf("  failure paths done\n");
