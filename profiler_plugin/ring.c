@@ -492,7 +492,7 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
      * finalize removes the ring): the kernel drops it when the process dies, which
      * is how a reader tells a dead writer (artemis_ring.h "Lifetime"). Taken before
      * the rename, so no reader sees the ring without it. */
-    uint32_t lock_flag = ARTEMIS_WRITER_FLOCK;
+    uint32_t lock_flag = ARTEMIS_LIFE_FLOCK;
     if (flock(fd, LOCK_SH) != 0) {
         close(fd); /* a file system without flock: the ring goes on, never reclaimed */
         fd = -1;
@@ -516,7 +516,8 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     h->clock_kind = cfg->clock_kind;
     h->tick_hz = cfg->tick_hz;
     h->tick_source = cfg->tick_source;
-    h->writer_flags = cfg->writer_flags | lock_flag;
+    h->writer_flags = cfg->writer_flags;
+    h->life_flags = lock_flag;
     h->nccl_version = cfg->nccl_version;
     h->created_ns = art_now_real();
     h->plugin_version = plugin_version;

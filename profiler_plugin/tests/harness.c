@@ -662,7 +662,7 @@ static void test_retire(void) {
     unsetenv("ARTEMIS_KEEP_RINGS"); /* read at init */
     char side[600], lock[400];
     Comm *a = fixture("retire", 6, 0x31);
-    CHECK(a->ring.hdr->writer_flags & ARTEMIS_WRITER_FLOCK, "retire: lock flag");
+    CHECK(a->ring.hdr->life_flags & ARTEMIS_LIFE_FLOCK, "retire: lock flag");
     int probe = open(a->path, O_RDONLY);
     CHECK(probe >= 0 && flock(probe, LOCK_EX | LOCK_NB) != 0, "retire: writer's lock held");
     CHECK(finalize_ctx(6, a->ctx) == ncclSuccess, "retire: finalize");
