@@ -65,8 +65,8 @@ FAILPOINT_ENV = "ARTEMIS_AGENT_FAILPOINT"
 FAILPOINT_EXIT = 86
 BRIDGE_COMM_NAME = "bridge"
 # How long a ring whose writer is gone (its lock free, not finished) stays before the
-# agent reclaims it: the reads of a few ticks, with room for a slow uplink's ack.
-RECLAIM_AFTER_S = 30.0
+# agent reclaims it (lifetime.RECLAIM_AFTER_S).
+RECLAIM_AFTER_S = lifetime.RECLAIM_AFTER_S
 
 
 @dataclass

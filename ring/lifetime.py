@@ -16,7 +16,9 @@ ring (the agent may run as another user than the job; it needs the folder only):
 A writer that finishes cleanly removes its ring (``retire``) unless an agent serves
 the folder, a reader marked the ring, or ``ARTEMIS_KEEP_RINGS=1`` (rings kept for
 reading after the job: post-mortem tools, tests). Otherwise the reader removes it
-once read to the end, and the agent reclaims the ring of a writer that died.
+once read to the end. The ring of a writer that died unfinished is reclaimed by the
+agent ``RECLAIM_AFTER_S`` after its lock went, or, where no agent serves the
+folder, by the next managed writer (``reclaim_dead``) once it is that old.
 Only the standard library, like the rest of this room's writer side.
 """
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import struct
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,6 +37,13 @@ from artemis.ring import format as rf
 AGENT_LOCK = "agent.lock"
 READER_SUFFIX = ".reader"
 KEEP_ENV = "ARTEMIS_KEEP_RINGS"
+# How long a dead writer's ring stays: the agent's reads of a few ticks, with room
+# for a slow uplink's ack (the agent counts from the lock's release, a writer's
+# sweep from the ring's creation: it cannot know when the writer died).
+RECLAIM_AFTER_S = 30.0
+# magic, flags, created_ns and life_flags of a header, read with the standard library
+_PROBE = struct.Struct("<Q44xI8xQ288xI")
+assert _PROBE.size == rf.header_offset("life_flags") + 4
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -113,6 +124,44 @@ def retire(ring: str | os.PathLike[str]) -> bool:
     if keep_requested() or agent_serves(Path(ring).parent) or marked(ring):
         return False
     return remove(ring)
+
+
+def reclaim_dead(folder: str | os.PathLike[str], min_age_s: float | None = None) -> list[str]:
+    """The next writer's sweep, where no agent serves ``folder``: remove the rings whose
+    writer died unfinished (``LIFE_FLOCK`` set, its lock free), no reader marked, made
+    at least ``min_age_s`` (default ``RECLAIM_AFTER_S``) ago. Returns their paths."""
+    age_ns = int((RECLAIM_AFTER_S if min_age_s is None else min_age_s) * 1e9)
+    if keep_requested() or agent_serves(folder):
+        return []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".ring"))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            raw = os.pread(fd, _PROBE.size, 0)
+            if len(raw) < _PROBE.size:
+                continue
+            magic, flags, created_ns, life = _PROBE.unpack(raw)
+            if magic != rf.RING_MAGIC or flags & rf.RING_FINISHED or not life & rf.LIFE_FLOCK:
+                continue
+            if time.time_ns() - created_ns < age_ns or marked(path):
+                continue
+            try:  # held while removing: no writer can be inside it
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            if remove(path):
+                out.append(path)
+        finally:
+            os.close(fd)
+    return out
 
 
 class FolderLock:

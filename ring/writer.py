@@ -146,6 +146,8 @@ class RingWriter:
         self._lock_fd: int | None = None
         d = Path(shm_dir)
         d.mkdir(parents=True, exist_ok=True)
+        if remove_unread:  # rings of writers that died here before, with no agent to see
+            _lifetime().reclaim_dead(d)
         self.path = d / rf.ring_filename(job, comm_hash, rank)
         if env is not None or torch:
             # Before the ring's rename, like the plugin: a reader seeing the ring sees it whole.

@@ -191,3 +191,38 @@ def test_twenty_torchrun_jobs_leave_no_ring(tmp_path: Path) -> None:
         )
         assert p.returncode == 0, (i, p.stderr[-3000:])
         assert shm.is_dir() and list(shm.iterdir()) == [], (i, list(shm.iterdir()))
+
+
+def _killed_writer(d: Path, job: str) -> Path:
+    """The ring of a writer SIGKILLed after its first record."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", _CHILD.replace('"killed"', repr(job)), str(d)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        return Path(p.stdout.readline().strip())
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def test_the_next_writer_reclaims_dead_rings_where_no_agent_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead, kept = _killed_writer(tmp_path, "dead"), _killed_writer(tmp_path, "kept")
+    assert lifetime.mark_read(kept)  # a reader will read it: not the writer's to remove
+    live = _writer(tmp_path, rank=1, remove_unread=True)
+    assert lifetime.reclaim_dead(tmp_path) == []  # younger than the bound
+    lock = lifetime.FolderLock(tmp_path)
+    assert lock.hold()
+    assert lifetime.reclaim_dead(tmp_path, min_age_s=0) == []  # an agent serves: its job
+    lock.release()
+    monkeypatch.setattr(lifetime, "RECLAIM_AFTER_S", 0.0)
+    nxt = RingWriter(tmp_path, "next", COMM, 0, 2, 8, remove_unread=True)
+    assert not dead.exists() and kept.exists() and live.path.exists() and nxt.path.exists()
+    live.close()
+    nxt.close()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [lifetime.AGENT_LOCK, kept.name, kept.name + ".reader"]
