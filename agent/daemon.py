@@ -6,7 +6,10 @@ the uplink, which keeps them until the coordinator acknowledges them. It
 answers control messages (dump a rank's last 256 collectives, publish a
 rebalance plan for the job, change local settings) as far as the node's policy
 allows, and removes a finished job's rings once everything in them has been
-shipped and acknowledged.
+shipped and acknowledged. While it serves its ring folder it holds the folder's
+agent lock and marks each ring it reads (``artemis.ring.lifetime``), so no writer
+removes a ring it will read; a ring whose writer died unfinished is reclaimed
+``reclaim_after_s`` after the writer's lock went.
 
 Restart safety: a restarted agent reads every ring from its start again. It is
 a new incarnation (so the coordinator resets its sequence dedup), and the
@@ -46,6 +49,7 @@ from artemis.protocol.records import RankProgress, RankWindow, Software
 from artemis.protocol.transport import Transport
 from artemis.rebalance.files import UNIFORM_PLAN_ID
 from artemis.ring import format as rf
+from artemis.ring import lifetime
 from artemis.ring.reader import RingError, RingHeader, RingReader, records_to_dicts
 
 if TYPE_CHECKING:
@@ -61,6 +65,9 @@ DUMP_RECORDS = 256
 FAILPOINT_ENV = "ARTEMIS_AGENT_FAILPOINT"
 FAILPOINT_EXIT = 86
 BRIDGE_COMM_NAME = "bridge"
+# How long a ring whose writer is gone (its lock free, not finished) stays before the
+# agent reclaims it (lifetime.RECLAIM_AFTER_S).
+RECLAIM_AFTER_S = lifetime.RECLAIM_AFTER_S
 
 
 @dataclass
@@ -113,6 +120,10 @@ class Agent:
         self.windows_sent = 0
         self.secondary_windows = 0  # windows of rings that are not their rank's main (not sent)
         self.removed = 0
+        self.reclaimed = 0  # of those, rings whose writer died unfinished
+        self.reclaim_after_s = RECLAIM_AFTER_S
+        self._gone_since: dict[Path, float] = {}  # ring -> when its writer was seen gone
+        self._folder = lifetime.FolderLock(self.shm)
         # (job, rank) -> (main ring, software, workload) of the last fingerprint sent
         self._fp_sent: dict[tuple[str, int], tuple[Path, Software, str | None]] = {}
 
@@ -120,6 +131,7 @@ class Agent:
     def scan(self) -> list[Tracked]:
         """Open rings that appeared since the last scan."""
         new: list[Tracked] = []
+        self._folder.hold()  # before the glob: a ring made after it is left for us
         try:
             paths = sorted(self.shm.glob("*.ring"))
         except OSError as e:
@@ -136,6 +148,7 @@ class Agent:
                 self.bad_rings[p] = str(e)
                 log.error("ring rejected", path=str(p), error=str(e))
                 continue
+            lifetime.mark_read(p)  # we read it to its end: its writer leaves it to us
             grank = _global_rank(h)
             is_bridge = h.comm_name == BRIDGE_COMM_NAME
             summ = None
@@ -446,27 +459,48 @@ class Agent:
         return True, "settings applied: " + ", ".join(f"{k}={v}" for k, v in changes.items()), []
 
     # ----------------------------------------------------------------- cleanup
-    def cleanup(self) -> None:
-        """Remove rings of finished jobs once all their windows are acknowledged."""
+    def cleanup(self, now: float | None = None) -> None:
+        """Remove rings of finished jobs once all their windows are acknowledged, and
+        reclaim those whose writer died unfinished (``_writer_gone``) the same way."""
         if not self.cfg.remove_finished:
             return
+        now = time.monotonic() if now is None else now
         acked = self._acked_upto()
         for t in list(self.rings.values()):
-            if not t.header.finished or t.reader.pending:
+            gone = self._writer_gone(t, now)
+            if not gone and (not t.header.finished or t.reader.pending):
                 continue
             if t.shipped_seq > acked:
                 continue
             self._drop(t)
+            self._gone_since.pop(t.path, None)
             try:
                 t.path.unlink()
                 self.removed += 1
-                log.info("finished ring removed", path=t.path.name)
+                self.reclaimed += gone
+                log.info(
+                    "dead writer's ring reclaimed" if gone else "finished ring removed",
+                    path=t.path.name,
+                )
             except FileNotFoundError:
                 pass
             except OSError as e:
                 log.warning("cannot remove finished ring", path=t.path.name, error=str(e))
-            with contextlib.suppress(OSError):
-                os.unlink(rf.env_sidecar_path(t.path))
+            for side in (rf.env_sidecar_path(t.path), lifetime.reader_mark_path(t.path)):
+                with contextlib.suppress(OSError):
+                    os.unlink(side)
+
+    def _writer_gone(self, t: Tracked, now: float) -> bool:
+        """The ring's writer died without finishing it at least ``reclaim_after_s`` ago:
+        its lock (``LIFE_FLOCK``) is free. A ring without that bit (an older writer) is
+        never reclaimed: only the lock tells a dead writer from a reused pid."""
+        h = t.header
+        if h.finished or not h.writer_locked:
+            return False
+        if not lifetime.writer_gone(t.path):
+            self._gone_since.pop(t.path, None)
+            return False
+        return now - self._gone_since.setdefault(t.path, now) >= self.reclaim_after_s
 
     def _drop(self, t: Tracked) -> None:
         self.rings.pop(t.path, None)
@@ -490,6 +524,7 @@ class Agent:
         for t in list(self.rings.values()):
             t.reader.close()
         self.rings.clear()
+        self._folder.release()
 
 
 def incarnation() -> str:

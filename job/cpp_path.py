@@ -4,12 +4,14 @@ into it; ``artemis.job.backend`` says when this path is taken."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+from artemis.ring.writer import RingWriter
 
 from .group import CLOSE_WAIT_S, ArtemisGroup, _Comm, _forced_inner, _inner_backends, dist, log
 
@@ -51,6 +53,20 @@ def load_ext(ext_dir: Path | None = None) -> Any:
     return mod
 
 
+# The rings the C++ backend finishes: its shutdown (inside destroy_process_group) does
+# not come back through Python, so a clean exit removes those it finished that no one
+# reads (artemis.ring.lifetime); an unfinished one keeps its lock to the process's end.
+_CPP_RINGS: list[RingWriter] = []
+
+
+def _retire_finished_rings() -> None:
+    for w in _CPP_RINGS:
+        w.release(only_finished=True)
+
+
+atexit.register(_retire_finished_rings)
+
+
 class _CppGroupAttrs(ArtemisGroup):
     """The C++ path: a plain c10d ProcessGroup whose backend for CPU (and CUDA) tensors
     is the C++ ``TimedBackend`` (job/csrc/timed_backend.cpp) around the inner backend.
@@ -88,6 +104,7 @@ class _CppGroupAttrs(ArtemisGroup):
         self._finish_init(rank, size, group_id, global_ranks)
         cpu, cuda = self._inner.get("cpu"), self._inner.get("cuda")
         self._ring: Path | None = None
+        self._ring_writer: RingWriter | None = None
         if cpu is not None:
             # The Python RingWriter makes the ring (header, env sidecar, rename into
             # place), as on the Python path; the C++ backend maps it and is its writer.
@@ -101,7 +118,9 @@ class _CppGroupAttrs(ArtemisGroup):
                 False,
             )
             self._ring = comm.ring.path
-            comm.ring.close(finish=False)
+            comm.ring.close(finish=False)  # keeps the writer's lock until close_rings
+            self._ring_writer = comm.ring
+            _CPP_RINGS.append(comm.ring)
         self._tb: Any = ext.TimedBackend(
             cpu, cuda, str(self._ring or ""), rank, size, close_wait_s=CLOSE_WAIT_S
         )
@@ -130,7 +149,10 @@ class _CppGroupAttrs(ArtemisGroup):
         return dict(self._inner)
 
     def close_rings(self, wait_s: float = 0.0) -> bool:
-        return bool(self._tb.close_ring(wait_s))
+        done = bool(self._tb.close_ring(wait_s))
+        if done and self._ring_writer is not None:
+            self._ring_writer.release()  # finished by the C++ writer: remove it if unread
+        return done
 
 
 _cpp_group_cls: list[type] = []

@@ -129,6 +129,9 @@ class _Comm:
             nccl_version=_nccl_code() if cuda else 0,
             env=os.environ,
             torch=torch.__version__,
+            # Under plain torchrun no agent reads it: removed at a clean finish then
+            # (artemis.ring.lifetime), never while an agent serves the folder.
+            remove_unread=True,
         )
         self.coll_seq = 0
         self.p2p_seq = 0

@@ -16,8 +16,11 @@ static ncclResult_t art_finalize(void *context) {
     if (atomic_exchange_explicit(&ctx->finished, 1u, ACQREL) == 0) {
         atomic_store_explicit(A64(&ctx->hdr->finished_ns), art_now_real(), RLX);
         atomic_fetch_or_explicit(A32(&ctx->hdr->flags), (uint32_t)ARTEMIS_RING_FINISHED, REL);
+        /* a ring no reader will read goes now: under plain torchrun nothing else would */
+        art_ring_retire(ctx);
     }
-    /* Nothing is freed or unmapped: see README "Lifetime". */
+    /* Nothing is freed or unmapped (README "Lifetime"): a removed ring's mapping
+     * stays valid, so a late event still lands in memory, not in the file. */
     return ncclSuccess;
 }
 

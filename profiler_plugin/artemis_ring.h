@@ -32,7 +32,7 @@
 /* Minor versions add fields only in space that older writers left zeroed, so
  * a reader of minor N reads every minor <= N (a rolling upgrade never blinds
  * jobs that still hold an older plugin). Minor 0 is the original layout. */
-#define ARTEMIS_RING_MINOR 1u
+#define ARTEMIS_RING_MINOR 2u
 #define ARTEMIS_SLOT_MINOR_BASE 0u /* 64-byte ArtemisSlot */
 #define ARTEMIS_SLOT_MINOR_CPU 1u  /* 128-byte ArtemisSlotCpu: + process CPU time */
 #define ARTEMIS_RING_SLOT_CPU_SIZE 128u
@@ -64,6 +64,29 @@ enum {
     ARTEMIS_WRITER_BACKEND = 1u << 2, /* written by the artemis torch.distributed backend */
     ARTEMIS_WRITER_ENV = 1u << 3,     /* an env sidecar was written beside the ring (below) */
 };
+
+/* header.life_flags bits (minor >= 2), set once at creation. */
+enum {
+    ARTEMIS_LIFE_FLOCK = 1u << 0, /* the writer holds a shared flock on the ring (below) */
+};
+
+/* Lifetime (docs/DESIGN.md "Ring", "Who removes a ring"). No field: the marks
+ * are kernel locks and one file, so a reader needs no write access to a ring.
+ * - The writer holds flock(LOCK_SH) on the ring file from before its rename for
+ *   as long as its open file lives (the plugin's mapping keeps it to the
+ *   process's end), and sets ARTEMIS_LIFE_FLOCK. The kernel
+ *   drops the lock when the process dies, so a reader that can take LOCK_EX
+ *   (LOCK_NB) on a ring with the bit knows its writer is gone (pids are reused
+ *   and differ across pid namespaces; a lock is neither).
+ * - An agent serving a folder holds flock(LOCK_EX) on "<folder>/agent.lock".
+ * - A reader that will read a ring to its end (the agent) marks it with an empty
+ *   sidecar "<name>.ring.reader".
+ * At a clean finish (finalize) a writer removes its ring, its .env and .reader
+ * sidecars when no agent serves the folder (it can take LOCK_SH|LOCK_NB on
+ * agent.lock, or there is none), no reader marked the ring, and ARTEMIS_KEEP_RINGS
+ * is not set to 1. Otherwise the ring stays for its reader, which removes it once
+ * read to the end; a ring whose writer is gone is reclaimed by the agent after a
+ * bound. */
 
 /* Env sidecar (the software fingerprint's environment, docs/DESIGN.md "Ring"):
  * beside <name>.ring its writer leaves <name>.ring.env, written once at creation
@@ -218,7 +241,9 @@ typedef struct ArtemisRingHeader {
     /* 328: (tsc, CLOCK_MONOTONIC ns) anchor pairs, [0] at creation and [1] refreshed
      * by the writer, so a reader converts TSC host times to ns (minor >= 1). */
     uint64_t tsc_anchor[2][2];
-    uint8_t reserved2[ARTEMIS_RING_HEADER_SIZE - 360];
+    /* minor >= 2 (zero in older rings): */
+    uint32_t life_flags;       /* 360: ARTEMIS_LIFE_* bits ("Lifetime" above) */
+    uint8_t reserved2[ARTEMIS_RING_HEADER_SIZE - 364];
 } ArtemisRingHeader;
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L

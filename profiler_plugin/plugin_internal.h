@@ -153,6 +153,7 @@ typedef struct ArtConfig {
     uint32_t nccl_version;
     uint64_t reclaim_age_ns; /* ARTEMIS_RECLAIM_AGE_MS */
     uint32_t slots;        /* power of two, clamped */
+    int keep_rings;        /* ARTEMIS_KEEP_RINGS=1: finalize never removes the ring */
     char dir[256];
     char job[ARTEMIS_NAME_LEN];
 } ArtConfig;
@@ -211,6 +212,8 @@ typedef struct ArtCtx {
     _Atomic uint32_t timer_seen; /* some KernelCh carried a timer */
     char path[512];
     char env_err[256]; /* why the env sidecar was not written ("" = it was): init logs it */
+    int lock_fd;       /* the ring's open file, holding the writer's flock; -1 = none */
+    int keep_rings;    /* ArtConfig.keep_rings */
     /* string -> code cache, keyed by pointer (see str_code in codes.h); each
      * entry is one word: (pointer << 8) | (table << 4) | code, 0 = empty.
      * Written only on a miss, so after warm-up its lines are only read. */
@@ -285,6 +288,9 @@ ART_HIDDEN int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, 
 ART_HIDDEN int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash,
                                const char *comm_name, int nnodes, int nranks, int rank,
                                uint32_t plugin_version, char *err, size_t errlen);
+/* At finalize (once): removes the ring and its sidecars when no one will read it
+ * (artemis_ring.h "Lifetime"), then drops the writer's lock. 1 when removed. */
+ART_HIDDEN int art_ring_retire(ArtCtx *ctx);
 
 /* core.c: the event callbacks of the exported tables (abi.c) */
 ART_HIDDEN ncclResult_t art_start_v4(void *context, void **eHandle, ncclProfilerEventDescr_v4_t *d);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -260,6 +261,14 @@ int art_config_load(ArtConfig *cfg, const ArtRuntime *rt, char *err, size_t errl
     }
     cfg->reclaim_age_ns = age_ms * 1000000ull;
 
+    if ((v = env_nonempty("ARTEMIS_KEEP_RINGS"))) {
+        if ((b = parse_bool(v)) < 0) {
+            snprintf(err, errlen, "bad ARTEMIS_KEEP_RINGS='%s' (want 0 or 1)", v);
+            return -1;
+        }
+        cfg->keep_rings = b;
+    }
+
     uint64_t slots = ARTEMIS_RING_DEFAULT_SLOTS;
     if ((v = env_nonempty("ARTEMIS_RING_SLOTS"))) {
         if (parse_u64(v, &slots) || slots == 0) {
@@ -435,6 +444,7 @@ static int make_dirs(const char *path) {
 int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const char *comm_name,
                     int nnodes, int nranks, int rank, uint32_t plugin_version, char *err,
                     size_t errlen) {
+    ctx->lock_fd = -1;
     char job[ARTEMIS_NAME_LEN];
     if (cfg->job[0]) {
         memcpy(job, cfg->job, sizeof job);
@@ -478,7 +488,18 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
         unlink(tmp);
         return -1;
     }
-    close(fd);
+    /* The writer's lock, held by this open file for the process's life (or until
+     * finalize removes the ring): the kernel drops it when the process dies, which
+     * is how a reader tells a dead writer (artemis_ring.h "Lifetime"). Taken before
+     * the rename, so no reader sees the ring without it. */
+    uint32_t lock_flag = ARTEMIS_LIFE_FLOCK;
+    if (flock(fd, LOCK_SH) != 0) {
+        close(fd); /* a file system without flock: the ring goes on, never reclaimed */
+        fd = -1;
+        lock_flag = 0;
+    }
+    ctx->lock_fd = fd;
+    ctx->keep_rings = cfg->keep_rings;
 
     /* posix_fallocate gave zeroed blocks: only the header needs filling. */
     ArtemisRingHeader *h = (ArtemisRingHeader *)mem;
@@ -496,6 +517,7 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     h->tick_hz = cfg->tick_hz;
     h->tick_source = cfg->tick_source;
     h->writer_flags = cfg->writer_flags;
+    h->life_flags = lock_flag;
     h->nccl_version = cfg->nccl_version;
     h->created_ns = art_now_real();
     h->plugin_version = plugin_version;
@@ -515,6 +537,8 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
         snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, ctx->path, strerror(errno));
         munmap(mem, bytes);
         unlink(tmp);
+        if (ctx->lock_fd >= 0) close(ctx->lock_fd);
+        ctx->lock_fd = -1;
         char side[sizeof ctx->path + 8];
         snprintf(side, sizeof side, "%s.env", ctx->path);
         unlink(side);
@@ -524,4 +548,33 @@ int art_ring_create(ArtCtx *ctx, const ArtConfig *cfg, uint64_t comm_hash, const
     ctx->slots = (ArtemisSlot *)((char *)mem + ARTEMIS_RING_HEADER_SIZE);
     ctx->slot_mask = cfg->slots - 1u;
     return 0;
+}
+
+/* An agent holds LOCK_EX on <folder>/agent.lock while it serves the folder. */
+static int art_agent_serves(const char *ring_path) {
+    char lock[sizeof ((ArtCtx *)0)->path + 16];
+    const char *slash = strrchr(ring_path, '/');
+    int dlen = slash ? (int)(slash - ring_path) : 0;
+    snprintf(lock, sizeof lock, "%.*s/agent.lock", dlen, ring_path);
+    int fd = open(lock, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0; /* no agent ever served this folder */
+    int serves = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd); /* drops our probe's lock with it */
+    return serves;
+}
+
+int art_ring_retire(ArtCtx *ctx) {
+    if (ctx->lock_fd < 0) return 0; /* no writer's lock: an agent cannot reclaim it either */
+    char side[sizeof ctx->path + 16];
+    snprintf(side, sizeof side, "%s.reader", ctx->path);
+    int removed = 0;
+    if (!ctx->keep_rings && !art_agent_serves(ctx->path) && access(side, F_OK) != 0) {
+        removed = unlink(ctx->path) == 0;
+        unlink(side);
+        snprintf(side, sizeof side, "%s.env", ctx->path);
+        unlink(side);
+    }
+    close(ctx->lock_fd);
+    ctx->lock_fd = -1;
+    return removed;
 }

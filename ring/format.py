@@ -32,7 +32,7 @@ import numpy as np
 
 RING_MAGIC = 0x31474E4952534D41  # "AMSRING1" little-endian
 RING_VERSION = 1  # major
-RING_MINOR = 1  # the newest minor this code reads and writes
+RING_MINOR = 2  # the newest minor this code reads and writes (2: life_flags)
 SLOT_MINOR_BASE = 0
 SLOT_MINOR_CPU = 1
 HEADER_SIZE = 512
@@ -66,6 +66,8 @@ WRITER_BACKEND = 1 << 2
 WRITER_ENV = 1 << 3  # an env sidecar was written beside the ring (see the end of this file)
 
 RING_FINISHED = 1 << 0
+
+LIFE_FLOCK = 1 << 0  # header.life_flags: the writer holds a shared flock on the ring (lifetime.py)
 
 KIND_COLL = 1
 KIND_P2P = 2
@@ -172,7 +174,9 @@ HEADER_FIELDS: Fields = [
     ("host_fallback", "<u8", 312),
     ("write_index", "<u8", 320),
     ("tsc_anchor", "(2,2)<u8", 328),
-    ("reserved2", f"V{HEADER_SIZE - 360}", 360),
+    # minor >= 2; zero in older rings
+    ("life_flags", "<u4", 360),
+    ("reserved2", f"V{HEADER_SIZE - 364}", 364),
 ]
 
 

@@ -52,6 +52,7 @@ from artemis.ring.format import (
     HEADER_DTYPE,
     HEADER_SIZE,
     KIND_NAMES,
+    LIFE_FLOCK,
     MAX_SLOTS,
     MIN_SLOTS,
     PROTO_NAMES,
@@ -115,6 +116,8 @@ class RingHeader:
     host_fallback: int = 0
     # (tsc, CLOCK_MONOTONIC ns) pairs: [0] at creation, [1] refreshed by the writer
     tsc_anchor: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    # minor >= 2 (0 in older rings): LIFE_* bits (artemis.ring.lifetime)
+    life_flags: int = 0
 
     @property
     def rccl(self) -> bool:
@@ -125,6 +128,12 @@ class RingHeader:
     def tsc(self) -> bool:
         """Host times in this ring are TSC ticks (see tsc_hz, tsc_anchor)."""
         return bool(self.writer_flags & WRITER_TSC)
+
+    @property
+    def writer_locked(self) -> bool:
+        """Its writer holds a lock on the ring for its life (LIFE_FLOCK): a free lock
+        means the writer is gone (``artemis.ring.lifetime.writer_gone``)."""
+        return bool(self.life_flags & LIFE_FLOCK)
 
     @property
     def backend(self) -> bool:
@@ -284,6 +293,7 @@ class RingReader:
             tsc_hz=int(h["tsc_hz"]),
             host_fallback=int(h["host_fallback"]),
             tsc_anchor=((a0, a1), (b0, b1)),
+            life_flags=int(h["life_flags"]),
         )
 
     @property

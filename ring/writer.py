@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from artemis.ring import format as rf
 
@@ -52,6 +53,7 @@ _MINOR = rf.packer(rf.HEADER_FIELDS, "minor", "tsc_hz")  # offsets 288..312
 # The slot without its lock word, in one store: base slots, and CPU slots (the
 # CPU times follow ``end`` without a gap).
 _BODY = rf.packer(rf.SLOT_FIELDS, "kind", "end")
+_LIFE = struct.Struct("<I")  # life_flags (minor >= 2)
 _CPU_TAIL = rf.packer(rf.SLOT_CPU_FIELDS, "cpu_start_ns", "cpu_end_ns")
 _CPU_TAIL_AT = rf.slot_offset("cpu_start_ns")
 _OFF_FLAGS = rf.header_offset("flags")
@@ -69,6 +71,15 @@ _U32_MAX = 0xFFFFFFFF
 assert rf.header_offset("write_index") % 8 == 0 and rf.HEADER_SIZE % 8 == 0
 assert all(rf.slot_offset(n) % 8 == 0 for n in ("start", "end", "cpu_end_ns"))
 assert rf.SLOT_SIZE % 8 == 0 and rf.SLOT_CPU_SIZE % 8 == 0
+
+
+def _lifetime() -> Any:
+    """``artemis.ring.lifetime``, loaded by the first writer that manages its ring's
+    lifetime: importing this module stays the format and the writer alone
+    (tests/test_ring_layout.py, test_job_writer_imports_no_agent_machinery)."""
+    from artemis.ring import lifetime
+
+    return lifetime
 
 
 def _fixed(name: str) -> bytes:
@@ -100,8 +111,14 @@ class RingWriter:
         nccl_version: int = 0,
         env: Mapping[str, str] | None = None,
         torch: str | None = None,
+        remove_unread: bool = False,
     ) -> None:
-        """``env`` (the process's environment, filtered here by the fingerprint's privacy
+        """``remove_unread``: the ring's lifetime is managed (``artemis.ring.lifetime``):
+        the writer holds its lock and sets LIFE_FLOCK, and a clean finish removes the
+        ring when no one will read it, as the NCCL plugin's finalize does. Off, the ring
+        stays for whoever reads it after the writer.
+
+        ``env`` (the process's environment, filtered here by the fingerprint's privacy
         rule) and ``torch`` (its version) go into the ring's env sidecar
         (``ring_format``, "the env sidecar") when either is given; a sidecar the file
         system refuses leaves WRITER_ENV clear and the ring is made all the same."""
@@ -125,8 +142,12 @@ class RingWriter:
         self.slot_size = rf.SLOT_LAYOUTS[self.slot_minor][0]
         self._mask = capacity - 1
         self._next = 0
+        self.remove_unread = remove_unread
+        self._lock_fd: int | None = None
         d = Path(shm_dir)
         d.mkdir(parents=True, exist_ok=True)
+        if remove_unread:  # rings of writers that died here before, with no agent to see
+            _lifetime().reclaim_dead(d)
         self.path = d / rf.ring_filename(job, comm_hash, rank)
         if env is not None or torch:
             # Before the ring's rename, like the plugin: a reader seeing the ring sees it whole.
@@ -174,6 +195,10 @@ class RingWriter:
             nccl_version,
             0,  # tsc_hz: host times are ns
         )
+        # its lifetime is managed: the agent may reclaim it (lifetime.py)
+        _LIFE.pack_into(
+            header, rf.header_offset("life_flags"), rf.LIFE_FLOCK if remove_unread else 0
+        )
         # Build the whole file under a temporary name and rename it into place,
         # so a reader scanning the folder never maps a half-made header.
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".ring-", suffix=".tmp")
@@ -181,14 +206,19 @@ class RingWriter:
             os.ftruncate(fd, size)
             os.pwrite(fd, bytes(header), 0)
             self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+            if remove_unread:  # locked before the rename: never seen without its writer
+                _lifetime().hold_writer_lock(fd)
             os.rename(tmp, self.path)
         except BaseException:
+            os.close(fd)
             os.unlink(tmp)
             if writer_flags & rf.WRITER_ENV:
                 with contextlib.suppress(OSError):
                     os.unlink(rf.env_sidecar_path(self.path))
             raise
-        finally:
+        if remove_unread:
+            self._lock_fd = fd  # the writer's lock lives as long as this open file
+        else:
             os.close(fd)
         self._view = memoryview(self._mm)
         self._u32 = self._view.cast("I")  # native order: little-endian (checked above)
@@ -294,14 +324,34 @@ class RingWriter:
         self._u32[_OFF_FLAGS // 4] |= rf.RING_FINISHED
 
     def close(self, *, finish: bool = True) -> None:
-        if self._mm.closed:
-            return
+        """Unmap the ring; with ``finish`` mark it FINISHED and ``release`` it. Without,
+        the writer's lock stays (another writer of this process maps the ring: the C++
+        backend), to be released when that one finishes it."""
+        if not self._mm.closed:
+            if finish:
+                self.finish()
+            self._u32.release()
+            self._u64.release()
+            self._view.release()
+            self._mm.close()
         if finish:
-            self.finish()
-        self._u32.release()
-        self._u64.release()
-        self._view.release()
-        self._mm.close()
+            self.release()
+
+    def release(self, *, only_finished: bool = False) -> bool:
+        """Once the ring is finished: drop the writer's lock, and with ``remove_unread``
+        remove the ring no one will read. True when it was removed. ``only_finished``:
+        do nothing unless the ring is FINISHED (by another writer of this process)."""
+        if self._lock_fd is None:
+            return False
+        if only_finished:
+            (flags,) = _LIFE.unpack(os.pread(self._lock_fd, 4, _OFF_FLAGS))
+            if not flags & rf.RING_FINISHED:
+                return False  # not a clean finish: the lock goes with the process
+        try:
+            return self.remove_unread and _lifetime().retire(self.path)
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> RingWriter:
         return self

@@ -17,6 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The tests read their jobs' rings after the jobs end, with no agent serving the
+# folder: keep them, as ARTEMIS_KEEP_RINGS is there for (artemis.ring.lifetime).
+# The tests of ring removal (tests/test_ring_lifetime.py) clear it.
+os.environ.setdefault("ARTEMIS_KEEP_RINGS", "1")
 PLUGIN_DIR = REPO / "profiler_plugin"
 PLUGIN_SO = PLUGIN_DIR / "build" / "libnccl-profiler-artemis.so"
 

@@ -25,6 +25,11 @@ int main(int argc, char **argv) {
     }
     printf("artemis plugin harness (root %s, %llu ops per comm)\n", g_root, (unsigned long long)scale);
 
+    /* the tests read rings after finalize: kept (test_retire checks removal) */
+    setenv("ARTEMIS_KEEP_RINGS", "1", 1);
+    test_retire();
+    printf("  ring lifetime done\n");
+
     test_failures();
     printf("  failure paths done\n");
     test_no_device_events();

@@ -128,6 +128,7 @@ uint64_t mono_ns(void);
 void run_scenario(const char *label, int ncomm, const int *versions, uint64_t nops, int nproxy,
                   const char *slots, int device, int expect_drops);
 /* harness_failures.c */
+void test_retire(void);
 void test_failures(void);
 /* harness_reclaim.c */
 void test_no_device_events(void);

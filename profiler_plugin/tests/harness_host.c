@@ -4,6 +4,8 @@
  */
 #include "harness.h"
 
+#include <sys/file.h>
+
 /* The TSC host clock (README "Host clock"): over ~60 ms of starts on the
  * owner thread, every enqueue time lies within 20 us of a CLOCK_MONOTONIC read
  * taken just before and just after its start, and they never go back. Where
@@ -134,4 +136,32 @@ void test_env_sidecar(void) {
     CHECK(atomic_load(&g_log_lines) >= 2, "env: no warning for the sidecar");
     if (ctx) finalize_ctx(6, ctx);
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+/* Lifetime (artemis_ring.h): at finalize a ring no reader marked, in a folder no
+ * agent serves, goes with its sidecars; a reader's mark or an agent's lock keeps it. */
+void test_retire(void) {
+    unsetenv("ARTEMIS_KEEP_RINGS"); /* read at init */
+    char side[600], lock[400];
+    Comm *a = fixture("retire", 6, 0x31);
+    CHECK(a->ring.hdr->life_flags & ARTEMIS_LIFE_FLOCK, "retire: lock flag");
+    int probe = open(a->path, O_RDONLY);
+    CHECK(probe >= 0 && flock(probe, LOCK_EX | LOCK_NB) != 0, "retire: writer's lock held");
+    CHECK(finalize_ctx(6, a->ctx) == ncclSuccess, "retire: finalize");
+    snprintf(side, sizeof side, "%s.env", a->path);
+    CHECK(access(a->path, F_OK) != 0 && access(side, F_OK) != 0, "retire: unread ring removed");
+    close(probe);
+    Comm *b = fixture("retire", 6, 0x32);
+    snprintf(side, sizeof side, "%s.reader", b->path);
+    close(open(side, O_WRONLY | O_CREAT, 0644));
+    CHECK(finalize_ctx(6, b->ctx) == ncclSuccess, "retire: finalize marked");
+    CHECK(access(b->path, F_OK) == 0 && access(side, F_OK) == 0, "retire: marked ring kept");
+    Comm *c = fixture("retire", 6, 0x33);
+    snprintf(lock, sizeof lock, "%s/retire/agent.lock", g_root);
+    int agent = open(lock, O_RDWR | O_CREAT, 0644);
+    CHECK(agent >= 0 && flock(agent, LOCK_EX) == 0, "retire: agent lock");
+    CHECK(finalize_ctx(6, c->ctx) == ncclSuccess, "retire: finalize served");
+    CHECK(access(c->path, F_OK) == 0, "retire: ring kept while an agent serves");
+    close(agent);
+    setenv("ARTEMIS_KEEP_RINGS", "1", 1);
 }
