@@ -43,6 +43,17 @@ except ImportError:
     from artemis.detect.monitor import JobMonitor
     from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
+import os, subprocess
+# The benches pin their children's PYTHONPATH to their tree's root (bench.ingest's
+# clients and server), which would import the installed tree's rooms: put this tree's
+# links first for them too.
+_init = subprocess.Popen.__init__
+def _popen(self, *a, **k):
+    env = k.get("env")
+    if env is not None and "PYTHONPATH" in env:
+        k["env"] = {**env, "PYTHONPATH": sys.argv[3] + os.pathsep + env["PYTHONPATH"]}
+    _init(self, *a, **k)
+subprocess.Popen.__init__ = _popen
 import bench.agent_summary as agent
 import bench.ingest as ingest
 import bench.scoring as scoring
@@ -72,7 +83,7 @@ if "scoring" in which:
 if "ingest" in which:
     wall, cpu = ingest.measure("coordinator", 10_000, 64)
     out["ingest coordinator CPU s (10k ranks, 64/agent)"] = cpu
-import os, artemis.protocol.records as r
+import artemis.protocol.records as r
 for f in (r.__file__, sys.modules[Detector.__module__].__file__):  # this tree's code only
     assert os.path.realpath(f).startswith(os.path.realpath(sys.argv[2]) + "/"), f
 print(json.dumps(out))
@@ -109,7 +120,7 @@ def _run(tree: Path, pkg: Path, probes: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{pkg}{os.pathsep}{tree}")
     env.pop("ARTEMIS_CONFIG", None)
     p = subprocess.run(
-        [sys.executable, "-c", PROBE, probes, str(tree)],
+        [sys.executable, "-c", PROBE, probes, str(tree), str(pkg)],
         cwd=tree,
         env=env,
         capture_output=True,
