@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from artemis.common.exits import exit_error
-from artemis.common.tomlfile import ConfigError
 
 app = typer.Typer(
     help=(
@@ -65,38 +63,24 @@ def serve(
     log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
 ) -> None:
     """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
-    from artemis.common.logs import setup_logging
-    from artemis.common.tomlfile import load_config
+    from artemis.common.daemon_cli import run_daemon
     from artemis.coordinator.config import CoordinatorConfig
-
-    try:
-        cfg = load_config(
-            CoordinatorConfig,
-            config,
-            {
-                "listen": listen,
-                "metrics_port": metrics_port,
-                "jsonl": str(jsonl) if jsonl else None,
-                "plans_jsonl": str(plans_jsonl) if plans_jsonl else None,
-                "journal": str(journal) if journal else None,
-                "dumps_dir": str(dumps_dir) if dumps_dir else None,
-                "secret_file": str(secret_file) if secret_file else None,
-                "control_socket": str(control_socket) if control_socket else None,
-                "store": store,
-                "report_dir": str(report_dir) if report_dir else None,
-                "log_json": log_json or None,
-            },
-        ).validated()
-    except ConfigError as e:
-        exit_error(e)
-    setup_logging(json_logs=cfg.log_json)
-    from artemis.common.aio import run
     from artemis.coordinator.server_main import main
 
-    try:
-        run(main(cfg))
-    except ConfigError as e:
-        exit_error(e)
+    flags = {
+        "listen": listen,
+        "metrics_port": metrics_port,
+        "jsonl": jsonl,
+        "plans_jsonl": plans_jsonl,
+        "journal": journal,
+        "dumps_dir": dumps_dir,
+        "secret_file": secret_file,
+        "control_socket": control_socket,
+        "store": store,
+        "report_dir": report_dir,
+        "log_json": log_json or None,
+    }
+    run_daemon(CoordinatorConfig, config, flags, main)
 
 
 def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
