@@ -229,12 +229,25 @@ def _span(xs: list[float], fmt: str) -> str:
     return f"{med:{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
 
+# The callgrind tables' columns: (count key, header, width before, width after, decimals).
+_COUNT_COLUMNS = [
+    ("locked", "locked before", 14, 6, 2),
+    ("clock", "clock calls before", 19, 6, 2),
+    ("ir", "instr over no-op before", 24, 6, 0),
+    ("ir_floor", "over NULL no-op before", 23, 6, 0),
+    ("native_clock", "native clock calls before", 26, 8, 4),
+]
+_SHARED_COUNT_COLUMNS = [
+    ("locked_shared", "locked before", 14, 6, 2),
+    ("ir_shared", "instr over no-op before", 24, 6, 0),
+]
+
+
 def _print_counts(
     counts: dict[str, dict[tuple[int, int], dict[str, float]]],
     columns: list[tuple[str, str, int, int, int]],
 ) -> None:
-    """One callgrind table, before against after: per column (count key, header,
-    width before, width after, decimals), a row per ABI version and channel count."""
+    """One callgrind table, before against after: a row per ABI version and channel count."""
     head = " ".join(f"{label:>{wb}} {'after':>{wa}}" for _, label, wb, wa, _ in columns)
     print(f"{'ABI':<4} {'ch':>3} {head}")
     for v in VERSIONS:
@@ -287,28 +300,13 @@ def main() -> int:
             "(instr over NULL no-op: over a do-nothing plugin that returns NULL for every "
             "event, so NCCL calls no stop or state on it)"
         )
-        _print_counts(
-            counts,
-            [
-                ("locked", "locked before", 14, 6, 2),
-                ("clock", "clock calls before", 19, 6, 2),
-                ("ir", "instr over no-op before", 24, 6, 0),
-                ("ir_floor", "over NULL no-op before", 23, 6, 0),
-                ("native_clock", "native clock calls before", 26, 8, 4),
-            ],
-        )
+        _print_counts(counts, _COUNT_COLUMNS)
         print(
             "\nShared mode (the two-thread rows' context, switched by a second thread's "
             "collective; callgrind runs the threads one at a time, so these are the shared "
             "path's instructions and locked RMWs, not its cache-line moves)"
         )
-        _print_counts(
-            counts,
-            [
-                ("locked_shared", "locked before", 14, 6, 2),
-                ("ir_shared", "instr over no-op before", 24, 6, 0),
-            ],
-        )
+        _print_counts(counts, _SHARED_COUNT_COLUMNS)
 
         if RUNS < 1:
             return 0
