@@ -16,6 +16,7 @@ from typing import Annotated
 import numpy as np
 import typer
 from artemis.agent.plugin_path import PluginNotFoundError, plugin_path
+from artemis.common.daemon_cli import LogJson
 from artemis.ring.reader import ReadBatch, RingError, RingReader, records_to_dicts
 
 DEFAULT_SHM_DIR = "/dev/shm/artemis"
@@ -191,7 +192,7 @@ def run_cmd(
     host: Annotated[
         str | None, typer.Option(help="Name this node reports (default hostname).")
     ] = None,
-    log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
+    log_json: LogJson = False,
 ) -> None:
     """Run the node agent: read rings, summarise windows, ship them to the coordinator."""
     from artemis.agent.config import AgentConfig

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
+import typer
 from artemis.common.exits import exit_error
 from artemis.common.tomlfile import ConfigError, load_config
 
 C = TypeVar("C", bound="DaemonConfig")
+
+# The daemons' --log-json flag (the config's log_json).
+LogJson = Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")]
 
 
 class DaemonConfig(Protocol):

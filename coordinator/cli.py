@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from artemis.common.daemon_cli import LogJson
 
 app = typer.Typer(
     help=(
@@ -60,7 +61,7 @@ def serve(
     report_dir: Annotated[
         Path | None, typer.Option(help="Write each job's HTML report here when it ends.")
     ] = None,
-    log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
+    log_json: LogJson = False,
 ) -> None:
     """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
     from artemis.common.daemon_cli import run_daemon
@@ -113,33 +114,36 @@ def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
+def _ask_ok(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
+    """``_ask``, ending the command with the coordinator's error when it refuses."""
+    reply = _ask(sock_path, req)
+    if not reply.get("ok"):
+        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
+        raise typer.Exit(1)
+    return reply
+
+
+ControlSocket = Annotated[Path, typer.Option("--socket", help="The coordinator's control socket.")]
+DEFAULT_SOCKET = Path("/run/artemis/coordinator.sock")
+
+
 @app.command("set")
 def set_(
     key: Annotated[str, typer.Argument(help="Setting name, e.g. suspect_ratio, rebalance.")],
     value: Annotated[str, typer.Argument(help="New value, e.g. 1.15 or apply.")],
-    socket_path: Annotated[
-        Path, typer.Option("--socket", help="The coordinator's control socket.")
-    ] = Path("/run/artemis/coordinator.sock"),
+    socket_path: ControlSocket = DEFAULT_SOCKET,
 ) -> None:
     """Change a detector setting of the running coordinator, without a restart."""
-    reply = _ask(socket_path, {"cmd": "set", "key": key, "value": value})
-    if not reply.get("ok"):
-        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
-        raise typer.Exit(1)
+    reply = _ask_ok(socket_path, {"cmd": "set", "key": key, "value": value})
     typer.echo(f"{key} = {reply['settings'][key]}")
 
 
 @app.command()
 def settings(
-    socket_path: Annotated[
-        Path, typer.Option("--socket", help="The coordinator's control socket.")
-    ] = Path("/run/artemis/coordinator.sock"),
+    socket_path: ControlSocket = DEFAULT_SOCKET,
 ) -> None:
     """Print the running coordinator's settings (TOML-like)."""
-    reply = _ask(socket_path, {"cmd": "get"})
-    if not reply.get("ok"):
-        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
-        raise typer.Exit(1)
+    reply = _ask_ok(socket_path, {"cmd": "get"})
     for k, v in reply.get("settings", {}).items():
         typer.echo(f"{k} = {json.dumps(v)}")
 
