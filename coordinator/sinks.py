@@ -24,7 +24,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 import structlog
@@ -71,31 +71,30 @@ def log_flags(findings: Iterable[Finding]) -> int:
     return n
 
 
-class FindingsWriter:
-    """Appends one JSON object per finding to `path`, one write per window.
+W = TypeVar("W", bound="_JsonlWriter")
+
+
+class _JsonlWriter:
+    """A record file: one JSON object per line, one write per batch.
 
     The lines go through `JsonlAppender` (common/diskio.py): on a full disk they
     wait in memory (bounded) and are written when space returns, whole lines
     only; `retention` rotates the file by size and age."""
 
+    KIND = ""  # the file's name in the appender's logs and health
+
     def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
         self.path = Path(path)
-        self.out = JsonlAppender(self.path, "findings", retention)
+        self.out = JsonlAppender(self.path, self.KIND, retention)
 
     @property
     def health(self) -> FileHealth:
         return self.out.health
 
-    def write(self, findings: Iterable[Finding]) -> int:
-        """Write one window's findings; returns the number of findings taken."""
-        batch = list(findings)
-        if not batch:
-            return 0
+    def _write_records(self, records: Iterable[Mapping[str, Any]]) -> None:
         self.out.write_lines(
-            json.dumps(f.to_json(), allow_nan=False, separators=(", ", ": ")) for f in batch
+            json.dumps(rec, allow_nan=False, separators=(", ", ": ")) for rec in records
         )
-        log_flags(batch)
-        return len(batch)
 
     def retry(self) -> None:
         self.out.retry()
@@ -103,11 +102,26 @@ class FindingsWriter:
     def close(self) -> None:
         self.out.close()
 
-    def __enter__(self) -> FindingsWriter:
+    def __enter__(self: W) -> W:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class FindingsWriter(_JsonlWriter):
+    """Appends one JSON object per finding to `path`, one write per window."""
+
+    KIND = "findings"
+
+    def write(self, findings: Iterable[Finding]) -> int:
+        """Write one window's findings; returns the number of findings taken."""
+        batch = list(findings)
+        if not batch:
+            return 0
+        self._write_records(f.to_json() for f in batch)
+        log_flags(batch)
+        return len(batch)
 
 
 INCIDENTS_FILE = "incidents.jsonl"
@@ -118,39 +132,19 @@ def incidents_path(findings: str | Path) -> Path:
     return Path(findings).parent / INCIDENTS_FILE
 
 
-class IncidentsWriter:
+class IncidentsWriter(_JsonlWriter):
     """Appends one JSON object per incident change (docs/DESIGN.md "Incidents"), one
-    write per batch, through `JsonlAppender` as the findings; the coordinator and
-    the in-process detector both write with it."""
+    write per batch, as the findings; the coordinator and the in-process detector
+    both write with it."""
 
-    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
-        self.path = Path(path)
-        self.out = JsonlAppender(self.path, "incidents", retention)
-
-    @property
-    def health(self) -> FileHealth:
-        return self.out.health
+    KIND = "incidents"
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> int:
         batch = list(records)
         if not batch:
             return 0
-        self.out.write_lines(
-            json.dumps(_clean(dict(rec)), allow_nan=False, separators=(", ", ": ")) for rec in batch
-        )
+        self._write_records(_clean(dict(rec)) for rec in batch)
         return len(batch)
-
-    def retry(self) -> None:
-        self.out.retry()
-
-    def close(self) -> None:
-        self.out.close()
-
-    def __enter__(self) -> IncidentsWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # --------------------------------------------------------------------------- sinks
