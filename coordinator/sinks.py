@@ -48,6 +48,7 @@ __all__ = [
     "Sinks",
     "StateFiles",
     "StoreOutputs",
+    "WriteSink",
     "incidents_path",
     "log_flags",
 ]
@@ -162,7 +163,14 @@ class Sink(Protocol):
         it through (None: the job has none to keep)."""
 
 
-class FindingsSink:
+class WriteSink:
+    """A sink whose writes are whole as they are made: nothing is left to commit."""
+
+    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
+        pass
+
+
+class FindingsSink(WriteSink):
     """The findings JSONL (and the `straggler` log line of each new flag)."""
 
     def __init__(self, writer: FindingsWriter) -> None:
@@ -173,11 +181,8 @@ class FindingsSink:
         if out.findings or scored_s is not None:
             self.writer.write(out.findings)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class IncidentsSink:
+class IncidentsSink(WriteSink):
     """The incident records, `incidents.jsonl` next to the findings."""
 
     def __init__(self, writer: IncidentsWriter) -> None:
@@ -187,11 +192,8 @@ class IncidentsSink:
         if out.incidents:
             self.writer.write(out.incidents)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class PlansSink:
+class PlansSink(WriteSink):
     """Plan events, the plans JSONL, each logged (an escalation at WARNING)."""
 
     def __init__(self, writer: PlansWriter) -> None:
@@ -212,11 +214,8 @@ class PlansSink:
             else:
                 log.info("rebalance plan", job=job, plan=ev.id, status=ev.status, reason=ev.reason)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class MetricsSink:
+class MetricsSink(WriteSink):
     """The `straggler_*` series of what was written (the scored window, its findings,
     incidents, plan events)."""
 
@@ -244,13 +243,11 @@ class MetricsSink:
             for ev in out.plans:
                 self.plans.observe(ev)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class StoreOutputs:
+class StoreOutputs(WriteSink):
     """The incident store: incident records and the per-window rows (the job's row is
-    written by the shell with `write_job`, before the window's outputs)."""
+    written by the shell with `write_job`, before the window's outputs). Each row is
+    queued as written (a later issue: one transaction with the state)."""
 
     def __init__(self, store: StoreSink) -> None:
         self.store = store
@@ -261,11 +258,8 @@ class StoreOutputs:
         if out.incident_rows:
             self.store.write_monitor_rows(out.incident_rows)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass  # each row is queued as written (a later issue: one transaction with the state)
 
-
-class MemorySink:
+class MemorySink(WriteSink):
     """The outputs kept in lists (the in-process detector's `findings`, `incidents`)."""
 
     def __init__(self) -> None:
@@ -275,9 +269,6 @@ class MemorySink:
     def write(self, job: str, out: MonitorOutput, scored_s: float | None = None) -> None:
         self.findings += out.findings
         self.incidents += out.incidents
-
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
 
 class StateFiles:
