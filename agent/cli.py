@@ -16,7 +16,7 @@ from typing import Annotated
 import numpy as np
 import typer
 from artemis.agent.plugin_path import PluginNotFoundError, plugin_path
-from artemis.common.exits import exit_error
+from artemis.common.daemon_cli import LogJson
 from artemis.ring.reader import ReadBatch, RingError, RingReader, records_to_dicts
 
 DEFAULT_SHM_DIR = "/dev/shm/artemis"
@@ -192,32 +192,18 @@ def run_cmd(
     host: Annotated[
         str | None, typer.Option(help="Name this node reports (default hostname).")
     ] = None,
-    log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
+    log_json: LogJson = False,
 ) -> None:
     """Run the node agent: read rings, summarise windows, ship them to the coordinator."""
     from artemis.agent.config import AgentConfig
-    from artemis.common.logs import setup_logging
-    from artemis.common.tomlfile import ConfigError, load_config
-
-    try:
-        cfg = load_config(
-            AgentConfig,
-            config,
-            {
-                "coordinator": coordinator,
-                "shm_dir": str(shm_dir) if shm_dir else None,
-                "secret_file": str(secret_file) if secret_file else None,
-                "host": host,
-                "log_json": log_json or None,
-            },
-        ).validated()
-    except ConfigError as e:
-        exit_error(e, EXIT_BAD_INPUT)
-    setup_logging(json_logs=cfg.log_json)
     from artemis.agent.run_main import main
-    from artemis.common.aio import run
+    from artemis.common.daemon_cli import run_daemon
 
-    try:
-        run(main(cfg))
-    except ConfigError as e:
-        exit_error(e, EXIT_BAD_INPUT)
+    flags = {
+        "coordinator": coordinator,
+        "shm_dir": shm_dir,
+        "secret_file": secret_file,
+        "host": host,
+        "log_json": log_json or None,
+    }
+    run_daemon(AgentConfig, config, flags, main)

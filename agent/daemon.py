@@ -561,13 +561,6 @@ class AgentDaemon(Lifecycle):
         self._last_scan = self._last_hb = self._last_tel = 0.0
         self._metrics: tuple[Any, Any] | None = None  # (server, thread) when served
 
-    async def serve(self) -> None:
-        try:
-            await self.startup()
-            await self.main_loop()
-        finally:
-            await self.shutdown()
-
     async def startup(self) -> None:
         from artemis.protocol.client import AgentIdentity, AgentLink
 

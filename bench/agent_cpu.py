@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -77,16 +76,6 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
 
 
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 class _Job:
     """RANKS ranks of one communicator, lockstep, rank 3 a little slow."""
 
@@ -117,6 +106,8 @@ class _Job:
 
 def run_once(busy: bool) -> tuple[float, float, int]:
     """(agent CPU seconds, wall seconds, rank-windows scored) over MEASURE_S."""
+    from artemis.sim.cluster import stop_process
+
     with tempfile.TemporaryDirectory(prefix="bench-agent-cpu-") as tmp:
         work = Path(tmp)
         secret = work / "secret"
@@ -183,10 +174,10 @@ def run_once(busy: bool) -> tuple[float, float, int]:
                     time.sleep(min(STEP_S, max(0.0, next_step - now)) if job else 0.05)
         finally:
             if agent is not None:
-                _stop(agent)
+                stop_process(agent)
             if job is not None:
                 job.close()
-            _stop(coord)
+            stop_process(coord)
 
 
 def main() -> int:

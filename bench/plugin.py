@@ -229,6 +229,36 @@ def _span(xs: list[float], fmt: str) -> str:
     return f"{med:{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
 
+# The callgrind tables' columns: (count key, header, width before, width after, decimals).
+_COUNT_COLUMNS = [
+    ("locked", "locked before", 14, 6, 2),
+    ("clock", "clock calls before", 19, 6, 2),
+    ("ir", "instr over no-op before", 24, 6, 0),
+    ("ir_floor", "over NULL no-op before", 23, 6, 0),
+    ("native_clock", "native clock calls before", 26, 8, 4),
+]
+_SHARED_COUNT_COLUMNS = [
+    ("locked_shared", "locked before", 14, 6, 2),
+    ("ir_shared", "instr over no-op before", 24, 6, 0),
+]
+
+
+def _print_counts(
+    counts: dict[str, dict[tuple[int, int], dict[str, float]]],
+    columns: list[tuple[str, str, int, int, int]],
+) -> None:
+    """One callgrind table, before against after: a row per ABI version and channel count."""
+    head = " ".join(f"{label:>{wb}} {'after':>{wa}}" for _, label, wb, wa, _ in columns)
+    print(f"{'ABI':<4} {'ch':>3} {head}")
+    for v in VERSIONS:
+        for nch in CHANNELS:
+            cb, ca = counts["before"][(v, nch)], counts["after"][(v, nch)]
+            cells = " ".join(
+                f"{cb[key]:>{wb}.{d}f} {ca[key]:>{wa}.{d}f}" for key, _, wb, wa, d in columns
+            )
+            print(f"v{v:<3} {nch:>3} {cells}")
+
+
 def main() -> int:
     for tool in ("cc", "make", "git", "valgrind"):
         if shutil.which(tool) is None:
@@ -270,38 +300,13 @@ def main() -> int:
             "(instr over NULL no-op: over a do-nothing plugin that returns NULL for every "
             "event, so NCCL calls no stop or state on it)"
         )
-        print(
-            f"{'ABI':<4} {'ch':>3} {'locked before':>14} {'after':>6} "
-            f"{'clock calls before':>19} {'after':>6} {'instr over no-op before':>24} {'after':>6} "
-            f"{'over NULL no-op before':>23} {'after':>6} "
-            f"{'native clock calls before':>26} {'after':>8}"
-        )
-        for v in VERSIONS:
-            for nch in CHANNELS:
-                cb, ca = counts["before"][(v, nch)], counts["after"][(v, nch)]
-                print(
-                    f"v{v:<3} {nch:>3} {cb['locked']:>14.2f} {ca['locked']:>6.2f} "
-                    f"{cb['clock']:>19.2f} {ca['clock']:>6.2f} {cb['ir']:>24.0f} {ca['ir']:>6.0f} "
-                    f"{cb['ir_floor']:>23.0f} {ca['ir_floor']:>6.0f} "
-                    f"{cb['native_clock']:>26.4f} {ca['native_clock']:>8.4f}"
-                )
-
+        _print_counts(counts, _COUNT_COLUMNS)
         print(
             "\nShared mode (the two-thread rows' context, switched by a second thread's "
             "collective; callgrind runs the threads one at a time, so these are the shared "
             "path's instructions and locked RMWs, not its cache-line moves)"
         )
-        print(
-            f"{'ABI':<4} {'ch':>3} {'locked before':>14} {'after':>6} "
-            f"{'instr over no-op before':>24} {'after':>6}"
-        )
-        for v in VERSIONS:
-            for nch in CHANNELS:
-                cb, ca = counts["before"][(v, nch)], counts["after"][(v, nch)]
-                print(
-                    f"v{v:<3} {nch:>3} {cb['locked_shared']:>14.2f} {ca['locked_shared']:>6.2f} "
-                    f"{cb['ir_shared']:>24.0f} {ca['ir_shared']:>6.0f}"
-                )
+        _print_counts(counts, _SHARED_COUNT_COLUMNS)
 
         if RUNS < 1:
             return 0

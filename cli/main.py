@@ -31,6 +31,10 @@ app.add_typer(incidents_app, name="incidents")
 app.command("regress")(regress_command)
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+# The port of the coordinator a command starts itself (`artemis sim`, `artemis run`).
+MetricsPort = Annotated[
+    int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
+]
 
 
 def _setup_logs(json_logs: bool = False) -> None:
@@ -46,9 +50,7 @@ def sim(
     plans_jsonl: Annotated[
         Path | None, typer.Option(help="Where rebalance plan events go (JSONL).")
     ] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
-    ] = None,
+    metrics_port: MetricsPort = None,
     speed: Annotated[
         str, typer.Option(help="virtual: as fast as the pipeline allows; realtime: true step time.")
     ] = "virtual",
@@ -283,9 +285,7 @@ def run(
         Path | None,
         typer.Option(help="Rebalance plan events JSONL (default: ./artemis-out/JOB/plans.jsonl)."),
     ] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
-    ] = None,
+    metrics_port: MetricsPort = None,
     rebalance: Annotated[
         str | None, typer.Option(help="off | recommend | apply (default: the config's).")
     ] = None,

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -75,16 +76,19 @@ class FileHealth:
     last_error: str = ""
     _loss_logged: bool = False
 
+    @property
+    def _log(self) -> Any:
+        """The logger with this output named in every line (file, path)."""
+        return log.bind(file=self.label, path=self.path)
+
     def failed(self, e: BaseException, what: str = "write") -> str:
         """Count a failed write; the first of an outage is logged as an ERROR."""
         reason = reason_of(e)
         self.errors[reason] += 1
         self.last_error = str(e)
         if not self.failing:
-            log.error(
+            self._log.error(
                 "write failed: output not written until space returns",
-                file=self.label,
-                path=self.path,
                 reason=reason,
                 what=what,
                 error=str(e),
@@ -94,9 +98,7 @@ class FileHealth:
 
     def ok(self) -> None:
         if self.failing:
-            log.info(
-                "writes resumed", file=self.label, path=self.path, lost=sum(self.lost.values())
-            )
+            self._log.info("writes resumed", lost=sum(self.lost.values()))
         self.failing = False
         self._loss_logged = False
 
@@ -107,12 +109,8 @@ class FileHealth:
         self.lost[reason] += n
         if not self._loss_logged:
             self._loss_logged = True
-            log.error(
-                "output lost (counted in straggler_write_lost_total)",
-                file=self.label,
-                path=self.path,
-                n=n,
-                reason=reason,
+            self._log.error(
+                "output lost (counted in straggler_write_lost_total)", n=n, reason=reason
             )
 
 

@@ -24,7 +24,8 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Lifecycle:
-    """The exit flags and the wake-up a main loop waits on between ticks."""
+    """The exit flags, the wake-up a main loop waits on between ticks, and ``serve``
+    around the daemon's ``startup``, ``main_loop`` and ``shutdown``."""
 
     def __init__(self) -> None:
         self._should_exit = False
@@ -47,6 +48,23 @@ class Lifecycle:
             self.force_exit = True
         self.should_exit = True
         log.info("exit requested", signal=signal.Signals(sig).name if sig else None)
+
+    async def serve(self) -> None:
+        """Run the daemon: start it, loop until asked to exit, and always shut it down."""
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+
+    async def startup(self) -> None:
+        raise NotImplementedError
+
+    async def main_loop(self) -> None:
+        raise NotImplementedError
+
+    async def shutdown(self) -> None:
+        raise NotImplementedError
 
     async def wait_tick(self, seconds: float) -> None:
         """Sleep until the next tick, or less when exit is asked for."""

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from artemis.common.exits import exit_error
-from artemis.common.tomlfile import ConfigError
+from artemis.common.daemon_cli import LogJson
 
 app = typer.Typer(
     help=(
@@ -62,41 +61,27 @@ def serve(
     report_dir: Annotated[
         Path | None, typer.Option(help="Write each job's HTML report here when it ends.")
     ] = None,
-    log_json: Annotated[bool, typer.Option("--log-json", help="Logs as JSON lines.")] = False,
+    log_json: LogJson = False,
 ) -> None:
     """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
-    from artemis.common.logs import setup_logging
-    from artemis.common.tomlfile import load_config
+    from artemis.common.daemon_cli import run_daemon
     from artemis.coordinator.config import CoordinatorConfig
-
-    try:
-        cfg = load_config(
-            CoordinatorConfig,
-            config,
-            {
-                "listen": listen,
-                "metrics_port": metrics_port,
-                "jsonl": str(jsonl) if jsonl else None,
-                "plans_jsonl": str(plans_jsonl) if plans_jsonl else None,
-                "journal": str(journal) if journal else None,
-                "dumps_dir": str(dumps_dir) if dumps_dir else None,
-                "secret_file": str(secret_file) if secret_file else None,
-                "control_socket": str(control_socket) if control_socket else None,
-                "store": store,
-                "report_dir": str(report_dir) if report_dir else None,
-                "log_json": log_json or None,
-            },
-        ).validated()
-    except ConfigError as e:
-        exit_error(e)
-    setup_logging(json_logs=cfg.log_json)
-    from artemis.common.aio import run
     from artemis.coordinator.server_main import main
 
-    try:
-        run(main(cfg))
-    except ConfigError as e:
-        exit_error(e)
+    flags = {
+        "listen": listen,
+        "metrics_port": metrics_port,
+        "jsonl": jsonl,
+        "plans_jsonl": plans_jsonl,
+        "journal": journal,
+        "dumps_dir": dumps_dir,
+        "secret_file": secret_file,
+        "control_socket": control_socket,
+        "store": store,
+        "report_dir": report_dir,
+        "log_json": log_json or None,
+    }
+    run_daemon(CoordinatorConfig, config, flags, main)
 
 
 def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
@@ -129,33 +114,36 @@ def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
+def _ask_ok(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:
+    """``_ask``, ending the command with the coordinator's error when it refuses."""
+    reply = _ask(sock_path, req)
+    if not reply.get("ok"):
+        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
+        raise typer.Exit(1)
+    return reply
+
+
+ControlSocket = Annotated[Path, typer.Option("--socket", help="The coordinator's control socket.")]
+DEFAULT_SOCKET = Path("/run/artemis/coordinator.sock")
+
+
 @app.command("set")
 def set_(
     key: Annotated[str, typer.Argument(help="Setting name, e.g. suspect_ratio, rebalance.")],
     value: Annotated[str, typer.Argument(help="New value, e.g. 1.15 or apply.")],
-    socket_path: Annotated[
-        Path, typer.Option("--socket", help="The coordinator's control socket.")
-    ] = Path("/run/artemis/coordinator.sock"),
+    socket_path: ControlSocket = DEFAULT_SOCKET,
 ) -> None:
     """Change a detector setting of the running coordinator, without a restart."""
-    reply = _ask(socket_path, {"cmd": "set", "key": key, "value": value})
-    if not reply.get("ok"):
-        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
-        raise typer.Exit(1)
+    reply = _ask_ok(socket_path, {"cmd": "set", "key": key, "value": value})
     typer.echo(f"{key} = {reply['settings'][key]}")
 
 
 @app.command()
 def settings(
-    socket_path: Annotated[
-        Path, typer.Option("--socket", help="The coordinator's control socket.")
-    ] = Path("/run/artemis/coordinator.sock"),
+    socket_path: ControlSocket = DEFAULT_SOCKET,
 ) -> None:
     """Print the running coordinator's settings (TOML-like)."""
-    reply = _ask(socket_path, {"cmd": "get"})
-    if not reply.get("ok"):
-        typer.echo(f"error: {reply.get('error', 'refused')}", err=True)
-        raise typer.Exit(1)
+    reply = _ask_ok(socket_path, {"cmd": "get"})
     for k, v in reply.get("settings", {}).items():
         typer.echo(f"{k} = {json.dumps(v)}")
 

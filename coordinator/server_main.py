@@ -62,13 +62,6 @@ class CoordinatorServer(Lifecycle):
         self._ctl: asyncio.base_events.Server | None = None
         self._mserver: Any = None
 
-    async def serve(self) -> None:
-        try:
-            await self.startup()
-            await self.main_loop()
-        finally:
-            await self.shutdown()
-
     async def startup(self) -> None:
         cfg = self.cfg
         try:

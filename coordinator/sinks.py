@@ -24,7 +24,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 import structlog
@@ -48,6 +48,7 @@ __all__ = [
     "Sinks",
     "StateFiles",
     "StoreOutputs",
+    "WriteSink",
     "incidents_path",
     "log_flags",
 ]
@@ -71,31 +72,30 @@ def log_flags(findings: Iterable[Finding]) -> int:
     return n
 
 
-class FindingsWriter:
-    """Appends one JSON object per finding to `path`, one write per window.
+W = TypeVar("W", bound="_JsonlWriter")
+
+
+class _JsonlWriter:
+    """A record file: one JSON object per line, one write per batch.
 
     The lines go through `JsonlAppender` (common/diskio.py): on a full disk they
     wait in memory (bounded) and are written when space returns, whole lines
     only; `retention` rotates the file by size and age."""
 
+    KIND = ""  # the file's name in the appender's logs and health
+
     def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
         self.path = Path(path)
-        self.out = JsonlAppender(self.path, "findings", retention)
+        self.out = JsonlAppender(self.path, self.KIND, retention)
 
     @property
     def health(self) -> FileHealth:
         return self.out.health
 
-    def write(self, findings: Iterable[Finding]) -> int:
-        """Write one window's findings; returns the number of findings taken."""
-        batch = list(findings)
-        if not batch:
-            return 0
+    def _write_records(self, records: Iterable[Mapping[str, Any]]) -> None:
         self.out.write_lines(
-            json.dumps(f.to_json(), allow_nan=False, separators=(", ", ": ")) for f in batch
+            json.dumps(rec, allow_nan=False, separators=(", ", ": ")) for rec in records
         )
-        log_flags(batch)
-        return len(batch)
 
     def retry(self) -> None:
         self.out.retry()
@@ -103,11 +103,26 @@ class FindingsWriter:
     def close(self) -> None:
         self.out.close()
 
-    def __enter__(self) -> FindingsWriter:
+    def __enter__(self: W) -> W:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class FindingsWriter(_JsonlWriter):
+    """Appends one JSON object per finding to `path`, one write per window."""
+
+    KIND = "findings"
+
+    def write(self, findings: Iterable[Finding]) -> int:
+        """Write one window's findings; returns the number of findings taken."""
+        batch = list(findings)
+        if not batch:
+            return 0
+        self._write_records(f.to_json() for f in batch)
+        log_flags(batch)
+        return len(batch)
 
 
 INCIDENTS_FILE = "incidents.jsonl"
@@ -118,39 +133,19 @@ def incidents_path(findings: str | Path) -> Path:
     return Path(findings).parent / INCIDENTS_FILE
 
 
-class IncidentsWriter:
+class IncidentsWriter(_JsonlWriter):
     """Appends one JSON object per incident change (docs/DESIGN.md "Incidents"), one
-    write per batch, through `JsonlAppender` as the findings; the coordinator and
-    the in-process detector both write with it."""
+    write per batch, as the findings; the coordinator and the in-process detector
+    both write with it."""
 
-    def __init__(self, path: str | Path, retention: Retention | None = None) -> None:
-        self.path = Path(path)
-        self.out = JsonlAppender(self.path, "incidents", retention)
-
-    @property
-    def health(self) -> FileHealth:
-        return self.out.health
+    KIND = "incidents"
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> int:
         batch = list(records)
         if not batch:
             return 0
-        self.out.write_lines(
-            json.dumps(_clean(dict(rec)), allow_nan=False, separators=(", ", ": ")) for rec in batch
-        )
+        self._write_records(_clean(dict(rec)) for rec in batch)
         return len(batch)
-
-    def retry(self) -> None:
-        self.out.retry()
-
-    def close(self) -> None:
-        self.out.close()
-
-    def __enter__(self) -> IncidentsWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # --------------------------------------------------------------------------- sinks
@@ -168,7 +163,14 @@ class Sink(Protocol):
         it through (None: the job has none to keep)."""
 
 
-class FindingsSink:
+class WriteSink:
+    """A sink whose writes are whole as they are made: nothing is left to commit."""
+
+    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
+        pass
+
+
+class FindingsSink(WriteSink):
     """The findings JSONL (and the `straggler` log line of each new flag)."""
 
     def __init__(self, writer: FindingsWriter) -> None:
@@ -179,11 +181,8 @@ class FindingsSink:
         if out.findings or scored_s is not None:
             self.writer.write(out.findings)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class IncidentsSink:
+class IncidentsSink(WriteSink):
     """The incident records, `incidents.jsonl` next to the findings."""
 
     def __init__(self, writer: IncidentsWriter) -> None:
@@ -193,11 +192,8 @@ class IncidentsSink:
         if out.incidents:
             self.writer.write(out.incidents)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class PlansSink:
+class PlansSink(WriteSink):
     """Plan events, the plans JSONL, each logged (an escalation at WARNING)."""
 
     def __init__(self, writer: PlansWriter) -> None:
@@ -218,11 +214,8 @@ class PlansSink:
             else:
                 log.info("rebalance plan", job=job, plan=ev.id, status=ev.status, reason=ev.reason)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class MetricsSink:
+class MetricsSink(WriteSink):
     """The `straggler_*` series of what was written (the scored window, its findings,
     incidents, plan events)."""
 
@@ -250,13 +243,11 @@ class MetricsSink:
             for ev in out.plans:
                 self.plans.observe(ev)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
-
-class StoreOutputs:
+class StoreOutputs(WriteSink):
     """The incident store: incident records and the per-window rows (the job's row is
-    written by the shell with `write_job`, before the window's outputs)."""
+    written by the shell with `write_job`, before the window's outputs). Each row is
+    queued as written (a later issue: one transaction with the state)."""
 
     def __init__(self, store: StoreSink) -> None:
         self.store = store
@@ -267,11 +258,8 @@ class StoreOutputs:
         if out.incident_rows:
             self.store.write_monitor_rows(out.incident_rows)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass  # each row is queued as written (a later issue: one transaction with the state)
 
-
-class MemorySink:
+class MemorySink(WriteSink):
     """The outputs kept in lists (the in-process detector's `findings`, `incidents`)."""
 
     def __init__(self) -> None:
@@ -281,9 +269,6 @@ class MemorySink:
     def write(self, job: str, out: MonitorOutput, scored_s: float | None = None) -> None:
         self.findings += out.findings
         self.incidents += out.incidents
-
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
-        pass
 
 
 class StateFiles:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,9 @@ from artemis.detect import scoring
 from artemis.detect.arrays import F64, I64, pack, unpack
 from artemis.detect.settings import Settings
 from artemis.detect.tuning import DIAG_PEERS, NOISE_RECENT, NOISE_WINDOWS, SIGMA_FLOOR
+
+T = TypeVar("T")
+Ready = npt.NDArray[np.bool_]  # per rank: its baseline is in use
 
 
 class RankHistory:
@@ -35,9 +38,8 @@ class RankHistory:
         # per recent window: each rank's change in log gap less its group's (see NOISE_WINDOWS)
         self.live_noise: deque[F64] = deque(maxlen=NOISE_WINDOWS)
         self.dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
-        self._ratio_cache: tuple[tuple[int, bool], tuple[F64, F64]] | None = None
-        self._gap_noise_cache: tuple[tuple[int, bool], F64] | None = None
-        self._base_cache: tuple[tuple[int, bool], F64] | None = None
+        # the warm-up statistics by name, each with the key it was computed at (`_warm`)
+        self._cache: dict[str, tuple[tuple[int, bool], Any]] = {}
         self.samples_version = 0
 
     @property
@@ -94,56 +96,55 @@ class RankHistory:
 
     # -- baselines and noise --------------------------------------------------
 
-    def _ready(self, window: int, s: Settings) -> tuple[tuple[int, bool], npt.NDArray[np.bool_]]:
-        """The cache key of the warm-up medians, and the ranks whose baseline is in use:
-        a full warm-up, or any once the warm-up windows are past."""
+    def _warm(self, name: str, window: int, s: Settings, compute: Callable[[Ready], T]) -> T:
+        """A per-rank statistic of the warm-up samples, computed over the ranks whose
+        baseline is in use (a full warm-up, or any once the warm-up windows are past).
+        It changes only while warm-up samples are fed: cached until then (a nanmedian
+        over every rank was a third of a window's scoring)."""
+        key = (self.samples_version, window > s.warmup_windows)
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == key:
+            return cast(T, hit[1])
         cnt = self.rank_count
-        ready = (cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows))
-        return (self.samples_version, window > s.warmup_windows), ready
+        value = compute((cnt > 0) & ((cnt >= s.warmup_windows) | (window > s.warmup_windows)))
+        self._cache[name] = (key, value)
+        return value
 
     def baseline(self, window: int, s: Settings) -> F64:
         """Per rank: the median of its warm-up gaps (NaN until in use)."""
-        # Baselines change only while warm-up samples are fed: reuse the medians
-        # (a nanmedian over every rank was a third of a window's scoring).
-        key = (self.samples_version, window > s.warmup_windows)
-        if self._base_cache is not None and self._base_cache[0] == key:
-            return self._base_cache[1]
-        key, ready = self._ready(window, s)
+        return self._warm("baseline", window, s, self._median_gap)
+
+    def _median_gap(self, ready: Ready) -> F64:
         out = np.full(ready.size, np.nan)
         if ready.any():
             with np.errstate(all="ignore"):
                 med = np.nanmedian(self.rank_samples[ready], axis=1)
             out[ready] = med
-        self._base_cache = (key, out)
         return out
 
     def gap_noise(self, window: int, s: Settings) -> F64:
         """Per rank: the robust sd of its warm-up log gaps around their median, no less
         than the median of every rank's (five samples can be small by luck) and
         SIGMA_FLOOR; NaN until its baseline is in use."""
-        key = (self.samples_version, window > s.warmup_windows)
-        if self._gap_noise_cache is not None and self._gap_noise_cache[0] == key:
-            return self._gap_noise_cache[1]
-        key, ready = self._ready(window, s)
+        return self._warm("gap_noise", window, s, self._gap_sd)
+
+    def _gap_sd(self, ready: Ready) -> F64:
         sd = np.full(ready.size, np.nan)
         if ready.any():
             with np.errstate(all="ignore"):
                 x = np.log(self.rank_samples[ready])
             sd[ready] = _spread(x)[1]
-        self._gap_noise_cache = (key, sd)
         return sd
 
     def ratio_baseline(self, window: int, s: Settings) -> tuple[F64, F64]:
         """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
-        key = (self.samples_version, window > s.warmup_windows)
-        if self._ratio_cache is not None and self._ratio_cache[0] == key:
-            return self._ratio_cache[1]
-        key, ready = self._ready(window, s)
+        return self._warm("ratio", window, s, self._ratio_spread)
+
+    def _ratio_spread(self, ready: Ready) -> tuple[F64, F64]:
         base = np.full(ready.size, np.nan)
         sd = np.full(ready.size, np.nan)
         if ready.any():
             base[ready], sd[ready] = _spread(self.ratio_samples[ready])
-        self._ratio_cache = (key, (base, sd))
         return base, sd
 
     def noise_now(self) -> float:

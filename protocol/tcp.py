@@ -37,25 +37,17 @@ from typing import Any
 import structlog
 from artemis.common.aio import cancel_all
 from artemis.protocol.codec import DEFAULT_MAX_FRAME, HEADER
-from artemis.protocol.transport import ChannelClosed, Handler, TlsRefused
+from artemis.protocol.transport import (
+    ChannelClosed,
+    Handler,
+    TlsRefused,
+    format_address,
+    parse_address,
+)
 
 log = structlog.get_logger("artemis.protocol.tcp")
 
 BACKLOG = 4096
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port); raises ValueError with the bad input."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
-        raise ValueError(f"address must be HOST:PORT, got {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port)
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def server_ssl_context(

@@ -24,6 +24,21 @@ import structlog
 log = structlog.get_logger("artemis.protocol.transport")
 
 
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); raises ValueError with the bad input."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ValueError(f"address must be HOST:PORT, got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    """(host, port) -> ``host:port``, an IPv6 host in brackets (what ``parse_address`` reads)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ChannelClosed(ConnectionError):
     """The peer went away or the channel was closed; no more frames will come."""
 

@@ -102,93 +102,111 @@ def pace_title(inc: Mapping[str, Any]) -> str:
     return f"Pace: compute gap against the peers' median ({who} highlighted)"
 
 
-def pace_chart(
-    inc: Mapping[str, Any],
-    job_rows: Sequence[Mapping[str, Any]],
-    subj_rows: Sequence[Mapping[str, Any]],
-    slug: str,
-) -> str:
-    lo, hi = _x_range(inc, list(job_rows) + list(subj_rows))
-    jr = _decimate_rows(_in(job_rows, lo, hi), ["ratio_p10"], ["ratio_p90"], ["ratio_p50"])
-    sr = _decimate_rows(_in(subj_rows, lo, hi), [], [], ["ratio"])
-    bands = []
-    if any(v is not None for v in _col(jr, "ratio_p50")):
-        bands.append(
-            svg.Band(
-                "peers",
-                "peers p10–p90, p50",
-                [float(r["window"]) for r in jr],
-                _col(jr, "ratio_p10"),
-                _col(jr, "ratio_p90"),
-                _col(jr, "ratio_p50"),
-            )
-        )
-    lines = []
-    if sr:
-        lines.append(
-            svg.Line(
-                "subject",
-                subject_name(inc),
-                [float(r["window"]) for r in sr],
-                _col(sr, "ratio"),
-                color=svg.SUBJECT,
-                width=2.2,
-            )
-        )
-    note = "" if bands else "peer bands not recorded for these windows"
-    return svg.line_chart(
-        svg.Chart(
-            f"pace-{slug}",
-            "pace",
-            pace_title(inc),
-            "gap ratio",
-            (lo, hi),
-            lines=lines,
-            bands=bands,
-            markers=_markers(inc),
-            ref_y=1.0,
-            note=note,
-        )
-    )
+# The job-wide charts under the pace plot: (key, css kind, title, unit, series label,
+# colour, what is said when the series was not recorded).
+_JOB_CHARTS = (
+    (
+        "step",
+        "step",
+        "Step time (the whole job)",
+        "ms",
+        "step_ms",
+        "step time",
+        svg.INK,
+        "step time not recorded",
+    ),
+    (
+        "tput",
+        "throughput",
+        "Useful throughput (the whole job)",
+        "samples/s",
+        "samples_per_s",
+        "samples/s",
+        svg.PEERS,
+        "useful throughput not measured (no global batch known)",
+    ),
+)
 
 
-def step_charts(
-    inc: Mapping[str, Any],
-    job_rows: Sequence[Mapping[str, Any]],
-    subj_rows: Sequence[Mapping[str, Any]],
-    slug: str,
-) -> str:
-    lo, hi = _x_range(inc, list(job_rows) + list(subj_rows))
-    jr = _decimate_rows(_in(job_rows, lo, hi), [], [], ["step_ms", "samples_per_s"])
-    xs = [float(r["window"]) for r in jr]
-    step = _col(jr, "step_ms")
-    tput = _col(jr, "samples_per_s")
-    out = svg.line_chart(
-        svg.Chart(
-            f"step-{slug}",
-            "step",
-            "Step time (the whole job)",
-            "ms",
-            (lo, hi),
-            lines=[svg.Line("step_ms", "step time", xs, step, color=svg.INK)] if jr else [],
-            markers=_markers(inc),
-            height=170,
-            note="" if any(v is not None for v in step) else "step time not recorded",
+class IncidentCharts:
+    """The line charts of one incident's report (its pace, then the job's step time and
+    useful throughput), all over one range of windows: the incident's with context,
+    within what the job's and the subject's rows cover."""
+
+    def __init__(
+        self,
+        inc: Mapping[str, Any],
+        job_rows: Sequence[Mapping[str, Any]],
+        subj_rows: Sequence[Mapping[str, Any]],
+        slug: str,
+    ) -> None:
+        self.inc, self.job_rows, self.subj_rows, self.slug = inc, job_rows, subj_rows, slug
+        self.lo, self.hi = _x_range(inc, list(job_rows) + list(subj_rows))
+
+    def pace(self) -> str:
+        inc, lo, hi = self.inc, self.lo, self.hi
+        jr = _decimate_rows(_in(self.job_rows, lo, hi), ["ratio_p10"], ["ratio_p90"], ["ratio_p50"])
+        sr = _decimate_rows(_in(self.subj_rows, lo, hi), [], [], ["ratio"])
+        bands = []
+        if any(v is not None for v in _col(jr, "ratio_p50")):
+            bands.append(
+                svg.Band(
+                    "peers",
+                    "peers p10–p90, p50",
+                    [float(r["window"]) for r in jr],
+                    _col(jr, "ratio_p10"),
+                    _col(jr, "ratio_p90"),
+                    _col(jr, "ratio_p50"),
+                )
+            )
+        lines = []
+        if sr:
+            lines.append(
+                svg.Line(
+                    "subject",
+                    subject_name(inc),
+                    [float(r["window"]) for r in sr],
+                    _col(sr, "ratio"),
+                    color=svg.SUBJECT,
+                    width=2.2,
+                )
+            )
+        note = "" if bands else "peer bands not recorded for these windows"
+        return svg.line_chart(
+            svg.Chart(
+                f"pace-{self.slug}",
+                "pace",
+                pace_title(inc),
+                "gap ratio",
+                (lo, hi),
+                lines=lines,
+                bands=bands,
+                markers=_markers(inc),
+                ref_y=1.0,
+                note=note,
+            )
         )
-    )
-    out += svg.line_chart(
-        svg.Chart(
-            f"tput-{slug}",
-            "throughput",
-            "Useful throughput (the whole job)",
-            "samples/s",
-            (lo, hi),
-            lines=[svg.Line("samples_per_s", "samples/s", xs, tput, color=svg.PEERS)] if jr else [],
-            markers=_markers(inc),
-            height=170,
-            note=""
-            if any(v is not None for v in tput)
-            else "useful throughput not measured (no global batch known)",
-        )
-    )
-    return out
+
+    def job_charts(self) -> str:
+        """Step time, then useful throughput, of the whole job."""
+        lo, hi = self.lo, self.hi
+        keys = [c[4] for c in _JOB_CHARTS]
+        jr = _decimate_rows(_in(self.job_rows, lo, hi), [], [], keys)
+        xs = [float(r["window"]) for r in jr]
+        out = ""
+        for key, kind, title, unit, col, label, color, missing in _JOB_CHARTS:
+            ys = _col(jr, col)
+            out += svg.line_chart(
+                svg.Chart(
+                    f"{key}-{self.slug}",
+                    kind,
+                    title,
+                    unit,
+                    (lo, hi),
+                    lines=[svg.Line(col, label, xs, ys, color=color)] if jr else [],
+                    markers=_markers(self.inc),
+                    height=170,
+                    note="" if any(v is not None for v in ys) else missing,
+                )
+            )
+        return out

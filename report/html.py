@@ -16,7 +16,7 @@ from html import escape
 from typing import Any
 
 from . import svg
-from .charts import pace_chart, step_charts
+from .charts import IncidentCharts
 from .story import (
     fmt_hours,
     fmt_num,
@@ -249,13 +249,14 @@ def incident_section(
         f" · windows {window_of(opened)}–{window_of(closed) if closed else 'now'}"
         f"{' · ' + escape(when) if when else ''}</p>"
     )
+    charts = IncidentCharts(inc, job_rows, subj_rows, slug)
     parts = [
         _part("story", "What happened", f'<p class="story">{escape(story(inc))}</p>'),
-        _part("pace", "Pace", f"<figure>{pace_chart(inc, job_rows, subj_rows, slug)}</figure>"),
+        _part("pace", "Pace", f"<figure>{charts.pace()}</figure>"),
         _part(
             "throughput",
             "Step time and useful throughput",
-            f"<figure>{step_charts(inc, job_rows, subj_rows, slug)}</figure>",
+            f"<figure>{charts.job_charts()}</figure>",
         ),
         _part("evidence", "Evidence against peers", evidence_part(inc, slug)),
         _part("cost", "Cost", cost_part(inc)),

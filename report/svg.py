@@ -32,12 +32,18 @@ CHAR_W = 6.2  # an estimate of one 11px sans-serif character's width, for label 
 
 
 @dataclass(frozen=True)
-class Line:
-    """One series drawn as a polyline; a None y breaks the line."""
+class _Series:
+    """What every drawn series has: its key (CSS class), its legend label, its x values."""
 
     key: str
     label: str
     xs: Sequence[float]
+
+
+@dataclass(frozen=True)
+class Line(_Series):
+    """One series drawn as a polyline; a None y breaks the line."""
+
     ys: Sequence[float | None]
     color: str = INK
     width: float = 1.5
@@ -45,12 +51,9 @@ class Line:
 
 
 @dataclass(frozen=True)
-class Band:
+class Band(_Series):
     """A shaded area between lo and hi (peers' p10..p90), with an optional mid line (p50)."""
 
-    key: str
-    label: str
-    xs: Sequence[float]
     lo: Sequence[float | None]
     hi: Sequence[float | None]
     mid: Sequence[float | None] | None = None
@@ -344,24 +347,25 @@ def line_chart(chart: Chart) -> str:
             f'<text x="{x + 3:.1f}" y="{ly:.1f}" font-size="11" fill="{color}">'
             f"{escape(m.label)}</text></g>"
         )
-    # Legend: the series in drawing order.
+    # Legend: the series in drawing order, laid out from the right; one swatch each.
     lx: float = ml + pw
     legend: list[str] = []
-    for ln in reversed(chart.lines):
-        lw = len(ln.label) * CHAR_W + 26
-        lx -= lw
+    series: list[Line | Band] = [*reversed(chart.lines), *reversed(chart.bands)]
+    for sr in series:
+        lx -= len(sr.label) * CHAR_W + 26
+        if isinstance(sr, Line):
+            swatch = (
+                f'<line x1="{lx:.1f}" x2="{lx + 16:.1f}" y1="10" y2="10" stroke="{sr.color}" '
+                f'stroke-width="{sr.width + 0.5}"/>'
+            )
+        else:
+            swatch = (
+                f'<rect x="{lx:.1f}" y="5" width="16" height="10" fill="{sr.color}" '
+                f'fill-opacity="0.25" stroke="{sr.color}"/>'
+            )
         legend.append(
-            f'<line x1="{lx:.1f}" x2="{lx + 16:.1f}" y1="10" y2="10" stroke="{ln.color}" '
-            f'stroke-width="{ln.width + 0.5}"/><text x="{lx + 20:.1f}" y="14" font-size="10" '
-            f'fill="#333">{escape(ln.label)}</text>'
-        )
-    for b in reversed(chart.bands):
-        lw = len(b.label) * CHAR_W + 26
-        lx -= lw
-        legend.append(
-            f'<rect x="{lx:.1f}" y="5" width="16" height="10" fill="{b.color}" '
-            f'fill-opacity="0.25" stroke="{b.color}"/><text x="{lx + 20:.1f}" y="14" '
-            f'font-size="10" fill="#333">{escape(b.label)}</text>'
+            f'{swatch}<text x="{lx + 20:.1f}" y="14" font-size="10" '
+            f'fill="#333">{escape(sr.label)}</text>'
         )
     out.append('<g class="legend">' + "".join(legend) + "</g>")
     if chart.note:

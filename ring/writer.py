@@ -90,6 +90,8 @@ def _fixed(name: str) -> bytes:
 class RingWriter:
     """Creates ``<job>.<comm %016x>.r<rank>.ring`` in ``shm_dir``; one writer per ring."""
 
+    COMM_NAME = ""  # the header's comm_name when none is given
+
     def __init__(
         self,
         shm_dir: str | os.PathLike[str],
@@ -103,7 +105,7 @@ class RingWriter:
         clock_kind: str = "device_ns",
         tick_hz: int = 0,
         tick_source: str | None = None,
-        comm_name: str = "",
+        comm_name: str | None = None,
         host: str | None = None,
         global_rank: int | None = None,
         cpu_times: bool = False,
@@ -122,6 +124,8 @@ class RingWriter:
         rule) and ``torch`` (its version) go into the ring's env sidecar
         (``ring_format``, "the env sidecar") when either is given; a sidecar the file
         system refuses leaves WRITER_ENV clear and the ring is made all the same."""
+        if comm_name is None:
+            comm_name = self.COMM_NAME
         if capacity < rf.MIN_SLOTS or capacity > rf.MAX_SLOTS or capacity & (capacity - 1):
             raise ValueError(
                 f"capacity {capacity} is not a power of two in [{rf.MIN_SLOTS}, {rf.MAX_SLOTS}]"
@@ -364,36 +368,7 @@ class BridgeRingWriter(RingWriter):
     """A ring of ``ARTEMIS_KIND_BRIDGE`` records (comm_name "bridge": the agent routes
     them to the rank's main ring)."""
 
-    def __init__(
-        self,
-        shm_dir: str | os.PathLike[str],
-        job: str,
-        comm_hash: int,
-        rank: int,
-        nranks: int,
-        capacity: int = rf.DEFAULT_SLOTS,
-        *,
-        nnodes: int = 1,
-        clock_kind: str = "device_ns",
-        tick_hz: int = 0,
-        comm_name: str = "bridge",
-        host: str | None = None,
-        global_rank: int | None = None,
-    ) -> None:
-        super().__init__(
-            shm_dir,
-            job,
-            comm_hash,
-            rank,
-            nranks,
-            capacity,
-            nnodes=nnodes,
-            clock_kind=clock_kind,
-            tick_hz=tick_hz,
-            comm_name=comm_name,
-            host=host,
-            global_rank=global_rank,
-        )
+    COMM_NAME = "bridge"
 
     def append(
         self,

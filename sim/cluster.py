@@ -399,14 +399,18 @@ class SimCluster:
         order += [n for n in procs if n.startswith("agent-")]
         order += [n for n in procs if n == "coordinator"]
         for n in order:
-            p = procs[n]
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(procs[n])
+
+
+def stop_process(p: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """SIGTERM (a daemon flushes its outputs on it), then SIGKILL past ``timeout_s``."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _has_kind(path: Path, kind: str) -> bool:

@@ -61,7 +61,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget, RunningTotals, call_or_none
+from artemis.agent.telemetry.base import GpuLibrarySource, RankTarget, call_or_none
 from artemis.agent.telemetry.nvml import gpu_from_environ, read_environ
 
 # PCIe transfer rate per lane (MT/s) of each generation.
@@ -130,25 +130,15 @@ def rocm_version(v: Any) -> str | None:
     return f"rocm-{m.group(1)}" if m else None
 
 
-class AmdSmiSource:
+class AmdSmiSource(GpuLibrarySource):
     """AMD GPU clocks, temperature, power, throttle flags and PCIe link via amdsmi."""
 
     name = "amdsmi"
 
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
-        self.root = root
+        super().__init__(root)
         self._smi: Any = None
         self._handles: list[Any] = []
-        self._state: tuple[bool, str] | None = None
-        self._pid_gpu: dict[int, int] = {}
-        self._ident: dict[int, dict[str, object]] = {}
-        self._totals = RunningTotals()
-
-    def available(self) -> tuple[bool, str]:
-        """(True, "") when amdsmi works and sees a GPU, else (False, why)."""
-        if self._state is None:
-            self._state = self._init()
-        return self._state
 
     def _init(self) -> tuple[bool, str]:
         try:
@@ -186,21 +176,12 @@ class AmdSmiSource:
                 pids.add(info["pid"])
         return pids
 
-    def gpu_index(self, target: RankTarget) -> int | None:
-        if target.gpu_index is not None:
-            return target.gpu_index
-        if target.pid is None or not self.available()[0]:
-            return None
-        pid = target.pid
-        if pid not in self._pid_gpu:
-            found = next((i for i, h in enumerate(self._handles) if pid in self._pids(h)), None)
-            if found is None:
-                entry = gpu_from_environ_amd(read_environ(pid, self.root))
-                found = entry if isinstance(entry, int) else None
-            if found is None:
-                return None
-            self._pid_gpu[pid] = found
-        return self._pid_gpu[pid]
+    def _find_gpu(self, pid: int) -> int | None:
+        found = next((i for i, h in enumerate(self._handles) if pid in self._pids(h)), None)
+        if found is None:
+            entry = gpu_from_environ_amd(read_environ(pid, self.root))
+            found = entry if isinstance(entry, int) else None
+        return found
 
     def software(self, target: RankTarget) -> dict[str, str]:
         """The rank's part of its software fingerprint (agent/fingerprint.py): its GPU's

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -201,6 +202,46 @@ class RunningTotals:
 
     def get(self, name: str, scope: object = None) -> int | None:
         return self._totals.get((scope, name))
+
+
+class GpuLibrarySource:
+    """What the vendor-library GPU sources (NVML, AMD SMI) share: the library is opened
+    once, on first use, and each rank's GPU is looked up once per pid. A subclass gives
+    ``_init`` (open the library: (True, "") or (False, why)) and ``_find_gpu``."""
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        self.root = root
+        self._state: tuple[bool, str] | None = None
+        self._pid_gpu: dict[int, int] = {}
+        self._ident: dict[int, dict[str, object]] = {}
+        self._totals = RunningTotals()  # error counts since the agent started, per GPU
+
+    def available(self) -> tuple[bool, str]:
+        """(True, "") when the library works and sees a GPU, else (False, why)."""
+        if self._state is None:
+            self._state = self._init()
+        return self._state
+
+    def _init(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def _find_gpu(self, pid: int) -> int | None:
+        """The index of the GPU the process ``pid`` uses, None when not found."""
+        raise NotImplementedError
+
+    def gpu_index(self, target: RankTarget) -> int | None:
+        """The rank's GPU index: the one it gave, else the one its pid is found on."""
+        if target.gpu_index is not None:
+            return target.gpu_index
+        if target.pid is None or not self.available()[0]:
+            return None
+        pid = target.pid
+        if pid not in self._pid_gpu:
+            found = self._find_gpu(pid)
+            if found is None:
+                return None  # not cached: the process may not have opened its GPU yet
+            self._pid_gpu[pid] = found
+        return self._pid_gpu[pid]
 
 
 class TelemetryAccumulator:

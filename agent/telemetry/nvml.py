@@ -70,7 +70,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from artemis.agent.telemetry.base import RankTarget, RunningTotals, call_or_none
+from artemis.agent.telemetry.base import GpuLibrarySource, RankTarget, call_or_none
 
 # NVML clock event (formerly "throttle") reason bits, from nvml.h.
 THROTTLE_BITS: dict[int, str] = {
@@ -173,7 +173,7 @@ def read_environ(pid: int, root: str | os.PathLike[str] = "/") -> dict[str, str]
     return out
 
 
-class NvmlSource:
+class NvmlSource(GpuLibrarySource):
     """GPU clocks, temperature, power, throttle reasons and PCIe link via NVML."""
 
     name = "nvml"
@@ -184,7 +184,7 @@ class NvmlSource:
         error_interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.root = root
+        super().__init__(root)
         # ECC, remap and NVLink counters cost up to ~100 NVML calls per GPU
         # (5 counters x 18 links on an H100), and on GSP-based GPUs a call can
         # take a millisecond: they are read at most this often per GPU, the
@@ -193,22 +193,12 @@ class NvmlSource:
         self._clock = clock
         self._err_cache: dict[int, tuple[float, dict[str, object]]] = {}
         self._nv: Any = None
-        self._state: tuple[bool, str] | None = None
-        self._pid_gpu: dict[int, int] = {}
-        self._ident: dict[int, dict[str, object]] = {}
         self._links: dict[int, list[int]] = {}
-        self._totals = RunningTotals()  # error counts since the agent started, per GPU
         self._xid_total: dict[int, int] = {}  # XID events seen per GPU
         self._xid_last: dict[int, int] = {}
         self._events: Any = None  # the NVML event set, None when XIDs cannot be had
         self._xids: dict[int, list[int]] = {}  # per GPU index, drained, not yet sampled
         self._xid_gpus: set[int] = set()  # GPUs registered for XID events
-
-    def available(self) -> tuple[bool, str]:
-        """(True, "") when NVML works and sees a GPU, else (False, why)."""
-        if self._state is None:
-            self._state = self._init()
-        return self._state
 
     def _init(self) -> tuple[bool, str]:
         try:
@@ -305,15 +295,8 @@ class NvmlSource:
             out["gpu_model"] = name
         return out
 
-    def gpu_index(self, target: RankTarget) -> int | None:
-        """NVML index of the rank's GPU (see the module docstring for the order)."""
-        if target.gpu_index is not None:
-            return target.gpu_index
-        if target.pid is None or not self.available()[0]:
-            return None
-        pid = target.pid
-        if pid in self._pid_gpu:
-            return self._pid_gpu[pid]
+    def _find_gpu(self, pid: int) -> int | None:
+        """NVML index of the process's GPU (see the module docstring for the order)."""
         nv = self._nv
         found: int | None = None
         for i in range(int(nv.nvmlDeviceGetCount())):
@@ -331,8 +314,6 @@ class NvmlSource:
             elif isinstance(entry, str):
                 h = call_or_none(nv.nvmlDeviceGetHandleByUUID, entry)
                 found = call_or_none(nv.nvmlDeviceGetIndex, h) if h is not None else None
-        if found is not None:
-            self._pid_gpu[pid] = found
         return found
 
     def sample(self, target: RankTarget) -> dict[str, object]:

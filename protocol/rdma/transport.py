@@ -45,7 +45,13 @@ from artemis.protocol.rdma.stream import (
     StreamConfig,
     StreamError,
 )
-from artemis.protocol.transport import ChannelClosed, Handler, Transport
+from artemis.protocol.transport import (
+    ChannelClosed,
+    Handler,
+    Transport,
+    format_address,
+    parse_address,
+)
 
 log = structlog.get_logger("artemis.protocol.rdma")
 
@@ -63,20 +69,6 @@ class RdmaHandshakeError(ConnectionError):
 
 class RdmaUnavailable(RuntimeError):
     """``transport = "rdma"`` was asked for where RDMA cannot run."""
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"address must be HOST:PORT, got {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port)
-
-
-def _format(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _send_msg(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
@@ -335,7 +327,7 @@ class RdmaListener:
         self._server = server
         self._tasks = tasks
         host, port = server.sockets[0].getsockname()[:2]
-        self._address = _format(str(host), int(port))
+        self._address = format_address(str(host), int(port))
 
     @property
     def address(self) -> str:
@@ -494,7 +486,7 @@ class RdmaTransport:
                 tasks.add(task)
             peername = writer.get_extra_info("peername")
             peer = (
-                _format(str(peername[0]), int(peername[1]))
+                format_address(str(peername[0]), int(peername[1]))
                 if isinstance(peername, tuple)
                 else str(peername)
             )
