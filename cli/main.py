@@ -1,4 +1,5 @@
-"""`artemis`: run the simulated cluster (`artemis sim`) or watch it live (`artemis demo`)."""
+"""`artemis`: watch a job (`artemis run`), run the simulated cluster (`artemis sim`, `artemis demo`),
+read what was found (`artemis report`, `artemis incidents`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from artemis import sim as sim_package
 from artemis.cli.incidents import app as incidents_app
 from artemis.cli.regress import regress as regress_command
 from artemis.common.exits import exit_error
@@ -14,7 +16,8 @@ from artemis.sim.scenario import ScenarioError
 
 app = typer.Typer(
     help=(
-        "Artemis on a simulated cluster: real plugin, agents and coordinator, simulated GPUs.\n\n"
+        "Artemis finds the rank that slows a synchronous training job and says why.\n\n"
+        "  artemis run -- torchrun ... train.py   watch a job: agent + coordinator around it\n"
         "  artemis demo                      the flagship job live (a straggler appears at "
         "window 16)\n"
         "  artemis sim --scenario F --jsonl OUT   run a scenario file, findings to OUT\n"
@@ -30,7 +33,8 @@ app = typer.Typer(
 app.add_typer(incidents_app, name="incidents")
 app.command("regress")(regress_command)
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+# The scenario files ship with the simulator (package data of artemis.sim).
+SCENARIOS = Path(sim_package.__file__).resolve().parent / "scenarios"
 # The port of the coordinator a command starts itself (`artemis sim`, `artemis run`).
 MetricsPort = Annotated[
     int | None, typer.Option(help="Coordinator's Prometheus port (default: a free one).")
