@@ -31,9 +31,9 @@ from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.rebalance.policy import PlanEvent
 from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.sim.inproc import summarised
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import telemetry_plan
-from lockstep_summaries import summarised
 from window_records import window_record
 
 REPO = Path(__file__).resolve().parents[1]
