@@ -36,8 +36,7 @@ from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
 from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
-from artemis.sim.inproc import RecordMaker
-from artemis.sim.model import LockstepModel
+from artemis.sim.inproc import summarised
 from artemis.sim.scenario import Scenario
 
 from bench.detection import NOISE_MODELS, ONSET, SLOW_RANK, scenario
@@ -49,20 +48,13 @@ STALL_SEEDS = 10
 
 
 def lockstep_windows(sc: Scenario) -> list[tuple[int, list[RankWindow]]]:
-    model = LockstepModel(sc)
-    maker = RecordMaker(model)
     summ = [
         WindowSummarizer("b", "b1", r, sc.ranks, "h", sc.window_steps, clock_kind=CLOCK_DEVICE_NS)
         for r in range(sc.ranks)
     ]
     out: dict[int, list[RankWindow]] = {}
-    for w in range(sc.windows):
-        wt = model.window(w)
-        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=w == sc.windows - 1):
-                out.setdefault(rw.window, []).append(rw)
+    for _r, rw in summarised(sc, summ):
+        out.setdefault(rw.window, []).append(rw)
     return sorted(out.items())
 
 

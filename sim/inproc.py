@@ -18,7 +18,7 @@ collectives fed in as the agent does (`WindowSummarizer.feed_nested`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,21 @@ class RecordMaker:
         recs["enqueue_ns"] = start
         recs["end"] = end.transpose(1, 0, 2).reshape(r, n).astype(np.uint64)
         return recs
+
+
+def summarised(sc: Scenario, summ: Sequence[WindowSummarizer]) -> Iterator[tuple[int, RankWindow]]:
+    """(rank, summary) for every window each rank's summariser `summ[rank]` emits, in the
+    order it emits them (one island, no telemetry); the last window flushes them. The
+    caller builds the summarisers, so it chooses their job, hosts and clock."""
+    model = LockstepModel(sc)
+    maker = RecordMaker(model)
+    for w in range(sc.windows):
+        wt = model.window(w)
+        recs = maker.window(wt.arrive, wt.end, wt.steps.start)
+        for r, s in enumerate(summ):
+            s.feed(recs[r])
+            for rw in s.take_windows(final=w == sc.windows - 1):
+                yield r, rw
 
 
 @dataclass

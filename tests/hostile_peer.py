@@ -33,6 +33,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from artemis.protocol.codec import FrameDecoder, encode
@@ -169,7 +170,15 @@ async def slowloris(host: str, port: int, a: argparse.Namespace) -> dict[str, An
     }
 
 
-async def badsecret(host: str, port: int, a: argparse.Namespace) -> dict[str, Any]:
+async def _count_refused(
+    host: str,
+    port: int,
+    a: argparse.Namespace,
+    attack: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]],
+) -> int:
+    """How many of ``a.count`` connections (32 at a time, from ``a.sources`` addresses) the
+    coordinator closed within 10 s of ``attack``; an attack that returns False (it met no
+    coordinator to attack) is not counted."""
     refused = 0
     sem = asyncio.Semaphore(32)
 
@@ -178,42 +187,45 @@ async def badsecret(host: str, port: int, a: argparse.Namespace) -> dict[str, An
         async with sem:
             r, w = await _open(host, port, source(i, a.sources, a.base))
             try:
-                w.write(_hello(f"intruder-{i}"))
-                dec = FrameDecoder()
-                items: list[Any] = []
-                while not items:
-                    data = await asyncio.wait_for(r.read(65536), 10)
-                    if not data:
-                        return
-                    items = dec.feed(data)
-                assert isinstance(items[0], Welcome), items
-                # A proof made with the wrong secret.
-                w.write(encode(Auth(seq=2, proof=secrets.token_bytes(32))))
-                await w.drain()
-                if await _closed_after(r, time.monotonic(), 10) is not None:
+                if (
+                    await attack(r, w, i)
+                    and await _closed_after(r, time.monotonic(), 10) is not None
+                ):
                     refused += 1
             finally:
                 w.close()
 
     await asyncio.gather(*(one(i) for i in range(a.count)))
+    return refused
+
+
+async def badsecret(host: str, port: int, a: argparse.Namespace) -> dict[str, Any]:
+    async def attack(r: asyncio.StreamReader, w: asyncio.StreamWriter, i: int) -> bool:
+        w.write(_hello(f"intruder-{i}"))
+        dec = FrameDecoder()
+        items: list[Any] = []
+        while not items:
+            data = await asyncio.wait_for(r.read(65536), 10)
+            if not data:
+                return False
+            items = dec.feed(data)
+        assert isinstance(items[0], Welcome), items
+        # A proof made with the wrong secret.
+        w.write(encode(Auth(seq=2, proof=secrets.token_bytes(32))))
+        await w.drain()
+        return True
+
+    refused = await _count_refused(host, port, a, attack)
     return {"mode": "badsecret", "count": a.count, "refused": refused}
 
 
 async def oversize(host: str, port: int, a: argparse.Namespace) -> dict[str, Any]:
-    refused = 0
-    sem = asyncio.Semaphore(32)
+    async def attack(r: asyncio.StreamReader, w: asyncio.StreamWriter, i: int) -> bool:
+        w.write(b"\xff\xff\xff\xff" + b"A" * 64)
+        await w.drain()
+        return True
 
-    async def one(i: int) -> None:
-        nonlocal refused
-        async with sem:
-            r, w = await _open(host, port, source(i, a.sources, a.base))
-            w.write(b"\xff\xff\xff\xff" + b"A" * 64)
-            await w.drain()
-            if await _closed_after(r, time.monotonic(), 10) is not None:
-                refused += 1
-            w.close()
-
-    await asyncio.gather(*(one(i) for i in range(a.count)))
+    refused = await _count_refused(host, port, a, attack)
     return {"mode": "oversize", "count": a.count, "refused": refused}
 
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artemis.sim.cluster import SimCluster, SimContext, SimOptions
+from artemis.sim.cluster import SimCluster, SimContext
+from sim_runs import sim_options
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "sim" / "scenarios" / "reliability" / "kills.toml"
@@ -263,13 +264,7 @@ def run_trial(kind: str, seed: int, tmp: Path) -> Outcome:
     )
     cluster = SimCluster(
         SCENARIO,
-        SimOptions(
-            jsonl=tmp / "findings.jsonl",
-            plans_jsonl=tmp / "plans.jsonl",
-            workdir=work,
-            timeout_s=400,
-            on_tick=w.on_tick,
-        ),
+        sim_options(tmp, timeout_s=400, on_tick=w.on_tick),
     )
     t0 = time.monotonic()
     try:

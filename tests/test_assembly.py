@@ -4,28 +4,12 @@ from __future__ import annotations
 
 from artemis.detect.assembly import WindowAssembler
 from artemis.protocol.records import RankWindow
+from window_records import window_record
 
 
 def rw(rank: int, window: int, comm: str = "c0", nranks: int = 3, job: str = "j") -> RankWindow:
-    return RankWindow(
-        job=job,
-        comm=comm,
-        rank=rank,
-        nranks=nranks,
-        host="h",
-        window=window,
-        step_lo=window * 10,
-        step_hi=window * 10 + 10,
-        coll_lo=0,
-        coll_hi=0,
-        gap_ms=1.0,
-        coll_ms=1.0,
-        step_ms=2.0,
-        collectives=10,
-        bytes=0,
-        lost=0,
-        clock="device",
-    )
+    timing = {"gap_ms": 1.0, "coll_ms": 1.0, "step_ms": 2.0, "collectives": 10}
+    return window_record(rank, window, steps=10, job=job, comm=comm, nranks=nranks, **timing)
 
 
 def test_complete_window_released_once_all_expected_ranks_report() -> None:

@@ -20,8 +20,8 @@ from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
 from artemis.ring.format import CLOCK_DEVICE_NS
+from artemis.sim.inproc import summarised
 from artemis.sim.scenario import parse_scenario
-from lockstep_summaries import summarised
 
 OLD = {"driver": "535.104.05", "cuda": "12.2", "nccl": "2.19.3", "env": {"NCCL_ALGO": "Ring"}}
 NEW = {**OLD, "driver": "550.54.14"}

@@ -22,6 +22,7 @@ from artemis.protocol.records import RankWindow
 from artemis.ring.format import FUNC_CODES, KIND_COLL, REC_DEVICE
 from artemis.ring.reader import RingReader
 from artemis.ring.writer import RingWriter
+from window_records import window_record
 
 C, W, WINDOWS = (
     4,
@@ -140,27 +141,13 @@ def test_a_real_pause_seen_by_the_host_clock_is_not_a_jump() -> None:
 
 
 def _cols(step: list[float], gap: list[float], clock: str = "device") -> WindowColumns:
+    n = len(step)
+    colls = {"coll_hi": 40, "collectives": 40, "coll_ms": 5.0}  # 40 collectives of 5 ms
     rows = [
-        RankWindow(
-            job="j",
-            comm="c",
-            rank=r,
-            nranks=len(step),
-            host="h",
-            window=3,
-            step_lo=30,
-            step_hi=40,
-            coll_lo=0,
-            coll_hi=40,
-            gap_ms=gap[r],
-            coll_ms=5.0,
-            step_ms=step[r],
-            collectives=40,
-            bytes=0,
-            lost=0,
-            clock=clock,  # type: ignore[arg-type]
+        window_record(
+            r, 3, steps=10, nranks=n, gap_ms=gap[r], step_ms=step[r], clock=clock, **colls
         )
-        for r in range(len(step))
+        for r in range(n)
     ]
     return WindowColumns.from_records(rows)
 

@@ -6,30 +6,23 @@ import math
 
 from artemis.protocol.columns import COLUMNS, WindowColumns
 from artemis.protocol.records import RankWindow, Telemetry
+from window_records import window_record
 
 
 def _rw(rank: int, **tel: object) -> RankWindow:
-    return RankWindow(
-        job="j",
-        comm="00000000000000aa",
-        rank=rank,
-        nranks=4,
-        host=f"h{rank}",
-        window=3,
-        step_lo=150,
-        step_hi=200,
-        coll_lo=300,
-        coll_hi=400,
-        gap_ms=10.0 + rank,
-        coll_ms=2.0,
-        step_ms=12.5,
-        collectives=100,
-        bytes=1 << 20,
-        lost=0,
-        clock="device",
+    # every field away from window_record's defaults, so the round trip checks each one
+    place = {"comm": "00000000000000aa", "nranks": 4, "host": f"h{rank}"}
+    span = {"coll_lo": 300, "coll_hi": 400, "bytes": 1 << 20}
+    timing = {"gap_ms": 10.0 + rank, "coll_ms": 2.0, "step_ms": 12.5}
+    return window_record(
+        rank,
+        3,
         island="nvidia" if rank % 2 else None,
         samples=32 if rank else None,
         telemetry=Telemetry(**tel),  # type: ignore[arg-type]
+        **place,
+        **span,
+        **timing,
     )
 
 

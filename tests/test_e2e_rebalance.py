@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from artemis.rebalance.files import ack_path, plan_path
-from artemis.sim.cluster import SimCluster, SimOptions
+from artemis.sim.cluster import SimCluster
 from artemis.sim.scenario import Fault, Scenario, load_scenario
 from e2e_expect import (
     DEFAULT_MAX_SHIFT_FRAC,
@@ -36,6 +36,7 @@ from e2e_expect import (
     read_jsonl,
 )
 from incidents_expect import check_incidents, incidents_file
+from sim_runs import sim_options
 
 pytestmark = pytest.mark.slow
 
@@ -77,12 +78,7 @@ def _by_id(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def _run_in_process(path: Path, tmp: Path) -> tuple[Scenario, list[dict[str, Any]], Path, str]:
     cluster = SimCluster(
         path,
-        SimOptions(
-            jsonl=tmp / "findings.jsonl",
-            plans_jsonl=tmp / "plans.jsonl",
-            workdir=tmp / "work",
-            timeout_s=120,
-        ),
+        sim_options(tmp, timeout_s=120),
     )
     res = cluster.run()
     assert res.ok, f"{path.name}: {res.reason}"

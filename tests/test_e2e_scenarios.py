@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artemis.sim.cluster import SimCluster, SimContext, SimOptions, SimResult
+from artemis.sim.cluster import SimCluster, SimContext, SimResult
 from artemis.sim.hostproc import metric_value
 from artemis.sim.scenario import Fault, Scenario, load_scenario
 from e2e_expect import (
@@ -39,6 +39,7 @@ from e2e_expect import (
     scenario_files,
 )
 from incidents_expect import check_incidents, incidents_file
+from sim_runs import sim_options
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +70,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
     res = SimCluster(
         path,
-        SimOptions(
-            jsonl=tmp / "findings.jsonl",
-            plans_jsonl=tmp / "plans.jsonl",
-            workdir=tmp / "work",
-            timeout_s=120,
-            on_tick=tick,
-        ),
+        sim_options(tmp, timeout_s=120, on_tick=tick),
     ).run()
     raw = res.findings.read_text().splitlines() if res.findings.exists() else []
     return Run(path, sc, res, read_jsonl(res.findings), raw, seen["missing"])

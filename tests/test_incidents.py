@@ -31,9 +31,10 @@ from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.rebalance.policy import PlanEvent
 from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.sim.inproc import summarised
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import telemetry_plan
-from lockstep_summaries import summarised
+from window_records import window_record
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "sim" / "scenarios"
@@ -290,31 +291,11 @@ def test_summariser_quartiles_see_the_stalls() -> None:
 def _cols(nranks: int, gap: dict[int, tuple[float, float, float]]) -> WindowColumns:
     rows = []
     for r in range(nranks):
-        q = gap.get(r, (99.0, 100.0, 101.0))
+        q1, q2, q3 = gap.get(r, (99.0, 100.0, 101.0))
+        quartiles = {"gap_ms": q2, "gap_q1_ms": q1, "gap_q2_ms": q2, "gap_q3_ms": q3}
         rows.append(
-            RankWindow(
-                job="j",
-                comm="c",
-                rank=r,
-                nranks=nranks,
-                host="h",
-                window=0,
-                step_lo=0,
-                step_hi=50,
-                coll_lo=0,
-                coll_hi=100,
-                gap_ms=q[1],
-                coll_ms=10.0,
-                step_ms=120.0,
-                collectives=100,
-                bytes=0,
-                lost=0,
-                clock="device",
-                island="nv",
-                samples=64,
-                gap_q1_ms=q[0],
-                gap_q2_ms=q[1],
-                gap_q3_ms=q[2],
+            window_record(
+                r, nranks=nranks, coll_hi=100, step_ms=120.0, island="nv", samples=64, **quartiles
             )
         )
     return WindowColumns.from_records(rows)

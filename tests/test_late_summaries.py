@@ -26,6 +26,7 @@ from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.sim.inproc import summaries
 from artemis.sim.scenario import parse_scenario
+from window_records import window_record
 
 DEADLINE = 2.5  # s; one window arrives per second of the test's clock
 NODE_B = range(4, 8)
@@ -244,25 +245,7 @@ def test_a_big_group_keeps_a_bounded_sample_of_its_order_statistics() -> None:
     n = 6_000
     template = WindowColumns.from_records(
         [
-            RankWindow(
-                job="big",
-                comm="c",
-                rank=r,
-                nranks=n,
-                host=f"h{r // 8}",
-                window=0,
-                step_lo=0,
-                step_hi=50,
-                coll_lo=0,
-                coll_hi=0,
-                gap_ms=100.0,
-                coll_ms=10.0,
-                step_ms=140.0,
-                collectives=200,
-                bytes=0,
-                lost=0,
-                clock="device",
-            )
+            window_record(r, job="big", nranks=n, host=f"h{r // 8}", step_ms=140.0, collectives=200)
             for r in range(n)
         ]
     )

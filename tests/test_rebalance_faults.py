@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 from artemis.rebalance.files import ack_path
 from artemis.rebalance.split import uniform_split
-from artemis.sim.cluster import SimCluster, SimOptions
+from artemis.sim.cluster import SimCluster
 from artemis.sim.scenario import Scenario
 from e2e_expect import SIM_SCENARIOS, read_jsonl
+from sim_runs import sim_options
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +36,7 @@ NAMES = ("recovers_mid_apply", "second_rank", "agent_dies")
 def _run(name: str, tmp: Path) -> tuple[Scenario, list[dict[str, Any]], Path, str, str]:
     cluster = SimCluster(
         SIM_SCENARIOS / "reliability" / f"rebalance_fault_{name}.toml",
-        SimOptions(
-            jsonl=tmp / "findings.jsonl",
-            plans_jsonl=tmp / "plans.jsonl",
-            workdir=tmp / "work",
-            timeout_s=400,
-        ),
+        sim_options(tmp, timeout_s=400),
     )
     res = cluster.run()
     return cluster.sc, read_jsonl(tmp / "plans.jsonl"), tmp / "work", cluster.job, res.reason
