@@ -271,7 +271,8 @@ class JobTable:
     def restore(self, state: Mapping[str, Any]) -> JobMonitor | None:
         """One job's saved state back (`state`); its monitor, if it had one. Raises
         (KeyError, ValueError, TypeError) on a state it cannot read: a field of the wrong
-        type is named (msgspec.ValidationError, a ValueError), before anything is taken."""
+        type is named (msgspec.ValidationError, a ValueError). The monitor is read after
+        the assembly is taken back (detect/state.py JobState)."""
         st = read(state, JobState)
         self.assembler.restore({st.job: st.assembly})
         if st.plan_control is not None:

@@ -138,7 +138,10 @@ class JobState(msgspec.Struct, kw_only=True):
     """One job's `.state` file (detect/jobs.py JobTable.state)."""
 
     job: str
-    monitor: MonitorState | None
+    # A MonitorState when saved; read by JobMonitor.restore (its version first) after the
+    # assembly is taken back, as before the Structs: a job whose monitor is refused
+    # keeps its assembly state (a resent window stays late, not scored again).
+    monitor: Any  # MonitorState | None
     assembly: dict[str, Any]
     out_seq: int = 0
     plan_control: dict[str, Any] | None = None
