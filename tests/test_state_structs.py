@@ -123,3 +123,12 @@ def test_the_coordinator_logs_and_skips_a_job_whose_saved_state_is_wrong(tmp_pat
     assert JOB in c.jobs.monitors
     lines = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
     assert max(f["window"] for f in lines) >= 4
+
+
+def test_a_policy_state_of_the_wrong_shape_is_named() -> None:
+    from artemis.rebalance.policy import PolicySettings, RebalancePolicy
+
+    saved = RebalancePolicy(PolicySettings(), 4, 64, job=JOB).snapshot(binary=True)
+    assert RebalancePolicy.restore(saved).snapshot(binary=True) == saved
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.blocked"):
+        RebalancePolicy.restore({**saved, "blocked": {"1": "soon"}})
