@@ -600,7 +600,7 @@ class JobMonitor:
             colls_per_step=self.colls_per_step,
             hosts=self.hosts,
             detector=self.detector.state(),
-            incidents=self.incidents.snapshot(),
+            incidents=self.incidents.state(),
             baselines=self.baselines.snapshot(),
             policy=None if self.policy is None else self.policy.snapshot(binary=True),
             fingerprints=self._fingerprints_state(),

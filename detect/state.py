@@ -7,8 +7,9 @@ is `read(data, TheStruct)`: a state of the wrong shape (corrupt, foreign) is ref
 with an error that names the field (msgspec.ValidationError, a ValueError). A field
 added after the format was first saved has a default: an older state still restores.
 
-The nested books with their own format (incidents, baselines, the rebalance policy,
-assembly) are kept as their plain data here and read by their own `restore`.
+The nested books with their own format (baselines, the rebalance policy: its own
+Struct, rebalance/snapshot.py; assembly) are kept as plain data here and read by their
+own `restore`.
 """
 
 from __future__ import annotations
@@ -111,6 +112,20 @@ class FingerprintsState(msgspec.Struct, kw_only=True):
     ranks: list[tuple[int, int, str | None]]
 
 
+class IncidentBookState(msgspec.Struct, kw_only=True):
+    """The open incidents of one job (detect/incidents.py IncidentBook). Every key but
+    `job` was added after the first states were saved: each has the default they read as."""
+
+    job: str
+    run: str = ""
+    flag_window: int | None = None  # (the caller's flag window wins when it gives one)
+    gpus: int = 1
+    last: tuple[int, float | None] | None = None  # latest (window, time) seen
+    ignored: list[tuple[str, str]] = []
+    pre: list[tuple[str, str, list[tuple[int, bool]]]] = []  # kind, subject, [window, ok]
+    open: list[dict[str, Any]] = []  # detect/incident_state.py incident_state
+
+
 class MonitorState(msgspec.Struct, kw_only=True):
     """One job's monitor (detect/monitor.py JobMonitor), format `version`."""
 
@@ -127,7 +142,7 @@ class MonitorState(msgspec.Struct, kw_only=True):
     detector: DetectorState
     # Added within version 1 (an older state restores with none): the open incidents,
     # the baseline state (read again), the fingerprints.
-    incidents: dict[str, Any] | None = None
+    incidents: IncidentBookState | None = None
     baselines: dict[str, Any] | None = None
     policy: dict[str, Any] | None
     fingerprints: FingerprintsState | None = None
