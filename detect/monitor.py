@@ -601,7 +601,7 @@ class JobMonitor:
             hosts=self.hosts,
             detector=self.detector.state(),
             incidents=self.incidents.state(),
-            baselines=self.baselines.snapshot(),
+            baselines=self.baselines.state(),
             policy=None if self.policy is None else self.policy.snapshot(binary=True),
             fingerprints=self._fingerprints_state(),
             # A hang from its verdict on (the dump request): one whose dumps are still

@@ -7,9 +7,8 @@ is `read(data, TheStruct)`: a state of the wrong shape (corrupt, foreign) is ref
 with an error that names the field (msgspec.ValidationError, a ValueError). A field
 added after the format was first saved has a default: an older state still restores.
 
-The nested books with their own format (baselines, the rebalance policy: its own
-Struct, rebalance/snapshot.py; assembly) are kept as plain data here and read by their
-own `restore`.
+The rebalance policy's state has its own Struct (rebalance/snapshot.py); the assembly
+state is kept as plain data here, read by WindowAssembler.restore.
 """
 
 from __future__ import annotations
@@ -126,6 +125,38 @@ class IncidentBookState(msgspec.Struct, kw_only=True):
     open: list[dict[str, Any]] = []  # detect/incident_state.py incident_state
 
 
+# One window of one hardware class (detect/baselines.py WindowStats): window, step_ms,
+# gap_q1_ms, gap_q2_ms, gap_p10_ms, gap_p90_ms.
+StatsRow = tuple[int, float | None, float, float, float, float]
+
+
+class BaselineClassState(msgspec.Struct, kw_only=True):
+    """One hardware class of a job's baseline book; each key read as its default when
+    absent (older states)."""
+
+    settled: bool = False
+    baseline: dict[str, Any] | None = None  # Baseline.to_record
+    own: dict[str, Any] | None = None
+    changed: dict[str, list[Any]] = {}
+    recent: list[bool] = []
+    streak: list[StatsRow] = []
+    state: str | None = None
+    since: int | None = None
+    healthy_run: int = 0
+    pending: list[tuple[StatsRow, bool]] = []  # (stats, judged)
+    committed: list[StatsRow] = []
+
+
+class BaselineBookState(msgspec.Struct, kw_only=True):
+    """A job's baseline book (detect/baselines.py BaselineBook)."""
+
+    job: str
+    run: str = ""
+    workload: str | None = None
+    software: dict[str, Any] | None = None
+    classes: dict[str, BaselineClassState] | None = None
+
+
 class MonitorState(msgspec.Struct, kw_only=True):
     """One job's monitor (detect/monitor.py JobMonitor), format `version`."""
 
@@ -143,7 +174,7 @@ class MonitorState(msgspec.Struct, kw_only=True):
     # Added within version 1 (an older state restores with none): the open incidents,
     # the baseline state (read again), the fingerprints.
     incidents: IncidentBookState | None = None
-    baselines: dict[str, Any] | None = None
+    baselines: BaselineBookState | None = None
     policy: dict[str, Any] | None
     fingerprints: FingerprintsState | None = None
     hang: HangState | None
