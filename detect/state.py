@@ -7,8 +7,7 @@ is `read(data, TheStruct)`: a state of the wrong shape (corrupt, foreign) is ref
 with an error that names the field (msgspec.ValidationError, a ValueError). A field
 added after the format was first saved has a default: an older state still restores.
 
-The rebalance policy's state has its own Struct (rebalance/snapshot.py); the assembly
-state is kept as plain data here, read by WindowAssembler.restore.
+The rebalance policy's state has its own Struct (rebalance/snapshot.py).
 """
 
 from __future__ import annotations
@@ -180,6 +179,24 @@ class MonitorState(msgspec.Struct, kw_only=True):
     hang: HangState | None
 
 
+class AssemblyState(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One job's assembly (detect/assembly.py WindowAssembler): runs, primaries and
+    released windows. Integer arrays are bytes of little-endian int64 (older states:
+    lists). The primaries: codes into `comms`, or (older states) `prim_comm`, the comm
+    of each rank: never written now (omitted, as its default)."""
+
+    run: str
+    run_of: dict[str, str]
+    front: int
+    ended: bool
+    expected: bytes | list[int]
+    prim_n: bytes | list[int]
+    prim_code: bytes | list[int] | None = None
+    comms: list[str] | None = None
+    prim_comm: list[Any] | None = None
+    released: list[list[Any]]  # [run, window] or [run, window, ranks still missing]
+
+
 class JobState(msgspec.Struct, kw_only=True):
     """One job's `.state` file (detect/jobs.py JobTable.state)."""
 
@@ -188,7 +205,7 @@ class JobState(msgspec.Struct, kw_only=True):
     # assembly is taken back, as before the Structs: a job whose monitor is refused
     # keeps its assembly state (a resent window stays late, not scored again).
     monitor: Any  # MonitorState | None
-    assembly: dict[str, Any]
+    assembly: dict[str, Any]  # AssemblyState, read by WindowAssembler.restore
     out_seq: int = 0
     plan_control: dict[str, Any] | None = None
     stopped: bool = False
