@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from artemis.detect.state import AssemblyState, plain, read
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 
@@ -311,42 +312,51 @@ class WindowAssembler:
         out: dict[str, Any] = {}
         for job, j in want.items():
             comms = ["", *(c for c in j.codes)]  # code -> comm; code 0: none
-            out[job] = {
-                "run": j.run,
-                "run_of": dict(j.run_of),
-                "front": j.front,
-                "ended": j.ended,
-                "expected": np.flatnonzero(j.expected).astype("<i8").tobytes(),
-                "prim_n": j.prim_n.astype("<i8").tobytes(),
-                "prim_code": j.prim_code.astype("<i8").tobytes(),
-                "comms": comms,
-                "released": [
-                    [r, w] if m is None else [r, w, m.astype("<i8").tobytes()]
-                    for (r, w), m in j.released.items()
-                ],
-            }
+            out[job] = plain(
+                AssemblyState(
+                    run=j.run,
+                    run_of=dict(j.run_of),
+                    front=j.front,
+                    ended=j.ended,
+                    expected=np.flatnonzero(j.expected).astype("<i8").tobytes(),
+                    prim_n=j.prim_n.astype("<i8").tobytes(),
+                    prim_code=j.prim_code.astype("<i8").tobytes(),
+                    comms=comms,
+                    released=[
+                        [r, w] if m is None else [r, w, m.astype("<i8").tobytes()]
+                        for (r, w), m in j.released.items()
+                    ],
+                )
+            )
         return out
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        for job, s in state.items():
+        """Take back `snapshot()`; raises msgspec.ValidationError (a ValueError) naming a
+        field of the wrong type."""
+        for job, raw in state.items():
+            s = read(raw, AssemblyState)
             j = self._job(job)
-            j.run = str(s["run"])
-            j.run_of.update({str(k): str(v) for k, v in s["run_of"].items()})
-            j.front = int(s["front"])
-            j.ended = bool(s["ended"])
-            j.prim_n = _ints(s["prim_n"])
-            if "prim_code" in s:
-                codes = _ints(s["prim_code"])
-                table: OBJ = np.empty(len(s["comms"]), dtype=object)
-                table[:] = [str(c) for c in s["comms"]]
+            j.run = s.run
+            j.run_of.update(s.run_of)
+            j.front = s.front
+            j.ended = s.ended
+            j.prim_n = _ints(s.prim_n)
+            if s.prim_code is not None:
+                if s.comms is None:
+                    raise KeyError("comms")
+                codes = _ints(s.prim_code)
+                table: OBJ = np.empty(len(s.comms), dtype=object)
+                table[:] = s.comms
                 j.prim_comm = table[codes]
             else:  # saved by an older coordinator: the comms listed per rank
-                pc: OBJ = np.empty(len(s["prim_comm"]), dtype=object)
-                pc[:] = s["prim_comm"]
+                if s.prim_comm is None:
+                    raise KeyError("prim_comm")
+                pc: OBJ = np.empty(len(s.prim_comm), dtype=object)
+                pc[:] = s.prim_comm
                 j.prim_comm = pc
             j.recode()
-            j.expect(_ints(s["expected"]))
-            for item in s["released"]:
+            j.expect(_ints(s.expected))
+            for item in s.released:
                 m = _ints(item[2]) if len(item) > 2 else None  # (older states: none kept)
                 self._mark(j, (str(item[0]), int(item[1])), m)
 

@@ -41,6 +41,13 @@ from artemis.detect.findings import Finding
 from artemis.detect.fingerprint import diff, flatten
 from artemis.detect.incidents import CONFIRM_Q1_SHARE
 from artemis.detect.settings import Settings
+from artemis.detect.state import (
+    BaselineBookState,
+    BaselineClassState,
+    StatsRow,
+    plain,
+    read,
+)
 from artemis.protocol.columns import WindowColumns
 
 # Per-window values a baseline keeps (the latest): about 40 B each, so a baseline
@@ -562,22 +569,27 @@ class BaselineBook:
 
     # ------------------------------------------------------------------ state
 
+    def state(self) -> BaselineBookState:
+        return BaselineBookState(
+            job=self.job,
+            run=self.run,
+            workload=self.workload,
+            software=self.software,
+            classes={k: _class_state(c) for k, c in self.classes.items()},
+        )
+
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "run": self.run,
-            "workload": self.workload,
-            "software": self.software,
-            "classes": {k: _class_state(c) for k, c in self.classes.items()},
-        }
+        return plain(self.state())
 
     @classmethod
-    def restore(cls, state: Mapping[str, Any], settings: Settings) -> BaselineBook:
-        b = cls(str(state["job"]), settings, run=str(state.get("run", "")))
-        b.workload = state.get("workload")
-        sw = state.get("software")
-        b.software = dict(sw) if sw is not None else None
-        b.classes = {str(k): _class_from(v) for k, v in (state.get("classes") or {}).items()}
+    def restore(
+        cls, state: Mapping[str, Any] | BaselineBookState, settings: Settings
+    ) -> BaselineBook:
+        st = read(state, BaselineBookState)
+        b = cls(st.job, settings, run=st.run)
+        b.workload = st.workload
+        b.software = None if st.software is None else dict(st.software)
+        b.classes = {k: _class_from(v) for k, v in (st.classes or {}).items()}
         return b
 
 
@@ -588,48 +600,48 @@ def _fed(b: Baseline, job: str, run: str, window: int) -> bool:
     )
 
 
-def _stats_state(s: WindowStats) -> list[Any]:
-    return [s.window, *s.values()]
+def _stats_state(s: WindowStats) -> StatsRow:
+    return (s.window, s.step_ms, s.gap_q1_ms, s.gap_q2_ms, s.gap_p10_ms, s.gap_p90_ms)
 
 
-def _stats_from(v: Sequence[Any]) -> WindowStats:
+def _stats_from(v: StatsRow) -> WindowStats:
     return WindowStats(
-        window=int(v[0]),
+        window=v[0],
         step_ms=_f(v[1]),
-        gap_q1_ms=float(v[2]),
-        gap_q2_ms=float(v[3]),
-        gap_p10_ms=float(v[4]),
-        gap_p90_ms=float(v[5]),
+        gap_q1_ms=v[2],
+        gap_q2_ms=v[3],
+        gap_p10_ms=v[4],
+        gap_p90_ms=v[5],
     )
 
 
-def _class_state(c: _Class) -> dict[str, Any]:
-    return {
-        "settled": c.settled,
-        "baseline": None if c.baseline is None else c.baseline.to_record(),
-        "own": None if c.own is None else c.own.to_record(),
-        "changed": c.changed,
-        "recent": list(c.recent),
-        "streak": [_stats_state(s) for s in c.streak],
-        "state": c.state,
-        "since": c.since,
-        "healthy_run": c.healthy_run,
-        "pending": [[_stats_state(s), j] for s, j in c.pending],
-        "committed": [_stats_state(s) for s in c.committed],
-    }
+def _class_state(c: _Class) -> BaselineClassState:
+    return BaselineClassState(
+        settled=c.settled,
+        baseline=None if c.baseline is None else c.baseline.to_record(),
+        own=None if c.own is None else c.own.to_record(),
+        changed=c.changed,
+        recent=list(c.recent),
+        streak=[_stats_state(s) for s in c.streak],
+        state=c.state,
+        since=c.since,
+        healthy_run=c.healthy_run,
+        pending=[(_stats_state(s), j) for s, j in c.pending],
+        committed=[_stats_state(s) for s in c.committed],
+    )
 
 
-def _class_from(d: Mapping[str, Any]) -> _Class:
+def _class_from(d: BaselineClassState) -> _Class:
     return _Class(
-        settled=bool(d.get("settled")),
-        baseline=None if d.get("baseline") is None else Baseline.from_record(d["baseline"]),
-        own=None if d.get("own") is None else Baseline.from_record(d["own"]),
-        changed={str(k): list(v) for k, v in (d.get("changed") or {}).items()},
-        recent=[bool(x) for x in d.get("recent") or []],
-        streak=[_stats_from(s) for s in d.get("streak") or []],
-        state=d.get("state"),
-        since=d.get("since"),
-        healthy_run=int(d.get("healthy_run") or 0),
-        pending=[(_stats_from(s), bool(j)) for s, j in d.get("pending") or []],
-        committed=[_stats_from(s) for s in d.get("committed") or []],
+        settled=d.settled,
+        baseline=None if d.baseline is None else Baseline.from_record(d.baseline),
+        own=None if d.own is None else Baseline.from_record(d.own),
+        changed=d.changed,
+        recent=d.recent,
+        streak=[_stats_from(s) for s in d.streak],
+        state=d.state,
+        since=d.since,
+        healthy_run=d.healthy_run,
+        pending=[(_stats_from(s), j) for s, j in d.pending],
+        committed=[_stats_from(s) for s in d.committed],
     )

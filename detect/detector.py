@@ -35,6 +35,7 @@ from artemis.detect.rank_rule import RankRule, weighted
 from artemis.detect.results import LateResult, WindowResult
 from artemis.detect.scalars import ScalarBaseline, ScalarRule
 from artemis.detect.settings import Settings
+from artemis.detect.state import DetectorState, plain, read
 from artemis.detect.tuning import LATE_PEERS, LATE_WINDOWS
 from artemis.detect.view import Ctx, Roster, View, context
 from artemis.protocol.columns import WindowColumns
@@ -118,41 +119,46 @@ class Detector:
 
     # -- state --------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """The whole scoring state as plain data (msgpack-able: numbers as raw bytes)."""
+    def state(self) -> DetectorState:
+        """The whole scoring state (numbers as raw bytes)."""
         n = self.nranks
-        return {
-            "nranks": n,
+        return DetectorState(
+            nranks=n,
             **self.history.snapshot(n),
-            "host": self.roster.host[:n].tolist(),
-            "island_of": self.roster.island_of[:n].tolist(),
-            "baselines": [
+            host=self.roster.host[:n].tolist(),
+            island_of=self.roster.island_of[:n].tolist(),
+            baselines=[
                 [k, s, b.samples, b.recent, b.tail()]
                 for (k, s), b in self.scalars.baselines.items()
             ],
-            "tracks": self.ledger.snapshot(),
-            "gpu_hours": self.ledger.gpu_hours,
-            "last_window": self._last_window,
-            "late": [ref.snapshot(w) for w, ref in self._late.items()],
-        }
+            tracks=self.ledger.state(),
+            gpu_hours=self.ledger.gpu_hours,
+            last_window=self._last_window,
+            late=[ref.snapshot(w) for w, ref in self._late.items()],
+        )
 
-    def restore_state(self, state: Mapping[str, Any]) -> None:
-        """Take back a `snapshot()`; config facts (islands, classes) stay the constructor's."""
-        self.resize(int(state["nranks"]))
-        n = int(state["nranks"])
+    def snapshot(self) -> dict[str, Any]:
+        """`state()` as plain data (msgpack-able)."""
+        return plain(self.state())
+
+    def restore_state(self, state: Mapping[str, Any] | DetectorState) -> None:
+        """Take back a `snapshot()`; config facts (islands, classes) stay the constructor's.
+        Raises msgspec.ValidationError (a ValueError) naming a field of the wrong type."""
+        st = read(state, DetectorState)
+        n = st.nranks
+        self.resize(n)
         w = self.settings.warmup_windows
-        self.history.restore(state, n, w)
-        self.roster.host[:n] = objects(state["host"])
+        self.history.restore(st, n, w)
+        self.roster.host[:n] = objects(st.host)
         self.roster.hosts_seen = None
-        self.roster.island_of[:n] = objects(state["island_of"])
+        self.roster.island_of[:n] = objects(st.island_of)
         # (snapshots from before the scalar noise history have no `recent`)
         self.scalars.baselines = {
-            (b[0], b[1]): ScalarBaseline(b[2][:w], *b[3:5]) for b in state["baselines"]
+            (b[0], b[1]): ScalarBaseline(b[2][:w], *b[3:5]) for b in st.baselines
         }
-        self.ledger.restore(state["tracks"], state["gpu_hours"], self.settings.flag_window)
-        # (snapshots from before late scoring have neither: no late window is kept)
-        self._last_window = int(state.get("last_window", -1))
-        self._late = dict(LateRef.restore(e) for e in state.get("late", []))
+        self.ledger.restore(st.tracks, st.gpu_hours, self.settings.flag_window)
+        self._last_window = st.last_window
+        self._late = dict(LateRef.restore(e) for e in st.late)
 
     # -- one window ---------------------------------------------------------
 

@@ -61,6 +61,7 @@ from artemis.detect.incident_state import (
     num,
     rnd,
 )
+from artemis.detect.state import IncidentBookState, plain, read
 
 # The names this module gives its users (detect/monitor.py, baselines.py, the report).
 __all__ = [
@@ -442,35 +443,36 @@ class IncidentBook:
 
     # ------------------------------------------------------------------ state
 
+    def state(self) -> IncidentBookState:
+        return IncidentBookState(
+            job=self.job,
+            run=self.run,
+            flag_window=self.flag_window,
+            gpus=self._gpus,
+            last=self._last,
+            ignored=sorted(self._ignored),
+            pre=[(k, sub, list(v)) for (k, sub), v in self._pre.items()],
+            open=[incident_state(inc) for inc in self._open.values()],
+        )
+
     def snapshot(self) -> dict[str, Any]:
         """The open incidents as plain data (msgpack-able)."""
-        return {
-            "job": self.job,
-            "run": self.run,
-            "flag_window": self.flag_window,
-            "gpus": self._gpus,
-            "last": list(self._last),
-            "ignored": sorted([list(k) for k in self._ignored]),
-            "pre": [[k, sub, [[w, ok] for w, ok in v]] for (k, sub), v in self._pre.items()],
-            "open": [incident_state(inc) for inc in self._open.values()],
-        }
+        return plain(self.state())
 
     @classmethod
-    def restore(cls, state: Mapping[str, Any], *, flag_window: int | None = None) -> IncidentBook:
-        b = cls(
-            str(state["job"]),
-            run=str(state.get("run", "")),
-            flag_window=int(flag_window if flag_window is not None else state["flag_window"]),
-        )
-        b._gpus = int(state.get("gpus", 1))
-        last = state.get("last") or [-1, None]
-        b._last = (int(last[0]), last[1])
-        b._ignored = {(str(k), str(s)) for k, s in state.get("ignored", [])}
-        b._pre = {
-            (str(k), str(sub)): [(int(w), bool(ok)) for w, ok in v]
-            for k, sub, v in state.get("pre", [])
-        }
-        for d in state.get("open", []):
+    def restore(
+        cls, state: Mapping[str, Any] | IncidentBookState, *, flag_window: int | None = None
+    ) -> IncidentBook:
+        st = read(state, IncidentBookState)
+        fw = flag_window if flag_window is not None else st.flag_window
+        if fw is None:
+            raise KeyError("flag_window")
+        b = cls(st.job, run=st.run, flag_window=fw)
+        b._gpus = st.gpus
+        b._last = (-1, None) if st.last is None else st.last
+        b._ignored = set(st.ignored)
+        b._pre = {(k, sub): list(v) for k, sub, v in st.pre}
+        for d in st.open:
             inc = incident_from_state(d)
             b._open[inc.key] = inc
         return b

@@ -21,6 +21,7 @@ from artemis.detect.assembly import AssembledWindow, WindowAssembler
 from artemis.detect.detector import Detector
 from artemis.detect.monitor import Intent, JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
+from artemis.detect.state import JobState, plain, read
 from artemis.protocol.records import RankProgress
 
 BASELINE_RETRY_S = 30.0  # a baseline read that failed is tried again this much later
@@ -259,25 +260,29 @@ class JobTable:
             kept = [it for it in asm["released"] if (it[0], it[1]) not in gone]
             front = max([it[1] for it in kept if it[0] == asm["run"]], default=-1)
             asm = {**asm, "released": kept, "front": front}
-        return {
-            "job": job,
-            "monitor": None if m is None else m.snapshot(),
-            "assembly": asm,
+        st = JobState(
+            job=job,
+            monitor=None if m is None else m.state(),
+            assembly=asm,
             # The last group of output lines this state has seen through (an intent
             # newer than it was cut short by a crash: `interrupted`).
-            "out_seq": self.out_seq,
-            "plan_control": self.plan_control.get(job),
-            "stopped": stopped,
-        }
+            out_seq=self.out_seq,
+            plan_control=self.plan_control.get(job),
+            stopped=stopped,
+        )
+        return plain(st)
 
     def restore(self, state: Mapping[str, Any]) -> JobMonitor | None:
         """One job's saved state back (`state`); its monitor, if it had one. Raises
-        (KeyError, ValueError, TypeError) on a state it cannot read."""
-        self.assembler.restore({state["job"]: state["assembly"]})
-        if state.get("plan_control") is not None:
-            self.plan_control[str(state["job"])] = state["plan_control"]
-        if state["monitor"] is None:
+        (KeyError, ValueError, TypeError) on a state it cannot read: a field of the wrong
+        type is named (msgspec.ValidationError, a ValueError). The monitor is read after
+        the assembly is taken back (detect/state.py JobState)."""
+        st = read(state, JobState)
+        self.assembler.restore({st.job: st.assembly})
+        if st.plan_control is not None:
+            self.plan_control[st.job] = st.plan_control
+        if st.monitor is None:
             return None
-        m = JobMonitor.restore(state["monitor"], self.settings, dump_wait_s=self.dump_wait_s)
+        m = JobMonitor.restore(st.monitor, self.settings, dump_wait_s=self.dump_wait_s)
         self.adopt(m)
         return m

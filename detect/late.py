@@ -8,13 +8,12 @@ later is judged against its own window's peers and not today's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import numpy as np
 from artemis.detect.arrays import F64, I64, pack, unpack
+from artemis.detect.state import LateEntry
 from artemis.detect.tuning import LATE_PEERS
 from artemis.detect.view import Ctx
 from artemis.protocol.columns import WindowBatch, WindowColumns, from_wire, to_wire
@@ -36,9 +35,9 @@ class LateRef:
             self.wire = msgspec.msgpack.encode(to_wire(self.rows))
         return self.wire
 
-    def snapshot(self, window: int) -> list[Any]:
+    def snapshot(self, window: int) -> LateEntry:
         """One entry of the detector snapshot's `late` list."""
-        return [
+        return (
             window,
             self.ctx.steps,
             self.ctx.step_ms,
@@ -47,14 +46,15 @@ class LateRef:
             self.rows_wire(),
             pack(self.weight),
             pack(self.pending),
-        ]
+        )
 
     @classmethod
-    def restore(cls, entry: Sequence[Any]) -> tuple[int, LateRef]:
+    def restore(cls, entry: LateEntry) -> tuple[int, LateRef]:
+        """An entry of `DetectorState.late` (already read: typed)."""
         w, steps, step_ms, hpm, live, rows, weight, pending = entry
-        return int(w), cls(
-            ctx=Ctx(int(w), [int(x) for x in steps], float(step_ms), float(hpm)),
-            live=float(live),
+        return w, cls(
+            ctx=Ctx(w, steps, step_ms, hpm),
+            live=live,
             rows=from_wire(msgspec.msgpack.decode(rows, type=WindowBatch)),
             weight=unpack(weight, np.int64),
             pending=unpack(pending, np.int64),

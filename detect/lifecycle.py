@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from artemis.detect.settings import Settings
+from artemis.detect.state import TrackState, plain, read
 
 
 class Phase(str, enum.Enum):
@@ -158,29 +159,33 @@ class Track:
         self.recent = deque(self.recent, maxlen=flag_window)
         self.long = deque(self.long, maxlen=2 * flag_window)
 
+    def state(self) -> TrackState:
+        return TrackState(
+            recent=list(self.recent),
+            long=list(self.long),
+            intermittent=self.intermittent,
+            active=self.active,
+            since=self.since,
+            good_run=self.good_run,
+            pending_hours=self.pending_hours,
+            hours=self.hours,
+        )
+
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "recent": list(self.recent),
-            "long": list(self.long),
-            "intermittent": self.intermittent,
-            "active": self.active,
-            "since": self.since,
-            "good_run": self.good_run,
-            "pending_hours": self.pending_hours,
-            "hours": self.hours,
-        }
+        return plain(self.state())
 
     @classmethod
-    def restore(cls, state: Mapping[str, Any], flag_window: int) -> Track:
+    def restore(cls, state: Mapping[str, Any] | TrackState, flag_window: int) -> Track:
+        s = read(state, TrackState)
         t = cls(flag_window)
-        t.recent.extend(bool(x) for x in state["recent"])
-        t.long.extend(bool(x) for x in state.get("long", state["recent"]))
-        t.intermittent = bool(state.get("intermittent", False))
-        t.active = bool(state["active"])
-        t.since = None if state["since"] is None else int(state["since"])
-        t.good_run = int(state["good_run"])
-        t.pending_hours = float(state["pending_hours"])
-        t.hours = float(state["hours"])
+        t.recent.extend(s.recent)
+        t.long.extend(s.recent if s.long is None else s.long)
+        t.intermittent = s.intermittent
+        t.active = s.active
+        t.since = s.since
+        t.good_run = s.good_run
+        t.pending_hours = s.pending_hours
+        t.hours = s.hours
         return t
 
 
@@ -230,9 +235,14 @@ class Ledger:
         for t in self.tracks.values():
             t.resize(flag_window)
 
+    def state(self) -> list[tuple[str, str, TrackState]]:
+        return [(k, s, t.state()) for (k, s), t in self.tracks.items()]
+
     def snapshot(self) -> list[list[Any]]:
         return [[k, s, t.snapshot()] for (k, s), t in self.tracks.items()]
 
-    def restore(self, tracks: Any, gpu_hours: float, flag_window: int) -> None:
+    def restore(
+        self, tracks: Sequence[tuple[str, str, TrackState]], gpu_hours: float, flag_window: int
+    ) -> None:
         self.tracks = {(k, s): Track.restore(t, flag_window) for k, s, t in tracks}
         self.gpu_hours = float(gpu_hours)

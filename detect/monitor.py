@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 from artemis.detect import findings as F
 from artemis.detect.baselines import BaselineBook
@@ -34,6 +35,14 @@ from artemis.detect.fingerprint import JobFingerprint
 from artemis.detect.hang import HangVerdict, check_hang
 from artemis.detect.incidents import IncidentBook, WindowView
 from artemis.detect.settings import Settings
+from artemis.detect.state import (
+    FingerprintsState,
+    HangState,
+    MonitorState,
+    VerdictState,
+    plain,
+    read,
+)
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankProgress, RankWindow
 from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
@@ -578,61 +587,61 @@ class JobMonitor:
 
     # ------------------------------------------------------------------ state
 
-    def snapshot(self) -> dict[str, Any]:
-        """The whole state as plain data (msgpack-able)."""
+    def state(self) -> MonitorState:
+        """The whole state (detect/state.py)."""
         h = self.hang
-        return {
-            "version": SNAPSHOT_VERSION,
-            "job": self.job,
-            "run": self.run,
-            "global_batch": self.global_batch,
-            "window_steps": self.window_steps,
-            "last_window": self.last_window,
-            "step_ms": self.step_ms,
-            "missing_since": self.missing_since,
-            "colls_per_step": self.colls_per_step,
-            "hosts": self.hosts,
-            "detector": self.detector.snapshot(),
-            # Added within version 1: a snapshot without it restores with no open incident.
-            "incidents": self.incidents.snapshot(),
-            # Added within version 1 too: without it, no baseline state (read again).
-            "baselines": self.baselines.snapshot(),
-            "policy": None if self.policy is None else self.policy.snapshot(binary=True),
-            # Added within version 1: a snapshot without it restores with none.
-            "fingerprints": self._fingerprints_state(),
+        return MonitorState(
+            version=SNAPSHOT_VERSION,
+            job=self.job,
+            run=self.run,
+            global_batch=self.global_batch,
+            window_steps=self.window_steps,
+            last_window=self.last_window,
+            step_ms=self.step_ms,
+            missing_since=self.missing_since,
+            colls_per_step=self.colls_per_step,
+            hosts=self.hosts,
+            detector=self.detector.state(),
+            incidents=self.incidents.state(),
+            baselines=self.baselines.state(),
+            policy=None if self.policy is None else self.policy.snapshot(binary=True),
+            fingerprints=self._fingerprints_state(),
             # A hang from its verdict on (the dump request): one whose dumps are still
             # coming is reported by the restarted coordinator (it may never see the hang
             # again: the ranks it needs may have ended or be out of reach by then), one
-            # already reported is not reported twice. `reported` and `expected` were
-            # added within version 1: a snapshot without them held only reported hangs.
-            "hang": None
+            # already reported is not reported twice.
+            hang=None
             if h is None
-            else {
-                "verdict": asdict(h.verdict),
-                "window": h.window,
-                "dumps": h.dumps,
-                "expected": h.expected,
-                "reported": h.reported,
-            },
-        }
+            else HangState(
+                verdict=VerdictState(**asdict(h.verdict)),
+                window=h.window,
+                dumps=h.dumps,
+                expected=h.expected,
+                reported=h.reported,
+            ),
+        )
 
-    def _fingerprints_state(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data (msgpack-able)."""
+        return plain(self.state())
+
+    def _fingerprints_state(self) -> FingerprintsState:
         """The ranks' fingerprints with each distinct software dict once."""
         index: dict[int, int] = {}
         pool: list[dict[str, Any]] = []
-        ranks = []
+        ranks: list[tuple[int, int, str | None]] = []
         for r, (sw, wl) in self.fingerprints.items():
             i = index.get(id(sw))
             if i is None:
                 i = index[id(sw)] = len(pool)
                 pool.append(sw)
-            ranks.append([r, i, wl])
-        return {"software": pool, "ranks": ranks}
+            ranks.append((r, i, wl))
+        return FingerprintsState(software=pool, ranks=ranks)
 
     @classmethod
     def restore(
         cls,
-        state: Mapping[str, Any],
+        state: Mapping[str, Any] | MonitorState,
         settings: Settings,
         *,
         dump_wait_s: float = 5.0,
@@ -641,55 +650,51 @@ class JobMonitor:
         island_order: Sequence[str] | None = None,
     ) -> JobMonitor:
         """A monitor from `snapshot()`, under the caller's `settings` (which may have changed
-        while it was down: apply `update_settings` after, to report a mode change)."""
-        if state.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"job monitor snapshot version {state.get('version')!r} is unknown")
+        while it was down: apply `update_settings` after, to report a mode change). Raises
+        ValueError on an unknown version, msgspec.ValidationError (a ValueError) naming a
+        field of the wrong type."""
+        version = state.version if isinstance(state, MonitorState) else state.get("version")
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(f"job monitor snapshot version {version!r} is unknown")
+        st = read(state, MonitorState)
         m = cls(
-            str(state["job"]),
+            st.job,
             settings,
-            run=str(state["run"]),
-            nranks=int(state["detector"]["nranks"]),
-            global_batch=state["global_batch"],
+            run=st.run,
+            nranks=st.detector.nranks,
+            global_batch=st.global_batch,
             dump_wait_s=dump_wait_s,
             islands=islands,
             classes=classes,
             island_order=island_order,
         )
-        m.detector.restore_state(state["detector"])
-        m.window_steps = int(state["window_steps"])
-        m.last_window = int(state["last_window"])
-        m.step_ms = state["step_ms"]
-        m.missing_since = state["missing_since"]
-        m.colls_per_step = state["colls_per_step"]
-        m.hosts = {int(k): str(v) for k, v in state["hosts"].items()}
-        if state.get("incidents") is not None:
-            m.incidents = IncidentBook.restore(state["incidents"], flag_window=settings.flag_window)
-        fps = state.get("fingerprints")
-        if fps:
-            for r, i, wl in fps["ranks"]:
-                m.on_fingerprint(int(r), fps["software"][int(i)], wl)
-        if state.get("baselines") is not None:
-            m.baselines = BaselineBook.restore(state["baselines"], settings)
-        if state["policy"] is not None:
-            m.policy = RebalancePolicy.restore(state["policy"], m._policy_settings(m.settings))
-        h = state["hang"]
+        m.detector.restore_state(st.detector)
+        m.window_steps = st.window_steps
+        m.last_window = st.last_window
+        m.step_ms = st.step_ms
+        m.missing_since = st.missing_since
+        m.colls_per_step = st.colls_per_step
+        m.hosts = st.hosts
+        if st.incidents is not None:
+            m.incidents = IncidentBook.restore(st.incidents, flag_window=settings.flag_window)
+        if st.fingerprints:
+            fps = st.fingerprints
+            for r, i, wl in fps.ranks:
+                m.on_fingerprint(r, fps.software[i], wl)
+        if st.baselines is not None:
+            m.baselines = BaselineBook.restore(st.baselines, settings)
+        if st.policy is not None:
+            m.policy = RebalancePolicy.restore(st.policy, m._policy_settings(m.settings))
+        h = st.hang
         if h is not None:
-            v = h["verdict"]
-            verdict = HangVerdict(
-                ranks=[int(x) for x in v["ranks"]],
-                behind=[int(x) for x in v["behind"]],
-                collective=int(v["collective"]),
-                last_done={int(k): int(x) for k, x in v["last_done"].items()},
-                waiting_s=float(v["waiting_s"]),
-                bound_s=float(v["bound_s"]),
-            )
+            verdict = HangVerdict(**msgspec.structs.asdict(h.verdict))
             m.hang = _Hang(
                 verdict,
-                int(h["window"]),
+                h.window,
                 None,  # the dump wait starts again at the first tick
-                sorted(int(r) for r in h.get("expected", verdict.last_done)),
-                {int(k): str(x) for k, x in h["dumps"].items()},
-                reported=bool(h.get("reported", True)),
+                sorted(verdict.last_done if h.expected is None else h.expected),
+                h.dumps,
+                reported=h.reported,
                 restored=True,
             )
         return m

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy.typing as npt
 from artemis.detect import scoring
 from artemis.detect.arrays import F64, I64, pack, unpack
 from artemis.detect.settings import Settings
+from artemis.detect.state import DetectorState
 from artemis.detect.tuning import DIAG_PEERS, NOISE_RECENT, NOISE_WINDOWS, SIGMA_FLOOR
 
 T = TypeVar("T")
@@ -191,11 +192,11 @@ class RankHistory:
             "dcusum": pack(self.dcusum[:n]),
         }
 
-    def restore(self, state: Mapping[str, Any], n: int, w: int) -> None:
+    def restore(self, state: DetectorState, n: int, w: int) -> None:
         """Take back `snapshot(n)`'s keys (already grown to `n` ranks), for warm-up `w`.
         Older snapshots lack the keys of later rules: those start afresh."""
-        samples = unpack(state["rank_samples"], np.float64).reshape(n, -1)
-        count = unpack(state["rank_count"], np.int64)
+        samples = unpack(state.rank_samples, np.float64).reshape(n, -1)
+        count = unpack(state.rank_count, np.int64)
         self.rank_samples[:n] = np.nan
         keep = min(w, samples.shape[1])
         self.rank_samples[:n, :keep] = samples[:, :keep]
@@ -203,18 +204,25 @@ class RankHistory:
         self.ratio_samples[:n] = np.nan
         self.cusum[:n] = 0.0
         self.dcusum[:n] = 0.0
-        if "dcusum" in state:  # (snapshots from before the adaptive degraded rule lack it)
-            self.dcusum[:n] = unpack(state["dcusum"], np.float64)
-        if "ratio_samples" in state:  # snapshots from before the adaptive rule lack it
-            rs = unpack(state["ratio_samples"], np.float64).reshape(n, -1)
+        if state.dcusum is not None:  # (snapshots from before the adaptive degraded rule)
+            self.dcusum[:n] = unpack(state.dcusum, np.float64)
+        if state.ratio_samples is not None:  # snapshots from before the adaptive rule lack it
+            rs = unpack(state.ratio_samples, np.float64).reshape(n, -1)
             self.ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
-            self.cusum[:n] = unpack(state["cusum"], np.float64)
+            self.cusum[:n] = unpack(_needed(state.cusum, "cusum"), np.float64)
         self.prev_lg[:n] = np.nan
         self.live_noise.clear()
-        if "prev_lr" in state:  # snapshots from before the live noise lack it
-            self.prev_lg[:n] = unpack(state["prev_lr"], np.float64)
-            self.live_noise.extend(unpack(d, np.float64) for d in state["live_noise"])
+        if state.prev_lr is not None:  # snapshots from before the live noise lack it
+            self.prev_lg[:n] = unpack(state.prev_lr, np.float64)
+            self.live_noise.extend(unpack(d, np.float64) for d in state.live_noise)
         self.samples_version += 1
+
+
+def _needed(value: bytes | None, key: str) -> bytes:
+    """A key that a state with its rule's other keys must hold (KeyError as before)."""
+    if value is None:
+        raise KeyError(key)
+    return value
 
 
 def noise_sd(d: F64) -> float:
