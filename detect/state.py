@@ -27,9 +27,37 @@ def _enc(obj: Any) -> Any:
     raise TypeError(f"state value of type {type(obj).__name__} cannot be saved")
 
 
-def plain(state: msgspec.Struct) -> Any:
-    """`state` as plain data (dicts, lists, raw bytes kept as bytes): what is saved."""
+def _builtins(state: Any) -> Any:
     return msgspec.to_builtins(state, builtin_types=(bytes, bytearray), enc_hook=_enc)
+
+
+def plain(state: msgspec.Struct) -> Any:
+    """`state` as plain data (dicts, lists, raw bytes kept as bytes): what is saved.
+
+    A detector's two rank-long lists (`host`, `island_of`: made fresh by `.tolist()`
+    for this state) are handed over as they are: converting them would copy 2 x nranks
+    items on every window's save (about 1 ms at 100k ranks, bench/README.md "Detector
+    scoring", the snapshot column)."""
+    path: list[str] = []
+    det: Any = state
+    while not isinstance(det, DetectorState):
+        key = "monitor" if isinstance(det, JobState) else "detector"
+        if not isinstance(det, (JobState, MonitorState)) or getattr(det, key) is None:
+            return _builtins(state)
+        path.append(key)
+        det = getattr(det, key)
+    light: Any = msgspec.structs.replace(det, host=[], island_of=[])
+    for depth in range(len(path) - 1, -1, -1):  # the same state around the lighter node
+        outer: Any = state
+        for key in path[:depth]:
+            outer = getattr(outer, key)
+        light = msgspec.structs.replace(outer, **{path[depth]: light})
+    out = _builtins(light)
+    node = out
+    for key in path:
+        node = node[key]
+    node["host"], node["island_of"] = det.host, det.island_of
+    return out
 
 
 def read(data: Any, kind: type[S]) -> S:
