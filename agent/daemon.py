@@ -43,7 +43,7 @@ from artemis.agent.telemetry.base import (
     collect,
     merge,
 )
-from artemis.common.lifecycle import Lifecycle
+from artemis.common.lifecycle import Daemon
 from artemis.protocol.messages import Control, Dump, Fingerprint, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow, Software
 from artemis.protocol.transport import Transport
@@ -532,7 +532,7 @@ def incarnation() -> str:
     return f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
-class AgentDaemon(Lifecycle):
+class AgentDaemon(Daemon):
     """The agent process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
 
     startup opens the rings present and starts the uplink (its hello names their

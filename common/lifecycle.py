@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 import structlog
@@ -24,8 +25,7 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Lifecycle:
-    """The exit flags, the wake-up a main loop waits on between ticks, and ``serve``
-    around the daemon's ``startup``, ``main_loop`` and ``shutdown``."""
+    """The exit flags and the wake-up a main loop waits on between ticks."""
 
     def __init__(self) -> None:
         self._should_exit = False
@@ -49,23 +49,6 @@ class Lifecycle:
         self.should_exit = True
         log.info("exit requested", signal=signal.Signals(sig).name if sig else None)
 
-    async def serve(self) -> None:
-        """Run the daemon: start it, loop until asked to exit, and always shut it down."""
-        try:
-            await self.startup()
-            await self.main_loop()
-        finally:
-            await self.shutdown()
-
-    async def startup(self) -> None:
-        raise NotImplementedError
-
-    async def main_loop(self) -> None:
-        raise NotImplementedError
-
-    async def shutdown(self) -> None:
-        raise NotImplementedError
-
     async def wait_tick(self, seconds: float) -> None:
         """Sleep until the next tick, or less when exit is asked for."""
         if self._wake is None:
@@ -74,6 +57,28 @@ class Lifecycle:
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
+
+
+class Daemon(Lifecycle, ABC):
+    """A daemon's run: ``serve`` starts it, loops until asked to exit, and always shuts
+    it down; each daemon (agent, coordinator) gives the three steps."""
+
+    async def serve(self) -> None:
+        """Run the daemon: start it, loop until asked to exit, and always shut it down."""
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+
+    @abstractmethod
+    async def startup(self) -> None: ...
+
+    @abstractmethod
+    async def main_loop(self) -> None: ...
+
+    @abstractmethod
+    async def shutdown(self) -> None: ...
 
 
 @contextlib.contextmanager

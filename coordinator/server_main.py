@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from artemis.common.lifecycle import Lifecycle, capture_signals
+from artemis.common.lifecycle import Daemon, capture_signals
 from artemis.common.tomlfile import ConfigError
 from artemis.coordinator.cli import prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
@@ -38,7 +38,7 @@ from artemis.store.sink import StoreSink
 log = structlog.get_logger("artemis.coordinator")
 
 
-class CoordinatorServer(Lifecycle):
+class CoordinatorServer(Daemon):
     """The coordinator process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
 
     startup validates the detector settings and the secret (``ConfigError``

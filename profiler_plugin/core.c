@@ -94,31 +94,6 @@ int art_membarrier_register(void) {
 #ifdef ART_TEST_HOOKS
 /* the harness only (tests/harness_shared.c test_switch_mb_fail): both membarriers fail */
 _Atomic int art_test_membarrier_fail;
-#endif
-
-/* A full memory barrier on every running thread of the process: the slow
- * side of an asymmetric Dekker whose fast side (the owner's start) has only a
- * compiler barrier. Once per context, at its switch to shared mode. Returns 1
- * if one of the two membarriers succeeded; 0 leaves the switch to the owner's
- * acknowledgement (op_start). */
-static __attribute__((noinline)) int art_membarrier(void) {
-#ifdef ART_TEST_HOOKS
-    if (atomic_load(&art_test_membarrier_fail)) return 0;
-#endif
-#ifdef ART_HAVE_MEMBARRIER
-    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return 1;
-    return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0;
-#else
-    return 0;
-#endif
-}
-
-static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
-                                 const char *dtype, size_t count, uint8_t nChannels,
-                                 const char *algo, const char *proto, int peer, int single,
-                                 int alone, int fastp, ArtLane *lane);
-
-#ifdef ART_TEST_HOOKS
 /* the harness only (tests/harness_shared.c test_switch_in_start): called by the
  * owner's plain start between the load and the store of its ticket */
 void (*_Atomic art_test_ticket_hook)(void);
@@ -153,6 +128,28 @@ void (*_Atomic art_test_kfin_hook)(int where);
 #define ART_TICKET_HOOK() ((void)0)
 #define ART_KFIN_HOOK(w) ((void)0)
 #endif
+
+/* A full memory barrier on every running thread of the process: the slow
+ * side of an asymmetric Dekker whose fast side (the owner's start) has only a
+ * compiler barrier. Once per context, at its switch to shared mode. Returns 1
+ * if one of the two membarriers succeeded; 0 leaves the switch to the owner's
+ * acknowledgement (op_start). */
+static __attribute__((noinline)) int art_membarrier(void) {
+#ifdef ART_TEST_HOOKS
+    if (atomic_load(&art_test_membarrier_fail)) return 0;
+#endif
+#ifdef ART_HAVE_MEMBARRIER
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return 1;
+    return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0;
+#else
+    return 0;
+#endif
+}
+
+static inline void op_start_body(ArtCtx *ctx, void **eHandle, uint8_t kind, const char *func,
+                                 const char *dtype, size_t count, uint8_t nChannels,
+                                 const char *algo, const char *proto, int peer, int single,
+                                 int alone, int fastp, ArtLane *lane);
 
 /* A start of another thread than the owner before the switch is safe: its
  * record is dropped (counted), its collective still counted in coll_seq. */

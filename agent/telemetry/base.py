@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -204,7 +205,7 @@ class RunningTotals:
         return self._totals.get((scope, name))
 
 
-class GpuLibrarySource:
+class GpuLibrarySource(ABC):
     """What the vendor-library GPU sources (NVML, AMD SMI) share: the library is opened
     once, on first use, and each rank's GPU is looked up once per pid. A subclass gives
     ``_init`` (open the library: (True, "") or (False, why)) and ``_find_gpu``."""
@@ -222,12 +223,13 @@ class GpuLibrarySource:
             self._state = self._init()
         return self._state
 
+    @abstractmethod
     def _init(self) -> tuple[bool, str]:
-        raise NotImplementedError
+        """Open the library: (True, "") when it works and sees a GPU, else (False, why)."""
 
+    @abstractmethod
     def _find_gpu(self, pid: int) -> int | None:
         """The index of the GPU the process ``pid`` uses, None when not found."""
-        raise NotImplementedError
 
     def gpu_index(self, target: RankTarget) -> int | None:
         """The rank's GPU index: the one it gave, else the one its pid is found on."""
