@@ -20,7 +20,6 @@ is counted twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import secrets
@@ -48,7 +47,6 @@ from artemis.protocol.messages import Control, Dump, Fingerprint, Heartbeat, Ran
 from artemis.protocol.records import RankProgress, RankWindow, Software
 from artemis.protocol.transport import Transport
 from artemis.rebalance.files import UNIFORM_PLAN_ID
-from artemis.ring import format as rf
 from artemis.ring import lifetime
 from artemis.ring.reader import RingError, RingHeader, RingReader, records_to_dicts
 
@@ -475,20 +473,15 @@ class Agent:
             self._drop(t)
             self._gone_since.pop(t.path, None)
             try:
-                t.path.unlink()
-                self.removed += 1
-                self.reclaimed += gone
-                log.info(
-                    "dead writer's ring reclaimed" if gone else "finished ring removed",
-                    path=t.path.name,
-                )
-            except FileNotFoundError:
-                pass
+                if lifetime.remove(t.path):  # the ring and its sidecars
+                    self.removed += 1
+                    self.reclaimed += gone
+                    log.info(
+                        "dead writer's ring reclaimed" if gone else "finished ring removed",
+                        path=t.path.name,
+                    )
             except OSError as e:
                 log.warning("cannot remove finished ring", path=t.path.name, error=str(e))
-            for side in (rf.env_sidecar_path(t.path), lifetime.reader_mark_path(t.path)):
-                with contextlib.suppress(OSError):
-                    os.unlink(side)
 
     def _writer_gone(self, t: Tracked, now: float) -> bool:
         """The ring's writer died without finishing it at least ``reclaim_after_s`` ago:
