@@ -50,6 +50,7 @@ __all__ = [
     "Ack",
     "Auth",
     "Control",
+    "CORRECTION_MINOR",
     "ControlAction",
     "DataMessage",
     "Dump",
@@ -69,7 +70,11 @@ __all__ = [
 ]
 
 # 1.1: `windows` carries columns (columns.py); 1.0 per-rank maps still accepted.
-PROTOCOL_VERSION: tuple[int, int] = (1, 1)
+# 1.2: control action `correction` and `Ack.result` (docs/DESIGN.md "Corrections");
+# a correction goes only to agents that announced 1.2 or later.
+PROTOCOL_VERSION: tuple[int, int] = (1, 2)
+# The first minor that understands a `correction` control.
+CORRECTION_MINOR = 2
 # The last minor whose `windows` message carries one map per rank.
 ROW_WINDOWS_MINOR = 0
 
@@ -290,12 +295,13 @@ class Fingerprint(_Wire, Message, tag="fingerprint", frozen=True, kw_only=True):
     workload: Workload | None = None
 
 
-ControlAction: TypeAlias = Literal["dump", "plan", "settings"]
+ControlAction: TypeAlias = Literal["dump", "plan", "settings", "correction"]
 CONTROL_ACTIONS: tuple[str, ...] = ("dump", "plan", "settings")
 
 
 class Control(_Wire, Message, tag="control", frozen=True, kw_only=True):
-    """Coordinator -> agent: a dump request, a rebalance plan or new settings."""
+    """Coordinator -> agent: a dump request, a rebalance plan, new settings or (1.2) a
+    correction to apply or roll back."""
 
     TYPE: ClassVar[str] = "control"
     control_id: Name
@@ -311,7 +317,8 @@ class Ack(_Wire, Message, tag="ack", frozen=True, kw_only=True):
 
     Coordinator -> agent: ``upto`` = every data seq <= upto is handed to the
     coordinator's app (or was dropped by the agent). Agent -> coordinator:
-    ``control_id`` with ``ok``/``detail`` = the result of one Control.
+    ``control_id`` with ``ok``/``detail`` = the result of one Control; from 1.2
+    ``result`` carries a correction's outcome (status, before, after, error).
     """
 
     TYPE: ClassVar[str] = "ack"
@@ -319,10 +326,13 @@ class Ack(_Wire, Message, tag="ack", frozen=True, kw_only=True):
     control_id: Name | None = None
     ok: bool = True
     detail: Text = ""
+    result: FreeMap | None = None
 
     def __post_init__(self) -> None:
         if self.upto is None and self.control_id is None:
             raise ValueError("upto: missing; an ack needs upto or control_id (or both)")
+        if self.result is not None:
+            _check_free("result", self.result)
 
 
 class Error(_Wire, Message, tag="error", frozen=True, kw_only=True):

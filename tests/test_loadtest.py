@@ -95,7 +95,7 @@ def test_agents_of_both_protocol_minors_in_one_job_are_both_scored(tmp_path: Pat
             for rec in c.daemon.log_records()  # type: ignore[union-attr]
             if rec.get("event") == "agent connected" and "version" in rec
         }
-        assert sorted(versions.values()) == ["1.0", "1.1"], versions
+        assert sorted(versions.values()) == ["1.0", "1.2"], versions
     finally:
         assert c.daemon is not None
         c.daemon.stop()
