@@ -1,0 +1,101 @@
+"""The simulator honours corrections: a fault that is a GPU setting (a locked clock, a
+lowered power limit) ends when the setting is undone, one that is not (thermal) does not.
+
+A whole simulated cluster runs (real coordinator, agents, plugin); part way through,
+the test undoes the faulty rank's setting through the simulated agent's own
+correction backend (``SimulatedControl`` on the control file beside the rank's ring,
+as the agent does for a ``correction`` control). The rank's pace (its compute gap
+over its peers', ``straggler_rank_pace_ratio``) is read from the coordinator
+before and after: a ``clocks`` fault's rank returns to its peers' pace; a
+``thermal`` fault's rank, whose clocks the same reset leaves as they were, does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from artemis.agent.corrections.simulated import SimulatedControl, read_gpu_state
+from artemis.sim.cluster import SimCluster, SimContext
+from artemis.sim.hostproc import metric_value
+from daemon_harness import metric_by_label, scrape
+from sim_runs import sim_options
+
+SCENARIO = """
+[job]
+ranks = 4
+ranks_per_host = 2
+step_ms = 40.0
+collectives_per_step = 4
+window_steps = 20
+windows = {windows}
+noise = 0.01
+seed = 5
+
+[[fault]]
+kind = "{kind}"
+rank = 1
+start_window = 3
+slowdown = 0.3
+"""
+FIX_AT = 9  # the window the setting is undone after
+WINDOWS = 20
+
+
+def pace(url: str, rank: int) -> float | None:
+    return metric_by_label(scrape(url), "straggler_rank_pace_ratio", "rank").get(str(rank))
+
+
+@pytest.mark.parametrize(
+    ("kind", "action", "recovers"),
+    [
+        ("clocks", "reset_clocks", True),
+        ("power", "restore_power_limit", True),
+        ("thermal", "reset_clocks", False),
+    ],
+)
+def test_undoing_the_setting_ends_clocks_and_power_faults_only(
+    tmp_path: Path, kind: str, action: str, recovers: bool
+) -> None:
+    scenario = tmp_path / f"{kind}.toml"
+    scenario.write_text(SCENARIO.format(kind=kind, windows=WINDOWS))
+    seen: dict[str, Any] = {}
+
+    def tick(ctx: SimContext) -> None:
+        last = metric_value(ctx.metrics_url, "straggler_last_window")
+        if "fixed" in seen or last is None or last < FIX_AT:
+            return
+        seen["before"] = pace(ctx.metrics_url, 1)
+        ring = next((tmp_path / "work" / "shm" / "sim-node-0").glob("*.r1.ring"))
+        ctl = SimulatedControl([ring])
+        seen["state"] = ctl.state(action, -1)
+        seen["after_state"] = ctl.apply(action, -1, seen["state"])
+        seen["fixed"] = int(last)
+
+    def end(ctx: SimContext) -> None:
+        seen["end"] = pace(ctx.metrics_url, 1)
+        seen["peers"] = [pace(ctx.metrics_url, r) for r in (0, 2, 3)]
+
+    res = SimCluster(scenario, sim_options(tmp_path, on_tick=tick, on_end=end)).run()
+    assert res.ok, res.reason
+    assert seen["fixed"] <= WINDOWS - 6, "the fix came too late to be seen"
+    assert seen["before"] is not None and seen["before"] > 1.2  # the fault's slowdown
+    before, after = seen["state"], seen["after_state"]
+    if kind == "power":  # a lowered limit, the default beside it; restored
+        assert before["power_limit_w"] < before["default_w"] == after["power_limit_w"]
+    else:  # clocks: a locked clock, unlocked; thermal: nothing was locked
+        assert (before["locked_sm_mhz"] is not None) == recovers
+        assert after["locked_sm_mhz"] is None
+    print(kind, seen)  # the figures, with -s
+    end_pace = seen["end"]
+    assert end_pace is not None
+    if recovers:
+        assert abs(end_pace - 1.0) < 0.05, seen
+    else:
+        assert end_pace > 1.2, seen
+    # the rank's telemetry follows its GPU: the simulator rewrote it from the fix on
+    simtel = tmp_path / "work" / "shm" / "sim-node-0" / f"{kind}-sim.simtel.r1.json"
+    segs = read_gpu_state(simtel) or {}
+    ends = [s["end_window"] for s in segs.get("segments", [])]
+    assert (any(e is not None and e > 3 for e in ends)) == recovers, segs
