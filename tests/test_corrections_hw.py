@@ -296,3 +296,36 @@ def test_amd_no_permission_is_a_correction_error_with_its_text() -> None:
     with pytest.raises(CorrectionError, match="AMDSMI_STATUS_NO_PERM"):
         ctl.apply("restore_power_limit", 0, ctl.state("restore_power_limit", 0))
     assert gpu.cap_uw == 500_000_000
+
+
+# ------------------------------------------------------------------ the default limit
+
+
+def test_telemetry_reports_the_default_power_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """power_limit_default_w beside power_limit_w: NVML's default (mW), AMD SMI's
+    default_power_cap (µW), the simulator's default (a power fault lowers only the limit)."""
+    from artemis.agent.telemetry import RankTarget
+    from artemis.sim.scenario import parse_scenario
+    from artemis.sim.telemetry import telemetry_plan
+    from test_telemetry_amd import install as install_amd
+    from test_telemetry_nvml import FakeGpu
+    from test_telemetry_nvml import install as install_nvml
+
+    src, nv = install_nvml(monkeypatch, [FakeGpu()])
+    nv.nvmlDeviceGetPowerManagementDefaultLimit = lambda h: 800_000  # type: ignore[attr-defined]
+    got = src.sample(RankTarget(rank=0, gpu_index=0))
+    assert (got["power_limit_w"], got["power_limit_default_w"]) == (700.0, 800.0)
+
+    amd = install_amd(monkeypatch, [FakeAmdGpu()]).sample(RankTarget(rank=0, gpu_index=0))
+    assert amd["power_limit_default_w"] == 750.0
+
+    job = {"ranks": 2, "ranks_per_host": 2, "step_ms": 10.0, "collectives_per_step": 2}
+    sc = parse_scenario(
+        {
+            "job": {**job, "window_steps": 10, "windows": 4},
+            "fault": [{"kind": "power", "rank": 1, "start_window": 0, "slowdown": 0.2}],
+        }
+    )
+    doc = telemetry_plan(sc)[1]
+    lowered = doc["segments"][0]["fields"]["power_limit_w"]
+    assert doc["base"]["power_limit_default_w"] == 700.0 > lowered

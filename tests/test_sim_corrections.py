@@ -99,3 +99,45 @@ def test_undoing_the_setting_ends_clocks_and_power_faults_only(
     segs = read_gpu_state(simtel) or {}
     ends = [s["end_window"] for s in segs.get("segments", [])]
     assert (any(e is not None and e > 3 for e in ends)) == recovers, segs
+
+
+def test_a_fault_is_cut_where_its_setting_was_off_and_resumes_after_a_rollback(
+    tmp_path: Path,
+) -> None:
+    """GpuStates over real control files: undo the lock before window 6, put it back
+    before window 9; the clocks fault runs [3, 6) and [9, end), its other rank untouched."""
+    from artemis.agent.corrections.simulated import gpu_state_path, write_gpu_state
+    from artemis.sim.gpustate import GpuStates, control_path, initial_state
+    from artemis.sim.model import LockstepModel
+    from artemis.sim.scenario import parse_scenario
+    from artemis.sim.telemetry import telemetry_plan
+
+    sc = parse_scenario(
+        {
+            "job": {"ranks": 4, "ranks_per_host": 2, "step_ms": 10.0, "collectives_per_step": 2}
+            | {"window_steps": 10, "windows": 12},
+            "fault": [{"kind": "clocks", "ranks": [1, 2], "start_window": 3, "slowdown": 0.3}],
+        }
+    )
+    plan = telemetry_plan(sc)
+    for r in range(sc.ranks):
+        path = control_path(sc, "j", "run1", tmp_path, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_gpu_state(path, initial_state(sc, r, plan[r]["base"]))
+    path = control_path(sc, "j", "run1", tmp_path, 1)
+    assert path == gpu_state_path(str(path).removesuffix(".gpu.json"))
+    assert path.name.endswith(".r1.ring.gpu.json") and path.parent.name == "sim-node-0"
+    states = GpuStates(sc, "j", "run1", tmp_path)
+    locked = read_gpu_state(path) or {}
+    assert locked["locked_sm_mhz"] is not None
+    assert states.update(4) == set()
+    write_gpu_state(path, {**locked, "locked_sm_mhz": None})
+    assert states.update(6) == {1}
+    write_gpu_state(path, locked)
+    assert states.update(9) == {1}
+    eff = states.effective()
+    spans = sorted((f.ranks, f.start_window, f.end_window) for f in eff.faults)
+    assert spans == [((1,), 3, 6), ((1,), 9, None), ((2,), 3, None)]
+    model = LockstepModel(eff)
+    slow = [model.slowdowns(w)[0][1] for w in (5, 7, 10)]
+    assert slow[0] > 0.25 and slow[1] == 0.0 and slow[2] > 0.25
