@@ -263,8 +263,7 @@ def fake_amdsmi(gpu: AmdGpu) -> types.ModuleType:
 
 
 def test_amd_reset_clocks_goes_auto_and_rollback_restores_manual_levels() -> None:
-    gpu = AmdGpu()
-    ctl = AmdSmiControl(fake_amdsmi(gpu))
+    ctl = AmdSmiControl(fake_amdsmi(gpu := AmdGpu()))
     before = ctl.state("reset_clocks", 0)
     assert before == {
         "vendor": "amd",
@@ -329,3 +328,23 @@ def test_telemetry_reports_the_default_power_limit(monkeypatch: pytest.MonkeyPat
     doc = telemetry_plan(sc)[1]
     lowered = doc["segments"][0]["fields"]["power_limit_w"]
     assert doc["base"]["power_limit_default_w"] == 700.0 > lowered
+
+
+def test_nvml_rollback_without_memory_locks_still_relocks_the_gpu_clock() -> None:
+    gpu = NvGpu()
+    gpu.deny["nvmlDeviceSetMemoryLockedClocks"] = NVML_ERROR_NOT_SUPPORTED  # before Ampere
+    ctl = NvmlControl(fake_pynvml(gpu))
+    before = ctl.state("reset_clocks", 0)
+    ctl.apply("reset_clocks", 0, before)
+    ctl.rollback("reset_clocks", 0, before)
+    assert gpu.locked_sm == (1410, 1410) and gpu.locked_mem is None
+    gpu.deny["nvmlDeviceSetGpuLockedClocks"] = NVML_ERROR_NO_PERMISSION
+    with pytest.raises(CorrectionError, match="Insufficient Permissions"):
+        ctl.rollback("reset_clocks", 0, before)
+
+
+def test_run_names_a_bad_corrections_mode() -> None:
+    from artemis.cli.run import RunError, RunOptions, run
+
+    with pytest.raises(RunError, match="--corrections: expected one of off, recommend, apply"):
+        run(RunOptions(command=["true"], corrections="always"))

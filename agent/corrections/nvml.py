@@ -14,7 +14,8 @@ Calls, checked against nvidia-ml-py 13's signatures:
   locks to what was observed, min = max: ``nvmlDeviceSetGpuLockedClocks(h, sm, sm)``,
   ``nvmlDeviceSetMemoryLockedClocks(h, mem, mem)``, and the application clocks
   with ``nvmlDeviceSetApplicationsClocks(h, mem, sm)`` (memory first, as NVML
-  takes them) when they were read.
+  takes them) when they were read; the last two may answer NOT_SUPPORTED (boards
+  before Ampere, drivers without application clocks): no setting to restore there.
 * restore_power_limit: ``nvmlDeviceSetPowerManagementLimit(h, mW)`` to
   ``nvmlDeviceGetPowerManagementDefaultLimit(h)`` (mW); the enforced limit before
   from ``nvmlDeviceGetEnforcedPowerLimit`` (mW), else
@@ -72,11 +73,23 @@ class NvmlControl(GpuControl):
         return int(getattr(self._nv, name, default))
 
     def _optional(self, name: str, *args: Any) -> Any:
-        """A call whose NOT_SUPPORTED (or missing symbol) means "none": None then."""
+        """A read whose failure (NOT_SUPPORTED, a missing symbol) means "none": None then."""
         try:
             return self._call(name, *args)
         except CorrectionError:
             return None
+
+    def _unless_unsupported(self, name: str, *args: Any) -> None:
+        """A set call the board may not have: NOT_SUPPORTED (or a driver without the
+        symbol) is no failure; any other error (NO_PERMISSION) is."""
+        fn = getattr(self._nv, name, None)
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except self._nv.NVMLError as e:
+            if getattr(e, "value", None) not in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+                raise CorrectionError(f"NVML: {e}") from None
 
     # ------------------------------------------------------------- clocks
     def clock_state(self, gpu: int) -> dict[str, Any]:
@@ -93,15 +106,7 @@ class NvmlControl(GpuControl):
         h = self._handle(gpu)
         self._call("nvmlDeviceResetGpuLockedClocks", h)
         self._call("nvmlDeviceResetMemoryLockedClocks", h)
-        fn = getattr(self._nv, "nvmlDeviceResetApplicationsClocks", None)
-        if fn is None:
-            return
-        try:
-            fn(h)
-        except self._nv.NVMLError as e:
-            # Deprecated: NOT_SUPPORTED (or a driver without the symbol) is no failure.
-            if getattr(e, "value", None) not in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
-                raise CorrectionError(f"NVML: {e}") from None
+        self._unless_unsupported("nvmlDeviceResetApplicationsClocks", h)  # deprecated
 
     def restore_clocks(self, gpu: int, before: dict[str, Any]) -> None:
         sm, mem = before.get("sm_mhz"), before.get("mem_mhz")
@@ -109,10 +114,12 @@ class NvmlControl(GpuControl):
             raise CorrectionError(f"before: no sm_mhz/mem_mhz to lock to ({before!r})")
         h = self._handle(gpu)
         self._call("nvmlDeviceSetGpuLockedClocks", h, sm, sm)
-        self._call("nvmlDeviceSetMemoryLockedClocks", h, mem, mem)
+        # Memory locks came with Ampere and application clocks are deprecated: a board
+        # without them had no such setting to restore.
+        self._unless_unsupported("nvmlDeviceSetMemoryLockedClocks", h, mem, mem)
         app_sm, app_mem = before.get("app_sm_mhz"), before.get("app_mem_mhz")
         if isinstance(app_sm, int) and isinstance(app_mem, int):
-            self._call("nvmlDeviceSetApplicationsClocks", h, app_mem, app_sm)
+            self._unless_unsupported("nvmlDeviceSetApplicationsClocks", h, app_mem, app_sm)
 
     # ------------------------------------------------------------- power
     def power_state(self, gpu: int) -> dict[str, Any]:
