@@ -4,8 +4,8 @@ Every `poll_interval_s` it reads each ring incrementally, feeds the pure
 summariser, attaches telemetry to the windows that completed, and hands them to
 the uplink, which keeps them until the coordinator acknowledges them. It
 answers control messages (dump a rank's last 256 collectives, publish a
-rebalance plan for the job, change local settings) as far as the node's policy
-allows, and removes a finished job's rings once everything in them has been
+rebalance plan, change local settings, apply a GPU correction: agent/corrections/)
+as far as the node's policy allows, and removes a finished job's rings once everything in them has been
 shipped and acknowledged. While it serves its ring folder it holds the folder's
 agent lock and marks each ring it reads (``artemis.ring.lifetime``), so no writer
 removes a ring it will read; a ring whose writer died unfinished is reclaimed
