@@ -141,3 +141,14 @@ def test_a_fault_is_cut_where_its_setting_was_off_and_resumes_after_a_rollback(
     model = LockstepModel(eff)
     slow = [model.slowdowns(w)[0][1] for w in (5, 7, 10)]
     assert slow[0] > 0.25 and slow[1] == 0.0 and slow[2] > 0.25
+
+
+def test_a_scenario_passes_detector_corrections_through_and_names_a_bad_one() -> None:
+    from artemis.sim.scenario import ScenarioError, parse_scenario
+
+    job = {"ranks": 2, "ranks_per_host": 2, "step_ms": 10.0, "collectives_per_step": 2}
+    job |= {"window_steps": 10, "windows": 4}
+    sc = parse_scenario({"job": job, "detector": {"corrections": "apply"}})
+    assert sc.detector["corrections"] == "apply"  # the coordinator's [detector] key
+    with pytest.raises(ScenarioError, match=r"\[detector\]\.corrections: expected one of off"):
+        parse_scenario({"job": job, "detector": {"corrections": "always"}})
