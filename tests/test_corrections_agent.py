@@ -152,12 +152,12 @@ async def deliver(srv: ProtocolServer, agent: str, b: dict[str, Any], timeout: f
     return await asyncio.wait_for(asyncio.shield(fut), end - loop.time())
 
 
-def agent_daemon(tmp: Path, port: int, secret: Path, name: str) -> Daemon:
+def agent_daemon(tmp: Path, port: int, secret: Path, name: str, consent: bool = True) -> Daemon:
     cfg = tmp / "agent.toml"
     cfg.write_text(
         'telemetry = ["simulated"]\npoll_interval_s = 0.05\nscan_interval_s = 0.1\n'
         f"state_dir = {json.dumps(str(tmp / 'state'))}\n"
-        "[policy]\nallow_corrections = true\n"
+        + ("[policy]\nallow_corrections = true\n" if consent else "")
     )
     exe = Path(sys.executable).parent / "artemis-agent"
     argv = [str(exe), "run", "--coordinator", f"127.0.0.1:{port}", "--shm-dir", str(tmp / "shm")]
@@ -216,3 +216,30 @@ def test_agent_killed_after_applying_does_not_apply_twice(
     assert (read_gpu_state(state) or {})["locked_sm_mhz"] == 1620.0
     journal = json.loads((tmp_path / "state" / "corrections.json").read_text())
     assert journal[b["id"]]["phase"] == "done" and os.path.exists(writer.path)
+
+
+def test_a_real_agent_without_consent_acks_refused_with_the_reason(tmp_path: Path) -> None:
+    """The default agent.toml (no [policy] allow_corrections): the Ack says why."""
+    secret = write_secret(tmp_path / "secret")
+    (tmp_path / "shm").mkdir()
+    writer = RingWriter(tmp_path / "shm", "j", 0xAA, 0, 2, 64)
+    write_gpu_state(gpu_state_path(writer.path), LOCKED)
+
+    async def scenario() -> Ack:
+        srv = ProtocolServer(TcpTransport(), "127.0.0.1:0", load_secret(secret), Sink())
+        port = int((await srv.start()).rsplit(":", 1)[1])
+        agent = agent_daemon(tmp_path, port, secret, "agent", consent=False).start()
+        try:
+            return await deliver(srv, "node-a", body(), 30)
+        finally:
+            agent.stop()
+            await srv.close()
+
+    try:
+        ack = asyncio.run(scenario())
+    finally:
+        writer.close()
+    assert not ack.ok and ack.detail == REFUSED_DETAIL
+    assert (ack.result or {})["status"] == "refused" and (ack.result or {})["id"] == "c-inc1-1"
+    assert read_gpu_state(gpu_state_path(writer.path)) == LOCKED
+    assert not (tmp_path / "state").exists()  # nothing journalled, nothing touched
