@@ -25,6 +25,9 @@ class PolicyConfig:
     allow_dumps: bool = True
     allow_plans: bool = True
     allow_settings: bool = True
+    # Corrections change GPU settings (reset locked clocks, restore the power limit):
+    # off unless the operator turns them on here (docs/OPERATING.md "Corrections").
+    allow_corrections: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class AgentConfig:
     metrics_port: Port = 0  # the agent's Prometheus endpoint (0 = none)
     metrics_addr: str = "127.0.0.1"
     remove_finished: bool = True  # remove a finished job's rings once shipped and acked
+    # The agent's own state (the correction journal): only written with corrections on.
+    state_dir: str = "/var/lib/artemis-agent"
     log_json: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)  # ca verifies the coordinator
     rdma: RdmaConfig = field(default_factory=RdmaConfig)

@@ -4,8 +4,8 @@ Every `poll_interval_s` it reads each ring incrementally, feeds the pure
 summariser, attaches telemetry to the windows that completed, and hands them to
 the uplink, which keeps them until the coordinator acknowledges them. It
 answers control messages (dump a rank's last 256 collectives, publish a
-rebalance plan for the job, change local settings) as far as the node's policy
-allows, and removes a finished job's rings once everything in them has been
+rebalance plan, change local settings, apply a GPU correction: agent/corrections/)
+as far as the node's policy allows, and removes a finished job's rings once everything in them has been
 shipped and acknowledged. While it serves its ring folder it holds the folder's
 agent lock and marks each ring it reads (``artemis.ring.lifetime``), so no writer
 removes a ring it will read; a ring whose writer died unfinished is reclaimed
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from artemis.agent.config import AgentConfig
+from artemis.agent.corrections import node_handler
 from artemis.agent.fingerprint import host_software, ring_software, software_of, workload_signature
 from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
 from artemis.agent.progress import ProgressTracker
@@ -90,6 +91,13 @@ class Tracked:
     workload: str | None = None
 
 
+@dataclass(frozen=True)
+class AckResult:
+    """A control's outcome map that goes back on its Ack (``Ack.result``), not as a message."""
+
+    result: dict[str, Any]
+
+
 def _global_rank(h: RingHeader) -> int:
     return h.global_rank if h.global_rank >= 0 else h.rank
 
@@ -124,6 +132,7 @@ class Agent:
         self._folder = lifetime.FolderLock(self.shm)
         # (job, rank) -> (main ring, software, workload) of the last fingerprint sent
         self._fp_sent: dict[tuple[str, int], tuple[Path, Software, str | None]] = {}
+        self.corrections = node_handler(lambda: self.cfg, sources, self._rank_rings)
 
     # ----------------------------------------------------------------- discovery
     def scan(self) -> list[Tracked]:
@@ -416,7 +425,17 @@ class Agent:
             if not pol.allow_settings:
                 return False, "settings changes are not allowed by this node's policy", []
             return self._settings(msg.body)
+        if msg.action == "correction":
+            # consent, at-most-once by id, the result: agent/corrections/handler.py
+            ok, detail, result = self.corrections.handle(dict(msg.body))
+            return ok, detail, [AckResult(result)]
         return False, f"unknown action {msg.action!r}", []
+
+    def _rank_rings(self, rank: int) -> list[tuple[Path, int]]:
+        """The rank's rings and their writer's pid, its main ring (the largest
+        communicator) first."""
+        rings = [t for t in self.rings.values() if t.grank == rank and not t.is_bridge]
+        return [(t.path, t.header.pid) for t in sorted(rings, key=lambda t: -t.header.nranks)]
 
     def _dump(self, msg: Control) -> tuple[bool, str, list[Any]]:
         job = str(msg.body.get("job", ""))
@@ -658,13 +677,17 @@ class AgentDaemon(Daemon):
         assert self.link is not None
         return int(self.link.stats.acked_upto)
 
-    async def _on_control(self, msg: Control) -> tuple[bool, str]:
+    async def _on_control(self, msg: Control) -> tuple[bool, str, dict[str, Any] | None]:
         assert self.agent is not None and self.link is not None
         ok, detail, replies = self.agent.on_control(msg)
+        result = None
         for r in replies:
-            self.link.enqueue(r)
+            if isinstance(r, AckResult):
+                result = r.result  # rides on the Ack itself (protocol 1.2)
+            else:
+                self.link.enqueue(r)
         (log.info if ok else log.warning)("control", action=msg.action, ok=ok, detail=detail)
-        return ok, detail
+        return ok, detail, result
 
 
 AGENT_VERSION = "0.1.0"

@@ -61,6 +61,9 @@ def sim(
     rebalance: Annotated[
         str | None, typer.Option(help="Override [detector].rebalance: off|recommend|apply.")
     ] = None,
+    corrections: Annotated[
+        str | None, typer.Option(help="Override [detector].corrections: off|recommend|apply.")
+    ] = None,
     workdir: Annotated[
         Path | None,
         typer.Option(help="Keep shm dirs, configs and logs here (default: a temp dir)."),
@@ -85,8 +88,9 @@ def sim(
     _setup_logs()
     if speed not in ("virtual", "realtime"):
         raise typer.BadParameter("expected virtual or realtime", param_hint="--speed")
-    if rebalance not in (None, "off", "recommend", "apply"):
-        raise typer.BadParameter("expected off, recommend or apply", param_hint="--rebalance")
+    for hint, mode in (("--rebalance", rebalance), ("--corrections", corrections)):
+        if mode not in (None, "off", "recommend", "apply"):
+            raise typer.BadParameter("expected off, recommend or apply", param_hint=hint)
     if store is not None:
         from artemis.store.sink import check_setting
 
@@ -102,6 +106,7 @@ def sim(
                 metrics_port=metrics_port,
                 speed=speed,
                 rebalance=rebalance,
+                corrections=corrections,
                 workdir=workdir,
                 keep_workdir=workdir is not None,
                 timeout_s=timeout_s,
@@ -293,6 +298,10 @@ def run(
     rebalance: Annotated[
         str | None, typer.Option(help="off | recommend | apply (default: the config's).")
     ] = None,
+    corrections: Annotated[
+        str | None,
+        typer.Option(help="GPU corrections: off | recommend | apply (default: the config's)."),
+    ] = None,
     window_steps: Annotated[int, typer.Option(help="Steps per window (the agent's).")] = 50,
     colls_per_step: Annotated[
         int, typer.Option(help="Collectives per step (0: inferred by the agent).")
@@ -318,6 +327,7 @@ def run(
                 plans_jsonl=plans_jsonl,
                 metrics_port=metrics_port,
                 rebalance=rebalance,
+                corrections=corrections,
                 window_steps=window_steps,
                 colls_per_step=colls_per_step,
                 config=config,

@@ -68,6 +68,7 @@ class RunOptions:
     plans_jsonl: Path | None = None
     metrics_port: int | None = None
     rebalance: str | None = None
+    corrections: str | None = None  # [detector] corrections: off | recommend | apply
     window_steps: int = 50
     colls_per_step: int = 0
     config: Path | None = None
@@ -91,7 +92,13 @@ def _toml_value(v: Any) -> str:
         raise RunError(f"--config: {e}") from None
 
 
-def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None, state: Path) -> str:
+def _coordinator_toml(
+    user: dict[str, Any],
+    work: Path,
+    rebalance: str | None,
+    state: Path,
+    corrections: str | None = None,
+) -> str:
     """The user's coordinator TOML with what a one-node run needs layered on."""
     top = {k: v for k, v in user.items() if not isinstance(v, dict)}
     tables = {k: dict(v) for k, v in user.items() if isinstance(v, dict)}
@@ -115,6 +122,8 @@ def _coordinator_toml(user: dict[str, Any], work: Path, rebalance: str | None, s
     top["job_linger_s"] = 0.5  # the job's end is what `artemis run` waits for
     if rebalance is not None:
         tables.setdefault("detector", {})["rebalance"] = rebalance
+    if corrections is not None:
+        tables.setdefault("detector", {})["corrections"] = corrections
     lines = [f"{k} = {_toml_value(v)}" for k, v in top.items()]
     for name, tab in tables.items():
         lines.append(f"[{name}]")
@@ -256,6 +265,8 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
         raise RunError(f"COMMAND not found: {exe!r}")
     if opts.rebalance is not None and opts.rebalance not in REBALANCE_MODES:
         raise RunError(f"--rebalance: expected one of {', '.join(REBALANCE_MODES)}")
+    if opts.corrections is not None and opts.corrections not in REBALANCE_MODES:
+        raise RunError(f"--corrections: expected one of {', '.join(REBALANCE_MODES)}")
     if opts.window_steps < 2:
         raise RunError("--window-steps: expected an integer >= 2")
     user_cfg: dict[str, Any] = {}
@@ -289,7 +300,9 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
     plans = (opts.plans_jsonl or out_dir / "plans.jsonl").absolute()
     store = str(user_cfg.get("store", f"sqlite:///{state / 'artemis.db'}"))
     port, mport = _free_port(), opts.metrics_port or _free_port()
-    (work / "coordinator.toml").write_text(_coordinator_toml(user_cfg, work, opts.rebalance, state))
+    (work / "coordinator.toml").write_text(
+        _coordinator_toml(user_cfg, work, opts.rebalance, state, opts.corrections)
+    )
     (work / "agent.toml").write_text(
         "\n".join(
             [
@@ -302,6 +315,9 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
                 f"window_steps = {opts.window_steps}",
                 f"colls_per_step = {opts.colls_per_step}",
                 "remove_finished = false",  # the folder goes as a whole at the end
+                # --corrections apply: the user asks this node to apply them too
+                f"state_dir = {toml_value(str(state / 'agent'))}",
+                f"policy.allow_corrections = {toml_value(opts.corrections == 'apply')}",
             ]
         )
         + "\n"

@@ -47,8 +47,9 @@ from artemis.protocol.transport import ChannelClosed, FrameChannel, Transport
 log = structlog.get_logger("artemis.protocol.client")
 
 # What on_control may return: True/None = applied, False = refused,
-# (ok, detail) to explain. An exception counts as (False, repr(exc)).
-ControlResult = bool | tuple[bool, str] | None
+# (ok, detail) to explain, (ok, detail, result) with a result map for the Ack
+# (protocol 1.2: a correction's outcome). An exception counts as (False, repr(exc)).
+ControlResult = bool | tuple[bool, str] | tuple[bool, str, dict[str, Any] | None] | None
 ControlHandler = Callable[[Control], Awaitable[ControlResult]]
 
 
@@ -495,25 +496,25 @@ class AgentLink:
         # order the coordinator sent them.
         while True:
             ctl = await controls.get()
-            ok, detail = await self._run_control(ctl)
-            ack = session.control_result(ctl.control_id, ok, detail)
+            ok, detail, result = await self._run_control(ctl)
+            ack = session.control_result(ctl.control_id, ok, detail, result)
             await ch.send(encode(ack, version=self.version))
 
-    async def _run_control(self, ctl: Control) -> tuple[bool, str]:
+    async def _run_control(self, ctl: Control) -> tuple[bool, str, dict[str, Any] | None]:
         if self.on_control is None:
-            return False, "this agent does not accept control messages"
+            return False, "this agent does not accept control messages", None
         try:
             res = await self.on_control(ctl)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             log.exception("control handler failed", action=ctl.action, control_id=ctl.control_id)
-            return False, f"{type(e).__name__}: {e}"
+            return False, f"{type(e).__name__}: {e}", None
         if res is None:
-            return True, ""
+            return True, "", None
         if isinstance(res, bool):
-            return res, ""
-        return bool(res[0]), str(res[1])
+            return res, "", None
+        return bool(res[0]), str(res[1]), (res[2] if len(res) > 2 else None)
 
 
 __all__ = [

@@ -102,6 +102,8 @@ class Telemetry:
     temp_c: Annotated[Celsius | None, GPU, DIAG] = None  # GPU temperature
     power_w: Annotated[Nonneg | None, GPU, DIAG] = None  # power draw
     power_limit_w: Annotated[Nonneg | None, GPU, DIAG] = None  # enforced power limit
+    # the board's default limit: a limit below it was lowered (restore_power_limit)
+    power_limit_default_w: Annotated[Nonneg | None, GPU] = None
     throttle: Annotated[Throttle | None, GPU, DIAG] = (
         None  # reason -> bool, only reasons the source reports
     )

@@ -432,9 +432,13 @@ class AgentSession:
             )
         ]
 
-    def control_result(self, control_id: str, ok: bool, detail: str = "") -> Ack:
-        """The Ack to send once a Control was applied (or failed)."""
-        return Ack(seq=self._next(), control_id=control_id, ok=ok, detail=detail[:8192])
+    def control_result(
+        self, control_id: str, ok: bool, detail: str = "", result: dict[str, Any] | None = None
+    ) -> Ack:
+        """The Ack to send once a Control was applied (or failed); ``result``: 1.2's map."""
+        return Ack(
+            seq=self._next(), control_id=control_id, ok=ok, detail=detail[:8192], result=result
+        )
 
 
 # --------------------------------------------------------------------------- coordinator side

@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 from artemis.agent.daemon import FAILPOINT_ENV, FAILPOINT_EXIT
 from artemis.common.tomlfile import toml_value
+from artemis.sim.gpustate import write_initial
 from artemis.sim.hostproc import metric_value
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import write_telemetry
@@ -79,6 +80,7 @@ class SimOptions:
     speed: str = "virtual"  # virtual | realtime
     window_s: float | None = None  # realtime: wall seconds per window (None = true step_ms)
     rebalance: str | None = None  # override of [detector].rebalance
+    corrections: str | None = None  # override of [detector].corrections (issue 29)
     workdir: Path | None = None
     keep_workdir: bool = False
     timeout_s: float = 300.0
@@ -146,13 +148,15 @@ class SimCluster:
             shm = {h: work / "shm" / sc.host_name(h) for h in range(sc.hosts)}
             for d in shm.values():
                 d.mkdir(parents=True, exist_ok=True)
-            write_telemetry(sc, self.job, shm)
+            plan = write_telemetry(sc, self.job, shm)
 
             port = free_port()
             mport = opts.metrics_port or free_port()
             det = {**SIM_DETECTOR_DEFAULTS, **sc.detector}
             if opts.rebalance is not None:
                 det["rebalance"] = opts.rebalance
+            if opts.corrections is not None:
+                det["corrections"] = opts.corrections
             ccfg = work / "coordinator.toml"
             lines = [
                 f"assembly_deadline_s = {2.0 if opts.speed == 'virtual' else 3.0}",
@@ -199,18 +203,25 @@ class SimCluster:
             murl = f"http://127.0.0.1:{mport}/metrics"
             self._wait_metrics(murl, procs["coordinator"])
 
-            agent_lines = [
-                'telemetry = ["simulated"]',
-                "poll_interval_s = 0.05",
-                "heartbeat_s = 0.5",
-                "scan_interval_s = 0.2",
-                f"window_steps = {sc.window_steps}",
-                "remove_finished = false",
-            ]
+            agent_keys: dict[str, Any] = {
+                "telemetry": ["simulated"],
+                "poll_interval_s": 0.05,
+                "heartbeat_s": 0.5,
+                "scan_interval_s": 0.2,
+                "window_steps": sc.window_steps,
+                "remove_finished": False,
+                # The simulated GPUs are the sim's own: its nodes consent to corrections
+                # (a test turns it off with agent_toml {"policy.allow_corrections": False}).
+                "policy.allow_corrections": True,
+            }
             for h in range(sc.hosts):
                 acfg = work / ("agent.toml" if h not in opts.agent_toml else f"agent-{h}.toml")
-                extra = [f"{k} = {toml_value(v)}" for k, v in opts.agent_toml.get(h, {}).items()]
-                acfg.write_text("\n".join(agent_lines + extra) + "\n")
+                keys = {
+                    **agent_keys,
+                    "state_dir": str(work / "agent-state" / sc.host_name(h)),
+                    **opts.agent_toml.get(h, {}),
+                }
+                acfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()))
                 argv = [
                     _bin("artemis-agent"),
                     "run",
@@ -242,6 +253,8 @@ class SimCluster:
             # One id for every host of this run, new each run (as NCCL's unique id):
             # the communicator hashes follow from it.
             run = secrets.token_hex(8)
+            # the GPUs' settings, beside each rank's ring-to-be (sim/gpustate.py)
+            write_initial(sc, self.job, run, work / "shm", plan)
             for h in range(sc.hosts):
                 procs[f"host-{h}"] = self._spawn(
                     f"host-{h}",

@@ -31,8 +31,10 @@ from typing import Any
 
 import numpy as np
 import structlog
+from artemis.sim.gpustate import GpuStates, main_comm
 from artemis.sim.model import TP_BYTES, LockstepModel
 from artemis.sim.scenario import Scenario, load_scenario, nccl_code
+from artemis.sim.telemetry import write_telemetry
 
 log = structlog.get_logger("artemis.sim")
 
@@ -169,11 +171,8 @@ def run_host(
     tp_comms: dict[int, Any] = {}
     for r in local:
         island = sc.islands[r]
-        members = sc.island_ranks(island)
-        name = island
-        if sc.tp > 1:
-            # data parallel: one communicator per TP position (the job is one island)
-            members, name = sc.dp_group(r), f"{island}/dp{r % sc.tp}"
+        # its island's, or with tp > 1 its TP position's data-parallel communicator
+        name, members = main_comm(sc, r)
         os.environ["RANK"] = str(r)
         comms[r] = nccl.comm_init(
             comm_hash(job, name, run),
@@ -224,12 +223,21 @@ def run_host(
         [type(model.pattern[0])("Broadcast", 1 << 20, 0.0, 0.0)] if model.multi else []
     )
     hung: list[Any] = []
+    # The GPUs' settings (sim/gpustate.py): a correction ends a clocks or power fault.
+    gpus = GpuStates(sc, job, run, shm.parent)
     try:
         # Enough whole windows for step inference (the agent needs >= 3 periods
         # and 2 x its 64-collective search span) before pacing starts.
         start_free = -(-(3 * 64 + 2 * K) // (sc.window_steps * K)) + 1
         for w in range(sc.windows):
             pacer.before_window(w, start_free)
+            changed = gpus.update(w)
+            if changed:
+                model.sc = gpus.effective()
+                mine = changed & set(local)
+                if mine:  # this host's ranks read their GPU: their telemetry follows
+                    write_telemetry(model.sc, job, {host: shm}, ranks=mine)
+                log.info("gpu settings changed", window=w, ranks=sorted(changed))
             S = sc.window_steps
             samples = np.tile(np.asarray(uniform, dtype=np.float64), (S, 1))
             if clients:

@@ -40,6 +40,9 @@ CLOCK_ANOMALIES = ("reversed", "jump", "wrap", "reset", "rate")
 # Kinds that slow nothing: no finding is expected for them.
 NO_SLOWDOWN = ("hang", "agent_down", "clock_anomaly")
 REBALANCE_MODES = ("off", "recommend", "apply")
+# [detector] corrections (issue 29): the coordinator's key, checked here by name so a
+# scenario's typo is named before a run starts.
+CORRECTION_MODES = ("off", "recommend", "apply")
 
 
 MAX_RANKS = 1 << 20
@@ -337,11 +340,9 @@ def parse_scenario(data: Mapping[str, Any], name: str = "<scenario>") -> Scenari
     det = data.get("detector", {})
     if not isinstance(det, dict):
         raise err("[detector]", "expected a table")
-    if "rebalance" in det and det["rebalance"] not in REBALANCE_MODES:
-        raise err(
-            "[detector].rebalance",
-            f"expected one of {', '.join(REBALANCE_MODES)}, got {det['rebalance']!r}",
-        )
+    for key, modes in (("rebalance", REBALANCE_MODES), ("corrections", CORRECTION_MODES)):
+        if key in det and det[key] not in modes:
+            raise err(f"[detector].{key}", f"expected one of {', '.join(modes)}, got {det[key]!r}")
     return Scenario(
         path=name,
         ranks=ranks,

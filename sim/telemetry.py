@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str,
         "temp_c": round(float(rng.normal(62.0, 2.0)), 1),
         "power_w": round(limit * float(rng.uniform(0.62, 0.72)), 1),
         "power_limit_w": limit,
+        "power_limit_default_w": limit,
         "throttle": {},
         "pcie_gen": 5,
         "pcie_gen_max": 5,
@@ -209,11 +211,19 @@ def telemetry_plan(sc: Scenario) -> dict[int, dict[str, Any]]:
     return out
 
 
-def write_telemetry(sc: Scenario, job: str, shm_dirs: dict[int, Path]) -> None:
-    """Write each rank's telemetry file into its host's shm dir (atomic replace)."""
-    for r, doc in telemetry_plan(sc).items():
+def write_telemetry(
+    sc: Scenario, job: str, shm_dirs: dict[int, Path], ranks: Iterable[int] | None = None
+) -> dict[int, dict[str, Any]]:
+    """Write each rank's telemetry file (of ``ranks``, default all) into its host's shm
+    dir (atomic replace); the plan written."""
+    plan = telemetry_plan(sc)
+    keep = set(plan if ranks is None else ranks)
+    for r, doc in plan.items():
+        if r not in keep:
+            continue
         d = shm_dirs[sc.host_of(r)]
         path = d / f"{job}.simtel.r{r}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, path)
+    return plan

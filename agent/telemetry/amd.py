@@ -21,7 +21,8 @@ Fields and where they come from:
   one throttling follows, else EDGE (MI300 has no edge sensor).
 * ``power_w``: ``amdsmi_get_power_info``: ``socket_power``, else
   ``current_socket_power`` (MI300+), else ``average_socket_power`` (W).
-* ``power_limit_w``: ``amdsmi_get_power_cap_info(h)["power_cap"]`` (µW).
+* ``power_limit_w`` / ``power_limit_default_w``: ``amdsmi_get_power_cap_info(h)``
+  ``["power_cap"]`` / ``["default_power_cap"]`` (µW).
 * ``throttle``: ``amdsmi_get_violation_status`` (MI300+, ROCm 6.4+): the
   ``active_*`` flags map onto our reasons (``throttle_from_violation``). The raw
   ``throttle_status`` bitmask of gpu_metrics has ASIC-specific meanings and is
@@ -252,8 +253,13 @@ class AmdSmiSource(GpuLibrarySource):
                     out["power_w"] = w
                     break
         cap = call_or_none(getattr(smi, "amdsmi_get_power_cap_info", None), h)
-        if isinstance(cap, Mapping) and num(cap.get("power_cap")) is not None:
-            out["power_limit_w"] = float(cap["power_cap"]) / 1e6
+        if isinstance(cap, Mapping):
+            for field, key in (
+                ("power_limit_w", "power_cap"),
+                ("power_limit_default_w", "default_power_cap"),
+            ):
+                if num(cap.get(key)) is not None:
+                    out[field] = float(cap[key]) / 1e6
         viol = call_or_none(getattr(smi, "amdsmi_get_violation_status", None), h)
         if isinstance(viol, Mapping):
             out["throttle"] = throttle_from_violation(viol)

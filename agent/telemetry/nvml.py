@@ -9,7 +9,8 @@ is simply absent.
 Fields: ``gpu_model`` (nvmlDeviceGetName), ``sm_mhz`` / ``mem_mhz``
 (nvmlDeviceGetClockInfo SM / MEM), ``sm_mhz_max`` (nvmlDeviceGetMaxClockInfo
 SM), ``temp_c`` (GPU die), ``power_w`` (nvmlDeviceGetPowerUsage, mW),
-``power_limit_w`` (nvmlDeviceGetEnforcedPowerLimit, mW), ``throttle`` (clock
+``power_limit_w`` (nvmlDeviceGetEnforcedPowerLimit, mW), ``power_limit_default_w``
+(nvmlDeviceGetPowerManagementDefaultLimit, mW), ``throttle`` (clock
 event reasons, see ``THROTTLE_BITS``; only the reasons the device says it
 supports), ``pcie_gen``/``pcie_width`` current and ``*_max`` the maximum the
 device *and* the slot allow (nvmlDeviceGetMaxPcieLink*). An idle GPU may train
@@ -351,6 +352,8 @@ class NvmlSource(GpuLibrarySource):
         limit = call_or_none(nv.nvmlDeviceGetEnforcedPowerLimit, h)
         reads["power_w"] = None if power is None else power / 1000.0
         reads["power_limit_w"] = None if limit is None else limit / 1000.0
+        default = call_or_none(getattr(nv, "nvmlDeviceGetPowerManagementDefaultLimit", None), h)
+        reads["power_limit_default_w"] = None if default is None else default / 1000.0
         out.update({k: v for k, v in reads.items() if v is not None})
         # Drivers from R535 call them clock *event* reasons; older ones only
         # export the throttle-reason symbols (see the module docstring).
