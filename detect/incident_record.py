@@ -148,9 +148,15 @@ def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) ->
 
 
 def record(
-    inc: Incident, job: str, run: str, gpus: int, changes: Sequence[str] | None
+    inc: Incident,
+    job: str,
+    run: str,
+    gpus: int,
+    changes: Sequence[str] | None,
+    unit: str = "gpu",
 ) -> dict[str, Any]:
-    """The whole incident record (docs/DESIGN.md "Incidents"), naming ``changes``."""
+    """The whole incident record (docs/DESIGN.md "Incidents"), naming ``changes``.
+    ``unit`` is what the job's hours count (`cost.unit`, detect/node_kind.py)."""
     changes = list(changes or [])
     primary = next((c for c in _PRIMARY if c in changes), "updated")
     loss = inc.mean("loss_pct")
@@ -188,6 +194,7 @@ def record(
             hosts=inc.hosts,
             subject=inc.subject,
             finding_evidence=inc.finding_evidence,
+            unit=unit,
         )
     actions = [{k: v for k, v in act.items() if k != "after"} for act in inc.actions.values()]
     return {
@@ -214,6 +221,7 @@ def record(
             "loss_pct": rnd(loss),
             "gpu_hours": rnd(hours, 6),
             "gpu_hours_per_day": None if loss is None else rnd(loss / 100.0 * gpus * 24.0, 4),
+            "unit": unit,  # what the hours count: "gpu", or "cpu" for a CPU job
         },
         "actions": actions,
         "escalation": esc,

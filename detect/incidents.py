@@ -61,6 +61,7 @@ from artemis.detect.incident_state import (
     num,
     rnd,
 )
+from artemis.detect.node_kind import cost_unit
 from artemis.detect.state import IncidentBookState, plain, read
 
 # The names this module gives its users (detect/monitor.py, baselines.py, the report).
@@ -122,6 +123,7 @@ class IncidentBook:
         self._out: list[Incident] = []  # changed since the last take(), in order
         self._rows: list[dict[str, Any]] = []
         self._gpus = 1
+        self._unit = "gpu"  # cost.unit: the latest window's (detect/node_kind.py)
         self._window_steps = 0  # steps per window, learned from the columns
         self._last: tuple[int, float | None] = (-1, None)  # latest (window, time) seen
         # The confirm test in the suspect windows before a flag (the windows that flag
@@ -157,13 +159,18 @@ class IncidentBook:
 
     @property
     def open_incidents(self) -> list[dict[str, Any]]:
-        return [record(inc, self.job, self.run, self._gpus, None) for inc in self._open.values()]
+        return [
+            record(inc, self.job, self.run, self._gpus, None, self._unit)
+            for inc in self._open.values()
+        ]
 
     # ------------------------------------------------------------------ inputs
 
     def on_window(self, view: WindowView, findings: Iterable[Finding]) -> None:
         """One scored window's findings (all kinds), in the detector's order."""
         self._gpus = max(1, view.gpus)
+        if view.cols.n:
+            self._unit = cost_unit(view.cols)
         self._last = (view.window, view.time)
         if view.cols.n:
             span = view.cols.ints("step_hi") - view.cols.ints("step_lo")
@@ -290,7 +297,7 @@ class IncidentBook:
         leave the book here."""
         recs = []
         for inc in self._out:
-            recs.append(record(inc, self.job, self.run, self._gpus, inc.changes))
+            recs.append(record(inc, self.job, self.run, self._gpus, inc.changes, self._unit))
             inc.changes = []
         self._out = []
         rows, self._rows = self._rows, []

@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 
 from artemis.detect.findings import RANK_KINDS
+from artemis.detect.node_kind import unit_hours
 
 
 def fmt_num(v: Any, digits: int = 1, unit: str = "") -> str:
@@ -77,6 +78,57 @@ def subject_name(inc: Mapping[str, Any]) -> str:
     return str(inc.get("subject", "?"))
 
 
+def job_unit(incidents: Sequence[Any]) -> str:
+    """What the job's hours count, as the page words it: its incidents' `cost.unit`
+    (GPU-hours unless every incident says `cpu`: a record before the unit is a GPU's)."""
+    units = {
+        unit_hours((inc.get("cost") or {}).get("unit"))
+        for inc in incidents
+        if isinstance(inc, Mapping)
+    }
+    return units.pop() if len(units) == 1 else unit_hours("gpu")
+
+
+def _train_wall(
+    rows: Sequence[Mapping[str, Any]], steps: Any, job: Mapping[str, Any]
+) -> tuple[float | None, float | None]:
+    """(training time, wall time) of the job's windows, in seconds.
+
+    Training time: the job's own step times over its windows. Wall time: the span of
+    the windows' scoring times, plus the windows scored at the first of them. A
+    window's time is when the coordinator scored it, and windows come in batches
+    (the agent's uplink, a backlog it reads at attach): every window of the first
+    batch carries that batch's time though the job ran them before it, so the span
+    alone (or the mean interval added for a first window, as before) falls short of
+    the job's time by about a batch, and a short job read training time over wall
+    time. The windows at the first time are counted with their own training time,
+    and the wall time is never less than the training time: a job ran at least as
+    long as its steps took."""
+    timed = sorted(
+        (r for r in rows if isinstance(r.get("time"), (int, float))), key=lambda r: r["time"]
+    )
+    ms = [r.get("step_ms") for r in rows]
+    train_s = None
+    if isinstance(steps, int) and ms and all(isinstance(v, (int, float)) for v in ms):
+        train_s = sum(float(v) for v in ms if isinstance(v, (int, float))) * steps / 1000.0
+    wall_s = None
+    if len(timed) >= 2:
+        t0, t1 = float(timed[0]["time"]), float(timed[-1]["time"])
+        first = [r for r in timed if r["time"] == t0]
+        if train_s is not None and isinstance(steps, int):
+            head = sum(float(r["step_ms"]) for r in first) * steps / 1000.0
+        else:  # no step times: the first window's length estimated as the mean interval
+            head = (t1 - t0) / (len(timed) - 1)
+        wall_s = t1 - t0 + head
+    elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
+        job.get("last_time"), (int, float)
+    ):
+        wall_s = float(job["last_time"]) - float(job["first_seen"])
+    if train_s is not None and (wall_s is None or wall_s < train_s):
+        wall_s = train_s
+    return train_s, wall_s
+
+
 def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
     """The job's headline numbers, from its record, its window rows and its incidents."""
     job = dict(bundle.get("job") or {})
@@ -95,23 +147,9 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
     ranks = job.get("ranks")
     gpus = job.get("gpu_count") or ranks  # the coordinator's gpu_count setting, else a GPU a rank
     gpu_hours = job.get("gpu_hours")
-    wall_s = None
-    if len(times) >= 2:
-        # The rows are window ends: n windows span n intervals, the first one's length
-        # estimated as the mean interval.
-        span = max(times) - min(times)
-        wall_s = span * len(times) / (len(times) - 1)
-    elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
-        job.get("last_time"), (int, float)
-    ):
-        wall_s = float(job["last_time"]) - float(job["first_seen"])
     # The job's own time: its step times over its windows, the measure the incidents'
     # costs use (a simulator's wall clock runs faster); else the wall time.
-    steps = job.get("window_steps")
-    step_ms = [float(r["step_ms"]) for r in rows if isinstance(r.get("step_ms"), (int, float))]
-    train_s = None
-    if isinstance(steps, int) and step_ms and len(step_ms) == len(rows):
-        train_s = sum(step_ms) * steps / 1000.0
+    train_s, wall_s = _train_wall(rows, job.get("window_steps"), job)
     if gpu_hours is None and isinstance(gpus, int):
         t = train_s if train_s is not None else wall_s
         if t is not None:
@@ -147,6 +185,7 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_hours": gpu_hours,
         "lost_gpu_hours": lost,
         "lost_pct": (100.0 * lost / gpu_hours) if gpu_hours else None,
+        "hours_unit": job_unit(incidents),
         "incidents": len(incidents),
         "by_verdict": dict(by_verdict),
     }
@@ -237,7 +276,7 @@ def story(inc: Mapping[str, Any]) -> str:
         else:
             parts.append(f"The job ended at window {closed.get('window')} with it still open.")
     if cost.get("gpu_hours") is not None:
-        s = f"Over the episode it cost {fmt_hours(cost['gpu_hours'])} GPU-hours"
+        s = f"Over the episode it cost {fmt_hours(cost['gpu_hours'])} {unit_hours(cost.get('unit'))}"
         if cost.get("gpu_hours_per_day") is not None and inc.get("verdict") not in (
             "recovered",
             "dismissed",
