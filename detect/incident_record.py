@@ -112,8 +112,8 @@ def job_row(job: str, run: str, view: WindowView, slow: set[int]) -> dict[str, A
     }
 
 
-def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) -> dict[str, Any]:
-    """An incident's row of a window: its subject's ratio and gaps (from ``f``, its line)."""
+def _subject_values(view: WindowView, f: Finding | None, rank: int | None) -> dict[str, Any]:
+    """A subject's window, time, ratio and gaps (from ``f``, its line; else its pace)."""
     ratio = gap = peers_gap = None
     if f is not None:
         ratio = num(f.ratio)
@@ -130,21 +130,70 @@ def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) ->
             ):
                 if a in ev:
                     gap, peers_gap = num(ev.get(a)), num(ev.get(b))
-    if ratio is None and inc.rank is not None:
-        ok = view.ranks == inc.rank
+    if ratio is None and rank is not None:
+        ok = view.ranks == rank
         if ok.any():
             ratio = num(float(view.pace[ok][0]))
     return {
-        "row": "subject",
-        "incident": inc.id,
-        "job": job,
         "window": view.window,
         "time": view.time,
         "ratio": rnd(ratio, 4),
         "gap_ms": rnd(gap, 3),
         "peers_gap_ms": rnd(peers_gap, 3),
+    }
+
+
+def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) -> dict[str, Any]:
+    """An incident's row of a window: its subject's ratio and gaps (from ``f``, its line)."""
+    return {
+        "row": "subject",
+        "incident": inc.id,
+        "job": job,
+        **_subject_values(view, f, inc.rank),
         "gpu_hours": rnd(inc.gpu_hours, 6),
     }
+
+
+class OnsetRows:
+    """A subject's rows of its suspect windows, kept until its incident opens, so its
+    pace is drawn from onset (the finding's `since`), not from the flag. Kept for
+    `keep` windows (the flag comes within `flag_window` of onset); an episode that
+    never opens leaves nothing. Not in the book's snapshot: a restart in a streak
+    draws that incident from its flag."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def add(self, key: tuple[str, str], f: Finding, view: WindowView) -> None:
+        self._rows.setdefault(key, []).append(_subject_values(view, f, f.rank))
+
+    def take(self, key: tuple[str, str], job: str, inc: Incident) -> list[dict[str, Any]]:
+        """The rows of the opened incident's windows from its onset, before its flag
+        (hours null: a suspect window's cost is not yet the incident's)."""
+        lo = inc.since if inc.since is not None else window_of(inc.opened)
+        flag = window_of(inc.opened)
+        return [
+            {"row": "subject", "incident": inc.id, "job": job, **v, "gpu_hours": None}
+            for v in self._rows.pop(key, [])
+            if lo is not None and flag is not None and lo <= v["window"] < flag
+        ]
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self._rows.pop(key, None)
+
+    def trim(self, horizon: int) -> None:
+        """Forget rows of windows at or before `horizon`."""
+        for key in list(self._rows):
+            kept = [v for v in self._rows[key] if v["window"] > horizon]
+            if kept:
+                self._rows[key] = kept
+            else:
+                del self._rows[key]
+
+
+def window_of(point: Any) -> int | None:
+    w = (point or {}).get("window") if isinstance(point, dict) else None
+    return int(w) if isinstance(w, int) else None
 
 
 def record(

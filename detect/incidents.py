@@ -47,6 +47,7 @@ from artemis.detect.incident_record import (
     QUARTILE_KINDS,
     TELEMETRY_MEANS,
     VERDICTS,
+    OnsetRows,
     job_row,
     judge,
     record,
@@ -129,6 +130,7 @@ class IncidentBook:
         # The confirm test in the suspect windows before a flag (the windows that flag
         # it): key -> [(window, passed)], kept for the last 2 x flag_window windows.
         self._pre: dict[tuple[str, str], list[tuple[int, bool]]] = {}
+        self._onset = OnsetRows()  # the suspect windows' rows: the pace from onset
 
     # ------------------------------------------------------------------ queries
 
@@ -198,6 +200,7 @@ class IncidentBook:
             if key not in seen:
                 self._rows.append(subject_row(self.job, inc, view, None))
         horizon = view.window - 2 * self.flag_window
+        self._onset.trim(horizon)
         for key in list(self._pre):
             kept = [(w, ok) for w, ok in self._pre[key] if w > horizon]
             if kept:
@@ -211,6 +214,8 @@ class IncidentBook:
         window = f.window
         t = view.time if view is not None else self._last[1]
         if f.state == "suspect":
+            if view is not None and key not in self._open:
+                self._onset.add(key, f, view)
             if f.kind in QUARTILE_KINDS and key not in self._open:
                 check = quartile_check(f, view)
                 if check is not None:
@@ -218,6 +223,7 @@ class IncidentBook:
             return
         if f.state == "cleared":
             self._ignored.discard(key)
+            self._onset.drop(key)
             inc = self._open.get(key)
             if inc is None:
                 return
@@ -230,6 +236,7 @@ class IncidentBook:
         inc = self._open.get(key)
         if inc is None:
             inc = self._open_incident(f, t)
+            self._rows.extend(self._onset.take(key, self.job, inc))
         self._observe(inc, f, view)
         if view is not None:
             self._rows.append(subject_row(self.job, inc, view, f))
