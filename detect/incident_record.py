@@ -155,23 +155,35 @@ def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) ->
 
 
 class OnsetRows:
-    """A subject's rows of its suspect windows, kept until its incident opens, so its
-    pace is drawn from onset (the finding's `since`), not from the flag. Kept for
-    `keep` windows (the flag comes within `flag_window` of onset); an episode that
-    never opens leaves nothing. Not in the book's snapshot: a restart in a streak
-    draws that incident from its flag."""
+    """A subject's rows from its first suspect window, kept until its incident opens,
+    so its pace is drawn from onset (the finding's `since`), not from the flag: its
+    suspect windows' lines, and in a window of the streak without a line (the flag
+    rule needs 3 suspect windows of 4) its pace from the window. Kept for 2 x
+    `flag_window` windows (the book's trim); an episode that never opens leaves
+    nothing. Not in the book's snapshot: a restart in a streak draws that incident
+    from its flag."""
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._rank: dict[tuple[str, str], int | None] = {}
 
     def add(self, key: tuple[str, str], f: Finding, view: WindowView) -> None:
         self._rows.setdefault(key, []).append(_subject_values(view, f, f.rank))
+        self._rank[key] = f.rank
+
+    def fill(self, view: WindowView, seen: set[tuple[str, str]]) -> None:
+        """The window's pace of each kept rank subject that had no line in it."""
+        for key, rows in self._rows.items():
+            rank = self._rank.get(key)
+            if key not in seen and rank is not None and rows[-1]["window"] < view.window:
+                rows.append(_subject_values(view, None, rank))
 
     def take(self, key: tuple[str, str], job: str, inc: Incident) -> list[dict[str, Any]]:
         """The rows of the opened incident's windows from its onset, before its flag
         (hours null: a suspect window's cost is not yet the incident's)."""
         lo = inc.since if inc.since is not None else window_of(inc.opened)
         flag = window_of(inc.opened)
+        self._rank.pop(key, None)
         return [
             {"row": "subject", "incident": inc.id, "job": job, **v, "gpu_hours": None}
             for v in self._rows.pop(key, [])
@@ -180,6 +192,7 @@ class OnsetRows:
 
     def drop(self, key: tuple[str, str]) -> None:
         self._rows.pop(key, None)
+        self._rank.pop(key, None)
 
     def trim(self, horizon: int) -> None:
         """Forget rows of windows at or before `horizon`."""
@@ -188,7 +201,7 @@ class OnsetRows:
             if kept:
                 self._rows[key] = kept
             else:
-                del self._rows[key]
+                self.drop(key)
 
 
 def window_of(point: Any) -> int | None:

@@ -199,6 +199,7 @@ class IncidentBook:
         for key, inc in list(self._open.items()):
             if key not in seen:
                 self._rows.append(subject_row(self.job, inc, view, None))
+        self._onset.fill(view, seen)
         horizon = view.window - 2 * self.flag_window
         self._onset.trim(horizon)
         for key in list(self._pre):

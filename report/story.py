@@ -94,38 +94,41 @@ def _train_wall(
 ) -> tuple[float | None, float | None]:
     """(training time, wall time) of the job's windows, in seconds.
 
-    Training time: the job's own step times over its windows. Wall time: the span of
-    the windows' scoring times, plus the windows scored at the first of them. A
-    window's time is when the coordinator scored it, and windows come in batches
-    (the agent's uplink, a backlog it reads at attach): every window of the first
-    batch carries that batch's time though the job ran them before it, so the span
-    alone (or the mean interval added for a first window, as before) falls short of
-    the job's time by about a batch, and a short job read training time over wall
-    time. The windows at the first time are counted with their own training time,
-    and the wall time is never less than the training time: a job ran at least as
-    long as its steps took."""
-    timed = sorted(
-        (r for r in rows if isinstance(r.get("time"), (int, float))), key=lambda r: r["time"]
+    Training time: the job's own step times over its windows. Wall time: from the
+    windows' scoring times. A window's time is when it was scored, after the job ran
+    it, and windows come in bursts (the in-process detector's first poll, or an agent
+    attaching, reads the backlog of the ring: a real 4-rank CPU job had its first 11
+    windows scored within 70 ms, then one a second), so the span of the times falls
+    short of the job's time, and the old estimate (span x n / (n - 1)) read 4 s of
+    wall time for 12 s of training. Window k was scored at t_k after windows 0..k
+    ran, so the job started at the latest at t_k less their training time: the wall
+    time is at least max over k of (t_last - t_k + training of 0..k), which is never
+    less than the training time and keeps any idle time between windows (an
+    evaluation, a checkpoint) that the times show. Without step times the first
+    window's length is the mean interval, as before."""
+    ordered = sorted(
+        (r for r in rows if isinstance(r.get("window"), (int, float))), key=lambda r: r["window"]
     )
-    ms = [r.get("step_ms") for r in rows]
-    train_s = None
-    if isinstance(steps, int) and ms and all(isinstance(v, (int, float)) for v in ms):
-        train_s = sum(float(v) for v in ms if isinstance(v, (int, float))) * steps / 1000.0
+    ms = [r.get("step_ms") for r in ordered]
+    known = bool(ms) and isinstance(steps, int) and len(ordered) == len(rows)
+    known = known and all(isinstance(v, (int, float)) for v in ms)
+    train_s = (
+        sum(float(v) for v in ms if isinstance(v, (int, float))) * steps / 1e3 if known else None
+    )
+    times = [float(r["time"]) for r in ordered if isinstance(r.get("time"), (int, float))]
     wall_s = None
-    if len(timed) >= 2:
-        t0, t1 = float(timed[0]["time"]), float(timed[-1]["time"])
-        first = [r for r in timed if r["time"] == t0]
-        if train_s is not None and isinstance(steps, int):
-            head = sum(float(r["step_ms"]) for r in first) * steps / 1000.0
-        else:  # no step times: the first window's length estimated as the mean interval
-            head = (t1 - t0) / (len(timed) - 1)
-        wall_s = t1 - t0 + head
+    if times and train_s is not None:
+        t_last, cum = max(times), 0.0
+        for r in ordered:
+            cum += float(r["step_ms"]) * steps / 1e3
+            if isinstance(r.get("time"), (int, float)):
+                wall_s = max(wall_s or 0.0, t_last - float(r["time"]) + cum)
+    elif len(times) >= 2:
+        wall_s = (max(times) - min(times)) * len(times) / (len(times) - 1)
     elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
         job.get("last_time"), (int, float)
     ):
         wall_s = float(job["last_time"]) - float(job["first_seen"])
-    if train_s is not None and (wall_s is None or wall_s < train_s):
-        wall_s = train_s
     return train_s, wall_s
 
 
