@@ -31,9 +31,10 @@ ESCALATION_CAUSES = (
 # The host checks of a CPU rank (where a GPU job's would name nvidia-smi): its threads,
 # its wait for a CPU, its cgroup's quota and the scheduler's view.
 _HOST_TOOLS = (
-    "the process's threads' CPU (`top -H -p PID`), its wait for a CPU (`cat "
-    "/proc/PID/schedstat`: the second number is run delay, ns), its cgroup's throttling (`cpu.stat` of the "
-    "cgroup in /proc/PID/cgroup) and the scheduler's view (`perf sched`)"
+    "the process's threads' CPU (`top -H -p PID`), its wait for a CPU "
+    "(`cat /proc/PID/schedstat`: the second number is run delay, ns), its cgroup's "
+    "throttling (`cpu.stat` of the cgroup in /proc/PID/cgroup) and the scheduler's "
+    "view (`perf sched`)"
 )
 
 
@@ -198,12 +199,10 @@ def escalation(
             f"pending needs a GPU reset; open an RMA ticket with {ids or 'the GPU identity'}"
         )
     elif unit == "cpu":
-        missing = list((cause or {}).get("missing") or [])
         check = (
             f"slow on {where} with no cause in the host telemetry. Compare that rank's "
             f"process and host with its peers' by hand: {_HOST_TOOLS}, and the rank's own "
             "work (an uneven data shard)"
-            + (f"; telemetry missing: {', '.join(missing)}" if missing else "")
         )
         ck = "unknown"
     else:

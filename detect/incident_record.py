@@ -15,6 +15,7 @@ from artemis.detect.escalation import escalation
 from artemis.detect.findings import RANK_KINDS, Finding
 from artemis.detect.incident_confirm import WindowView, not_shifted
 from artemis.detect.incident_state import Incident, IncidentState, num, rnd
+from artemis.detect.node_kind import COST_UNITS
 
 VERDICTS = ("recovered", "mitigated", "escalated", "unresolved", "dismissed")
 CHANGES = ("opened", "confirmed", "action", "updated", "closed")
@@ -219,6 +220,8 @@ def record(
 ) -> dict[str, Any]:
     """The whole incident record (docs/DESIGN.md "Incidents"), naming ``changes``.
     ``unit`` is what the job's hours count (`cost.unit`, detect/node_kind.py)."""
+    if unit not in COST_UNITS:
+        raise ValueError(f"cost unit {unit!r} is not one of {', '.join(COST_UNITS)}")
     changes = list(changes or [])
     primary = next((c for c in _PRIMARY if c in changes), "updated")
     loss = inc.mean("loss_pct")

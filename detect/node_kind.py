@@ -17,13 +17,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowColumns
-from artemis.protocol.records import DIAG_FIELDS, GPU_FIELDS, HOST_FIELDS, Telemetry
+from artemis.protocol.records import GPU_FIELDS, HOST_FIELDS, Telemetry
 
 COST_UNITS = ("gpu", "cpu")
 # The words the human text uses for an hour of each unit.
 UNIT_HOURS = {"gpu": "GPU-hours", "cpu": "CPU-hours"}
-# What a CPU node could report at all: its host fields (the GPU ones have no source).
-CPU_DIAG_FIELDS = tuple(f for f in DIAG_FIELDS if f in HOST_FIELDS)
 
 
 def _present(v: object) -> bool:

@@ -12,6 +12,8 @@ from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import merge
 from artemis.cli.run_summary import one_line, summary_lines
 from artemis.detect.diagnosis import diagnose
+from artemis.detect.incident_record import record
+from artemis.detect.incident_state import Incident
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.node_kind import cost_unit, is_cpu
 from artemis.detect.settings import Settings
@@ -209,3 +211,10 @@ def test_cost_unit_of_a_window(flagship: Scenario) -> None:
     assert cost_unit(WindowColumns.from_records(one_gpu)) == "gpu"  # any GPU: GPU-hours
     bare = [dataclasses.replace(r, telemetry=Telemetry()) for r in rows]
     assert cost_unit(WindowColumns.from_records(bare)) == "gpu"  # nothing known: the contract's
+
+
+def test_an_incident_record_refuses_an_unknown_unit() -> None:
+    inc = Incident("i", "rank", "2", 2, [2], None, [], {"window": 3, "time": None}, 1)
+    assert record(inc, "j", "r", 4, None, "cpu")["cost"]["unit"] == "cpu"
+    with pytest.raises(ValueError, match="cost unit 'tpu' is not one of gpu, cpu"):
+        record(inc, "j", "r", 4, None, "tpu")
