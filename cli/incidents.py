@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from artemis.common.exits import exit_error
 from artemis.detect.findings import BASELINE_KINDS
+from artemis.detect.node_kind import unit_hours
 from artemis.store.base import Store, StoreError, open_for_findings, open_store
 
 app = typer.Typer(
@@ -122,12 +123,15 @@ def list_(
         return
     if job is not None:
         where = f"{where}, job {job}"
-    lost = 0.0
+    # hours lost per unit (`cost.unit`: GPU-hours, or CPU-hours of a CPU job), never summed across
+    lost: dict[str, float] = {}
+    units = {unit_hours((r.get("cost") or {}).get("unit")) for r in recs}
     rows = []
     for r in recs:
         verdict, style = _verdict(r)
         gh = (r.get("cost") or {}).get("gpu_hours")
-        lost += gh if isinstance(gh, (int, float)) else 0.0
+        unit = unit_hours((r.get("cost") or {}).get("unit"))
+        lost[unit] = lost.get(unit, 0.0) + (gh if isinstance(gh, (int, float)) else 0.0)
         rows.append(
             (
                 str(r.get("id")),
@@ -137,7 +141,7 @@ def list_(
                 str((r.get("cause") or {}).get("kind") or "-"),
                 (verdict, style),
                 f"{_window(r, 'opened')}-{_window(r, 'closed')}",
-                _num(gh, ".3g"),
+                _num(gh, ".3g") + ("" if len(units) == 1 or gh is None else f" {unit[:3]}"),
             )
         )
     # No vertical rules, the windows in one column, and only the job (the longest,
@@ -149,8 +153,10 @@ def list_(
         pad_edge=False,
         collapse_padding=True,
     )
-    # "GPU-h": GPU-hours lost (the total under the table says so in words).
-    heads = ("id", "job", "kind", "subject", "cause", "verdict", "windows", "GPU-h")
+    # "GPU-h": GPU-hours lost (the total under the table says so in words); a listing of
+    # GPU and CPU jobs names each cell's unit.
+    hours = f"{next(iter(units))[:3]}-h" if len(units) == 1 else "hours"
+    heads = ("id", "job", "kind", "subject", "cause", "verdict", "windows", hours)
     widths = [
         max(max(map(len, h.split())), *(len(v[0] if isinstance(v, tuple) else v) for v in col))
         for h, col in zip(heads, zip(*rows, strict=True), strict=True)
@@ -171,7 +177,8 @@ def list_(
         t.add_row(*row[:5], f"[{style}]{verdict}[/]" if style else verdict, *row[6:])
     con.print(t)
     n = len(recs)
-    con.print(f"{n} incident{'s' if n != 1 else ''}, {lost:.3g} GPU-hours lost")
+    total = ", ".join(f"{v:.3g} {u}" for u, v in sorted(lost.items()))
+    con.print(f"{n} incident{'s' if n != 1 else ''}, {total} lost")
 
 
 def _story(r: dict[str, Any]) -> str:
@@ -197,7 +204,7 @@ def _story(r: dict[str, Any]) -> str:
     return (
         f"{who}{on}{slow} from window {_window(r, 'opened')} (cause: {cause}),"
         f" costing {_num(cost.get('loss_pct'), '.1f', '%')} of throughput and"
-        f" {_num(cost.get('gpu_hours'), '.3g')} GPU-hours: {verdict}."
+        f" {_num(cost.get('gpu_hours'), '.3g')} {unit_hours(cost.get('unit'))}: {verdict}."
     )
 
 
@@ -311,7 +318,7 @@ def show(
     con.print(
         f"[bold]cost[/] {_num(cost.get('excess_ms'))} ms per step excess,"
         f" {_num(cost.get('loss_pct'), '.1f', '%')} of throughput,"
-        f" {_num(cost.get('gpu_hours'), '.3g')} GPU-hours lost"
+        f" {_num(cost.get('gpu_hours'), '.3g')} {unit_hours(cost.get('unit'))} lost"
         f" ({_num(cost.get('gpu_hours_per_day'), '.1f')} a day if unresolved)"
     )
 

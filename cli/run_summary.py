@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artemis.detect.node_kind import unit_hours
 from artemis.ring.reader import RingError, RingReader
 
 
@@ -180,7 +181,20 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
             + (f": {cause.get('text')}" if cause.get("text") else "")
             + later
         )
-    return out
+    gaps = missing_line(findings)
+    return out + ([gaps] if gaps else [])
+
+
+def missing_line(findings: Iterable[dict[str, Any]]) -> str | None:
+    """The telemetry the job's ranks did not report, named once for the job (every
+    finding line keeps its own `missing`; the lines' cause texts do not repeat it)."""
+    names: set[str] = set()
+    for f in findings:
+        if f.get("kind") != "missing":  # a `missing` finding's list names ranks, not fields
+            names.update(str(m) for m in f.get("missing") or [])
+    if not names:
+        return None
+    return f"[artemis] telemetry not reported by this job's ranks: {', '.join(sorted(names))}"
 
 
 def latest_incidents(path: Path, job: str) -> dict[str, dict[str, Any]]:
@@ -203,9 +217,12 @@ def incident_lines(path: Path, job: str) -> list[str]:
     verdict, why, and the recommended check."""
     out = []
     for rec in latest_incidents(path, job).values():
+        cost = rec.get("cost") or {}
+        hours = cost.get("gpu_hours")
         out.append(
             f"  incident {rec['id']}: {rec.get('verdict') or rec.get('status')}"
             + (f" ({rec['reason']})" if rec.get("reason") else "")
+            + (f"; cost {hours:.3g} {unit_hours(cost.get('unit'))}" if hours is not None else "")
         )
         esc = rec.get("escalation") or {}
         if esc.get("check"):

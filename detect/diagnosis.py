@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from artemis.detect.hostfit import HostFit, host_fit
+from artemis.detect.node_kind import is_cpu, reportable
 from artemis.protocol import records
 from artemis.protocol.records import Telemetry
 
@@ -295,7 +296,9 @@ def diagnose(
     """The causes that explain a rank's `slowdown` (measured extra time, a fraction),
     best first; `unknown` (saying what was checked) when none does."""
     t = rank_tel
-    missing = sorted({name for name in DIAG_FIELDS if getattr(t, name) is None} | set(t.missing))
+    cpu = is_cpu(t)
+    # only what this kind of node could report: a CPU rank has no GPU fields to miss
+    missing = reportable(t, {n for n in DIAG_FIELDS if getattr(t, n) is None} | set(t.missing))
 
     peers_sm = _median([p.sm_mhz for p in peer_tels])
     peers_temp = _median([p.temp_c for p in peer_tels])
@@ -396,15 +399,19 @@ def diagnose(
         elif stall:
             fits["host"] = stall + absent
         elif uncovered:
-            clocks = "GPU clocks normal" if not clocks_low else "GPU clocks low too"
+            clocks = (
+                ""
+                if cpu
+                else " with GPU clocks normal"
+                if not clocks_low
+                else " with GPU clocks low too"
+            )
             busy = (
                 f"; busy {t.gap_busy_pct:.0f}% of its compute gap"
                 if t.gap_busy_pct is not None
                 else ""
             )
-            fits["host"] = (
-                f"host CPU contention ({'; '.join(uncovered)}{busy}{absent}) with {clocks}"
-            )
+            fits["host"] = f"host CPU contention ({'; '.join(uncovered)}{busy}{absent}){clocks}"
     reported = {k: getattr(t, k) for k in HW_EVIDENCE if getattr(t, k) is not None}
     if hw or any(isinstance(v, int) and v > 0 for k, v in reported.items() if k in HW_SIGNALS):
         evidence["hardware"] = {
@@ -444,11 +451,11 @@ def diagnose(
         explained = fit_of(kind)
         if explained is not None and slowdown is not None:
             text += f"; explains {explained:.0%} of the {slowdown:.1%} slowdown"
-        if clocks_low is None:
+        if clocks_low is None and not cpu:
             text += " (clocks could not be compared: SM clock or a reference missing)"
         alts = [{"kind": k, "text": fits[k], "explained": fit_of(k)} for k in ranked[1:]]
         return Cause(kind, text, evidence, missing, explained, alts)
-    why = _why_unknown(t, clocks_low, clk, slowing, missing)
+    why = _why_unknown(t, clocks_low, clk, slowing, cpu)
     if slowdown is not None and clock_fit is not None:
         why += f"; the clock explains {clock_fit:.0%} of the {slowdown:.1%} slowdown"
     if slowdown is not None and hfit.mechanism is not None and hfit.explained is not None:
@@ -460,7 +467,7 @@ def diagnose(
 
 
 def _why_unknown(
-    t: Telemetry, clocks_low: bool | None, clk: str, slowing: list[str], missing: list[str]
+    t: Telemetry, clocks_low: bool | None, clk: str, slowing: list[str], cpu: bool
 ) -> str:
     if all(getattr(t, name) is None for name in DIAG_FIELDS):
         return "no telemetry for this rank: cause cannot be told"
@@ -473,11 +480,17 @@ def _why_unknown(
         return f"clocks low ({clk}) with throttle reason {', '.join(slowing)}, which no rule maps"
     if clocks_low:
         return f"clocks low ({clk}) but no throttle, temperature or power data to tell why"
-    gaps = ", ".join(missing) if missing else "none"
+    # What was absent is the finding's `missing`, named once per job by the human
+    # text (cli/run_summary.py), not in every line's cause.
+    if cpu:
+        return (
+            "nothing in the telemetry explains it (checked on this CPU rank: host CPU busy, "
+            "steal, pressure and load, the process's CPU time in its gaps, run delay, "
+            "cgroup throttling)"
+        )
     return (
         f"nothing in the telemetry explains it (checked: SM clock ({clk}), throttle "
-        f"reasons, temperature, power, PCIe link, host CPU, GPU error counters); "
-        f"missing: {gaps}"
+        f"reasons, temperature, power, PCIe link, host CPU, GPU error counters)"
     )
 
 

@@ -28,6 +28,16 @@ ESCALATION_CAUSES = (
 )
 
 
+# The host checks of a CPU rank (where a GPU job's would name nvidia-smi): its threads,
+# its wait for a CPU, its cgroup's quota and the scheduler's view.
+_HOST_TOOLS = (
+    "the process's threads' CPU (`top -H -p PID`), its wait for a CPU "
+    "(`cat /proc/PID/schedstat`: the second number is run delay, ns), its cgroup's "
+    "throttling (`cpu.stat` of the cgroup in /proc/PID/cgroup) and the scheduler's "
+    "view (`perf sched`)"
+)
+
+
 def _n(v: Any, fmt: str = ".0f", unit: str = "") -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
         return "not reported"
@@ -54,11 +64,13 @@ def escalation(
     hosts: Sequence[str],
     subject: str,
     finding_evidence: Mapping[str, Any] | None = None,
+    unit: str = "gpu",
 ) -> dict[str, Any]:
     """`{"cause", "check"}`: the recommended check for an incident of `kind` whose
     latest cause is `cause`. `evidence` is the incident's episode evidence
     (means over the episode, DESIGN "Incidents"); `finding_evidence` the latest
-    finding's own evidence (NIC counters of a link, a hang's dumps)."""
+    finding's own evidence (NIC counters of a link, a hang's dumps). `unit` is the
+    job's `cost.unit`: a CPU job (`cpu`) gets host checks, never a GPU tool's."""
     ce: Mapping[str, Any] = (cause or {}).get("evidence") or {}
     fe: Mapping[str, Any] = finding_evidence or {}
     where = _where(rank, hosts)
@@ -86,8 +98,9 @@ def escalation(
                 f"the job stopped progressing; ranks behind: {fe.get('behind') or subject} "
                 f"(collective {fe.get('collective', 'unknown')}). Read the dumps "
                 f"({', '.join(dumps) if dumps else 'none written'}) for the collective they "
-                "wait in, then check those ranks' processes (py-spy dump), their GPUs "
-                "(nvidia-smi / amd-smi) and the network path between their hosts"
+                "wait in, then check those ranks' processes (py-spy dump), "
+                + (_HOST_TOOLS if unit == "cpu" else "their GPUs (nvidia-smi / amd-smi)")
+                + " and the network path between their hosts"
             ),
         }
     if kind == "missing":
@@ -185,6 +198,13 @@ def escalation(
             f"`nvidia-smi -q -d ECC,ROW_REMAPPER` (AMD: `amd-smi metric --ecc`); a remap "
             f"pending needs a GPU reset; open an RMA ticket with {ids or 'the GPU identity'}"
         )
+    elif unit == "cpu":
+        check = (
+            f"slow on {where} with no cause in the host telemetry. Compare that rank's "
+            f"process and host with its peers' by hand: {_HOST_TOOLS}, and the rank's own "
+            "work (an uneven data shard)"
+        )
+        ck = "unknown"
     else:
         missing = list((cause or {}).get("missing") or [])
         check = (

@@ -15,6 +15,7 @@ from artemis.detect.escalation import escalation
 from artemis.detect.findings import RANK_KINDS, Finding
 from artemis.detect.incident_confirm import WindowView, not_shifted
 from artemis.detect.incident_state import Incident, IncidentState, num, rnd
+from artemis.detect.node_kind import COST_UNITS
 
 VERDICTS = ("recovered", "mitigated", "escalated", "unresolved", "dismissed")
 CHANGES = ("opened", "confirmed", "action", "updated", "closed")
@@ -112,8 +113,8 @@ def job_row(job: str, run: str, view: WindowView, slow: set[int]) -> dict[str, A
     }
 
 
-def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) -> dict[str, Any]:
-    """An incident's row of a window: its subject's ratio and gaps (from ``f``, its line)."""
+def _subject_values(view: WindowView, f: Finding | None, rank: int | None) -> dict[str, Any]:
+    """A subject's window, time, ratio and gaps (from ``f``, its line; else its pace)."""
     ratio = gap = peers_gap = None
     if f is not None:
         ratio = num(f.ratio)
@@ -130,27 +131,97 @@ def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) ->
             ):
                 if a in ev:
                     gap, peers_gap = num(ev.get(a)), num(ev.get(b))
-    if ratio is None and inc.rank is not None:
-        ok = view.ranks == inc.rank
+    if ratio is None and rank is not None:
+        ok = view.ranks == rank
         if ok.any():
             ratio = num(float(view.pace[ok][0]))
     return {
-        "row": "subject",
-        "incident": inc.id,
-        "job": job,
         "window": view.window,
         "time": view.time,
         "ratio": rnd(ratio, 4),
         "gap_ms": rnd(gap, 3),
         "peers_gap_ms": rnd(peers_gap, 3),
+    }
+
+
+def subject_row(job: str, inc: Incident, view: WindowView, f: Finding | None) -> dict[str, Any]:
+    """An incident's row of a window: its subject's ratio and gaps (from ``f``, its line)."""
+    return {
+        "row": "subject",
+        "incident": inc.id,
+        "job": job,
+        **_subject_values(view, f, inc.rank),
         "gpu_hours": rnd(inc.gpu_hours, 6),
     }
 
 
+class OnsetRows:
+    """A subject's rows from its first suspect window, kept until its incident opens,
+    so its pace is drawn from onset (the finding's `since`), not from the flag: its
+    suspect windows' lines, and in a window of the streak without a line (the flag
+    rule needs 3 suspect windows of 4) its pace from the window. Kept for 2 x
+    `flag_window` windows (the book's trim); an episode that never opens leaves
+    nothing. Not in the book's snapshot: a restart in a streak draws that incident
+    from its flag."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._rank: dict[tuple[str, str], int | None] = {}
+
+    def add(self, key: tuple[str, str], f: Finding, view: WindowView) -> None:
+        self._rows.setdefault(key, []).append(_subject_values(view, f, f.rank))
+        self._rank[key] = f.rank
+
+    def fill(self, view: WindowView, seen: set[tuple[str, str]]) -> None:
+        """The window's pace of each kept rank subject that had no line in it."""
+        for key, rows in self._rows.items():
+            rank = self._rank.get(key)
+            if key not in seen and rank is not None and rows[-1]["window"] < view.window:
+                rows.append(_subject_values(view, None, rank))
+
+    def take(self, key: tuple[str, str], job: str, inc: Incident) -> list[dict[str, Any]]:
+        """The rows of the opened incident's windows from its onset, before its flag
+        (hours null: a suspect window's cost is not yet the incident's)."""
+        lo = inc.since if inc.since is not None else window_of(inc.opened)
+        flag = window_of(inc.opened)
+        self._rank.pop(key, None)
+        return [
+            {"row": "subject", "incident": inc.id, "job": job, **v, "gpu_hours": None}
+            for v in self._rows.pop(key, [])
+            if lo is not None and flag is not None and lo <= v["window"] < flag
+        ]
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self._rows.pop(key, None)
+        self._rank.pop(key, None)
+
+    def trim(self, horizon: int) -> None:
+        """Forget rows of windows at or before `horizon`."""
+        for key in list(self._rows):
+            kept = [v for v in self._rows[key] if v["window"] > horizon]
+            if kept:
+                self._rows[key] = kept
+            else:
+                self.drop(key)
+
+
+def window_of(point: Any) -> int | None:
+    w = (point or {}).get("window") if isinstance(point, dict) else None
+    return int(w) if isinstance(w, int) else None
+
+
 def record(
-    inc: Incident, job: str, run: str, gpus: int, changes: Sequence[str] | None
+    inc: Incident,
+    job: str,
+    run: str,
+    gpus: int,
+    changes: Sequence[str] | None,
+    unit: str = "gpu",
 ) -> dict[str, Any]:
-    """The whole incident record (docs/DESIGN.md "Incidents"), naming ``changes``."""
+    """The whole incident record (docs/DESIGN.md "Incidents"), naming ``changes``.
+    ``unit`` is what the job's hours count (`cost.unit`, detect/node_kind.py)."""
+    if unit not in COST_UNITS:
+        raise ValueError(f"cost unit {unit!r} is not one of {', '.join(COST_UNITS)}")
     changes = list(changes or [])
     primary = next((c for c in _PRIMARY if c in changes), "updated")
     loss = inc.mean("loss_pct")
@@ -188,6 +259,7 @@ def record(
             hosts=inc.hosts,
             subject=inc.subject,
             finding_evidence=inc.finding_evidence,
+            unit=unit,
         )
     actions = [{k: v for k, v in act.items() if k != "after"} for act in inc.actions.values()]
     return {
@@ -214,6 +286,7 @@ def record(
             "loss_pct": rnd(loss),
             "gpu_hours": rnd(hours, 6),
             "gpu_hours_per_day": None if loss is None else rnd(loss / 100.0 * gpus * 24.0, 4),
+            "unit": unit,  # what the hours count: "gpu", or "cpu" for a CPU job
         },
         "actions": actions,
         "escalation": esc,

@@ -47,6 +47,7 @@ from artemis.detect.incident_record import (
     QUARTILE_KINDS,
     TELEMETRY_MEANS,
     VERDICTS,
+    OnsetRows,
     job_row,
     judge,
     record,
@@ -61,6 +62,7 @@ from artemis.detect.incident_state import (
     num,
     rnd,
 )
+from artemis.detect.node_kind import cost_unit
 from artemis.detect.state import IncidentBookState, plain, read
 
 # The names this module gives its users (detect/monitor.py, baselines.py, the report).
@@ -122,11 +124,13 @@ class IncidentBook:
         self._out: list[Incident] = []  # changed since the last take(), in order
         self._rows: list[dict[str, Any]] = []
         self._gpus = 1
+        self._unit = "gpu"  # cost.unit: the latest window's (detect/node_kind.py)
         self._window_steps = 0  # steps per window, learned from the columns
         self._last: tuple[int, float | None] = (-1, None)  # latest (window, time) seen
         # The confirm test in the suspect windows before a flag (the windows that flag
         # it): key -> [(window, passed)], kept for the last 2 x flag_window windows.
         self._pre: dict[tuple[str, str], list[tuple[int, bool]]] = {}
+        self._onset = OnsetRows()  # the suspect windows' rows: the pace from onset
 
     # ------------------------------------------------------------------ queries
 
@@ -157,13 +161,18 @@ class IncidentBook:
 
     @property
     def open_incidents(self) -> list[dict[str, Any]]:
-        return [record(inc, self.job, self.run, self._gpus, None) for inc in self._open.values()]
+        return [
+            record(inc, self.job, self.run, self._gpus, None, self._unit)
+            for inc in self._open.values()
+        ]
 
     # ------------------------------------------------------------------ inputs
 
     def on_window(self, view: WindowView, findings: Iterable[Finding]) -> None:
         """One scored window's findings (all kinds), in the detector's order."""
         self._gpus = max(1, view.gpus)
+        if view.cols.n:
+            self._unit = cost_unit(view.cols)
         self._last = (view.window, view.time)
         if view.cols.n:
             span = view.cols.ints("step_hi") - view.cols.ints("step_lo")
@@ -190,7 +199,9 @@ class IncidentBook:
         for key, inc in list(self._open.items()):
             if key not in seen:
                 self._rows.append(subject_row(self.job, inc, view, None))
+        self._onset.fill(view, seen)
         horizon = view.window - 2 * self.flag_window
+        self._onset.trim(horizon)
         for key in list(self._pre):
             kept = [(w, ok) for w, ok in self._pre[key] if w > horizon]
             if kept:
@@ -204,6 +215,8 @@ class IncidentBook:
         window = f.window
         t = view.time if view is not None else self._last[1]
         if f.state == "suspect":
+            if view is not None and key not in self._open:
+                self._onset.add(key, f, view)
             if f.kind in QUARTILE_KINDS and key not in self._open:
                 check = quartile_check(f, view)
                 if check is not None:
@@ -211,6 +224,7 @@ class IncidentBook:
             return
         if f.state == "cleared":
             self._ignored.discard(key)
+            self._onset.drop(key)
             inc = self._open.get(key)
             if inc is None:
                 return
@@ -223,6 +237,7 @@ class IncidentBook:
         inc = self._open.get(key)
         if inc is None:
             inc = self._open_incident(f, t)
+            self._rows.extend(self._onset.take(key, self.job, inc))
         self._observe(inc, f, view)
         if view is not None:
             self._rows.append(subject_row(self.job, inc, view, f))
@@ -290,7 +305,7 @@ class IncidentBook:
         leave the book here."""
         recs = []
         for inc in self._out:
-            recs.append(record(inc, self.job, self.run, self._gpus, inc.changes))
+            recs.append(record(inc, self.job, self.run, self._gpus, inc.changes, self._unit))
             inc.changes = []
         self._out = []
         rows, self._rows = self._rows, []

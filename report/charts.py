@@ -123,9 +123,10 @@ _JOB_CHARTS = (
         "samples_per_s",
         "samples/s",
         svg.PEERS,
-        "useful throughput not measured (no global batch known)",
+        "throughput not measured (no global batch known, no step time)",
     ),
 )
+STEPS_TITLE = "Throughput in steps/s (the whole job; no global batch known)"
 
 
 class IncidentCharts:
@@ -188,7 +189,9 @@ class IncidentCharts:
         )
 
     def job_charts(self) -> str:
-        """Step time, then useful throughput, of the whole job."""
+        """Step time, then useful throughput, of the whole job. Without a global batch
+        (no samples/s: a job that never told its batch size, as most real ones) the
+        throughput is the job's steps/s, from its step time: the same shape, in steps."""
         lo, hi = self.lo, self.hi
         keys = [c[4] for c in _JOB_CHARTS]
         jr = _decimate_rows(_in(self.job_rows, lo, hi), [], [], keys)
@@ -196,6 +199,9 @@ class IncidentCharts:
         out = ""
         for key, kind, title, unit, col, label, color, missing in _JOB_CHARTS:
             ys = _col(jr, col)
+            if col == "samples_per_s" and not any(v is not None for v in ys):
+                ys = [None if v is None or v <= 0 else 1000.0 / v for v in _col(jr, "step_ms")]
+                title, unit, label = STEPS_TITLE, "steps/s", "steps/s"
             out += svg.line_chart(
                 svg.Chart(
                     f"{key}-{self.slug}",

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from artemis.detect.node_kind import unit_hours
+
 from . import svg
 from .charts import IncidentCharts
 from .story import (
@@ -55,11 +57,20 @@ METRICS = {
     "cpu_pct": ("host CPU busy", "%"),
     "steal_pct": ("host CPU steal", "%"),
     "proc_cpu_pct": ("rank's process CPU", "%"),
-    "gap_busy_pct": ("GPU busy in the gap", "%"),
+    "gap_busy_pct": ("process busy in the gap", "%"),
+    "run_delay_pct": ("run delay (waiting for a CPU)", "%"),
+    "cg_throttled_pct": ("cgroup throttled", "%"),
+    "psi_cpu_some": ("CPU pressure", "%"),
     "nic_xmit_wait": ("NIC xmit wait", ""),
 }
 # A telemetry bar is drawn for a metric this far (percent) from its peers' value.
 BAR_MIN_PCT = 0.5
+# Near zero, by a metric's scale: a percentage (of a core, of the host's CPUs, of
+# the wall time) under one point on both sides is a few scheduler ticks in a window
+# (/proc counts in 10 ms ticks), and one point of CPU explains no slowdown worth a
+# report; a relative difference between two such values (0.03% vs 0.04% steal:
+# -25%) is noise drawn as the largest bar. The table gives their difference in points.
+NEAR_ZERO = {"%": 1.0}
 CSS = """
 :root { color-scheme: light; }
 body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif;
@@ -122,10 +133,19 @@ def telemetry_pairs(inc: Mapping[str, Any]) -> list[tuple[str, float, float]]:
     return out
 
 
-def _rel(r: float, p: float) -> float | None:
-    if p == 0:
+def _rel(r: float, p: float, unit: str = "") -> float | None:
+    """The rank's value against its peers', in percent; None where that means nothing:
+    a zero reference, or both values near zero on the metric's scale (NEAR_ZERO)."""
+    zero = NEAR_ZERO.get(unit)
+    if p == 0 or (zero is not None and abs(r) < zero and abs(p) < zero):
         return None
     return 100.0 * (r - p) / abs(p)
+
+
+def _difference(r: float, p: float, rel: float | None, unit: str) -> str:
+    if rel is None and unit in NEAR_ZERO:
+        return f"{r - p:+.2f} pt"  # near zero: the difference itself, no ratio
+    return fmt_signed(rel)
 
 
 def evidence_part(inc: Mapping[str, Any], slug: str) -> str:
@@ -136,12 +156,12 @@ def evidence_part(inc: Mapping[str, Any], slug: str) -> str:
     bars = []
     for k, r, p in pairs:
         name, unit = METRICS.get(k, (k, ""))
-        rel = _rel(r, p)
+        rel = _rel(r, p, unit)
         rows.append(
             f'<tr data-metric="{escape(k)}"><td>{escape(name)}</td>'
             f'<td class="num">{fmt_num(r, 2 if abs(r) < 10 else 0)} {escape(unit)}</td>'
             f'<td class="num">{fmt_num(p, 2 if abs(p) < 10 else 0)} {escape(unit)}</td>'
-            f'<td class="num">{fmt_signed(rel)}</td></tr>'
+            f'<td class="num">{_difference(r, p, rel, unit)}</td></tr>'
         )
         # The plot shows what differs; the table keeps every metric.
         if rel is not None and abs(rel) >= BAR_MIN_PCT:
@@ -183,12 +203,13 @@ def evidence_part(inc: Mapping[str, Any], slug: str) -> str:
 
 def cost_part(inc: Mapping[str, Any]) -> str:
     c = inc.get("cost") or {}
+    hours = unit_hours(c.get("unit"))  # cost.unit: GPU-hours, or a CPU job's CPU-hours
     return (
-        '<table class="cost"><tbody>'
+        f'<table class="cost" data-unit="{escape(hours)}"><tbody>'
         f'<tr><td>extra time per step</td><td class="num">{fmt_num(c.get("excess_ms"))} ms</td></tr>'
         f'<tr><td>job throughput lost</td><td class="num">{fmt_num(c.get("loss_pct"))}%</td></tr>'
-        f'<tr><td>GPU-hours lost over the episode</td><td class="num">{fmt_hours(c.get("gpu_hours"))}</td></tr>'
-        f'<tr><td>GPU-hours a day if unresolved</td><td class="num">{fmt_hours(c.get("gpu_hours_per_day"))}</td></tr>'
+        f'<tr><td>{hours} lost over the episode</td><td class="num">{fmt_hours(c.get("gpu_hours"))}</td></tr>'
+        f'<tr><td>{hours} a day if unresolved</td><td class="num">{fmt_hours(c.get("gpu_hours_per_day"))}</td></tr>'
         "</tbody></table>"
     )
 
@@ -284,9 +305,9 @@ def summary_part(s: Mapping[str, Any]) -> str:
         ("windows", f"{rng[0]}–{rng[1]}" if rng else "—"),
         ("wall time", (fmt_num(s["wall_s"] / 60, 1, "min") if s["wall_s"] else "—")),
         ("training time", (fmt_num(s["train_s"] / 60, 1, "min") if s["train_s"] else "—")),
-        ("GPU-hours", fmt_hours(s["gpu_hours"])),
+        (s["hours_unit"], fmt_hours(s["gpu_hours"])),
         (
-            "GPU-hours lost",
+            f"{s['hours_unit']} lost",
             fmt_hours(s["lost_gpu_hours"])
             + (f" ({s['lost_pct']:.1f}% of the job)" if s["lost_pct"] is not None else ""),
         ),
@@ -298,7 +319,7 @@ def summary_part(s: Mapping[str, Any]) -> str:
     return f'<section class="summary" id="summary"><table class="summary"><tbody>{body}</tbody></table></section>'
 
 
-def index_part(incidents: Sequence[Mapping[str, Any]]) -> str:
+def index_part(incidents: Sequence[Mapping[str, Any]], hours: str) -> str:
     if not incidents:
         return '<p class="none">No incidents: nothing was flagged in this job.</p>'
     rows = []
@@ -316,7 +337,7 @@ def index_part(incidents: Sequence[Mapping[str, Any]]) -> str:
         )
     return (
         '<table class="index"><thead><tr><th>incident</th><th>subject</th><th>cause</th>'
-        '<th>verdict</th><th class="num">loss</th><th class="num">GPU-h lost</th></tr></thead>'
+        f'<th>verdict</th><th class="num">loss</th><th class="num">{hours[:3]}-h lost</th></tr></thead>'
         "<tbody>" + "".join(rows) + "</tbody></table>"
     )
 
@@ -356,6 +377,6 @@ def render(bundle: Mapping[str, Any]) -> str:
         f"<title>{escape(title)}</title><style>{CSS}</style></head>"
         f'<body><main data-job="{escape(str(s["job"]), quote=True)}">'
         f'<h1>{escape(title)}</h1><p class="meta">{meta}</p>'
-        f"{summary_part(s)}{note_html}{index_part(incidents)}{sections}"
+        f"{summary_part(s)}{note_html}{index_part(incidents, s['hours_unit'])}{sections}"
         "</main></body></html>\n"
     )

@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 
 from artemis.detect.findings import RANK_KINDS
+from artemis.detect.node_kind import unit_hours
 
 
 def fmt_num(v: Any, digits: int = 1, unit: str = "") -> str:
@@ -77,6 +78,60 @@ def subject_name(inc: Mapping[str, Any]) -> str:
     return str(inc.get("subject", "?"))
 
 
+def job_unit(incidents: Sequence[Any]) -> str:
+    """What the job's hours count, as the page words it: its incidents' `cost.unit`
+    (GPU-hours unless every incident says `cpu`: a record before the unit is a GPU's)."""
+    units = {
+        unit_hours((inc.get("cost") or {}).get("unit"))
+        for inc in incidents
+        if isinstance(inc, Mapping)
+    }
+    return units.pop() if len(units) == 1 else unit_hours("gpu")
+
+
+def _train_wall(
+    rows: Sequence[Mapping[str, Any]], steps: Any, job: Mapping[str, Any]
+) -> tuple[float | None, float | None]:
+    """(training time, wall time) of the job's windows, in seconds.
+
+    Training time: the job's own step times over its windows. Wall time: from the
+    windows' scoring times. A window's time is when it was scored, after the job ran
+    it, and windows come in bursts (the in-process detector's first poll, or an agent
+    attaching, reads the backlog of the ring: a real 4-rank CPU job had its first 11
+    windows scored within 70 ms, then one a second), so the span of the times falls
+    short of the job's time, and the old estimate (span x n / (n - 1)) read 4 s of
+    wall time for 12 s of training. Window k was scored at t_k after windows 0..k
+    ran, so the job started at the latest at t_k less their training time: the wall
+    time is at least max over k of (t_last - t_k + training of 0..k), which is never
+    less than the training time and keeps any idle time between windows (an
+    evaluation, a checkpoint) that the times show. Without step times the first
+    window's length is the mean interval, as before."""
+    ordered = sorted(
+        (r for r in rows if isinstance(r.get("window"), (int, float))), key=lambda r: r["window"]
+    )
+    ms = [r.get("step_ms") for r in ordered]
+    known = bool(ms) and isinstance(steps, int) and len(ordered) == len(rows)
+    known = known and all(isinstance(v, (int, float)) for v in ms)
+    train_s = (
+        sum(float(v) for v in ms if isinstance(v, (int, float))) * steps / 1e3 if known else None
+    )
+    times = [float(r["time"]) for r in ordered if isinstance(r.get("time"), (int, float))]
+    wall_s = None
+    if times and train_s is not None:
+        t_last, cum = max(times), 0.0
+        for r in ordered:
+            cum += float(r["step_ms"]) * steps / 1e3
+            if isinstance(r.get("time"), (int, float)):
+                wall_s = max(wall_s or 0.0, t_last - float(r["time"]) + cum)
+    elif len(times) >= 2:
+        wall_s = (max(times) - min(times)) * len(times) / (len(times) - 1)
+    elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
+        job.get("last_time"), (int, float)
+    ):
+        wall_s = float(job["last_time"]) - float(job["first_seen"])
+    return train_s, wall_s
+
+
 def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
     """The job's headline numbers, from its record, its window rows and its incidents."""
     job = dict(bundle.get("job") or {})
@@ -95,23 +150,9 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
     ranks = job.get("ranks")
     gpus = job.get("gpu_count") or ranks  # the coordinator's gpu_count setting, else a GPU a rank
     gpu_hours = job.get("gpu_hours")
-    wall_s = None
-    if len(times) >= 2:
-        # The rows are window ends: n windows span n intervals, the first one's length
-        # estimated as the mean interval.
-        span = max(times) - min(times)
-        wall_s = span * len(times) / (len(times) - 1)
-    elif isinstance(job.get("first_seen"), (int, float)) and isinstance(
-        job.get("last_time"), (int, float)
-    ):
-        wall_s = float(job["last_time"]) - float(job["first_seen"])
     # The job's own time: its step times over its windows, the measure the incidents'
     # costs use (a simulator's wall clock runs faster); else the wall time.
-    steps = job.get("window_steps")
-    step_ms = [float(r["step_ms"]) for r in rows if isinstance(r.get("step_ms"), (int, float))]
-    train_s = None
-    if isinstance(steps, int) and step_ms and len(step_ms) == len(rows):
-        train_s = sum(step_ms) * steps / 1000.0
+    train_s, wall_s = _train_wall(rows, job.get("window_steps"), job)
     if gpu_hours is None and isinstance(gpus, int):
         t = train_s if train_s is not None else wall_s
         if t is not None:
@@ -147,6 +188,7 @@ def job_summary(bundle: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_hours": gpu_hours,
         "lost_gpu_hours": lost,
         "lost_pct": (100.0 * lost / gpu_hours) if gpu_hours else None,
+        "hours_unit": job_unit(incidents),
         "incidents": len(incidents),
         "by_verdict": dict(by_verdict),
     }
@@ -237,7 +279,7 @@ def story(inc: Mapping[str, Any]) -> str:
         else:
             parts.append(f"The job ended at window {closed.get('window')} with it still open.")
     if cost.get("gpu_hours") is not None:
-        s = f"Over the episode it cost {fmt_hours(cost['gpu_hours'])} GPU-hours"
+        s = f"Over the episode it cost {fmt_hours(cost['gpu_hours'])} {unit_hours(cost.get('unit'))}"
         if cost.get("gpu_hours_per_day") is not None and inc.get("verdict") not in (
             "recovered",
             "dismissed",

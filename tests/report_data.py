@@ -276,9 +276,36 @@ def contract_bundle(
 
 
 def drawn_bars(inc: dict[str, Any]) -> set[str]:
-    """The telemetry bars a record should get: metrics at least 0.5% from the peers."""
+    """The telemetry bars a record should get: metrics at least 0.5% from the peers,
+    but no percentage under one point on both sides (near zero on its scale)."""
     return {
         k
         for k, v in inc["evidence"]["telemetry"].items()
-        if v["peers"] != 0 and abs(v["rank"] / v["peers"] - 1) >= 0.005
+        if v["peers"] != 0
+        and abs(v["rank"] / v["peers"] - 1) >= 0.005
+        and not (k.endswith("_pct") and abs(v["rank"]) < 1 and abs(v["peers"]) < 1)
     }
+
+
+def cpu_bundle(batch: int = 5) -> dict[str, Any]:
+    """The same job run on CPU ranks (issue 31, item 9): its incidents' hours are CPU
+    rank-hours (`cost.unit` cpu), no global batch is known (no samples/s), its evidence
+    is host telemetry (a 0.03% vs 0.04% steal among it), and its windows reach the
+    coordinator in batches: the first `batch` windows are scored together, at the
+    time of the last of them, as when an agent attaches and reads its backlog."""
+    b = contract_bundle(job="cpu-job")
+    b["job"]["window_steps"] = 50  # 100 ms steps in 5 s windows
+    first = b["windows"][batch - 1]["time"]
+    for i, r in enumerate(b["windows"]):
+        r["samples_per_s"] = None
+        if i < batch:
+            r["time"] = first
+    for inc in b["incidents"]:
+        inc["cost"]["unit"] = "cpu"
+        inc["island"] = None
+    b["incidents"][0]["evidence"]["telemetry"] = {
+        "steal_pct": {"rank": 0.03, "peers": 0.04},
+        "cpu_pct": {"rank": 61.0, "peers": 40.0},
+        "gap_busy_pct": {"rank": 55.0, "peers": 94.0},
+    }
+    return b

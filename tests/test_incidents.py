@@ -582,3 +582,26 @@ def test_metrics_name_the_report_of_an_open_incident_when_report_dir_is_set() ->
     b.close_all(6, T0)
     metrics.observe_incidents(b.take()[0])
     assert "straggler_incident_report{" not in generate_latest(metrics.registry).decode()
+
+
+def test_subject_rows_start_at_onset() -> None:
+    """(issue 31, item 9) The pace is drawn from onset: the rows of the suspect
+    windows before the flag, and of a window of the streak with no line (the flag
+    rule needs 3 suspect windows of 4) from its pace, come out when the incident opens."""
+    b = IncidentBook("j", flag_window=4)
+    lines = {3: "suspect", 5: "suspect", 6: "flagged", 7: "ongoing"}
+    rows: list[dict[str, Any]] = []
+    for w in range(1, 8):
+        pace = 1.15 if w >= 3 else 1.0
+        state = lines.get(w)
+        b.on_window(_view(w, _cols(4, SLOW), pace), [_finding(state, w)] if state else [])
+        got = [r for r in b.take()[1] if r["row"] == "subject"]
+        if w < 6:
+            assert got == [], (w, got)  # nothing until the incident opens
+        rows += got
+    assert len({r["incident"] for r in rows}) == 1
+    assert [r["window"] for r in rows] == [3, 4, 5, 6, 7]
+    assert [r["ratio"] for r in rows] == [1.15] * 5  # window 4's from the window's pace
+    assert [r["gap_ms"] for r in rows] == [115.0, None, 115.0, 115.0, 115.0]
+    # a suspect window's cost is not yet the incident's
+    assert [r["gpu_hours"] is None for r in rows] == [True, True, True, False, False]

@@ -139,6 +139,27 @@ def test_list_in_a_terminal_and_piped(tmp_path: Path) -> None:
     assert json.loads(js.stdout) == dismissed()
 
 
+def test_a_cpu_jobs_hours_are_cpu_hours(tmp_path: Path) -> None:
+    """(issue 31, item 9) `cost.unit` words the hours; a listing of GPU and CPU jobs
+    totals each unit apart, never one sum."""
+    url = _store(tmp_path)
+    cpu = json.loads(json.dumps(flagship()[-1]).replace("flagship-sim", "cpu-job"))
+    cpu["cost"]["unit"] = "cpu"
+    with open_store(url) as s:
+        s.write_incident(cpu)
+    code, raw = _in_pty(["incidents", "show", cpu["id"], "--store", url])
+    out = " ".join(_plain(raw).split())
+    assert code == 0 and "0.011 CPU-hours lost" in out and "GPU-hours" not in out, out
+    code, raw = _in_pty(["incidents", "list", "--store", url])
+    out = _plain(raw)
+    assert code == 0, out
+    total = next(ln for ln in out.splitlines() if "3 incidents" in ln)
+    gpu = flagship()[-1]["cost"]["gpu_hours"] + (dismissed()["cost"]["gpu_hours"] or 0.0)
+    assert f"{gpu:.3g} GPU-hours" in total and "0.011 CPU-hours" in total, total
+    row = next(ln for ln in out.splitlines() if cpu["id"] in ln)
+    assert row.split()[-2:] == ["0.011", "CPU"], row
+
+
 def test_findings_reads_what_is_next_to_it(tmp_path: Path) -> None:
     findings = tmp_path / "findings.jsonl"
     findings.touch()

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from artemis.report import render
-from artemis.report.charts import MAX_POINTS
+from artemis.report.charts import MAX_POINTS, IncidentCharts
 from artemis.report.story import job_summary, story
 from artemis.report.svg import nice_ticks
-from report_data import contract_bundle, drawn_bars
+from report_data import contract_bundle, cpu_bundle, drawn_bars
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -184,3 +184,77 @@ def test_story_places_a_plan_where_its_marker_is_not_at_its_acknowledgement() ->
         if h["status"] == "applied":
             h["window"] = 21
     assert "was applied at window 23 " in story(inc)
+
+
+# --------------------------------------------------------------------------- a CPU job
+
+
+def test_a_cpu_jobs_page_counts_cpu_hours() -> None:
+    b = cpu_bundle()
+    html = render(b)
+    assert "GPU-h" not in html, re.findall(r".{40}GPU-h.{20}", html)
+    assert '<tr data-key="CPU-hours">' in html and '<tr data-key="CPU-hours lost">' in html
+    assert html.count('data-unit="CPU-hours"') == len(b["incidents"])
+    assert "CPU-hours" in story(b["incidents"][0])
+    # the contract bundle (no unit: a record from before it) stays a GPU job's
+    assert "CPU-h" not in render(contract_bundle())
+
+
+def test_throughput_from_steps_when_no_batch_is_known() -> None:
+    b = cpu_bundle()
+    inc = b["incidents"][0]
+    page = render(b)
+    tput = svgs(page)[f"tput-{inc['id']}"]
+    assert series(tput) == {"samples_per_s"}  # the plot's series, now in steps/s
+    assert "steps/s" in ET.tostring(tput, encoding="unicode")
+    assert "not measured" not in ET.tostring(tput, encoding="unicode")
+    (poly,) = next(
+        g for g in tput.iter(f"{SVG_NS}g") if g.attrib.get("data-series") == "samples_per_s"
+    ).iter(f"{SVG_NS}polyline")
+    ys = [float(p.split(",")[1]) for p in poly.attrib["points"].split()]
+    ch = IncidentCharts(inc, b["windows"], b["subjects"][inc["id"]], inc["id"])
+    steps = [r["step_ms"] for r in b["windows"] if ch.lo <= r["window"] <= ch.hi]
+    assert len(steps) == len(ys)
+    # the slowest window is the fewest steps/s: lowest on the page (largest y)
+    assert ys.index(max(ys)) == steps.index(max(steps))
+
+
+def test_no_relative_bar_between_two_near_zero_values() -> None:
+    b = cpu_bundle()
+    inc = b["incidents"][0]
+    page = render(b)
+    tele = svgs(page)[f"telemetry-{inc['id']}"]
+    # 0.03% vs 0.04% steal is a -25% ratio of noise: in the table, in points, not drawn
+    assert series(tele) == {"cpu_pct", "gap_busy_pct"}
+    row = re.search(r'<tr data-metric="steal_pct">.*?</tr>', page)
+    assert row and "-0.01 pt" in row.group(0) and "-25" not in row.group(0), row
+    # near zero is by the metric's scale: a fraction (power / board limit 0.48 vs 0.71)
+    # is no percentage, and keeps its relative bar
+    g = contract_bundle()
+    gi = g["incidents"][0]
+    assert "power_frac" in series(svgs(render(g))[f"telemetry-{gi['id']}"])
+
+
+def test_training_time_is_never_more_than_wall_time() -> None:
+    # The first 5 windows are scored together (an agent or the in-process detector
+    # reading the ring's backlog): the span of the scoring times misses the time the
+    # job ran them. The old estimate (span x n / (n - 1)) read 280 s of wall time for
+    # about 320 s of training.
+    b = cpu_bundle(batch=5)
+    s = job_summary(b)
+    rows = b["windows"]
+    train = sum(r["step_ms"] for r in rows) * 50 / 1000.0
+    assert abs(s["train_s"] - train) < 1e-6
+    span = rows[-1]["time"] - rows[0]["time"]
+    assert span * len(rows) / (len(rows) - 1) < train  # the bug this guards against
+    assert s["train_s"] <= s["wall_s"]
+    # every window's steps took longer than the 5 s between scorings: the job's wall
+    # time over its windows is its training time
+    assert abs(s["wall_s"] - train) < 1e-6
+    # a job idle between its windows (an evaluation, a checkpoint) keeps its longer wall
+    # time: the span, plus the first window's own steps (it ran before it was scored)
+    for i, r in enumerate(rows):
+        r["time"] = 1_000.0 + 10.0 * i
+    s = job_summary(b)
+    assert s["wall_s"] == 10.0 * (len(rows) - 1) + rows[0]["step_ms"] * 50 / 1000.0
+    assert s["wall_s"] > s["train_s"]

@@ -21,7 +21,7 @@ import pytest
 from artemis.report import render
 from artemis.report.browser import Browser, Page, find_chromium, new_page
 from artemis.report.load import bundles_from_findings
-from report_data import contract_bundle, drawn_bars
+from report_data import contract_bundle, cpu_bundle, drawn_bars
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "out" / "test-artifacts" / "report"
@@ -153,6 +153,24 @@ def test_report_in_chromium(browser: Browser, tmp_path: Path) -> None:
     # Mostly white paper with ink: a blank or single-colour page fails both.
     assert stats["variance"] > 100.0, stats
     assert stats["colours"] > 50, stats
+
+
+def test_a_cpu_jobs_report_in_chromium(browser: Browser, tmp_path: Path) -> None:
+    """A CPU job's page (issue 31, item 9): every part drawn, the throughput in steps/s
+    (no global batch known), no bar for two near-zero percentages, CPU-hours."""
+    bundle = cpu_bundle()
+    html = tmp_path / "cpu-job.html"
+    html.write_text(render(bundle), encoding="utf-8")
+    page = new_page(browser, html)
+    check_page(page, bundle, html.resolve().as_uri())  # tput drawn: steps/s from step time
+    inc = bundle["incidents"][0]
+    dom = page.evaluate(DOM_QUERY)[inc["id"]]
+    assert set(dom["plots"][f"telemetry-{inc['id']}"]["series"]) == {"cpu_pct", "gap_busy_pct"}
+    text = page.evaluate("document.body.innerText")
+    assert "CPU-hours" in text and "GPU-hours" not in text
+    assert "steps/s" in text and "not measured" not in text
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "cpu-job.png").write_bytes(page.screenshot(1100))
 
 
 def test_blank_page_measures_blank(browser: Browser, tmp_path: Path) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from artemis.cli.run_summary import (
     RingCensus,
     full_window_possible,
+    incident_lines,
     latest_findings,
     metric_value,
     no_collective_lines,
@@ -82,3 +84,23 @@ def test_summary_json_keeps_the_latest_per_subject_and_incident(tmp_path: Path) 
         "findings": latest_findings(found),
         "incidents": [{"id": "i1", "verdict": "confirmed"}],
     }
+
+
+def test_a_cpu_jobs_missing_telemetry_is_named_once_and_its_hours_are_cpu(tmp_path: Path) -> None:
+    # (issue 31, item 9) every line keeps its `missing`; the summary names them once
+    gaps = ["cg_throttled_pct", "run_delay_pct"]
+    found = [
+        {**_f(s, w, "unknown"), "missing": gaps}
+        for s, w in (("suspect", 3), ("flagged", 4), ("ongoing", 5))
+    ]
+    found.append({**_f("flagged", 6, None, rank=1), "kind": "missing", "missing": ["rank 1"]})
+    lines = summary_lines(found)
+    said = [s for s in lines if "not reported" in s]
+    assert said == ["[artemis] telemetry not reported by this job's ranks: " + ", ".join(gaps)]
+    assert not any("not reported" in s for s in summary_lines([_f("flagged", 4, "host")]))
+    rec = {"id": "j-r2-w4", "job": "j", "verdict": "unresolved", "cost": {"gpu_hours": 0.012}}
+    path = tmp_path / "incidents.jsonl"
+    path.write_text(json.dumps({**rec, "cost": {**rec["cost"], "unit": "cpu"}}) + "\n")
+    assert incident_lines(path, "j") == ["  incident j-r2-w4: unresolved; cost 0.012 CPU-hours"]
+    path.write_text(json.dumps(rec) + "\n")  # a record from before cost.unit: a GPU job's
+    assert incident_lines(path, "j") == ["  incident j-r2-w4: unresolved; cost 0.012 GPU-hours"]

@@ -75,12 +75,15 @@ def test_store_holds_what_the_jsonl_says(outputs: Path) -> None:
             if r["ratio_p50"] is not None:
                 assert r["ratio_p10"] <= r["ratio_p50"] <= r["ratio_p90"]
         assert s.job_windows(inc["job"]) == jw  # the latest run by default
-        # The subject's rows: every window the incident was open.
+        # The subject's rows: every window from its onset (its suspect windows, kept
+        # until the flag opened it: issue 31 item 9, the pace drawn from onset) to its close.
         iw = s.incident_windows(inc["id"])
-        opened, closed = inc["opened"]["window"], inc["closed"]["window"]
-        assert [r["window"] for r in iw] == list(range(opened, closed + 1))
-        slow: list[Any] = [r["ratio"] for r in iw[:3]]
-        assert all(x is not None and x > 1.1 for x in slow), slow  # slow when flagged
+        since, opened = inc["since"], inc["opened"]["window"]
+        closed = inc["closed"]["window"]
+        assert since < opened
+        assert [r["window"] for r in iw] == list(range(since, closed + 1))
+        slow: list[Any] = [r["ratio"] for r in iw[: opened - since + 3]]
+        assert all(x is not None and x > 1.1 for x in slow), slow  # slow from onset
 
 
 def test_incidents_cli_over_the_run(outputs: Path) -> None:

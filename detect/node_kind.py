@@ -1,0 +1,75 @@
+"""What kind of node a rank runs on, GPU or CPU, and so what its costs count. Pure.
+
+A CPU rank is one with no GPU telemetry source and no vendor (issue 31, item 9):
+no GPU-tagged telemetry field reported, `vendor` absent, and some host field
+reported. A rank with no telemetry at all is not called a CPU rank: nothing
+says what it runs on, and the hours keep the contract's first unit, `gpu`.
+
+The cost keys keep their names (`gpu_hours`, `straggler_gpu_hours_lost_total`);
+`cost.unit` says what those hours count: a GPU's, or a CPU rank's (one rank
+process) for a job whose every rank is a CPU rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from artemis.protocol.columns import TELEMETRY_COLUMNS, WindowColumns
+from artemis.protocol.records import GPU_FIELDS, HOST_FIELDS, Telemetry
+
+COST_UNITS = ("gpu", "cpu")
+# The words the human text uses for an hour of each unit.
+UNIT_HOURS = {"gpu": "GPU-hours", "cpu": "CPU-hours"}
+
+
+def _present(v: object) -> bool:
+    if v is None:
+        return False
+    if isinstance(v, float):
+        return not math.isnan(v)
+    return True
+
+
+def is_cpu(t: Telemetry) -> bool:
+    """Whether a rank's telemetry is a CPU rank's: host fields and nothing of a GPU."""
+    if any(_present(getattr(t, f)) for f in GPU_FIELDS):
+        return False  # `vendor` is a GPU field too
+    return any(_present(getattr(t, f)) for f in HOST_FIELDS)
+
+
+def reportable(t: Telemetry, missing: Iterable[str]) -> list[str]:
+    """The `missing` names this kind of node could have reported: on a CPU rank the
+    GPU fields are not missing, there is nothing to report them."""
+    if not is_cpu(t):
+        return sorted(set(missing))
+    gpu = set(GPU_FIELDS)
+    return sorted({m for m in missing if m not in gpu})
+
+
+def _rows_present(cols: WindowColumns, names: Sequence[str]) -> np.ndarray:
+    """Per row: whether any of the telemetry fields `names` is reported."""
+    out = np.zeros(cols.n, dtype=bool)
+    for name in names:
+        col = cols[f"tel_{name}"]
+        if TELEMETRY_COLUMNS[name] in ("of", "oi", "f", "i"):
+            out |= ~np.isnan(np.asarray(col, dtype=np.float64))
+        else:
+            out |= np.fromiter((_present(v) for v in col), dtype=bool, count=cols.n)
+    return out
+
+
+def cost_unit(cols: WindowColumns) -> str:
+    """`cpu` when every rank of a window is a CPU rank, else `gpu` (any GPU rank's
+    hours are GPU-hours; an empty window or one without telemetry keeps `gpu`)."""
+    if not cols.n:
+        return "gpu"
+    if _rows_present(cols, GPU_FIELDS).any():
+        return "gpu"
+    return "cpu" if _rows_present(cols, HOST_FIELDS).all() else "gpu"
+
+
+def unit_hours(unit: object) -> str:
+    """How the human text names an hour of `unit` (a record without one is a GPU job's)."""
+    return UNIT_HOURS.get(str(unit), UNIT_HOURS["gpu"]) if unit else UNIT_HOURS["gpu"]
