@@ -433,6 +433,51 @@ class PacedJob(threading.Thread):
             self.stop.wait(self.period)
 
 
+def windows_scored(coord: Coordinator) -> float:
+    """Windows the coordinator scored so far, over all jobs."""
+    return sum(metric_by_label(coord.samples(), "straggler_windows_scored_total", "job").values())
+
+
+@contextmanager
+def scored_paced_job(
+    work: Path,
+    plugin: Path,
+    tables: dict[str, Any],
+    *,
+    window_steps: int,
+    agent_extra: Sequence[str] = (),
+) -> Iterator[Coordinator]:
+    """A coordinator (`tables`) scoring agent "h0" of a paced 4-rank lockstep job, its
+    first windows already scored: the legitimate traffic that the attack tests keep
+    watching while hostile peers hit the same listener. All three stop on the way out.
+    """
+    secret = write_secret(work / "secret")
+    shm = work / "shm"
+    feeder = LockstepFeeder(plugin, [shm] * 4, [[4.0, 2.0] for _ in range(4)])
+    coord = Coordinator(work, secret, deadline_s=2.0, tables=tables).start()
+    agent = start_agent(
+        work,
+        coord.address,
+        shm,
+        secret,
+        "h0",
+        window_steps=window_steps,
+        colls_per_step=2,
+        extra=agent_extra,
+    )
+    job = PacedJob(feeder, window_steps)
+    try:
+        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
+        job.start()
+        wait_for(lambda: windows_scored(coord) >= 3, 30, "first windows scored")
+        yield coord
+    finally:
+        job.stop.set()
+        agent.stop()
+        assert coord.daemon is not None
+        coord.daemon.stop()
+
+
 def connect_agent(work: Path, coord: Coordinator, shm: Path, secret: Path, **kw: Any) -> Daemon:
     """Agent "h0" on `shm` (`kw`: start_agent's), once `coord` counts it connected; an
     agent that does not connect is stopped."""
