@@ -29,6 +29,7 @@ from artemis.agent.fingerprint import ring_software  # noqa: E402
 from artemis.ring import format as rf  # noqa: E402
 from artemis.ring.reader import RingReader  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
+from torch_rank import join_artemis_group, tanh_mlp  # noqa: E402
 from torch_workers import spawn_and_join, train_on_group  # noqa: E402
 
 WORLD = 2
@@ -88,13 +89,7 @@ def _collectives(dist: Any, rank: int, g: Any) -> dict[str, Any]:
 
 def _model() -> Any:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 32),
-        torch.nn.Tanh(),
-        torch.nn.Linear(32, 32),
-        torch.nn.Tanh(),
-        torch.nn.Linear(32, 1),
-    )
+    return tanh_mlp(16, 32, 32, 1)
 
 
 def _train(kind: str, rank: int, g: Any) -> dict[str, Any]:
@@ -108,13 +103,7 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_JOB"] = JOB
     os.environ["NCCL_FP_BACKEND"] = "on"  # kept in the fingerprint's env
     os.environ["NCCL_FP_TOKEN"] = "s3cret"  # left out
-    import artemis.job  # noqa: F401  (registers the backend)
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "artemis", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
-    )
+    dist = join_artemis_group(init_file, rank, WORLD)
     try:
         res: dict[str, Any] = {"backend": dist.get_backend()}
         gloo = dist.new_group(backend="gloo")

@@ -36,6 +36,7 @@ from artemis.agent.telemetry.simulated import SimulatedSource  # noqa: E402
 from artemis.ring import format as rf  # noqa: E402
 from artemis.ring.reader import RingReader  # noqa: E402
 from torch_exit import exit_when_done  # noqa: E402
+from torch_rank import join_artemis_group, tanh_mlp  # noqa: E402
 from torch_workers import spawn_and_join, train_on_group  # noqa: E402
 
 WORLD = 4
@@ -74,9 +75,7 @@ def _collectives(dist: Any, rank: int, g: Any) -> dict[str, Any]:
 
 def _model() -> Any:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
-    ).double()
+    return tanh_mlp(16, 32, 1).double()
 
 
 def _train(rank: int, g: Any, lr: float = 0.05, kind: str = "ddp") -> dict[str, Any]:
@@ -88,13 +87,7 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_SHM_DIR"] = shm
     os.environ["ARTEMIS_JOB"] = JOB
     os.environ["ARTEMIS_ISLANDS"] = ",".join(ISLANDS)
-    import artemis.job  # noqa: F401  (registers the backend)
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "artemis", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
-    )
+    dist = join_artemis_group(init_file, rank, WORLD)
     try:
         pg = dist.group.WORLD
         res: dict[str, Any] = {"island": pg.island}
