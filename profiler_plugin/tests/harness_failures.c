@@ -137,15 +137,11 @@ void test_failures(void) {
     stop_ev(op);
     stop_ev(op); /* duplicate */
     ncclProfiler_v6.recordEventState(k0, ncclProfilerKernelChStop, NULL); /* NULL args */
-    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
+    kch_end(k0, tstop(1, 0, 1, 0));
     stop_ev(k0); /* duplicate: must not complete the op early */
     Rec r = slot_rec(cm, 0);
     CHECK(r.state == ARTEMIS_STATE_IN_FLIGHT, "double stop completed early");
-    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
-    record_ev(k1, ncclProfilerKernelChStop, &a);
-    stop_ev(k1);
+    kch_end(k1, tstop(1, 0, 1, 1));
     r = slot_rec(cm, 0);
     check_done(&r, 0, 2, "double stop record");
     stop_ev(k1);
@@ -160,9 +156,7 @@ void test_failures(void) {
     coll_expect(1, &e, 1);
     op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
     k0 = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, 1, 1, 0), 0);
-    a.kernelCh.pTimer = tstop(1, 1, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
+    kch_end(k0, tstop(1, 1, 1, 0));
     r = slot_rec(cm, 1);
     check_done(&r, 1, 1, "channel-first record, before the Coll stop");
 
@@ -264,9 +258,7 @@ void test_failures(void) {
     for (int k = 0; k < 64; k++) {
         void *kh = start_ev(cm, ncclProfileKernelCh, op, NULL, 1000 + (uint64_t)k, k);
         if (kh) got++;
-        a.kernelCh.pTimer = 2000 + (uint64_t)k;
-        record_ev(kh, ncclProfilerKernelChStop, &a);
-        stop_ev(kh);
+        kch_end(kh, 2000 + (uint64_t)k);
     }
     stop_ev(op);
     r = slot_rec(cm, t);
@@ -305,9 +297,7 @@ void test_failures(void) {
     stop_ev(op);
     for (int k = 0; k < 2; k++) {
         void *kh = start_ev(nt, ncclProfileKernelCh, op, NULL, 0, k);
-        a.kernelCh.pTimer = 0;
-        record_ev(kh, ncclProfilerKernelChStop, &a);
-        stop_ev(kh);
+        kch_end(kh, 0);
     }
     r = slot_rec(nt, 0);
     CHECK(r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST && r.start == r.enqueue_ns &&
@@ -333,12 +323,8 @@ void test_failures(void) {
     uint64_t fns = fin->ring.hdr->finished_ns;
     stop_ev(op);
     k1 = start_ev(fin, ncclProfileKernelCh, op, NULL, tstart(1, 0, 1, 1), 1);
-    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
-    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
-    record_ev(k1, ncclProfilerKernelChStop, &a);
-    stop_ev(k1);
+    kch_end(k0, tstop(1, 0, 1, 0));
+    kch_end(k1, tstop(1, 0, 1, 1));
     h = start_ev(fin, ncclProfileColl, NULL, &e, 0, 0);
     CHECK(h == NULL, "start after finalize");
     stop_ev(h);
@@ -360,9 +346,7 @@ void test_failures(void) {
             stop_ev(op);
             for (unsigned k = 0; k < e.nch; k++) {
                 kh = start_ev(x, ncclProfileKernelCh, op, NULL, tstart(1, c, 1, k), (int)k);
-                a.kernelCh.pTimer = tstop(1, c, 1, k);
-                record_ev(kh, ncclProfilerKernelChStop, &a);
-                stop_ev(kh);
+                kch_end(kh, tstop(1, c, 1, k));
             }
             stop_ev(g);
             r = slot_rec(x, c);
@@ -374,9 +358,7 @@ void test_failures(void) {
         stop_ev(op);
         for (unsigned k = 0; k < e.nch; k++) {
             kh = start_ev(x, ncclProfileKernelCh, op, NULL, tstart(2, 3, 1, k), (int)k);
-            a.kernelCh.pTimer = tstop(2, 3, 1, k);
-            record_ev(kh, ncclProfilerKernelChStop, &a);
-            stop_ev(kh);
+            kch_end(kh, tstop(2, 3, 1, k));
         }
         r = slot_rec(x, 3);
         CHECK(check_rec(&x->ring, &r, 3, "p2p") == 1 && r.coll_seq == 3 && r.peer == 0,
