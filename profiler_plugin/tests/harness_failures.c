@@ -6,6 +6,23 @@
  */
 #include "harness.h"
 
+/* A v6 Coll descriptor as NCCL fills it (the strings may be NULL or unknown:
+ * these tests feed the plugin's string codes). */
+static ncclProfilerEventDescr_v6_t coll_descr(const char *func, const char *dtype,
+                                              const char *algo, const char *proto, size_t count,
+                                              int nch) {
+    ncclProfilerEventDescr_v6_t d;
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileColl;
+    d.coll.func = func;
+    d.coll.datatype = dtype;
+    d.coll.algo = algo;
+    d.coll.proto = proto;
+    d.coll.count = count;
+    d.coll.nChannels = (uint8_t)nch;
+    return d;
+}
+
 void test_failures(void) {
     char dir[300];
     int mask;
@@ -61,13 +78,7 @@ void test_failures(void) {
     CHECK(ncclProfiler_v6.init(&ctx, 2, NULL, "x", 1, 1, 0, test_logger) == ncclSuccess, "init NULL mask");
     if (ctx) keep(ctx);
     CHECK(ctx != NULL, "init with NULL mask still profiles");
-    ncclProfilerEventDescr_v6_t d;
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileColl;
-    d.coll.func = "AllReduce";
-    d.coll.datatype = "ncclFloat32";
-    d.coll.count = 1;
-    d.coll.nChannels = 1;
+    ncclProfilerEventDescr_v6_t d = coll_descr("AllReduce", "ncclFloat32", NULL, NULL, 1, 1);
     void *h = (void *)0x1;
     CHECK(ncclProfiler_v6.startEvent(NULL, &h, &d) == ncclSuccess && h == NULL, "NULL context");
     h = (void *)0x1;
@@ -161,13 +172,7 @@ void test_failures(void) {
     check_done(&r, 1, 1, "channel-first record, before the Coll stop");
 
     /* unknown strings: codes 0, bytes = count (started before op's Coll stop) */
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileColl;
-    d.coll.func = "PutSignal";
-    d.coll.datatype = "Unknown";
-    d.coll.algo = "Unknown";
-    d.coll.proto = NULL;
-    d.coll.count = 12345;
+    d = coll_descr("PutSignal", "Unknown", "Unknown", NULL, 12345, 0);
     ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
     CHECK(h && h != op, "a handle reused before its Coll stop (%p, %p)", h, op);
     ncclProfiler_v6.stopEvent(h);
@@ -192,13 +197,7 @@ void test_failures(void) {
     uint64_t t = 3;
     /* pass 0 fills the plugin's pointer cache, pass 1 reads codes from it */
     for (unsigned i = 0; i < 24; i++, t++) {
-        memset(&d, 0, sizeof d);
-        d.type = ncclProfileColl;
-        d.coll.func = fn[i % 11];
-        d.coll.datatype = dn[i % 12];
-        d.coll.algo = an[i % 7];
-        d.coll.proto = pn[i % 3];
-        d.coll.count = 10;
+        d = coll_descr(fn[i % 11], dn[i % 12], an[i % 7], pn[i % 3], 10, 0);
         ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
         ncclProfiler_v6.stopEvent(h);
         r = slot_rec(cm, t);
@@ -247,12 +246,7 @@ void test_failures(void) {
     }
 
     /* more than ART_MAX_CH channels: the first 62 time the op */
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileColl;
-    d.coll.func = "AllReduce";
-    d.coll.datatype = "ncclInt8";
-    d.coll.count = 1;
-    d.coll.nChannels = 64;
+    d = coll_descr("AllReduce", "ncclInt8", NULL, NULL, 1, 64);
     ncclProfiler_v6.startEvent(cm->ctx, &op, &d);
     int got = 0;
     for (int k = 0; k < 64; k++) {

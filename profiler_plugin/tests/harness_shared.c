@@ -21,18 +21,25 @@ static _Atomic long g_ts_accepted, g_ts_done;
 
 static uint64_t ts_t0(size_t count) { return 1000000ull + (uint64_t)count * 1000ull; }
 
+/* An AllReduce of `count` int8 on 2 ring channels: the threaded tests tell their
+ * records apart by the count alone. */
+static Expect int8_expect(size_t count) {
+    Expect e;
+    memset(&e, 0, sizeof e);
+    e.func_s = "AllReduce";
+    e.dtype_s = "ncclInt8";
+    e.algo_s = "RING";
+    e.proto_s = "SIMPLE";
+    e.count = count;
+    e.nch = 2;
+    return e;
+}
+
 static void *ts_user(void *arg) {
     TsArg *a = arg;
     Comm *cm = a->cm;
     for (unsigned i = 0; i < a->ops; i++) {
-        Expect e;
-        memset(&e, 0, sizeof e);
-        e.func_s = "AllReduce";
-        e.dtype_s = "ncclInt8";
-        e.algo_s = "RING";
-        e.proto_s = "SIMPLE";
-        e.count = ((size_t)a->t << 20) + i + 1u;
-        e.nch = 2;
+        Expect e = int8_expect(((size_t)a->t << 20) + i + 1u);
         void *op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
         int early = (i % 3) == 0; /* channels before the Coll stop */
         if (!early) stop_ev(op);
@@ -308,20 +315,9 @@ static void hook_block(void) {
     atomic_store(&g_hook_inside, 1);
     while (!atomic_load(&g_hook_go)) sched_yield();
 }
-static Expect sw_expect(size_t count) {
-    Expect e;
-    memset(&e, 0, sizeof e);
-    e.func_s = "AllReduce";
-    e.dtype_s = "ncclInt8";
-    e.algo_s = "RING";
-    e.proto_s = "SIMPLE";
-    e.count = count;
-    e.nch = 2;
-    return e;
-}
 /* A collective's start of `count` bytes (the switch tests tell tickets apart by it). */
 static void *sw_start(Comm *cm, size_t count) {
-    Expect e = sw_expect(count);
+    Expect e = int8_expect(count);
     return start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
 }
 /* The switch tests' communicator: host timing only, so a start writes one slot. */
