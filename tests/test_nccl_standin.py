@@ -23,19 +23,28 @@ def test_abi_sizes_and_offsets_match_the_reference() -> None:
         assert d.u.offset == 24
         # ctypes reports anonymous-union members at their offset in the descriptor.
         assert d.kernelCh.offset + nccl._KernelCh.pTimer.offset == 32
-    u6 = v6.u.offset
-    assert u6 + nccl._CollV5.parentGroup.offset == 104
-    assert u6 + nccl._CollV5.nChannels.offset == 80
-    assert u6 + nccl._ProxyOp.isSend.offset == 44
-    assert u6 + nccl._CollApiV5.graphCaptured.offset == 64
-    assert u6 + nccl._CeCollV6.stream.offset == 104
-    assert u6 + nccl._P2pV5.peer.offset == 56
-    assert u6 + nccl._CollV7.kernelVariant.offset == 112
-    assert u6 + nccl._CollV7.userTag.offset == 128
-    assert u6 + nccl._CollApiV7.userTag.offset == 72
-    assert u6 + nccl._KernelPhase.pTimer.offset == 40
-    assert u6 + nccl._CollV4.proto.offset == 96
-    assert u6 + nccl._P2pV4.nChannels.offset == 60
+    # Union members at their offset in the v6 descriptor (the reference's offsetof),
+    # "struct.member": offset; compared as one table, so a failure names every one that moved.
+    union_members = {
+        "_CollV5.parentGroup": 104,
+        "_CollV5.nChannels": 80,
+        "_ProxyOp.isSend": 44,
+        "_CollApiV5.graphCaptured": 64,
+        "_CeCollV6.stream": 104,
+        "_P2pV5.peer": 56,
+        "_CollV7.kernelVariant": 112,
+        "_CollV7.userTag": 128,
+        "_CollApiV7.userTag": 72,
+        "_KernelPhase.pTimer": 40,
+        "_CollV4.proto": 96,
+        "_P2pV4.nChannels": 60,
+    }
+
+    def offset(member: str) -> int:
+        struct, field = member.split(".")
+        return int(v6.u.offset + getattr(getattr(nccl, struct), field).offset)
+
+    assert {m: offset(m) for m in union_members} == union_members
     assert v4.type.size == 1 and v5.type.size == 8
 
 
