@@ -57,3 +57,23 @@ def detector_from_args(args: argparse.Namespace) -> Any:
         window_steps=args.window_steps,
         **json.loads(args.settings),
     )
+
+
+def all_reduced(dist: Any, t: Any, g: Any, **op: Any) -> list[Any]:
+    """``all_reduce`` of a copy of ``t`` on group ``g`` (``op``: its ``op=``), as a list."""
+    a = t.clone()
+    dist.all_reduce(a, group=g, **op)
+    return a.tolist()
+
+
+def all_gathered(dist: Any, t: Any, g: Any, world: int) -> list[Any]:
+    """``all_gather`` of ``t`` over the ``world`` ranks of group ``g``, as lists."""
+    parts = [t.new_zeros(t.shape) for _ in range(world)]
+    dist.all_gather(parts, t, group=g)
+    return [x.tolist() for x in parts]
+
+
+def all_reduce_future(dist: Any, t: Any, g: Any) -> list[Any]:
+    """An async ``all_reduce`` of a copy of ``t``, its result read from the Work's future."""
+    w = dist.all_reduce(t.clone(), group=g, async_op=True)
+    return [x.tolist() for x in w.get_future().wait()]
