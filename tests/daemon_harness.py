@@ -173,6 +173,20 @@ class Daemon:
         return json_records(self.log_text())
 
 
+def serve_argv(
+    port: int, mport: int, jsonl: Path, plans: Path, secret: Path, cfg: Path
+) -> list[str]:
+    """``artemis-coordinator serve`` as the tests start it: agents on loopback ``port``,
+    metrics on ``mport``, findings and plans to ``jsonl`` and ``plans``, JSON logs."""
+    return [
+        str(BIN / "artemis-coordinator"),
+        "serve",
+        *("--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport)),
+        *("--jsonl", str(jsonl), "--plans-jsonl", str(plans)),
+        *("--secret-file", str(secret), "--config", str(cfg), "--log-json"),
+    ]
+
+
 @dataclass
 class Coordinator:
     work: Path
@@ -223,23 +237,14 @@ class Coordinator:
         self.lives += 1
         self.daemon = Daemon(
             "coordinator",
-            [
-                str(BIN / "artemis-coordinator"),
-                "serve",
-                "--listen",
-                self.address,
-                "--metrics-port",
-                str(self.metrics_port),
-                "--jsonl",
-                str(self.jsonl),
-                "--plans-jsonl",
-                str(self.work / "plans.jsonl"),
-                "--secret-file",
-                str(self.secret),
-                "--config",
-                str(cfg),
-                "--log-json",
-            ],
+            serve_argv(
+                self.port,
+                self.metrics_port,
+                self.jsonl,
+                self.work / "plans.jsonl",
+                self.secret,
+                cfg,
+            ),
             self.work / "coordinator.log",
         ).start()
         wait_for(
