@@ -94,19 +94,15 @@ static inline uint64_t pack8(uint8_t clock, uint8_t algo, uint8_t proto, uint8_t
     return v;
 }
 
+/* byte `i` of a word, as the word lies in the slot, set to `v` */
+static inline void set_byte(void *word, size_t i, uint8_t v) { memcpy((uint8_t *)word + i, &v, 1); }
 /* offsets of state (in w4) and clock (in w8) as bytes */
 static inline uint32_t with_state(uint32_t w4, uint8_t state) {
-    uint8_t b[4];
-    memcpy(b, &w4, 4);
-    b[3] = state;
-    memcpy(&w4, b, 4);
+    set_byte(&w4, 3, state);
     return w4;
 }
 static inline uint64_t with_clock(uint64_t w8, uint8_t clock) {
-    uint8_t b[8];
-    memcpy(b, &w8, 8);
-    b[0] = clock;
-    memcpy(&w8, b, 8);
+    set_byte(&w8, 0, clock);
     return w8;
 }
 /* w8 (nchannels and peer zero) with its nchannels and peer bytes */

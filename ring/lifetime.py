@@ -69,19 +69,28 @@ def keep_requested(env: Mapping[str, str] = os.environ) -> bool:
     return env.get(KEEP_ENV, "").strip().lower() in _TRUE
 
 
-def agent_serves(folder: str | os.PathLike[str]) -> bool:
-    """An agent holds the folder's lock now."""
+def _lock_free(
+    path: str | os.PathLike[str], mode: int, absent: type[OSError] = FileNotFoundError
+) -> bool | None:
+    """Whether the flock ``mode`` on ``path`` could be taken now (a probe: taken and
+    dropped at once); None when opening it fails with ``absent`` (no such file)."""
     try:
-        fd = os.open(os.path.join(folder, AGENT_LOCK), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False  # no lock file: no agent ever served this folder
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except absent:
+        return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
         return True
+    except BlockingIOError:
+        return False
     finally:
         os.close(fd)  # drops our probe's lock with it
+
+
+def agent_serves(folder: str | os.PathLike[str]) -> bool:
+    """An agent holds the folder's lock now."""
+    # A lock file we cannot open (None) is as none: no agent ever served this folder.
+    return _lock_free(os.path.join(folder, AGENT_LOCK), fcntl.LOCK_SH, OSError) is False
 
 
 def hold_writer_lock(fd: int) -> None:
@@ -92,17 +101,7 @@ def hold_writer_lock(fd: int) -> None:
 def writer_gone(ring: str | os.PathLike[str]) -> bool:
     """No process holds the writer's lock of ``ring`` (meaningful when its header has
     ``LIFE_FLOCK``); a ring already removed counts as gone."""
-    try:
-        fd = os.open(ring, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+    return _lock_free(ring, fcntl.LOCK_EX) is not False
 
 
 def remove(ring: str | os.PathLike[str]) -> bool:

@@ -173,6 +173,20 @@ class Daemon:
         return json_records(self.log_text())
 
 
+def serve_argv(
+    port: int, mport: int, jsonl: Path, plans: Path, secret: Path, cfg: Path
+) -> list[str]:
+    """``artemis-coordinator serve`` as the tests start it: agents on loopback ``port``,
+    metrics on ``mport``, findings and plans to ``jsonl`` and ``plans``, JSON logs."""
+    return [
+        str(BIN / "artemis-coordinator"),
+        "serve",
+        *("--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport)),
+        *("--jsonl", str(jsonl), "--plans-jsonl", str(plans)),
+        *("--secret-file", str(secret), "--config", str(cfg), "--log-json"),
+    ]
+
+
 @dataclass
 class Coordinator:
     work: Path
@@ -223,23 +237,14 @@ class Coordinator:
         self.lives += 1
         self.daemon = Daemon(
             "coordinator",
-            [
-                str(BIN / "artemis-coordinator"),
-                "serve",
-                "--listen",
-                self.address,
-                "--metrics-port",
-                str(self.metrics_port),
-                "--jsonl",
-                str(self.jsonl),
-                "--plans-jsonl",
-                str(self.work / "plans.jsonl"),
-                "--secret-file",
-                str(self.secret),
-                "--config",
-                str(cfg),
-                "--log-json",
-            ],
+            serve_argv(
+                self.port,
+                self.metrics_port,
+                self.jsonl,
+                self.work / "plans.jsonl",
+                self.secret,
+                cfg,
+            ),
             self.work / "coordinator.log",
         ).start()
         wait_for(
@@ -431,6 +436,51 @@ class PacedJob(threading.Thread):
         while not self.stop.is_set():
             self.feeder.write_steps(self.steps)
             self.stop.wait(self.period)
+
+
+def windows_scored(coord: Coordinator) -> float:
+    """Windows the coordinator scored so far, over all jobs."""
+    return sum(metric_by_label(coord.samples(), "straggler_windows_scored_total", "job").values())
+
+
+@contextmanager
+def scored_paced_job(
+    work: Path,
+    plugin: Path,
+    tables: dict[str, Any],
+    *,
+    window_steps: int,
+    agent_extra: Sequence[str] = (),
+) -> Iterator[Coordinator]:
+    """A coordinator (`tables`) scoring agent "h0" of a paced 4-rank lockstep job, its
+    first windows already scored: the legitimate traffic that the attack tests keep
+    watching while hostile peers hit the same listener. All three stop on the way out.
+    """
+    secret = write_secret(work / "secret")
+    shm = work / "shm"
+    feeder = LockstepFeeder(plugin, [shm] * 4, [[4.0, 2.0] for _ in range(4)])
+    coord = Coordinator(work, secret, deadline_s=2.0, tables=tables).start()
+    agent = start_agent(
+        work,
+        coord.address,
+        shm,
+        secret,
+        "h0",
+        window_steps=window_steps,
+        colls_per_step=2,
+        extra=agent_extra,
+    )
+    job = PacedJob(feeder, window_steps)
+    try:
+        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
+        job.start()
+        wait_for(lambda: windows_scored(coord) >= 3, 30, "first windows scored")
+        yield coord
+    finally:
+        job.stop.set()
+        agent.stop()
+        assert coord.daemon is not None
+        coord.daemon.stop()
 
 
 def connect_agent(work: Path, coord: Coordinator, shm: Path, secret: Path, **kw: Any) -> Daemon:

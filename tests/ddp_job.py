@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from torch_exit import exit_when_done
+from torch_rank import detector_from_args, join_artemis_group, tanh_mlp
 
 
 def _loader(rank: int, args: argparse.Namespace) -> Any:
@@ -44,34 +45,13 @@ def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     # Python's stacks on a fatal signal: one rank once died of SIGABRT ("terminate
     # called without an active exception") after its ring was finished
     faulthandler.enable(all_threads=True)
-    import artemis.job
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "artemis", init_method=f"file://{init}", rank=rank, world_size=args.world
-    )
-    det = (
-        artemis.job.Detector(
-            jsonl=os.path.join(args.detector, "findings.jsonl"),
-            window_steps=args.window_steps,
-            **json.loads(args.settings),
-        )
-        if args.detector
-        else None
-    )
+    dist = join_artemis_group(init, rank, args.world)
+    det = detector_from_args(args)
     torch.manual_seed(0)
-    model = DDP(
-        torch.nn.Sequential(
-            torch.nn.Linear(64, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 1),
-        )
-    )
+    model = DDP(tanh_mlp(64, 256, 256, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for x, y in _loader(rank, args):
         opt.zero_grad()

@@ -318,6 +318,13 @@ def spawn(address: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def result(p: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
+    """The JSON line a spawned peer ends with, once it exited cleanly."""
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("address")

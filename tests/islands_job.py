@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from torch_exit import exit_when_done
+from torch_rank import detector_from_args, join_artemis_group, tanh_mlp
 
 
 def _islands(rank: int, args: argparse.Namespace, dist: Any) -> None:
@@ -41,15 +42,7 @@ def _islands(rank: int, args: argparse.Namespace, dist: Any) -> None:
 
     pg = dist.group.WORLD
     torch.manual_seed(0)
-    model = DDP(
-        torch.nn.Sequential(
-            torch.nn.Linear(64, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 256),
-            torch.nn.Tanh(),
-            torch.nn.Linear(256, 1),
-        )
-    )
+    model = DDP(tanh_mlp(64, 256, 256, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
@@ -112,21 +105,8 @@ def _mark(path: str, step: int, coll_seq: int) -> None:
 
 @exit_when_done
 def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
-    import artemis.job
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("artemis", init_method=f"file://{init}", rank=rank, world_size=4)
-    det = (
-        artemis.job.Detector(
-            jsonl=os.path.join(args.detector, "findings.jsonl"),
-            window_steps=args.window_steps,
-            **json.loads(args.settings),
-        )
-        if args.detector
-        else None
-    )
+    dist = join_artemis_group(init, rank, 4)
+    det = detector_from_args(args)
     (_islands if args.layout == "islands" else _tp)(rank, args, dist)
     if det is not None:
         det.close()

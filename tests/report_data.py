@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from incident_parts import about_rank, confirmed_by_q1, cost, dismissed_record, evidence, markers
+
 T0 = 1764584400.0  # 2025-12-01 10:20 UTC
 
 
@@ -84,26 +86,19 @@ def contract_bundle(
     i2 = f"{job}-r6-w36"
     i3 = f"{job}-r5-w46"
     last = windows - 1
+    # the rank's telemetry against its peers' (rank, peers)
+    telemetry = {
+        "sm_mhz": (1694.0, 1978.0),
+        "temp_c": (61.0, 63.2),
+        "power_frac": (0.48, 0.71),
+        "pcie_degraded": (0.0, 0.0),
+    }
     inc1: dict[str, Any] = {
-        "id": i1,
-        "job": job,
-        "run": "c0ffee12",
-        "kind": "rank",
-        "subject": "2",
-        "rank": 2,
-        "ranks": [2],
-        "island": "nvidia",
-        "hosts": ["node-a"],
+        **about_rank(job, "c0ffee12", 2, "nvidia", "node-a", 18),
         "change": "closed",
         "status": "closed",
         "opened": {"window": 18, "time": t(18)},
-        "confirmed": {
-            "window": 18,
-            "time": t(18),
-            "rule": "q1>peers_median",
-            "q1_ms": 70.4,
-            "peers_median_ms": 62.1,
-        },
+        "confirmed": confirmed_by_q1(18, t(18), 70.4, 62.1),
         "closed": {"window": last, "time": t(last), "why": "job_end"},
         "cause": {
             "kind": "clocks",
@@ -113,19 +108,8 @@ def contract_bundle(
             "explained": 0.93,
             "alternatives": [],
         },
-        "evidence": {
-            "windows": last - 18 + 1,
-            "gap_ms": 71.3,
-            "peers_gap_ms": 62.0,
-            "ratio": 1.15,
-            "telemetry": {
-                "sm_mhz": {"rank": 1694.0, "peers": 1978.0},
-                "temp_c": {"rank": 61.0, "peers": 63.2},
-                "power_frac": {"rank": 0.48, "peers": 0.71},
-                "pcie_degraded": {"rank": 0.0, "peers": 0.0},
-            },
-        },
-        "cost": {"excess_ms": 9.3, "loss_pct": 8.5, "gpu_hours": 0.0041, "gpu_hours_per_day": 1.63},
+        "evidence": evidence(last - 18 + 1, 71.3, 62.0, 1.15, **telemetry),
+        "cost": cost(9.3, 8.5, 0.0041, 1.63),
         "actions": [
             {
                 "plan": "p1-w20-r2",
@@ -149,34 +133,14 @@ def contract_bundle(
         },
         "verdict": "mitigated",
         "reason": "plan p1-w20-r2 in force, throughput +9.3% measured",
-        "markers": [
-            {"marker": "onset", "window": 16},
-            {"marker": "flagged", "window": 18},
-            {"marker": "confirmed", "window": 18},
-            {"marker": "applied", "window": 23},
-            {"marker": "verified", "window": 28},
-        ],
+        "markers": markers(onset=16, flagged=18, confirmed=18, applied=23, verified=28),
     }
     inc2: dict[str, Any] = {
-        "id": i2,
-        "job": job,
-        "run": "c0ffee12",
-        "kind": "rank",
-        "subject": "6",
-        "rank": 6,
-        "ranks": [6],
-        "island": "amd",
-        "hosts": ["node-b"],
+        **about_rank(job, "c0ffee12", 6, "amd", "node-b", 36),
         "change": "closed",
         "status": "closed",
         "opened": {"window": 36, "time": t(36)},
-        "confirmed": {
-            "window": 37,
-            "time": t(37),
-            "rule": "q1>peers_median",
-            "q1_ms": 65.9,
-            "peers_median_ms": 62.0,
-        },
+        "confirmed": confirmed_by_q1(37, t(37), 65.9, 62.0),
         "closed": {"window": 42, "time": t(42), "why": "cleared"},
         "cause": {
             "kind": "host",
@@ -186,18 +150,10 @@ def contract_bundle(
             "explained": None,
             "alternatives": [{"kind": "thermal", "text": "slightly warmer", "explained": 0.1}],
         },
-        "evidence": {
-            "windows": 7,
-            "gap_ms": 66.9,
-            "peers_gap_ms": 62.0,
-            "ratio": 1.08,
-            "telemetry": {
-                "cpu_pct": {"rank": 97.0, "peers": 41.0},
-                "sm_mhz": {"rank": 1975.0, "peers": 1978.0},
-                "temp_c": {"rank": 66.0, "peers": 63.0},
-            },
-        },
-        "cost": {"excess_ms": 4.9, "loss_pct": 4.6, "gpu_hours": 0.0004, "gpu_hours_per_day": 0.88},
+        "evidence": evidence(
+            7, 66.9, 62.0, 1.08, cpu_pct=(97.0, 41.0), sm_mhz=(1975.0, 1978.0), temp_c=(66.0, 63.0)
+        ),
+        "cost": cost(4.9, 4.6, 0.0004, 0.88),
         "actions": [],
         "escalation": {
             "cause": "host",
@@ -207,53 +163,12 @@ def contract_bundle(
         },
         "verdict": "recovered",
         "reason": "cleared at window 42; step time back to 100.2 ms",
-        "markers": [
-            {"marker": "onset", "window": 34},
-            {"marker": "flagged", "window": 36},
-            {"marker": "confirmed", "window": 37},
-            {"marker": "cleared", "window": 42},
-        ],
+        "markers": markers(onset=34, flagged=36, confirmed=37, cleared=42),
     }
-    inc3: dict[str, Any] = {
-        "id": i3,
-        "job": job,
-        "run": "c0ffee12",
-        "kind": "rank",
-        "subject": "5",
-        "rank": 5,
-        "ranks": [5],
-        "island": "amd",
-        "hosts": ["node-b"],
-        "change": "closed",
-        "status": "closed",
-        "opened": {"window": 46, "time": t(46)},
-        "confirmed": None,
-        "closed": {"window": 48, "time": t(48), "why": "cleared"},
-        "cause": {
-            "kind": "unknown",
-            "text": "no telemetry explains it",
-            "evidence": {},
-            "explained": None,
-            "alternatives": [],
-        },
-        "evidence": {
-            "windows": 3,
-            "gap_ms": 69.0,
-            "peers_gap_ms": 62.0,
-            "ratio": 1.11,
-            "telemetry": {},
-        },
-        "cost": {"excess_ms": 6.8, "loss_pct": 6.3, "gpu_hours": 0.0001, "gpu_hours_per_day": 1.2},
-        "actions": [],
-        "escalation": None,
-        "verdict": "dismissed",
-        "reason": "a few long stalls: its lower quartile stayed at the peers' median",
-        "markers": [
-            {"marker": "onset", "window": 44},
-            {"marker": "flagged", "window": 46},
-            {"marker": "cleared", "window": 48},
-        ],
-    }
+    reason = "a few long stalls: its lower quartile stayed at the peers' median"
+    parts = (evidence(3, 69.0, 62.0, 1.11), cost(6.8, 6.3, 0.0001, 1.2), reason)
+    about = about_rank(job, "c0ffee12", 5, "amd", "node-b", 46)
+    inc3 = dismissed_record(about, (46, 48), t, parts, onset=44)
     subjects = {
         i1: subject_rows(i1, 2, 18, last),
         i2: subject_rows(i2, 6, 36, 42),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from incident_parts import about_rank, confirmed_by_q1, cost, dismissed_record, evidence, markers
+
 T0 = 1764584400.0  # unix s of window 0
 WINDOW_S = 5.0
 
@@ -17,16 +19,10 @@ def t(window: int) -> float:
 def flagship(job: str = "flagship-sim") -> list[dict[str, Any]]:
     """The changes of one incident, in order: opened, confirmed, action (applied,
     then verified), closed as mitigated. Each is the whole record."""
+    # the rank's telemetry against its peers' (rank, peers)
+    telemetry = {"sm_mhz": (1694.0, 1978.0), "temp_c": (61.0, 63.0), "power_frac": (0.48, 0.71)}
     base: dict[str, Any] = {
-        "id": f"{job}-r2-w18",
-        "job": job,
-        "run": "c0ffee",
-        "kind": "rank",
-        "subject": "2",
-        "rank": 2,
-        "ranks": [2],
-        "island": "nvidia",
-        "hosts": ["node-a"],
+        **about_rank(job, "c0ffee", 2, "nvidia", "node-a", 18),
         "change": "opened",
         "status": "open",
         "opened": {"window": 18, "time": t(18)},
@@ -40,18 +36,8 @@ def flagship(job: str = "flagship-sim") -> list[dict[str, Any]]:
             "explained": 0.93,
             "alternatives": [{"kind": "power", "text": "power near its cap", "explained": 0.2}],
         },
-        "evidence": {
-            "windows": 3,
-            "gap_ms": 115.1,
-            "peers_gap_ms": 100.0,
-            "ratio": 1.151,
-            "telemetry": {
-                "sm_mhz": {"rank": 1694.0, "peers": 1978.0},
-                "temp_c": {"rank": 61.0, "peers": 63.0},
-                "power_frac": {"rank": 0.48, "peers": 0.71},
-            },
-        },
-        "cost": {"excess_ms": 15.0, "loss_pct": 11.7, "gpu_hours": 0.004, "gpu_hours_per_day": 9.6},
+        "evidence": evidence(3, 115.1, 100.0, 1.151, **telemetry),
+        "cost": cost(15.0, 11.7, 0.004, 9.6),
         "actions": [],
         "escalation": {
             "cause": "clocks",
@@ -60,18 +46,12 @@ def flagship(job: str = "flagship-sim") -> list[dict[str, Any]]:
         },
         "verdict": None,
         "reason": "",
-        "markers": [{"marker": "onset", "window": 16}, {"marker": "flagged", "window": 18}],
+        "markers": markers(onset=16, flagged=18),
     }
     out = [copy.deepcopy(base)]
     r = copy.deepcopy(base)
     r["change"] = "confirmed"
-    r["confirmed"] = {
-        "window": 18,
-        "time": t(18),
-        "rule": "q1>peers_median",
-        "q1_ms": 113.2,
-        "peers_median_ms": 100.1,
-    }
+    r["confirmed"] = confirmed_by_q1(18, t(18), 113.2, 100.1)
     r["markers"].append({"marker": "confirmed", "window": 18})
     out.append(copy.deepcopy(r))
     r["change"] = "action"
@@ -117,42 +97,11 @@ def flagship(job: str = "flagship-sim") -> list[dict[str, Any]]:
 
 def dismissed(job: str = "stalls-sim") -> dict[str, Any]:
     """An incident that cleared before it was confirmed."""
-    return {
-        "id": f"{job}-r5-w9",
-        "job": job,
-        "run": "beef",
-        "kind": "rank",
-        "subject": "5",
-        "rank": 5,
-        "ranks": [5],
-        "island": "nvidia",
-        "hosts": ["node-b"],
-        "change": "closed",
-        "status": "closed",
-        "opened": {"window": 9, "time": t(9)},
-        "confirmed": None,
-        "closed": {"window": 13, "time": t(13), "why": "cleared"},
-        "cause": {
-            "kind": "unknown",
-            "text": "no telemetry explains it",
-            "evidence": {},
-            "explained": None,
-            "alternatives": [],
-        },
-        "evidence": {
-            "windows": 4,
-            "gap_ms": 104.0,
-            "peers_gap_ms": 100.0,
-            "ratio": 1.04,
-            "telemetry": {},
-        },
-        "cost": {"excess_ms": 0.4, "loss_pct": 0.4, "gpu_hours": 0.0001, "gpu_hours_per_day": 0.3},
-        "actions": [],
-        "escalation": None,
-        "verdict": "dismissed",
-        "reason": "its lower quartile stayed under the peers' median: a few long stalls",
-        "markers": [{"marker": "flagged", "window": 9}, {"marker": "cleared", "window": 13}],
-    }
+    reason = "its lower quartile stayed under the peers' median: a few long stalls"
+    about = about_rank(job, "beef", 5, "nvidia", "node-b", 9)
+    return dismissed_record(
+        about, (9, 13), t, (evidence(4, 104.0, 100.0, 1.04), cost(0.4, 0.4, 0.0001, 0.3), reason)
+    )
 
 
 def job_rows(job: str, lo: int, hi: int) -> list[dict[str, Any]]:

@@ -34,13 +34,13 @@ from typing import Any
 
 import pytest
 from daemon_harness import (
-    BIN,
     JOB,
     Daemon,
     LockstepFeeder,
     free_port,
     metric,
     scrape,
+    serve_argv,
     start_agent,
     wait_for,
     write_secret,
@@ -175,23 +175,7 @@ def _inside(tmp: Path, plugin: Path) -> None:
     )
     coord = Daemon(
         "coordinator",
-        [
-            str(BIN / "artemis-coordinator"),
-            "serve",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-port",
-            str(mport),
-            "--jsonl",
-            str(findings),
-            "--plans-jsonl",
-            str(dirs["plans"] / "plans.jsonl"),
-            "--secret-file",
-            str(secret),
-            "--config",
-            str(cfg),
-            "--log-json",
-        ],
+        serve_argv(port, mport, findings, dirs["plans"] / "plans.jsonl", secret, cfg),
         tmp / "coordinator.log",  # the log is not on a full disk (journald's job)
     ).start()
     agents: list[Daemon] = []

@@ -18,6 +18,7 @@ from artemis.protocol.messages import Fingerprint
 from artemis.ring import format as rf
 from artemis.ring.reader import RingReader
 from artemis.sim.nccl import NcclStandIn
+from standin_comms import ring_path
 
 SECRETS = {
     "NCCL_FP_API_KEY": "s3cret",
@@ -25,10 +26,6 @@ SECRETS = {
     "HSA_FP_SECRET": "s3cret",
     "TORCH_NCCL_FP_PASSWORD": "s3cret",
 }
-
-
-def _ring(shm: Path, comm: int, rank: int) -> Path:
-    return shm / f"testjob.{comm:016x}.r{rank}.ring"
 
 
 @pytest.fixture
@@ -49,7 +46,7 @@ def test_the_plugin_writes_the_nccl_version_and_the_kept_env(
     n = NcclStandIn(plugin_lib, 7, runtime="nccl")
     c = n.comm_init(0xF1, rank=0, nranks=2, name="dp")
     assert c.init_rc == 0 and c.context
-    path = _ring(shm_dir, 0xF1, 0)
+    path = ring_path(shm_dir, 0xF1, 0)
     with RingReader(path) as r:
         h = r.header()
     assert h.nccl_version == 22105 and h.writer_flags & rf.WRITER_ENV
@@ -110,8 +107,8 @@ def test_the_agent_sends_it_once_and_again_on_a_change(
     # The job restarts with another env: a new ring, a new fingerprint naming it.
     agent.tick(2.0)
     agent.cleanup()
-    assert not _ring(shm_dir, 0xF2, 0).exists()
-    assert not Path(rf.env_sidecar_path(_ring(shm_dir, 0xF2, 0))).exists()  # removed with it
+    assert not ring_path(shm_dir, 0xF2, 0).exists()
+    assert not Path(rf.env_sidecar_path(ring_path(shm_dir, 0xF2, 0))).exists()  # removed with it
     monkeypatch.setenv("NCCL_FP_ALGO", "Tree")
     c2 = n.comm_init(0xF3, rank=0, nranks=2, name="dp")
     agent.scan()

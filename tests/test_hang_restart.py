@@ -15,17 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from artemis.coordinator.journal import AssemblyJournal
-from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.monitor import RESTORED_DUMP_WAIT_S
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Dump, Heartbeat, Windows
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankProgress, RankWindow
-from artemis.rebalance.outputs import PlansWriter
-from service_records import host_peer, rank_window
+from service_records import file_coordinator, host_peer, rank_window
 
 JOB = "hj"
 DUMP_WAIT_S = 5.0
@@ -72,17 +68,9 @@ class DiesAfterTheHangLine(Coordinator):
 
 
 def make(tmp: Path, now: list[float], cls: type[Coordinator] = Coordinator) -> Coordinator:
-    c = cls(
-        Settings(hang_floor_s=1.0),
-        FindingsWriter(tmp / "f.jsonl"),
-        PlansWriter(tmp / "p.jsonl"),
-        Metrics(),
-        deadline_s=30.0,
-        grace_s=0.0,
-        dump_wait_s=DUMP_WAIT_S,
-        clock=lambda: now[0],
+    c = file_coordinator(
+        tmp, lambda: now[0], cls, settings=Settings(hang_floor_s=1.0), dump_wait_s=DUMP_WAIT_S
     )
-    c.restore(AssemblyJournal(tmp / "f.assembly"))
     for h in ("h0", "h1"):
         c.on_connect(peer(h))
     return c

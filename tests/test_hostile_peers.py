@@ -14,29 +14,17 @@ scored, none late, during each attack (docs/RELIABILITY.md "5. Hostile peers").
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import hostile_peer
 import pytest
-from daemon_harness import (
-    Coordinator,
-    LockstepFeeder,
-    PacedJob,
-    metric,
-    metric_by_label,
-    start_agent,
-    wait_for,
-    write_secret,
-)
+from daemon_harness import metric, metric_by_label, scored_paced_job, wait_for, windows_scored
 
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 W_STEPS = 10
-COMPUTE = [[4.0, 2.0] for _ in range(4)]
 # More than it takes to accept 10k connections at a load average of 20+ on 2 cores (12 s was not).
 HANDSHAKE_S = 20.0
 PER_PEER = 64
@@ -52,43 +40,22 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _result(p: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
-    out, err = p.communicate(timeout=timeout)
-    assert p.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
     tmp_path: Path, plugin_lib: Path
 ) -> None:
-    secret = write_secret(tmp_path / "secret")
-    shm = tmp_path / "shm"
-    feeder = LockstepFeeder(plugin_lib, [shm] * 4, COMPUTE)
-    coord = Coordinator(
-        tmp_path,
-        secret,
-        deadline_s=2.0,
-        tables={
-            "limits": {
-                "handshake_timeout_s": HANDSHAKE_S,
-                "idle_timeout_s": 3.0,
-                "max_unauthenticated_per_peer": PER_PEER,
-                "max_unauthenticated": 12000,
-            }
-        },
-    ).start()
-    agent = start_agent(
-        tmp_path, coord.address, shm, secret, "h0", window_steps=W_STEPS, colls_per_step=2
-    )
-    job = PacedJob(feeder, W_STEPS)
-    try:
-        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
-        job.start()
-        wait_for(lambda: _scored(coord) >= 3, 30, "first windows scored")
+    tables = {
+        "limits": {
+            "handshake_timeout_s": HANDSHAKE_S,
+            "idle_timeout_s": 3.0,
+            "max_unauthenticated_per_peer": PER_PEER,
+            "max_unauthenticated": 12000,
+        }
+    }
+    with scored_paced_job(tmp_path, plugin_lib, tables, window_steps=W_STEPS) as coord:
         rss0 = _rss_kb(coord.pid)
 
         # -- attack 1: 10k idle connections, a one-source flood and a slowloris peer --
-        s0 = _scored(coord)
+        s0 = windows_scored(coord)
         slow = hostile_peer.spawn(coord.address, "slowloris", "--base", "30")
         idle = hostile_peer.spawn(
             coord.address,
@@ -112,8 +79,12 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
             "10k idle connections held",
         )
         rss1 = _rss_kb(coord.pid)
-        r_idle, r_one, r_slow = _result(idle), _result(one), _result(slow)
-        s1 = _scored(coord)
+        r_idle, r_one, r_slow = (
+            hostile_peer.result(idle),
+            hostile_peer.result(one),
+            hostile_peer.result(slow),
+        )
+        s1 = windows_scored(coord)
 
         # -- attack 2: a wrong-secret flood and oversize length prefixes, together -----
         bad = hostile_peer.spawn(
@@ -129,14 +100,10 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
         big = hostile_peer.spawn(
             coord.address, "oversize", "--count", str(OVERSIZE_N), "--sources", "20", "--base", "50"
         )
-        r_bad, r_big = _result(bad), _result(big)
+        r_bad, r_big = hostile_peer.result(bad), hostile_peer.result(big)
         time.sleep(1.0)  # a window or two more, scored after the floods
-        s2 = _scored(coord)
+        s2 = windows_scored(coord)
         samples = coord.samples()
-    finally:
-        job.stop.set()
-        agent.stop()
-        coord.daemon.stop()  # type: ignore[union-attr]
 
     refused = metric_by_label(samples, "straggler_protocol_refused_peers_total", "reason")
     report = {
@@ -171,7 +138,3 @@ def test_hostile_peers_refused_by_reason_while_the_agent_is_scored(
     assert s1 > s0 and s2 > s1, report
     assert metric(samples, "straggler_windows_late_total") == 0, report
     assert metric(samples, "straggler_agents_connected") == 1
-
-
-def _scored(coord: Coordinator) -> float:
-    return sum(metric_by_label(coord.samples(), "straggler_windows_scored_total", "job").values())

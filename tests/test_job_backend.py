@@ -25,6 +25,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import torch_rank as tr  # noqa: E402
 from artemis.agent.fingerprint import ring_software  # noqa: E402
 from artemis.ring import format as rf  # noqa: E402
 from artemis.ring.reader import RingReader  # noqa: E402
@@ -41,15 +42,9 @@ def _collectives(dist: Any, rank: int, g: Any) -> dict[str, Any]:
     """Run each collective on group ``g``; return its outputs as lists."""
     out: dict[str, Any] = {}
     t = torch.arange(4.0, dtype=torch.float64) * (rank + 1) + 0.1
-    a = t.clone()
-    dist.all_reduce(a, group=g)
-    out["all_reduce"] = a.tolist()
-    a = t.clone()
-    dist.all_reduce(a, op=dist.ReduceOp.MAX, group=g)
-    out["all_reduce_max"] = a.tolist()
-    lst = [torch.zeros(4, dtype=torch.float64) for _ in range(WORLD)]
-    dist.all_gather(lst, t, group=g)
-    out["all_gather"] = [x.tolist() for x in lst]
+    out["all_reduce"] = tr.all_reduced(dist, t, g)
+    out["all_reduce_max"] = tr.all_reduced(dist, t, g, op=dist.ReduceOp.MAX)
+    out["all_gather"] = tr.all_gathered(dist, t, g, WORLD)
     o = torch.zeros(4 * WORLD, dtype=torch.float64)
     dist.all_gather_into_tensor(o, t, group=g)
     out["all_gather_into_tensor"] = o.tolist()
@@ -81,20 +76,13 @@ def _collectives(dist: Any, rank: int, g: Any) -> dict[str, Any]:
         rv = torch.zeros(4, dtype=torch.float64)
         dist.recv(rv, src=0, group=g)
         out["send_recv"] = rv.tolist()
-    w = dist.all_reduce(t.clone(), group=g, async_op=True)
-    out["future"] = [x.tolist() for x in w.get_future().wait()]
+    out["future"] = tr.all_reduce_future(dist, t, g)
     return out
 
 
 def _model() -> Any:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 32),
-        torch.nn.Tanh(),
-        torch.nn.Linear(32, 32),
-        torch.nn.Tanh(),
-        torch.nn.Linear(32, 1),
-    )
+    return tr.tanh_mlp(16, 32, 32, 1)
 
 
 def _train(kind: str, rank: int, g: Any) -> dict[str, Any]:
@@ -108,13 +96,7 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_JOB"] = JOB
     os.environ["NCCL_FP_BACKEND"] = "on"  # kept in the fingerprint's env
     os.environ["NCCL_FP_TOKEN"] = "s3cret"  # left out
-    import artemis.job  # noqa: F401  (registers the backend)
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "artemis", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
-    )
+    dist = tr.join_artemis_group(init_file, rank, WORLD)
     try:
         res: dict[str, Any] = {"backend": dist.get_backend()}
         gloo = dist.new_group(backend="gloo")

@@ -5,8 +5,6 @@ settings (see there how they cope with this shared machine)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,37 +12,21 @@ import pytest
 
 pytest.importorskip("torch")
 
-JOB = Path(__file__).resolve().parent / "ddp_job.py"
+from job_runs import inproc_ddp_job
+
 WINDOW_STEPS = 20
 STEPS = 295  # 300 collectives with the 5 start-up ones: whole windows
 SETTINGS: dict[str, Any] = {}  # the defaults
 
 
 def _run(tmp: Path, *args: str) -> list[dict[str, Any]]:
-    out = tmp / "det"
-    out.mkdir()
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(JOB),
-            "--steps",
-            str(STEPS),
-            "--window-steps",
-            str(WINDOW_STEPS),
-            "--detector",
-            str(out),
-            "--settings",
-            json.dumps(SETTINGS),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
+    return inproc_ddp_job(
+        tmp,
+        ["--steps", str(STEPS), *args],
+        window_steps=WINDOW_STEPS,
+        settings=SETTINGS,
         timeout=240,
-        env={"ARTEMIS_SHM_DIR": str(tmp / "shm"), "ARTEMIS_JOB": "inproc", "PATH": "/usr/bin:/bin"},
     )
-    assert p.returncode == 0, p.stdout + p.stderr
-    f = out / "findings.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
 
 
 @pytest.mark.slow

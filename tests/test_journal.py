@@ -14,14 +14,11 @@ import pytest
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.sinks import FindingsWriter
-from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import Windows
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow, Telemetry
-from artemis.rebalance.outputs import PlansWriter
-from service_records import host_peer, rank_window
+from service_records import file_coordinator, host_peer, rank_window
 
 C = TypeVar("C", bound=Coordinator)
 
@@ -37,25 +34,9 @@ def peer(host: str) -> PeerInfo:
     return host_peer(JOB, host, minor=0)
 
 
-def coordinator(cls: type[C], tmp: Path, now: list[float], grace_s: float) -> tuple[C, Metrics]:
-    """A coordinator (or a subclass that fails on cue) on ``tmp``'s files, its clock ``now[0]``."""
-    m = Metrics()
-    c = cls(
-        Settings(),
-        FindingsWriter(tmp / "f.jsonl"),
-        PlansWriter(tmp / "p.jsonl"),
-        m,
-        deadline_s=30.0,
-        grace_s=grace_s,
-        clock=lambda: now[0],
-    )
-    return c, m
-
-
 def make(tmp: Path, now: list[float], grace_s: float) -> tuple[Coordinator, Metrics]:
-    c, m = coordinator(Coordinator, tmp, now, grace_s)
-    c.restore(AssemblyJournal(tmp / "f.assembly"))
-    return c, m
+    c = file_coordinator(tmp, lambda: now[0], grace_s=grace_s)
+    return c, c.metrics
 
 
 def scored(m: Metrics) -> float:
@@ -229,7 +210,7 @@ def test_a_crash_inside_a_windows_outputs_scores_it_once(tmp_path: Path, at: str
     now = [0.0]
 
     async def run() -> None:
-        a, _ = coordinator(CrashingCoordinator, tmp_path, now, grace_s=0.0)
+        a = file_coordinator(tmp_path, lambda: now[0], CrashingCoordinator, restore=False)
         j = CrashingJournal(tmp_path / "f.assembly")
         a.restore(j)
         a.on_connect(peer("h0"))
@@ -311,16 +292,7 @@ def test_a_crash_between_two_windows_released_together_loses_neither(tmp_path: P
     now = [0.0]
 
     async def run() -> None:
-        a = CrashingCoordinator(
-            Settings(),
-            FindingsWriter(tmp_path / "f.jsonl"),
-            PlansWriter(tmp_path / "p.jsonl"),
-            Metrics(),
-            deadline_s=30.0,
-            grace_s=0.0,
-            clock=lambda: now[0],
-        )
-        a.restore(AssemblyJournal(tmp_path / "f.assembly"))
+        a = file_coordinator(tmp_path, lambda: now[0], CrashingCoordinator)
         a.on_connect(peer("h0"))
         a.on_connect(peer("h1"))
         for w in range(3):

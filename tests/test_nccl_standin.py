@@ -10,6 +10,7 @@ import pytest
 from artemis.ring.reader import RingReader, records_to_dicts
 from artemis.sim import nccl_abi as nccl
 from artemis.sim.nccl import NcclStandIn, format_c
+from standin_comms import one_comm, ring_path
 
 VERSIONS = (4, 5, 6, 7)
 
@@ -23,24 +24,29 @@ def test_abi_sizes_and_offsets_match_the_reference() -> None:
         assert d.u.offset == 24
         # ctypes reports anonymous-union members at their offset in the descriptor.
         assert d.kernelCh.offset + nccl._KernelCh.pTimer.offset == 32
-    u6 = v6.u.offset
-    assert u6 + nccl._CollV5.parentGroup.offset == 104
-    assert u6 + nccl._CollV5.nChannels.offset == 80
-    assert u6 + nccl._ProxyOp.isSend.offset == 44
-    assert u6 + nccl._CollApiV5.graphCaptured.offset == 64
-    assert u6 + nccl._CeCollV6.stream.offset == 104
-    assert u6 + nccl._P2pV5.peer.offset == 56
-    assert u6 + nccl._CollV7.kernelVariant.offset == 112
-    assert u6 + nccl._CollV7.userTag.offset == 128
-    assert u6 + nccl._CollApiV7.userTag.offset == 72
-    assert u6 + nccl._KernelPhase.pTimer.offset == 40
-    assert u6 + nccl._CollV4.proto.offset == 96
-    assert u6 + nccl._P2pV4.nChannels.offset == 60
+    # Union members at their offset in the v6 descriptor (the reference's offsetof),
+    # "struct.member": offset; compared as one table, so a failure names every one that moved.
+    union_members = {
+        "_CollV5.parentGroup": 104,
+        "_CollV5.nChannels": 80,
+        "_ProxyOp.isSend": 44,
+        "_CollApiV5.graphCaptured": 64,
+        "_CeCollV6.stream": 104,
+        "_P2pV5.peer": 56,
+        "_CollV7.kernelVariant": 112,
+        "_CollV7.userTag": 128,
+        "_CollApiV7.userTag": 72,
+        "_KernelPhase.pTimer": 40,
+        "_CollV4.proto": 96,
+        "_P2pV4.nChannels": 60,
+    }
+
+    def offset(member: str) -> int:
+        struct, field = member.split(".")
+        return int(v6.u.offset + getattr(getattr(nccl, struct), field).offset)
+
+    assert {m: offset(m) for m in union_members} == union_members
     assert v4.type.size == 1 and v5.type.size == 8
-
-
-def _ring(shm: Path, comm: int, rank: int) -> Path:
-    return shm / f"testjob.{comm:016x}.r{rank}.ring"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -51,7 +57,7 @@ def test_values_read_back_exactly(plugin_lib: Path, shm_dir: Path, version: int)
     c = n.comm_init(comm_hash, rank=1, nranks=4, nnodes=2, name="tp-group")
     assert c.init_rc == 0 and c.context
     assert n.mask.value == nccl.COLL | nccl.P2P | nccl.KERNEL_CH
-    assert len(n.log_lines) == 1 and str(_ring(shm_dir, comm_hash, 1)) in n.log_lines[0]
+    assert len(n.log_lines) == 1 and str(ring_path(shm_dir, comm_hash, 1)) in n.log_lines[0]
     c.collective("AllReduce", 1000, "ncclFloat32", kernel_times=[(500, 900), (480, 950)])
     c.collective(
         "ReduceScatter", 64, "ncclBfloat16", 3, "TREE", "LL128", [(10, 20), (5, 30), (7, 25)]
@@ -59,7 +65,7 @@ def test_values_read_back_exactly(plugin_lib: Path, shm_dir: Path, version: int)
     c.p2p("Send", 100, "ncclInt64", peer=3, kernel_times=[(40, 41)])
     c.collective("AllReduce", 8, "ncclFloat64", 1, kernel_times=[(60, 70)])
     c.p2p("Recv", 3, "ncclUint8", peer=0, nchannels=2, kernel_times=[(80, 85), (79, 84)])
-    with RingReader(_ring(shm_dir, comm_hash, 1)) as r:
+    with RingReader(ring_path(shm_dir, comm_hash, 1)) as r:
         h = r.header()
         b = r.poll()
         recs = records_to_dicts(b.done, h)
@@ -109,11 +115,10 @@ def test_values_read_back_exactly(plugin_lib: Path, shm_dir: Path, version: int)
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_allgather_reaches_coll_as_bytes(plugin_lib: Path, shm_dir: Path, version: int) -> None:
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0xA6, 0, 2)
+    _, c = one_comm(plugin_lib, version, 0xA6)
     c.collective("AllGather", 10, "ncclFloat32", kernel_times=[(1, 2), (1, 3)])
     c.collective("Broadcast", 4, "ncclFloat16", kernel_times=[(1, 2), (1, 3)])
-    with RingReader(_ring(shm_dir, 0xA6, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0xA6, 0)) as r:
         d = records_to_dicts(r.poll().done, r.header())
     assert [(x["func"], x["dtype"], x["bytes"]) for x in d] == [
         ("AllGather", "ncclInt8", 40),
@@ -123,9 +128,8 @@ def test_allgather_reaches_coll_as_bytes(plugin_lib: Path, shm_dir: Path, versio
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_in_flight_then_done_once(plugin_lib: Path, shm_dir: Path, version: int) -> None:
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0x1F, 0, 2)
-    with RingReader(_ring(shm_dir, 0x1F, 0)) as r:
+    _, c = one_comm(plugin_lib, version, 0x1F)
+    with RingReader(ring_path(shm_dir, 0x1F, 0)) as r:
         hung = c.begin_collective("AllReduce", 16, "ncclFloat32", nchannels=2)
         b = r.poll()
         assert len(b.done) == 0 and b.in_flight["seq"].tolist() == [0]
@@ -152,14 +156,13 @@ def test_host_timing_when_device_timing_off(
     plugin_lib: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
     monkeypatch.setenv("ARTEMIS_DEVICE_TIMING", "0")
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0x40, 0, 2)
+    n, c = one_comm(plugin_lib, version, 0x40)
     assert n.mask.value == nccl.COLL | nccl.P2P  # no KernelCh: none are sent
     t0 = time.monotonic_ns()
     c.collective("AllReduce", 4, "ncclInt32", kernel_times=[(1, 2), (3, 4)])
     c.p2p("Send", 4, "ncclInt32", peer=1)
     t1 = time.monotonic_ns()
-    with RingReader(_ring(shm_dir, 0x40, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0x40, 0)) as r:
         h = r.header()
         recs = records_to_dicts(r.poll().done, h)
     assert h.clock_kind == "host"
@@ -173,8 +176,7 @@ def test_disable_gives_no_ring_and_one_log_line(
     plugin_lib: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ARTEMIS_DISABLE", "1")
-    n = NcclStandIn(plugin_lib, 7)
-    c = n.comm_init(0x50, 0, 2)
+    n, c = one_comm(plugin_lib, 7, 0x50)
     c.collective("AllReduce", 4, "ncclInt32")
     c.finalize()
     assert c.context is None and n.mask.value == 0
@@ -190,8 +192,7 @@ def test_unwritable_shm_dir_one_log_line_no_crash(
     blocker.write_text("not a folder")
     # A path under a regular file cannot be created, even by root.
     monkeypatch.setenv("ARTEMIS_SHM_DIR", str(blocker / "rings"))
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0x60, 0, 2)
+    n, c = one_comm(plugin_lib, version, 0x60)
     # NULL context: this comm is unprofiled (the mask is process-wide, so other
     # comms keep theirs), and its events arrive with a NULL context.
     assert c.init_rc == 0 and c.context is None
@@ -207,11 +208,10 @@ def test_tiny_ring_counts_losses(
     plugin_lib: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ARTEMIS_RING_SLOTS", "4")
-    n = NcclStandIn(plugin_lib, 7)
-    c = n.comm_init(0x70, 0, 2)
+    _, c = one_comm(plugin_lib, 7, 0x70)
     for i in range(10):
         c.collective("AllReduce", 1, "ncclFloat32", 1, kernel_times=[(i + 1, i + 2)])
-    with RingReader(_ring(shm_dir, 0x70, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0x70, 0)) as r:
         assert r.capacity == 4
         b = r.poll()
         assert b.done["seq"].tolist() == [6, 7, 8, 9] and b.lost == 6
@@ -224,8 +224,7 @@ def test_tiny_ring_counts_losses(
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_events_after_finalize_are_ignored(plugin_lib: Path, shm_dir: Path, version: int) -> None:
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0x80, 0, 2)
+    n, c = one_comm(plugin_lib, version, 0x80)
     c.collective("AllReduce", 4, "ncclFloat32", kernel_times=[(1, 2), (1, 2)])
     late = c.begin_collective("AllReduce", 4, "ncclFloat32")
     n.finalize()
@@ -233,7 +232,7 @@ def test_events_after_finalize_are_ignored(plugin_lib: Path, shm_dir: Path, vers
     late.complete([(3, 4), (3, 5)])
     c.collective("AllReduce", 4, "ncclFloat32", kernel_times=[(5, 6), (5, 6)])
     c.p2p("Send", 1, "ncclInt8", peer=1, kernel_times=[(7, 8)])
-    with RingReader(_ring(shm_dir, 0x80, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0x80, 0)) as r:
         h = r.header()
         b = r.poll()
     assert h.finished and h.finished_ns > 0 and h.write_index == 2
@@ -251,26 +250,25 @@ def test_several_ranks_and_comms_in_one_process(plugin_lib: Path, shm_dir: Path)
     pair.p2p("Send", 8, "ncclFloat32", peer=1, kernel_times=[(9, 10)])
     n.finalize()
     for r in range(4):
-        with RingReader(_ring(shm_dir, 0xAAAA, r)) as rr:
+        with RingReader(ring_path(shm_dir, 0xAAAA, r)) as rr:
             h = rr.header()
             b = rr.poll()
         assert (h.rank, h.nranks, h.finished) == (r, 4, True)
         assert b.done["coll_seq"].tolist() == [0, 1, 2]
         assert b.done["start"].tolist() == [1000 * (s + 1) + 10 * r for s in range(3)]
         assert b.done["end"].tolist() == [1000 * (s + 1) + 10 * r + 7 for s in range(3)]
-    with RingReader(_ring(shm_dir, 0xBBBB, 0)) as rr:
+    with RingReader(ring_path(shm_dir, 0xBBBB, 0)) as rr:
         d = records_to_dicts(rr.poll().done, rr.header())
     assert [(x["func"], x["peer"], x["bytes"]) for x in d] == [("Send", 1, 32)]
     assert len(list(shm_dir.glob("*.ring"))) == 5
 
 
 def test_default_kernel_times_are_epoch_ns(plugin_lib: Path, shm_dir: Path) -> None:
-    n = NcclStandIn(plugin_lib, 5)
-    c = n.comm_init(0x90, 0, 2)
+    _, c = one_comm(plugin_lib, 5, 0x90)
     t0 = time.time_ns()
     c.collective("AllReduce", 1, "ncclFloat32")
     t1 = time.time_ns()
-    with RingReader(_ring(shm_dir, 0x90, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0x90, 0)) as r:
         b = r.poll()
     assert t0 <= int(b.done["start"][0]) < int(b.done["end"][0]) <= t1 + 1
 
@@ -278,8 +276,7 @@ def test_default_kernel_times_are_epoch_ns(plugin_lib: Path, shm_dir: Path) -> N
 def test_bad_arguments(plugin_lib: Path, shm_dir: Path) -> None:
     with pytest.raises(ValueError, match="version 3"):
         NcclStandIn(plugin_lib, 3)
-    n = NcclStandIn(plugin_lib, 7)
-    c = n.comm_init(0x91, 0, 2)
+    _, c = one_comm(plugin_lib, 7, 0x91)
     with pytest.raises(ValueError, match="1 kernel times for 2 channels"):
         c.collective("AllReduce", 1, "ncclFloat32", 2, kernel_times=[(1, 2)])
     with pytest.raises(ValueError, match="'Send' or 'Recv'"):

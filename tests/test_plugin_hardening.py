@@ -16,10 +16,7 @@ from pathlib import Path
 import pytest
 from artemis.ring.reader import RingReader, records_to_dicts
 from artemis.sim.nccl import NcclStandIn, p2p_nchannels
-
-
-def _ring(shm: Path, comm: int, rank: int) -> Path:
-    return shm / f"testjob.{comm:016x}.r{rank}.ring"
+from standin_comms import one_comm, ring_path
 
 
 @pytest.mark.parametrize("version", (4, 6, 7))
@@ -29,13 +26,12 @@ def test_self_send_recv_never_blinds_the_plugin(
     # NCCL gives a self Send/Recv nChannels >= 1 but no proxy op, so no KernelCh
     # event follows. Before the fix each such op held a handle for ever: the
     # pool (512) ran out after 256 pairs and later all-reduces were dropped.
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0x5E1F, rank=1, nranks=4)
+    _, c = one_comm(plugin_lib, version, 0x5E1F, 1, 4)
     kt = [(100, 200), (110, 210)]
     for _ in range(2000):
         c.send_recv_self(1024, "ncclFloat32")
         c.collective("AllReduce", 256, "ncclFloat32", kernel_times=kt)
-    with RingReader(_ring(shm_dir, 0x5E1F, 1)) as r:
+    with RingReader(ring_path(shm_dir, 0x5E1F, 1)) as r:
         h = r.header()
         b = r.poll()
         recs = records_to_dicts(b.done, h)
@@ -69,8 +65,7 @@ def test_ops_whose_kernel_events_never_come_are_reclaimed(
     # times and it is older than the reclaim age (0 here; 2 s by default):
     # host clock, start = end = its enqueue time, counted.
     monkeypatch.setenv("ARTEMIS_RECLAIM_AGE_MS", "0")
-    n = NcclStandIn(plugin_lib, 7)
-    c = n.comm_init(0xD0, rank=0, nranks=2)
+    _, c = one_comm(plugin_lib, 7, 0xD0)
     kt = [(10, 20), (11, 21)]
     lost = c.begin_collective("AllReduce", 8, "ncclFloat32")  # its kernel events never come
     late = c.begin_collective("AllReduce", 8, "ncclFloat32")  # its come, but late
@@ -79,7 +74,7 @@ def test_ops_whose_kernel_events_never_come_are_reclaimed(
     late.complete([(5, 6), (5, 7)])  # within 64 tickets: still timed by the device
     for _ in range(20):  # the plugin moves its device mark in steps of 16 tickets
         c.collective("AllReduce", 8, "ncclFloat32", kernel_times=kt)
-    path = _ring(shm_dir, 0xD0, 0)
+    path = ring_path(shm_dir, 0xD0, 0)
     with RingReader(path) as r:
         b = r.poll()
         recs = {x["seq"]: x for x in records_to_dicts(b.done, r.header())}
@@ -104,14 +99,13 @@ def test_ops_whose_kernel_events_never_come_are_reclaimed(
 
 
 def test_self_p2p_counted_as_host_fallback(plugin_lib: Path, shm_dir: Path) -> None:
-    n = NcclStandIn(plugin_lib, 5)
-    c = n.comm_init(0xD1, rank=2, nranks=4)
+    _, c = one_comm(plugin_lib, 5, 0xD1, 2, 4)
     ops = c.group_p2p(
         [("Send", 4, "ncclInt8", 2), ("Recv", 4, "ncclInt8", 2), ("Send", 4, "ncclInt8", 3)]
     )
     for op in ops:
         op.complete()
-    path = _ring(shm_dir, 0xD1, 2)
+    path = ring_path(shm_dir, 0xD1, 2)
     with RingReader(path) as r:
         recs = records_to_dicts(r.poll().done, r.header())
     assert [(x["func"], x["peer"], x["clock"]) for x in recs] == [
@@ -210,7 +204,7 @@ def test_rccl_is_detected_from_the_process_not_the_file_name(
     n = NcclStandIn(plugin_lib, 6, runtime="rccl")
     c = n.comm_init(0xAD, rank=0, nranks=2)
     c.collective("AllReduce", 8, "ncclFloat32", kernel_times=[(100, 350), (110, 300)])
-    path = _ring(shm_dir, 0xAD, 0)
+    path = ring_path(shm_dir, 0xAD, 0)
     with RingReader(path) as r:
         h = r.header()
         recs = records_to_dicts(r.poll().done, h)
@@ -231,7 +225,7 @@ def test_rccl_without_a_hip_rate_uses_the_configured_default(
     monkeypatch.setenv("ARTEMIS_TICK_HZ", "50000000")
     n.comm_init(0xAF, rank=0, nranks=2)
     for comm, hz in ((0xAE, 100_000_000), (0xAF, 50_000_000)):
-        path = _ring(shm_dir, comm, 0)
+        path = ring_path(shm_dir, comm, 0)
         with RingReader(path) as r:
             assert (r.header().clock_kind, r.header().tick_hz) == ("device_ticks", hz)
         assert _header_u32(path, TICK_SOURCE_OFF) == TICK_SRC_DEFAULT
@@ -241,7 +235,7 @@ def test_nccl_runtime_gives_ns_and_its_version(plugin_lib: Path, shm_dir: Path) 
     for version in (4, 7):
         n = NcclStandIn(plugin_lib, version, runtime="nccl")
         n.comm_init(0xB0 + version, rank=0, nranks=2)
-        path = _ring(shm_dir, 0xB0 + version, 0)
+        path = ring_path(shm_dir, 0xB0 + version, 0)
         with RingReader(path) as r:
             assert (r.header().clock_kind, r.header().tick_hz) == ("device_ns", 0)
         assert _header_u32(path, NCCL_VERSION_OFF) == 23003
@@ -250,4 +244,4 @@ def test_nccl_runtime_gives_ns_and_its_version(plugin_lib: Path, shm_dir: Path) 
     # Called from no NCCL at all (plain ctypes): the version is unknown (0).
     n = NcclStandIn(plugin_lib, 6)
     n.comm_init(0xB9, rank=0, nranks=2)
-    assert _header_u32(_ring(shm_dir, 0xB9, 0), NCCL_VERSION_OFF) == 0
+    assert _header_u32(ring_path(shm_dir, 0xB9, 0), NCCL_VERSION_OFF) == 0

@@ -15,11 +15,7 @@ import numpy as np
 import pytest
 from artemis.ring.format import HEADER_SIZE, REC_DEVICE, SLOT_DTYPE, SLOT_SIZE, STATE_DONE
 from artemis.ring.reader import RingReader, records_to_dicts
-from artemis.sim.nccl import NcclStandIn
-
-
-def _ring(shm: Path, comm: int, rank: int) -> Path:
-    return shm / f"testjob.{comm:016x}.r{rank}.ring"
+from standin_comms import one_comm, ring_path
 
 
 def _tsc_usable() -> bool:
@@ -53,13 +49,12 @@ def test_a_start_never_overwrites_an_op_in_flight(
     # Before, the fifth record overwrote op 0's and op 0's completion was the
     # one dropped.
     monkeypatch.setenv("ARTEMIS_RING_SLOTS", "4")
-    n = NcclStandIn(plugin_lib, version)
-    c = n.comm_init(0x1A9, rank=0, nranks=2)
+    _, c = one_comm(plugin_lib, version, 0x1A9)
     first = c.begin_collective("AllReduce", 64, "ncclFloat32")
     for _ in range(4):
         c.collective("AllReduce", 64, "ncclFloat32", kernel_times=[(10, 20), (11, 21)])
     first.complete([(1, 5), (2, 6)])
-    path = _ring(shm_dir, 0x1A9, 0)
+    path = ring_path(shm_dir, 0x1A9, 0)
     with RingReader(path) as r:
         h = r.header()
         recs = records_to_dicts(r.poll().done, h)
@@ -86,13 +81,12 @@ def test_a_lapped_op_past_the_reclaim_age_is_reclaimed(
     # late KernelCh change nothing.
     monkeypatch.setenv("ARTEMIS_RING_SLOTS", "4")
     monkeypatch.setenv("ARTEMIS_RECLAIM_AGE_MS", "0")
-    n = NcclStandIn(plugin_lib, 7)
-    c = n.comm_init(0x1AA, rank=0, nranks=2)
+    _, c = one_comm(plugin_lib, 7, 0x1AA)
     first = c.begin_collective("AllReduce", 64, "ncclFloat32")
     for _ in range(4):
         c.collective("AllReduce", 64, "ncclFloat32", kernel_times=[(10, 20), (11, 21)])
     first.complete([(1, 5), (2, 6)])
-    with RingReader(_ring(shm_dir, 0x1AA, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0x1AA, 0)) as r:
         h = r.header()
         recs = records_to_dicts(r.poll().done, h)
     assert h.dropped == 0 and h.host_fallback == 1
@@ -108,15 +102,14 @@ def test_host_times_from_the_tsc_stay_clock_monotonic(
     # re-anchor a few times: every enqueue time must lie within 20 us of the
     # CLOCK_MONOTONIC reads taken around its collective, and never go back.
     monkeypatch.setenv("ARTEMIS_DEVICE_TIMING", "0")
-    n = NcclStandIn(plugin_lib, 7)
-    c = n.comm_init(0x75C, rank=0, nranks=2)
+    n, c = one_comm(plugin_lib, 7, 0x75C)
     brackets: list[tuple[int, int]] = []
     t_end = time.monotonic_ns() + 40_000_000
     while time.monotonic_ns() < t_end and len(brackets) < 8000:
         t0 = time.monotonic_ns()
         c.collective("AllReduce", 64, "ncclFloat32")
         brackets.append((t0, time.monotonic_ns()))
-    with RingReader(_ring(shm_dir, 0x75C, 0)) as r:
+    with RingReader(ring_path(shm_dir, 0x75C, 0)) as r:
         h = r.header()
         recs = records_to_dicts(r.poll().done, h)
     c.finalize()

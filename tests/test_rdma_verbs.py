@@ -140,13 +140,9 @@ def fake_pyverbs(world: World, drop_enum: str | None = None) -> dict[str, types.
         IBV_GID_TYPE_SYSFS_IB_ROCE_V1 = 0
         IBV_GID_TYPE_SYSFS_ROCE_V2 = 1
 
+    enums = (ibv_access_flags, ibv_qp_type, ibv_wr_opcode, ibv_send_flags, ibv_wc_status)
+    e.__dict__.update({c.__name__: c for c in (*enums, ibv_gid_type_sysfs)})
     e.__dict__.update(
-        ibv_access_flags=ibv_access_flags,
-        ibv_qp_type=ibv_qp_type,
-        ibv_wr_opcode=ibv_wr_opcode,
-        ibv_send_flags=ibv_send_flags,
-        ibv_wc_status=ibv_wc_status,
-        ibv_gid_type_sysfs=ibv_gid_type_sysfs,
         IBV_LINK_LAYER_UNSPECIFIED=0,
         IBV_LINK_LAYER_INFINIBAND=1,
         IBV_LINK_LAYER_ETHERNET=2,

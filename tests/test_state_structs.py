@@ -13,32 +13,18 @@ import msgpack
 import msgspec
 import pytest
 import structlog
-from artemis.coordinator.journal import AssemblyJournal
-from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.sinks import FindingsWriter
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.detect.state import JobState, MonitorState, plain, read
 from artemis.protocol.messages import Windows
-from artemis.rebalance.outputs import PlansWriter
-from service_records import host_peer, rank_window
+from service_records import file_coordinator, host_peer, rank_window
 
 JOB = "jj"
 
 
 def _life(tmp: Path) -> Coordinator:
-    c = Coordinator(
-        Settings(),
-        FindingsWriter(tmp / "f.jsonl"),
-        PlansWriter(tmp / "p.jsonl"),
-        Metrics(),
-        deadline_s=30.0,
-        grace_s=0.0,
-        clock=lambda: 0.0,
-    )
-    c.restore(AssemblyJournal(tmp / "f.assembly"))
-    return c
+    return file_coordinator(tmp, lambda: 0.0)
 
 
 async def _windows(c: Coordinator, first: int, last: int) -> None:

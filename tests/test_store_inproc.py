@@ -4,9 +4,6 @@ loader, and what its store holds against its JSONL."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,8 @@ from artemis.store.sqlite import SqliteStore
 
 pytest.importorskip("torch")
 
-JOB = Path(__file__).resolve().parent / "ddp_job.py"
+from job_runs import inproc_ddp_job
+
 WINDOW_STEPS = 20
 STEPS = 295  # 300 collectives with the 5 start-up ones: whole windows (as there)
 # The job, stall and settings of tests/test_job_detector.py (see there why these are
@@ -28,26 +26,14 @@ SETTINGS = {"suspect_ratio": 1.5, "drift_ratio": 2.0, "collective_ratio": 2.0}
 @pytest.mark.torch_e2e
 def test_in_process_detector_keeps_a_store(tmp_path: Path) -> None:
     det = tmp_path / "det"
-    det.mkdir()
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(JOB),
-            *("--steps", str(STEPS), "--window-steps", str(WINDOW_STEPS)),
-            *("--detector", str(det), "--settings", json.dumps(SETTINGS)),
-            *("--stall-rank", "2", "--stall-from", "135", "--stall-ms", "40"),
-        ],
-        capture_output=True,
-        text=True,
+    stall = ("--stall-rank", "2", "--stall-from", "135", "--stall-ms", "40")
+    found = inproc_ddp_job(
+        tmp_path,
+        ["--steps", str(STEPS), *stall],
+        window_steps=WINDOW_STEPS,
+        settings=SETTINGS,
         timeout=600,
-        env={
-            "ARTEMIS_SHM_DIR": str(tmp_path / "shm"),
-            "ARTEMIS_JOB": "inproc",
-            "PATH": "/usr/bin:/bin",
-        },
     )
-    assert p.returncode == 0, p.stdout + p.stderr
-    found = [json.loads(x) for x in (det / "findings.jsonl").read_text().splitlines()]
     last = max(f["window"] for f in found)
     log = JsonlIncidents(det / "incidents.jsonl")
     with open_for_findings(det / "findings.jsonl") as s:

@@ -87,13 +87,10 @@ def fake_amdsmi(gpus: list[FakeAmdGpu]) -> types.ModuleType:
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
         return g(h)
 
+    errors = (AmdSmiException, AmdSmiLibraryException)
+    enums = (AmdSmiInitFlags, AmdSmiClkType, AmdSmiTemperatureType, AmdSmiTemperatureMetric)
+    m.__dict__.update({c.__name__: c for c in (*errors, *enums)})
     m.__dict__.update(
-        AmdSmiException=AmdSmiException,
-        AmdSmiLibraryException=AmdSmiLibraryException,
-        AmdSmiInitFlags=AmdSmiInitFlags,
-        AmdSmiClkType=AmdSmiClkType,
-        AmdSmiTemperatureType=AmdSmiTemperatureType,
-        AmdSmiTemperatureMetric=AmdSmiTemperatureMetric,
         amdsmi_init=lambda flag=AmdSmiInitFlags.INIT_AMD_GPUS: None,
         amdsmi_shut_down=lambda: None,
         amdsmi_get_processor_handles=lambda: list(handles),

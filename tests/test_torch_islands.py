@@ -31,6 +31,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import torch_rank as tr  # noqa: E402
 from artemis.agent.telemetry.base import RankTarget  # noqa: E402
 from artemis.agent.telemetry.simulated import SimulatedSource  # noqa: E402
 from artemis.ring import format as rf  # noqa: E402
@@ -48,18 +49,11 @@ JOB = "isl"
 def _collectives(dist: Any, rank: int, g: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t = torch.arange(4.0, dtype=torch.float64) * (rank + 1) + 0.5  # sums exact in any order
-    a = t.clone()
-    dist.all_reduce(a, group=g)
-    out["all_reduce"] = a.tolist()
-    a = t.clone()
-    dist.all_reduce(a, op=dist.ReduceOp.MAX, group=g)
-    out["all_reduce_max"] = a.tolist()
+    out["all_reduce"] = tr.all_reduced(dist, t, g)
+    out["all_reduce_max"] = tr.all_reduced(dist, t, g, op=dist.ReduceOp.MAX)
     a = torch.tensor([rank + 2], dtype=torch.int64)
-    dist.all_reduce(a, op=dist.ReduceOp.PRODUCT, group=g)
-    out["all_reduce_prod_int"] = a.tolist()
-    lst = [torch.zeros(4, dtype=torch.float64) for _ in range(WORLD)]
-    dist.all_gather(lst, t, group=g)
-    out["all_gather"] = [x.tolist() for x in lst]
+    out["all_reduce_prod_int"] = tr.all_reduced(dist, a, g, op=dist.ReduceOp.PRODUCT)
+    out["all_gather"] = tr.all_gathered(dist, t, g, WORLD)
     r = torch.zeros(1, dtype=torch.float64)
     dist.reduce_scatter_tensor(r, t, group=g)
     out["reduce_scatter_tensor"] = r.tolist()
@@ -67,16 +61,13 @@ def _collectives(dist: Any, rank: int, g: Any) -> dict[str, Any]:
     dist.broadcast(b, src=3, group=g)
     out["broadcast"] = b.tolist()
     dist.barrier(group=g)
-    w = dist.all_reduce(t.clone(), group=g, async_op=True)
-    out["future"] = [x.tolist() for x in w.get_future().wait()]
+    out["future"] = tr.all_reduce_future(dist, t, g)
     return out
 
 
 def _model() -> Any:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
-    ).double()
+    return tr.tanh_mlp(16, 32, 1).double()
 
 
 def _train(rank: int, g: Any, lr: float = 0.05, kind: str = "ddp") -> dict[str, Any]:
@@ -88,13 +79,7 @@ def _worker(rank: int, init_file: str, shm: str, out: str) -> None:
     os.environ["ARTEMIS_SHM_DIR"] = shm
     os.environ["ARTEMIS_JOB"] = JOB
     os.environ["ARTEMIS_ISLANDS"] = ",".join(ISLANDS)
-    import artemis.job  # noqa: F401  (registers the backend)
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "artemis", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
-    )
+    dist = tr.join_artemis_group(init_file, rank, WORLD)
     try:
         pg = dist.group.WORLD
         res: dict[str, Any] = {"island": pg.island}

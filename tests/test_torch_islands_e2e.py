@@ -27,8 +27,6 @@ and about a minute each: marked ``torch_e2e`` (``make test-torch``).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-BIN = Path(sys.executable).parent
+from job_runs import artemis_run, detector_job, jsonl_lines
+
 JOB = Path(__file__).resolve().parent / "islands_job.py"
 WINDOW_STEPS = 20
 COLLS_PER_STEP = 2  # DDP's one bucket, composed: the island Reduce and Broadcast
@@ -68,29 +67,11 @@ def _artemis_run(tmp: Path, *job_args: str) -> tuple[int, str, list[dict[str, An
     cfg = tmp / "coordinator.toml"
     cfg.write_text(SETTINGS)
     jsonl = tmp / "findings.jsonl"
-    p = subprocess.run(
-        [
-            str(BIN / "artemis"),
-            "run",
-            "--jsonl",
-            str(jsonl),
-            "--window-steps",
-            str(WINDOW_STEPS),
-            "--config",
-            str(cfg),
-            "--",
-            sys.executable,
-            str(JOB),
-            *JOB_ARGS,
-            *job_args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp,
+    opts = ["--jsonl", str(jsonl), "--window-steps", str(WINDOW_STEPS), "--config", str(cfg)]
+    code, out = artemis_run(
+        tmp, opts, [sys.executable, str(JOB), *JOB_ARGS, *job_args], timeout=300
     )
-    found = [json.loads(x) for x in jsonl.read_text().splitlines()] if jsonl.exists() else []
-    return p.returncode, p.stdout + p.stderr, found
+    return code, out, jsonl_lines(jsonl)
 
 
 SLOW_ARGS = ("--slow-from", str(SLOW_FROM), "--bridge-delay-ms", "30")
@@ -131,26 +112,14 @@ def test_slowed_bridge_gives_one_link_finding_in_process(tmp_path: Path) -> None
     settings = {
         line.split(" = ")[0]: json.loads(line.split(" = ")[1]) for line in SETTINGS.splitlines()[1:]
     }
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(JOB),
-            *JOB_ARGS,
-            *SLOW_ARGS,
-            "--mark",
-            str(mark),
-            "--window-steps",
-            str(WINDOW_STEPS),
-            "--detector",
-            str(tmp_path),
-            "--settings",
-            json.dumps(settings),
-        ],
-        capture_output=True,
-        text=True,
+    found = detector_job(
+        JOB,
+        tmp_path,
+        [*JOB_ARGS, *SLOW_ARGS, "--mark", str(mark)],
+        window_steps=WINDOW_STEPS,
+        settings=settings,
+        shm=tmp_path / "shm",
+        job="isl",
         timeout=300,
-        env={**os.environ, "ARTEMIS_SHM_DIR": str(tmp_path / "shm"), "ARTEMIS_JOB": "isl"},
     )
-    assert p.returncode == 0, p.stdout + p.stderr
-    found = [json.loads(x) for x in (tmp_path / "findings.jsonl").read_text().splitlines()]
     _judge(found, mark)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-BIN = Path(sys.executable).parent
+from job_runs import artemis_run
+
 JOB = Path(__file__).resolve().parent / "torch_rebalance_job.py"
 GLOBAL_BATCH = 64
 
@@ -49,40 +49,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch_e2e]
 
 def _run(tmp: Path, steps: int, window_steps: int, *job_args: str) -> dict[str, Any]:
     plans, out = tmp / "plans.jsonl", tmp / "job.json"
-    p = subprocess.run(
-        [
-            str(BIN / "artemis"),
-            "run",
-            "--rebalance",
-            "apply",
-            "--jsonl",
-            str(tmp / "findings.jsonl"),
-            "--plans-jsonl",
-            str(plans),
-            "--window-steps",
-            str(window_steps),
-            "--colls-per-step",
-            "1",
-            "--",
-            sys.executable,
-            str(JOB),
-            "--steps",
-            str(steps),
-            "--global-batch",
-            str(GLOBAL_BATCH),
-            "--slow-rank",
-            "2",
-            "--out",
-            str(out),
-            *job_args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        cwd=tmp,
-    )
-    log = p.stdout + p.stderr
-    assert p.returncode == 0, log
+    opts = [
+        *("--rebalance", "apply", "--jsonl", str(tmp / "findings.jsonl")),
+        *("--plans-jsonl", str(plans), "--window-steps", str(window_steps)),
+        *("--colls-per-step", "1"),
+    ]
+    job = [
+        *(sys.executable, str(JOB), "--steps", str(steps)),
+        *("--global-batch", str(GLOBAL_BATCH), "--slow-rank", "2", "--out", str(out)),
+        *job_args,
+    ]
+    code, log = artemis_run(tmp, opts, job, timeout=280)
+    assert code == 0, log
     events = [json.loads(x) for x in plans.read_text().splitlines()] if plans.exists() else []
     return {"log": log, "plans": events, "job": json.loads(out.read_text())}
 

@@ -41,9 +41,8 @@ import pytest
 pytest.importorskip("torch")
 
 from artemis.ring.reader import RingReader
-from run_workdir import KEEP, keep_workdir
+from job_runs import artemis_run
 
-BIN = Path(sys.executable).parent
 JOB = Path(__file__).resolve().parent / "islands_job.py"
 WINDOW_STEPS = 20  # one job-wide all_reduce per step: a window is 20 of them
 SLOW_RANK = 1
@@ -63,45 +62,20 @@ collective_ratio = 20.0
 def test_a_slow_rank_with_three_communicators_is_flagged_once(tmp_path: Path) -> None:
     (tmp_path / "coordinator.toml").write_text(SETTINGS)
     jsonl, mark = tmp_path / "findings.jsonl", tmp_path / "slow.json"
-    p = subprocess.run(
-        [
-            str(BIN / "artemis"),
-            "run",
-            KEEP,
-            "--jsonl",
-            str(jsonl),
-            "--window-steps",
-            str(WINDOW_STEPS),
-            "--config",
-            str(tmp_path / "coordinator.toml"),
-            "--",
-            sys.executable,
-            "-W",
-            "ignore::FutureWarning",
-            str(JOB),
-            "--layout",
-            "tp",
-            "--steps",
-            str(STEPS),
-            "--compute-ms",
-            "20",
-            "--slow-rank",
-            str(SLOW_RANK),
-            "--slow-from",
-            str(SLOW_FROM),
-            "--slow-ms",
-            "30",
-            "--mark",
-            str(mark),
-        ],
-        capture_output=True,
-        text=True,
+    opts = ["--jsonl", str(jsonl), "--window-steps", str(WINDOW_STEPS)]
+    job = [
+        *(sys.executable, "-W", "ignore::FutureWarning", str(JOB), "--layout", "tp"),
+        *("--steps", str(STEPS), "--compute-ms", "20", "--slow-rank", str(SLOW_RANK)),
+        *("--slow-from", str(SLOW_FROM), "--slow-ms", "30", "--mark", str(mark)),
+    ]
+    code, out = artemis_run(
+        tmp_path,
+        [*opts, "--config", str(tmp_path / "coordinator.toml")],
+        job,
         timeout=300,
-        cwd=tmp_path,
+        keep=True,
     )
-    out = p.stdout + p.stderr
-    keep_workdir(p.stdout, tmp_path)
-    assert p.returncode == 0, out
+    assert code == 0, out
     found: list[dict[str, Any]] = [json.loads(x) for x in jsonl.read_text().splitlines()]
     onset = json.loads(mark.read_text())["coll_seq"] // WINDOW_STEPS
     flags = [f for f in found if f["state"] == "flagged"]

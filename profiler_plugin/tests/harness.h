@@ -107,6 +107,7 @@ struct Comm {
 void *start_ev(Comm *cm, int type, void *parent, const Expect *e, uint64_t ptimer, int channel);
 void stop_ev(void *h);
 void record_ev(void *h, int state, ncclProfilerEventStateArgs_t *a);
+void kch_end(void *kh, uint64_t ptimer);
 void ring_path(char *out, size_t n, const char *dir, const char *job, uint64_t hash, int rank);
 void *init_comm(int version, uint64_t hash, const char *name, int nnodes, int nranks, int rank,
                 int *mask);

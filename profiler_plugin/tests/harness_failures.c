@@ -6,6 +6,23 @@
  */
 #include "harness.h"
 
+/* A v6 Coll descriptor as NCCL fills it (the strings may be NULL or unknown:
+ * these tests feed the plugin's string codes). */
+static ncclProfilerEventDescr_v6_t coll_descr(const char *func, const char *dtype,
+                                              const char *algo, const char *proto, size_t count,
+                                              int nch) {
+    ncclProfilerEventDescr_v6_t d;
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileColl;
+    d.coll.func = func;
+    d.coll.datatype = dtype;
+    d.coll.algo = algo;
+    d.coll.proto = proto;
+    d.coll.count = count;
+    d.coll.nChannels = (uint8_t)nch;
+    return d;
+}
+
 void test_failures(void) {
     char dir[300];
     int mask;
@@ -61,13 +78,7 @@ void test_failures(void) {
     CHECK(ncclProfiler_v6.init(&ctx, 2, NULL, "x", 1, 1, 0, test_logger) == ncclSuccess, "init NULL mask");
     if (ctx) keep(ctx);
     CHECK(ctx != NULL, "init with NULL mask still profiles");
-    ncclProfilerEventDescr_v6_t d;
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileColl;
-    d.coll.func = "AllReduce";
-    d.coll.datatype = "ncclFloat32";
-    d.coll.count = 1;
-    d.coll.nChannels = 1;
+    ncclProfilerEventDescr_v6_t d = coll_descr("AllReduce", "ncclFloat32", NULL, NULL, 1, 1);
     void *h = (void *)0x1;
     CHECK(ncclProfiler_v6.startEvent(NULL, &h, &d) == ncclSuccess && h == NULL, "NULL context");
     h = (void *)0x1;
@@ -137,15 +148,11 @@ void test_failures(void) {
     stop_ev(op);
     stop_ev(op); /* duplicate */
     ncclProfiler_v6.recordEventState(k0, ncclProfilerKernelChStop, NULL); /* NULL args */
-    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
+    kch_end(k0, tstop(1, 0, 1, 0));
     stop_ev(k0); /* duplicate: must not complete the op early */
     Rec r = slot_rec(cm, 0);
     CHECK(r.state == ARTEMIS_STATE_IN_FLIGHT, "double stop completed early");
-    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
-    record_ev(k1, ncclProfilerKernelChStop, &a);
-    stop_ev(k1);
+    kch_end(k1, tstop(1, 0, 1, 1));
     r = slot_rec(cm, 0);
     check_done(&r, 0, 2, "double stop record");
     stop_ev(k1);
@@ -160,20 +167,12 @@ void test_failures(void) {
     coll_expect(1, &e, 1);
     op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
     k0 = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, 1, 1, 0), 0);
-    a.kernelCh.pTimer = tstop(1, 1, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
+    kch_end(k0, tstop(1, 1, 1, 0));
     r = slot_rec(cm, 1);
     check_done(&r, 1, 1, "channel-first record, before the Coll stop");
 
     /* unknown strings: codes 0, bytes = count (started before op's Coll stop) */
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileColl;
-    d.coll.func = "PutSignal";
-    d.coll.datatype = "Unknown";
-    d.coll.algo = "Unknown";
-    d.coll.proto = NULL;
-    d.coll.count = 12345;
+    d = coll_descr("PutSignal", "Unknown", "Unknown", NULL, 12345, 0);
     ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
     CHECK(h && h != op, "a handle reused before its Coll stop (%p, %p)", h, op);
     ncclProfiler_v6.stopEvent(h);
@@ -198,13 +197,7 @@ void test_failures(void) {
     uint64_t t = 3;
     /* pass 0 fills the plugin's pointer cache, pass 1 reads codes from it */
     for (unsigned i = 0; i < 24; i++, t++) {
-        memset(&d, 0, sizeof d);
-        d.type = ncclProfileColl;
-        d.coll.func = fn[i % 11];
-        d.coll.datatype = dn[i % 12];
-        d.coll.algo = an[i % 7];
-        d.coll.proto = pn[i % 3];
-        d.coll.count = 10;
+        d = coll_descr(fn[i % 11], dn[i % 12], an[i % 7], pn[i % 3], 10, 0);
         ncclProfiler_v6.startEvent(cm->ctx, &h, &d);
         ncclProfiler_v6.stopEvent(h);
         r = slot_rec(cm, t);
@@ -253,20 +246,13 @@ void test_failures(void) {
     }
 
     /* more than ART_MAX_CH channels: the first 62 time the op */
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileColl;
-    d.coll.func = "AllReduce";
-    d.coll.datatype = "ncclInt8";
-    d.coll.count = 1;
-    d.coll.nChannels = 64;
+    d = coll_descr("AllReduce", "ncclInt8", NULL, NULL, 1, 64);
     ncclProfiler_v6.startEvent(cm->ctx, &op, &d);
     int got = 0;
     for (int k = 0; k < 64; k++) {
         void *kh = start_ev(cm, ncclProfileKernelCh, op, NULL, 1000 + (uint64_t)k, k);
         if (kh) got++;
-        a.kernelCh.pTimer = 2000 + (uint64_t)k;
-        record_ev(kh, ncclProfilerKernelChStop, &a);
-        stop_ev(kh);
+        kch_end(kh, 2000 + (uint64_t)k);
     }
     stop_ev(op);
     r = slot_rec(cm, t);
@@ -305,9 +291,7 @@ void test_failures(void) {
     stop_ev(op);
     for (int k = 0; k < 2; k++) {
         void *kh = start_ev(nt, ncclProfileKernelCh, op, NULL, 0, k);
-        a.kernelCh.pTimer = 0;
-        record_ev(kh, ncclProfilerKernelChStop, &a);
-        stop_ev(kh);
+        kch_end(kh, 0);
     }
     r = slot_rec(nt, 0);
     CHECK(r.state == ARTEMIS_STATE_DONE && r.clock == ARTEMIS_REC_HOST && r.start == r.enqueue_ns &&
@@ -333,12 +317,8 @@ void test_failures(void) {
     uint64_t fns = fin->ring.hdr->finished_ns;
     stop_ev(op);
     k1 = start_ev(fin, ncclProfileKernelCh, op, NULL, tstart(1, 0, 1, 1), 1);
-    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
-    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
-    record_ev(k1, ncclProfilerKernelChStop, &a);
-    stop_ev(k1);
+    kch_end(k0, tstop(1, 0, 1, 0));
+    kch_end(k1, tstop(1, 0, 1, 1));
     h = start_ev(fin, ncclProfileColl, NULL, &e, 0, 0);
     CHECK(h == NULL, "start after finalize");
     stop_ev(h);
@@ -360,9 +340,7 @@ void test_failures(void) {
             stop_ev(op);
             for (unsigned k = 0; k < e.nch; k++) {
                 kh = start_ev(x, ncclProfileKernelCh, op, NULL, tstart(1, c, 1, k), (int)k);
-                a.kernelCh.pTimer = tstop(1, c, 1, k);
-                record_ev(kh, ncclProfilerKernelChStop, &a);
-                stop_ev(kh);
+                kch_end(kh, tstop(1, c, 1, k));
             }
             stop_ev(g);
             r = slot_rec(x, c);
@@ -374,9 +352,7 @@ void test_failures(void) {
         stop_ev(op);
         for (unsigned k = 0; k < e.nch; k++) {
             kh = start_ev(x, ncclProfileKernelCh, op, NULL, tstart(2, 3, 1, k), (int)k);
-            a.kernelCh.pTimer = tstop(2, 3, 1, k);
-            record_ev(kh, ncclProfilerKernelChStop, &a);
-            stop_ev(kh);
+            kch_end(kh, tstop(2, 3, 1, k));
         }
         r = slot_rec(x, 3);
         CHECK(check_rec(&x->ring, &r, 3, "p2p") == 1 && r.coll_seq == 3 && r.peer == 0,

@@ -247,6 +247,16 @@ void record_ev(void *h, int state, ncclProfilerEventStateArgs_t *a) {
     ncclProfiler_v6.recordEventState(h, (ncclProfilerEventState_t)state, a);
 }
 
+/* A kernel channel's end as NCCL reports it: KernelChStop with the channel's stop
+ * timer, then the event's stop. */
+void kch_end(void *kh, uint64_t ptimer) {
+    ncclProfilerEventStateArgs_t a;
+    memset(&a, 0, sizeof a);
+    a.kernelCh.pTimer = ptimer;
+    record_ev(kh, ncclProfilerKernelChStop, &a);
+    stop_ev(kh);
+}
+
 void ring_path(char *out, size_t n, const char *dir, const char *job, uint64_t hash, int rank) {
     snprintf(out, n, "%s/%s.%016llx.r%d.ring", dir, job, (unsigned long long)hash, rank);
 }
@@ -363,10 +373,7 @@ void run_coll(Comm *cm, uint64_t c, unsigned nch) {
     for (unsigned k = 0; k < nch; k++)
         kh[k] = start_ev(cm, ncclProfileKernelCh, op, NULL, tstart(1, c, 1, k), (int)k);
     for (unsigned k = 0; k < nch; k++) {
-        ncclProfilerEventStateArgs_t a;
-        a.kernelCh.pTimer = tstop(1, c, 1, k);
-        record_ev(kh[k], ncclProfilerKernelChStop, &a);
-        stop_ev(kh[k]);
+        kch_end(kh[k], tstop(1, c, 1, k));
     }
 }
 

@@ -76,7 +76,6 @@ void test_lap_in_flight(void) {
     setenv("ARTEMIS_RECLAIM_AGE_MS", "0", 1); /* (a) is not reclaimable: no Coll stop yet */
     Comm *cm = fixture("lap", 7, 0x41);
     const ArtemisRingHeader *h = cm->ring.hdr;
-    ncclProfilerEventStateArgs_t a;
     /* (a) */
     Expect e;
     coll_expect(0, &e, 2);
@@ -91,12 +90,8 @@ void test_lap_in_flight(void) {
     Rec r = slot_rec(cm, 0);
     CHECK(r.seq == 0 && r.state == ARTEMIS_STATE_IN_FLIGHT, "lap (a): op 0 still there (seq %llu state %u)",
           (unsigned long long)r.seq, r.state);
-    a.kernelCh.pTimer = tstop(1, 0, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
-    a.kernelCh.pTimer = tstop(1, 0, 1, 1);
-    record_ev(k1, ncclProfilerKernelChStop, &a);
-    stop_ev(k1);
+    kch_end(k0, tstop(1, 0, 1, 0));
+    kch_end(k1, tstop(1, 0, 1, 1));
     stop_ev(op0);
     r = slot_rec(cm, 0);
     CHECK(r.seq == 0 && check_done(&r, 0, 2, "lap (a): op 0 completed"), "lap (a): op 0 record");
@@ -119,9 +114,7 @@ void test_lap_in_flight(void) {
               h->host_fallback == fb + 1,
           "lap (b): seq %llu dropped %llu host_fallback %llu", (unsigned long long)r.seq,
           (unsigned long long)h->dropped, (unsigned long long)(h->host_fallback - fb));
-    a.kernelCh.pTimer = tstop(1, 9, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
+    kch_end(k0, tstop(1, 9, 1, 0));
     r = slot_rec(cm, 13);
     CHECK(r.seq == 13 && check_done(&r, 13, 2, "lap (b): after late KernelCh") && h->dropped == 1,
           "lap (b): late KernelCh of the reclaimed op");
@@ -160,13 +153,8 @@ static void kfin_hook(int where) {
     stop_ev(op);
     void *k0 = start_ev(g_kfin_cm, ncclProfileKernelCh, op, NULL, tstart(1, 96, 1, 0), 0);
     void *k1 = start_ev(g_kfin_cm, ncclProfileKernelCh, op, NULL, tstart(1, 96, 1, 1), 1);
-    ncclProfilerEventStateArgs_t a;
-    a.kernelCh.pTimer = tstop(1, 96, 1, 0);
-    record_ev(k0, ncclProfilerKernelChStop, &a);
-    stop_ev(k0);
-    a.kernelCh.pTimer = tstop(1, 96, 1, 1);
-    record_ev(k1, ncclProfilerKernelChStop, &a); /* its last stop comes after the hook */
-    stop_ev(k1);
+    kch_end(k0, tstop(1, 96, 1, 0));
+    kch_end(k1, tstop(1, 96, 1, 1)); /* its last stop comes after the hook */
 }
 void test_kfin_race(void) {
     for (int where = 0; where < 3; where++) {
@@ -189,9 +177,7 @@ void test_kfin_race(void) {
         void *k0 = start_ev(cm, ncclProfileKernelCh, op0, NULL, tstart(1, 0, 1, 0), 0);
         void *k1 = start_ev(cm, ncclProfileKernelCh, op0, NULL, tstart(1, 0, 1, 1), 1);
         ncclProfilerEventStateArgs_t a;
-        a.kernelCh.pTimer = tstop(1, 0, 1, 0);
-        record_ev(k0, ncclProfilerKernelChStop, &a);
-        stop_ev(k0); /* deferred to the last stop */
+        kch_end(k0, tstop(1, 0, 1, 0)); /* deferred to the last stop */
         for (uint64_t c = 1; c <= 95; c++) run_coll(cm, c, 2); /* op 0 too young: kept */
         struct timespec ts = {0, 30 * 1000 * 1000};
         nanosleep(&ts, NULL); /* now older than the reclaim age */

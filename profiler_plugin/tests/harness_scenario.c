@@ -55,10 +55,7 @@ static void *proxy_main(void *arg) {
             if (w->handle && cm->ring.device) CHECK(khs[k] != NULL, "KernelCh handle NULL");
         }
         for (unsigned k = lo; k < hi; k++) {
-            ncclProfilerEventStateArgs_t a;
-            a.kernelCh.pTimer = tstop(w->kind, w->c, cm->rank, k);
-            record_ev(khs[k], ncclProfilerKernelChStop, &a);
-            stop_ev(khs[k]);
+            kch_end(khs[k], tstop(w->kind, w->c, cm->rank, k));
         }
         if (atomic_fetch_sub(&w->left, hi - lo) == hi - lo) {
             atomic_fetch_sub(&cm->outstanding, 1);

@@ -21,18 +21,25 @@ static _Atomic long g_ts_accepted, g_ts_done;
 
 static uint64_t ts_t0(size_t count) { return 1000000ull + (uint64_t)count * 1000ull; }
 
+/* An AllReduce of `count` int8 on 2 ring channels: the threaded tests tell their
+ * records apart by the count alone. */
+static Expect int8_expect(size_t count) {
+    Expect e;
+    memset(&e, 0, sizeof e);
+    e.func_s = "AllReduce";
+    e.dtype_s = "ncclInt8";
+    e.algo_s = "RING";
+    e.proto_s = "SIMPLE";
+    e.count = count;
+    e.nch = 2;
+    return e;
+}
+
 static void *ts_user(void *arg) {
     TsArg *a = arg;
     Comm *cm = a->cm;
     for (unsigned i = 0; i < a->ops; i++) {
-        Expect e;
-        memset(&e, 0, sizeof e);
-        e.func_s = "AllReduce";
-        e.dtype_s = "ncclInt8";
-        e.algo_s = "RING";
-        e.proto_s = "SIMPLE";
-        e.count = ((size_t)a->t << 20) + i + 1u;
-        e.nch = 2;
+        Expect e = int8_expect(((size_t)a->t << 20) + i + 1u);
         void *op = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
         int early = (i % 3) == 0; /* channels before the Coll stop */
         if (!early) stop_ev(op);
@@ -40,10 +47,7 @@ static void *ts_user(void *arg) {
         for (unsigned k = 0; k < 2; k++)
             kh[k] = start_ev(cm, ncclProfileKernelCh, op, NULL, ts_t0(e.count) + k, (int)k);
         for (unsigned k = 0; k < 2; k++) {
-            ncclProfilerEventStateArgs_t sa;
-            sa.kernelCh.pTimer = ts_t0(e.count) + 500u + k;
-            record_ev(kh[k], ncclProfilerKernelChStop, &sa);
-            stop_ev(kh[k]);
+            kch_end(kh[k], ts_t0(e.count) + 500u + k);
         }
         if (early) stop_ev(op);
     }
@@ -185,10 +189,7 @@ static void *ln_user(void *arg) {
         for (unsigned k = 0; k < 2; k++)
             kh[k] = start_ev(a->cm, ncclProfileKernelCh, op, NULL, ts_t0(e.count) + k, (int)k);
         for (unsigned k = 0; k < 2; k++) {
-            ncclProfilerEventStateArgs_t sa;
-            sa.kernelCh.pTimer = ts_t0(e.count) + 500u + k;
-            record_ev(kh[k], ncclProfilerKernelChStop, &sa);
-            stop_ev(kh[k]);
+            kch_end(kh[k], ts_t0(e.count) + 500u + k);
         }
     }
     return NULL;
@@ -314,30 +315,30 @@ static void hook_block(void) {
     atomic_store(&g_hook_inside, 1);
     while (!atomic_load(&g_hook_go)) sched_yield();
 }
-static Expect sw_expect(size_t count) {
-    Expect e;
-    memset(&e, 0, sizeof e);
-    e.func_s = "AllReduce";
-    e.dtype_s = "ncclInt8";
-    e.algo_s = "RING";
-    e.proto_s = "SIMPLE";
-    e.count = count;
-    e.nch = 2;
-    return e;
+/* A collective's start of `count` bytes (the switch tests tell tickets apart by it). */
+static void *sw_start(Comm *cm, size_t count) {
+    Expect e = int8_expect(count);
+    return start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+}
+/* The switch tests' communicator: host timing only, so a start writes one slot. */
+static Comm *sw_fixture(const char *label, uint64_t hash) {
+    clear_env();
+    setenv("ARTEMIS_DEVICE_TIMING", "0", 1);
+    return fixture(label, 6, hash);
+}
+static void sw_finish(Comm *cm, const char *what) {
+    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "%s: finalize", what);
+    clear_env();
 }
 static void *sw_owner(void *arg) {
     Comm *cm = arg;
-    Expect e = sw_expect(11);
-    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* ticket 0: the owner */
+    stop_ev(sw_start(cm, 11)); /* ticket 0: the owner */
     atomic_store(&art_test_ticket_hook, hook_block);
-    e = sw_expect(22);
-    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* ticket 1, stopped in the hook */
+    stop_ev(sw_start(cm, 22)); /* ticket 1, stopped in the hook */
     return NULL;
 }
 void test_switch_in_start(void) {
-    clear_env();
-    setenv("ARTEMIS_DEVICE_TIMING", "0", 1);
-    Comm *cm = fixture("switchhook", 6, 0x77);
+    Comm *cm = sw_fixture("switchhook", 0x77);
     const ArtemisRingHeader *h = cm->ring.hdr;
     atomic_store(&g_hook_inside, 0);
     atomic_store(&g_hook_go, 0);
@@ -349,20 +350,17 @@ void test_switch_in_start(void) {
         atomic_store(&art_test_ticket_hook, NULL);
         pthread_join(th, NULL);
         printf("  switch in a start: skipped (the owner's starts use the CAS here: no membarrier)\n");
-        CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch hook: finalize");
-        clear_env();
+        sw_finish(cm, "switch hook");
         return;
     }
-    Expect e = sw_expect(33);
-    void *y = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    void *y = sw_start(cm, 33);
     CHECK(y == NULL && atomic_load(A64(&h->dropped)) == 1,
           "switch in a start: the second thread's start during the owner's was recorded (handle %p, "
           "dropped %llu)", y, (unsigned long long)atomic_load(A64(&h->dropped)));
     stop_ev(y);
     atomic_store(&g_hook_go, 1);
     pthread_join(th, NULL);
-    e = sw_expect(44);
-    void *z = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    void *z = sw_start(cm, 44);
     CHECK(z != NULL, "switch in a start: the second thread's start after it got no handle");
     stop_ev(z);
     uint64_t w = atomic_load(A64(&h->write_index));
@@ -375,8 +373,7 @@ void test_switch_in_start(void) {
           (unsigned long long)r1.coll_seq, (unsigned long long)r2.bytes,
           (unsigned long long)r2.coll_seq);
     printf("  switch in a start: the second thread's start dropped, the owner's whole\n");
-    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch hook: finalize");
-    clear_env();
+    sw_finish(cm, "switch hook");
 }
 
 /* Both membarriers fail at the switch (a test hook): the owner's plain
@@ -390,24 +387,19 @@ int art_test_plain_start(void *context);
 static _Atomic int g_mbf_step;
 static void *mbf_owner(void *arg) {
     Comm *cm = arg;
-    Expect e = sw_expect(11);
-    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* ticket 0, plain */
+    stop_ev(sw_start(cm, 11)); /* ticket 0, plain */
     atomic_store(&g_mbf_step, 1);
     while (atomic_load(&g_mbf_step) != 2) sched_yield();
-    e = sw_expect(22);
-    stop_ev(start_ev(cm, ncclProfileColl, NULL, &e, 0, 0)); /* shared: acknowledges */
+    stop_ev(sw_start(cm, 22)); /* shared: acknowledges */
     atomic_store(&g_mbf_step, 3);
     return NULL;
 }
 void test_switch_mb_fail(void) {
-    clear_env();
-    setenv("ARTEMIS_DEVICE_TIMING", "0", 1);
-    Comm *cm = fixture("switchmbfail", 6, 0x78);
+    Comm *cm = sw_fixture("switchmbfail", 0x78);
     const ArtemisRingHeader *h = cm->ring.hdr;
     if (!art_test_plain_start(cm->ctx)) {
         printf("  switch, membarrier failed: skipped (no plain starts here: no membarrier)\n");
-        CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch mb fail: finalize");
-        clear_env();
+        sw_finish(cm, "switch mb fail");
         return;
     }
     atomic_store(&g_mbf_step, 0);
@@ -415,10 +407,9 @@ void test_switch_mb_fail(void) {
     pthread_create(&th, NULL, mbf_owner, cm);
     while (atomic_load(&g_mbf_step) != 1) sched_yield();
     atomic_store(&art_test_membarrier_fail, 1);
-    Expect e = sw_expect(33);
-    void *y1 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    void *y1 = sw_start(cm, 33);
     stop_ev(y1);
-    void *y2 = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    void *y2 = sw_start(cm, 33);
     stop_ev(y2);
     CHECK(y1 == NULL && y2 == NULL && atomic_load(A64(&h->dropped)) == 2 &&
               art_test_mb_failed(cm->ctx) == 1 && atomic_load(A64(&h->write_index)) == 1,
@@ -429,8 +420,7 @@ void test_switch_mb_fail(void) {
     atomic_store(&g_mbf_step, 2);
     pthread_join(th, NULL);
     atomic_store(&art_test_membarrier_fail, 0);
-    e = sw_expect(44);
-    void *z = start_ev(cm, ncclProfileColl, NULL, &e, 0, 0);
+    void *z = sw_start(cm, 44);
     CHECK(z != NULL, "switch, membarrier failed: no handle after the owner's acknowledgement");
     stop_ev(z);
     Rec r1 = slot_rec(cm, 1), r2 = slot_rec(cm, 2);
@@ -442,6 +432,5 @@ void test_switch_mb_fail(void) {
           (unsigned long long)r2.bytes, (unsigned long long)r2.coll_seq);
     printf("  switch, membarrier failed: 2 starts dropped until the owner's acknowledgement, "
            "then recorded\n");
-    CHECK(finalize_ctx(6, cm->ctx) == ncclSuccess, "switch mb fail: finalize");
-    clear_env();
+    sw_finish(cm, "switch mb fail");
 }

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,36 +24,16 @@ import pytest
 from artemis.protocol.peers import REFUSAL_REASONS
 from artemis.protocol.server import LOG_REFUSALS_PER_S
 from artemis.protocol.transport import TLS_REASONS
-from daemon_harness import (
-    Coordinator,
-    LockstepFeeder,
-    PacedJob,
-    metric,
-    metric_by_label,
-    start_agent,
-    wait_for,
-    write_secret,
-)
+from daemon_harness import metric, metric_by_label, scored_paced_job, wait_for, windows_scored
 from test_protocol_peers import Pki
 
 pytestmark = pytest.mark.slow
 
 HOSTILE = Path(__file__).resolve().parents[1] / "hostile_peer.py"
 W_STEPS = 10
-COMPUTE = [[4.0, 2.0] for _ in range(4)]
 HANDSHAKE_S = 3.0  # TLS + hello + auth: the silent peers are cut off here
 N = 40  # failed handshakes of each kind
 SILENT = 8
-
-
-def _result(p: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
-    out, err = p.communicate(timeout=timeout)
-    assert p.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def _scored(coord: Coordinator) -> float:
-    return sum(metric_by_label(coord.samples(), "straggler_windows_scored_total", "job").values())
 
 
 def _stamp(rec: dict[str, Any]) -> float:
@@ -70,40 +49,15 @@ def test_failed_tls_handshakes_are_counted_by_reason_while_the_agent_is_scored(
     cert, key = pki.issue("h0", "/CN=h0", "subjectAltName=URI:artemis://agent/h0")
     other = Pki(tmp_path / "other")
     rogue = pki.issue("rogue", "/CN=h0", ca=(other.ca, other.ca_key))
-    secret = write_secret(tmp_path / "secret")
-    shm = tmp_path / "shm"
-    feeder = LockstepFeeder(plugin_lib, [shm] * 4, COMPUTE)
-    coord = Coordinator(
-        tmp_path,
-        secret,
-        deadline_s=2.0,
-        tables={
-            "tls": {"cert": str(pki.server[0]), "key": str(pki.server[1]), "ca": str(pki.ca)},
-            "limits": {"handshake_timeout_s": HANDSHAKE_S},
-        },
-    ).start()
-    agent = start_agent(
-        tmp_path,
-        coord.address,
-        shm,
-        secret,
-        "h0",
-        window_steps=W_STEPS,
-        colls_per_step=2,
-        extra=[
-            "[tls]",
-            *(
-                f"{k} = {json.dumps(str(v))}"
-                for k, v in [("ca", pki.ca), ("cert", cert), ("key", key)]
-            ),
-        ],
-    )
-    job = PacedJob(feeder, W_STEPS)
-    try:
-        wait_for(lambda: coord.value("straggler_agents_connected") == 1, 30, "agent connected")
-        job.start()
-        wait_for(lambda: _scored(coord) >= 3, 30, "first windows scored")
-        s0 = _scored(coord)
+    tables = {
+        "tls": {"cert": str(pki.server[0]), "key": str(pki.server[1]), "ca": str(pki.ca)},
+        "limits": {"handshake_timeout_s": HANDSHAKE_S},
+    }
+    tls = [f"{k} = {json.dumps(str(v))}" for k, v in [("ca", pki.ca), ("cert", cert), ("key", key)]]
+    with scored_paced_job(
+        tmp_path, plugin_lib, tables, window_steps=W_STEPS, agent_extra=["[tls]", *tls]
+    ) as coord:
+        s0 = windows_scored(coord)
         ca = ["--ca", str(pki.ca), "--cert", str(rogue[0]), "--key", str(rogue[1])]
         flood = hostile_peer.spawn(
             coord.address,
@@ -121,13 +75,9 @@ def test_failed_tls_handshakes_are_counted_by_reason_while_the_agent_is_scored(
         silent = hostile_peer.spawn(
             coord.address, "tls", "--kinds", "silent", "--count", str(SILENT), "--base", "61", *ca
         )
-        r_flood, r_silent = _result(flood), _result(silent)
-        wait_for(lambda: _scored(coord) >= s0 + 4, 30, "windows scored after the attack")
+        r_flood, r_silent = hostile_peer.result(flood), hostile_peer.result(silent)
+        wait_for(lambda: windows_scored(coord) >= s0 + 4, 30, "windows scored after the attack")
         samples = coord.samples()
-    finally:
-        job.stop.set()
-        agent.stop()
-        coord.daemon.stop()  # type: ignore[union-attr]
 
     refused = metric_by_label(samples, "straggler_protocol_refused_peers_total", "reason")
     print(json.dumps({"refused": refused, "flood": r_flood, "silent": r_silent}))
@@ -147,7 +97,7 @@ def test_failed_tls_handshakes_are_counted_by_reason_while_the_agent_is_scored(
     # its one-second windows may meet inside any one second of the log).
     lines = [
         r
-        for r in coord.daemon.log_records()  # type: ignore[union-attr]
+        for r in coord.daemon.log_records()
         if r.get("event") == "peer refused" and str(r.get("reason", "")).startswith("tls_")
     ]
     for reason in TLS_REASONS:

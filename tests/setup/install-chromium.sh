@@ -6,6 +6,8 @@
 # cannot install (no apt-get, no root, apt failing) it says so and exits 0, and
 # the browser test skips with that reason; under CI=true both fail instead.
 set -euo pipefail
+# shellcheck source=tests/setup/apt-helpers.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-helpers.sh"
 
 for b in chromium chromium-browser; do
     if command -v "$b" >/dev/null 2>&1; then
@@ -24,27 +26,17 @@ give_up() {
     exit 0
 }
 
-if [ "$(id -u)" -ne 0 ]; then
-    if ! command -v sudo >/dev/null 2>&1; then
-        give_up "not root and no sudo: install Debian's chromium by hand"
-    fi
-    SUDO=sudo
-else
-    SUDO=
+if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    give_up "not root and no sudo: install Debian's chromium by hand"
 fi
+apt_pick_sudo
 if ! command -v apt-get >/dev/null 2>&1; then
     give_up "no apt-get here: install chromium by hand"
 fi
 
-export DEBIAN_FRONTEND=noninteractive
-LOG=$(mktemp)
 # fonts-dejavu-core: the report names no web font; the system sans must exist
 # for text to render in the screenshot.
-if ! { $SUDO apt-get update -qq && \
-       $SUDO apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core; } >"$LOG" 2>&1; then
-    cat "$LOG" >&2
-    rm -f "$LOG"
+if ! apt_quiet_install chromium fonts-dejavu-core; then
     give_up "apt-get failed (log above)"
 fi
-rm -f "$LOG"
 command -v chromium >/dev/null
