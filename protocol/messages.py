@@ -43,6 +43,7 @@ from artemis.protocol.records import (
 
 __all__ = [
     "CONTROL_ACTIONS",
+    "CORRECTION_MINOR",
     "DATA_TYPES",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
@@ -50,7 +51,6 @@ __all__ = [
     "Ack",
     "Auth",
     "Control",
-    "CORRECTION_MINOR",
     "ControlAction",
     "DataMessage",
     "Dump",
