@@ -152,6 +152,12 @@ class CorrectionShell:
             if mine:
                 acts = [a for a in rec["actions"] if a.get("id") not in mine]
                 rec["actions"] = acts + list(mine.values())
+                at = rec.get("closed") or {}
+                rec["markers"] += [
+                    {"marker": e["status"], "window": at.get("window"), "time": at.get("time")}
+                    for e in mine.values()
+                    if e["status"] in ("verified", "rolled_back")
+                ]
         out.incidents += recs
         out.incident_rows += rows
 
