@@ -18,6 +18,7 @@ from artemis.protocol.messages import Ack, RankInfo, Windows
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.outputs import PlansWriter
+from service_records import rank_window
 
 JOB = "cj"
 NRANKS = 8
@@ -50,48 +51,17 @@ def rw(rank: int, window: int, slow: bool, step_ms: float) -> RankWindow:
     others wait for it in their collectives (one step time for all)."""
     gap = 130.0 if slow else 100.0 + rank * 0.5
     sm = 1200.0 if slow else 1980.0
-    return RankWindow(
-        job=JOB,
-        comm="c0",
-        rank=rank,
-        nranks=NRANKS,
-        host=f"h{rank // 4}",
-        window=window,
-        step_lo=window * 10,
-        step_hi=window * 10 + 10,
-        coll_lo=window * 20,
-        coll_hi=(window + 1) * 20,
-        gap_ms=gap,
-        coll_ms=step_ms - gap,
-        step_ms=step_ms,
-        collectives=20,
-        bytes=0,
-        lost=0,
-        clock="device",
-        samples=8,
-        telemetry=Telemetry(
-            gpu_index=rank % 4,
-            sm_mhz=sm,
-            sm_mhz_max=1980.0,
-            temp_c=60.0,
-            power_w=300.0,
-            power_limit_w=700.0,
-            throttle={},
-        ),
-    )
+    tel = Telemetry(gpu_index=rank % 4, sm_mhz=sm, sm_mhz_max=1980.0, throttle={})
+    return rank_window(
+        JOB, rank, window, gap_ms=gap, step_ms=step_ms, coll_ms=step_ms - gap, nranks=NRANKS,
+        per_host=4, samples=8, telemetry=tel,
+    )  # fmt: skip
 
 
 def make(tmp: Path, settings: Settings, wall: list[float], minor: int = 2) -> Coordinator:
-    c = Coordinator(
-        settings,
-        FindingsWriter(tmp / "f.jsonl"),
-        PlansWriter(tmp / "p.jsonl"),
-        Metrics(),
-        deadline_s=30.0,
-        grace_s=0.0,
-        clock=lambda: wall[0],
-        wall=lambda: wall[0],
-    )
+    out = (FindingsWriter(tmp / "f.jsonl"), PlansWriter(tmp / "p.jsonl"), Metrics())
+    now = {"clock": lambda: wall[0], "wall": lambda: wall[0]}
+    c = Coordinator(settings, *out, deadline_s=30.0, grace_s=0.0, **now)
     c.server = Server()
     c.restore(AssemblyJournal(tmp / "f.assembly"))
     for h in (0, 1):
