@@ -18,6 +18,7 @@ from artemis.protocol.messages import Ack, RankInfo, Windows
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.outputs import PlansWriter
+from artemis.report.story import story
 from service_records import rank_window
 
 JOB = "cj"
@@ -120,6 +121,9 @@ def test_clocks_incident_gets_reset_clocks_verified_and_recovered(tmp_path: Path
     rec = next(r for r in incidents(tmp_path).values() if r["rank"] == SLOW)
     assert rec["verdict"] == "recovered" and "reset_clocks" in rec["reason"]
     assert {"applied", "verified"} <= {m["marker"] for m in rec["markers"]}
+    # the report tells the action and what it measured
+    told = story(rec)
+    assert "Correction reset_clocks on GPU 1 of h1 was verified" in told, told
     assert len(c.server.corrections()) == 1  # applied once, nothing rolled back
 
 
