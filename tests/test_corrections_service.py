@@ -61,8 +61,11 @@ def rw(rank: int, window: int, slow: bool, step_ms: float) -> RankWindow:
 
 def make(tmp: Path, settings: Settings, wall: list[float], minor: int = 2) -> Coordinator:
     out = (FindingsWriter(tmp / "f.jsonl"), PlansWriter(tmp / "p.jsonl"), Metrics())
-    now = {"clock": lambda: wall[0], "wall": lambda: wall[0]}
-    c = Coordinator(settings, *out, deadline_s=30.0, grace_s=0.0, **now)
+
+    def now() -> float:
+        return wall[0]
+
+    c = Coordinator(settings, *out, deadline_s=30.0, grace_s=0.0, clock=now, wall=now)
     c.server = Server()
     c.restore(AssemblyJournal(tmp / "f.assembly"))
     for h in (0, 1):

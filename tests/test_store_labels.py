@@ -84,7 +84,11 @@ def test_actions_keyed_by_incident_and_id(store_url: str) -> None:
             ("p1-w12-r2", "plan", "p1-w12-r2", None, "rolled_back", -3.3),
             ("c-j-r2-w5-1", "correction", None, "reset_clocks", "verified", 12.5),
         ]
-        assert s.incident("j-r2-w5")["actions"][1]["before"] == {"vendor": "nvidia", "sm_mhz": 1200}
+        rec = s.incident("j-r2-w5")
+        assert rec is not None and rec["actions"][1]["before"] == {
+            "vendor": "nvidia",
+            "sm_mhz": 1200,
+        }
 
 
 def test_a_label_survives_the_coordinators_later_writes(store_url: str) -> None:
