@@ -49,6 +49,9 @@ class CorrectionShell:
         self._where: dict[tuple[str, int], RankFacts] = {}  # from the latest columns
         self._sent: dict[tuple[str, str], float] = {}  # (id, op) -> when last sent (clock)
         self._outbox: list[tuple[str, dict[str, Any]]] = []  # (agent, body)
+        # control_id -> (correction id, op): an ack without a result (an agent that
+        # cannot apply corrections) still ends its correction, never resent forever.
+        self._ctl: dict[str, tuple[str, str]] = {}
 
     def book(self, job: str) -> CorrectionBook:
         b = self.books.get(job)
@@ -165,8 +168,12 @@ class CorrectionShell:
     def on_ack(self, peer: PeerInfo, ack: Ack, wall: float) -> tuple[str, Output] | None:
         """An agent's ack of a correction control: (its job, the book's output)."""
         result = ack.result
+        known = self._ctl.pop(ack.control_id or "", None)
         if not isinstance(result, Mapping) or "id" not in result:
-            return None
+            if known is None:
+                return None
+            why = ack.detail or "the agent's ack carries no result (it applies no corrections)"
+            result = {"id": known[0], "status": "failed", "error": why}
         cid = str(result["id"])
         for job, b in self.books.items():
             if any(c.id == cid for c in b.corrections):
@@ -209,6 +216,12 @@ class CorrectionShell:
     def take_sends(self) -> list[tuple[str, dict[str, Any]]]:
         out, self._outbox = self._outbox, []
         return out
+
+    def sent_as(self, control_id: str, body: Mapping[str, Any]) -> None:
+        """The control id the server gave a correction control (acks name it)."""
+        self._ctl[control_id] = (str(body["id"]), str(body["op"]))
+        while len(self._ctl) > 4096:  # controls never acked (agents gone) do not pile up
+            self._ctl.pop(next(iter(self._ctl)))
 
     def unsent(self, agent: str, body: Mapping[str, Any]) -> None:
         """A send that found the agent gone: the next tick resends it."""

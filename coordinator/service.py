@@ -639,7 +639,8 @@ class Coordinator:
                     )
         for agent, body in self.corrections.take_sends() if self.server is not None else ():
             try:
-                await self.server.send_control(agent, "correction", body)
+                ctl = await self.server.send_control(agent, "correction", body)
+                self.corrections.sent_as(ctl, body)
             except NotConnected:
                 self.corrections.unsent(agent, body)
         if not self._outbox or self.server is None:

@@ -106,6 +106,11 @@ def test_pending_approve_deny_expire_and_bad_input(tmp_path: Path) -> None:
             sent = await until("the apply control", lambda: _controls(got, a))
             assert sent[0].body["op"] == "apply" and sent[0].body["rank"] == 2
             assert sent[0].body["gpu"] == 2 and sent[0].body["action"] == "reset_clocks"
+            # this agent acks without a result (it applies no corrections): the
+            # correction ends failed with why, and is not resent forever
+            incidents = tmp_path / "incidents.jsonl"
+            failed = await until("A failed", lambda: _entry(incidents, a, "failed"))
+            assert "carries no result" in failed["reason"]
             r = await ask("deny", b, sock=sock)
             assert r.returncode == 0 and json.loads(r.stdout)["status"] == "denied", r.stderr
             r = await ask("deny", b, sock=sock)
@@ -119,8 +124,7 @@ def test_pending_approve_deny_expire_and_bad_input(tmp_path: Path) -> None:
             for w in range(16, 30):
                 recs = tuple(rw(r, w, {2, 5, 6}) for r in range(NRANKS))
                 await link.send(Windows(host="h0", windows=recs), wait=True, timeout=30)
-            incidents = tmp_path / "incidents.jsonl"
-            entry = await until("the expired approval", lambda: _expired(incidents))
+            entry = await until("the expired approval", lambda: _entry(incidents, None, "expired"))
             r = await ask("approve", entry["id"], sock=sock)
             assert r.returncode == 1 and "expired" in r.stderr, r.stderr
 
@@ -157,13 +161,16 @@ async def _controls(got: list[Control], cid: str) -> list[Control]:
     return _sync_controls(got, cid)
 
 
-async def _expired(path: Path) -> dict[str, Any] | None:
-    """A correction entry `expired` (with its incident's id), from the incidents file."""
+async def _entry(path: Path, cid: str | None, status: str) -> dict[str, Any] | None:
+    """A correction entry (of id `cid`, or any) in `status`, with its incident's id, from
+    the incidents file."""
     if not path.exists():
         return None
     for line in path.read_text().splitlines():
         rec = json.loads(line)
         for a in rec.get("actions") or []:
-            if a.get("type") == "correction" and a["status"] == "expired":
+            if a.get("type") != "correction" or a["status"] != status:
+                continue
+            if cid is None or a["id"] == cid:
                 return {**a, "incident": rec["id"]}
     return None
