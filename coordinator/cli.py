@@ -136,7 +136,8 @@ def set_(
 ) -> None:
     """Change a detector setting of the running coordinator, without a restart."""
     reply = _ask_ok(socket_path, {"cmd": "set", "key": key, "value": value})
-    typer.echo(f"{key} = {reply['settings'][key]}")
+    v = reply["settings"][key]
+    typer.echo(f"{key} = {','.join(v) if isinstance(v, list) else v}")  # a list as it is set
 
 
 @app.command()

@@ -98,6 +98,9 @@ class CorrectionShell:
     ) -> None:
         """After a scored window: the book decides on the job's incidents; its entries
         join the records of ``out`` (more lines of the same group)."""
+        b = self.books.get(job)
+        if settings.corrections == "off" and (b is None or not b.busy):
+            return  # nothing to decide, nothing in flight: no records built
         records = m.incidents.open_incidents
         closed = [r for r in out.incidents if r.get("status") == "closed"]
         ranks = {int(r["rank"]) for r in records if r.get("rank") is not None}

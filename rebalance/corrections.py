@@ -231,6 +231,11 @@ class CorrectionBook:
         """Controls sent and not acknowledged (resent until they are: at least once)."""
         return [(c.rank, c.control(c.pending)) for c in self._all.values() if c.pending]
 
+    @property
+    def busy(self) -> bool:
+        """Whether a correction is still on its way (waiting, sent, being verified)."""
+        return any(c.status not in FINAL for c in self._all.values())
+
     def knows_incident(self, incident: str) -> bool:
         return incident in self._open
 

@@ -216,3 +216,15 @@ def test_closed_incident_verifies_an_applied_correction_once() -> None:
     out = feed(b, 4, rec(status="closed", why="cleared"), 110, 1.0)
     assert [e["status"] for _, e in out.entries] == ["verified"]
     assert not feed(b, 5, rec(status="closed", why="cleared"), 110, 1.0).entries
+
+
+def test_off_decides_nothing_but_follows_what_is_in_flight() -> None:
+    b = CorrectionBook("job")
+    off = CorrectionPolicy(mode="off")
+    assert not feed(b, 1, rec(), 100, 1.3, policy=off).entries
+    cid = feed(b, 2, rec(), 100, 1.3).controls[0][1]["id"]  # sent while it was apply
+    b.on_ack({"id": cid, "status": "applied"}, 1005.0)
+    assert b.busy
+    for w in range(3, 6):
+        feed(b, w, rec(), 110, 1.0, policy=off)
+    assert b.get(cid).status == "verified" and not b.busy
