@@ -196,3 +196,23 @@ def test_restart_mid_correction_resends_then_verifies_or_rolls_back_once(tmp_pat
     entries = [e for e in corrections_of(tmp_path) if e["id"] == body["id"]]
     assert [h["status"] for h in entries[-1]["history"]].count("rolled_back") == 1
     assert entries[-1]["status"] == "rolled_back"
+
+
+def test_an_approval_waits_across_a_restart_and_is_sent_once_approved(tmp_path: Path) -> None:
+    wall = [1000.0]
+    held = Settings(corrections="apply", corrections_approve=("reset_clocks",))
+    a = make(tmp_path, held, wall)
+    asyncio.run(windows(a, 0, 14, True, wall))
+    (waiting,) = a.corrections.pending()
+    assert a.server.corrections() == []
+    del a  # killed while it waits for a person
+
+    b = make(tmp_path, held, wall)
+    assert [p["id"] for p in b.corrections.pending()] == [waiting["id"]]
+    reply = b.correction_command({"cmd": "approve", "id": waiting["id"]})
+    asyncio.run(b._flush_controls())
+    assert reply["correction"]["status"] == "approved"
+    (body,) = b.server.corrections()
+    assert body["id"] == waiting["id"] and body["op"] == "apply"
+    entry = next(e for e in corrections_of(tmp_path) if e["id"] == waiting["id"])
+    assert [h["status"] for h in entry["history"]] == ["awaiting_approval", "approved"]
