@@ -206,7 +206,7 @@ def story(inc: Mapping[str, Any]) -> str:
         parts.append(f"Cause ({cause['kind']}): {text or 'no telemetry explains it'}.")
     for act in inc.get("actions") or []:
         if act.get("type") == "correction":
-            parts.append(_correction(act))
+            parts.append(correction_text(act))
             continue
         hist = act.get("history") or []
         applied = next((h for h in hist if h.get("status") == "applied"), None)
@@ -255,7 +255,7 @@ def story(inc: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _correction(act: Mapping[str, Any]) -> str:
+def correction_text(act: Mapping[str, Any]) -> str:
     """One correction entry in words: the action, where, its status and what it measured."""
     where = f"GPU {act.get('gpu')} of {act.get('host')}" if act.get("host") else "its GPU"
     s = f"Correction {act.get('action')} on {where} was {str(act.get('status')).replace('_', ' ')}"

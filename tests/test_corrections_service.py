@@ -18,6 +18,7 @@ from artemis.protocol.messages import Ack, RankInfo, Windows
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.outputs import PlansWriter
+from artemis.report.html import action_part
 from artemis.report.story import story
 from service_records import rank_window
 
@@ -127,6 +128,7 @@ def test_clocks_incident_gets_reset_clocks_verified_and_recovered(tmp_path: Path
     # the report tells the action and what it measured
     told = story(rec)
     assert "Correction reset_clocks on GPU 1 of h1 was verified" in told, told
+    assert f'data-correction="{entry["id"]}"' in action_part(rec)
     assert len(c.server.corrections()) == 1  # applied once, nothing rolled back
 
 
