@@ -48,6 +48,7 @@ STATUSES = (
 )
 # Nothing more happens to a correction in these states.
 FINAL = frozenset(("recommended", "denied", "expired", "failed", "verified", "rolled_back"))
+KEEP_ENDED = 256  # ended corrections of closed incidents kept per job
 POWER_SLACK = 0.01  # an enforced limit this close to the default is the default
 SNAPSHOT_VERSION = 1
 
@@ -456,8 +457,10 @@ class CorrectionBook:
         """Verify an applied correction once verify_windows whole windows ran after it."""
         if c.status != "applied" or c.pending is not None or c.applied_window is None:
             return
-        after_p = [p for w, p in self._pace.get(c.incident, ()) if w > c.applied_window]
-        after_t = [t for w, t in self._thr if w > c.applied_window]
+        # The window in flight when the ack came ran partly before the change: skipped.
+        start = c.applied_window + 1
+        after_p = [p for w, p in self._pace.get(c.incident, ()) if w > start]
+        after_t = [t for w, t in self._thr if w > start]
         if min(len(after_p), len(after_t)) < policy.verify_windows:
             return
         pace = statistics.median(after_p[: policy.verify_windows])
@@ -477,6 +480,13 @@ class CorrectionBook:
     def _closed(self, iid: str, rec: Mapping[str, Any], wall: float, out: Output) -> None:
         self._open.pop(iid, None)
         self._pace.pop(iid, None)
+        # Memory stays bounded in a long job: the oldest ended corrections of closed
+        # incidents go (an approve or deny of one then says "unknown correction id").
+        ended = [
+            k for k, c in self._all.items() if c.status in FINAL and c.incident not in self._open
+        ]
+        for k in ended[: max(0, len(self._all) - KEEP_ENDED)]:
+            del self._all[k]
         why = (rec.get("closed") or {}).get("why")
         for c in self._all.values():
             if c.incident != iid or c.status in FINAL:

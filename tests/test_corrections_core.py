@@ -105,7 +105,7 @@ def test_verified_after_the_pace_recovers() -> None:
     assert not feed(b, 4, rec(), 100, 1.3).controls
     res = b.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1010.0)
     assert res.entries[-1][1]["status"] == "applied"
-    for w in range(5, 8):
+    for w in range(5, 9):  # window 5 was in flight at the ack: not measured
         out = feed(b, w, rec(), 110, 1.0)
     st = b.get(cid)
     assert st.status == "verified", st.reason
@@ -118,7 +118,7 @@ def test_rolled_back_when_it_did_not_help_then_nothing_more() -> None:
     out = feed(b, 3, rec(), 100, 1.3)
     cid = out.controls[0][1]["id"]
     b.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1010.0)
-    for w in range(4, 7):
+    for w in range(4, 8):  # window 4 was in flight at the ack: not measured
         out = feed(b, w, rec(), 100, 1.3)
     assert len(out.controls) == 1 and out.controls[0][0] == 2
     body = out.controls[0][1]
@@ -201,7 +201,7 @@ def test_snapshot_round_trip_mid_correction() -> None:
     r.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1010.0)
     r2 = CorrectionBook.restore(r.snapshot())
     assert r2.unacked() == [] and r2.get(cid).status == "applied"
-    for w in range(4, 7):
+    for w in range(4, 8):
         feed(r2, w, rec(), 110, 1.0)
     assert r2.get(cid).status == "verified"
     # the rate limit survives too
@@ -225,6 +225,6 @@ def test_off_decides_nothing_but_follows_what_is_in_flight() -> None:
     cid = feed(b, 2, rec(), 100, 1.3).controls[0][1]["id"]  # sent while it was apply
     b.on_ack({"id": cid, "status": "applied"}, 1005.0)
     assert b.busy
-    for w in range(3, 6):
+    for w in range(3, 7):
         feed(b, w, rec(), 110, 1.0, policy=off)
     assert b.get(cid).status == "verified" and not b.busy
