@@ -45,7 +45,9 @@ class CorrectionShell:
         self.clock = clock
         self.books: dict[str, CorrectionBook] = {}
         self._peers: dict[str, PeerInfo] = {}  # connected agents by id
-        self._agent_of: dict[tuple[str, int], str] = {}  # (job, rank) -> agent id
+        # (job, rank) -> agent id, from the hellos; kept past a job's end: a new run of
+        # the job is served by the same agents, which say no new hello.
+        self._agent_of: dict[tuple[str, int], str] = {}
         self._where: dict[tuple[str, int], RankFacts] = {}  # from the latest columns
         self._sent: dict[tuple[str, str], float] = {}  # (id, op) -> when last sent (clock)
         self._outbox: list[tuple[str, dict[str, Any]]] = []  # (agent, body)
@@ -80,7 +82,7 @@ class CorrectionShell:
         return RankFacts(
             host=f.host if f.host is not None else (peer.host if peer else None),
             gpu=f.gpu,
-            version=None if peer is None else tuple(peer.version),  # type: ignore[arg-type]
+            version=None if peer is None else (int(peer.version[0]), int(peer.version[1])),
             power_limit_w=f.power_limit_w,
             power_limit_default_w=f.power_limit_default_w,
         )
@@ -105,10 +107,10 @@ class CorrectionShell:
         closed = [r for r in out.incidents if r.get("status") == "closed"]
         ranks = {int(r["rank"]) for r in records if r.get("rank") is not None}
         self._learn(job, cols, ranks)
+        if not records and not closed and b is None:
+            return  # no incident yet: no book made, none saved
         facts = {r: self.facts(job, r) for r in ranks}
         b = self.book(job)
-        if not records and not closed and not b.corrections:
-            return
         res = b.on_window(
             window, [*records, *closed], out.incident_rows, facts,
             CorrectionPolicy.from_settings(settings), wall,
