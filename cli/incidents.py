@@ -324,8 +324,9 @@ def show(
                 col, justify="right" if col in ("before /s", "after /s", "gain") else "left"
             )
         for a in acts:
-            hist = " > ".join(
-                f"{h.get('status')}@w{h.get('window')}" for h in a.get("history") or []
+            hist = " > ".join(  # a correction's history has times, not windows
+                f"{h.get('status')}" + (f"@w{h['window']}" if "window" in h else "")
+                for h in a.get("history") or []
             )
             at.add_row(
                 str(a.get("plan") or a.get("action")),  # a correction names its action
