@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from artemis.detect.incident_state import MARKERS
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
@@ -166,6 +167,7 @@ class CorrectionShell:
                     for e in mine.values()
                     if e["status"] in ("verified", "rolled_back")
                 ]
+                rec["markers"].sort(key=lambda m: (m["window"], MARKERS.index(m["marker"])))
         out.incidents += recs
         out.incident_rows += rows
 

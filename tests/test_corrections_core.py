@@ -228,3 +228,12 @@ def test_off_decides_nothing_but_follows_what_is_in_flight() -> None:
     for w in range(3, 7):
         feed(b, w, rec(), 110, 1.0, policy=off)
     assert b.get(cid).status == "verified" and not b.busy
+
+
+def test_node_consent_off_is_a_failure_that_says_why() -> None:
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3).controls[0][1]["id"]
+    why = "corrections are off on this node ([policy] allow_corrections = false)"
+    b.on_ack({"id": cid, "status": "refused", "error": why}, 1010.0)
+    c = b.get(cid)
+    assert c.status == "failed" and why in c.reason and "refused" in c.reason

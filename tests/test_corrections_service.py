@@ -13,6 +13,7 @@ from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.sinks import FindingsWriter
+from artemis.detect.incident_state import MARKERS
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Ack, RankInfo, Windows
 from artemis.protocol.peers import PeerInfo
@@ -124,7 +125,9 @@ def test_clocks_incident_gets_reset_clocks_verified_and_recovered(tmp_path: Path
     assert entry["before"]["sm_mhz"] == 1200 and entry["host"] == "h1"
     rec = next(r for r in incidents(tmp_path).values() if r["rank"] == SLOW)
     assert rec["verdict"] == "recovered" and "reset_clocks" in rec["reason"]
-    assert {"applied", "verified"} <= {m["marker"] for m in rec["markers"]}
+    marks = [m["marker"] for m in rec["markers"]]
+    assert {"applied", "verified"} <= set(marks)
+    assert marks == sorted(marks, key=MARKERS.index), marks
     # the report tells the action and what it measured
     told = story(rec)
     assert "Correction reset_clocks on GPU 1 of h1 was verified" in told, told
