@@ -287,8 +287,16 @@ class CorrectionShell:
         return None if b is None else b.snapshot()
 
     def restore(self, job: str, data: Mapping[str, Any] | None) -> None:
-        if data:
+        """A job's saved book back (before anything saves the job again); one that
+        cannot be read is logged and left out, the job's other state restores."""
+        if not data:
+            return
+        try:
             self.books[job] = CorrectionBook.restore(data)
+        except (ValueError, KeyError, TypeError) as e:
+            log.error(
+                "corrections state unreadable: its corrections are lost", job=job, error=str(e)
+            )
 
     def forget(self, job: str) -> None:
         self.books.pop(job, None)

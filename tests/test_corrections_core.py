@@ -237,3 +237,13 @@ def test_node_consent_off_is_a_failure_that_says_why() -> None:
     b.on_ack({"id": cid, "status": "refused", "error": why}, 1010.0)
     c = b.get(cid)
     assert c.status == "failed" and why in c.reason and "refused" in c.reason
+
+
+def test_a_state_of_another_version_is_refused_by_name() -> None:
+    b = CorrectionBook("job")
+    feed(b, 3, rec(), 100, 1.3)
+    st = b.snapshot()
+    with pytest.raises(ValueError, match="corrections state version 9"):
+        CorrectionBook.restore({**st, "version": 9})
+    with pytest.raises(ValueError, match="seq"):
+        CorrectionBook.restore({**st, "seq": "three"})
