@@ -3,8 +3,6 @@ summary in a 4-rank, 2-host communicator `c0`, and the peer of the host that sen
 
 from __future__ import annotations
 
-from typing import Any
-
 from artemis.protocol.messages import RankInfo
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.records import RankWindow
@@ -18,32 +16,26 @@ def rank_window(
     gap_ms: float = 100.0,
     step_ms: float = 110.0,
     collectives: int = 20,
-    nranks: int = 4,
-    per_host: int = 2,
-    coll_ms: float = 10.0,
-    **more: Any,
 ) -> RankWindow:
-    """Rank `rank`'s window `window` (10 steps, `collectives` collectives of `coll_ms`),
-    `per_host` ranks a host; `more`: other fields (samples, telemetry)."""
+    """Rank `rank`'s window `window` (10 steps, `collectives` collectives of 10 ms)."""
     return RankWindow(
         job=job,
         comm="c0",
         rank=rank,
-        nranks=nranks,
-        host=f"h{rank // per_host}",
+        nranks=4,
+        host=f"h{rank // 2}",
         window=window,
         step_lo=window * 10,
         step_hi=window * 10 + 10,
         coll_lo=window * collectives,
         coll_hi=(window + 1) * collectives,
         gap_ms=gap_ms,
-        coll_ms=coll_ms,
+        coll_ms=10.0,
         step_ms=step_ms,
         collectives=collectives,
         bytes=0,
         lost=0,
         clock="device",
-        **more,
     )
 
 

@@ -15,11 +15,11 @@ import pytest
 from artemis.protocol.auth import load_secret
 from artemis.protocol.client import AgentLink
 from artemis.protocol.messages import Control, RankInfo, Windows
-from artemis.protocol.records import RankWindow, Telemetry
+from artemis.protocol.records import RankWindow
 from artemis.protocol.session import AgentIdentity
 from artemis.protocol.tcp import TcpTransport
 from daemon_harness import BIN, Coordinator, write_secret
-from service_records import rank_window
+from test_corrections_service import locked_window
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +35,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def rw(rank: int, window: int, slow: set[int]) -> RankWindow:
     """Ranks in `slow` compute 30% longer with their SM clock locked low (no throttle)."""
-    step = 140.0 if slow else 111.0
-    gap = 130.0 if rank in slow else 100.0 + rank * 0.5
-    sm = 1200.0 if rank in slow else 1980.0
-    tel = Telemetry(gpu_index=rank, sm_mhz=sm, sm_mhz_max=1980.0, throttle={})
-    return rank_window(
-        JOB, rank, window, gap_ms=gap, step_ms=step, coll_ms=step - gap, nranks=NRANKS,
-        per_host=NRANKS, samples=8, telemetry=tel,
-    )  # fmt: skip
+    return locked_window(JOB, rank, window, slow, NRANKS, NRANKS)
 
 
 async def ask(*args: str, sock: Path) -> subprocess.CompletedProcess[str]:

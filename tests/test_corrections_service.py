@@ -5,6 +5,7 @@ incidents, state files and restarts, with agents as the protocol server presents
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -49,15 +50,20 @@ def peer(host: int, minor: int = 2) -> PeerInfo:
     )
 
 
-def rw(rank: int, window: int, slow: bool, step_ms: float) -> RankWindow:
-    """A rank's window: the slow one computes 30% longer with its SM clock locked low; the
-    others wait for it in their collectives (one step time for all)."""
-    gap = 130.0 if slow else 100.0 + rank * 0.5
-    sm = 1200.0 if slow else 1980.0
-    tel = Telemetry(gpu_index=rank % 4, sm_mhz=sm, sm_mhz_max=1980.0, throttle={})
-    return rank_window(
-        JOB, rank, window, gap_ms=gap, step_ms=step_ms, coll_ms=step_ms - gap, nranks=NRANKS,
-        per_host=4, samples=8, telemetry=tel,
+def locked_window(
+    job: str, rank: int, window: int, slow: set[int], nranks: int, per_host: int
+) -> RankWindow:
+    """Rank `rank`'s window in a job of `nranks`, `per_host` ranks a host: ranks in `slow`
+    compute 30% longer with their SM clock locked low (no throttle reason); the others
+    wait for them in their collectives (one step time for all)."""
+    step = 140.0 if slow else 111.0
+    gap = 130.0 if rank in slow else 100.0 + rank * 0.5
+    sm = 1200.0 if rank in slow else 1980.0
+    tel = Telemetry(gpu_index=rank % per_host, sm_mhz=sm, sm_mhz_max=1980.0, throttle={})
+    base = rank_window(job, rank, window, gap_ms=gap, step_ms=step)
+    return dataclasses.replace(
+        base, nranks=nranks, host=f"h{rank // per_host}", coll_ms=step - gap, samples=8,
+        telemetry=tel,
     )  # fmt: skip
 
 
@@ -79,8 +85,8 @@ async def windows(c: Coordinator, lo: int, hi: int, slow: bool, wall: list[float
     for w in range(lo, hi):
         wall[0] += 1.0
         for h in (0, 1):
-            step = 140.0 if slow else 111.0
-            recs = tuple(rw(r, w, slow and r == SLOW, step) for r in range(4 * h, 4 * h + 4))
+            bad = {SLOW} if slow else set()
+            recs = tuple(locked_window(JOB, r, w, bad, NRANKS, 4) for r in range(4 * h, 4 * h + 4))
             await c.on_message(peer(h), Windows(host=f"h{h}", windows=recs))
 
 
