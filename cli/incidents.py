@@ -1,4 +1,5 @@
-"""`artemis incidents list|show`: the incidents of a store, as rich tables in the terminal.
+"""`artemis incidents list|show`: the incidents of a store, as rich tables in the terminal;
+`label` keeps a person's confirmed cause, `export --labelled` writes them out.
 
 Reads a store (``--store URL``) or what sits next to a findings file
 (``--findings F``: its store, else its ``incidents.jsonl``), read-only, so it is
@@ -330,11 +331,12 @@ def show(
                 col, justify="right" if col in ("before /s", "after /s", "gain") else "left"
             )
         for a in acts:
-            hist = " > ".join(
-                f"{h.get('status')}@w{h.get('window')}" for h in a.get("history") or []
+            hist = " > ".join(  # a correction's history has times, not windows
+                f"{h.get('status')}" + (f"@w{h['window']}" if "window" in h else "")
+                for h in a.get("history") or []
             )
             at.add_row(
-                str(a.get("plan")),
+                str(a.get("plan") or a.get("action")),  # a correction names its action
                 str(a.get("status")),
                 hist or "-",
                 _num(a.get("throughput_before")),
@@ -355,3 +357,92 @@ def show(
         "[bold]markers[/] "
         + (" > ".join(f"{m.get('marker')}@w{m.get('window')}" for m in marks) or "-")
     )
+
+
+# ---------------------------------------------------------------- labels (issue 29)
+
+
+def _open_rw(store: str | None, findings: Path | None) -> Store:
+    """The store to write a label into: ``--store``, or the artemis.db next to the
+    findings. Only an incidents.jsonl there: a clear error (labels need a store)."""
+    from artemis.store.base import default_store_path, incidents_jsonl_path, store_url
+
+    if (store is None) == (findings is None):
+        typer.echo("error: give one of --store URL or --findings FILE", err=True)
+        raise typer.Exit(2)
+    url = store
+    if findings is not None:
+        db = default_store_path(findings)
+        if not db.exists():
+            jl = incidents_jsonl_path(findings)
+            exit_error(
+                StoreError(
+                    f"labels need an incident store: next to {findings} there is no {db.name}"
+                    + (f", only {jl.name}" if jl.exists() else "")
+                    + " (run the coordinator with a store, or give --store URL)"
+                )
+            )
+        url = store_url(db)
+    try:
+        return open_store(url or "")
+    except StoreError as e:
+        exit_error(e)
+
+
+@app.command()
+def label(
+    incident: Annotated[str, typer.Argument(metavar="ID", help="The incident's id.")],
+    cause: Annotated[str, typer.Option("--cause", help="The cause a person confirmed.")],
+    note: Annotated[str | None, typer.Option(help="What was found, in words.")] = None,
+    store: StoreOpt = None,
+    findings: FindingsOpt = None,
+) -> None:
+    """Keep a person's confirmed cause of an incident, in its own table: the coordinator's
+    later writes of the incident never overwrite it. A label again replaces it."""
+    import time
+
+    from artemis.detect.findings import CAUSE_KINDS
+
+    if cause not in CAUSE_KINDS:
+        typer.echo(f"error: unknown cause {cause!r}: one of {', '.join(CAUSE_KINDS)}", err=True)
+        raise typer.Exit(2)
+    with _open_rw(store, findings) as s:
+        try:
+            s.write_label(incident, cause, note, time.time())
+        except KeyError:
+            typer.echo(f"error: no incident {incident!r} in {s.url}", err=True)
+            raise typer.Exit(1) from None
+        except StoreError as e:
+            exit_error(e)
+    typer.echo(f"{incident}: cause {cause}" + (f" ({note})" if note else ""))
+
+
+@app.command()
+def export(
+    labelled: Annotated[
+        bool, typer.Option("--labelled", help="Each labelled incident with its label.")
+    ] = False,
+    store: StoreOpt = None,
+    findings: FindingsOpt = None,
+) -> None:
+    """Write incidents as JSONL to stdout: with --labelled, each labelled incident's
+    evidence, the coordinator's cause and the person's label (what a learned diagnosis
+    would need; nothing learns from it yet)."""
+    if not labelled:
+        typer.echo("error: only --labelled is exported so far", err=True)
+        raise typer.Exit(2)
+    with _open(store, findings) as s:
+        try:
+            labels = s.labels()
+            for lab in labels:
+                rec = s.incident(str(lab["incident"]))
+                if rec is None:
+                    continue
+                keep = ("id", "job", "run", "kind", "rank", "hosts", "cause", "evidence", "cost")
+                line = {k: rec.get(k) for k in keep}
+                line["actions"] = rec.get("actions") or []
+                line["verdict"] = rec.get("verdict")
+                line["label"] = {k: lab[k] for k in ("cause", "note", "time")}
+                typer.echo(json.dumps(line, separators=(",", ":")))
+        except StoreError as e:
+            exit_error(e)

@@ -19,7 +19,8 @@ app = typer.Typer(
         "(JSONL, the `straggler` logger, Prometheus straggler_* metrics).\n\n"
         "  artemis-coordinator serve --config /etc/artemis/coordinator.toml\n"
         "  artemis-coordinator set suspect_ratio 1.15      (while it runs)\n"
-        "  artemis-coordinator settings                    (show the live settings)"
+        "  artemis-coordinator settings                    (show the live settings)\n"
+        "  artemis-coordinator pending | approve ID | deny ID | correct INCIDENT ACTION"
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -135,7 +136,8 @@ def set_(
 ) -> None:
     """Change a detector setting of the running coordinator, without a restart."""
     reply = _ask_ok(socket_path, {"cmd": "set", "key": key, "value": value})
-    typer.echo(f"{key} = {reply['settings'][key]}")
+    v = reply["settings"][key]
+    typer.echo(f"{key} = {','.join(v) if isinstance(v, list) else v}")  # a list as it is set
 
 
 @app.command()
@@ -146,6 +148,46 @@ def settings(
     reply = _ask_ok(socket_path, {"cmd": "get"})
     for k, v in reply.get("settings", {}).items():
         typer.echo(f"{k} = {json.dumps(v)}")
+
+
+@app.command()
+def pending(socket_path: ControlSocket = DEFAULT_SOCKET) -> None:
+    """List the corrections waiting for a person (corrections_approve), one JSON per line."""
+    reply = _ask_ok(socket_path, {"cmd": "pending"})
+    for p in reply.get("pending", []):
+        typer.echo(json.dumps(p))
+    if not reply.get("pending"):
+        typer.echo("nothing waits for approval", err=True)
+
+
+CorrectionId = Annotated[
+    str, typer.Argument(metavar="ID", help="The correction's id (see pending).")
+]
+
+
+@app.command()
+def approve(id_: CorrectionId, socket_path: ControlSocket = DEFAULT_SOCKET) -> None:
+    """Approve a correction that waits: it is sent to its rank's agent now."""
+    typer.echo(json.dumps(_ask_ok(socket_path, {"cmd": "approve", "id": id_})["correction"]))
+
+
+@app.command()
+def deny(id_: CorrectionId, socket_path: ControlSocket = DEFAULT_SOCKET) -> None:
+    """Deny a correction that waits: nothing runs, the incident says so."""
+    typer.echo(json.dumps(_ask_ok(socket_path, {"cmd": "deny", "id": id_})["correction"]))
+
+
+IncidentId = Annotated[str, typer.Argument(help="An open incident's id.")]
+ActionName = Annotated[str, typer.Argument(help="reset_clocks or restore_power_limit.")]
+
+
+@app.command()
+def correct(
+    incident: IncidentId, action: ActionName, socket_path: ControlSocket = DEFAULT_SOCKET
+) -> None:
+    """Force a correction on an open incident (verified, and rolled back if it does not help)."""
+    req = {"cmd": "correct", "incident": incident, "action": action}
+    typer.echo(json.dumps(_ask_ok(socket_path, req)["correction"]))
 
 
 def prepare_socket_path(path: str) -> None:

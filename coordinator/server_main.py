@@ -37,6 +37,8 @@ from artemis.store.sink import StoreSink
 
 log = structlog.get_logger("artemis.coordinator")
 
+CORRECTION_COMMANDS = ("pending", "approve", "deny", "correct")
+
 
 class CoordinatorServer(Daemon):
     """The coordinator process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
@@ -238,9 +240,14 @@ async def _control_server(path: str, coord: Coordinator) -> asyncio.base_events.
                     reply: dict[str, Any] = {"ok": True, "settings": s.to_dict()}
                 elif req.get("cmd") == "get":
                     reply = {"ok": True, "settings": coord.settings.to_dict()}
+                elif req.get("cmd") in CORRECTION_COMMANDS:
+                    reply = coord.correction_command(req)
+                    await coord._flush_controls()  # an approved or forced one goes out now
                 else:
                     reply = {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
-            except (SettingsError, KeyError, ValueError, TypeError) as e:
+            except KeyError as e:
+                reply = {"ok": False, "error": f"missing argument {e}"}
+            except (SettingsError, ValueError, TypeError) as e:  # CorrectionError too
                 reply = {"ok": False, "error": str(e)}
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()

@@ -34,6 +34,7 @@ import msgpack
 import structlog
 from artemis.common.diskio import FileHealth
 from artemis.coordinator.config import RetentionConfig
+from artemis.coordinator.corrections import CorrectionShell
 from artemis.coordinator.dumps import DumpFiles
 from artemis.coordinator.journal import (
     AssemblyJournal,
@@ -54,8 +55,9 @@ from artemis.detect.detector import LATE_WINDOWS
 from artemis.detect.jobs import BASELINE_RETRY_S, JobTable
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
-from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, Message, Windows
+from artemis.protocol.messages import Ack, Dump, Fingerprint, Heartbeat, Message, Windows
 from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
+from artemis.rebalance.corrections import Output
 from artemis.rebalance.outputs import PlansWriter
 from artemis.store.sink import StoreSink
 
@@ -133,6 +135,8 @@ class Coordinator:
         self._outbox: list[tuple[str, str, dict[str, Any]]] = []  # (job, action, body)
         self._direct: list[tuple[str, str, dict[str, Any]]] = []  # (agent, action, body)
         self.report_dir = report_dir  # each job's report at its end (artemis report)
+        # Corrections (coordinator/corrections.py): decided per job, sent to rank agents.
+        self.corrections = CorrectionShell(clock)
 
     @property
     def monitors(self) -> dict[str, JobMonitor]:
@@ -163,10 +167,19 @@ class Coordinator:
         self._direct += self.jobs.connect(
             peer.agent_id, peer.host, [(r.job, r.rank) for r in peer.ranks]
         )
+        self.corrections.on_connect(peer)
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 
     def on_disconnect(self, peer: PeerInfo) -> None:
         log.info("agent disconnected", agent=peer.agent_id, host=peer.host)
+        self.corrections.on_disconnect(peer)
+
+    async def on_control_ack(self, peer: PeerInfo, ack: Ack) -> None:
+        """An agent acknowledged a control: a correction's result goes to its book."""
+        got = self.corrections.on_ack(peer, ack, self.wall())
+        if got is not None:
+            self._corrected(*got)
+            await self._flush_controls()
 
     async def on_message(self, peer: PeerInfo, msg: Message) -> None:
         now = self.clock()
@@ -204,6 +217,8 @@ class Coordinator:
         self.retry_writes()
         self._prune(now)
         self._score_all(self.assembler.expire(now))
+        for job, res in self.corrections.tick(self.wall(), now):
+            self._corrected(job, res)
         for job, m in list(self.monitors.items()):
             self._emit(job, m.tick(now))
             self._load_baselines(m, now)
@@ -292,6 +307,7 @@ class Coordinator:
         if job in self.monitors:
             self._close_job(job)
         self.jobs.forget(job, keep_assembly)
+        self.corrections.forget(job)
         self.metrics.forget_job(job)
         self.plan_metrics.forget(job)
         self._save(job)
@@ -335,6 +351,9 @@ class Coordinator:
         if out.result is None:
             self._dropped(aw, "already_scored")
         else:
+            self.corrections.on_window(
+                aw.job, m, aw.window, aw.columns, out, self.settings, self.wall()
+            )
             self._begin(aw.job)
             self.sinks.write_job(aw.job, self.jobs.job_row(aw.job, time.time()))
             self.sinks.write(aw.job, out, scored_s=dt)
@@ -539,6 +558,7 @@ class Coordinator:
         for path, state in states:
             try:
                 m = self.jobs.restore(state)
+                self.corrections.restore(str(state["job"]), state.get("corrections"))
                 if m is not None:
                     # After a crash, not after a clean stop (a job's next run starts
                     # its windows afresh: a stale last window would say it is done).
@@ -589,7 +609,22 @@ class Coordinator:
         # No state folder (no journal: tests, tools): nothing to keep, and no snapshot
         # taken (a big job's is not free).
         state = None if self.state_dir is None else self.jobs.state(job, stopped)
+        if state is not None:
+            state["corrections"] = self.corrections.snapshot(job)
         self.sinks.commit(job, state)
+
+    # ------------------------------------------------------------------ corrections
+    def _corrected(self, job: str, res: Output) -> None:
+        """The book's output outside a window: its records written as a group, saved."""
+        out = MonitorOutput()
+        self.corrections.into(job, self.monitors.get(job), res, out)
+        self._emit(job, out)
+        if not out.incidents and job in self.monitors:
+            self._save(job)  # an ack changes what must not be resent after a restart
+
+    def correction_command(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The control socket's pending / approve / deny / correct (coordinator/cli.py)."""
+        return self.corrections.command(req, self.wall(), self._corrected)
 
     # ------------------------------------------------------------------ control out
     async def _flush_controls(self) -> None:
@@ -602,6 +637,12 @@ class Coordinator:
                     log.warning(
                         "control not delivered: agent not connected", agent=agent, action=action
                     )
+        for agent, body in self.corrections.take_sends() if self.server is not None else ():
+            try:
+                ctl = await self.server.send_control(agent, "correction", body)
+                self.corrections.sent_as(ctl, body)
+            except NotConnected:
+                self.corrections.unsent(agent, body)
         if not self._outbox or self.server is None:
             return
         out, self._outbox = self._outbox, []

@@ -66,17 +66,42 @@ def judge(inc: Incident, window: int, why: str, view: WindowView | None) -> None
         after = ""
         if "ratio" in rec:
             after = f" (pace {rec['ratio']} vs {rec['ratio_episode']} over the episode)"
+        fixed = [
+            a
+            for a in inc.actions.values()
+            if a.get("type") == "correction" and a["status"] in ("verified", "applied")
+        ]
+        if fixed:
+            after += f", after correction {fixed[-1]['action']} ({fixed[-1]['id']})"
         inc.reason = f"cleared at window {window}{after}"
     else:
-        verified = [a for a in inc.actions.values() if a["status"] == "verified"]
-        failed = [a for a in inc.actions.values() if a["status"] == "rolled_back"]
-        if verified and (verified[-1]["gain_pct"] or 0) > 0:
+        corr = [a for a in inc.actions.values() if a.get("type") == "correction"]
+        plans = [a for a in inc.actions.values() if a.get("type") != "correction"]
+        fixed = [a for a in corr if a["status"] == "verified"]
+        verified = [a for a in plans if a["status"] == "verified"]
+        undone = [a for a in corr if a["status"] in ("rolled_back", "failed")]
+        failed = [a for a in plans if a["status"] == "rolled_back"]
+        if fixed:
+            a = fixed[-1]
+            inc.verdict = "mitigated"
+            inc.reason = (
+                f"correction {a['action']} ({a['id']}) verified ({a.get('reason', '')}); "
+                "still slow at the end of the job"
+            )
+        elif verified and (verified[-1]["gain_pct"] or 0) > 0:
             a = verified[-1]
             inc.verdict = "mitigated"
             inc.reason = (
                 f"plan {a['plan']} in force: {a['throughput_before']} -> "
                 f"{a['throughput_after']} samples/s ({a['gain_pct']:+.1f}%); still slow "
                 "at the end of the job"
+            )
+        elif undone:
+            a = undone[-1]
+            inc.verdict = "escalated"
+            inc.reason = (
+                f"correction {a['action']} ({a['id']}) {a['status']} ({a.get('reason', '')}):"
+                " an engineer must act"
             )
         elif failed:
             a = failed[-1]
@@ -261,7 +286,11 @@ def record(
             finding_evidence=inc.finding_evidence,
             unit=unit,
         )
-    actions = [{k: v for k, v in act.items() if k != "after"} for act in inc.actions.values()]
+    # A plan's `after` (its split) stays out of the record; a correction's is the state read.
+    actions = [
+        {k: v for k, v in act.items() if k != "after" or act.get("type") == "correction"}
+        for act in inc.actions.values()
+    ]
     return {
         "id": inc.id,
         "job": job,

@@ -258,6 +258,7 @@ class IncidentBook:
             a = inc.actions.setdefault(
                 ev.id,
                 {
+                    "type": "plan",
                     "plan": ev.id,
                     "status": ev.status,
                     "history": [],
@@ -289,6 +290,22 @@ class IncidentBook:
             b, aft = a["throughput_before"], a["throughput_after"]
             if b and aft is not None:
                 a["gain_pct"] = rnd((aft / b - 1.0) * 100.0, 2)
+            inc.change("action")
+            self._touch(inc)
+
+    def on_corrections(self, entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Correction entries (rebalance/corrections.py), each into its open incident's
+        `actions` by its id, replacing its previous state; markers as plans set them."""
+        by_id = {inc.id: inc for inc in self._open.values()}
+        w, t = self._last
+        for incident, entry in entries:
+            inc = by_id.get(incident)
+            if inc is None:
+                continue  # closed meanwhile: the shell puts the entry in its last record
+            old = inc.actions.get(entry["id"], {}).get("status")
+            inc.actions[entry["id"]] = dict(entry)
+            if entry["status"] != old and entry["status"] in ("applied", "verified", "rolled_back"):
+                inc.mark(entry["status"], w, t)
             inc.change("action")
             self._touch(inc)
 

@@ -14,12 +14,20 @@ policy's own types (artemis.rebalance.settings).
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Annotated, Any, Literal, get_args
 
 from artemis.common.bounds import FLOAT_MAX, bounds_of
-from artemis.rebalance.settings import AtLeast0, AtLeast1, Mode, ShiftFrac
+from artemis.rebalance.settings import (
+    CORRECTION_ACTIONS,
+    AtLeast0,
+    AtLeast1,
+    CorrectionAction,
+    Mode,
+    ShiftFrac,
+)
 from msgspec import Meta
 
 
@@ -37,6 +45,12 @@ MODES: tuple[str, ...] = get_args(RankRule)
 Ratio = Annotated[float, Meta(gt=1.0, le=FLOAT_MAX, description="a number greater than 1.0")]
 Positive = Annotated[float, Meta(gt=0, le=FLOAT_MAX)]
 Peers = Annotated[int, Meta(ge=2)]  # a median needs two others to mean anything
+Seconds = Annotated[float, Meta(ge=0, le=FLOAT_MAX)]
+# A list setting: comma-separated on the command line, a TOML list or string in a file.
+Actions = Annotated[
+    tuple[CorrectionAction, ...],
+    Meta(description=f"a comma-separated list of {', '.join(CORRECTION_ACTIONS)} (or none)"),
+]
 GpuCount = Annotated[
     Annotated[int, Meta(ge=1)] | None,
     Meta(description="a positive integer or none (= number of ranks)"),
@@ -78,6 +92,14 @@ class Settings:
     # The rank rule: adaptive (peers with a noise-scaled threshold + a change test
     # against the rank's own baseline, DETECTOR.md) or the seed's fixed ratio.
     mode: RankRule = "adaptive"
+    # Corrections (docs/DESIGN.md "Corrections"): off, recommend (an entry in the
+    # incident, nothing runs) or apply (sent to the rank's agent, verified, undone).
+    corrections: Mode = "recommend"
+    corrections_allow: Actions = CORRECTION_ACTIONS  # the actions the policy may take
+    corrections_approve: Actions = ()  # these wait for a person (artemis-coordinator approve)
+    corrections_min_interval_s: Seconds = 3600.0  # per GPU, between two corrections
+    corrections_max_gpus_per_job: AtLeast1 = 2  # distinct GPUs of a job ever corrected
+    approval_expiry_s: Seconds = 3600.0  # an unanswered approval expires after this
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -162,6 +184,15 @@ def _parse_opt_int(key: str, text: str) -> int | None:
     return _parse_int(key, text)
 
 
+def _parse_actions(key: str, text: str) -> tuple[str, ...]:
+    items = [t.strip().lower() for t in text.split(",")]
+    out = tuple(t for t in items if t and t != "none")
+    for t in out:
+        if t not in CORRECTION_ACTIONS:
+            raise _bad(key, text, _words(key))
+    return out
+
+
 def _parse_choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> _Parser:
     def parse(key: str, text: str) -> str:
         t = text.strip().lower()
@@ -187,6 +218,10 @@ def _coerce(key: str, value: Any) -> Any:
         return float(value)
     if value is None and _BOUNDS[key].optional:
         return None
+    if key in _LIST_KEYS and isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            raise _bad(key, value, kind)
+        return _parse_actions(key, ",".join(value))
     return value
 
 
@@ -196,6 +231,8 @@ def _check_type(key: str, value: Any) -> None:
         ok = isinstance(value, float) and not isinstance(value, bool)
     elif key in _INT_KEYS:
         ok = isinstance(value, int) and not isinstance(value, bool)
+    elif key in _LIST_KEYS:
+        ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
     elif _BOUNDS[key].optional:
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     else:
@@ -210,12 +247,15 @@ _Parser = Callable[[str, str], Any]
 _BOUNDS = bounds_of(Settings)
 _FLOAT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is float)
 _INT_KEYS = frozenset(k for k, b in _BOUNDS.items() if b.base is int and not b.optional)
+_LIST_KEYS = frozenset(k for k, b in _BOUNDS.items() if typing.get_origin(b.base) is tuple)
 _ALIASES = {"hardware_classes": _BOOL_ALIASES}
 
 
 def _parser(key: str) -> _Parser:
     """How a string (a command, a TOML string) parses to the field's type."""
     b = _BOUNDS[key]
+    if key in _LIST_KEYS:
+        return _parse_actions
     if b.choices:
         return _parse_choice(b.choices, _ALIASES.get(key, {}))
     if b.base is float:

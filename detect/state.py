@@ -237,3 +237,6 @@ class JobState(msgspec.Struct, kw_only=True):
     out_seq: int = 0
     plan_control: dict[str, Any] | None = None
     stopped: bool = False
+    # The job's corrections (rebalance/corrections.py CorrectionBookState), written and
+    # read by the coordinator's shell (coordinator/corrections.py); absent: none.
+    corrections: dict[str, Any] | None = None

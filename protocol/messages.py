@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, get_args
 
 import msgspec
 from artemis.protocol import columns as _columns
@@ -296,7 +296,7 @@ class Fingerprint(_Wire, Message, tag="fingerprint", frozen=True, kw_only=True):
 
 
 ControlAction: TypeAlias = Literal["dump", "plan", "settings", "correction"]
-CONTROL_ACTIONS: tuple[str, ...] = ("dump", "plan", "settings")
+CONTROL_ACTIONS: tuple[str, ...] = get_args(ControlAction)  # the wire's one list
 
 
 class Control(_Wire, Message, tag="control", frozen=True, kw_only=True):

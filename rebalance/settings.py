@@ -18,6 +18,9 @@ from msgspec import Meta
 
 Mode = Literal["off", "recommend", "apply"]
 MODES: tuple[str, ...] = get_args(Mode)
+# The corrections the node agent knows how to apply and undo (docs/DESIGN.md "Corrections").
+CorrectionAction = Literal["reset_clocks", "restore_power_limit"]
+CORRECTION_ACTIONS: tuple[CorrectionAction, ...] = get_args(CorrectionAction)
 
 # max_shift_frac < 1: at 1 a rank's share could fall to zero.
 ShiftFrac = Annotated[float, Meta(ge=0, lt=1)]

@@ -20,6 +20,7 @@ from artemis.detect.node_kind import unit_hours
 from . import svg
 from .charts import IncidentCharts
 from .story import (
+    correction_text,
     fmt_hours,
     fmt_num,
     fmt_signed,
@@ -220,6 +221,12 @@ def action_part(inc: Mapping[str, Any]) -> str:
         return '<p class="action-none">No action was taken (rebalancing off, not confirmed, or not possible for this kind).</p>'
     out = []
     for a in acts:
+        if a.get("type") == "correction":  # issue 29: what it did and measured, in words
+            cid = escape(str(a.get("id")))
+            out.append(
+                f'<p class="action" data-correction="{cid}">{escape(correction_text(a))}</p>'
+            )
+            continue
         hist = ", ".join(
             f"{escape(str(h.get('status')))} at window {h.get('window')}"
             for h in a.get("history") or []

@@ -247,6 +247,9 @@ def story(inc: Mapping[str, Any]) -> str:
         text = cause.get("text") or ""
         parts.append(f"Cause ({cause['kind']}): {text or 'no telemetry explains it'}.")
     for act in inc.get("actions") or []:
+        if act.get("type") == "correction":
+            parts.append(correction_text(act))
+            continue
         hist = act.get("history") or []
         applied = next((h for h in hist if h.get("status") == "applied"), None)
         s = f"Plan {act.get('plan')}"
@@ -292,3 +295,14 @@ def story(inc: Mapping[str, Any]) -> str:
         v += f", {inc['reason']}"
     parts.append(v + ".")
     return " ".join(parts)
+
+
+def correction_text(act: Mapping[str, Any]) -> str:
+    """One correction entry in words: the action, where, its status and what it measured."""
+    where = f"GPU {act.get('gpu')} of {act.get('host')}" if act.get("host") else "its GPU"
+    s = f"Correction {act.get('action')} on {where} was {str(act.get('status')).replace('_', ' ')}"
+    if act.get("gain_pct") is not None:
+        s += f": throughput {fmt_signed(act.get('gain_pct'))}"
+    if act.get("reason"):
+        s += f" ({act['reason']})"
+    return s + "."

@@ -79,6 +79,19 @@ class Store(abc.ABC):
         and its software fingerprint by hash. A store that keeps none raises."""
         raise StoreError(f"{self.url}: this store keeps no regress runs")
 
+    def write_label(self, incident: str, cause: str, note: str | None, when: float) -> None:
+        """A person's confirmed cause of an incident, in its own table (the incident's
+        later writes never touch it); a label again replaces it. Raises KeyError for an
+        incident the store does not hold; a store that keeps none raises StoreError."""
+        raise StoreError(
+            f"{self.url}: labels need an incident store (artemis.db or PostgreSQL), "
+            "not an incidents.jsonl"
+        )
+
+    def labels(self) -> list[dict[str, Any]]:
+        """Every label: ``{incident, cause, note, time}``, oldest first."""
+        return []
+
     # ------------------------------------------------------------------ reads
     def regress_runs(
         self, *, node: str | None = None, hardware: str | None = None, limit: int | None = None

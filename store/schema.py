@@ -266,24 +266,11 @@ ACTION_COLS = (
 )
 
 
-def action_rows(record: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """The actions table's rows (v2) of a record: (incident, plan, seq, status,
-    throughput_before, throughput_after, gain_pct, history JSON)."""
-    rows = []
-    for seq, a in enumerate(record.get("actions") or ()):
-        rows.append(
-            (
-                record["id"],
-                str(a.get("plan", f"#{seq}")),
-                seq,
-                a.get("status"),
-                a.get("throughput_before"),
-                a.get("throughput_after"),
-                a.get("gain_pct"),
-                json.dumps(a.get("history") or [], separators=(",", ":")),
-            )
-        )
-    return rows
+def _action_rows_v2(record: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The actions table's rows as v2 keyed them, for its backfill (every entry then was
+    a plan): (incident, plan, seq, status, throughput_before, throughput_after,
+    gain_pct, history JSON): the v5 rows less type, plan, action and entry."""
+    return [(r[0], r[1], *r[5:11]) for r in action_rows(record)]
 
 
 def _v2(db: Db) -> None:
@@ -360,7 +347,7 @@ def _v2(db: Db) -> None:
         )
         db.executemany(
             upsert("actions", ACTION_COLS, ("incident", "plan")),
-            action_rows({**rec, "id": id_}),
+            _action_rows_v2({**rec, "id": id_}),
         )
 
 
@@ -410,11 +397,79 @@ def _v4(db: Db) -> None:
     )
 
 
+# The actions table from v5: one row per entry of a record's `actions`, plans and
+# corrections alike (docs/DESIGN.md "Corrections"), keyed by (incident, id).
+ACTION_COLS_V5 = ("incident", "id", "type", "plan", "action", *ACTION_COLS[2:], "entry")
+
+
+def action_rows(record: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The actions table's rows (v5) of a record, in ``ACTION_COLS_V5`` order. A plan
+    entry (``type`` plan, or none: written before v5) is keyed by its plan id, a
+    correction by its own ``id``."""
+    rows = []
+    for seq, a in enumerate(record.get("actions") or ()):
+        kind = str(a.get("type") or "plan")
+        ident = a.get("id") if kind == "correction" else a.get("plan")
+        rows.append(
+            (
+                record["id"],
+                str(ident if ident is not None else f"#{seq}"),
+                kind,
+                a.get("plan"),
+                a.get("action"),
+                seq,
+                a.get("status"),
+                a.get("throughput_before"),
+                a.get("throughput_after"),
+                a.get("gain_pct"),
+                json.dumps(a.get("history") or [], separators=(",", ":")),
+                json.dumps(a, separators=(",", ":")),
+            )
+        )
+    return rows
+
+
+def _v5(db: Db) -> None:
+    db.script(
+        """
+        DROP TABLE actions;
+        CREATE TABLE actions (
+            incident          TEXT NOT NULL,
+            id                TEXT NOT NULL,     -- the id of the plan or of the correction
+            type              TEXT NOT NULL,     -- plan | correction
+            plan              TEXT,              -- the plan id (the key of v2), NULL for a correction
+            action            TEXT,              -- the action of a correction (reset_clocks, ...)
+            seq               INTEGER NOT NULL,  -- its place in the record's actions
+            status            TEXT,
+            throughput_before REAL,
+            throughput_after  REAL,
+            gain_pct          REAL,
+            history           TEXT NOT NULL,     -- JSON list of its status changes
+            entry             TEXT NOT NULL,     -- JSON: the whole entry
+            PRIMARY KEY (incident, id)
+        ) WITHOUT ROWID;
+        CREATE TABLE labels (
+            incident TEXT PRIMARY KEY,         -- the id of an incident
+            cause    TEXT NOT NULL,            -- the cause a person confirmed
+            note     TEXT,
+            time     REAL NOT NULL             -- unix s of the label
+        );
+        """,
+    )
+    # Rebuilt from the records, which hold every entry (v2 kept plans' keys only).
+    for id_, text in db.execute("SELECT id, record FROM incidents").fetchall():
+        db.executemany(
+            upsert("actions", ACTION_COLS_V5, ("incident", "id")),
+            action_rows({**json.loads(text), "id": id_}),
+        )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incidents, job windows (median ratio)", _v1),
     Migration(2, "incident columns, actions, p10/p90 bands, incident windows", _v2),
     Migration(3, "baselines across jobs, software fingerprints", _v3),
     Migration(4, "regress runs (artemis regress)", _v4),
+    Migration(5, "actions keyed by (incident, id): plans and corrections; labels", _v5),
 )
 CURRENT = MIGRATIONS[-1].version
 

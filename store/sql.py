@@ -16,7 +16,14 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from artemis.store.base import Store, StoreError
-from artemis.store.schema import CURRENT, Db, action_rows, incident_columns, upsert
+from artemis.store.schema import (
+    ACTION_COLS_V5,
+    CURRENT,
+    Db,
+    action_rows,
+    incident_columns,
+    upsert,
+)
 
 T = TypeVar("T")
 
@@ -42,7 +49,8 @@ UPSERT_JOB = upsert(
 )
 ENSURE_JOB = upsert("jobs", ("job", "info", "first_seen", "updated"), ("job",), update=False)
 UPSERT_INCIDENT = upsert("incidents", INCIDENT_COLS, ("id",))
-INSERT_ACTIONS = "INSERT INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+INSERT_ACTIONS = upsert("actions", ACTION_COLS_V5, ("incident", "id"))
+UPSERT_LABEL = upsert("labels", ("incident", "cause", "note", "time"), ("incident",))
 UPSERT_JOB_ROW = upsert(
     "job_windows", ("job", "run", "win", *JOB_COLS, "extra"), ("job", "run", "win")
 )
@@ -249,7 +257,9 @@ class SqlStore(Store):
         last updated before it that no incident still names. Returns rows deleted per
         table, in one transaction (the retention of docs/RELIABILITY.md "3. Full
         disks"). Baselines are kept: they are what later jobs are compared with."""
-        old = "SELECT id FROM incidents WHERE updated < ?"
+        # A person's label keeps its incident (and its evidence) for `export --labelled`.
+        kept = "id NOT IN (SELECT incident FROM labels)"
+        old = f"SELECT id FROM incidents WHERE updated < ? AND {kept}"
         with self._tx() as db:
             return {
                 "job_windows": db.execute(
@@ -263,13 +273,27 @@ class SqlStore(Store):
                     (before, before),
                 ).rowcount,
                 "incidents": db.execute(
-                    "DELETE FROM incidents WHERE updated < ?", (before,)
+                    f"DELETE FROM incidents WHERE updated < ? AND {kept}", (before,)
                 ).rowcount,
                 "jobs": db.execute(
                     "DELETE FROM jobs WHERE updated < ? AND job NOT IN (SELECT job FROM incidents)",
                     (before,),
                 ).rowcount,
             }
+
+    @guarded("write_label")
+    def write_label(self, incident: str, cause: str, note: str | None, when: float) -> None:
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM incidents WHERE id = ?", (incident,)).fetchone() is None:
+                raise KeyError(incident)
+            db.execute(UPSERT_LABEL, (incident, cause, note, when))
+
+    @guarded("labels")
+    def labels(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT incident, cause, note, time FROM labels ORDER BY time, incident"
+        ).fetchall()
+        return [{"incident": r[0], "cause": r[1], "note": r[2], "time": r[3]} for r in rows]
 
     @guarded("write_baselines")
     def write_baselines(self, records: list[dict[str, Any]]) -> None:

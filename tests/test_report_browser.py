@@ -222,7 +222,10 @@ def test_report_of_a_real_simulated_run(browser: Browser, tmp_path: Path) -> Non
     # with its plan, its markers through `verified`, and the rows to draw it.
     (inc,) = bundle["incidents"]
     assert inc["rank"] == 1 and inc["cause"]["kind"] == "clocks"
-    assert [a["status"] for a in inc["actions"]] == ["verified"]
+    assert [a["status"] for a in inc["actions"] if a["type"] == "plan"] == ["verified"]
+    # issue 29: the default corrections = "recommend" names the fix, and runs nothing
+    fixes = [(a["action"], a["status"]) for a in inc["actions"] if a["type"] == "correction"]
+    assert fixes == [("reset_clocks", "recommended")]
     kinds = [m["marker"] for m in inc["markers"]]
     assert kinds[:3] == ["onset", "flagged", "confirmed"] and "applied" in kinds
     assert bundle["windows"] and bundle["subjects"][inc["id"]]

@@ -1,0 +1,318 @@
+"""The coordinator's side of corrections: the I/O around the pure ``CorrectionBook``.
+
+One book per job (rebalance/corrections.py decides). This shell knows what the
+core must not: which agent serves a rank and what protocol it announced (a
+correction goes only to an agent of 1.2 or later), the rank's host, GPU index and
+power limits from the window's columns, and the wall clock (approvals expire by
+it). It turns the book's output into incident records (through the job's
+``IncidentBook``, so every record carries the entries) and into ``correction``
+controls, which it resends until the agent acknowledges them (delivery at least
+once; the agent is idempotent by the correction's id). The books are saved in
+each job's state file (key ``corrections``): a restarted coordinator neither
+applies a correction twice nor forgets one it sent (its controls are resent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import structlog
+from artemis.detect.incident_state import MARKERS
+from artemis.detect.monitor import JobMonitor, MonitorOutput
+from artemis.detect.settings import Settings
+from artemis.protocol.columns import WindowColumns
+from artemis.protocol.messages import Ack
+from artemis.protocol.server import PeerInfo
+from artemis.rebalance.corrections import (
+    CorrectionBook,
+    CorrectionError,
+    CorrectionPolicy,
+    Output,
+    RankFacts,
+)
+
+log = structlog.get_logger("artemis.coordinator")
+
+RESEND_S = 5.0  # an unacknowledged correction control goes out again after this
+
+
+class CorrectionShell:
+    """Every job's corrections, the agents they go to, and what waits to be sent."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.books: dict[str, CorrectionBook] = {}
+        self._peers: dict[str, PeerInfo] = {}  # connected agents by id
+        # (job, rank) -> agent id, from the hellos; kept past a job's end: a new run of
+        # the job is served by the same agents, which say no new hello.
+        self._agent_of: dict[tuple[str, int], str] = {}
+        self._where: dict[tuple[str, int], RankFacts] = {}  # from the latest columns
+        self._sent: dict[tuple[str, str], float] = {}  # (id, op) -> when last sent (clock)
+        self._outbox: list[tuple[str, dict[str, Any]]] = []  # (agent, body)
+        # control_id -> (correction id, op): an ack without a result (an agent that
+        # cannot apply corrections) still ends its correction, never resent forever.
+        self._ctl: dict[str, tuple[str, str]] = {}
+
+    def book(self, job: str) -> CorrectionBook:
+        b = self.books.get(job)
+        if b is None:
+            b = self.books[job] = CorrectionBook(job)
+        return b
+
+    # ------------------------------------------------------------------ agents
+    def on_connect(self, peer: PeerInfo) -> None:
+        self._peers[peer.agent_id] = peer
+        for r in peer.ranks:
+            self._agent_of[(r.job, r.rank)] = peer.agent_id
+            # What this agent did not acknowledge goes out again at the next tick.
+            b = self.books.get(r.job)
+            for c in b.corrections if b is not None else ():
+                if c.rank == r.rank and c.pending:
+                    self._sent.pop((c.id, c.pending), None)
+
+    def on_disconnect(self, peer: PeerInfo) -> None:
+        if self._peers.get(peer.agent_id) is peer:
+            del self._peers[peer.agent_id]
+
+    def facts(self, job: str, rank: int) -> RankFacts:
+        f = self._where.get((job, rank), RankFacts())
+        peer = self._peers.get(self._agent_of.get((job, rank), ""))
+        return RankFacts(
+            host=f.host if f.host is not None else (peer.host if peer else None),
+            gpu=f.gpu,
+            version=None if peer is None else (int(peer.version[0]), int(peer.version[1])),
+            power_limit_w=f.power_limit_w,
+            power_limit_default_w=f.power_limit_default_w,
+        )
+
+    # ------------------------------------------------------------------ windows
+    def on_window(
+        self,
+        job: str,
+        m: JobMonitor,
+        window: int,
+        cols: WindowColumns,
+        out: MonitorOutput,
+        settings: Settings,
+        wall: float,
+    ) -> None:
+        """After a scored window: the book decides on the job's incidents; its entries
+        join the records of ``out`` (more lines of the same group)."""
+        b = self.books.get(job)
+        if settings.corrections == "off" and (b is None or not b.busy):
+            return  # nothing to decide, nothing in flight: no records built
+        records = m.incidents.open_incidents
+        closed = [r for r in out.incidents if r.get("status") == "closed"]
+        ranks = {int(r["rank"]) for r in records if r.get("rank") is not None}
+        self._learn(job, cols, ranks)
+        if not records and not closed and b is None:
+            return  # no incident yet: no book made, none saved
+        facts = {r: self.facts(job, r) for r in ranks}
+        b = self.book(job)
+        res = b.on_window(
+            window, [*records, *closed], out.incident_rows, facts,
+            CorrectionPolicy.from_settings(settings), wall,
+        )  # fmt: skip
+        self.into(job, m, res, out, closed)
+
+    def _learn(self, job: str, cols: WindowColumns, ranks: set[int]) -> None:
+        """The host, GPU and power limits of the ranks of open incidents, as reported."""
+        if not ranks or not cols.n:
+            return
+        rr = cols.ints("rank")
+        for i in np.flatnonzero(np.isin(rr, list(ranks))).tolist():
+            self._where[(job, int(rr[i]))] = RankFacts(
+                host=str(cols.cols["host"][i]),
+                gpu=_opt_int(cols.cols.get("tel_gpu_index"), i),
+                power_limit_w=_opt_float(cols.cols.get("tel_power_limit_w"), i),
+                power_limit_default_w=_opt_float(cols.cols.get("tel_power_limit_default_w"), i),
+            )
+
+    def into(
+        self,
+        job: str,
+        m: JobMonitor | None,
+        res: Output,
+        out: MonitorOutput,
+        closed: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """The book's output: entries into the incidents (records into ``out``),
+        controls into the outbox."""
+        for rank, body in res.controls:
+            self._queue(job, rank, body)
+            log.info(
+                "correction control",
+                job=job,
+                rank=rank,
+                op=body["op"],
+                id=body["id"],
+                action=body["action"],
+            )
+        if not res.entries or m is None:
+            return
+        m.incidents.on_corrections(res.entries)
+        recs, rows = m.incidents.take()
+        # An entry of an incident that closed in this very window goes into its last record.
+        for rec in closed or []:
+            mine = {e["id"]: e for i, e in res.entries if i == rec["id"]}
+            if mine:
+                acts = [a for a in rec["actions"] if a.get("id") not in mine]
+                rec["actions"] = acts + list(mine.values())
+                at = rec.get("closed") or {}
+                rec["markers"] += [
+                    {"marker": e["status"], "window": at.get("window"), "time": at.get("time")}
+                    for e in mine.values()
+                    if e["status"] in ("verified", "rolled_back")
+                ]
+                rec["markers"].sort(key=lambda m: (m["window"], MARKERS.index(m["marker"])))
+        out.incidents += recs
+        out.incident_rows += rows
+
+    # ------------------------------------------------------------------ acks, ticks
+    def on_ack(self, peer: PeerInfo, ack: Ack, wall: float) -> tuple[str, Output] | None:
+        """An agent's ack of a correction control: (its job, the book's output)."""
+        result = ack.result
+        known = self._ctl.pop(ack.control_id or "", None)
+        if not isinstance(result, Mapping) or "id" not in result:
+            if known is None:
+                return None
+            why = ack.detail or "the agent's ack carries no result (it applies no corrections)"
+            result = {"id": known[0], "status": "failed", "error": why}
+        cid = str(result["id"])
+        for job, b in self.books.items():
+            if any(c.id == cid for c in b.corrections):
+                for op in ("apply", "rollback"):
+                    self._sent.pop((cid, op), None)
+                if not ack.ok and "status" not in result:
+                    result = {**result, "status": "failed", "error": ack.detail}
+                log.info(
+                    "correction acknowledged",
+                    job=job,
+                    agent=peer.agent_id,
+                    id=cid,
+                    status=result.get("status"),
+                    error=result.get("error"),
+                )
+                return job, b.on_ack(result, wall)
+        log.warning("ack of an unknown correction", agent=peer.agent_id, id=cid)
+        return None
+
+    def tick(self, wall: float, now: float) -> list[tuple[str, Output]]:
+        """Approvals expire; controls not acknowledged within RESEND_S go out again."""
+        outs = []
+        for job, b in self.books.items():
+            res = b.expire(wall)
+            if res.entries:
+                outs.append((job, res))
+            for rank, body in b.unacked():
+                last = self._sent.get((body["id"], body["op"]))
+                if last is None or now - last >= RESEND_S:
+                    self._queue(job, rank, body)
+        return outs
+
+    def _queue(self, job: str, rank: int, body: dict[str, Any]) -> None:
+        agent = self._agent_of.get((job, rank))
+        if agent is None or agent not in self._peers:
+            return  # resent once its agent is back (on_connect, tick)
+        self._sent[(body["id"], body["op"])] = self.clock()
+        self._outbox.append((agent, body))
+
+    def take_sends(self) -> list[tuple[str, dict[str, Any]]]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def sent_as(self, control_id: str, body: Mapping[str, Any]) -> None:
+        """The control id the server gave a correction control (acks name it)."""
+        self._ctl[control_id] = (str(body["id"]), str(body["op"]))
+        while len(self._ctl) > 4096:  # controls never acked (agents gone) do not pile up
+            self._ctl.pop(next(iter(self._ctl)))
+
+    def unsent(self, agent: str, body: Mapping[str, Any]) -> None:
+        """A send that found the agent gone: the next tick resends it."""
+        self._sent.pop((str(body["id"]), str(body["op"])), None)
+
+    # ------------------------------------------------------------------ commands
+    def pending(self) -> list[dict[str, Any]]:
+        return [p for b in self.books.values() for p in b.pending()]
+
+    def holder(self, cid: str) -> str:
+        """The job whose book holds correction ``cid``."""
+        for job, b in self.books.items():
+            if any(c.id == cid for c in b.corrections):
+                return job
+        raise CorrectionError(f"unknown correction id {cid!r}")
+
+    def job_of_incident(self, incident: str) -> str:
+        for job, b in self.books.items():
+            if b.knows_incident(incident):
+                return job
+        raise CorrectionError(f"no open incident {incident!r}")
+
+    def command(
+        self, req: Mapping[str, Any], wall: float, emit: Callable[[str, Output], None]
+    ) -> dict[str, Any]:
+        """pending / approve ID / deny ID / correct INCIDENT ACTION (the control socket's);
+        ``emit`` writes a book's output for its job. Raises CorrectionError naming an
+        unknown command, id, action or incident, or an expired id."""
+        cmd = req.get("cmd")
+        for job, b in list(self.books.items()):
+            res = b.expire(wall)  # past their expiry before a command reads them
+            if res.entries:
+                emit(job, res)
+        if cmd == "pending":
+            return {"ok": True, "pending": self.pending()}
+        if cmd in ("approve", "deny"):
+            cid = str(req["id"])
+            job = self.holder(cid)
+            b = self.books[job]
+            res = b.approve(cid, wall) if cmd == "approve" else b.deny(cid, wall)
+            emit(job, res)
+            return {"ok": True, "correction": b.get(cid).entry()}
+        if cmd == "correct":
+            incident, action = str(req["incident"]), str(req["action"])
+            job = self.job_of_incident(incident)
+            b = self.books[job]
+            facts = self.facts(job, b.rank_of(incident))
+            c, res = b.force(incident, action, facts, wall)
+            emit(job, res)
+            return {"ok": True, "correction": c.entry()}
+        raise CorrectionError(f"unknown command {cmd!r}")
+
+    # ------------------------------------------------------------------ state
+    def snapshot(self, job: str) -> dict[str, Any] | None:
+        b = self.books.get(job)
+        return None if b is None else b.snapshot()
+
+    def restore(self, job: str, data: Mapping[str, Any] | None) -> None:
+        """A job's saved book back (before anything saves the job again); one that
+        cannot be read is logged and left out, the job's other state restores."""
+        if not data:
+            return
+        try:
+            self.books[job] = CorrectionBook.restore(data)
+        except (ValueError, KeyError, TypeError) as e:
+            log.error(
+                "corrections state unreadable: its corrections are lost", job=job, error=str(e)
+            )
+
+    def forget(self, job: str) -> None:
+        self.books.pop(job, None)
+        for key in [k for k in self._where if k[0] == job]:
+            del self._where[key]
+
+
+def _opt_int(a: Any, i: int) -> int | None:
+    if a is None:
+        return None
+    v = float(a[i])
+    return int(v) if np.isfinite(v) else None
+
+
+def _opt_float(a: Any, i: int) -> float | None:
+    if a is None:
+        return None
+    v = float(a[i])
+    return v if np.isfinite(v) else None

@@ -1,0 +1,249 @@
+"""The pure corrections core (rebalance/corrections.py): what fits, who decides, the limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from artemis.rebalance.corrections import (
+    CorrectionBook,
+    CorrectionError,
+    CorrectionPolicy,
+    RankFacts,
+    fit,
+)
+
+APPLY = CorrectionPolicy(mode="apply", min_interval_s=600.0, approval_expiry_s=60.0)
+V12 = (1, 2)
+
+
+def rec(
+    iid: str = "job-r2-w5",
+    rank: int = 2,
+    cause: str = "clocks",
+    confirmed: bool = True,
+    status: str = "open",
+    why: str | None = None,
+    throttle: dict[str, bool] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": iid,
+        "kind": "rank",
+        "rank": rank,
+        "status": status,
+        "confirmed": {"window": 5} if confirmed else None,
+        "closed": None if why is None else {"why": why},
+        "cause": {"kind": cause, "evidence": {"throttle": throttle or {}}},
+    }
+
+
+def rows(iid: str, thr: float, pace: float) -> list[dict[str, Any]]:
+    return [
+        {"row": "job", "samples_per_s": thr},
+        {"row": "subject", "incident": iid, "ratio": pace},
+    ]
+
+
+def facts(host: str = "h0", gpu: int = 2, version: tuple[int, int] | None = V12) -> RankFacts:
+    return RankFacts(host=host, gpu=gpu, version=version)
+
+
+def feed(b: CorrectionBook, w: int, r: dict[str, Any], thr: float, pace: float, **kw: Any) -> Any:
+    pol = kw.pop("policy", APPLY)
+    f = kw.pop("facts", {r["rank"]: facts()})
+    return b.on_window(w, [r], rows(r["id"], thr, pace), f, pol, kw.pop("wall", 1000.0 + w))
+
+
+def test_fit_clocks_power_thermal() -> None:
+    assert fit(rec(cause="clocks"))[0] == "reset_clocks"
+    assert fit(rec(cause="clocks", throttle={"hw_slowdown": True}))[0] is None
+    assert fit(rec(cause="thermal"))[0] is None
+    lowered = RankFacts(power_limit_w=200.0, power_limit_default_w=300.0)
+    at_default = RankFacts(power_limit_w=300.0, power_limit_default_w=300.0)
+    assert fit(rec(cause="power"), lowered)[0] == "restore_power_limit"
+    action, why = fit(rec(cause="power"), at_default)
+    assert action is None and "default" in why
+    assert fit(rec(cause="power"), RankFacts(power_limit_w=200.0))[0] is None
+    assert fit(rec(confirmed=False))[0] is None
+
+
+def test_only_confirmed_and_never_thermal() -> None:
+    b = CorrectionBook("job")
+    assert not feed(b, 5, rec(confirmed=False), 100, 1.3).controls
+    assert not feed(b, 6, rec(cause="thermal"), 100, 1.3).controls
+    assert b.corrections == []
+    out = feed(b, 7, rec(), 100, 1.3)
+    assert [body["op"] for _, body in out.controls] == ["apply"]
+    assert out.controls[0][1]["action"] == "reset_clocks"
+
+
+def test_recommend_mode_records_and_runs_nothing() -> None:
+    b = CorrectionBook("job")
+    out = feed(b, 5, rec(), 100, 1.3, policy=CorrectionPolicy())
+    assert not out.controls
+    ((_iid, entry),) = out.entries
+    assert entry["status"] == "recommended" and entry["type"] == "correction"
+    assert "recommend" in entry["reason"]
+    # one entry per incident: the next window adds nothing
+    assert not feed(b, 6, rec(), 100, 1.3, policy=CorrectionPolicy()).entries
+
+
+def test_old_agent_gets_no_correction_and_the_entry_says_why() -> None:
+    b = CorrectionBook("job")
+    out = feed(b, 5, rec(), 100, 1.3, facts={2: facts(version=(1, 1))})
+    assert not out.controls
+    assert "agent speaks protocol 1.1; corrections need 1.2" in out.entries[0][1]["reason"]
+
+
+def test_verified_after_the_pace_recovers() -> None:
+    b = CorrectionBook("job")
+    for w in range(3):
+        feed(b, w, rec(confirmed=False), 100, 1.3)
+    out = feed(b, 3, rec(), 100, 1.3)
+    cid = out.controls[0][1]["id"]
+    # one correction at a time: while it is in flight nothing else is decided
+    assert not feed(b, 4, rec(), 100, 1.3).controls
+    res = b.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1010.0)
+    assert res.entries[-1][1]["status"] == "applied"
+    for w in range(5, 9):  # window 5 was in flight at the ack: not measured
+        out = feed(b, w, rec(), 110, 1.0)
+    st = b.get(cid)
+    assert st.status == "verified", st.reason
+    assert st.gain_pct == pytest.approx(10.0)
+    assert [h["status"] for h in st.history] == ["approved", "applied", "verified"]
+
+
+def test_rolled_back_when_it_did_not_help_then_nothing_more() -> None:
+    b = CorrectionBook("job")
+    out = feed(b, 3, rec(), 100, 1.3)
+    cid = out.controls[0][1]["id"]
+    b.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1010.0)
+    for w in range(4, 8):  # window 4 was in flight at the ack: not measured
+        out = feed(b, w, rec(), 100, 1.3)
+    assert len(out.controls) == 1 and out.controls[0][0] == 2
+    body = out.controls[0][1]
+    assert body["op"] == "rollback" and body["before"] == {"sm_mhz": 900}
+    b.on_ack({"id": cid, "status": "rolled_back", "after": {"sm_mhz": 900}}, 1020.0)
+    assert b.get(cid).status == "rolled_back"
+    assert "did not help" in b.get(cid).reason
+    # left to rebalancing and escalation: no second automatic correction
+    assert not feed(b, 8, rec(), 100, 1.3).controls
+
+
+def test_failed_is_final_with_the_library_error() -> None:
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3).controls[0][1]["id"]
+    err = "NVML_ERROR_NO_PERMISSION: Insufficient Permissions"
+    b.on_ack({"id": cid, "status": "failed", "error": err}, 1010.0)
+    assert b.get(cid).status == "failed" and err in b.get(cid).reason
+    # a resent ack changes nothing
+    assert not b.on_ack({"id": cid, "status": "applied"}, 1011.0).entries
+    assert not feed(b, 4, rec(), 100, 1.3).controls
+
+
+def test_rate_limits_per_gpu_and_per_job() -> None:
+    pol = CorrectionPolicy(mode="apply", min_interval_s=600.0, max_gpus_per_job=2)
+    b = CorrectionBook("job")
+    first = b.on_window(1, [rec("a", rank=0)], [], {0: facts(gpu=0)}, pol, 1000.0)
+    assert first.controls
+    # the same GPU again within the interval (a new incident of it): only recommended
+    again = b.on_window(2, [rec("b", rank=0)], [], {0: facts(gpu=0)}, pol, 1100.0)
+    assert not again.controls and "rate limit" in again.entries[0][1]["reason"]
+    assert b.on_window(3, [rec("c", rank=1)], [], {1: facts(gpu=1)}, pol, 1200.0).controls
+    third = b.on_window(4, [rec("d", rank=3)], [], {3: facts(gpu=3)}, pol, 1300.0)
+    assert not third.controls and "corrections_max_gpus_per_job 2" in third.entries[0][1]["reason"]
+    # past the interval the first GPU may be corrected again
+    later = b.on_window(5, [rec("e", rank=0)], [], {0: facts(gpu=0)}, pol, 1700.0)
+    assert later.controls
+
+
+def test_approval_approve_deny_expire() -> None:
+    pol = CorrectionPolicy(mode="apply", approve=("reset_clocks",), approval_expiry_s=60.0)
+    b = CorrectionBook("job")
+    out = b.on_window(1, [rec("a", rank=0)], [], {0: facts(gpu=0)}, pol, 1000.0)
+    assert not out.controls and out.entries[0][1]["status"] == "awaiting_approval"
+    a = out.entries[0][1]["id"]
+    assert [p["id"] for p in b.pending()] == [a]
+    assert b.approve(a, 1030.0).controls[0][1]["op"] == "apply"
+    with pytest.raises(CorrectionError, match="not awaiting approval"):
+        b.deny(a, 1031.0)
+    c = b.on_window(2, [rec("c", rank=1)], [], {1: facts(gpu=1)}, pol, 1040.0).entries[0][1]["id"]
+    assert not b.deny(c, 1041.0).controls and b.get(c).status == "denied"
+    d = b.on_window(3, [rec("d", rank=3)], [], {3: facts(gpu=3)}, pol, 1050.0).entries[0][1]["id"]
+    assert b.expire(1200.0).entries[0][1]["status"] == "expired"
+    with pytest.raises(CorrectionError, match="expired"):
+        b.approve(d, 1201.0)
+    with pytest.raises(CorrectionError, match="unknown correction id"):
+        b.approve("c-nope-1", 1201.0)
+
+
+def test_forced_bypasses_the_fit_and_checks_its_input() -> None:
+    b = CorrectionBook("job")
+    feed(b, 1, rec(cause="thermal"), 100, 1.3)
+    with pytest.raises(CorrectionError, match="unknown correction action"):
+        b.force("job-r2-w5", "reboot", facts(), 1000.0)
+    with pytest.raises(CorrectionError, match="no open incident"):
+        b.force("nope", "reset_clocks", facts(), 1000.0)
+    with pytest.raises(CorrectionError, match=r"protocol 1\.1"):
+        b.force("job-r2-w5", "reset_clocks", facts(version=(1, 1)), 1000.0)
+    c, out = b.force("job-r2-w5", "reset_clocks", facts(), 1000.0)
+    assert c.forced and out.controls[0][1]["op"] == "apply"
+    with pytest.raises(CorrectionError, match="one at a time"):
+        b.force("job-r2-w5", "restore_power_limit", facts(), 1001.0)
+
+
+def test_snapshot_round_trip_mid_correction() -> None:
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3).controls[0][1]["id"]
+    # saved with the apply unacknowledged: restored, it is resent, not forgotten
+    r = CorrectionBook.restore(b.snapshot())
+    assert r.unacked() == b.unacked() and r.unacked()[0][1]["id"] == cid
+    r.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1010.0)
+    r2 = CorrectionBook.restore(r.snapshot())
+    assert r2.unacked() == [] and r2.get(cid).status == "applied"
+    for w in range(4, 8):
+        feed(r2, w, rec(), 110, 1.0)
+    assert r2.get(cid).status == "verified"
+    # the rate limit survives too
+    again = feed(r2, 8, rec("job-r2-w8"), 110, 1.3)
+    assert not again.controls and "rate limit" in again.entries[0][1]["reason"]
+
+
+def test_closed_incident_verifies_an_applied_correction_once() -> None:
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3).controls[0][1]["id"]
+    b.on_ack({"id": cid, "status": "applied"}, 1010.0)
+    out = feed(b, 4, rec(status="closed", why="cleared"), 110, 1.0)
+    assert [e["status"] for _, e in out.entries] == ["verified"]
+    assert not feed(b, 5, rec(status="closed", why="cleared"), 110, 1.0).entries
+
+
+def test_off_decides_nothing_but_follows_what_is_in_flight() -> None:
+    b = CorrectionBook("job")
+    off = CorrectionPolicy(mode="off")
+    assert not feed(b, 1, rec(), 100, 1.3, policy=off).entries
+    cid = feed(b, 2, rec(), 100, 1.3).controls[0][1]["id"]  # sent while it was apply
+    b.on_ack({"id": cid, "status": "applied"}, 1005.0)
+    assert b.busy
+    for w in range(3, 7):
+        feed(b, w, rec(), 110, 1.0, policy=off)
+    assert b.get(cid).status == "verified" and not b.busy
+
+
+def test_node_consent_off_is_a_failure_that_says_why() -> None:
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3).controls[0][1]["id"]
+    why = "corrections are off on this node ([policy] allow_corrections = false)"
+    b.on_ack({"id": cid, "status": "refused", "error": why}, 1010.0)
+    c = b.get(cid)
+    assert c.status == "failed" and why in c.reason and "refused" in c.reason
+
+
+def test_a_state_of_another_version_is_refused_by_name() -> None:
+    b = CorrectionBook("job")
+    feed(b, 3, rec(), 100, 1.3)
+    st = b.snapshot()
+    with pytest.raises(ValueError, match="corrections state version 9"):
+        CorrectionBook.restore({**st, "version": 9})
+    with pytest.raises(ValueError, match="seq"):
+        CorrectionBook.restore({**st, "seq": "three"})
