@@ -74,8 +74,9 @@ class CorrectionShell:
                     self._sent.pop((c.id, c.pending), None)
 
     def on_disconnect(self, peer: PeerInfo) -> None:
-        if self._peers.get(peer.agent_id) is peer:
-            del self._peers[peer.agent_id]
+        key = peer.agent_id
+        if self._peers.get(key) is peer:
+            del self._peers[key]
 
     def facts(self, job: str, rank: int) -> RankFacts:
         f = self._where.get((job, rank), RankFacts())
