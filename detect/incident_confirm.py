@@ -86,11 +86,15 @@ def peer_rows(f: Finding, view: WindowView) -> tuple[int | None, np.ndarray]:
     return row, members[ranks[members] != f.rank]
 
 
-def shape_of(q1_shift: float, median_shift: float) -> str:
-    """The shape of a slowdown (`SHAPES`) from its quartile shifts against the reference:
+def shape_of(q1_shift: float, median_shift: float, mean_shift: float | None = None) -> str:
+    """The shape of a slowdown (`SHAPES`) from its shifts against the reference:
     "slower" when the lower quartile moved with the median (at least
-    `CONFIRM_Q1_SHARE` of its shift), else "stalls" (a tail of long steps)."""
+    `CONFIRM_Q1_SHARE` of its shift) and, where the mean is known, the median with
+    the mean (as much of its shift: else the median moved by noise while stalls
+    moved the mean); else "stalls" (a tail of long steps)."""
     slower = median_shift > 0 and q1_shift >= CONFIRM_Q1_SHARE * median_shift
+    if mean_shift is not None and math.isfinite(mean_shift):
+        slower = slower and median_shift >= CONFIRM_Q1_SHARE * mean_shift
     return "slower" if slower else "stalls"
 
 
@@ -171,12 +175,12 @@ def quartile_check(f: Finding, view: WindowView | None) -> dict[str, Any] | None
     out["q1_shift"], out["median_shift"] = rnd(s1, 4), rnd(s2, 4)
     # like with like: the lower quartile against the peers' lower quartiles (a
     # step-length jitter every rank shares moves both alike)
-    out["shape"] = shape_of(s1, s2)
+    sm = mean / ref_mean - 1.0 if ref_mean > 0 else math.nan
+    out["shape"] = shape_of(s1, s2, sm)
     passed = out["shape"] == "slower"
-    if not passed and math.isfinite(mean) and math.isfinite(ref_mean) and ref_mean > 0:
+    if not passed and math.isfinite(sm):
         # stalls: confirmed by their cost, the mean (an older agent sends none: the
         # quartile test alone then, which dismisses them)
-        sm = mean / ref_mean - 1.0
         out["rule"] = f"stalls: mean_shift>={CONFIRM_MEAN_SHIFT}"
         out["mean_ms"] = rnd(mean, 3)
         out["baseline_mean_ms" if "baseline_ms" in out else "peers_mean_ms"] = rnd(ref_mean, 3)

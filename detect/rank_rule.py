@@ -379,7 +379,7 @@ def stall_shape(v: View, i: int) -> dict[str, Any]:
             out["gap_mean_ms"] = float(actual[0])
             out["peers_gap_mean_ms"] = float(np.median(peers_actual))
     if math.isfinite(shifts[0]) and math.isfinite(shifts[1]):
-        out["shape"] = shape_of(shifts[0], shifts[1])
+        out["shape"] = shape_of(shifts[0], shifts[1], shifts[2])
     return out
 
 
