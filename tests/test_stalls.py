@@ -24,6 +24,8 @@ from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow
 from artemis.rebalance.policy import stalls
 from artemis.ring.format import KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.sim import inproc
+from artemis.sim.scenario import Scenario, ScenarioError, parse_scenario
 
 STEPS, C = 40, 2  # steps per window, collectives per step
 ONSET = 3
@@ -202,3 +204,46 @@ def test_summariser_mean_and_quartiles_see_the_stalls() -> None:
     share = (slow.gap_mean_ms - peer.gap_mean_ms) / stall_ms
     assert share == pytest.approx(frac, abs=0.15)
     assert slow.gap_max_ms is not None and slow.gap_max_ms >= slow.gap_q3_ms
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+def _sim(share: float, slowdown: float, model: dict[str, float], kind: str = "stalls") -> Scenario:
+    data: dict[str, Any] = {
+        "job": {"ranks": 8, "ranks_per_host": 4, "step_ms": 100.0, "collectives_per_step": 3}
+        | {"window_steps": 50, "windows": 18, "seed": 5, **model},
+        "fault": [
+            {"kind": kind, "rank": 5, "start_window": 8, "share": share, "slowdown": slowdown}
+        ],
+    }
+    return parse_scenario(data, "stalls-test")
+
+
+REALISTIC = {"noise": 0.01, "rank_spread": 0.01, "shared_jitter": 0.03, "stall_prob": 0.002}
+
+
+def test_simulated_recurring_stall_is_flagged_confirmed_and_costed() -> None:
+    """The simulator's `stalls` fault (the rank sleeps 60 ms before a quarter of its
+    steps, on top of realistic noise with one-off stalls on every rank): flagged
+    within the 3-of-4 rule, shape "stalls", its cost the sleep's share, confirmed."""
+    share, slowdown = 0.25, 0.6
+    sc = _sim(share, slowdown, REALISTIC)
+    wins = list(enumerate(inproc.summaries(sc, telemetry=False)))
+    outs = run(wins, nranks=sc.ranks, rebalance="off")
+    flags = flagged(outs)
+    assert [f.rank for f in flags] == [5], [(f.kind, f.subject, f.window) for f in flags]
+    f = flags[0]
+    assert 8 + Settings().flag_after - 1 <= f.window <= 8 + Settings().flag_window - 1
+    assert f.evidence is not None and f.evidence["shape"] == "stalls"
+    # the sleep's cost per step, from the cause: share x length (the share is drawn)
+    assert f.excess_ms == pytest.approx(share * slowdown * sc.step_ms, rel=0.35)
+    (rec,) = last_records(outs).values()
+    assert rec["confirmed"] is not None and rec["confirmed"]["shape"] == "stalls"
+
+
+def test_stalls_fault_keys_are_checked() -> None:
+    with pytest.raises(ScenarioError, match="share"):
+        _sim(1.5, 0.6, {})
+    with pytest.raises(ScenarioError, match="only for kind 'stalls'"):
+        _sim(0.5, 0.1, {}, kind="clocks")
