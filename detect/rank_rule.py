@@ -55,9 +55,7 @@ class RankScores:
     shift: F64  # log peer ratio - its confirmed baseline
     noise: F64  # the rank's noise sd (log ratio units)
     cusum: F64
-    # recurring stalls: the mean per-step gap without the window's longest step, as
-    # judged, against the peers' (NaN ratio where a summary has no mean)
-    stall: scoring.Scores
+    # recurring stalls: bad by their cost (`stall_test`)
     stall_bad: npt.NDArray[np.bool_]
 
 
@@ -152,7 +150,7 @@ class RankRule:
             )
         else:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
-        stall, stall_bad = stall_test(v, s, judging & peers_ok, live)
+        stall_bad = stall_test(v, s, judging & peers_ok, live)
         return RankScores(
             peers=peers,
             cost=cost,
@@ -165,7 +163,6 @@ class RankRule:
             shift=shift,
             noise=noise,
             cusum=cusum,
-            stall=stall,
             stall_bad=stall_bad,
         )
 
@@ -323,7 +320,7 @@ class RankRule:
 
 def stall_test(
     v: View, s: Settings, judged: npt.NDArray[np.bool_], live: float | None
-) -> tuple[scoring.Scores, npt.NDArray[np.bool_]]:
+) -> npt.NDArray[np.bool_]:
     """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
     mean per-step gap is at least `suspect_ratio` of its peers', with the window's
     longest step left out of every rank's mean (one long step, a GC pause or a page
@@ -340,15 +337,14 @@ def stall_test(
             trimmed = trimmed * (v.gap / v.actual)
     have = np.isfinite(trimmed)
     if not have.any():
-        nan = np.full(v.r.size, np.nan)
-        return scoring.Scores(nan, nan, nan, np.zeros(v.r.size, dtype=np.int64)), have
+        return have  # no summary has a mean: an older agent's job
     judged = judged & (np.bincount(v.gid, weights=~have)[v.gid] == 0)
     sc = scoring.score(np.where(have, trimmed, v.gap), v.gid)
     with np.errstate(invalid="ignore", divide="ignore"):
         bad = judged & (sc.ratio >= s.suspect_ratio)
         if s.mode == "adaptive" and live is not None and math.isfinite(live):
             bad &= np.log(sc.ratio) >= NOISE_Z * live
-    return sc, bad
+    return bad
 
 
 def stall_shape(v: View, i: int) -> dict[str, Any]:
