@@ -247,3 +247,16 @@ def test_stalls_fault_keys_are_checked() -> None:
         _sim(1.5, 0.6, {})
     with pytest.raises(ScenarioError, match="only for kind 'stalls'"):
         _sim(0.5, 0.1, {}, kind="clocks")
+
+
+def test_older_agents_without_a_mean_are_judged_as_before() -> None:
+    """Summaries without `gap_mean_ms`/`gap_max_ms` (an agent from before issue 31): the
+    stall test does not judge them, so the recurring stall of the first test, which
+    moves no median, is not flagged, and nothing fails on the absent fields."""
+    wins = stall_windows(4, 14, 1, Cause(stall_ms=8.0, every=4), 10.0)
+    old = [
+        (w, [dataclasses.replace(r, gap_mean_ms=None, gap_max_ms=None) for r in rows])
+        for w, rows in wins
+    ]
+    assert flagged(run(old)) == []
+    assert [f.rank for f in flagged(run(wins))] == [1]  # the same windows, with the mean
