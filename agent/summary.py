@@ -32,6 +32,10 @@ Per window (W steps, times in ms):
   the previous step's last collective.
 * ``gap_q1_ms``/``gap_q2_ms``/``gap_q3_ms``: quartiles of the per-step gap over the
   whole steps (``gap_q2_ms`` is ``gap_ms``); None when no step is whole.
+* ``gap_mean_ms``/``gap_max_ms``: mean and largest of the per-step gap over the
+  same whole steps: the mean is the rank's average cost to its peers, which stalls
+  in a fraction of the steps move while the median stays put; the mean without the
+  largest step tells stalls that recur from one long step. None when no step is whole.
 
 Medians are taken over the steps whose every needed record is present. When
 records were lost so that no step is whole, ``gap_ms``/``coll_ms`` fall back to
@@ -184,15 +188,23 @@ def _per_step(values: np.ndarray) -> float:
 
 
 def _gap_quartiles(gaps: np.ndarray) -> dict[str, float | None]:
-    """Quartiles over the whole steps of the per-step compute gap (``gaps`` is (steps, C),
-    NaN where a record is missing); None when no step is whole. The coordinator
-    confirms an incident with them: a rank whose lower quartile is above its peers'
-    median is slow in most of its steps, not in a few long stalls (DESIGN "Incidents")."""
+    """Quartiles and mean over the whole steps of the per-step compute gap (``gaps`` is
+    (steps, C), NaN where a record is missing); None when no step is whole. The
+    coordinator reads the shape of a slowdown from them: a rank whose lower quartile
+    moved with its median is slower in most of its steps; one whose mean moved while
+    its quartiles did not stalls in some of them (DESIGN "Incidents")."""
     whole = ~np.isnan(gaps).any(axis=1)
     if not whole.any():
-        return {"gap_q1_ms": None, "gap_q2_ms": None, "gap_q3_ms": None}
-    q1, q2, q3 = np.quantile(gaps[whole].sum(axis=1), (0.25, 0.5, 0.75)).tolist()
-    return {"gap_q1_ms": float(q1), "gap_q2_ms": float(q2), "gap_q3_ms": float(q3)}
+        return dict.fromkeys(("gap_q1_ms", "gap_q2_ms", "gap_q3_ms", "gap_mean_ms", "gap_max_ms"))
+    per_step = gaps[whole].sum(axis=1)
+    q1, q2, q3 = np.quantile(per_step, (0.25, 0.5, 0.75)).tolist()
+    return {
+        "gap_q1_ms": float(q1),
+        "gap_q2_ms": float(q2),
+        "gap_q3_ms": float(q3),
+        "gap_mean_ms": float(per_step.mean()),
+        "gap_max_ms": float(per_step.max()),
+    }
 
 
 class WindowSummarizer:

@@ -31,7 +31,17 @@ from artemis.protocol.columns import WindowColumns
 RATE_TOLERANCE = 0.05  # step times of one communicator agree far closer (DETECTOR.md)
 RATE_MIN_RANKS = 3
 # The durations a rank reports on its own clock.
-RATE_FIELDS = ("gap_ms", "coll_ms", "step_ms", "gap_q1_ms", "gap_q2_ms", "gap_q3_ms", "bridge_ms")
+RATE_FIELDS = (
+    "gap_ms",
+    "coll_ms",
+    "step_ms",
+    "gap_q1_ms",
+    "gap_q2_ms",
+    "gap_q3_ms",
+    "gap_mean_ms",
+    "gap_max_ms",
+    "bridge_ms",
+)
 
 
 def correct_rates(cols: WindowColumns) -> tuple[WindowColumns, dict[int, float]]:

@@ -49,6 +49,10 @@ RANK_KINDS = ("rank", "degraded")
 CAUSE_KINDS = ("thermal", "power", "clocks", "pcie", "host", "hardware", "software", "unknown")
 # Kinds judged against the stored baseline of the job's workload (across jobs).
 BASELINE_KINDS = ("change", "regression")
+# The shape of a rank's slowdown (`evidence.shape`, `confirmed.shape` of its incident):
+# "slower" in most of its steps (its lower quartile moved with its median), or
+# "stalls" in a fraction of them (its mean moved, its lower quartile did not).
+SHAPES = ("stalls", "slower")
 
 # The JSON keys, in the DESIGN.md order.
 FIELDS = (
@@ -183,6 +187,9 @@ def rank_finding(
         raise ValueError(f"rank finding basis must be peers, history or both, got {basis!r}")
     if kind not in RANK_KINDS:
         raise ValueError(f"rank finding kind must be rank or degraded, got {kind!r}")
+    shape = (evidence or {}).get("shape")
+    if shape is not None and shape not in SHAPES:
+        raise ValueError(f"rank finding evidence.shape must be one of {SHAPES}, got {shape!r}")
     return Finding(
         kind=kind,
         state=state,

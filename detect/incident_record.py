@@ -117,6 +117,37 @@ def judge(inc: Incident, window: int, why: str, view: WindowView | None) -> None
             )
 
 
+def stall_escalation(
+    esc: dict[str, Any], inc: Incident, fmeans: dict[str, float | None]
+) -> dict[str, Any]:
+    """The check of an incident confirmed as recurring stalls (docs/DESIGN.md
+    "Incidents"): the policy does not rebalance them (fewer samples do not shorten a
+    fixed stall), so it escalates with the host check where the cause is the host,
+    else with the input and host checks together."""
+    who = f"rank {inc.rank}" + (f" on {', '.join(inc.hosts)}" if inc.hosts else "")
+    mean, peers = fmeans.get("gap_mean_ms"), fmeans.get("peers_gap_mean_ms")
+    cost = ""
+    if mean is not None and peers is not None:
+        cost = f" (mean per-step compute gap {mean:.1f} ms vs {peers:.1f} ms on its peers)"
+    head = (
+        f"recurring stalls on {who}{cost}: it makes its peers wait in a fraction of its "
+        "steps, the rest on pace; not rebalanced, as fewer samples do not shorten a fixed "
+        "stall. "
+    )
+    if esc.get("cause") == "host":
+        return {"cause": "host", "check": head + str(esc.get("check") or "")}
+    return {
+        "cause": esc.get("cause"),
+        "check": head
+        + (
+            "Check its input (the data loader's workers and prefetch, the storage or "
+            "network filesystem it reads, that rank's data shard) and its host: what stops "
+            "or preempts the process in some steps (a CPU quota and its throttling, a noisy "
+            "neighbour, a scheduler that suspends it, long GC pauses)"
+        ),
+    }
+
+
 def job_row(job: str, run: str, view: WindowView, slow: set[int]) -> dict[str, Any]:
     """The job's row of a window: its pace quantiles over the ranks not in ``slow``."""
     keep = np.isfinite(view.pace)
@@ -286,6 +317,8 @@ def record(
             finding_evidence=inc.finding_evidence,
             unit=unit,
         )
+        if (inc.confirmed or {}).get("shape") == "stalls":
+            esc = stall_escalation(esc, inc, fmeans)
     # A plan's `after` (its split) stays out of the record; a correction's is the state read.
     actions = [
         {k: v for k, v in act.items() if k != "after" or act.get("type") == "correction"}

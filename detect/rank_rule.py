@@ -21,6 +21,7 @@ from artemis.detect import scoring
 from artemis.detect.arrays import F64, I64, finite_or_none, pct
 from artemis.detect.diagnosis import diagnose
 from artemis.detect.findings import RANK_KINDS, Finding
+from artemis.detect.incident_confirm import shape_of
 from artemis.detect.lifecycle import Ledger, Track
 from artemis.detect.rank_history import RankHistory
 from artemis.detect.settings import Settings
@@ -54,6 +55,8 @@ class RankScores:
     shift: F64  # log peer ratio - its confirmed baseline
     noise: F64  # the rank's noise sd (log ratio units)
     cusum: F64
+    # recurring stalls: bad by their cost (`stall_test`)
+    stall_bad: npt.NDArray[np.bool_]
 
 
 class RankRule:
@@ -147,6 +150,7 @@ class RankRule:
             )
         else:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
+        stall_bad = stall_test(v, s, judging & peers_ok, live)
         return RankScores(
             peers=peers,
             cost=cost,
@@ -159,6 +163,7 @@ class RankRule:
             shift=shift,
             noise=noise,
             cusum=cusum,
+            stall_bad=stall_bad,
         )
 
     def findings(
@@ -171,7 +176,7 @@ class RankRule:
     ) -> tuple[list[Finding], npt.NDArray[np.bool_]]:
         """Advance the track of every bad or tracked rank (of `only`, where given);
         (findings, ranks held out of their baseline because they are bad or flagged)."""
-        bad = sc.peer_bad | sc.hist_bad | sc.change_bad
+        bad = sc.peer_bad | sc.hist_bad | sc.change_bad | sc.stall_bad
         if only is not None:
             bad = bad & only
         todo = set(np.flatnonzero(bad).tolist())
@@ -201,13 +206,17 @@ class RankRule:
                 # slow against its own baseline but within its peers' spread: the
                 # peers' median is not the cost, its own confirmed pace is
                 excess = max(0.0, float(v.actual[i] * (1.0 - math.exp(-sc.shift[i]))))
+            shape = stall_shape(v, i) if kind == "rank" else {}
+            if shape.get("shape") == "stalls" and "peers_gap_mean_ms" in shape:
+                # stalls in some of its steps: what the peers wait for them on average
+                excess = max(0.0, shape["gap_mean_ms"] - shape["peers_gap_mean_ms"])
             # the intermittent rule is for ranks (a GPU that comes and goes), not scalars
             state = self.ledger.advance(
                 track, ctx.window, bool(bad[i]), excess, ctx.hours_per_ms, s, s.mode == "adaptive"
             )
             held[i] = track.active or bool(bad[i])
             if state is not None:
-                out.append(self._finding(kind, state, i, v, sc, excess, track, ctx, s))
+                out.append(self._finding(kind, state, i, v, sc, excess, track, ctx, s, shape))
             self.ledger.forget_idle(key, track)
         return out, held
 
@@ -237,6 +246,7 @@ class RankRule:
         track: Track,
         ctx: Ctx,
         s: Settings,
+        shape: dict[str, Any],
     ) -> Finding:
         rank = int(v.r[i])
         cause: dict[str, Any] | None = None
@@ -265,6 +275,7 @@ class RankRule:
             evidence["baseline_gap_ms"] = finite_or_none(sc.base[i])
         if v.class_of[i] is not None:
             evidence["hw_class"] = v.class_of[i]
+        evidence.update(shape)
         basis = "peers"
         if s.mode == "adaptive":
             if kind == "rank":
@@ -305,6 +316,87 @@ class RankRule:
             peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
         own, *others = telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
         return diagnose(own, others, slowdown)
+
+
+def stall_test(
+    v: View, s: Settings, judged: npt.NDArray[np.bool_], live: float | None
+) -> npt.NDArray[np.bool_]:
+    """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
+    mean per-step gap is at least `suspect_ratio` of its peers', with the window's
+    longest step left out of every rank's mean (one long step, a GC pause or a page
+    fault, is a one-off, not a stall that recurs). Per sample under a plan, like the
+    gap. A group where a summary has no mean (an older agent) is not judged so.
+    Adaptive mode: also NOISE_Z of the job's live noise, as the peer test."""
+    mean = v.cols.floats("gap_mean_ms")[v.row]
+    longest = v.cols.floats("gap_max_ms")[v.row]
+    steps = (v.cols.ints("step_hi") - v.cols.ints("step_lo"))[v.row].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # (the steps a window spans: one with lost records overstates it a little)
+        trimmed = np.where(steps >= 2, (mean * steps - longest) / (steps - 1), mean)
+        if v.gap is not v.actual:
+            trimmed = trimmed * (v.gap / v.actual)
+    have = np.isfinite(trimmed)
+    if not have.any():
+        return have  # no summary has a mean: an older agent's job
+    judged = judged & (np.bincount(v.gid, weights=~have)[v.gid] == 0)
+    x = np.where(have, trimmed, v.gap)
+    if not _may_pass(x, v.gid, judged, s.suspect_ratio):
+        return np.zeros(v.r.size, dtype=bool)
+    sc = scoring.score(x, v.gid)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bad = judged & (sc.ratio >= s.suspect_ratio)
+        if s.mode == "adaptive" and live is not None and math.isfinite(live):
+            bad &= np.log(sc.ratio) >= NOISE_Z * live
+    return bad
+
+
+def _may_pass(x: F64, gid: I64, judged: npt.NDArray[np.bool_], ratio: float) -> bool:
+    """Whether any judged rank can reach `ratio` of its leave-one-out median: a bound
+    that spares the full scoring in the usual window, where none can (a few groups).
+    Leaving one value out lowers no order statistic, so every leave-one-out median
+    of a group of n is at least its sorted value at (n - 2) // 2."""
+    groups = np.unique(gid[judged])
+    if groups.size > scoring.FEW_GROUPS:
+        return bool(judged.any())
+    for g in groups.tolist():
+        vals = x[gid == g]
+        k = (vals.size - 2) // 2
+        low = float(np.partition(vals, k)[k]) if vals.size >= 2 else 0.0
+        if (x[judged & (gid == g)] >= ratio * low).any():
+            return True
+    return False
+
+
+def stall_shape(v: View, i: int) -> dict[str, Any]:
+    """Rank i's mean per-step gap against its group's (the median of the peers' means)
+    and the shape of its slowdown (`shape_of`: its lower quartile and median against
+    the peers'), for its finding's evidence; per finding, never per rank. Empty
+    where its summary has no quartiles (an older agent)."""
+    grp = np.flatnonzero(v.gid == v.gid[i])
+    peers = grp[grp != i]
+    if not peers.size:
+        return {}
+    rows = v.row[[i, *peers.tolist()]]
+    scale = v.gap[[i, *peers.tolist()]] / v.actual[[i, *peers.tolist()]]
+    out: dict[str, Any] = {}
+    shifts = []
+    for name in ("gap_q1_ms", "gap_q2_ms", "gap_mean_ms"):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = v.cols.floats(name)[rows] * np.where(np.isfinite(scale), scale, 1.0)
+        ref = a[1:][np.isfinite(a[1:])]
+        if not math.isfinite(a[0]) or not ref.size or not float(np.median(ref)) > 0:
+            shifts.append(math.nan)
+            continue
+        shifts.append(float(a[0]) / float(np.median(ref)) - 1.0)
+        if name == "gap_mean_ms":
+            # the cost as measured (not per sample): what the peers wait
+            actual = v.cols.floats(name)[rows]
+            peers_actual = actual[1:][np.isfinite(actual[1:])]
+            out["gap_mean_ms"] = float(actual[0])
+            out["peers_gap_mean_ms"] = float(np.median(peers_actual))
+    if math.isfinite(shifts[0]) and math.isfinite(shifts[1]):
+        out["shape"] = shape_of(shifts[0], shifts[1], shifts[2])
+    return out
 
 
 def weighted(values: F64, gid: I64, rep: I64) -> scoring.Scores:

@@ -201,6 +201,14 @@ class RankWindow:
     gap_q1_ms: Millis | None = None
     gap_q2_ms: Millis | None = None
     gap_q3_ms: Millis | None = None
+    # Mean over the window's whole steps of the per-step compute gap: what the rank
+    # costs its peers on average. A rank that stalls in a fraction of its steps moves
+    # its mean but not its median (docs/DESIGN.md "Incidents", recurring stalls).
+    # Absent from older agents.
+    gap_mean_ms: Millis | None = None
+    # The longest of those steps' gaps: the mean without it tells a stall that recurs
+    # within the window from one long step (a GC pause, a page fault).
+    gap_max_ms: Millis | None = None
     # Device-clock anomalies the agent found in this window's records, per reason
     # (agent/summary.py `device_timeline`; docs/RELIABILITY.md "4. Device-clock
     # anomalies"): end before start (record left out), a forward jump, a counter

@@ -413,6 +413,11 @@ class RebalancePolicy:
             return []
         if rank >= self.nranks or self.nranks < 2:
             return []
+        if stalls(fmap.get(rank)):
+            # Stalls in a fraction of its steps (a data loader's wait, a stopped
+            # process): fewer samples do not shorten a fixed stall, and the split would
+            # only slow the job's other steps. Its incident escalates instead.
+            return []
         recent = list(self._history)[-s.speed_windows :]
         speeds = self._speeds(recent)
         if speeds is None:
@@ -651,6 +656,12 @@ class RebalancePolicy:
         self._split = uniform
         self._last_change = last.window
         return events
+
+
+def stalls(finding: Mapping[str, Any] | None) -> bool:
+    """The finding's slowdown is shaped as stalls in some of its steps (its
+    ``evidence.shape``, detect/findings.py `SHAPES`), not a slower rank."""
+    return ((finding or {}).get("evidence") or {}).get("shape") == "stalls"
 
 
 def _status(state: PlanState) -> str:

@@ -150,6 +150,20 @@ class LockstepModel:
                 link += f.slowdown * lvl
         return comp, xfer, link
 
+    def _recurring_stalls(self, w: int, compute: np.ndarray) -> np.ndarray:
+        """`stalls` faults: the rank sleeps `slowdown` x step_ms before a pseudo-random
+        `share` of its steps, whatever its share of the batch (a fixed wait, not work).
+        Drawn from the fault's own stream, so the other draws stay as they were."""
+        for f in self.sc.faults:
+            lvl = f.level(w) if f.kind == "stalls" else 0.0
+            if lvl <= 0:
+                continue
+            ranks = list(f.ranks)
+            u = np.random.default_rng([f.seed, w, 0x57A1]).random((compute.shape[0], len(ranks)))
+            compute = compute.copy()
+            compute[:, ranks] += np.where(u < f.share, f.slowdown * lvl * self.sc.step_ms, 0.0)
+        return compute
+
     def hang_at(self, window: int) -> int | None:
         for f in self.sc.faults:
             if f.kind == "hang" and f.start_window == window:
@@ -181,6 +195,7 @@ class LockstepModel:
             # one-off stalls (GC, page faults, a slow read): rare, exponential length
             hit = x.random((S, R)) < sc.stall_prob
             compute = compute + np.where(hit, x.exponential(sc.stall_ms, (S, R)), 0.0)
+        compute = self._recurring_stalls(w, compute)
         weights = np.array([p.weight for p in self.pattern])
         nI = len(self.islands)
         # Transfers and bridges vary step to step too (congestion, adaptive routing).

@@ -31,12 +31,16 @@ FAULT_KINDS = (
     "agent_down",
     "clock_anomaly",
     "software",
+    "stalls",
 )
 # What a clock_anomaly fault does to its ranks' device timer (sim/clockfault.py).
 CLOCK_ANOMALIES = ("reversed", "jump", "wrap", "reset", "rate")
 # `software`: a driver, library or configuration that makes every kernel (and every
 # collective's transfer) of its ranks slower at healthy clocks, all ranks by default;
 # the whole-job slowdown a change finding is about (docs/DESIGN.md "Scenarios").
+# `stalls`: the rank sleeps before a pseudo-random `share` of its steps (a data
+# loader's wait, a stopped process), each time `slowdown` x step_ms; its other steps
+# are healthy, so its median gap stays its peers' and its mean carries the cost.
 # Kinds that slow nothing: no finding is expected for them.
 NO_SLOWDOWN = ("hang", "agent_down", "clock_anomaly")
 REBALANCE_MODES = ("off", "recommend", "apply")
@@ -69,6 +73,7 @@ class Fault:
     anomaly: str | None = None  # clock_anomaly: one of CLOCK_ANOMALIES
     rate: float = 1.0  # clock_anomaly "rate": device seconds per true second
     on_plan: bool = False  # agent_down: dies when a rebalance plan reaches its host
+    share: float = 1.0  # stalls: the fraction of the rank's steps it sleeps before
 
     def active(self, window: int) -> bool:
         return window >= self.start_window and (self.end_window is None or window < self.end_window)
@@ -207,6 +212,7 @@ _FAULT_KEYS = {
     "anomaly",
     "rate",
     "on_plan",
+    "share",
 }
 _TOP_KEYS = {"job", "fault", "detector", "software"}
 
@@ -519,6 +525,11 @@ def _parse_fault(
         raise err("on_plan", f"expected true or false, got {on_plan!r}")
     if on_plan and kind != "agent_down":
         raise err("on_plan", "only for kind 'agent_down'")
+    share = f.get("share", 0.25 if kind == "stalls" else 1.0)
+    if "share" in f and kind != "stalls":
+        raise err("share", "only for kind 'stalls'")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not (0 < share <= 1):
+        raise err("share", f"expected a number in (0, 1], got {share!r}")
     return Fault(
         kind=kind,
         ranks=targets,
@@ -532,4 +543,5 @@ def _parse_fault(
         anomaly=anomaly,
         rate=float(rate),
         on_plan=on_plan,
+        share=float(share),
     )

@@ -30,7 +30,7 @@ from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
 from artemis.rebalance.policy import PlanEvent
-from artemis.ring.format import CLOCK_DEVICE_NS, KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.ring.format import CLOCK_DEVICE_NS
 from artemis.sim.inproc import summarised
 from artemis.sim.scenario import Scenario, load_scenario
 from artemis.sim.telemetry import telemetry_plan
@@ -207,82 +207,6 @@ def test_restore_of_a_snapshot_without_incidents() -> None:
     del state["incidents"]
     back = JobMonitor.restore(state, Settings())
     assert back.incidents.open_incidents == []
-
-
-# --------------------------------------------------------------------------- stalls
-
-
-def _stall_windows(
-    nranks: int, windows: int, stalled: int, *, frac: float, stall_ms: float, samples: int
-) -> list[tuple[int, list[RankWindow]]]:
-    """Ring records of a job whose rank `stalled` stalls in `frac` of its steps (a fixed
-    stall on top of its compute), summarised by the agent's summariser."""
-    steps, c, gap, coll = 40, 2, 50.0, 10.0
-    rng = np.random.default_rng(7)
-    summ = [
-        WindowSummarizer("job", "c0ffee0000000001", r, nranks, "h0", steps, colls_per_step=c)
-        for r in range(nranks)
-    ]
-    out: dict[int, list[RankWindow]] = {}
-    clock = np.zeros(nranks)
-    seq = 0
-    for w in range(windows):
-        n = steps * c
-        recs = np.zeros((nranks, n), dtype=SLOT_DTYPE)
-        for i in range(n):
-            comp = gap / c * (1 + 0.01 * rng.standard_normal(nranks))
-            if i % c == 0 and w >= 3:
-                hit = rng.random() < frac
-                comp[stalled] += stall_ms if hit else 0.0
-            arrive = clock + comp
-            end = arrive.max() + coll
-            for r in range(nranks):
-                rec = recs[r, i]
-                rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
-                rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
-                rec["seq"] = rec["coll_seq"] = seq
-                rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
-                rec["end"] = int(end * 1e6) + 1_000_000_000
-            clock[:] = end
-            seq += 1
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=w == windows - 1):
-                out.setdefault(rw.window, []).append(dataclasses.replace(rw, samples=samples))
-    return sorted(out.items())
-
-
-def test_stalls_flag_a_rank_but_are_dismissed_and_never_planned() -> None:
-    """A rank that stalls in most of its steps gets flagged (its median gap moves) but
-    its lower quartile stays at its peers' median: dismissed, no plan, and the
-    episode never becomes the policy's healthy baseline."""
-    wins = _stall_windows(4, 22, 1, frac=0.65, stall_ms=12.0, samples=64)
-    s = dataclasses.replace(Settings(), rebalance="apply")
-    m = JobMonitor("stalls", s, nranks=4, global_batch=256)
-    outs = drive(m, wins)
-    outs.append(m.finish())
-    flags = [f for o in outs for f in o.findings if f.state == "flagged"]
-    assert [f.rank for f in flags] == [1], [(f.kind, f.subject) for f in flags]
-    by = records(outs)
-    assert len(by) == 1
-    last = next(iter(by.values()))[-1]
-    assert last["verdict"] == "dismissed", last
-    assert last["confirmed"] is None and last["escalation"] is None
-    assert "lower quartile" in last["reason"] and "stalls" in last["reason"]
-    assert [x["marker"] for x in last["markers"]] == ["onset", "flagged"]
-    assert not [ev for o in outs for ev in o.plans], "a plan for an unconfirmed incident"
-
-
-def test_summariser_quartiles_see_the_stalls() -> None:
-    wins = _stall_windows(4, 6, 1, frac=0.65, stall_ms=12.0, samples=64)
-    _w, rows = wins[-1]
-    by = {r.rank: r for r in rows}
-    slow, peer = by[1], by[0]
-    assert slow.gap_q1_ms is not None and slow.gap_q3_ms is not None
-    assert slow.gap_q1_ms <= slow.gap_q2_ms <= slow.gap_q3_ms
-    assert slow.gap_q2_ms == pytest.approx(slow.gap_ms)
-    assert slow.gap_q1_ms < 1.05 * peer.gap_q2_ms  # most of the distribution is unshifted
-    assert slow.gap_q3_ms > 1.15 * peer.gap_q2_ms  # the stalls are in its upper half
 
 
 # --------------------------------------------------------------------------- verdicts

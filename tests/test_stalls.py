@@ -1,0 +1,262 @@
+"""Recurring stalls (issue 31, item 2): found by their cost, confirmed with their shape.
+
+A rank that makes its peers wait in a fraction of its steps, window after
+window, moves its mean per-step gap but not its median. The windows here are
+ring records of a lockstep job (every collective ends when its last rank
+arrives) summarised by the agent's own `WindowSummarizer`, and go through
+`JobMonitor` (detector, incident book, rebalance policy) as the coordinator
+feeds it. The cause is modelled (a rank sleeps in some of its steps, or all of
+its compute is slower) and its effects follow; expectations come from the
+cause (the stall's length and share), never from a run's output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from artemis.agent.summary import WindowSummarizer
+from artemis.detect.findings import Finding
+from artemis.detect.monitor import JobMonitor, MonitorOutput
+from artemis.detect.settings import Settings
+from artemis.protocol.records import RankWindow
+from artemis.rebalance.policy import stalls
+from artemis.ring.format import KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.sim import inproc
+from artemis.sim.scenario import Scenario, ScenarioError, parse_scenario
+
+STEPS, C = 40, 2  # steps per window, collectives per step
+ONSET = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """What the stalled rank does in the windows `during`: sleeps `stall_ms` before its
+    step in every `every`-th step (or in a random `frac` of them), or computes `slow`
+    slower in every step."""
+
+    stall_ms: float = 0.0
+    every: int = 0
+    frac: float = 0.0
+    slow: float = 0.0
+    during: range = range(ONSET, 1 << 30)
+
+
+def stall_windows(
+    nranks: int, windows: int, stalled: int, cause: Cause, gap: float = 50.0
+) -> list[tuple[int, list[RankWindow]]]:
+    """Ring records of a lockstep job whose rank `stalled` follows `cause`, on a compute
+    gap of `gap` ms a step; summarised by the agent's summariser (64 samples a rank)."""
+    coll = 10.0
+    rng = np.random.default_rng(7)
+    summ = [
+        WindowSummarizer("job", "c0ffee0000000001", r, nranks, "h0", STEPS, colls_per_step=C)
+        for r in range(nranks)
+    ]
+    out: dict[int, list[RankWindow]] = {}
+    clock = np.zeros(nranks)
+    seq = 0
+    for w in range(windows):
+        n = STEPS * C
+        recs = np.zeros((nranks, n), dtype=SLOT_DTYPE)
+        for i in range(n):
+            comp = gap / C * (1 + 0.01 * rng.standard_normal(nranks))
+            step = w * STEPS + i // C
+            if w in cause.during:
+                comp[stalled] *= 1.0 + cause.slow
+                every = cause.every
+                hit = step % every == 0 if every else rng.random() < cause.frac
+                if i % C == 0 and hit:
+                    comp[stalled] += cause.stall_ms  # the stall: the rank sleeps, its peers wait
+            arrive = clock + comp
+            end = arrive.max() + coll
+            for r in range(nranks):
+                rec = recs[r, i]
+                rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
+                rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
+                rec["seq"] = rec["coll_seq"] = seq
+                rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
+                rec["end"] = int(end * 1e6) + 1_000_000_000
+            clock[:] = end
+            seq += 1
+        for r, s in enumerate(summ):
+            s.feed(recs[r])
+            for rw in s.take_windows(final=w == windows - 1):
+                out.setdefault(rw.window, []).append(dataclasses.replace(rw, samples=64))
+    return sorted(out.items())
+
+
+def run(
+    wins: list[tuple[int, list[RankWindow]]], nranks: int = 4, rebalance: str = "apply"
+) -> list[MonitorOutput]:
+    s = dataclasses.replace(Settings(), rebalance=rebalance)
+    m = JobMonitor("stalls", s, nranks=nranks, global_batch=64 * nranks)
+    outs = [m.on_window(w, rows, wall=1.0e9 + w) for w, rows in wins]
+    outs.append(m.finish())
+    return outs
+
+
+def flagged(outs: list[MonitorOutput]) -> list[Finding]:
+    return [f for o in outs for f in o.findings if f.state == "flagged"]
+
+
+def last_records(outs: list[MonitorOutput]) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for o in outs for r in o.incidents}
+
+
+def test_recurring_stall_is_flagged_by_its_cost_and_confirmed_as_stalls() -> None:
+    """8 ms of sleep in 1 of 4 steps on a 10 ms compute gap: its median stays its
+    peers', its mean is 2 ms (20%) above theirs, window after window. Flagged within
+    the 3-of-4 rule with shape "stalls" and that cost, confirmed (not dismissed) with
+    its shape, never rebalanced, escalated with the input and host check."""
+    stall_ms, every, gap = 8.0, 4, 10.0
+    wins = stall_windows(4, 14, 1, Cause(stall_ms=stall_ms, every=every), gap)
+    outs = run(wins)
+    flags = flagged(outs)
+    assert [f.rank for f in flags] == [1], [(f.kind, f.subject) for f in flags]
+    f = flags[0]
+    s = Settings()
+    assert ONSET + s.flag_after - 1 <= f.window <= ONSET + s.flag_window - 1
+    assert f.evidence is not None and f.evidence["shape"] == "stalls"
+    assert f.ratio is not None and f.ratio < s.suspect_ratio  # the median did not move
+    cost = stall_ms / every  # what its peers wait per step, on average
+    assert f.excess_ms == pytest.approx(cost, rel=0.15)
+    mean_excess = f.evidence["gap_mean_ms"] - f.evidence["peers_gap_mean_ms"]
+    assert mean_excess == pytest.approx(cost, rel=0.15)
+    (rec,) = last_records(outs).values()
+    assert rec["confirmed"] is not None, rec["reason"]
+    assert rec["confirmed"]["shape"] == "stalls"
+    assert rec["confirmed"]["mean_shift"] == pytest.approx(cost / gap, rel=0.2)
+    assert rec["verdict"] == "unresolved", rec["reason"]
+    assert "recurring stalls" in rec["escalation"]["check"]
+    assert "data loader" in rec["escalation"]["check"]
+    assert not [ev for o in outs for ev in o.plans], "a plan for stalls"
+
+
+@pytest.mark.parametrize(
+    ("stall", "suspect"),
+    [
+        # the same recurring stall, for one window only: suspect there, never flagged
+        (Cause(stall_ms=8.0, every=4, during=range(5, 6)), True),
+        # one long stall (a GC pause, a page fault) in one step (the window's first): its
+        # mean moves 75%, but not without its longest step, so not even suspect
+        (Cause(stall_ms=300.0, every=5 * STEPS, during=range(5, 6)), False),
+    ],
+    ids=["one_window", "one_step"],
+)
+def test_one_off_stalls_stay_unflagged(stall: Cause, suspect: bool) -> None:
+    outs = run(stall_windows(4, 12, 1, stall, 10.0))
+    assert flagged(outs) == []
+    assert not last_records(outs)
+    seen = [(f.window, f.state) for o in outs for f in o.findings if f.rank == 1]
+    assert seen == ([(5, "suspect")] if suspect else []), seen
+
+
+def test_uniformly_slower_rank_has_shape_slower() -> None:
+    """Every step 20% slower: its lower quartile moved with its median, "slower"."""
+    wins = stall_windows(4, 12, 1, Cause(slow=0.2), 10.0)
+    outs = run(wins, rebalance="off")
+    flags = flagged(outs)
+    assert [f.rank for f in flags] == [1]
+    assert flags[0].evidence is not None and flags[0].evidence["shape"] == "slower"
+    (rec,) = last_records(outs).values()
+    assert rec["confirmed"] is not None and rec["confirmed"]["shape"] == "slower"
+    assert "recurring stalls" not in rec["escalation"]["check"]
+
+
+def test_stalls_in_most_steps_are_confirmed_as_stalls_and_never_planned() -> None:
+    """Stalls in 65% of the steps move the median too (it is flagged like a slower
+    rank) but not the lower quartile: confirmed as stalls by their persistent cost
+    (issue 31 changes the old "dismissed"), and the policy, which would plan for a
+    rank slowest per sample, does not rebalance stalls."""
+    wins = stall_windows(4, 22, 1, Cause(frac=0.65, stall_ms=12.0))
+    outs = run(wins)
+    flags = flagged(outs)
+    assert [f.rank for f in flags] == [1], [(f.kind, f.subject) for f in flags]
+    assert flags[0].ratio is not None and flags[0].ratio >= Settings().suspect_ratio
+    (rec,) = last_records(outs).values()
+    assert rec["confirmed"] is not None and rec["confirmed"]["shape"] == "stalls"
+    assert rec["verdict"] == "unresolved"
+    assert not [ev for o in outs for ev in o.plans], "a plan for stalls"
+
+
+def test_policy_reads_the_shape() -> None:
+    assert stalls({"evidence": {"shape": "stalls"}})
+    assert not stalls({"evidence": {"shape": "slower"}})
+    assert not stalls({"evidence": {}}) and not stalls(None)
+
+
+def test_summariser_mean_and_quartiles_see_the_stalls() -> None:
+    frac, stall_ms = 0.65, 12.0
+    wins = stall_windows(4, 6, 1, Cause(frac=frac, stall_ms=stall_ms))
+    _w, rows = wins[-1]
+    by = {r.rank: r for r in rows}
+    slow, peer = by[1], by[0]
+    assert slow.gap_q1_ms is not None and slow.gap_q3_ms is not None
+    assert slow.gap_q1_ms <= slow.gap_q2_ms <= slow.gap_q3_ms
+    assert slow.gap_q2_ms == pytest.approx(slow.gap_ms)
+    assert slow.gap_q1_ms < 1.05 * peer.gap_q2_ms  # most of the distribution is unshifted
+    assert slow.gap_q3_ms > 1.15 * peer.gap_q2_ms  # the stalls are in its upper half
+    assert slow.gap_mean_ms is not None and peer.gap_mean_ms is not None
+    # the mean carries the stalls' share of their length (the draw: binomial noise)
+    share = (slow.gap_mean_ms - peer.gap_mean_ms) / stall_ms
+    assert share == pytest.approx(frac, abs=0.15)
+    assert slow.gap_max_ms is not None and slow.gap_max_ms >= slow.gap_q3_ms
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+def _sim(share: float, slowdown: float, model: dict[str, float], kind: str = "stalls") -> Scenario:
+    data: dict[str, Any] = {
+        "job": {"ranks": 8, "ranks_per_host": 4, "step_ms": 100.0, "collectives_per_step": 3}
+        | {"window_steps": 50, "windows": 18, "seed": 5, **model},
+        "fault": [
+            {"kind": kind, "rank": 5, "start_window": 8, "share": share, "slowdown": slowdown}
+        ],
+    }
+    return parse_scenario(data, "stalls-test")
+
+
+REALISTIC = {"noise": 0.01, "rank_spread": 0.01, "shared_jitter": 0.03, "stall_prob": 0.002}
+
+
+def test_simulated_recurring_stall_is_flagged_confirmed_and_costed() -> None:
+    """The simulator's `stalls` fault (the rank sleeps 60 ms before a quarter of its
+    steps, on top of realistic noise with one-off stalls on every rank): flagged
+    within the 3-of-4 rule, shape "stalls", its cost the sleep's share, confirmed."""
+    share, slowdown = 0.25, 0.6
+    sc = _sim(share, slowdown, REALISTIC)
+    wins = list(enumerate(inproc.summaries(sc, telemetry=False)))
+    outs = run(wins, nranks=sc.ranks, rebalance="off")
+    flags = flagged(outs)
+    assert [f.rank for f in flags] == [5], [(f.kind, f.subject, f.window) for f in flags]
+    f = flags[0]
+    assert 8 + Settings().flag_after - 1 <= f.window <= 8 + Settings().flag_window - 1
+    assert f.evidence is not None and f.evidence["shape"] == "stalls"
+    # the sleep's cost per step, from the cause: share x length (the share is drawn)
+    assert f.excess_ms == pytest.approx(share * slowdown * sc.step_ms, rel=0.35)
+    (rec,) = last_records(outs).values()
+    assert rec["confirmed"] is not None and rec["confirmed"]["shape"] == "stalls"
+
+
+def test_stalls_fault_keys_are_checked() -> None:
+    with pytest.raises(ScenarioError, match="share"):
+        _sim(1.5, 0.6, {})
+    with pytest.raises(ScenarioError, match="only for kind 'stalls'"):
+        _sim(0.5, 0.1, {}, kind="clocks")
+
+
+def test_older_agents_without_a_mean_are_judged_as_before() -> None:
+    """Summaries without `gap_mean_ms`/`gap_max_ms` (an agent from before issue 31): the
+    stall test does not judge them, so the recurring stall of the first test, which
+    moves no median, is not flagged, and nothing fails on the absent fields."""
+    wins = stall_windows(4, 14, 1, Cause(stall_ms=8.0, every=4), 10.0)
+    old = [
+        (w, [dataclasses.replace(r, gap_mean_ms=None, gap_max_ms=None) for r in rows])
+        for w, rows in wins
+    ]
+    assert flagged(run(old)) == []
+    assert [f.rank for f in flagged(run(wins))] == [1]  # the same windows, with the mean
