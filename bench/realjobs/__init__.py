@@ -15,7 +15,9 @@ record to ``out/realjobs/runs.jsonl`` (its findings lines to ``findings.jsonl``)
   expected), ``loader`` (the rank's data loader sleeps each step): ``rank`` +
   ``host``; ``bridge`` (a slowed island bridge, ``ARTEMIS_ISLANDS``): ``link``;
   ``none``: nothing (healthy runs for the false-flag count).
-- Sizes are stated, not calibrated: each run measures the slowdown it caused (its
+- Sizes (``SIZES``): ``sigstop``, ms stopped of every 100 ms; ``quota``, the share
+  of one CPU; ``hog``, its busy share of every 10 ms; ``loader``, ms of sleep per
+  step; ``bridge``, ms added to each bridge exchange. They are stated, not calibrated: each run measures the slowdown it caused (its
   fault windows against its own windows before onset), and the goals are judged by
   that measured slowdown (bench/realjobs/grid.py).
 """

@@ -27,25 +27,16 @@ from bench.realjobs.judge import Expected, judge
 ROOT = Path(__file__).resolve().parents[2]
 ARTEMIS = Path(sys.executable).parent / "artemis"
 MECHANISMS = ("none", "sigstop", "quota", "hog", "loader", "bridge")
-# what each mechanism's size means
-UNITS = {
-    "none": "-",
-    "sigstop": "ms stopped of every 100 ms",
-    "quota": "CPU quota, share of one CPU",
-    "hog": "hog's busy share of the rank's CPU",
-    "loader": "ms of loader sleep per step",
-    "bridge": "ms added to each bridge exchange",
-}
 ISLANDS = "nvidia,nvidia,amd,amd"
-# the islands end-to-end test's settings (tests/test_torch_islands_e2e.py): 2 ranks an island
-ISLAND_SETTINGS = """[detector]
-mode = "seed"
-suspect_ratio = 1.5
-min_island_peers = 2
-drift_ratio = 2.0
-collective_ratio = 3.0
-link_ratio = 3.0
-"""
+# as the islands end-to-end test judges a 2-rank island (tests/test_torch_islands_e2e.py)
+ISLAND_SETTINGS: dict[str, str | float] = {
+    "mode": "seed",
+    "suspect_ratio": 1.5,
+    "min_island_peers": 2,
+    "drift_ratio": 2.0,
+    "collective_ratio": 3.0,
+    "link_ratio": 3.0,
+}
 POLL_S = 0.02
 RUN_TIMEOUT_S = 600.0
 
@@ -152,7 +143,8 @@ def run(cell: Cell, keep: Path, tag: str) -> dict[str, Any]:
     ]
     cmd += ["--window-steps", str(cell.window_steps)]
     if cell.mechanism == "bridge":
-        (work / "coordinator.toml").write_text(ISLAND_SETTINGS)
+        toml = "\n".join(f"{k} = {json.dumps(v)}" for k, v in ISLAND_SETTINGS.items())
+        (work / "coordinator.toml").write_text(f"[detector]\n{toml}\n")
         cmd += ["--config", str(work / "coordinator.toml")]
     cmd += ["--", sys.executable, "-m", "bench.realjobs.workloads", *_job_args(cell, out)]
     env = dict(os.environ)
