@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -176,16 +177,39 @@ def run(cell: Cell, keep: Path, tag: str) -> dict[str, Any]:
     load1 = os.getloadavg()[0]
     rec: dict[str, Any] = {
         "cell": asdict(cell),
+        "expected": None if cell.expected() is None else asdict(cell.expected()),  # type: ignore[arg-type]
         "tag": tag,
         "exit_code": proc.returncode,
         "load": [round(load0, 2), round(load1, 2)],
         "wall_s": round(time.monotonic() - t0, 1),
-        "work": str(work),
+        "kept": str(keep / "runs" / tag),
     }
+    try:
+        return _finish(rec, cell, work, onset, lines, seen, keep / "runs" / tag)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _finish(
+    rec: dict[str, Any],
+    cell: Cell,
+    work: Path,
+    onset: dict[str, Any] | None,
+    lines: list[dict[str, Any]],
+    seen: list[float],
+    keep: Path,
+) -> dict[str, Any]:
+    """Judge a finished run; keep what it was judged from (rank 0's trace, the onset,
+    the findings and the summary) under ``keep``, enough to judge it again."""
+    out, summ = work / "job", work / "summary.json"
     trace_path = out / "trace0.json"
-    if proc.returncode != 0 or not trace_path.exists() or not summ.exists():
+    if rec["exit_code"] != 0 or not trace_path.exists() or not summ.exists():
         rec["error"] = (work / "run.log").read_text()[-2000:]
         return rec
+    keep.mkdir(parents=True, exist_ok=True)
+    for src in (trace_path, out / "onset.json", summ, work / "findings.jsonl", work / "run.log"):
+        if src.exists():
+            shutil.copy(src, keep / src.name)
     summary = json.loads(summ.read_text())
     seen_s = None
     if onset is not None:
@@ -200,8 +224,5 @@ def run(cell: Cell, keep: Path, tag: str) -> dict[str, Any]:
         cell.expected(),
         seen_s,
     )
-    keep.mkdir(parents=True, exist_ok=True)
-    with (keep / "findings.jsonl").open("a") as fh:  # every run's lines, by tag
-        for f in lines:
-            fh.write(json.dumps({"tag": tag, **f}) + "\n")
+    (keep / "record.json").write_text(json.dumps(rec, indent=1))
     return rec
