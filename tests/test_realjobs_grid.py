@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from bench.realjobs import grid
 from bench.realjobs.judge import (
     Expected,
