@@ -47,6 +47,31 @@ def load(out: Path = OUT) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def rejudge(rec: dict[str, Any]) -> dict[str, Any]:
+    """A recorded run judged again from what it kept (its trace, onset, findings and
+    summary) by today's bench/realjobs/judge.py; the seconds to flag (timed live) kept."""
+    from bench.realjobs.judge import Expected, judge
+
+    kept = Path(rec.get("kept", ""))
+    if "error" in rec or not (kept / "trace0.json").exists():
+        return rec
+    exp = Expected(**rec["expected"]) if rec.get("expected") else None
+    onset = json.loads((kept / "onset.json").read_text()) if exp else None
+    lines = [json.loads(x) for x in (kept / "findings.jsonl").read_text().splitlines()]
+    got = judge(
+        json.loads((kept / "trace0.json").read_text()),
+        rec["cell"]["window_steps"],
+        onset,
+        lines,
+        json.loads((kept / "summary.json").read_text()),
+        exp,
+    )
+    got["seconds_to_flag"] = (
+        rec.get("seconds_to_flag") if got.get("flag_window") is not None else None
+    )
+    return rec | got
+
+
 def report(records: Sequence[dict[str, Any]]) -> None:
     from bench.realjobs.grid import cell_rows, goal_lines
 

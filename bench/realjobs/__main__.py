@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bench.realjobs import OUT, REPEATS, SIZES, WORKLOADS, load, report, run_grid
+from bench.realjobs import OUT, REPEATS, SIZES, WORKLOADS, load, rejudge, report, run_grid
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
 
@@ -34,12 +34,15 @@ def run_cmd(
 
 
 @app.command("report")
-def report_cmd(out: Annotated[Path, typer.Option()] = OUT) -> None:
+def report_cmd(
+    out: Annotated[Path, typer.Option()] = OUT,
+    again: Annotated[bool, typer.Option(help="judge each run again from its kept files")] = False,
+) -> None:
     """The tables and goals of every run recorded in OUT/runs.jsonl."""
     records = load(out)
     if not records:
         raise typer.BadParameter(f"no runs recorded in {out / 'runs.jsonl'}")
-    report(records)
+    report([rejudge(r) for r in records] if again else records)
 
 
 if __name__ == "__main__":

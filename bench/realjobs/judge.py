@@ -92,9 +92,16 @@ def cause_right(line: dict[str, Any] | None, exp: Expected) -> bool:
     return bool((line.get("cause") or {}).get("kind") == exp.cause)
 
 
-def summary_finding(summary: dict[str, Any], exp: Expected) -> dict[str, Any] | None:
-    """The end summary's (latest) finding on the subject, or None."""
-    found = [f for f in summary.get("findings", []) if matches(f, exp)]
+def summary_finding(
+    summary: dict[str, Any], exp: Expected, flag: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The end summary's (latest) finding on the subject (on the flagged rank, where
+    one was flagged), or None."""
+    found = [
+        f
+        for f in summary.get("findings", [])
+        if matches(f, exp) and (flag is None or f.get("rank") == flag.get("rank"))
+    ]
     return found[-1] if found else None
 
 
@@ -181,7 +188,7 @@ def judge(
         start = onset_window(onset["coll_seq"], wc)
         sd = slowdown(window_step_ms(seqs, times, wc), onset["coll_seq"], wc)
         flag = first_flag(lines, exp, since)
-        summ = summary_finding(summary, exp)
+        summ = summary_finding(summary, exp, flag)
         flagged = {f.get("rank") for f in lines if f.get("state") == "flagged" and matches(f, exp)}
         out |= {
             "onset_window": start,
@@ -198,6 +205,8 @@ def judge(
             "cause_right_flag": cause_right(flag, exp),
             "summary_cause": None if summ is None else (summ.get("cause") or {}).get("kind"),
             "cause_right_summary": cause_right(summ, exp),
+            # a finding cleared before the job's end has no cause in the summary
+            "summary_state": None if summ is None else summ.get("state"),
             "expected_flagged": sorted(r for r in flagged if r is not None)
             if exp.kind == "rank"
             else [],
