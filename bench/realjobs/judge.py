@@ -5,8 +5,11 @@ numbers them (``coll_seq // window_colls``). Onset is the first whole window und
 the fault: the first window that starts at or after the onset step's collective.
 The slowdown is the job's own: rank 0's mean step time in the windows from onset
 against the same run's windows before the one the fault began in (warm-up left
-out). "Flagged" is a line with ``state: flagged``; windows to flag count from onset
-(0: flagged on the onset window itself).
+out). "Flagged" is a line with ``state: flagged``; windows to flag are counted as
+bench/detection.py counts them on the simulator: the windows under the fault up to
+and including the one flagged, the onset window counting as 1 (the 3-of-4 rule's
+fastest is 3, or 2 where the window the fault began in was already suspect; 0:
+flagged in that partial window).
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ def judge(
             "onset_window": start,
             "slowdown": sd,
             "flag_window": None if flag is None else flag["window"],
-            "windows_to_flag": None if flag is None else flag["window"] - start,
+            "windows_to_flag": None if flag is None else flag["window"] - start + 1,
             "seconds_to_flag": None
             if flag is None or seen_s is None
             else seen_s.get(next(i for i, f in enumerate(lines) if f is flag)),
