@@ -131,15 +131,19 @@ def test_recorded_runs_are_judged_and_tabled() -> None:
             json.loads((d / "summary.json").read_text()),
             exp,
         )
-        for key in (
-            "slowdown",
-            "windows_to_flag",
-            "flag_cause",
-            "false_flags",
-            "healthy_rank_windows",
-        ):
+        keys = ("slowdown", "windows_to_flag", "flag_cause", "cause_right_summary", "false_flags")
+        for key in (*keys, "healthy_rank_windows"):
             assert got.get(key) == rec.get(key), (d.name, key)
         records.append(rec)
+        if d.name == "gpt-hog-1":
+            # both ranks on the hogged CPU flagged; cleared before the end, so the
+            # summary's line has no cause: not right there
+            assert got["expected_flagged"] == [0, 2] and got["summary_state"] == "cleared"
+            assert got["cause_right_flag"] and not got["cause_right_summary"]
+        if d.name == "conv-none":  # a healthy run: its one flag is false
+            assert (
+                got["false_flags"] == 1 and got["healthy_rank_windows"] == 4 * got["windows_scored"]
+            )
     rows = grid.cell_rows(records)
     assert len(rows) == 2 + len(
         {(r["cell"]["workload"], r["cell"]["mechanism"], r["cell"]["size"]) for r in records}
