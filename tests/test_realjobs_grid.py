@@ -79,6 +79,7 @@ def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
 
     lines = [
         line("rank", 1, 3, "flagged", "unknown"),  # before the fault, another rank: false
+        line("rank", 2, 5, "flagged", "host"),  # the subject, before the fault: false
         line("rank", 2, start, "suspect", "host"),
         line("rank", 2, start + 2, "flagged", "host"),
     ]
@@ -87,17 +88,17 @@ def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
         "windows_scored": 20,
         "findings": [line("rank", 2, 19, "ongoing", "unknown")],
     }
-    got = judge(tr, ws, onset, lines, summary, HOST_RANK2, {2: 3.5})
+    got = judge(tr, ws, onset, lines, summary, HOST_RANK2, {3: 3.5})
     # as the simulator's bench counts: the onset window is 1
     assert got["windows_to_flag"] == 3 and got["seconds_to_flag"] == 3.5
     assert got["cause_right_flag"] and not got["cause_right_summary"]  # the summary said unknown
     assert not grid.cause_ok(got)
-    assert got["false_flags"] == 1
+    assert got["false_flags"] == 2
     # every rank's 20 windows, less rank 2's from the window the fault began in
     assert got["healthy_rank_windows"] == 4 * 20 - (20 - start + 1)
     # a healthy run: every flag is false, every rank-window healthy
     healthy = judge(tr, ws, None, lines, summary, None)
-    assert healthy["false_flags"] == 2 and healthy["healthy_rank_windows"] == 80
+    assert healthy["false_flags"] == 3 and healthy["healthy_rank_windows"] == 80
 
 
 def test_upper_bound_is_clopper_pearsons() -> None:
