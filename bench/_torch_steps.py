@@ -1,6 +1,9 @@
 """The DDP part of bench/torch_backend.py (its item 2): step time of a real DDP job
 through ``artemis`` against gloo, interleaved at the step, per scheduler setting, and
-bare ``all_reduce`` calls over real gloo; the workers run in spawned processes.
+bare ``all_reduce`` calls over real gloo; the workers run in spawned processes. The
+job is the benches' MLP or the real-job grid's GPT (bench/realjobs/workloads.py:
+transformer blocks, AdamW, token batches), the same model, optimizer and batch in
+every arm.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ def _print_allreduce(setting: str) -> None:
 
 
 def _ddp_worker(
-    rank: int, init: str, out: str, setting: str, seed: int, iters: int, warmup: int
+    rank: int, init: str, out: str, setting: str, seed: int, iters: int, warmup: int, workload: str
 ) -> None:
     _set_sched(rank, setting)
     import gc
@@ -158,6 +161,7 @@ def _ddp_worker(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from bench._interleave import orders
+    from bench.realjobs.workloads import batches, model_and_loss
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
@@ -179,14 +183,10 @@ def _ddp_worker(
         gc.collect()
         for name in rng.sample(list(arms), len(arms)):
             torch.manual_seed(0)
-            m = mlp()
-            models[name] = (
-                DDP(m, process_group=groups[name]),
-                torch.optim.SGD(m.parameters(), lr=0.01),
-            )
+            m, opt, loss = model_and_loss(workload)
+            models[name] = (DDP(m, process_group=groups[name]), opt, loss)
 
-    x, y = torch.randn(128, 64), torch.randn(128, 1)
-    mse = torch.nn.functional.mse_loss
+    batch = next(batches(workload, rank, 1))
     spin_ns = 0
     clock, cpu = time.perf_counter_ns, time.process_time_ns
 
@@ -196,11 +196,11 @@ def _ddp_worker(
         return ru.ru_nvcsw + ru.ru_nivcsw
 
     def step(name: str) -> tuple[int, int, int]:
-        model, opt = models[name]
+        model, opt, loss = models[name]
         s0 = switches()
         t0, c0 = clock(), cpu()
         opt.zero_grad()
-        mse(model(x), y).backward()
+        loss(model, batch).backward()
         opt.step()
         if name == "gloo+1%":  # a known extra: 1% of gloo's step, busy, on every rank
             end = clock() + spin_ns
@@ -263,7 +263,7 @@ def _ddp_worker(
     _exit_now()
 
 
-def _step_run(setting: str, seed: int) -> list[dict[str, Any]]:
+def _step_run(setting: str, seed: int, workload: str) -> list[dict[str, Any]]:
     """One run of the interleaved DDP job (2 fresh rank processes); both ranks' data."""
     import torch.multiprocessing as mp
 
@@ -272,7 +272,7 @@ def _step_run(setting: str, seed: int) -> list[dict[str, Any]]:
     os.environ["ARTEMIS_SHM_DIR"] = rings = _ring_dir()
     mp.start_processes(
         _ddp_worker,
-        args=(str(d / "store"), str(d), setting, seed, DDP_ITERS, DDP_WARMUP),
+        args=(str(d / "store"), str(d), setting, seed, DDP_ITERS, DDP_WARMUP, workload),
         nprocs=2,
         start_method="spawn",
     )
@@ -310,18 +310,26 @@ def _fifo_permitted() -> bool:
     return True
 
 
-def print_step_times(cpp_own: float | None) -> None:
-    settings = [s for s in DDP_SETTINGS if "fifo" not in s or _fifo_permitted()]
+def print_step_times(
+    cpp_own: float | None,
+    workload: str = "mlp",
+    n_runs: int = DDP_RUNS,
+    settings: tuple[str, ...] = DDP_SETTINGS,
+    allreduce: bool = True,
+) -> None:
+    """The step-time table of ``workload`` (``mlp`` or ``gpt``); then, with
+    ``allreduce``, the bare all_reduce table."""
+    asked, settings = settings, tuple(s for s in settings if "fifo" not in s or _fifo_permitted())
     arms = "gloo, gloo-aa (a second gloo group: the A/A control), artemis, gloo+1%"
     print(
-        f"\nDDP step time, 2 gloo ranks, step-interleaved: {DDP_RUNS} runs per setting, "
+        f"\nDDP step time, {workload} job, 2 gloo ranks, step-interleaved: {n_runs} runs per setting, "
         f"each {DDP_ITERS} iterations (after {DDP_WARMUP} discarded) of one step of each "
         f"arm ({arms}: the positive control, spinning 1% of gloo's warm-up step), in "
         "shuffled blocks of all 24 orders; per iteration the ratio of an arm's step to "
         "gloo's; median [95% bootstrap interval]; rank 0. Settings: cfs = the default "
         "scheduler; fifo = the ranks SCHED_FIFO; pinned = each rank on its own core:"
     )
-    if len(settings) < len(DDP_SETTINGS):
+    if len(settings) < len(asked):
         print("(SCHED_FIFO is not permitted here: the fifo settings are skipped)")
     print(
         "| setting | run | load avg | gloo ms | ctx sw / step: gloo, artemis | "
@@ -336,9 +344,9 @@ def print_step_times(cpp_own: float | None) -> None:
 
     summary: dict[str, list[dict[str, Any]]] = {k: [] for k in settings}
     info: dict[str, Any] = {}
-    for r in range(DDP_RUNS):
+    for r in range(n_runs):
         for setting in settings:  # alternated, so the load drifts over all of them
-            ranks = _step_run(setting, seed=r)
+            ranks = _step_run(setting, r, workload)
             s = _step_stats(ranks[0])
             info = ranks[0]
             s["csw"] = info["csw_per_step"]
@@ -385,4 +393,5 @@ def print_step_times(cpp_own: float | None) -> None:
             f"{per_step * cpp_own / 1e3 / gloo_ms * 100:.3f}% of the fastest setting's "
             f"{gloo_ms:.2f} ms gloo step"
         )
-    _print_allreduce(settings[-1])
+    if allreduce:
+        _print_allreduce(settings[-1])

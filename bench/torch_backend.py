@@ -21,7 +21,9 @@
    pinned to a core. With the collectives per step and the C++ wrapper's cost per
    step from its cost per collective. Goal: <= 1% on CPU DDP. Then bare
    ``all_reduce`` calls over real gloo, artemis against gloo, interleaved per call:
-   the wrapper's cost over a real backend rather than over ``fake``. (This part's
+   the wrapper's cost over a real backend rather than over ``fake``. The same
+   step-time table again for the real-job grid's GPT job (a transformer, AdamW, token
+   batches: bench/realjobs/workloads.py; issue 31's goal <= 1% too). (This part's
    code: bench/_torch_steps.py.)
 3. Where the Python path's CPU goes: the cost of one read of each clock (CPU time of
    the reading thread, 50k reads), and the wrapper's cost with its CPU clock
@@ -318,6 +320,8 @@ def main() -> int:
             f"{own / pieces['CLOCK_PROCESS_CPUTIME_ID read (a system call)']:.1f} reads |"
         )
     print_step_times(None if cpp is None else cpp - base)
+    # the real-job grid's GPT (issue 31): transformer blocks, AdamW, token batches
+    print_step_times(None if cpp is None else cpp - base, workload="gpt", allreduce=False)
     print("\nCPU per clock read (ns, median of 5 runs of 50k reads, empty loop subtracted):")
     print("| clock | ns per read |")
     print("|---|---:|")
@@ -352,13 +356,17 @@ def main() -> int:
     return 0
 
 
-def ddp_main() -> int:
-    """The DDP step-time part alone (``python -m bench.torch_backend ddp``)."""
-    print_step_times(None)
+def ddp_main(workload: str = "mlp") -> int:
+    """The DDP step-time part alone (``python -m bench.torch_backend ddp`` for the MLP,
+    ``ddp-gpt`` for the GPT job)."""
+    print_step_times(None, workload=workload, allreduce=workload == "mlp")
     return 0
 
 
 if __name__ == "__main__":
     import sys
 
-    raise SystemExit(ddp_main() if sys.argv[1:] == ["ddp"] else main())
+    args = sys.argv[1:]
+    if args in (["ddp"], ["ddp-gpt"]):
+        raise SystemExit(ddp_main("gpt" if args == ["ddp-gpt"] else "mlp"))
+    raise SystemExit(main())

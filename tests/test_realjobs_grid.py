@@ -1,0 +1,175 @@
+"""The real-job grid (bench/realjobs): its arithmetic on recorded and built records,
+and one real cell end to end (a SIGSTOP duty cycle on the GPT job's rank 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.realjobs import grid
+from bench.realjobs.judge import (
+    Expected,
+    binom_cdf,
+    colls_per_step,
+    judge,
+    onset_window,
+    slowdown,
+    upper_bound,
+    window_step_ms,
+)
+
+RECORDED = Path(__file__).parent / "data" / "realjobs"
+HOST_RANK2 = Expected("rank", (2,), "host")
+
+
+def _trace(step_ms: list[float], colls: int = 2, first: int = 4) -> dict[str, Any]:
+    """A rank's trace: ``first`` start-up collectives, then ``colls`` per step."""
+    t, seqs, times = 0, [], []
+    for i, ms in enumerate([*step_ms, 0.0]):
+        seqs.append(first + colls * i)
+        times.append(t)
+        t += int(ms * 1e6)
+    return {"coll_seq": seqs, "t_ns": times}
+
+
+def test_onset_is_the_first_whole_window_under_the_fault() -> None:
+    wc = 50
+    assert onset_window(500, wc) == 10  # the fault starts with window 10
+    assert onset_window(501, wc) == 11  # window 10 is only partly under it
+    assert onset_window(549, wc) == 11
+
+
+def test_slowdown_is_the_faulted_windows_against_the_same_runs_earlier_windows() -> None:
+    ws, base, slow = 25, 40.0, 52.0
+    fault_step = 10 * ws + ws // 2
+    tr = _trace([base] * fault_step + [slow] * (8 * ws + 5))
+    wc = ws * colls_per_step(tr["coll_seq"])
+    assert wc == 50
+    onset_seq = tr["coll_seq"][fault_step]
+    per = window_step_ms(tr["coll_seq"], tr["t_ns"], wc)
+    # the window the fault began in mixes both, the trace's cut-short last one is gone
+    first = onset_seq // wc
+    assert base < per[first] < slow
+    assert max(per) < (tr["coll_seq"][-1]) // wc
+    assert math.isclose(slowdown(per, onset_seq, wc) or 0, slow / base - 1, rel_tol=1e-9)
+    # no window before the fault (past warm-up): nothing to compare with
+    assert slowdown(per, 2 * wc, wc) is None
+
+
+def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
+    ws = 25
+    fault_step = 10 * ws + ws // 2
+    tr = _trace([40.0] * fault_step + [60.0] * (8 * ws))
+    onset = {"coll_seq": tr["coll_seq"][fault_step], "t_ns": tr["t_ns"][fault_step]}
+    start = onset_window(onset["coll_seq"], 50)
+
+    def line(kind: str, rank: int, window: int, state: str, cause: str) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "rank": rank,
+            "window": window,
+            "state": state,
+            "cause": {"kind": cause},
+        }
+
+    lines = [
+        line("rank", 1, 3, "flagged", "unknown"),  # before the fault, another rank: false
+        line("rank", 2, 5, "flagged", "host"),  # the subject, before the fault: false
+        line("rank", 2, start, "suspect", "host"),
+        line("rank", 2, start + 2, "flagged", "host"),
+    ]
+    summary = {
+        "ranks": 4,
+        "windows_scored": 20,
+        "findings": [line("rank", 2, 19, "ongoing", "unknown")],
+    }
+    got = judge(tr, ws, onset, lines, summary, HOST_RANK2, {3: 3.5})
+    # as the simulator's bench counts: the onset window is 1
+    assert got["windows_to_flag"] == 3 and got["seconds_to_flag"] == 3.5
+    assert got["cause_right_flag"] and not got["cause_right_summary"]  # the summary said unknown
+    assert not grid.cause_ok(got)
+    assert got["false_flags"] == 2
+    # every rank's 20 windows, less rank 2's from the window the fault began in
+    assert got["healthy_rank_windows"] == 4 * 20 - (20 - start + 1)
+    # a healthy run: every flag is false, every rank-window healthy
+    healthy = judge(tr, ws, None, lines, summary, None)
+    assert healthy["false_flags"] == 3 and healthy["healthy_rank_windows"] == 80
+
+
+def test_upper_bound_is_clopper_pearsons() -> None:
+    for n in (10, 300, 2000):
+        # no event: the bound solves (1 - p)^n = 0.05 (about 3/n, the rule of three)
+        assert math.isclose(upper_bound(0, n), 1 - 0.05 ** (1 / n), rel_tol=1e-6)
+    for k, n in ((1, 50), (3, 2000), (7, 40)):
+        ub = upper_bound(k, n)
+        assert k / n < ub < 1
+        assert math.isclose(binom_cdf(k, n, ub), 0.05, rel_tol=1e-4)
+    assert upper_bound(5, 5) == 1.0
+    with pytest.raises(ValueError, match="n=0"):
+        upper_bound(0, 0)
+
+
+def test_recorded_runs_are_judged_and_tabled() -> None:
+    """Runs recorded by ``python -m bench.realjobs`` (tests/data/realjobs): judged again
+    from their trace, findings and summary, they give what the grid recorded."""
+    runs = sorted(p for p in RECORDED.iterdir() if p.is_dir())
+    assert runs
+    records = []
+    for d in runs:
+        rec = json.loads((d / "record.json").read_text())
+        exp = Expected(**rec["expected"]) if rec["expected"] else None
+        lines = [json.loads(x) for x in (d / "findings.jsonl").read_text().splitlines()]
+        got = judge(
+            json.loads((d / "trace0.json").read_text()),
+            rec["cell"]["window_steps"],
+            json.loads((d / "onset.json").read_text()) if exp else None,
+            lines,
+            json.loads((d / "summary.json").read_text()),
+            exp,
+        )
+        keys = ("slowdown", "windows_to_flag", "flag_cause", "cause_right_summary", "false_flags")
+        for key in (*keys, "healthy_rank_windows"):
+            assert got.get(key) == rec.get(key), (d.name, key)
+        records.append(rec)
+        if d.name == "gpt-hog-1":
+            # both ranks on the hogged CPU flagged; cleared before the end, so the
+            # summary's line has no cause: not right there
+            assert got["expected_flagged"] == [0, 2] and got["summary_state"] == "cleared"
+            assert got["cause_right_flag"] and not got["cause_right_summary"]
+        if d.name == "conv-none":  # a healthy run: its one flag is false
+            assert (
+                got["false_flags"] == 1 and got["healthy_rank_windows"] == 4 * got["windows_scored"]
+            )
+    rows = grid.cell_rows(records)
+    assert len(rows) == 2 + len(
+        {(r["cell"]["workload"], r["cell"]["mechanism"], r["cell"]["size"]) for r in records}
+    )
+    assert any("false flags" in x for x in grid.goal_lines(records))
+
+
+@pytest.mark.slow
+@pytest.mark.torch_e2e
+def test_sigstop_duty_cycle_on_the_gpt_job_flags_the_rank_as_host(tmp_path: Path) -> None:
+    """One real cell: rank 2 of the 4-rank GPT job SIGSTOPped 40 ms of every 100 ms
+    from mid-window 10, under ``artemis run``. The issue's goals hold at a load average
+    of 4 or less; above it (on this shared 2-core machine, 9-35 while this was
+    written) the other tenants' load moves the job's step time by more than the fault
+    does, and the grid measured this cell flagged in 1 of 3 runs at load 11-35."""
+    pytest.importorskip("torch")
+    if os.getloadavg()[0] > 4:
+        pytest.skip(
+            f"load average {os.getloadavg()[0]:.1f} > 4: the issue's goals are for a quiet machine"
+        )
+    from bench.realjobs.runner import Cell, run
+
+    rec = run(Cell("gpt", "sigstop", 40.0), tmp_path, f"e2e-{os.getpid()}")
+    assert "error" not in rec, rec.get("error")
+    assert rec["flag_window"] is not None, rec
+    assert rec["expected_flagged"] == [2], rec
+    assert rec["flag_cause"] == "host" and rec["cause_right_summary"], rec
+    assert rec["false_flags"] == 0, rec
