@@ -14,7 +14,9 @@ is a column of the same name, every Telemetry field a column `tel_<field>`.
 Absent numbers: float columns hold NaN; optional integer columns are float64
 with NaN for absent (exact up to 2**53; the wire refuses larger ones there).
 Strings, the `throttle` maps and `missing` are Python lists, one entry a row.
-Arrays decoded from the wire are read-only views of the frame.
+Arrays decoded from the wire are read-only views of the frame, and an optional
+numeric column a batch lacks is a shared read-only NaN row (`absent`), which
+`concat` and `take` keep: consumers never write into a window's columns.
 
 Wire form (`WindowBatch`, see protocol/README.md): `n` rows; a numeric column
 is `[dtype, bin]` or, for an optional integer column, `[dtype, bin, validity]`
