@@ -34,29 +34,26 @@ def _builtins(state: Any) -> Any:
 def plain(state: msgspec.Struct) -> Any:
     """`state` as plain data (dicts, lists, raw bytes kept as bytes): what is saved.
 
-    A detector's two rank-long lists (`host`, `island_of`: made fresh by `.tolist()`
-    for this state) are handed over as they are: converting them would copy 2 x nranks
-    items on every window's save (about 1 ms at 100k ranks, bench/README.md "Detector
-    scoring", the snapshot column)."""
-    path: list[str] = []
-    det: Any = state
-    while not isinstance(det, DetectorState):
-        key = "monitor" if isinstance(det, JobState) else "detector"
-        if not isinstance(det, (JobState, MonitorState)) or getattr(det, key) is None:
-            return _builtins(state)
-        path.append(key)
-        det = getattr(det, key)
-    light: Any = msgspec.structs.replace(det, host=[], island_of=[])
-    for depth in range(len(path) - 1, -1, -1):  # the same state around the lighter node
-        outer: Any = state
-        for key in path[:depth]:
-            outer = getattr(outer, key)
-        light = msgspec.structs.replace(outer, **{path[depth]: light})
+    The rank-long containers (`_AS_IS`) are handed over, not converted: converting
+    them would copy every item on every window's save (at 100k ranks about 1 ms for
+    the detector's two lists, bench/README.md "Detector scoring", the snapshot
+    column; as much again for the monitor's hosts). The structs on the way to them
+    (`_INNER`) are converted the same way; the rest goes through msgspec."""
+    kind = type(state)
+    as_is = {n: getattr(state, n) for n in _AS_IS.get(kind, ())}
+    inner = {n: getattr(state, n) for n in _INNER.get(kind, ())}
+    inner = {n: v for n, v in inner.items() if isinstance(v, msgspec.Struct)}
+    if not as_is and not inner:
+        return _builtins(state)
+    # Placeholders in their places (None converts for free), so the keys keep the
+    # fields' order and a state file's bytes do not change.
+    light = msgspec.structs.replace(state, **dict.fromkeys([*as_is, *inner]))
     out = _builtins(light)
-    node = out
-    for key in path:
-        node = node[key]
-    node["host"], node["island_of"] = det.host, det.island_of
+    for n, v in as_is.items():
+        # the detector's lists are fresh (`.tolist()`); the monitor's hosts is its own
+        out[n] = dict(v) if isinstance(v, dict) else v
+    for n, v in inner.items():
+        out[n] = plain(v)
     return out
 
 
@@ -240,3 +237,11 @@ class JobState(msgspec.Struct, kw_only=True):
     # The job's corrections (rebalance/corrections.py CorrectionBookState), written and
     # read by the coordinator's shell (coordinator/corrections.py); absent: none.
     corrections: dict[str, Any] | None = None
+
+
+# plain(): the fields handed over as they are, and the structs that lead to them.
+_AS_IS: dict[type, tuple[str, ...]] = {
+    DetectorState: ("host", "island_of"),
+    MonitorState: ("hosts",),
+}
+_INNER: dict[type, tuple[str, ...]] = {JobState: ("monitor",), MonitorState: ("detector",)}

@@ -269,22 +269,31 @@ def telemetry(cols: WindowColumns, rows: Sequence[int]) -> list[Telemetry]:
     """The telemetry of some rows as records, for diagnosis (per finding, never per
     rank): one fancy index per column, then one record per row."""
     idx = np.asarray(rows, dtype=np.intp)
-    fields: dict[str, list[Any]] = {}
+    il = idx.tolist()
+    fields: list[list[Any]] = []
     for name, kind in TELEMETRY_COLUMNS.items():
         col = cols[f"tel_{name}"]
         if kind in ("of", "oi"):
-            v: F64 = col[idx]
-            conv = int if kind == "oi" else float
-            fields[name] = [None if x != x else conv(x) for x in v.tolist()]  # NaN: absent
+            fields.append(_numbers(col[idx], kind == "oi"))
         elif kind == "m":
-            fields[name] = [tuple(col[i]) for i in idx.tolist()]
+            fields.append([tuple(col[i]) for i in il])
         else:
-            fields[name] = [col[i] for i in idx.tolist()]
-    names = list(fields)
-    return [
-        Telemetry(**dict(zip(names, vals, strict=True)))
-        for vals in zip(*fields.values(), strict=True)
-    ]
+            fields.append([col[i] for i in il])
+    # Positional: the columns are in Telemetry's field order (protocol/columns.py)
+    return [Telemetry(*vals) for vals in zip(*fields, strict=True)]
+
+
+def _numbers(v: F64, ints: bool) -> list[Any]:
+    """An optional number column's values as Python numbers, None where NaN (absent).
+    Whole columns at a time where they can be: many are absent on every row (a
+    source the node lacks), most others present on every row."""
+    absent = np.isnan(v)
+    if absent.all():
+        return [None] * v.size
+    if not absent.any():
+        return list(map(int, v.tolist())) if ints else v.tolist()
+    conv = int if ints else float
+    return [None if x != x else conv(x) for x in v.tolist()]
 
 
 def per_sample_scale(samples: F64) -> F64 | None:

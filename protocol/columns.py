@@ -14,7 +14,9 @@ is a column of the same name, every Telemetry field a column `tel_<field>`.
 Absent numbers: float columns hold NaN; optional integer columns are float64
 with NaN for absent (exact up to 2**53; the wire refuses larger ones there).
 Strings, the `throttle` maps and `missing` are Python lists, one entry a row.
-Arrays decoded from the wire are read-only views of the frame.
+Arrays decoded from the wire are read-only views of the frame, and an optional
+numeric column a batch lacks is a shared read-only NaN row (`absent`), which
+`concat` and `take` keep: consumers never write into a window's columns.
 
 Wire form (`WindowBatch`, see protocol/README.md): `n` rows; a numeric column
 is `[dtype, bin]` or, for an optional integer column, `[dtype, bin, validity]`
@@ -31,7 +33,7 @@ import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, Literal
 
 import msgspec
@@ -158,22 +160,34 @@ class WindowColumns:
             return cls.empty()
         if len(parts) == 1:
             return parts[0]
+        n = sum(p.n for p in parts)
+        # An optional column that no part has stays one shared NaN row (`absent`):
+        # concatenating the parts' NaNs would allocate and fill a fresh array per
+        # such column, about half of a usual batch's numeric columns.
+        marks = [_ABSENT.get(p.n) for p in parts]
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
-            if kind in _ARRAY_KINDS:
-                cols[name] = np.concatenate([p.cols[name] for p in parts])
+            got = [p.cols[name] for p in parts]
+            if kind not in _ARRAY_KINDS:
+                cols[name] = list(chain.from_iterable(got))
+            elif kind in ("of", "oi") and all(map(is_, got, marks)):
+                cols[name] = absent(n)
             else:
-                cols[name] = list(chain.from_iterable([p.cols[name] for p in parts]))
-        return cls._checked(sum(p.n for p in parts), cols)
+                cols[name] = np.concatenate(got)
+        return cls._checked(n, cols)
 
     def take(self, idx: npt.NDArray[np.intp] | Sequence[int]) -> WindowColumns:
         """The rows at `idx`, in that order."""
         ix = np.asarray(idx, dtype=np.intp)
         il = ix.tolist()
+        mark = _ABSENT.get(self.n)  # an absent column stays the shared NaN row
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
             v = self.cols[name]
-            cols[name] = v[ix] if kind in _ARRAY_KINDS else list(map(v.__getitem__, il))
+            if kind not in _ARRAY_KINDS:
+                cols[name] = list(map(v.__getitem__, il))
+            else:
+                cols[name] = absent(len(il)) if v is mark else v[ix]
         return WindowColumns._checked(len(il), cols)
 
     # -- reading ------------------------------------------------------------
@@ -212,6 +226,27 @@ def _empty(kind: str) -> Any:
     if kind in ("f", "of", "oi"):
         return np.zeros(0, dtype=np.float64)
     return []
+
+
+# The NaN row of an optional numeric column absent from a batch: one read-only array
+# per row count, shared by every absent column of every batch of that size (a fleet
+# sends batches of a few sizes: a node's ranks), so `concat` knows by identity that
+# no part has the column. Sizes past _ABSENT_ROWS, or past _ABSENT_SIZES distinct
+# sizes, get a fresh row (still NaN and read-only: only the shortcut is lost).
+_ABSENT: dict[int, npt.NDArray[np.float64]] = {}
+_ABSENT_ROWS = 1 << 14
+_ABSENT_SIZES = 64
+
+
+def absent(n: int) -> npt.NDArray[np.float64]:
+    """The shared read-only NaN row of an absent optional column of `n` rows."""
+    row = _ABSENT.get(n)
+    if row is None:
+        row = np.full(n, math.nan)
+        row.flags.writeable = False
+        if n <= _ABSENT_ROWS and len(_ABSENT) < _ABSENT_SIZES:
+            _ABSENT[n] = row
+    return row
 
 
 def _column(kind: str, values: list[Any], n: int) -> Any:
@@ -313,7 +348,7 @@ def _opt_int_column(
     name: str, c: NumCol | None, n: int, lo: float, hi: float
 ) -> npt.NDArray[np.float64]:
     if c is None:
-        return np.full(n, math.nan)
+        return absent(n)
     hi = min(hi, _EXACT)
     a = _array(name, c, n)
     if c.dtype in _INT_DTYPES:
@@ -349,7 +384,7 @@ def _float_column(
     name: str, c: NumCol | None, n: int, lo: float, hi: float, optional: bool
 ) -> npt.NDArray[np.float64]:
     if c is None:
-        return np.full(n, math.nan)
+        return absent(n)
     if c.valid is not None:
         raise ColumnError(name, "a validity bitmap goes with an integer dtype only")
     f = _array(name, c, n).astype(np.float64, copy=False)
@@ -492,8 +527,7 @@ def _from_wire_fast(b: Any) -> dict[str, Any] | None:
         nopt = len(plan.opt_ints)
         cols.update(zip(plan.opt_ints, ints[k - nopt :].astype(np.float64), strict=True))
     if plan.absent:
-        nan_row = np.full(n, math.nan)
-        nan_row.flags.writeable = False
+        nan_row = absent(n)
         for name in plan.absent:
             cols[name] = nan_row
     others = _get_other(b)

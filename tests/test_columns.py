@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from artemis.protocol.columns import COLUMNS, WindowColumns
+import msgspec
+from artemis.protocol.columns import COLUMNS, WindowBatch, WindowColumns, from_wire, to_wire
 from artemis.protocol.records import RankWindow, Telemetry
 from window_records import window_record
 
@@ -58,3 +59,25 @@ def test_a_short_column_is_named() -> None:
         assert "rank" in str(e)
     else:
         raise AssertionError("a short column was accepted")
+
+
+def _wire(recs: list[RankWindow]) -> WindowColumns:
+    data = msgspec.msgpack.encode(to_wire(WindowColumns.from_records(recs)))
+    return from_wire(msgspec.msgpack.decode(data, type=WindowBatch))
+
+
+def test_wire_batches_concat_and_take_keep_every_value_absent_columns_included() -> None:
+    # Batches off the wire share one NaN row for the optional columns they lack, and
+    # concat/take keep it for a column no part has: each value must still come back,
+    # whether the column is absent from every part, some, or none.
+    a = [_rw(0), _rw(1)]  # no sm_mhz, no cpu_pct
+    b = [_rw(2, sm_mhz=1410.0), _rw(3, sm_mhz=1400.0, cpu_pct=55.5)]
+    c = [_rw(4)]
+    both = WindowColumns.concat([_wire(a), _wire(b), _wire(c)])
+    assert both.rows() == [*a, *b, *c]
+    assert both.take([3, 0]).rows() == [b[1], a[0]]
+    lacking = WindowColumns.concat([_wire(a), _wire(c)])
+    assert lacking.rows() == [*a, *c]
+    sm = lacking.floats("tel_sm_mhz")
+    assert sm.size == 3 and all(math.isnan(x) for x in sm.tolist())
+    assert lacking.take([2, 1]).rows() == [c[0], a[1]]
