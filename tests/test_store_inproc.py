@@ -5,6 +5,7 @@ loader, and what its store holds against its JSONL."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ def test_in_process_detector_keeps_a_store(tmp_path: Path) -> None:
             "ARTEMIS_SHM_DIR": str(tmp_path / "shm"),
             "ARTEMIS_JOB": "inproc",
             "PATH": "/usr/bin:/bin",
+            # a tree's own code first where the caller put it there (a worktree)
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         },
     )
     assert p.returncode == 0, p.stdout + p.stderr
