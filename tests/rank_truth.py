@@ -17,10 +17,10 @@ longer holds more of it.
 ``flag_deadline`` gives a fault's first flag a window more for each window in which
 the machine slowed another rank about as much as the fault (that window's noise).
 ``unexplained`` holds every flag of a rank nothing was injected into to that record:
-in the flagged window, the rank's median over its gaps of its threads' time on a
-core or waiting for one (the detector's statistic is a median over steps too) over
-its peers' median has to
-account for at least half of the excess the finding reports (the share a cause
+in the flagged window, the rank's median gap (its length, or its threads' time on a
+core or waiting for one in it, whichever is longer; the detector's statistic is a
+median over steps too) over its peers' median has to account for at least half of
+the excess the finding reports (the share a cause
 must explain, detect/hostfit.py). Nothing is loosened: a flag the rank's own record
 does not bear out fails the test as before.
 """
@@ -116,26 +116,39 @@ class Truth:
             got[r] = {int(k): v for k, v in rows.items() if len(v) == 6}
         return cls(got)
 
-    def gap_busy_ms(self, rank: int, lo: int, hi: int) -> float | None:
+    def gap_ms(self, rank: int, lo: int, hi: int, wall: bool) -> float | None:
         """Median, over the collectives in [lo, hi) whose predecessor the rank recorded
-        too, of the ms its threads spent on a core or waiting for one in the gap
-        before the collective; None when there is none."""
+        too, of the gap before the collective in ms: its length on the rank's clock
+        (``wall``), or the time the rank's threads spent in it on a core or waiting for
+        one; None when there is none."""
         rows = self.rows[rank]
-        busy = [
-            ((rows[i][1] - rows[i - 1][4]) + (rows[i][2] - rows[i - 1][5])) / 1e6
+        gaps = [
+            (
+                (rows[i][0] - rows[i - 1][3])
+                if wall
+                else (rows[i][1] - rows[i - 1][4]) + (rows[i][2] - rows[i - 1][5])
+            )
+            / 1e6
             for i in range(lo, hi)
             if i in rows and i - 1 in rows
         ]
-        return statistics.median(busy) if busy else None
+        return statistics.median(gaps) if gaps else None
 
     def extra_ms(self, rank: int, lo: int, hi: int) -> float | None:
-        """The rank's gap busy time over the median of its peers', in [lo, hi)."""
-        own = self.gap_busy_ms(rank, lo, hi)
-        peers = [self.gap_busy_ms(p, lo, hi) for p in self.rows if p != rank]
-        known = [x for x in peers if x is not None]
-        if own is None or not known:
-            return None
-        return own - statistics.median(known)
+        """How much longer the rank's gaps were than its peers' median in [lo, hi), by
+        the larger of its two measures: the gap's length (the main thread's view: a
+        page fault or a disk wait is idle time, yet the machine's), or its threads'
+        time in it (the backend's worker starting a collective late is inside the
+        detector's gap, outside the hook's)."""
+        best = None
+        for wall in (True, False):
+            own = self.gap_ms(rank, lo, hi, wall)
+            peers = [self.gap_ms(p, lo, hi, wall) for p in self.rows if p != rank]
+            known = [x for x in peers if x is not None]
+            if own is not None and known:
+                x = own - statistics.median(known)
+                best = x if best is None else max(best, x)
+        return best
 
 
 def flag_deadline(
