@@ -234,6 +234,8 @@ class Agent:
         # every one a window's gaps contain when that window is cut (below).
         order = sorted(self.rings.values(), key=lambda t: id(t) not in main_set)
         for t in order:
+            # The header as the last tick read it, after its poll: before this one.
+            was_finished = t.header.finished
             try:
                 batch = t.reader.poll()
                 t.header = t.reader.header()
@@ -259,7 +261,13 @@ class Agent:
                 t.progress.update(
                     now, done, inflight, finished=t.header.finished, ring_index=batch.write_index
                 )
-            t.drained = t.header.finished and not len(inflight)
+            # Finished only now: a completion may have landed between the poll and the
+            # header read, so a record still in flight gets one more tick. Finished
+            # before this poll: nothing is written after that, so what is still in
+            # flight was abandoned (a job that left while hung) and the last windows are
+            # cut; held back, a rank's last whole window never went out and the
+            # coordinator called the rank missing at its deadline.
+            t.drained = t.header.finished and (was_finished or not len(inflight))
         # Windows are taken after every ring was read, so a rank's bridge records
         # (another ring) are in before its window closes.
         live = self._largest_live()

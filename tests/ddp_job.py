@@ -5,7 +5,11 @@ spawns WORLD gloo-backed ranks through the ``artemis`` backend (one CPU thread
 each). From step S, rank R's data loader sleeps M ms per step before handing
 out the batch (an input stall: the process is idle, not busy). With
 ``--detector DIR`` each rank also runs ``artemis.job.Detector`` writing
-DIR/findings.jsonl (no agent, no coordinator). Exit code: ``--exit-code``.
+DIR/findings.jsonl (no agent, no coordinator). With ``--truth DIR`` its all-reduce
+goes through a comm hook that times it, and each rank writes DIR/truth-r<rank>.json:
+per collective, its start and completion on the rank's clock with its threads' summed
+CPU time and run delay at both, what the tests judge the detector's flags of the
+healthy ranks against (tests/rank_truth.py). Exit code: ``--exit-code``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import tempfile
 import time
 from typing import Any
 
+from rank_truth import StepTruth
 from torch_exit import exit_when_done
 from torch_rank import detector_from_args, join_artemis_group, tanh_mlp
 
@@ -52,11 +57,16 @@ def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     det = detector_from_args(args)
     torch.manual_seed(0)
     model = DDP(tanh_mlp(64, 256, 256, 1))
+    truth = StepTruth(rank, args.truth, args.world) if args.truth else None
+    if truth is not None:
+        truth.install(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for x, y in _loader(rank, args):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+    if truth is not None:
+        truth.write()
     if det is not None:
         det.close()
     dist.destroy_process_group()
@@ -73,6 +83,7 @@ def main() -> int:
     p.add_argument("--detector", default="", help="folder: run artemis.job.Detector")
     p.add_argument("--settings", default="{}", help="detector settings (JSON)")
     p.add_argument("--mark", default="", help="JSON file: where the stall started")
+    p.add_argument("--truth", default="", help="folder: each rank's own record of its gaps")
     p.add_argument("--exit-code", type=int, default=0)
     args = p.parse_args()
     import torch.multiprocessing as mp

@@ -64,7 +64,10 @@ def detector_job(
     ``bare_env``: nothing of this process's environment but a system PATH, as a job
     started outside any virtualenv or launcher would have."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin"} if bare_env else dict(os.environ)
+    # bare: a system PATH, and a tree's own code first where the caller put it there
+    # (a worktree's PYTHONPATH)
+    bare = {"PATH": "/usr/bin:/bin", **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
+    env = bare if bare_env else dict(os.environ)
     p = subprocess.run(
         [
             sys.executable,

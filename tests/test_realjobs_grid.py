@@ -153,7 +153,7 @@ def test_recorded_runs_are_judged_and_tabled() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.torch_e2e
+@pytest.mark.realjobs
 def test_sigstop_duty_cycle_on_the_gpt_job_flags_the_rank_as_host(tmp_path: Path) -> None:
     """One real cell: rank 2 of the 4-rank GPT job SIGSTOPped 40 ms of every 100 ms
     from mid-window 10, under ``artemis run``. The issue's goals hold at a load average
