@@ -147,9 +147,10 @@ def list_(
         )
     # No vertical rules, the windows in one column, and only the job (the longest,
     # and in the title of a one-job listing) folds: 80 columns are enough.
+    # The source is its own line, folded, never cut: a table title longer than the
+    # table is ellipsised, and the operator needs the whole path.
+    con.print(f"incidents in {where}", overflow="fold")
     t = Table(
-        title=f"incidents in {where}",
-        title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
