@@ -33,7 +33,7 @@ import structlog
 from artemis.agent.config import AgentConfig
 from artemis.agent.corrections import node_handler
 from artemis.agent.fingerprint import host_software, ring_software, software_of, workload_signature
-from artemis.agent.plans import clear_plan, publish_plan, read_ack_records
+from artemis.agent.plans import plan_control, read_ack_records
 from artemis.agent.progress import ProgressTracker
 from artemis.agent.summary import WindowSummarizer
 from artemis.agent.telemetry.base import (
@@ -57,12 +57,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("artemis.agent")
 
 DUMP_RECORDS = 256
-# Fault injection for the simulator (docs/RELIABILITY.md section 8): with this set to
-# "exit_after_plan", the agent exits with FAILPOINT_EXIT right after it publishes a
-# plan, before it can forward a single acknowledgement of it. A kill from outside at
-# that moment races the ranks' acks, which the agent forwards within a poll.
-FAILPOINT_ENV = "ARTEMIS_AGENT_FAILPOINT"
-FAILPOINT_EXIT = 86
 BRIDGE_COMM_NAME = "bridge"
 # How long a ring whose writer is gone (its lock free, not finished) stays before the
 # agent reclaims it (lifetime.RECLAIM_AFTER_S).
@@ -417,18 +411,7 @@ class Agent:
         if msg.action == "plan":
             if not pol.allow_plans:
                 return False, "plans are not allowed by this node's policy", []
-            job = str(msg.body.get("job", ""))
-            plan = msg.body.get("plan")
-            if not job:
-                return False, "plan control without a job", []
-            if plan is None:
-                clear_plan(self.shm, job)
-                return True, "plan cleared", []
-            publish_plan(self.shm, job, dict(plan))
-            if os.environ.get(FAILPOINT_ENV) == "exit_after_plan":
-                log.warning("failpoint: exiting after publishing a plan", plan=plan.get("id"))
-                os._exit(FAILPOINT_EXIT)
-            return True, f"plan {plan.get('id')} published", []
+            return (*plan_control(self.shm, msg.body), [])
         if msg.action == "settings":
             if not pol.allow_settings:
                 return False, "settings changes are not allowed by this node's policy", []

@@ -10,6 +10,8 @@ the coordinator and the job never call it.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +84,27 @@ def clear_plan(
         )
     remove_job_files(shm_dir, job)
     return None
+
+
+# Fault injection for the simulator (docs/RELIABILITY.md section 8): with this set to
+# "exit_after_plan", the agent exits with FAILPOINT_EXIT right after it publishes a
+# plan, before it can forward a single acknowledgement of it. A kill from outside at
+# that moment races the ranks' acks, which the agent forwards within a poll.
+FAILPOINT_ENV = "ARTEMIS_AGENT_FAILPOINT"
+FAILPOINT_EXIT = 86
+
+
+def plan_control(shm_dir: str | Path, body: Mapping[str, Any]) -> tuple[bool, str]:
+    """A `plan` control's body carried out (the node's consent checked by the caller):
+    the plan published to the job's ranks, or cleared when it is None: (ok, detail)."""
+    job = str(body.get("job", ""))
+    plan = body.get("plan")
+    if not job:
+        return False, "plan control without a job"
+    if plan is None:
+        clear_plan(shm_dir, job)
+        return True, "plan cleared"
+    publish_plan(shm_dir, job, dict(plan))
+    if os.environ.get(FAILPOINT_ENV) == "exit_after_plan":
+        os._exit(FAILPOINT_EXIT)
+    return True, f"plan {plan.get('id')} published"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from artemis.agent.daemon import FAILPOINT_ENV, FAILPOINT_EXIT
+from artemis.agent.plans import FAILPOINT_ENV, FAILPOINT_EXIT
 from artemis.common.tomlfile import toml_value
 from artemis.sim.gpustate import write_initial
 from artemis.sim.hostproc import metric_value
