@@ -45,6 +45,7 @@ __all__ = [
     "CONTROL_ACTIONS",
     "CORRECTION_MINOR",
     "DATA_TYPES",
+    "FLEET_MINOR",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
     "REASONS",
@@ -58,9 +59,11 @@ __all__ = [
     "Fingerprint",
     "Heartbeat",
     "Hello",
+    "JobOwner",
     "Message",
     "ProtocolError",
     "RankInfo",
+    "Redirect",
     "Welcome",
     "Windows",
     "decode_body",
@@ -72,9 +75,14 @@ __all__ = [
 # 1.1: `windows` carries columns (columns.py); 1.0 per-rank maps still accepted.
 # 1.2: control action `correction` and `Ack.result` (docs/DESIGN.md "Corrections");
 # a correction goes only to agents that announced 1.2 or later.
-PROTOCOL_VERSION: tuple[int, int] = (1, 2)
+# 1.3: `redirect` (the coordinator fleet, docs/DESIGN.md "The coordinator fleet"):
+# a coordinator that does not own a job names its owner; an agent of 1.2 or
+# earlier gets `error{code: "not_owner"}` naming the owner instead.
+PROTOCOL_VERSION: tuple[int, int] = (1, 3)
 # The first minor that understands a `correction` control.
 CORRECTION_MINOR = 2
+# The first minor that understands `redirect`.
+FLEET_MINOR = 3
 # The last minor whose `windows` message carries one map per rank.
 ROW_WINDOWS_MINOR = 0
 
@@ -344,6 +352,27 @@ class Error(_Wire, Message, tag="error", frozen=True, kw_only=True):
     fatal: bool = False
 
 
+class JobOwner(msgspec.Struct, frozen=True, kw_only=True):
+    """Who serves one job in a coordinator fleet: its lease holder's id and advertised
+    ``HOST:PORT``, with the lease's epoch. ``owner`` and ``address`` empty: nobody
+    holds the lease that this coordinator could see (try the next address)."""
+
+    job: Name
+    owner: Annotated[str, msgspec.Meta(max_length=NAME_MAX)] = ""
+    address: Annotated[str, msgspec.Meta(max_length=NAME_MAX)] = ""
+    epoch: Count = 0
+
+
+class Redirect(_Wire, Message, tag="redirect", frozen=True, kw_only=True):
+    """Coordinator -> agent (1.3): these jobs are served by another coordinator of the
+    fleet. Sent after authentication for the hello's jobs it does not own, and later
+    for a job whose lease it lost. Not acknowledged; the agent moves the jobs' ranks
+    (and their unacknowledged messages) to an uplink to the owner."""
+
+    TYPE: ClassVar[str] = "redirect"
+    jobs: Annotated[tuple[JobOwner, ...], msgspec.Meta(min_length=1, max_length=4096)]
+
+
 class _WindowsWire(_Wire, tag="windows", frozen=True, kw_only=True):
     """A ``windows`` message as it travels: columns (1.1) or one map per rank (1.0)."""
 
@@ -430,7 +459,19 @@ DATA_TYPES: tuple[type[Message], ...] = (Windows, Heartbeat, Dump, Fingerprint)
 DataMessage: TypeAlias = Windows | Heartbeat | Dump | Fingerprint
 MESSAGE_TYPES: dict[str, type[Message]] = {
     c.TYPE: c
-    for c in (Hello, Welcome, Auth, Windows, Heartbeat, Dump, Fingerprint, Control, Ack, Error)
+    for c in (
+        Hello,
+        Welcome,
+        Auth,
+        Windows,
+        Heartbeat,
+        Dump,
+        Fingerprint,
+        Control,
+        Ack,
+        Error,
+        Redirect,
+    )
 }
 
 
@@ -441,7 +482,17 @@ def is_data(msg: Message) -> bool:
 # --------------------------------------------------------------------------- decode
 
 _WireMessage = (
-    Hello | Welcome | Auth | _WindowsWire | Heartbeat | Dump | Fingerprint | Control | Ack | Error
+    Hello
+    | Welcome
+    | Auth
+    | _WindowsWire
+    | Heartbeat
+    | Dump
+    | Fingerprint
+    | Control
+    | Ack
+    | Error
+    | Redirect
 )
 _DECODER = msgspec.msgpack.Decoder(_WireMessage)
 _GENERIC = msgspec.msgpack.Decoder()
