@@ -41,6 +41,7 @@ from artemis.protocol.session import (
 )
 from artemis.protocol.tcp import TcpTransport, client_ssl_context, server_ssl_context
 from artemis.protocol.transport import FrameChannel, Listener, Transport
+from artemis.sim.loadtest import LoadSpec, run_load
 from protocol_helpers import SECRET, arun, progress, wait_until, window
 from tls_certs import localhost_cert
 
@@ -295,5 +296,34 @@ def test_under_tls_a_redirect_target_whose_certificate_does_not_verify_is_refuse
         assert a.windows_of("job-a") == every_window("job-a", range(1))
         assert not a.windows_of("job-b")
         assert up.acked_upto() < ta  # job-b's half of the batch was never acknowledged
+
+    arun(main(), 60)
+
+
+def test_loadtest_agents_follow_a_redirect_to_the_jobs_owner() -> None:
+    async def main() -> None:
+        a = FleetDouble("coord-a", set())
+        b = FleetDouble("coord-b", {"lt"})
+        a.owners["lt"] = await b.start()
+        await a.start()
+        spec = LoadSpec(
+            coordinator=f"{a.address},{b.address}",
+            secret=SECRET,
+            ranks=6,
+            ranks_per_agent=2,
+            windows=3,
+            window_s=0.0,
+            job="lt",
+            connect_timeout_s=20,
+            ack_timeout_s=20,
+        )
+        try:
+            res = await run_load(spec)
+        finally:
+            await a.close()
+            await b.close()
+        assert res.ok and res.acked == 6 * 3
+        assert a.redirects_sent >= 1 and not a.delivered
+        assert b.windows_of("lt") == sorted((r, w) for r in range(6) for w in range(3))
 
     arun(main(), 60)
