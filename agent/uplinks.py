@@ -73,7 +73,9 @@ class Uplinks:
         self._tasks: dict[AgentLink, asyncio.Task[None]] = {}
         self._closed = LinkStats()  # the counters of the links closed so far
         self._started = False
+        self._stopping = False
         self.moves = 0  # jobs moved between links (redirects followed, owners lost)
+        self._moved_at: dict[str, list[float]] = {}  # job -> when redirects moved it lately
 
     # ------------------------------------------------------------------ views
 
@@ -296,11 +298,24 @@ class Uplinks:
         self._sync()
 
     def _on_redirect(self, src: AgentLink, owners: tuple[JobOwner, ...]) -> None:
+        if self._stopping:
+            return
         back: set[str] = set()
         moves: dict[AgentLink, set[str]] = {}
+        now = time.monotonic()
         for jo in owners:
             if self._route.get(jo.job) is not src:
                 continue  # not (or no longer) this link's job
+            recent = [t for t in self._moved_at.get(jo.job, []) if now - t < _BOUNCE_S]
+            self._moved_at[jo.job] = [*recent, now]
+            if len(recent) >= _BOUNCES:
+                # Coordinators that disagree while a lease changes hands would bounce
+                # the job between them at connect speed: look again in a second (so at
+                # most _BOUNCES moves per _BOUNCE_S).
+                loop = asyncio.get_running_loop()
+                loop.call_later(1.0, self._on_redirect, src, (jo,))
+                self._moved_at[jo.job] = recent
+                continue
             if jo.address:
                 dst = self._owner_link(jo.address)
                 if dst is not src:
@@ -357,6 +372,7 @@ class Uplinks:
     async def close(self, timeout: float = 5.0) -> None:
         """Give every link up to ``timeout`` to deliver, then close them all."""
         deadline = time.monotonic() + timeout
+        self._stopping = True
         links = self.links
         self._list = None
         self._owners.clear()
@@ -370,6 +386,10 @@ class Uplinks:
         """A link's task that ended by itself (it gave up: the agent should stop)."""
         return next((t for t in self._tasks.values() if t.done()), None)
 
+
+# A job redirected this often within this many seconds: its next redirect waits.
+_BOUNCES = 4
+_BOUNCE_S = 5.0
 
 _COUNTERS = (
     "dropped",

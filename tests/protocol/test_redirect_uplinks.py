@@ -40,7 +40,7 @@ from artemis.protocol.session import (
     SeqTracker,
 )
 from artemis.protocol.tcp import TcpTransport, client_ssl_context, server_ssl_context
-from artemis.protocol.transport import FrameChannel, Listener, Transport
+from artemis.protocol.transport import ChannelClosed, FrameChannel, Listener, Transport
 from artemis.sim.loadtest import LoadSpec, run_load
 from protocol_helpers import SECRET, arun, progress, wait_until, window
 from tls_certs import localhost_cert
@@ -65,6 +65,7 @@ class FleetDouble:
         self.refused_data = 0  # messages about a job it does not own
         self.redirects_sent = 0
         self._listener: Listener | None = None
+        self._live: dict[FrameChannel, set[str]] = {}  # established: the hello's jobs
 
     async def start(self, address: str = "127.0.0.1:0") -> str:
         self._listener = await self.transport.listen(address, self._handle)
@@ -79,6 +80,16 @@ class FleetDouble:
         if self._listener is not None:
             await self._listener.close()
 
+    async def lose(self, job: str, owner_address: str) -> None:
+        """The lease of ``job`` passed to ``owner_address``: tell the agents holding it."""
+        self.owns.discard(job)
+        self.owners[job] = owner_address
+        for ch, jobs in list(self._live.items()):
+            if job in jobs:
+                self.redirects_sent += 1
+                redirect = Redirect(jobs=(JobOwner(job=job, owner=job, address=owner_address),))
+                await ch.send(encode(redirect))
+
     def windows_of(self, job: str) -> list[tuple[int, int]]:
         return sorted((r, w) for j, r, w in self.delivered if j == job)
 
@@ -88,6 +99,16 @@ class FleetDouble:
             await secure(10.0)
         session = CoordinatorSession(SECRET, self.tracker, coordinator_id=self.name)
         decoder = FrameDecoder()
+        try:
+            await self._serve(ch, session, decoder)
+        except ChannelClosed:
+            pass  # the agent went: as a coordinator, nothing to do
+        finally:
+            self._live.pop(ch, None)
+
+    async def _serve(
+        self, ch: FrameChannel, session: CoordinatorSession, decoder: FrameDecoder
+    ) -> None:
         while True:
             frame = await ch.recv()
             for item in decoder.feed(frame):
@@ -96,6 +117,7 @@ class FleetDouble:
                         await ch.send(encode(eff.msg))
                     elif isinstance(eff, PeerEstablished):
                         self.sessions += 1
+                        self._live[ch] = {r.job for r in eff.hello.ranks}
                         await ch.send(encode(session.confirm()))
                         foreign = sorted({r.job for r in eff.hello.ranks} - self.owns)
                         if foreign:
@@ -325,5 +347,69 @@ def test_loadtest_agents_follow_a_redirect_to_the_jobs_owner() -> None:
         assert res.ok and res.acked == 6 * 3
         assert a.redirects_sent >= 1 and not a.delivered
         assert b.windows_of("lt") == sorted((r, w) for r in range(6) for w in range(3))
+
+    arun(main(), 60)
+
+
+def test_a_job_redirected_mid_session_moves_with_its_unacknowledged_windows() -> None:
+    async def main() -> None:
+        a = FleetDouble("coord-a", {"job-a", "job-b"})
+        b = FleetDouble("coord-b", {"job-b"})
+        await b.start()
+        await a.start()
+        up = uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+        up.start()
+        tickets: list[int] = []
+        try:
+            await up.wait_connected(20)
+            for w in range(10):
+                tickets.append(up.enqueue(batch(w, "job-a", "job-b")))
+            assert await up.wait_acked(tickets[-1], 20)
+            # a loses job-b's lease with windows still queued for it: they must reach b
+            # (the ones a did not take), each once.
+            for w in range(10, 20):
+                tickets.append(up.enqueue(batch(w, "job-a", "job-b")))
+            await a.lose("job-b", b.address)
+            for w in range(20, 30):
+                tickets.append(up.enqueue(batch(w, "job-a", "job-b")))
+                await asyncio.sleep(0)
+            assert await up.wait_acked(tickets[-1], 30)
+            links = len(up.links)
+        finally:
+            await up.close(timeout=1.0)
+            await a.close()
+            await b.close()
+        assert a.windows_of("job-a") == every_window("job-a", range(30))
+        got_b = a.windows_of("job-b") + b.windows_of("job-b")
+        assert sorted(got_b) == every_window("job-b", range(30))  # all, and none twice
+        assert every_window("job-b", range(10)) == sorted(a.windows_of("job-b"))[: 10 * NRANKS]
+        assert b.windows_of("job-b")  # the rest went to the new owner
+        assert links == 2
+
+    arun(main(), 60)
+
+
+def test_coordinators_that_disagree_do_not_bounce_a_job_at_connect_speed() -> None:
+    async def main() -> None:
+        a = FleetDouble("coord-a", set())
+        b = FleetDouble("coord-b", set())
+        await a.start()
+        await b.start()
+        a.owners["job-x"] = b.address  # each says the other owns it
+        b.owners["job-x"] = a.address
+        up = uplinks([a.address], ("job-x",), TcpTransport())
+        up.start()
+        loop = asyncio.get_running_loop()
+        try:
+            await wait_until(lambda: up.moves >= 4, 10, "the first bounces")
+            t0, moves0 = loop.time(), up.moves
+            await asyncio.sleep(3.0)  # a rate over a fixed span: an upper bound, not a race
+            rate = (up.moves - moves0) / (loop.time() - t0)
+        finally:
+            await up.close(timeout=0.5)
+            await a.close()
+            await b.close()
+        # undamped it moves once per handshake (hundreds a second on loopback)
+        assert rate <= 4 / 5.0 + 1.0, rate
 
     arun(main(), 60)
