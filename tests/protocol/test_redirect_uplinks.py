@@ -17,12 +17,14 @@ import socket
 from pathlib import Path
 
 from artemis.agent.uplinks import Uplinks
-from artemis.protocol.client import AgentIdentity
+from artemis.protocol.client import AgentIdentity, AgentLink
 from artemis.protocol.codec import FrameDecoder, encode
 from artemis.protocol.jobsplit import jobs_of
 from artemis.protocol.messages import (
+    FLEET_MINOR,
     Error,
     Heartbeat,
+    Hello,
     JobOwner,
     Message,
     RankInfo,
@@ -116,6 +118,10 @@ class FleetDouble:
                     if isinstance(eff, Send):
                         await ch.send(encode(eff.msg))
                     elif isinstance(eff, PeerEstablished):
+                        if eff.hello.version[1] < FLEET_MINOR and self._old_agent(eff.hello):
+                            text = f"job is served by coordinator {self.owners} (redirect)"
+                            await ch.send(encode(Error(code="not_owner", text=text, fatal=True)))
+                            return
                         self.sessions += 1
                         self._live[ch] = {r.job for r in eff.hello.ranks}
                         await ch.send(encode(session.confirm()))
@@ -135,6 +141,10 @@ class FleetDouble:
                         await ch.send(encode(session.ack(session.delivered(eff.msg))))
                     elif isinstance(eff, Refused | Close):
                         return
+
+    def _old_agent(self, hello: Hello) -> bool:
+        """An agent below FLEET_MINOR with a job here that another coordinator serves."""
+        return bool({r.job for r in hello.ranks} - self.owns)
 
     def _take(self, msg: Message) -> bool:
         if jobs_of(msg) - self.owns:
@@ -411,5 +421,64 @@ def test_coordinators_that_disagree_do_not_bounce_a_job_at_connect_speed() -> No
             await b.close()
         # undamped it moves once per handshake (hundreds a second on loopback)
         assert rate <= 4 / 5.0 + 1.0, rate
+
+    arun(main(), 60)
+
+
+def test_when_the_owner_dies_its_jobs_go_back_to_the_list() -> None:
+    async def main() -> None:
+        a = FleetDouble("coord-a", {"job-a"})
+        b = FleetDouble("coord-b", {"job-b"})
+        a.owners["job-b"] = await b.start()
+        await a.start()
+        up = uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+        up.start()
+        try:
+            t = up.enqueue(batch(0, "job-a", "job-b"))
+            assert await up.wait_acked(t, 20)
+            # b dies; a takes job-b's lease (it expired): the agent must find that out
+            await b.close()
+            for ch in list(b._live):
+                await ch.close()
+            a.owns.add("job-b")
+            t = up.enqueue(batch(1, "job-a", "job-b"))
+            assert await up.wait_acked(t, 20)
+        finally:
+            await up.close(timeout=1.0)
+            await a.close()
+            await b.close()
+        assert b.windows_of("job-b") == every_window("job-b", range(1))
+        assert a.windows_of("job-b") == sorted((r, 1) for r in range(NRANKS))
+        assert a.windows_of("job-a") == every_window("job-a", range(2))
+
+    arun(main(), 60)
+
+
+def test_an_agent_below_the_fleet_minor_is_told_not_owner() -> None:
+    async def main() -> None:
+        a = FleetDouble("coord-a", set())
+        await a.start()
+        ident = AgentIdentity(
+            agent_id="node-a", host="node-a", agent_version="old", ranks=ranks_of("job-x")
+        )
+        old = AgentLink(
+            TcpTransport(),
+            a.address,
+            SECRET,
+            ident,
+            version=(1, FLEET_MINOR - 1),
+            backoff_base=0.02,
+            backoff_cap=0.1,
+        )
+        old.start()
+        try:
+            await wait_until(
+                lambda: old.stats.refusals.get("not_owner", 0) >= 1, 20, "a not_owner refusal"
+            )
+        finally:
+            await old.close(timeout=0.1)
+            await a.close()
+        assert "served by coordinator" in (old.stats.last_error or "")
+        assert a.sessions == 0
 
     arun(main(), 60)
