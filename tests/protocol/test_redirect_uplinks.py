@@ -201,13 +201,18 @@ def dead_address() -> str:
     return f"127.0.0.1:{port}"
 
 
+async def two_jobs_two_owners() -> tuple[FleetDouble, FleetDouble, Uplinks]:
+    """a serves job-a and names b as job-b's owner; an agent with ranks of both, on a."""
+    a = FleetDouble("coord-a", {"job-a"})
+    b = FleetDouble("coord-b", {"job-b"})
+    a.owners["job-b"] = await b.start()
+    await a.start()
+    return a, b, uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+
+
 def test_two_jobs_redirected_for_one_end_on_two_links_each_window_acked_once() -> None:
     async def main() -> None:
-        a = FleetDouble("coord-a", {"job-a"})
-        b = FleetDouble("coord-b", {"job-b"})
-        a.owners["job-b"] = await b.start()
-        await a.start()
-        up = uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+        a, b, up = await two_jobs_two_owners()
         # Windows of both jobs queued before any connection: the first hello names both
         # jobs, and every one of these batches must be cut when job-b moves.
         tickets = [up.enqueue(batch(w, "job-a", "job-b")) for w in range(10)]
@@ -427,11 +432,7 @@ def test_coordinators_that_disagree_do_not_bounce_a_job_at_connect_speed() -> No
 
 def test_when_the_owner_dies_its_jobs_go_back_to_the_list() -> None:
     async def main() -> None:
-        a = FleetDouble("coord-a", {"job-a"})
-        b = FleetDouble("coord-b", {"job-b"})
-        a.owners["job-b"] = await b.start()
-        await a.start()
-        up = uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+        a, b, up = await two_jobs_two_owners()
         up.start()
         try:
             t = up.enqueue(batch(0, "job-a", "job-b"))
