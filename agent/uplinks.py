@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,7 @@ class Uplinks:
         self._list: AgentLink | None = None
         self._pending: dict[AgentLink, dict[int, int]] = {}  # link -> {seq: ticket}
         self._ticket = 0
+        self._links_made = 0
         self._retiring: set[asyncio.Task[None]] = set()
         self._tasks: dict[AgentLink, asyncio.Task[None]] = {}
         self._closed = LinkStats()  # the counters of the links closed so far
@@ -233,13 +235,14 @@ class Uplinks:
             resolve=self._resolve,
             **self._link_kw,
         )
-        link.identity = AgentIdentity(
-            agent_id=self.identity.agent_id,
-            host=self.identity.host,
-            agent_version=self.identity.agent_version,
-            ranks=(),
-            incarnation=self.identity.incarnation,
-        )
+        # Each link numbers its messages from 1 (its own outbox): its own incarnation,
+        # so a coordinator that saw another link of this agent does not take the new
+        # seqs for resends it already has.
+        inc = self.identity.incarnation
+        self._links_made += 1
+        if self._links_made > 1:
+            inc = f"{inc[:48]}.{self._links_made}"
+        link.identity = dataclasses.replace(self.identity, ranks=(), incarnation=inc)
         self._pending[link] = {}
         if self._started:
             self._tasks[link] = link.start()

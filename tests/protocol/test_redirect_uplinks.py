@@ -483,3 +483,40 @@ def test_an_agent_below_the_fleet_minor_is_told_not_owner() -> None:
         assert a.sessions == 0
 
     arun(main(), 60)
+
+
+def test_a_job_that_comes_back_to_a_coordinator_on_a_new_link_is_not_taken_for_resends() -> None:
+    async def main() -> None:
+        a = FleetDouble("coord-a", {"job-x"})
+        b = FleetDouble("coord-b", set())
+        await a.start()
+        await b.start()
+        up = uplinks([a.address], ("job-x",), TcpTransport())
+        up.start()
+
+        async def send(windows: range) -> None:
+            for w in windows:
+                t = up.enqueue(batch(w, "job-x"))
+            assert await up.wait_acked(t, 20)
+
+        try:
+            await send(range(5))  # on the first link, seqs 1..5 at a
+            b.owns.add("job-x")
+            await a.lose("job-x", b.address)
+            await send(range(5, 10))
+            # back to a, on a new link (the first one closed when it lost its job):
+            # its seqs start at 1 again, and a must not take them for resends
+            a.owns.add("job-x")
+            await b.lose("job-x", a.address)
+            await send(range(10, 15))
+        finally:
+            await up.close(timeout=1.0)
+            await a.close()
+            await b.close()
+        got = a.windows_of("job-x") + b.windows_of("job-x")
+        assert sorted(got) == every_window("job-x", range(15))
+        assert a.windows_of("job-x") == sorted(
+            every_window("job-x", range(5)) + every_window("job-x", range(10, 15))
+        )
+
+    arun(main(), 60)
