@@ -223,16 +223,20 @@ class Uplinks:
                 self._retire(link)
 
     def _new_link(self, addresses: Sequence[str]) -> AgentLink:
+        hooks: dict[str, Any] = {
+            "on_redirect": self._on_redirect,
+            "on_established": self._on_established,
+            "on_failure": self._on_failure,
+            "on_connecting": self._on_connecting,
+        }
         link = AgentLink(
             self.transport,
             addresses,
             self.secret,
             self.identity,
             self.on_control,
-            on_redirect=self._on_redirect,
-            on_established=self._on_established,
-            on_failure=self._on_failure,
             resolve=self._resolve,
+            **hooks,
             **self._link_kw,
         )
         # Each link numbers its messages from 1 (its own outbox): its own incarnation,
@@ -346,11 +350,25 @@ class Uplinks:
         )
         self._move(link, self._list_link(), link.jobs)
 
+    def _on_connecting(self, link: AgentLink) -> bool:
+        """The list link about to connect where an owner link is: its jobs join that
+        link instead (one agent id on two connections to one coordinator would
+        supersede itself, and two seq spaces there would defeat its dedup)."""
+        if link is not self._list:
+            return True
+        other = self._owners.get(link.address)
+        if other is None:
+            return True
+        self._move(link, other, link.jobs)
+        # Still the list link with ranks (not retired): connect after all.
+        return bool(link.identity.ranks) or self._list is link
+
     def _on_established(self, link: AgentLink, coordinator_id: str) -> None:
         """Two links to one coordinator would supersede each other (one agent id): the
-        newcomer's jobs join the other link."""
+        newcomer's jobs join the other link. Told by the address, not the coordinator
+        id (a coordinator outside a fleet calls itself "coordinator")."""
         for other in self.links:
-            if other is link or other.coordinator_id != coordinator_id:
+            if other is link or other.address != link.address:
                 continue
             # The list link folds into an owner link; else the newcomer into the other.
             fold, keep = (other, link) if other is self._list else (link, other)

@@ -520,3 +520,32 @@ def test_a_job_that_comes_back_to_a_coordinator_on_a_new_link_is_not_taken_for_r
         )
 
     arun(main(), 60)
+
+
+def test_the_list_link_reaching_an_owners_address_folds_into_that_link() -> None:
+    async def main() -> None:
+        a, b, _ = await two_jobs_two_owners()
+        up = uplinks([a.address, b.address], ("job-a", "job-b"), TcpTransport())
+        up.start()
+        try:
+            t = up.enqueue(batch(0, "job-a", "job-b"))
+            assert await up.wait_acked(t, 20)
+            assert len(up.links) == 2
+            # a dies and b takes job-a: the list link moves on to b, where the owner
+            # link already is; one agent id on two connections would supersede itself
+            b.owns.add("job-a")
+            await a.close()
+            for ch in list(a._live):
+                await ch.close()
+            t = up.enqueue(batch(1, "job-a", "job-b"))
+            assert await up.wait_acked(t, 20)
+            links = [link.address for link in up.links]
+        finally:
+            await up.close(timeout=1.0)
+            await a.close()
+            await b.close()
+        assert links == [b.address]
+        assert b.windows_of("job-a") == every_window("job-a", range(1, 2))
+        assert b.windows_of("job-b") == every_window("job-b", range(2))
+
+    arun(main(), 60)
