@@ -124,6 +124,8 @@ class Uplinks:
         for link, part in self._parts(msg):
             seq = link.enqueue(part)
             self._pending.setdefault(link, {})[seq] = ticket
+        if isinstance(msg, Heartbeat):
+            self._retire_idle()  # now and then: a link whose last job's data was acked
         return ticket
 
     def _parts(self, msg: DataMessage) -> list[tuple[AgentLink, DataMessage]]:
@@ -176,7 +178,9 @@ class Uplinks:
                 link, seq = min(waits, key=lambda w: w[1])
                 # Bounded, so a move (the seq now on another link) is seen soon.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await link.wait_acked(seq, 0.5)
+                    if not await link.wait_acked(seq, 0.5):
+                        # dropped by the outbox bound (counted in stats.dropped)
+                        self._pending.get(link, {}).pop(seq, None)
             return True
 
         return await asyncio.wait_for(_wait(), timeout)
@@ -218,8 +222,14 @@ class Uplinks:
         only one: the agent keeps one uplink, as a lone agent always did)."""
         for link in self.links:
             link.set_ranks([r for r in self._ranks if self._route.get(r.job) is link])
+        self._retire_idle()
+
+    def _retire_idle(self) -> None:
+        """Close the links without ranks whose data was all acknowledged (a job whose
+        rings went keeps its link until then)."""
+        self.acked_upto()  # forgets what was acknowledged
         for link in self.links:
-            if not link.identity.ranks and len(self.links) > 1:
+            if not link.identity.ranks and not self._pending.get(link) and len(self.links) > 1:
                 self._retire(link)
 
     def _new_link(self, addresses: Sequence[str]) -> AgentLink:
@@ -295,6 +305,10 @@ class Uplinks:
                 dst_pending[new_seq] = ticket
         for job in jobs:
             self._route[job] = dst
+        if not src.jobs - jobs:
+            # What stays on src is bare heartbeats (their jobs' parts went with the
+            # jobs): nothing to wait for before it closes.
+            src_pending.clear()
         self.moves += len(jobs)
         log.info(
             "jobs moved to another uplink",
