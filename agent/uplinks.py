@@ -138,7 +138,11 @@ class Uplinks:
             # Every link gets one: it is also each coordinator's sign of life. Each
             # carries the progress and plan acks of its own jobs only.
             out: list[tuple[AgentLink, DataMessage]] = []
-            for link in self.links or [self._list_link()]:
+            # (Not a link without ranks that only waits for its last acks to close.)
+            links = self.links
+            for link in (
+                [lk for lk in links if lk.identity.ranks] or links[:1] or [self._list_link()]
+            ):
                 stay = split_by_job(msg, jobs - by_link.get(link, set()))[0]
                 assert stay is not None  # a heartbeat always stays
                 out.append((link, stay))

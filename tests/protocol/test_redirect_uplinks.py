@@ -549,3 +549,25 @@ def test_the_list_link_reaching_an_owners_address_folds_into_that_link() -> None
         assert b.windows_of("job-b") == every_window("job-b", range(2))
 
     arun(main(), 60)
+
+
+def test_a_job_whose_rings_went_keeps_its_link_until_its_windows_are_acked() -> None:
+    async def main() -> None:
+        a, b, up = await two_jobs_two_owners()
+        up.start()
+        try:
+            await wait_until(lambda: len(up.links) == 2, 20, "job-b's own uplink")
+            t = up.enqueue(batch(0, "job-a", "job-b"))
+            up.jobs_seen(ranks_of("job-a"))  # job-b's rings are gone, its window is not
+            assert len(up.links) == 2
+            assert await up.wait_acked(t, 20)
+            up.enqueue(Heartbeat())  # the agent's next heartbeat closes the idle link
+            links = [link.address for link in up.links]
+        finally:
+            await up.close(timeout=1.0)
+            await a.close()
+            await b.close()
+        assert b.windows_of("job-b") == every_window("job-b", range(1))
+        assert links == [a.address]
+
+    arun(main(), 60)
