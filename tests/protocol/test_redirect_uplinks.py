@@ -201,18 +201,24 @@ def dead_address() -> str:
     return f"127.0.0.1:{port}"
 
 
-async def two_jobs_two_owners() -> tuple[FleetDouble, FleetDouble, Uplinks]:
-    """a serves job-a and names b as job-b's owner; an agent with ranks of both, on a."""
+async def two_jobs_two_owners(
+    start: bool = True,
+) -> tuple[FleetDouble, FleetDouble, Uplinks]:
+    """a serves job-a and names b as job-b's owner; an agent with ranks of both, on a
+    (started unless told otherwise)."""
     a = FleetDouble("coord-a", {"job-a"})
     b = FleetDouble("coord-b", {"job-b"})
     a.owners["job-b"] = await b.start()
     await a.start()
-    return a, b, uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+    up = uplinks([a.address], ("job-a", "job-b"), TcpTransport())
+    if start:
+        up.start()
+    return a, b, up
 
 
 def test_two_jobs_redirected_for_one_end_on_two_links_each_window_acked_once() -> None:
     async def main() -> None:
-        a, b, up = await two_jobs_two_owners()
+        a, b, up = await two_jobs_two_owners(start=False)
         # Windows of both jobs queued before any connection: the first hello names both
         # jobs, and every one of these batches must be cut when job-b moves.
         tickets = [up.enqueue(batch(w, "job-a", "job-b")) for w in range(10)]
@@ -433,7 +439,6 @@ def test_coordinators_that_disagree_do_not_bounce_a_job_at_connect_speed() -> No
 def test_when_the_owner_dies_its_jobs_go_back_to_the_list() -> None:
     async def main() -> None:
         a, b, up = await two_jobs_two_owners()
-        up.start()
         try:
             t = up.enqueue(batch(0, "job-a", "job-b"))
             assert await up.wait_acked(t, 20)
@@ -524,7 +529,7 @@ def test_a_job_that_comes_back_to_a_coordinator_on_a_new_link_is_not_taken_for_r
 
 def test_the_list_link_reaching_an_owners_address_folds_into_that_link() -> None:
     async def main() -> None:
-        a, b, _ = await two_jobs_two_owners()
+        a, b, _ = await two_jobs_two_owners(start=False)
         up = uplinks([a.address, b.address], ("job-a", "job-b"), TcpTransport())
         up.start()
         try:
@@ -554,7 +559,6 @@ def test_the_list_link_reaching_an_owners_address_folds_into_that_link() -> None
 def test_a_job_whose_rings_went_keeps_its_link_until_its_windows_are_acked() -> None:
     async def main() -> None:
         a, b, up = await two_jobs_two_owners()
-        up.start()
         try:
             await wait_until(lambda: len(up.links) == 2, 20, "job-b's own uplink")
             t = up.enqueue(batch(0, "job-a", "job-b"))
