@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -46,9 +46,11 @@ from artemis.protocol.messages import (
     DataMessage,
     Error,
     Hello,
+    JobOwner,
     Message,
     ProtocolError,
     RankInfo,
+    Redirect,
     Welcome,
 )
 
@@ -135,6 +137,15 @@ class ControlReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class Redirected:
+    """Agent side (1.3): another coordinator of the fleet serves these jobs; move their
+    ranks and unacknowledged messages to an uplink to ``JobOwner.address`` (empty:
+    back to the address list). May come before or after ``Established``."""
+
+    jobs: tuple[JobOwner, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Deliver:
     """Coordinator side: new data; hand it to the app, then call ``delivered(msg)``."""
 
@@ -163,6 +174,7 @@ Effect: TypeAlias = (
     | PeerEstablished
     | Acked
     | ControlReceived
+    | Redirected
     | Deliver
     | Duplicate
     | ControlAcked
@@ -258,10 +270,27 @@ class Outbox:
         items = self._items
         if not items:
             return iter(())
-        # Seqs in the deque are contiguous (drops and acks only remove from the
-        # left), so the start is an index, not a search.
-        start = max(0, seq - items[0][0])
+        # Seqs in the deque are increasing and contiguous unless a job moved to another
+        # uplink (``rewrite``), so the start is an index; after a move, walk back over
+        # the gaps.
+        start = min(max(0, seq - items[0][0]), len(items))
+        while start > 0 and items[start - 1][0] >= seq:
+            start -= 1
         return (items[i] for i in range(start, len(items)))
+
+    def rewrite(self, fn: Callable[[int, bytes], bytes | None]) -> None:
+        """Replace each buffered frame by ``fn(seq, frame)`` under the same seq, or drop
+        it for None (its content went to another uplink: the seqs keep their order, so
+        the coordinator's dedup is unchanged, and a gap is nothing to it)."""
+        items: deque[tuple[int, bytes]] = deque()
+        size = 0
+        for seq, frame in self._items:
+            new = fn(seq, frame)
+            if new is not None:
+                items.append((seq, new))
+                size += len(new)
+        self._items = items
+        self._bytes = size
 
 
 # --------------------------------------------------------------------------- dedup
@@ -411,6 +440,9 @@ class AgentSession:
             self.state = "auth_sent"
             p = auth.proof(self.secret, "agent", self._nonce, msg.nonce)
             return [Send(Auth(seq=self._next(), proof=p))]
+        if isinstance(msg, Redirect) and self.state in ("auth_sent", "established"):
+            # After our proof: the coordinator routes a job only once it knows who asks.
+            return [Redirected(msg.jobs)]
         if self.state == "auth_sent":
             if not isinstance(msg, Ack) or msg.upto is None:
                 return self._refuse("protocol", f"expected ack of auth, got {msg.TYPE}")
