@@ -350,7 +350,7 @@ class Uplinks:
         for dst, jobs in moves.items():
             self._move(src, dst, jobs)
         if back:
-            if src is self._list:
+            if self._list is not None and src is self._list:
                 # Nobody there holds them: the list's next address may.
                 src.skip_address(src.address)
                 src.rehello()
@@ -372,7 +372,7 @@ class Uplinks:
         """The list link about to connect where an owner link is: its jobs join that
         link instead (one agent id on two connections to one coordinator would
         supersede itself, and two seq spaces there would defeat its dedup)."""
-        if link is not self._list:
+        if self._list is None or link is not self._list:
             return True
         other = self._owners.get(link.address)
         if other is None:
@@ -389,7 +389,10 @@ class Uplinks:
             if other is link or other.address != link.address:
                 continue
             # The list link folds into an owner link; else the newcomer into the other.
-            fold, keep = (other, link) if other is self._list else (link, other)
+            fold: AgentLink = link
+            keep: AgentLink = other
+            if self._list is not None and other is self._list:
+                fold, keep = other, link
             self._move(fold, keep, fold.jobs)
             return
 

@@ -223,7 +223,7 @@ class AgentLink:
         def cut(seq: int, frame: bytes) -> bytes | None:
             msg = decode_frame_body(memoryview(frame)[HEADER:], version=self.version)
             assert type(msg) in DATA_TYPES
-            data: DataMessage = msg  # type: ignore[assignment]
+            data: DataMessage = msg
             stay, move = split_by_job(data, jobs)
             if move is not None:
                 moved.append((seq, move, stay is None))
