@@ -284,11 +284,16 @@ class CorrectionBook:
                 self._decide(rec, facts.get(int(rec.get("rank") or 0)), policy, wall, out)
         return out
 
-    def on_ack(self, result: Mapping[str, Any], wall: float) -> Output:
-        """The agent's ``Ack.result`` for a correction control (a resent ack is ignored)."""
+    def has(self, cid: str) -> bool:
+        return cid in self._all
+
+    def on_ack(self, result: Mapping[str, Any], wall: float, op: str | None = None) -> Output:
+        """The agent's ``Ack.result`` for a correction control; ``op``: the one its
+        control id names (None: unknown, the pending one). An ack of an op not on its
+        way (resent, or an apply's that comes after the rollback went out) is ignored."""
         out = Output()
         c = self._all.get(str(result.get("id", "")))
-        if c is None or c.pending is None:
+        if c is None or c.pending is None or (op is not None and op != c.pending):
             return out
         status = str(result.get("status", ""))
         error = str(result.get("error") or "")

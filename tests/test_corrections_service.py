@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from artemis.coordinator.corrections import control_id
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
@@ -35,9 +36,11 @@ class Server:
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
 
-    async def send_control(self, agent: str, action: str, body: dict[str, Any]) -> str:
+    async def send_control(
+        self, agent: str, action: str, body: dict[str, Any], *, control_id: str | None = None
+    ) -> str:
         self.sent.append((agent, action, body))
-        return f"ctl-{len(self.sent)}"
+        return control_id or f"ctl-{len(self.sent)}"
 
     def corrections(self) -> list[dict[str, Any]]:
         return [b for _a, action, b in self.sent if action == "correction"]
@@ -105,11 +108,21 @@ def corrections_of(tmp: Path) -> list[dict[str, Any]]:
     ]
 
 
-def ack(c: Coordinator, body: dict[str, Any], status: str, **extra: Any) -> None:
+def ack(
+    c: Coordinator, body: dict[str, Any], status: str | None, ok: bool = True, **extra: Any
+) -> None:
+    """The agent's ack of the correction control ``body``, under the control id it went
+    out with; ``status`` None: an ack with no result (an agent that applies none)."""
     result = {"id": body["id"], "action": body["action"], "gpu": body["gpu"], "status": status}
     result.update(extra)
     host = 0 if body["rank"] < 4 else 1
-    asyncio.run(c.on_control_ack(peer(host), Ack(control_id="x", ok=True, result=result)))
+    got = Ack(
+        control_id=control_id(body),
+        ok=ok,
+        detail=str(extra.get("error", "")),
+        result=result if status is not None else None,
+    )
+    asyncio.run(c.on_control_ack(peer(host), got))
 
 
 APPLY = Settings(corrections="apply")
@@ -227,3 +240,31 @@ def test_an_approval_waits_across_a_restart_and_is_sent_once_approved(tmp_path: 
     assert body["id"] == waiting["id"] and body["op"] == "apply"
     entry = next(e for e in corrections_of(tmp_path) if e["id"] == waiting["id"])
     assert [h["status"] for h in entry["history"]] == ["awaiting_approval", "approved"]
+
+
+def test_acks_are_matched_by_control_id_across_a_restart(tmp_path: Path) -> None:
+    """The control id is the correction's id (a rollback's with :rollback): a restarted
+    coordinator matches an ack with no result (an agent that applies no corrections)
+    to its correction, and an apply's ack that comes in after the rollback went out is
+    not taken for the rollback's."""
+    wall = [1000.0]
+    a = make(tmp_path, APPLY, wall)
+    asyncio.run(windows(a, 0, 14, True, wall))
+    (body,) = a.server.corrections()
+    assert control_id(body) == body["id"]
+    ack(a, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})
+    asyncio.run(windows(a, 14, 18, True, wall))  # no gain: the rollback goes out
+    (rb,) = [x for x in a.server.corrections() if x["op"] == "rollback"]
+    assert control_id(rb) == f"{body['id']}:rollback"
+    ack(a, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})  # a late resend's
+    assert corrections_of(tmp_path)[-1]["status"] == "applied"  # still waits for the rollback
+    del a  # killed before the rollback's ack
+
+    b = make(tmp_path, APPLY, wall)  # never sent the rollback itself
+    ack(b, rb, None, ok=False, error="this agent does not accept control messages")
+    (entry,) = [e for e in corrections_of(tmp_path) if e["id"] == body["id"]][-1:]
+    assert entry["status"] == "failed", entry
+    assert "does not accept control messages" in entry["reason"], entry
+    asyncio.run(b.tick())
+    asyncio.run(b._flush_controls())
+    assert b.server.corrections() == []  # ended: not resent
