@@ -125,9 +125,12 @@ class CorrectionShell:
             return  # no incident yet: no book made, none saved
         facts = {r: self.facts(job, r) for r in ranks}
         b = self.book(job)
+        pol = m.policy
+        plan = pol.active_plan if pol is not None and pol.verifying else None
         res = b.on_window(
             window, [*records, *closed], out.incident_rows, facts,
             CorrectionPolicy.from_settings(settings), wall,
+            None if plan is None else f"plan {plan.id} {plan.status}",
         )  # fmt: skip
         self.into(job, m, res, out, closed)
 
@@ -153,7 +156,11 @@ class CorrectionShell:
         closed: list[dict[str, Any]] | None = None,
     ) -> None:
         """The book's output: entries into the incidents (records into ``out``),
-        controls into the outbox."""
+        controls into the outbox; the job's rebalancing waits while a correction of it
+        is on its way (RebalancePolicy.hold, saved with the policy)."""
+        b = self.books.get(job)
+        if m is not None and m.policy is not None and b is not None:
+            m.policy.hold(b.in_flight())
         for rank, body in res.controls:
             self._queue(job, rank, body)
             log.info(

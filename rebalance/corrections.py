@@ -237,6 +237,15 @@ class CorrectionBook:
         """Whether a correction is still on its way (waiting, sent, being verified)."""
         return any(c.status not in FINAL for c in self._all.values())
 
+    def in_flight(self) -> str | None:
+        """Why the job's rebalancing waits (RebalancePolicy.hold): a correction sent
+        and not yet verified or rolled back, whose verification a new split would
+        confound; None when there is none."""
+        for c in self._all.values():
+            if c.status in ("approved", "applied"):
+                return f"correction {c.id} ({c.action}) {c.status}: rebalancing waits for it"
+        return None
+
     def knows_incident(self, incident: str) -> bool:
         return incident in self._open
 
@@ -256,9 +265,12 @@ class CorrectionBook:
         facts: Mapping[int, RankFacts],
         policy: CorrectionPolicy,
         wall: float,
+        plan: str | None = None,
     ) -> Output:
         """One scored window: ``records`` are the job's incident records (every open one,
-        and those that closed in it), ``rows`` the window's rows."""
+        and those that closed in it), ``rows`` the window's rows; ``plan``: a rebalance
+        plan of the job on its way (sent, or applied and not verified), whose
+        verification a correction would confound: none is sent until it is done."""
         self._window = window
         out = Output()
         for r in rows:
@@ -281,7 +293,8 @@ class CorrectionBook:
             if live:
                 self._follow(live[-1], policy, wall, out)
             elif not mine and policy.mode != "off":
-                self._decide(rec, facts.get(int(rec.get("rank") or 0)), policy, wall, out)
+                rank_facts = facts.get(int(rec.get("rank") or 0))
+                self._decide(rec, rank_facts, policy, wall, out, plan)
         return out
 
     def has(self, cid: str) -> bool:
@@ -404,16 +417,16 @@ class CorrectionBook:
         policy: CorrectionPolicy,
         wall: float,
         out: Output,
+        plan: str | None = None,
     ) -> None:
         action, why = fit(rec, facts)
         if action is None:
             return
-        if (
-            policy.mode == "apply"
-            and action in policy.allow
-            and (facts is None or not facts.version)
-        ):
-            return  # its agent is not connected now: decided when it is
+        if policy.mode == "apply" and action in policy.allow:
+            if facts is None or not facts.version:
+                return  # its agent is not connected now: decided when it is
+            if plan is not None:
+                return  # a plan is being verified: decided once it is done
         c = self._new(str(rec["id"]), action, int(rec["rank"]), facts)
         hold = self._hold(c, facts, policy, wall)
         if hold:

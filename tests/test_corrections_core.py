@@ -247,3 +247,47 @@ def test_a_state_of_another_version_is_refused_by_name() -> None:
         CorrectionBook.restore({**st, "version": 9})
     with pytest.raises(ValueError, match="seq"):
         CorrectionBook.restore({**st, "seq": "three"})
+
+
+# ------------------------------------------------------------------ corrections and plans
+
+
+def slow(pol: Any, lo: int, hi: int) -> list[Any]:
+    """Windows lo..hi-1 of a 4-rank job whose rank 1 computes 30% slower, flagged."""
+    from artemis.rebalance.policy import PlanEvent
+
+    evs: list[PlanEvent] = []
+    for w in range(lo, hi):
+        flag = [("rank", "ongoing", 1)]
+        evs += pol.on_window(w, flag, [100.0, 130.0, 100.0, 100.0], 140.0, [8, 8, 8, 8])
+    return evs
+
+
+def test_rebalancing_waits_while_a_correction_is_on_its_way() -> None:
+    """A plan while a correction is being verified would change the throughput that
+    verification measures: held back, also across a restart of the policy."""
+    from artemis.rebalance.policy import PolicySettings, RebalancePolicy
+
+    pol = RebalancePolicy(PolicySettings(mode="apply"), 4, 32, job="job")
+    b = CorrectionBook("job")
+    feed(b, 0, rec(rank=1), 100, 1.3, facts={1: facts()})  # the correction goes out
+    assert b.in_flight() is not None
+    pol.hold(b.in_flight())
+    assert slow(pol, 0, 8) == []
+    again = RebalancePolicy.restore(pol.snapshot())  # a coordinator restart keeps the hold
+    assert slow(again, 8, 12) == []
+    (cid,) = [c.id for c in b.corrections]
+    b.on_ack({"id": cid, "status": "failed", "error": "NVML_ERROR_NO_PERMISSION"}, 1100.0)
+    assert b.in_flight() is None  # failed: the incident is left to rebalancing
+    again.hold(b.in_flight())
+    evs = slow(again, 12, 16)
+    assert evs and evs[0].rank == 1 and evs[0].control is not None
+
+
+def test_a_correction_waits_while_a_plan_is_being_verified() -> None:
+    b = CorrectionBook("job")
+    out = b.on_window(5, [rec()], rows("job-r2-w5", 100, 1.3), {2: facts()}, APPLY, 1005.0,
+                      "plan p1-w4-r2 applied")  # fmt: skip
+    assert out.controls == [] and out.entries == [] and b.corrections == []
+    out = feed(b, 6, rec(), 100, 1.3)  # the plan verified (or rolled back): now it goes
+    assert [body["op"] for _, body in out.controls] == ["apply"]

@@ -268,3 +268,20 @@ def test_acks_are_matched_by_control_id_across_a_restart(tmp_path: Path) -> None
     asyncio.run(b.tick())
     asyncio.run(b._flush_controls())
     assert b.server.corrections() == []  # ended: not resent
+
+
+def test_rebalancing_waits_for_the_correction_then_takes_over(tmp_path: Path) -> None:
+    """rebalance and corrections both apply: the correction goes first (at the
+    confirmation), no plan goes out while it is on its way; once it failed the
+    incident is left to rebalancing."""
+    wall = [1000.0]
+    c = make(tmp_path, Settings(corrections="apply", rebalance="apply"), wall)
+    asyncio.run(windows(c, 0, 12, True, wall))
+    plans = [b for _a, action, b in c.server.sent if action == "plan"]
+    (body,) = c.server.corrections()
+    assert plans == [], plans  # without the hold: a plan at window 5
+    ack(c, body, "failed", error="NVML_ERROR_NO_PERMISSION: Insufficient Permissions")
+    asyncio.run(windows(c, 12, 16, True, wall))
+    plans = [b for _a, action, b in c.server.sent if action == "plan"]
+    split = plans[0]["plan"]["samples"] if plans else None
+    assert split is not None and split[SLOW] < max(split), plans
