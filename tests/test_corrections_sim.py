@@ -5,7 +5,7 @@ coordinator verifies the correction from the rank's pace and the job's throughpu
 
 - clocks (NVIDIA): reset_clocks, verified, the incident recovers;
 - power on an AMD rank (a lowered limit beside its default): restore_power_limit, verified;
-- thermal: nothing fits, nothing is applied, the check for a person stays;
+- thermal: nothing fits, nothing is applied, escalated with the check for a person;
 - the node's consent off: the agent refuses, the correction fails with its words and
   the incident is escalated.
 
@@ -98,7 +98,9 @@ def test_thermal_gets_nothing_applied_and_the_check_stays(tmp_path: Path) -> Non
     inc = run(tmp_path, "thermal")
     assert inc["cause"]["kind"] == "thermal"
     assert fixes(inc) == []
-    assert inc["verdict"] != "recovered" and inc["escalation"]["check"]
+    # nothing may be applied for heat: a person must act, the verdict says so
+    assert inc["verdict"] == "escalated" and "thermal" in inc["reason"], inc["reason"]
+    assert inc["escalation"]["cause"] == "thermal" and inc["escalation"]["check"]
 
 
 def test_node_consent_off_fails_and_escalates(tmp_path: Path) -> None:
