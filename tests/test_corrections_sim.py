@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +68,28 @@ def run(tmp: Path, kind: str, vendor: str = "nvidia", **opts: Any) -> dict[str, 
     sc.write_text(SCENARIO.format(kind=kind, vendor=vendor))
     res = SimCluster(sc, sim_options(tmp, timeout_s=240, **opts)).run()
     assert res.ok, res
-    last: dict[str, dict[str, Any]] = {}
-    for line in (tmp / "incidents.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        last[rec["id"]] = rec
-    (inc,) = [r for r in last.values() if r["rank"] == 1]
+    (inc,) = [r for r in latest(tmp / "incidents.jsonl").values() if r["rank"] == 1]
     return inc
+
+
+def latest(path: Path) -> dict[str, dict[str, Any]]:
+    """The last line of each incident id in ``path`` (none yet: empty)."""
+    last: dict[str, dict[str, Any]] = {}
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        last[rec["id"]] = rec
+    return last
+
+
+def journal(tmp: Path) -> dict[str, Any]:
+    """The simulated node's correction journal (agent/corrections/handler.py)."""
+    (path,) = (tmp / "work" / "agent-state").glob("*/corrections.json")
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
 
 
 def fixes(inc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,3 +126,41 @@ def test_node_consent_off_fails_and_escalates(tmp_path: Path) -> None:
     (fix,) = fixes(inc)
     assert fix["status"] == "failed" and "allow_corrections" in fix["reason"], fix
     assert inc["verdict"] == "escalated" and "reset_clocks" in inc["reason"], inc["reason"]
+
+
+def test_a_forced_reset_clocks_on_heat_is_rolled_back_through_the_loop(tmp_path: Path) -> None:
+    """An operator forces reset_clocks on the thermal incident (`artemis-coordinator
+    correct`, over the running coordinator's control socket): the real agent applies it
+    to the simulated GPU, the coordinator measures no gain on the rank's pace, sends the
+    rollback, the agent restores the state before, and the incident escalates."""
+    forced: list[subprocess.CompletedProcess[str]] = []
+    sock = tmp_path / "work" / "coordinator.sock"
+
+    def on_tick(_ctx: Any) -> None:
+        if forced:
+            return
+        mine = [
+            r
+            for r in latest(tmp_path / "incidents.jsonl").values()
+            if r["rank"] == 1 and r["confirmed"] and r["status"] == "open"
+        ]
+        if mine:
+            argv = [str(Path(sys.executable).parent / "artemis-coordinator"), "correct"]
+            argv += [mine[0]["id"], "reset_clocks", "--socket", str(sock)]
+            forced.append(subprocess.run(argv, capture_output=True, text=True, timeout=60))
+
+    inc = run(tmp_path, "thermal", on_tick=on_tick)
+    assert forced and forced[0].returncode == 0, forced
+    (fix,) = fixes(inc)
+    assert fix["forced"] and fix["action"] == "reset_clocks"
+    assert fix["status"] == "rolled_back" and "did not help" in fix["reason"], fix
+    assert [h["status"] for h in fix["history"]] == ["approved", "applied", "rolled_back"]
+    assert fix["before"] and fix["after"] == fix["before"], fix  # the state before, restored
+    # the agent carried out both, each once (its journal: the apply and the rollback, done)
+    done = journal(tmp_path)
+    assert done[fix["id"]]["phase"] == "done" and done[fix["id"]]["result"]["status"] == "applied"
+    back = done[f"{fix['id']}:rollback"]
+    assert back["phase"] == "done" and back["result"]["status"] == "rolled_back"
+    marks = [m["marker"] for m in inc["markers"]]
+    assert "applied" in marks and "rolled_back" in marks, marks
+    assert inc["verdict"] == "escalated" and "rolled_back" in inc["reason"], inc["reason"]
