@@ -258,16 +258,23 @@ class CorrectionShell:
                 outs.append((job, res))
             for rank, body in b.unacked():
                 last = self._sent.get((body["id"], body["op"]))
-                if last is None or now - last >= RESEND_S:
-                    self._queue(job, rank, body)
+                if (last is None or now - last >= RESEND_S) and self._queue(job, rank, body):
+                    log.info(
+                        "correction control resent",
+                        job=job,
+                        rank=rank,
+                        op=body["op"],
+                        id=body["id"],
+                    )
         return outs
 
-    def _queue(self, job: str, rank: int, body: dict[str, Any]) -> None:
+    def _queue(self, job: str, rank: int, body: dict[str, Any]) -> bool:
         agent = self._agent_of.get((job, rank))
         if agent is None or agent not in self._peers:
-            return  # resent once its agent is back (on_connect, tick)
+            return False  # resent once its agent is back (on_connect, tick)
         self._sent[(body["id"], body["op"])] = self.clock()
         self._outbox.append((agent, body))
+        return True
 
     def take_sends(self) -> list[tuple[str, dict[str, Any]]]:
         out, self._outbox = self._outbox, []

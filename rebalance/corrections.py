@@ -316,8 +316,7 @@ class CorrectionBook:
             c.after = dict(result.get("after") or {}) or c.after
             if status == "applied":
                 c.applied_window = self._window
-                c.pace_before = self._median(self._pace.get(c.incident, ()), before=True)
-                c.thr_before = self._median(self._thr, before=True)
+                self._measure_before(c)  # (a correction sent by a book saved before this)
                 c.move("applied", wall)
             else:
                 why = f"{status}: {error}" if error else status
@@ -465,8 +464,19 @@ class CorrectionBook:
             )
         return ""
 
+    def _measure_before(self, c: Correction) -> None:
+        """The rank's pace and the job's throughput before the correction: the windows
+        up to the one it is sent in. Not at its ack: the GPU changes when the agent
+        applies it, and an ack that comes late (an agent restarting) would otherwise
+        measure "before" on windows already corrected."""
+        if c.pace_before is None:
+            c.pace_before = self._median(self._pace.get(c.incident, ()), before=True)
+        if c.thr_before is None:
+            c.thr_before = self._median(self._thr, before=True)
+
     def _send(self, c: Correction, wall: float, out: Output) -> None:
         self._last_at[_gpu_key(c)] = wall
+        self._measure_before(c)
         c.pending = "apply"
         out.touch(c)
         out.controls.append((c.rank, c.control("apply")))

@@ -291,3 +291,19 @@ def test_a_correction_waits_while_a_plan_is_being_verified() -> None:
     assert out.controls == [] and out.entries == [] and b.corrections == []
     out = feed(b, 6, rec(), 100, 1.3)  # the plan verified (or rolled back): now it goes
     assert [body["op"] for _, body in out.controls] == ["apply"]
+
+
+def test_the_pace_before_is_taken_before_the_correction_went_out() -> None:
+    """The GPU changes when the agent applies it, not when its ack comes in: an ack that
+    comes late (the agent restarting) must not measure "before" on corrected windows."""
+    b = CorrectionBook("job")
+    for w in range(3, 6):
+        feed(b, w, rec(), 100, 1.3)  # slow: the correction goes out at window 3
+    (c,) = b.corrections
+    for w in range(6, 10):
+        feed(b, w, rec(), 130, 1.0)  # fixed already, its ack still on its way
+    b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1010.0)
+    for w in range(10, 15):
+        feed(b, w, rec(), 130, 1.0)
+    assert c.status == "verified", (c.status, c.reason)
+    assert c.gain_pct == 30.0

@@ -43,7 +43,7 @@ ranks_per_host = 4
 step_ms = 80.0
 collectives_per_step = 3
 window_steps = 40
-windows = 30
+windows = {windows}
 noise = 0.01
 seed = 31
 islands = ["{vendor}", "{vendor}", "{vendor}", "{vendor}"]
@@ -59,13 +59,15 @@ corrections = "apply"
 """
 
 
-def run(tmp: Path, kind: str, vendor: str = "nvidia", **opts: Any) -> dict[str, Any]:
+def run(
+    tmp: Path, kind: str, vendor: str = "nvidia", windows: int = 30, **opts: Any
+) -> dict[str, Any]:
     """The scenario run to its end; rank 1's incident (its last record)."""
     from artemis.sim.cluster import SimCluster
     from sim_runs import sim_options
 
     sc = tmp / f"{kind}.toml"
-    sc.write_text(SCENARIO.format(kind=kind, vendor=vendor))
+    sc.write_text(SCENARIO.format(kind=kind, vendor=vendor, windows=windows))
     res = SimCluster(sc, sim_options(tmp, timeout_s=240, **opts)).run()
     assert res.ok, res
     (inc,) = [r for r in latest(tmp / "incidents.jsonl").values() if r["rank"] == 1]
@@ -164,3 +166,64 @@ def test_a_forced_reset_clocks_on_heat_is_rolled_back_through_the_loop(tmp_path:
     marks = [m["marker"] for m in inc["markers"]]
     assert "applied" in marks and "rolled_back" in marks, marks
     assert inc["verdict"] == "escalated" and "rolled_back" in inc["reason"], inc["reason"]
+
+
+def log_events(path: Path, event: str) -> list[dict[str, Any]]:
+    """A daemon's JSON log lines (every life of it: appended) of ``event``."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == event:
+            out.append(rec)
+    return out
+
+
+def test_killed_mid_correction_applies_once_then_verifies(tmp_path: Path) -> None:
+    """The agent SIGKILLs itself right after the hardware call (its failpoint, first life
+    only: before it persists the result or acknowledges), and the coordinator that sent
+    the correction is SIGKILLed then too; both start again. The restarted coordinator
+    resends the same correction, the restarted agent finds it half-done in its journal and
+    does not apply it again, and the correction is verified: applied exactly once."""
+    from artemis.agent.corrections.handler import FAILPOINT_ENV
+
+    first = tmp_path / "agent-first-start"
+
+    def agent_argv(_h: int, argv: list[str]) -> list[str]:
+        once = f'if [ ! -e "$0" ]; then : > "$0"; export {FAILPOINT_ENV}=kill_after_apply; fi'
+        return ["sh", "-c", once + '; exec "$@"', str(first), *argv]
+
+    killed: list[int] = []
+
+    def on_tick(ctx: Any) -> None:
+        ctx.killed_agents.add(0)  # its exit at the failpoint is this test's: restarted here
+        if killed or ctx.procs["agent-0"].poll() is None:
+            return
+        killed.append(ctx.procs["agent-0"].returncode)
+        ctx.kill_restart(["coordinator", "agent-0"])  # the coordinator that sent it, too
+
+    inc = run(tmp_path, "clocks", windows=40, agent_argv=agent_argv, on_tick=on_tick)
+    logs = tmp_path / "work" / "logs"
+    assert killed == [-9], killed  # the agent died at its failpoint, once
+    (fix,) = fixes(inc)
+    assert (fix["action"], fix["status"]) == ("reset_clocks", "verified"), fix
+    assert [h["status"] for h in fix["history"]] == ["approved", "applied", "verified"], fix
+    # one hardware call: the first life's (its failpoint fired after it); the second
+    # life answered from its journal, marked recovered, and called nothing
+    assert (
+        len(log_events(logs / "agent-0.log", "failpoint: SIGKILL after applying a correction")) == 1
+    )
+    assert [
+        e for e in log_events(logs / "agent-0.log", "correction done") if e["key"] == fix["id"]
+    ] == []
+    entry = journal(tmp_path)[fix["id"]]
+    assert entry["phase"] == "done" and entry["result"]["recovered"] is True, entry
+    assert fix["before"]["locked_sm_mhz"] and fix["after"]["locked_sm_mhz"] is None, fix
+    # sent once by the first life, resent under the same id by the second (its state)
+    sends = log_events(logs / "coordinator.log", "correction control")
+    again = log_events(logs / "coordinator.log", "correction control resent")
+    assert [(e["id"], e["op"]) for e in sends] == [(fix["id"], "apply")], sends
+    assert again and {(e["id"], e["op"]) for e in again} == {(fix["id"], "apply")}, again
+    assert inc["verdict"] == "recovered" and "reset_clocks" in inc["reason"], inc["reason"]
