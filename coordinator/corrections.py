@@ -90,9 +90,20 @@ class CorrectionShell:
         if self._peers.get(key) is peer:
             del self._peers[key]
 
+    def _agent(self, job: str, rank: int) -> str | None:
+        """The agent serving ``rank``: the one whose hello named it, else the one
+        connected from the rank's host (as its windows report it): an agent that
+        connected before the job's rings appeared named none of its ranks."""
+        agent = self._agent_of.get((job, rank))
+        if agent in self._peers:
+            return agent
+        host = self._where.get((job, rank), RankFacts()).host
+        on_host = [p.agent_id for p in self._peers.values() if host is not None and p.host == host]
+        return on_host[0] if len(on_host) == 1 else agent
+
     def facts(self, job: str, rank: int) -> RankFacts:
         f = self._where.get((job, rank), RankFacts())
-        peer = self._peers.get(self._agent_of.get((job, rank), ""))
+        peer = self._peers.get(self._agent(job, rank) or "")
         return RankFacts(
             host=f.host if f.host is not None else (peer.host if peer else None),
             gpu=f.gpu,
@@ -163,14 +174,6 @@ class CorrectionShell:
             m.policy.hold(b.in_flight())
         for rank, body in res.controls:
             self._queue(job, rank, body)
-            log.info(
-                "correction control",
-                job=job,
-                rank=rank,
-                op=body["op"],
-                id=body["id"],
-                action=body["action"],
-            )
         if not res.entries or m is None:
             return
         m.incidents.on_corrections(res.entries)
@@ -258,23 +261,28 @@ class CorrectionShell:
                 outs.append((job, res))
             for rank, body in b.unacked():
                 last = self._sent.get((body["id"], body["op"]))
-                if (last is None or now - last >= RESEND_S) and self._queue(job, rank, body):
-                    log.info(
-                        "correction control resent",
-                        job=job,
-                        rank=rank,
-                        op=body["op"],
-                        id=body["id"],
-                    )
+                if last is None or now - last >= RESEND_S:
+                    self._queue(job, rank, body, resend=True)
         return outs
 
-    def _queue(self, job: str, rank: int, body: dict[str, Any]) -> bool:
-        agent = self._agent_of.get((job, rank))
-        if agent is None or agent not in self._peers:
-            return False  # resent once its agent is back (on_connect, tick)
-        self._sent[(body["id"], body["op"])] = self.clock()
-        self._outbox.append((agent, body))
-        return True
+    def _queue(self, job: str, rank: int, body: dict[str, Any], resend: bool = False) -> None:
+        """Into the outbox for the rank's agent, logged (a resend only when it goes)."""
+        agent = self._agent(job, rank)
+        ok = agent is not None and agent in self._peers
+        if ok:
+            self._sent[(body["id"], body["op"])] = self.clock()
+            self._outbox.append((str(agent), body))
+        # (not ok: resent once its agent is back, on_connect and tick)
+        if ok or not resend:
+            log.info(
+                "correction control resent" if resend else "correction control",
+                job=job,
+                rank=rank,
+                op=body["op"],
+                id=body["id"],
+                action=body["action"],
+                agent=agent if ok else None,
+            )
 
     def take_sends(self) -> list[tuple[str, dict[str, Any]]]:
         out, self._outbox = self._outbox, []

@@ -46,8 +46,11 @@ class Server:
         return [b for _a, action, b in self.sent if action == "correction"]
 
 
-def peer(host: int, minor: int = 2) -> PeerInfo:
+def peer(host: int, minor: int = 2, announced: bool = True) -> PeerInfo:
+    """Agent ``a<host>`` on host ``h<host>``; ``announced`` False: it connected before the
+    job's rings appeared, and its hello names no rank."""
     ranks = tuple(RankInfo(JOB, "c0", r, NRANKS) for r in range(4 * host, 4 * host + 4))
+    ranks = ranks if announced else ()
     return PeerInfo(
         f"a{host}", f"h{host}", "t", "i", ranks, "127.0.0.1:1", (1, minor), 0.0, host + 1
     )
@@ -70,7 +73,11 @@ def locked_window(
     )  # fmt: skip
 
 
-def make(tmp: Path, settings: Settings, wall: list[float], minor: int = 2) -> Coordinator:
+def make(
+    tmp: Path, settings: Settings, wall: list[float], minor: int = 2, unannounced: int = -1
+) -> Coordinator:
+    """A coordinator with agents a0 and a1 connected (``unannounced``: the host whose
+    agent connected before the job's rings appeared)."""
     out = (FindingsWriter(tmp / "f.jsonl"), PlansWriter(tmp / "p.jsonl"), Metrics())
 
     def now() -> float:
@@ -80,7 +87,7 @@ def make(tmp: Path, settings: Settings, wall: list[float], minor: int = 2) -> Co
     c.server = Server()
     c.restore(AssemblyJournal(tmp / "f.assembly"))
     for h in (0, 1):
-        c.on_connect(peer(h, minor))
+        c.on_connect(peer(h, minor, h != unannounced))
     return c
 
 
@@ -285,3 +292,25 @@ def test_rebalancing_waits_for_the_correction_then_takes_over(tmp_path: Path) ->
     plans = [b for _a, action, b in c.server.sent if action == "plan"]
     split = plans[0]["plan"]["samples"] if plans else None
     assert split is not None and split[SLOW] < max(split), plans
+
+
+def test_an_agent_that_connected_before_the_job_still_gets_its_correction(
+    tmp_path: Path,
+) -> None:
+    """An agent whose hello came before the job's rings appeared named no rank: the
+    rank's agent is the one connected from the host its windows come from."""
+    wall = [1000.0]
+    c = make(tmp_path, APPLY, wall, unannounced=1)  # the slow rank's agent named none
+
+    async def run() -> None:
+        for w in range(14):
+            wall[0] += 1.0
+            for h in (1, 0):  # (the assembler waits for the ranks hellos named: h0's)
+                recs = tuple(
+                    locked_window(JOB, r, w, {SLOW}, NRANKS, 4) for r in range(4 * h, 4 * h + 4)
+                )
+                await c.on_message(peer(h), Windows(host=f"h{h}", windows=recs))
+
+    asyncio.run(run())
+    sent = [(agent, b) for agent, action, b in c.server.sent if action == "correction"]
+    assert [(agent, b["rank"], b["op"]) for agent, b in sent] == [("a1", SLOW, "apply")], sent
