@@ -227,3 +227,32 @@ def test_killed_mid_correction_applies_once_then_verifies(tmp_path: Path) -> Non
     assert [(e["id"], e["op"]) for e in sends] == [(fix["id"], "apply")], sends
     assert again and {(e["id"], e["op"]) for e in again} == {(fix["id"], "apply")}, again
     assert inc["verdict"] == "recovered" and "reset_clocks" in inc["reason"], inc["reason"]
+
+
+def test_a_library_error_fails_and_escalates_nothing_hidden(tmp_path: Path) -> None:
+    """The node's GPU library refuses the call (NVML's NO_PERMISSION: an agent without
+    CAP_SYS_ADMIN): the correction is `failed` with the library's words, the GPU is
+    unchanged, and the incident is escalated with them."""
+    from artemis.agent.corrections.simulated import read_gpu_state, write_gpu_state
+
+    words = "NVML_ERROR_NO_PERMISSION: Insufficient Permissions"
+    refused: list[Path] = []
+
+    def on_tick(_ctx: Any) -> None:
+        if refused:
+            return
+        for path in (tmp_path / "work" / "shm").glob("*/*.gpu.json"):
+            doc = read_gpu_state(path)
+            if doc is not None and doc.get("locked_sm_mhz") is not None:  # rank 1's GPU
+                write_gpu_state(path, {**doc, "errors": {"reset_clocks": words}})
+                refused.append(path)
+
+    inc = run(tmp_path, "clocks", on_tick=on_tick)
+    assert len(refused) == 1
+    (fix,) = fixes(inc)
+    assert fix["status"] == "failed" and words in fix["reason"], fix
+    assert fix["before"]["locked_sm_mhz"] is not None  # what it found, kept
+    state = read_gpu_state(refused[0])
+    assert state is not None and state["locked_sm_mhz"] == fix["before"]["locked_sm_mhz"]
+    assert inc["verdict"] == "escalated" and words in inc["reason"], inc["reason"]
+    assert inc["escalation"]["cause"] == "clocks" and inc["escalation"]["check"]
