@@ -174,6 +174,7 @@ class CorrectionShell:
             m.policy.hold(b.in_flight())
         for rank, body in res.controls:
             self._queue(job, rank, body)
+        out.incidents += res.records  # incidents that closed before an ack: whole again
         if not res.entries or m is None:
             return
         m.incidents.on_corrections(res.entries)

@@ -114,6 +114,9 @@ class Correction(msgspec.Struct, kw_only=True):
     applied_window: int | None = None  # the latest window when its apply ack came in
     pace_before: float | None = None
     thr_before: float | None = None
+    # The last record of its incident, when that closed while the correction was on
+    # its way (sent, not acknowledged): rewritten with the entry when the ack comes.
+    closed: dict[str, Any] | None = None
 
     def move(self, status: str, t: float, detail: str = "") -> None:
         self.status = status
@@ -160,6 +163,8 @@ class Output:
 
     entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     controls: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # whole records of incidents that closed before a correction's ack (written as is)
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     def touch(self, c: Correction) -> None:
         self.entries = [(i, e) for i, e in self.entries if e["id"] != c.id]
@@ -328,7 +333,26 @@ class CorrectionBook:
             else:
                 c.move("failed", wall, f"rollback failed ({error or status}): {c.reason}")
         out.touch(c)
+        if c.closed is not None:
+            self._after_close(c, c.closed, wall, out)
         return out
+
+    def _after_close(self, c: Correction, rec: dict[str, Any], wall: float, out: Output) -> None:
+        """An ack that came after its incident closed (the incident book has let it go):
+        a finding that cleared meanwhile verifies an applied correction, and the
+        incident's last record is written again with the entry."""
+        if (
+            c.status == "applied"
+            and c.pending is None
+            and (rec.get("closed") or {}).get("why") == "cleared"
+        ):
+            c.move("verified", wall, "helped: the finding cleared while it was on its way")
+        acts = [a for a in rec.get("actions") or () if a.get("id") != c.id] + [c.entry()]
+        new = {**rec, "actions": acts, "change": "action", "changes": ["action"]}
+        if c.status == "verified" and rec.get("verdict") == "recovered":
+            new["reason"] = f"{rec.get('reason', '')}, after correction {c.action} ({c.id})"
+        out.records.append(new)
+        c.closed = None if c.status in FINAL else new
 
     def expire(self, wall: float, out: Output | None = None) -> Output:
         """Approvals unanswered past approval_expiry_s expire (the shell's clock)."""
@@ -525,6 +549,8 @@ class CorrectionBook:
             elif c.status == "applied" and c.pending is None and why == "cleared":
                 c.move("verified", wall, "helped: the finding cleared after it")
                 out.touch(c)
+            elif c.pending is not None:
+                c.closed = dict(rec)  # its ack still comes (an agent restarting)
 
     def _median(self, pts: Iterable[tuple[int, float]], *, before: bool) -> float | None:
         vals = [v for w, v in pts if w <= self._window] if before else []

@@ -307,3 +307,24 @@ def test_the_pace_before_is_taken_before_the_correction_went_out() -> None:
         feed(b, w, rec(), 130, 1.0)
     assert c.status == "verified", (c.status, c.reason)
     assert c.gain_pct == 30.0
+
+
+def test_an_ack_after_the_incident_cleared_verifies_and_rewrites_its_record() -> None:
+    """The finding cleared while the correction was on its way (its agent restarting):
+    the late apply ack verifies it, the incident's last record is written again with
+    the entry, and nothing stays in flight (rebalancing is not held for ever)."""
+    b = CorrectionBook("job")
+    feed(b, 5, rec(), 100, 1.3)
+    (c,) = b.corrections
+    closed = {**rec(status="closed", why="cleared"), "actions": [], "verdict": "recovered",
+              "reason": "cleared at window 7"}  # fmt: skip
+    assert feed(b, 7, closed, 130, 1.0).records == []
+    assert c.status == "approved" and b.in_flight() is not None
+    out = b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1010.0)
+    assert c.status == "verified" and b.in_flight() is None, c.reason
+    (again,) = out.records
+    assert again["id"] == "job-r2-w5" and again["change"] == "action"
+    assert [a["status"] for a in again["actions"]] == ["verified"]
+    assert again["reason"] == f"cleared at window 7, after correction reset_clocks ({c.id})"
+    restored = CorrectionBook.restore(b.snapshot())  # nothing left to rewrite
+    assert all(x.closed is None for x in restored.corrections)
