@@ -247,7 +247,8 @@ class CorrectionBook:
         and not yet verified or rolled back, whose verification a new split would
         confound; None when there is none."""
         for c in self._all.values():
-            if c.status in ("approved", "applied"):
+            live = c.incident in self._open or c.closed is not None
+            if c.status in ("approved", "applied") and live:
                 return f"correction {c.id} ({c.action}) {c.status}: rebalancing waits for it"
         return None
 
@@ -286,6 +287,12 @@ class CorrectionBook:
                 d = self._pace.setdefault(str(r["incident"]), deque(maxlen=keep))
                 d.append((window, float(r["ratio"])))
         self.expire(wall, out)
+        # An incident gone without a closed record (a coordinator that stopped closed it
+        # as job_end, then reopened the episode under a new id) is not open any more: a
+        # correction of it can no longer be verified, nor hold rebalancing back.
+        now_open = {str(r["id"]) for r in records if r.get("status") != "closed"}
+        for iid in [i for i in self._open if i not in now_open]:
+            del self._open[iid]
         for rec in records:
             iid = str(rec["id"])
             if rec.get("status") == "closed":

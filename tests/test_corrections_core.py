@@ -328,3 +328,17 @@ def test_an_ack_after_the_incident_cleared_verifies_and_rewrites_its_record() ->
     assert again["reason"] == f"cleared at window 7, after correction reset_clocks ({c.id})"
     restored = CorrectionBook.restore(b.snapshot())  # nothing left to rewrite
     assert all(x.closed is None for x in restored.corrections)
+
+
+def test_an_incident_gone_without_a_record_holds_nothing_back() -> None:
+    """A coordinator that stopped closed the incident (job_end) without the book seeing
+    it, and reopened the episode under a new id: the old correction, applied and never
+    to be verified, does not hold the job's rebalancing back for ever."""
+    b = CorrectionBook("job")
+    feed(b, 5, rec(), 100, 1.3)
+    (c,) = b.corrections
+    b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1006.0)
+    assert b.in_flight() is not None
+    b = CorrectionBook.restore(b.snapshot())  # the restart
+    feed(b, 9, rec(iid="job-r2-w9"), 100, 1.3)
+    assert b.in_flight() is None and not b.knows_incident("job-r2-w5")
