@@ -211,6 +211,7 @@ class CorrectionBook:
         self._pace: dict[str, deque[tuple[int, float]]] = {}  # incident -> (window, pace)
         self._thr: deque[tuple[int, float]] = deque(maxlen=64)  # (window, samples/s)
         self._open: dict[str, int] = {}  # open incident id -> its rank
+        self._restored = False  # restored from a saved state, no window seen since
         self._window = -1
 
     # ------------------------------------------------------------------ queries
@@ -287,12 +288,7 @@ class CorrectionBook:
                 d = self._pace.setdefault(str(r["incident"]), deque(maxlen=keep))
                 d.append((window, float(r["ratio"])))
         self.expire(wall, out)
-        # An incident gone without a closed record (a coordinator that stopped closed it
-        # as job_end, then reopened the episode under a new id) is not open any more: a
-        # correction of it can no longer be verified, nor hold rebalancing back.
-        now_open = {str(r["id"]) for r in records if r.get("status") != "closed"}
-        for iid in [i for i in self._open if i not in now_open]:
-            del self._open[iid]
+        self._carry_over(records, out)
         for rec in records:
             iid = str(rec["id"])
             if rec.get("status") == "closed":
@@ -311,6 +307,25 @@ class CorrectionBook:
 
     def has(self, cid: str) -> bool:
         return cid in self._all
+
+    def _carry_over(self, records: Iterable[Mapping[str, Any]], out: Output) -> None:
+        """An incident gone without a closed record leaves the open set. Only a restart
+        misses a close: a coordinator stopped gracefully closed it (job_end) and, back,
+        reopened the episode under a new id. At the first window after a restore, a
+        correction still on its way goes on with the new incident of the same rank
+        (verified or rolled back there, once); with none, it can no longer be verified,
+        and it does not hold rebalancing back (``in_flight``)."""
+        now = {str(r["id"]): r.get("rank") for r in records if r.get("status") != "closed"}
+        restored, self._restored = self._restored, False  # only a restart misses a close
+        for iid in [i for i in self._open if i not in now]:
+            rank = self._open.pop(iid)
+            heirs = (i for i, r in now.items() if r == rank and i not in self._open)
+            heir = next(heirs, None) if restored else None
+            for c in self._all.values():
+                if heir is not None and c.incident == iid and c.status not in FINAL:
+                    c.incident = heir
+                    c.reason = f"carried over from incident {iid} (the coordinator restarted)"
+                    out.touch(c)
 
     def on_ack(self, result: Mapping[str, Any], wall: float, op: str | None = None) -> Output:
         """The agent's ``Ack.result`` for a correction control; ``op``: the one its
@@ -592,6 +607,7 @@ class CorrectionBook:
         b._pace = {k: deque((int(w), float(v)) for w, v in d) for k, d in st.pace.items()}
         b._thr = deque(((int(w), float(v)) for w, v in st.thr), maxlen=64)
         b._open = dict(st.open)
+        b._restored = True
         return b
 
 

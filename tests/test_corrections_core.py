@@ -330,15 +330,24 @@ def test_an_ack_after_the_incident_cleared_verifies_and_rewrites_its_record() ->
     assert all(x.closed is None for x in restored.corrections)
 
 
-def test_an_incident_gone_without_a_record_holds_nothing_back() -> None:
-    """A coordinator that stopped closed the incident (job_end) without the book seeing
-    it, and reopened the episode under a new id: the old correction, applied and never
-    to be verified, does not hold the job's rebalancing back for ever."""
+def test_an_incident_gone_without_a_record_hands_its_correction_on() -> None:
+    """A coordinator stopped gracefully closed the incident (job_end) without the book
+    seeing it, and reopened the episode under a new id: the applied correction goes on
+    with the new incident of its rank; with none, it holds nothing back any more."""
     b = CorrectionBook("job")
     feed(b, 5, rec(), 100, 1.3)
     (c,) = b.corrections
     b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1006.0)
-    assert b.in_flight() is not None
-    b = CorrectionBook.restore(b.snapshot())  # the restart
-    feed(b, 9, rec(iid="job-r2-w9"), 100, 1.3)
-    assert b.in_flight() is None and not b.knows_incident("job-r2-w5")
+    saved = b.snapshot()
+    heir = CorrectionBook.restore(saved)  # the restart; rank 2's episode goes on
+    out = feed(heir, 9, rec(iid="job-r2-w9"), 100, 1.3)
+    (moved,) = heir.corrections
+    assert moved.incident == "job-r2-w9" and [i for i, _ in out.entries] == ["job-r2-w9"]
+    assert heir.in_flight() is not None and not heir.knows_incident("job-r2-w5")
+    for w in range(10, 15):  # still slow: rolled back, once, on the new incident
+        out = feed(heir, w, rec(iid="job-r2-w9"), 100, 1.3)
+        assert [body["op"] for _, body in out.controls] in ([], ["rollback"])
+    assert [body["op"] for _, body in heir.unacked()] == ["rollback"]
+    alone = CorrectionBook.restore(saved)  # the restart; only another rank is slow now
+    feed(alone, 9, rec(iid="job-r3-w9", rank=3), 100, 1.3, facts={3: facts(gpu=3)})
+    assert c.id not in (alone.in_flight() or "") and not alone.knows_incident("job-r2-w5")

@@ -314,3 +314,28 @@ def test_an_agent_that_connected_before_the_job_still_gets_its_correction(
     asyncio.run(run())
     sent = [(agent, b) for agent, action, b in c.server.sent if action == "correction"]
     assert [(agent, b["rank"], b["op"]) for agent, b in sent] == [("a1", SLOW, "apply")], sent
+
+
+def test_a_graceful_stop_mid_verification_carries_the_correction_over(tmp_path: Path) -> None:
+    """A coordinator stopped gracefully (SIGTERM) while a correction is being verified
+    closes the incident (job_end); back, it reopens the episode under a new id, and the
+    correction goes on with it: rolled back once, not left applied for ever."""
+    wall = [1000.0]
+    a = make(tmp_path, APPLY, wall)
+    asyncio.run(windows(a, 0, 14, True, wall))
+    (body,) = a.server.corrections()
+    ack(a, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})
+    asyncio.run(windows(a, 14, 15, True, wall))
+    a.flush()  # the graceful stop
+
+    b = make(tmp_path, APPLY, wall)
+    asyncio.run(windows(b, 15, 24, True, wall))  # it did not help: still slow
+    (rb,) = b.server.corrections()
+    assert rb["op"] == "rollback" and rb["id"] == body["id"] and rb["incident"] != body["incident"]
+    ack(b, rb, "rolled_back", after={"vendor": "nvidia", "sm_mhz": 1200})
+    b.flush()
+    recs = incidents(tmp_path)
+    new = recs[rb["incident"]]
+    (entry,) = [a for a in new["actions"] if a.get("type") == "correction"]
+    assert entry["id"] == body["id"] and entry["status"] == "rolled_back", entry
+    assert new["verdict"] == "escalated", new["reason"]
