@@ -25,6 +25,7 @@ from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import Ack
+from artemis.protocol.records import NAME_MAX
 from artemis.protocol.server import PeerInfo
 from artemis.rebalance.corrections import (
     CorrectionBook,
@@ -37,6 +38,17 @@ from artemis.rebalance.corrections import (
 log = structlog.get_logger("artemis.coordinator")
 
 RESEND_S = 5.0  # an unacknowledged correction control goes out again after this
+ROLLBACK_SUFFIX = ":rollback"  # a rollback's control id: the correction's id and this
+
+
+def control_id(body: Mapping[str, Any]) -> str | None:
+    """The control id a correction control goes out with: the correction's id (its
+    rollback's with ``:rollback``, the key the agent journals it under), so an ack
+    names its correction and op by itself, whichever life of the coordinator sent it.
+    None where that is longer than the wire allows (a job name near its limit): the
+    server makes one, and this life matches it (``sent_as``)."""
+    cid = str(body["id"]) + ("" if body["op"] == "apply" else ROLLBACK_SUFFIX)
+    return cid if len(cid) <= NAME_MAX else None
 
 
 class CorrectionShell:
@@ -52,8 +64,8 @@ class CorrectionShell:
         self._where: dict[tuple[str, int], RankFacts] = {}  # from the latest columns
         self._sent: dict[tuple[str, str], float] = {}  # (id, op) -> when last sent (clock)
         self._outbox: list[tuple[str, dict[str, Any]]] = []  # (agent, body)
-        # control_id -> (correction id, op): an ack without a result (an agent that
-        # cannot apply corrections) still ends its correction, never resent forever.
+        # server-made control id -> (correction id, op), for a correction id too long
+        # to be its control id (``control_id``): its ack is still matched.
         self._ctl: dict[str, tuple[str, str]] = {}
 
     def book(self, job: str) -> CorrectionBook:
@@ -78,9 +90,20 @@ class CorrectionShell:
         if self._peers.get(key) is peer:
             del self._peers[key]
 
+    def _agent(self, job: str, rank: int) -> str | None:
+        """The agent serving ``rank``: the one whose hello named it, else the one
+        connected from the rank's host (as its windows report it): an agent that
+        connected before the job's rings appeared named none of its ranks."""
+        agent = self._agent_of.get((job, rank))
+        if agent in self._peers:
+            return agent
+        host = self._where.get((job, rank), RankFacts()).host
+        on_host = [p.agent_id for p in self._peers.values() if host is not None and p.host == host]
+        return on_host[0] if len(on_host) == 1 else agent
+
     def facts(self, job: str, rank: int) -> RankFacts:
         f = self._where.get((job, rank), RankFacts())
-        peer = self._peers.get(self._agent_of.get((job, rank), ""))
+        peer = self._peers.get(self._agent(job, rank) or "")
         return RankFacts(
             host=f.host if f.host is not None else (peer.host if peer else None),
             gpu=f.gpu,
@@ -113,9 +136,12 @@ class CorrectionShell:
             return  # no incident yet: no book made, none saved
         facts = {r: self.facts(job, r) for r in ranks}
         b = self.book(job)
+        pol = m.policy
+        plan = pol.active_plan if pol is not None and pol.verifying else None
         res = b.on_window(
             window, [*records, *closed], out.incident_rows, facts,
             CorrectionPolicy.from_settings(settings), wall,
+            None if plan is None else f"plan {plan.id} {plan.status}",
         )  # fmt: skip
         self.into(job, m, res, out, closed)
 
@@ -141,17 +167,14 @@ class CorrectionShell:
         closed: list[dict[str, Any]] | None = None,
     ) -> None:
         """The book's output: entries into the incidents (records into ``out``),
-        controls into the outbox."""
+        controls into the outbox; the job's rebalancing waits while a correction of it
+        is on its way (RebalancePolicy.hold, saved with the policy)."""
+        b = self.books.get(job)
+        if m is not None and m.policy is not None and b is not None:
+            m.policy.hold(b.in_flight())
         for rank, body in res.controls:
             self._queue(job, rank, body)
-            log.info(
-                "correction control",
-                job=job,
-                rank=rank,
-                op=body["op"],
-                id=body["id"],
-                action=body["action"],
-            )
+        out.incidents += res.records  # incidents that closed before an ack: whole again
         if not res.entries or m is None:
             return
         m.incidents.on_corrections(res.entries)
@@ -174,31 +197,60 @@ class CorrectionShell:
 
     # ------------------------------------------------------------------ acks, ticks
     def on_ack(self, peer: PeerInfo, ack: Ack, wall: float) -> tuple[str, Output] | None:
-        """An agent's ack of a correction control: (its job, the book's output)."""
+        """An agent's ack of a correction control: (its job, the book's output).
+
+        Matched by its control id, which is the correction's (``control_id``): a
+        restarted coordinator knows what an ack answers, and an ack of an apply that
+        comes in while the rollback is on its way is not taken for the rollback's. An
+        ack without a result (an agent that applies no corrections) fails its
+        correction with the agent's words; one whose control id is not a correction's
+        (a server-made id, of a correction id too long for the wire) is matched by the
+        ids this life sent, else by its ``result.id``, as before issue 29's control ids.
+        """
         result = ack.result
-        known = self._ctl.pop(ack.control_id or "", None)
-        if not isinstance(result, Mapping) or "id" not in result:
-            if known is None:
+        known = self._named(ack.control_id) or self._ctl.pop(ack.control_id or "", None)
+        if known is None:
+            if not isinstance(result, Mapping) or "id" not in result:
                 return None
-            why = ack.detail or "the agent's ack carries no result (it applies no corrections)"
-            result = {"id": known[0], "status": "failed", "error": why}
-        cid = str(result["id"])
+            cid, op = str(result["id"]), None
+        else:
+            cid, op = known
+            if not isinstance(result, Mapping):
+                why = ack.detail or "the agent's ack carries no result (it applies no corrections)"
+                result = {"status": "failed", "error": why}
+            result = {**result, "id": cid}
+        job = self._holder(cid)
+        if job is None:
+            log.warning("ack of an unknown correction", agent=peer.agent_id, id=cid)
+            return None
+        for o in (op,) if op else ("apply", "rollback"):
+            self._sent.pop((cid, o), None)
+        if not ack.ok and "status" not in result:
+            result = {**result, "status": "failed", "error": ack.detail}
+        log.info(
+            "correction acknowledged",
+            job=job,
+            agent=peer.agent_id,
+            id=cid,
+            op=op,
+            status=result.get("status"),
+            error=result.get("error"),
+        )
+        return job, self.books[job].on_ack(result, wall, op)
+
+    def _named(self, control_id: str | None) -> tuple[str, str] | None:
+        """(correction id, op) a control id names, when it is a known correction's."""
+        if not control_id:
+            return None
+        cid, op = control_id, "apply"
+        if control_id.endswith(ROLLBACK_SUFFIX):
+            cid, op = control_id[: -len(ROLLBACK_SUFFIX)], "rollback"
+        return (cid, op) if self._holder(cid) is not None else None
+
+    def _holder(self, cid: str) -> str | None:
         for job, b in self.books.items():
-            if any(c.id == cid for c in b.corrections):
-                for op in ("apply", "rollback"):
-                    self._sent.pop((cid, op), None)
-                if not ack.ok and "status" not in result:
-                    result = {**result, "status": "failed", "error": ack.detail}
-                log.info(
-                    "correction acknowledged",
-                    job=job,
-                    agent=peer.agent_id,
-                    id=cid,
-                    status=result.get("status"),
-                    error=result.get("error"),
-                )
-                return job, b.on_ack(result, wall)
-        log.warning("ack of an unknown correction", agent=peer.agent_id, id=cid)
+            if b.has(cid):
+                return job
         return None
 
     def tick(self, wall: float, now: float) -> list[tuple[str, Output]]:
@@ -211,23 +263,38 @@ class CorrectionShell:
             for rank, body in b.unacked():
                 last = self._sent.get((body["id"], body["op"]))
                 if last is None or now - last >= RESEND_S:
-                    self._queue(job, rank, body)
+                    self._queue(job, rank, body, resend=True)
         return outs
 
-    def _queue(self, job: str, rank: int, body: dict[str, Any]) -> None:
-        agent = self._agent_of.get((job, rank))
-        if agent is None or agent not in self._peers:
-            return  # resent once its agent is back (on_connect, tick)
-        self._sent[(body["id"], body["op"])] = self.clock()
-        self._outbox.append((agent, body))
+    def _queue(self, job: str, rank: int, body: dict[str, Any], resend: bool = False) -> None:
+        """Into the outbox for the rank's agent, logged (a resend only when it goes)."""
+        agent = self._agent(job, rank)
+        ok = agent is not None and agent in self._peers
+        if ok:
+            self._sent[(body["id"], body["op"])] = self.clock()
+            self._outbox.append((str(agent), body))
+        # (not ok: resent once its agent is back, on_connect and tick)
+        if ok or not resend:
+            log.info(
+                "correction control resent" if resend else "correction control",
+                job=job,
+                rank=rank,
+                op=body["op"],
+                id=body["id"],
+                action=body["action"],
+                agent=agent if ok else None,
+            )
 
     def take_sends(self) -> list[tuple[str, dict[str, Any]]]:
         out, self._outbox = self._outbox, []
         return out
 
-    def sent_as(self, control_id: str, body: Mapping[str, Any]) -> None:
-        """The control id the server gave a correction control (acks name it)."""
-        self._ctl[control_id] = (str(body["id"]), str(body["op"]))
+    def sent_as(self, ctl: str, body: Mapping[str, Any]) -> None:
+        """The control id a correction control went out with (acks name it): only a
+        server-made one needs remembering (``control_id``)."""
+        if ctl == control_id(body):
+            return
+        self._ctl[ctl] = (str(body["id"]), str(body["op"]))
         while len(self._ctl) > 4096:  # controls never acked (agents gone) do not pile up
             self._ctl.pop(next(iter(self._ctl)))
 
@@ -241,10 +308,10 @@ class CorrectionShell:
 
     def holder(self, cid: str) -> str:
         """The job whose book holds correction ``cid``."""
-        for job, b in self.books.items():
-            if any(c.id == cid for c in b.corrections):
-                return job
-        raise CorrectionError(f"unknown correction id {cid!r}")
+        job = self._holder(cid)
+        if job is None:
+            raise CorrectionError(f"unknown correction id {cid!r}")
+        return job
 
     def job_of_incident(self, incident: str) -> str:
         for job, b in self.books.items():

@@ -34,7 +34,7 @@ import msgpack
 import structlog
 from artemis.common.diskio import FileHealth
 from artemis.coordinator.config import RetentionConfig
-from artemis.coordinator.corrections import CorrectionShell
+from artemis.coordinator.corrections import CorrectionShell, control_id
 from artemis.coordinator.dumps import DumpFiles
 from artemis.coordinator.journal import (
     AssemblyJournal,
@@ -639,7 +639,9 @@ class Coordinator:
                     )
         for agent, body in self.corrections.take_sends() if self.server is not None else ():
             try:
-                ctl = await self.server.send_control(agent, "correction", body)
+                ctl = await self.server.send_control(
+                    agent, "correction", body, control_id=control_id(body)
+                )
                 self.corrections.sent_as(ctl, body)
             except NotConnected:
                 self.corrections.unsent(agent, body)

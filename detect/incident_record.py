@@ -23,6 +23,10 @@ CHANGES = ("opened", "confirmed", "action", "updated", "closed")
 _PRIMARY = ("closed", "opened", "action", "confirmed", "updated")
 # Kinds confirmed by the per-step gap quartiles; the others by their flag.
 QUARTILE_KINDS = frozenset(RANK_KINDS)
+# Causes no correction may ever fix (heat is not a setting: rebalance/corrections.py
+# never fits one): a job that ends with one of them unmitigated is escalated, not
+# left "unresolved", so the check for a person is what the verdict points to (issue 29).
+PERSON_CAUSES = frozenset(("thermal",))
 # Telemetry whose episode means (rank vs its peers) go into `evidence.telemetry`.
 TELEMETRY_MEANS = (
     "sm_mhz",
@@ -109,6 +113,12 @@ def judge(inc: Incident, window: int, why: str, view: WindowView | None) -> None
             inc.reason = (
                 f"plan {a['plan']} was rolled back ({a.get('reason', '')}): rebalancing "
                 "did not restore throughput, an engineer must act"
+            )
+        elif (kind := (inc.cause or {}).get("kind")) in PERSON_CAUSES:
+            inc.verdict = "escalated"
+            inc.reason = (
+                f"still slow at the end of the job; cause {kind}: no correction can be"
+                " applied for it, an engineer must act (escalation.check)"
             )
         else:
             inc.verdict = "unresolved"

@@ -212,19 +212,25 @@ class ProtocolServer:
     # ------------------------------------------------------------------ control
 
     async def send_control(
-        self, agent_id: str, action: str, body: dict[str, Any] | None = None
+        self,
+        agent_id: str,
+        action: str,
+        body: dict[str, Any] | None = None,
+        *,
+        control_id: str | None = None,
     ) -> str:
         """Send a Control to a connected agent; returns its control_id.
 
         Control is not buffered: if the agent is not connected, NotConnected is
-        raised and the caller decides whether to retry later. The agent's Ack
+        raised and the caller decides whether to retry later. ``control_id``: the
+        caller's own (a correction's id), else a new one. The agent's Ack
         arrives through ``control_result(control_id)`` and, when the app has
         one, ``app.on_control_ack(peer, ack)``.
         """
         conn = self._by_agent.get(agent_id)
         if conn is None or conn.peer is None:
             raise NotConnected(f"agent {agent_id!r} is not connected")
-        ctl = conn.session.control(action, body)
+        ctl = conn.session.control(action, body, control_id)
         fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         self._controls[ctl.control_id] = (conn, fut)
         try:

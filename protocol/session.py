@@ -617,9 +617,13 @@ class CoordinatorSession:
     def ack(self, upto: int) -> Ack:
         return Ack(seq=self._next(), upto=upto)
 
-    def control(self, action: str, body: dict[str, Any] | None = None) -> Control:
+    def control(
+        self, action: str, body: dict[str, Any] | None = None, control_id: str | None = None
+    ) -> Control:
+        """``control_id``: the caller's own (a correction's id, so its ack is matched
+        across a coordinator restart); None: a new one."""
         if action not in CONTROL_ACTIONS:
             raise ValueError(f"control action must be one of {CONTROL_ACTIONS}, got {action!r}")
         self._controls += 1
-        cid = f"{self.coordinator_id[:200]}:{secrets.token_hex(4)}:{self._controls}"
+        cid = control_id or f"{self.coordinator_id[:200]}:{secrets.token_hex(4)}:{self._controls}"
         return Control(seq=self._next(), control_id=cid, action=action, body=body or {})

@@ -114,6 +114,9 @@ class Correction(msgspec.Struct, kw_only=True):
     applied_window: int | None = None  # the latest window when its apply ack came in
     pace_before: float | None = None
     thr_before: float | None = None
+    # The last record of its incident, when that closed while the correction was on
+    # its way (sent, not acknowledged): rewritten with the entry when the ack comes.
+    closed: dict[str, Any] | None = None
 
     def move(self, status: str, t: float, detail: str = "") -> None:
         self.status = status
@@ -160,6 +163,8 @@ class Output:
 
     entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     controls: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # whole records of incidents that closed before a correction's ack (written as is)
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     def touch(self, c: Correction) -> None:
         self.entries = [(i, e) for i, e in self.entries if e["id"] != c.id]
@@ -206,6 +211,7 @@ class CorrectionBook:
         self._pace: dict[str, deque[tuple[int, float]]] = {}  # incident -> (window, pace)
         self._thr: deque[tuple[int, float]] = deque(maxlen=64)  # (window, samples/s)
         self._open: dict[str, int] = {}  # open incident id -> its rank
+        self._restored = False  # restored from a saved state, no window seen since
         self._window = -1
 
     # ------------------------------------------------------------------ queries
@@ -237,6 +243,16 @@ class CorrectionBook:
         """Whether a correction is still on its way (waiting, sent, being verified)."""
         return any(c.status not in FINAL for c in self._all.values())
 
+    def in_flight(self) -> str | None:
+        """Why the job's rebalancing waits (RebalancePolicy.hold): a correction sent
+        and not yet verified or rolled back, whose verification a new split would
+        confound; None when there is none."""
+        for c in self._all.values():
+            live = c.incident in self._open or c.closed is not None
+            if c.status in ("approved", "applied") and live:
+                return f"correction {c.id} ({c.action}) {c.status}: rebalancing waits for it"
+        return None
+
     def knows_incident(self, incident: str) -> bool:
         return incident in self._open
 
@@ -256,9 +272,12 @@ class CorrectionBook:
         facts: Mapping[int, RankFacts],
         policy: CorrectionPolicy,
         wall: float,
+        plan: str | None = None,
     ) -> Output:
         """One scored window: ``records`` are the job's incident records (every open one,
-        and those that closed in it), ``rows`` the window's rows."""
+        and those that closed in it), ``rows`` the window's rows; ``plan``: a rebalance
+        plan of the job on its way (sent, or applied and not verified), whose
+        verification a correction would confound: none is sent until it is done."""
         self._window = window
         out = Output()
         for r in rows:
@@ -269,6 +288,7 @@ class CorrectionBook:
                 d = self._pace.setdefault(str(r["incident"]), deque(maxlen=keep))
                 d.append((window, float(r["ratio"])))
         self.expire(wall, out)
+        self._carry_over(records, out)
         for rec in records:
             iid = str(rec["id"])
             if rec.get("status") == "closed":
@@ -281,14 +301,39 @@ class CorrectionBook:
             if live:
                 self._follow(live[-1], policy, wall, out)
             elif not mine and policy.mode != "off":
-                self._decide(rec, facts.get(int(rec.get("rank") or 0)), policy, wall, out)
+                rank_facts = facts.get(int(rec.get("rank") or 0))
+                self._decide(rec, rank_facts, policy, wall, out, plan)
         return out
 
-    def on_ack(self, result: Mapping[str, Any], wall: float) -> Output:
-        """The agent's ``Ack.result`` for a correction control (a resent ack is ignored)."""
+    def has(self, cid: str) -> bool:
+        return cid in self._all
+
+    def _carry_over(self, records: Iterable[Mapping[str, Any]], out: Output) -> None:
+        """An incident gone without a closed record leaves the open set. Only a restart
+        misses a close: a coordinator stopped gracefully closed it (job_end) and, back,
+        reopened the episode under a new id. At the first window after a restore, a
+        correction still on its way goes on with the new incident of the same rank
+        (verified or rolled back there, once); with none, it can no longer be verified,
+        and it does not hold rebalancing back (``in_flight``)."""
+        now = {str(r["id"]): r.get("rank") for r in records if r.get("status") != "closed"}
+        restored, self._restored = self._restored, False  # only a restart misses a close
+        for iid in [i for i in self._open if i not in now]:
+            rank = self._open.pop(iid)
+            heirs = (i for i, r in now.items() if r == rank and i not in self._open)
+            heir = next(heirs, None) if restored else None
+            for c in self._all.values():
+                if heir is not None and c.incident == iid and c.status not in FINAL:
+                    c.incident = heir
+                    c.reason = f"carried over from incident {iid} (the coordinator restarted)"
+                    out.touch(c)
+
+    def on_ack(self, result: Mapping[str, Any], wall: float, op: str | None = None) -> Output:
+        """The agent's ``Ack.result`` for a correction control; ``op``: the one its
+        control id names (None: unknown, the pending one). An ack of an op not on its
+        way (resent, or an apply's that comes after the rollback went out) is ignored."""
         out = Output()
         c = self._all.get(str(result.get("id", "")))
-        if c is None or c.pending is None:
+        if c is None or c.pending is None or (op is not None and op != c.pending):
             return out
         status = str(result.get("status", ""))
         error = str(result.get("error") or "")
@@ -298,8 +343,7 @@ class CorrectionBook:
             c.after = dict(result.get("after") or {}) or c.after
             if status == "applied":
                 c.applied_window = self._window
-                c.pace_before = self._median(self._pace.get(c.incident, ()), before=True)
-                c.thr_before = self._median(self._thr, before=True)
+                self._measure_before(c)  # (a correction sent by a book saved before this)
                 c.move("applied", wall)
             else:
                 why = f"{status}: {error}" if error else status
@@ -311,7 +355,26 @@ class CorrectionBook:
             else:
                 c.move("failed", wall, f"rollback failed ({error or status}): {c.reason}")
         out.touch(c)
+        if c.closed is not None:
+            self._after_close(c, c.closed, wall, out)
         return out
+
+    def _after_close(self, c: Correction, rec: dict[str, Any], wall: float, out: Output) -> None:
+        """An ack that came after its incident closed (the incident book has let it go):
+        a finding that cleared meanwhile verifies an applied correction, and the
+        incident's last record is written again with the entry."""
+        if (
+            c.status == "applied"
+            and c.pending is None
+            and (rec.get("closed") or {}).get("why") == "cleared"
+        ):
+            c.move("verified", wall, "helped: the finding cleared while it was on its way")
+        acts = [a for a in rec.get("actions") or () if a.get("id") != c.id] + [c.entry()]
+        new = {**rec, "actions": acts, "change": "action", "changes": ["action"]}
+        if c.status == "verified" and rec.get("verdict") == "recovered":
+            new["reason"] = f"{rec.get('reason', '')}, after correction {c.action} ({c.id})"
+        out.records.append(new)
+        c.closed = None if c.status in FINAL else new
 
     def expire(self, wall: float, out: Output | None = None) -> Output:
         """Approvals unanswered past approval_expiry_s expire (the shell's clock)."""
@@ -399,16 +462,16 @@ class CorrectionBook:
         policy: CorrectionPolicy,
         wall: float,
         out: Output,
+        plan: str | None = None,
     ) -> None:
         action, why = fit(rec, facts)
         if action is None:
             return
-        if (
-            policy.mode == "apply"
-            and action in policy.allow
-            and (facts is None or not facts.version)
-        ):
-            return  # its agent is not connected now: decided when it is
+        if policy.mode == "apply" and action in policy.allow:
+            if facts is None or not facts.version:
+                return  # its agent is not connected now: decided when it is
+            if plan is not None:
+                return  # a plan is being verified: decided once it is done
         c = self._new(str(rec["id"]), action, int(rec["rank"]), facts)
         hold = self._hold(c, facts, policy, wall)
         if hold:
@@ -447,8 +510,19 @@ class CorrectionBook:
             )
         return ""
 
+    def _measure_before(self, c: Correction) -> None:
+        """The rank's pace and the job's throughput before the correction: the windows
+        up to the one it is sent in. Not at its ack: the GPU changes when the agent
+        applies it, and an ack that comes late (an agent restarting) would otherwise
+        measure "before" on windows already corrected."""
+        if c.pace_before is None:
+            c.pace_before = self._median(self._pace.get(c.incident, ()), before=True)
+        if c.thr_before is None:
+            c.thr_before = self._median(self._thr, before=True)
+
     def _send(self, c: Correction, wall: float, out: Output) -> None:
         self._last_at[_gpu_key(c)] = wall
+        self._measure_before(c)
         c.pending = "apply"
         out.touch(c)
         out.controls.append((c.rank, c.control("apply")))
@@ -497,6 +571,8 @@ class CorrectionBook:
             elif c.status == "applied" and c.pending is None and why == "cleared":
                 c.move("verified", wall, "helped: the finding cleared after it")
                 out.touch(c)
+            elif c.pending is not None:
+                c.closed = dict(rec)  # its ack still comes (an agent restarting)
 
     def _median(self, pts: Iterable[tuple[int, float]], *, before: bool) -> float | None:
         vals = [v for w, v in pts if w <= self._window] if before else []
@@ -531,6 +607,7 @@ class CorrectionBook:
         b._pace = {k: deque((int(w), float(v)) for w, v in d) for k, d in st.pace.items()}
         b._thr = deque(((int(w), float(v)) for w, v in st.thr), maxlen=64)
         b._open = dict(st.open)
+        b._restored = True
         return b
 
 

@@ -173,3 +173,9 @@ def history_len(s: PolicySettings) -> int:
     from a plan's step through its ack timeout and its verification (README "Life of a
     plan"). Bounded so the policy's memory per rank does not grow with the run."""
     return max(s.trigger_windows, s.speed_windows, s.verify_windows + s.ack_timeout_windows + 2)
+
+
+def stalls(finding: Mapping[str, Any] | None) -> bool:
+    """The finding's slowdown is shaped as stalls in some of its steps (its
+    ``evidence.shape``, detect/findings.py `SHAPES`), not a slower rank."""
+    return ((finding or {}).get("evidence") or {}).get("shape") == "stalls"

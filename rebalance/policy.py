@@ -38,11 +38,12 @@ from .history import (
     median_throughput,
     per_rank,
     per_sample_speeds,
+    stalls,
 )
 from .settings import BOUNDS, MODES, PolicySettings, bound_problem
 from .snapshot import SNAPSHOT_VERSION
 from .split import proportional_split, step_compute_ms, uniform_split
-from .state import STATUS_OF, Plan, PlanState
+from .state import Plan, PlanState, status_of
 from .verify import verdict
 
 # The names other modules import from here (README, DESIGN and the tests give this path).
@@ -106,6 +107,7 @@ class RebalancePolicy:
         self._blocked: dict[int, int] = {}
         self._rollbacks: dict[int, int] = {}
         self._last_change: int | None = None  # window of the last new plan
+        self._hold: str | None = None  # why no new plan may start now (``hold``)
         self._now = -1  # the latest window seen
         self._seq = 0
 
@@ -120,6 +122,17 @@ class RebalancePolicy:
         """The plan the policy is following (sent, applied or verified), or None."""
         p = self._pending or self._in_force
         return None if p is None else dataclasses.replace(p.event, control=None)
+
+    @property
+    def verifying(self) -> bool:
+        """A plan is on its way (sent, or applied and not verified yet)."""
+        return self._pending is not None
+
+    def hold(self, reason: str | None) -> None:
+        """No new plan, nor a restore of the uniform split, while ``reason`` stands (None
+        lifts it): a correction of the job is on its way, and its verification must not
+        measure a change of split too. A plan already on its way is still followed."""
+        self._hold = reason or None
 
     @property
     def plans(self) -> list[Plan]:
@@ -272,9 +285,9 @@ class RebalancePolicy:
         out: list[PlanEvent] = []
         if self._pending is not None:
             out.extend(self._follow(w, missing))
-        if self._pending is None:
+        if self._pending is None and self._hold is None:
             out.extend(self._maybe_restore(w))
-        if self._pending is None and not out:
+        if self._pending is None and not out and self._hold is None:
             out.extend(self._maybe_plan(w, fmap))
         return out
 
@@ -364,7 +377,7 @@ class RebalancePolicy:
     ) -> PlanEvent:
         """Move ``p`` to ``to`` and return its event line (with ``control``, if any)."""
         p.move(to, self._now)
-        status = _status(to)
+        status = status_of(to)
         p.event = dataclasses.replace(p.event, control=None, status=status, **changes)
         self._drop(p)
         return dataclasses.replace(p.event, control=control)
@@ -656,16 +669,3 @@ class RebalancePolicy:
         self._split = uniform
         self._last_change = last.window
         return events
-
-
-def stalls(finding: Mapping[str, Any] | None) -> bool:
-    """The finding's slowdown is shaped as stalls in some of its steps (its
-    ``evidence.shape``, detect/findings.py `SHAPES`), not a slower rank."""
-    return ((finding or {}).get("evidence") or {}).get("shape") == "stalls"
-
-
-def _status(state: PlanState) -> str:
-    st = STATUS_OF[state]
-    if st is None:
-        raise ValueError(f"a plan entering {state.value} writes no plans-file line")
-    return st

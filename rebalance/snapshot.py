@@ -44,6 +44,7 @@ class PolicyState(msgspec.Struct, kw_only=True):
     last_change: int | None
     now: int
     seq: int
+    hold: str | None = None  # RebalancePolicy.hold (absent before issue 29: none)
 
 
 def dump(pol: RebalancePolicy, binary: bool = False) -> dict[str, Any]:
@@ -64,6 +65,7 @@ def dump(pol: RebalancePolicy, binary: bool = False) -> dict[str, Any]:
         last_change=pol._last_change,
         now=pol._now,
         seq=pol._seq,
+        hold=pol._hold,
     )
     return msgspec.to_builtins(st, builtin_types=(bytes,), enc_hook=_enc)
 
@@ -98,4 +100,5 @@ def load(
     pol._last_change = st.last_change
     pol._now = st.now
     pol._seq = st.seq
+    pol._hold = st.hold
     return pol

@@ -61,6 +61,14 @@ STATUS_OF: dict[PlanState, str | None] = {
 }
 
 
+def status_of(state: PlanState) -> str:
+    """The status of the plans-file line a plan entering ``state`` writes."""
+    st = STATUS_OF[state]
+    if st is None:
+        raise ValueError(f"a plan entering {state.value} writes no plans-file line")
+    return st
+
+
 class IllegalTransition(RuntimeError):
     """A plan was asked to move to a state the transition table does not allow."""
 

@@ -82,6 +82,9 @@ def expected_verdict(sc: Scenario, fault: Fault) -> str:
         return "recovered"
     if mode == "apply" and sc.honours_plans:
         return "mitigated"
+    # heat is not a setting: no correction can be applied, so a person must act (issue 29)
+    if fault.kind == "thermal":
+        return "escalated"
     return "unresolved"
 
 

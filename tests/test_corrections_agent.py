@@ -31,8 +31,9 @@ from artemis.agent.corrections.simulated import (
     read_gpu_state,
     write_gpu_state,
 )
+from artemis.coordinator.corrections import control_id
 from artemis.protocol.auth import load_secret
-from artemis.protocol.messages import Ack, Control, Message
+from artemis.protocol.messages import Ack, Message
 from artemis.protocol.peers import PeerInfo
 from artemis.protocol.server import ProtocolServer
 from artemis.protocol.tcp import TcpTransport
@@ -136,20 +137,19 @@ class Sink:
 
 
 async def deliver(srv: ProtocolServer, agent: str, b: dict[str, Any], timeout: float) -> Ack:
-    """Send one protocol 1.2 correction control (control_id = the correction id, as
-    the coordinator does) and wait for its Ack. Through the server's connection
-    table: its public send_control builds its own ids."""
+    """Send one protocol 1.2 correction control under the control id the coordinator
+    gives it (the correction's id; a rollback's ``<id>:rollback``) and wait for its
+    Ack, which names that id."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while agent not in srv.peers():
         assert loop.time() < end, "the agent did not connect"
         await asyncio.sleep(0.05)
-    conn = srv._by_agent[agent]
-    cid = b["id"] if b["op"] == "apply" else f"{b['id']}:rollback"
-    fut: asyncio.Future[Ack] = loop.create_future()
-    srv._controls[cid] = (conn, fut)
-    await srv._send(conn, Control(control_id=cid, action="correction", body=b))
-    return await asyncio.wait_for(asyncio.shield(fut), end - loop.time())
+    want = control_id(b)
+    assert await srv.send_control(agent, "correction", b, control_id=want) == want
+    ack = await srv.control_result(str(want), end - loop.time())
+    assert ack.control_id == want
+    return ack
 
 
 def agent_daemon(tmp: Path, port: int, secret: Path, name: str, consent: bool = True) -> Daemon:

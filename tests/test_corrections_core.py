@@ -247,3 +247,107 @@ def test_a_state_of_another_version_is_refused_by_name() -> None:
         CorrectionBook.restore({**st, "version": 9})
     with pytest.raises(ValueError, match="seq"):
         CorrectionBook.restore({**st, "seq": "three"})
+
+
+# ------------------------------------------------------------------ corrections and plans
+
+
+def slow(pol: Any, lo: int, hi: int) -> list[Any]:
+    """Windows lo..hi-1 of a 4-rank job whose rank 1 computes 30% slower, flagged."""
+    from artemis.rebalance.policy import PlanEvent
+
+    evs: list[PlanEvent] = []
+    for w in range(lo, hi):
+        flag = [("rank", "ongoing", 1)]
+        evs += pol.on_window(w, flag, [100.0, 130.0, 100.0, 100.0], 140.0, [8, 8, 8, 8])
+    return evs
+
+
+def test_rebalancing_waits_while_a_correction_is_on_its_way() -> None:
+    """A plan while a correction is being verified would change the throughput that
+    verification measures: held back, also across a restart of the policy."""
+    from artemis.rebalance.policy import PolicySettings, RebalancePolicy
+
+    pol = RebalancePolicy(PolicySettings(mode="apply"), 4, 32, job="job")
+    b = CorrectionBook("job")
+    feed(b, 0, rec(rank=1), 100, 1.3, facts={1: facts()})  # the correction goes out
+    assert b.in_flight() is not None
+    pol.hold(b.in_flight())
+    assert slow(pol, 0, 8) == []
+    again = RebalancePolicy.restore(pol.snapshot())  # a coordinator restart keeps the hold
+    assert slow(again, 8, 12) == []
+    (cid,) = [c.id for c in b.corrections]
+    b.on_ack({"id": cid, "status": "failed", "error": "NVML_ERROR_NO_PERMISSION"}, 1100.0)
+    assert b.in_flight() is None  # failed: the incident is left to rebalancing
+    again.hold(b.in_flight())
+    evs = slow(again, 12, 16)
+    assert evs and evs[0].rank == 1 and evs[0].control is not None
+
+
+def test_a_correction_waits_while_a_plan_is_being_verified() -> None:
+    b = CorrectionBook("job")
+    out = b.on_window(5, [rec()], rows("job-r2-w5", 100, 1.3), {2: facts()}, APPLY, 1005.0,
+                      "plan p1-w4-r2 applied")  # fmt: skip
+    assert out.controls == [] and out.entries == [] and b.corrections == []
+    out = feed(b, 6, rec(), 100, 1.3)  # the plan verified (or rolled back): now it goes
+    assert [body["op"] for _, body in out.controls] == ["apply"]
+
+
+def test_the_pace_before_is_taken_before_the_correction_went_out() -> None:
+    """The GPU changes when the agent applies it, not when its ack comes in: an ack that
+    comes late (the agent restarting) must not measure "before" on corrected windows."""
+    b = CorrectionBook("job")
+    for w in range(3, 6):
+        feed(b, w, rec(), 100, 1.3)  # slow: the correction goes out at window 3
+    (c,) = b.corrections
+    for w in range(6, 10):
+        feed(b, w, rec(), 130, 1.0)  # fixed already, its ack still on its way
+    b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1010.0)
+    for w in range(10, 15):
+        feed(b, w, rec(), 130, 1.0)
+    assert c.status == "verified", (c.status, c.reason)
+    assert c.gain_pct == 30.0
+
+
+def test_an_ack_after_the_incident_cleared_verifies_and_rewrites_its_record() -> None:
+    """The finding cleared while the correction was on its way (its agent restarting):
+    the late apply ack verifies it, the incident's last record is written again with
+    the entry, and nothing stays in flight (rebalancing is not held for ever)."""
+    b = CorrectionBook("job")
+    feed(b, 5, rec(), 100, 1.3)
+    (c,) = b.corrections
+    closed = {**rec(status="closed", why="cleared"), "actions": [], "verdict": "recovered",
+              "reason": "cleared at window 7"}  # fmt: skip
+    assert feed(b, 7, closed, 130, 1.0).records == []
+    assert c.status == "approved" and b.in_flight() is not None
+    out = b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1010.0)
+    assert c.status == "verified" and b.in_flight() is None, c.reason
+    (again,) = out.records
+    assert again["id"] == "job-r2-w5" and again["change"] == "action"
+    assert [a["status"] for a in again["actions"]] == ["verified"]
+    assert again["reason"] == f"cleared at window 7, after correction reset_clocks ({c.id})"
+    restored = CorrectionBook.restore(b.snapshot())  # nothing left to rewrite
+    assert all(x.closed is None for x in restored.corrections)
+
+
+def test_an_incident_gone_without_a_record_hands_its_correction_on() -> None:
+    """A coordinator stopped gracefully closed the incident (job_end) without the book
+    seeing it, and reopened the episode under a new id: the applied correction goes on
+    with the new incident of its rank; with none, it holds nothing back any more."""
+    b = CorrectionBook("job")
+    feed(b, 5, rec(), 100, 1.3)
+    (c,) = b.corrections
+    b.on_ack({"id": c.id, "status": "applied", "before": {"sm_mhz": 1200}}, 1006.0)
+    saved = b.snapshot()
+    heir = CorrectionBook.restore(saved)  # the restart; rank 2's episode goes on
+    out = feed(heir, 9, rec(iid="job-r2-w9"), 100, 1.3)
+    (moved,) = heir.corrections
+    assert moved.incident == "job-r2-w9" and [i for i, _ in out.entries] == ["job-r2-w9"]
+    assert heir.in_flight() is not None and not heir.knows_incident("job-r2-w5")
+    for w in range(10, 15):  # still slow: rolled back, once, on the new incident
+        out = feed(heir, w, rec(iid="job-r2-w9"), 100, 1.3)
+        assert [body["op"] for _, body in out.controls] in ([], ["rollback"])
+    assert [body["op"] for _, body in heir.unacked()] == ["rollback"]
+    alone = CorrectionBook.restore(saved)  # the restart; only another rank is slow now
+    feed(alone, 9, rec(iid="job-r3-w9", rank=3), 100, 1.3, facts={3: facts(gpu=3)})
+    assert c.id not in (alone.in_flight() or "") and not alone.knows_incident("job-r2-w5")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from artemis.coordinator.corrections import control_id
 from artemis.coordinator.journal import AssemblyJournal
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.service import Coordinator
@@ -35,16 +36,21 @@ class Server:
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
 
-    async def send_control(self, agent: str, action: str, body: dict[str, Any]) -> str:
+    async def send_control(
+        self, agent: str, action: str, body: dict[str, Any], *, control_id: str | None = None
+    ) -> str:
         self.sent.append((agent, action, body))
-        return f"ctl-{len(self.sent)}"
+        return control_id or f"ctl-{len(self.sent)}"
 
     def corrections(self) -> list[dict[str, Any]]:
         return [b for _a, action, b in self.sent if action == "correction"]
 
 
-def peer(host: int, minor: int = 2) -> PeerInfo:
+def peer(host: int, minor: int = 2, announced: bool = True) -> PeerInfo:
+    """Agent ``a<host>`` on host ``h<host>``; ``announced`` False: it connected before the
+    job's rings appeared, and its hello names no rank."""
     ranks = tuple(RankInfo(JOB, "c0", r, NRANKS) for r in range(4 * host, 4 * host + 4))
+    ranks = ranks if announced else ()
     return PeerInfo(
         f"a{host}", f"h{host}", "t", "i", ranks, "127.0.0.1:1", (1, minor), 0.0, host + 1
     )
@@ -67,7 +73,11 @@ def locked_window(
     )  # fmt: skip
 
 
-def make(tmp: Path, settings: Settings, wall: list[float], minor: int = 2) -> Coordinator:
+def make(
+    tmp: Path, settings: Settings, wall: list[float], minor: int = 2, unannounced: int = -1
+) -> Coordinator:
+    """A coordinator with agents a0 and a1 connected (``unannounced``: the host whose
+    agent connected before the job's rings appeared)."""
     out = (FindingsWriter(tmp / "f.jsonl"), PlansWriter(tmp / "p.jsonl"), Metrics())
 
     def now() -> float:
@@ -77,7 +87,7 @@ def make(tmp: Path, settings: Settings, wall: list[float], minor: int = 2) -> Co
     c.server = Server()
     c.restore(AssemblyJournal(tmp / "f.assembly"))
     for h in (0, 1):
-        c.on_connect(peer(h, minor))
+        c.on_connect(peer(h, minor, h != unannounced))
     return c
 
 
@@ -105,11 +115,21 @@ def corrections_of(tmp: Path) -> list[dict[str, Any]]:
     ]
 
 
-def ack(c: Coordinator, body: dict[str, Any], status: str, **extra: Any) -> None:
+def ack(
+    c: Coordinator, body: dict[str, Any], status: str | None, ok: bool = True, **extra: Any
+) -> None:
+    """The agent's ack of the correction control ``body``, under the control id it went
+    out with; ``status`` None: an ack with no result (an agent that applies none)."""
     result = {"id": body["id"], "action": body["action"], "gpu": body["gpu"], "status": status}
     result.update(extra)
     host = 0 if body["rank"] < 4 else 1
-    asyncio.run(c.on_control_ack(peer(host), Ack(control_id="x", ok=True, result=result)))
+    got = Ack(
+        control_id=control_id(body),
+        ok=ok,
+        detail=str(extra.get("error", "")),
+        result=result if status is not None else None,
+    )
+    asyncio.run(c.on_control_ack(peer(host), got))
 
 
 APPLY = Settings(corrections="apply")
@@ -227,3 +247,95 @@ def test_an_approval_waits_across_a_restart_and_is_sent_once_approved(tmp_path: 
     assert body["id"] == waiting["id"] and body["op"] == "apply"
     entry = next(e for e in corrections_of(tmp_path) if e["id"] == waiting["id"])
     assert [h["status"] for h in entry["history"]] == ["awaiting_approval", "approved"]
+
+
+def test_acks_are_matched_by_control_id_across_a_restart(tmp_path: Path) -> None:
+    """The control id is the correction's id (a rollback's with :rollback): a restarted
+    coordinator matches an ack with no result (an agent that applies no corrections)
+    to its correction, and an apply's ack that comes in after the rollback went out is
+    not taken for the rollback's."""
+    wall = [1000.0]
+    a = make(tmp_path, APPLY, wall)
+    asyncio.run(windows(a, 0, 14, True, wall))
+    (body,) = a.server.corrections()
+    assert control_id(body) == body["id"]
+    ack(a, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})
+    asyncio.run(windows(a, 14, 18, True, wall))  # no gain: the rollback goes out
+    (rb,) = [x for x in a.server.corrections() if x["op"] == "rollback"]
+    assert control_id(rb) == f"{body['id']}:rollback"
+    ack(a, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})  # a late resend's
+    assert corrections_of(tmp_path)[-1]["status"] == "applied"  # still waits for the rollback
+    del a  # killed before the rollback's ack
+
+    b = make(tmp_path, APPLY, wall)  # never sent the rollback itself
+    ack(b, rb, None, ok=False, error="this agent does not accept control messages")
+    (entry,) = [e for e in corrections_of(tmp_path) if e["id"] == body["id"]][-1:]
+    assert entry["status"] == "failed", entry
+    assert "does not accept control messages" in entry["reason"], entry
+    asyncio.run(b.tick())
+    asyncio.run(b._flush_controls())
+    assert b.server.corrections() == []  # ended: not resent
+
+
+def test_rebalancing_waits_for_the_correction_then_takes_over(tmp_path: Path) -> None:
+    """rebalance and corrections both apply: the correction goes first (at the
+    confirmation), no plan goes out while it is on its way; once it failed the
+    incident is left to rebalancing."""
+    wall = [1000.0]
+    c = make(tmp_path, Settings(corrections="apply", rebalance="apply"), wall)
+    asyncio.run(windows(c, 0, 12, True, wall))
+    plans = [b for _a, action, b in c.server.sent if action == "plan"]
+    (body,) = c.server.corrections()
+    assert plans == [], plans  # without the hold: a plan at window 5
+    ack(c, body, "failed", error="NVML_ERROR_NO_PERMISSION: Insufficient Permissions")
+    asyncio.run(windows(c, 12, 16, True, wall))
+    plans = [b for _a, action, b in c.server.sent if action == "plan"]
+    split = plans[0]["plan"]["samples"] if plans else None
+    assert split is not None and split[SLOW] < max(split), plans
+
+
+def test_an_agent_that_connected_before_the_job_still_gets_its_correction(
+    tmp_path: Path,
+) -> None:
+    """An agent whose hello came before the job's rings appeared named no rank: the
+    rank's agent is the one connected from the host its windows come from."""
+    wall = [1000.0]
+    c = make(tmp_path, APPLY, wall, unannounced=1)  # the slow rank's agent named none
+
+    async def run() -> None:
+        for w in range(14):
+            wall[0] += 1.0
+            for h in (1, 0):  # (the assembler waits for the ranks hellos named: h0's)
+                recs = tuple(
+                    locked_window(JOB, r, w, {SLOW}, NRANKS, 4) for r in range(4 * h, 4 * h + 4)
+                )
+                await c.on_message(peer(h), Windows(host=f"h{h}", windows=recs))
+
+    asyncio.run(run())
+    sent = [(agent, b) for agent, action, b in c.server.sent if action == "correction"]
+    assert [(agent, b["rank"], b["op"]) for agent, b in sent] == [("a1", SLOW, "apply")], sent
+
+
+def test_a_graceful_stop_mid_verification_carries_the_correction_over(tmp_path: Path) -> None:
+    """A coordinator stopped gracefully (SIGTERM) while a correction is being verified
+    closes the incident (job_end); back, it reopens the episode under a new id, and the
+    correction goes on with it: rolled back once, not left applied for ever."""
+    wall = [1000.0]
+    a = make(tmp_path, APPLY, wall)
+    asyncio.run(windows(a, 0, 14, True, wall))
+    (body,) = a.server.corrections()
+    ack(a, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})
+    asyncio.run(windows(a, 14, 15, True, wall))
+    a.flush()  # the graceful stop
+
+    b = make(tmp_path, APPLY, wall)
+    asyncio.run(windows(b, 15, 24, True, wall))  # it did not help: still slow
+    (rb,) = b.server.corrections()
+    assert rb["op"] == "rollback" and rb["id"] == body["id"] and rb["incident"] != body["incident"]
+    ack(b, rb, "rolled_back", after={"vendor": "nvidia", "sm_mhz": 1200})
+    b.flush()
+    recs = incidents(tmp_path)
+    new = recs[rb["incident"]]
+    (entry,) = [a for a in new["actions"] if a.get("type") == "correction"]
+    assert entry["id"] == body["id"] and entry["status"] == "rolled_back", entry
+    assert new["verdict"] == "escalated", new["reason"]

@@ -7,7 +7,13 @@ ring (``gpu_state_path``)::
 
     {"vendor": "nvidia", "sm_mhz_max": 1980.0, "mem_mhz": 2619.0,
      "locked_sm_mhz": 1667.4,        # null: clocks unlocked (the driver chooses)
-     "power_limit_w": 700.0, "power_limit_default_w": 700.0}
+     "power_limit_w": 700.0, "power_limit_default_w": 700.0,
+     "errors": {"reset_clocks": "NVML_ERROR_NO_PERMISSION: Insufficient Permissions"}}
+
+``errors`` (optional) makes the simulated library refuse a set call (``reset_clocks``,
+``restore_clocks``, ``set_power_limit``) with that text, as NVML or AMD SMI would on
+a node without the privilege, or on a board without the feature: the agent's
+``failed`` result carries it (tests/test_corrections_sim.py).
 
 The simulator writes it before the job starts, with the settings its faults made
 (a ``clocks`` fault locks the SM clock, a ``power`` fault lowers the limit below
@@ -83,8 +89,11 @@ class SimulatedControl(GpuControl):
         self.vendor = str(doc.get("vendor") or "sim")
         return path, doc
 
-    def _update(self, **changes: Any) -> None:
+    def _update(self, call: str, **changes: Any) -> None:
         path, doc = self._read()
+        refused = (doc.get("errors") or {}).get(call)
+        if refused:
+            raise CorrectionError(f"simulated {self.vendor} library: {refused}")
         write_gpu_state(path, {**doc, **changes})
 
     def clock_state(self, gpu: int) -> dict[str, Any]:
@@ -94,10 +103,10 @@ class SimulatedControl(GpuControl):
         return {"sm_mhz": sm, "mem_mhz": doc.get("mem_mhz"), "locked_sm_mhz": locked}
 
     def reset_clocks(self, gpu: int) -> None:
-        self._update(locked_sm_mhz=None)
+        self._update("reset_clocks", locked_sm_mhz=None)
 
     def restore_clocks(self, gpu: int, before: dict[str, Any]) -> None:
-        self._update(locked_sm_mhz=before.get("locked_sm_mhz"))
+        self._update("restore_clocks", locked_sm_mhz=before.get("locked_sm_mhz"))
 
     def power_state(self, gpu: int) -> dict[str, Any]:
         _, doc = self._read()
@@ -107,4 +116,4 @@ class SimulatedControl(GpuControl):
         }
 
     def set_power_limit(self, gpu: int, watts: float) -> None:
-        self._update(power_limit_w=float(watts))
+        self._update("set_power_limit", power_limit_w=float(watts))
