@@ -40,7 +40,6 @@ import msgspec
 import numpy as np
 import structlog
 from artemis.coordinator.config import FleetConfig
-from artemis.coordinator.metrics import family
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.sinks import Sinks
 from artemis.detect.monitor import MonitorOutput
@@ -49,11 +48,14 @@ from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, JobOwner, Me
 from artemis.protocol.server import NotTaken, PeerInfo
 from artemis.store.base import StoreError
 from artemis.store.fleet import FleetStore, Lease, LeaseLost
-from prometheus_client.core import Metric
 
 __all__ = ["FencedSinks", "Fleet", "FleetCoordinator"]
 
 log = structlog.get_logger("artemis.coordinator.fleet")
+
+# How long a job that ended here is still exported with owner 0 (ended, released), so the
+# "no owner" alert tells an end from a lost owner (deploy/prometheus/artemis-rules.yml).
+ENDED_EXPORT_S = 600.0
 
 
 class Fleet:
@@ -95,6 +97,16 @@ class Fleet:
     def drop(self, job: str) -> None:
         with self._lock:
             self._held.pop(job, None)
+
+    def release(self, job: str) -> None:
+        """The job ended here: its lease goes back (taken again if it comes back)."""
+        epoch = self.epoch(job)
+        self.drop(job)
+        if epoch is not None:
+            try:
+                self.store.release({job: epoch})
+            except StoreError as e:
+                log.warning("fleet lease not released: it expires", job=job, error=str(e))
 
     def take_lost(self) -> set[str]:
         with self._lock:
@@ -216,6 +228,7 @@ class FleetCoordinator(Coordinator):
         self.fleet = fleet
         self.sinks: Any = FencedSinks(self.sinks, self)
         self._refused: set[str] = set()  # jobs whose commit was refused, to drop
+        self.ended: dict[str, float] = {}  # jobs that ended here -> when (owner gauge at 0)
 
     # ------------------------------------------------------------------ routing
     def route(self, peer: PeerInfo) -> list[JobOwner]:
@@ -241,6 +254,7 @@ class FleetCoordinator(Coordinator):
             return JobOwner(job=job)
         if not lease.mine:
             return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
+        self.ended.pop(job, None)
         try:
             self._adopt(job, lease.epoch)
         except StoreError as e:
@@ -273,6 +287,7 @@ class FleetCoordinator(Coordinator):
             open_findings=None if m is None else m.open_findings(),
             journal_batches=len(parts),
         )
+        self.metrics.set_owner(job, epoch)
         if parts:
             self.jobs.monitor(job)
             self._score_all(self.assembler.add(WindowColumns.concat(parts), self.clock()))
@@ -312,6 +327,10 @@ class FleetCoordinator(Coordinator):
 
     async def tick(self) -> None:
         self._refused |= self.fleet.take_lost()
+        now = self.clock()
+        for job in [j for j, t in self.ended.items() if now - t >= ENDED_EXPORT_S]:
+            del self.ended[job]
+            self.metrics.forget_owner(job)
         await super().tick()
 
     async def _flush_controls(self) -> None:
@@ -328,6 +347,13 @@ class FleetCoordinator(Coordinator):
             log.warning("job lease lost: no longer served here", job=job, owner=owner.owner)
             if self.server is not None:
                 await self.server.redirect(owner)
+
+    def _end_job(self, job: str, keep_assembly: bool = False) -> None:
+        super()._end_job(job, keep_assembly)
+        if not keep_assembly:  # not a new run of it: the job is over, its lease released
+            self.fleet.release(job)
+            self.ended[job] = self.clock()
+            self.metrics.set_owner(job, 0)
 
     def _forget(self, job: str) -> None:
         """The job is not served here any more: its monitor, assembly, series and held
@@ -389,18 +415,3 @@ def _with_ranks(peer: PeerInfo, ranks: tuple[Any, ...]) -> PeerInfo:
     from dataclasses import replace
 
     return replace(peer, ranks=ranks)
-
-
-class OwnerCollector:
-    """`straggler_job_owner{job}`: the lease epoch of each job this coordinator owns."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-
-    def collect(self) -> Iterator[Metric]:
-        yield family(
-            "straggler_job_owner", (((job,), float(e)) for job, e in self.fleet.held().items())
-        )
-
-    def describe(self) -> list[Metric]:
-        return []
