@@ -181,6 +181,12 @@ class FencedSinks:
         self._held: dict[str, list[tuple[MonitorOutput, float | None]]] = {}
 
     def write(self, job: str, out: MonitorOutput, scored_s: float | None = None) -> None:
+        if scored_s is None and not (
+            out.findings or out.plans or out.incidents or out.incident_rows or out.result
+        ):
+            # Nothing said (a quiet tick's output): nothing to fence, nothing to hold.
+            self.inner.write(job, out, scored_s)
+            return
         self._held.setdefault(job, []).append((out, scored_s))
 
     def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
@@ -203,7 +209,8 @@ def _jobs_of(msg: Message) -> set[str]:
     if isinstance(msg, Windows):
         return {str(j) for j in set(msg.columns["job"])}
     if isinstance(msg, Heartbeat):
-        return {p.job for p in msg.progress} | {str(a.get("job", "")) for a in msg.plan_acks}
+        jobs = {p.job for p in msg.progress} | {str(a.get("job", "")) for a in msg.plan_acks}
+        return jobs - {""}  # a plan ack without a job is refused by the monitor's shell
     if isinstance(msg, Fingerprint | Dump):
         return {msg.job}
     return set()
@@ -308,6 +315,9 @@ class FleetCoordinator(Coordinator):
                 )
         if isinstance(msg, Windows):
             self._journal(msg.columns)
+            for job in _jobs_of(msg) & set(self.ended):  # an ended job runs again
+                del self.ended[job]
+                self.metrics.set_owner(job, self.fleet.epoch(job) or 0)
         await super().on_message(peer, msg)
 
     def _journal(self, cols: WindowColumns) -> None:
@@ -331,6 +341,8 @@ class FleetCoordinator(Coordinator):
         for job in [j for j, t in self.ended.items() if now - t >= ENDED_EXPORT_S]:
             del self.ended[job]
             self.metrics.forget_owner(job)
+            if job not in self.monitors:  # still over: its lease goes back
+                self.fleet.release(job)
         await super().tick()
 
     async def _flush_controls(self) -> None:
@@ -350,8 +362,9 @@ class FleetCoordinator(Coordinator):
 
     def _end_job(self, job: str, keep_assembly: bool = False) -> None:
         super()._end_job(job, keep_assembly)
-        if not keep_assembly:  # not a new run of it: the job is over, its lease released
-            self.fleet.release(job)
+        if not keep_assembly:  # not a new run of it: the job is over
+            # Its lease is kept (its agents' last heartbeats still come here) and
+            # released ENDED_EXPORT_S later; meanwhile the owner gauge says 0: ended.
             self.ended[job] = self.clock()
             self.metrics.set_owner(job, 0)
 
