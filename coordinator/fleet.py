@@ -73,6 +73,7 @@ class Fleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed_at = time.monotonic()  # the last renewal the database answered
+        self._reconnected_at = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="fleet-renew", daemon=True)
@@ -108,6 +109,19 @@ class Fleet:
             except StoreError as e:
                 log.warning("fleet lease not released: it expires", job=job, error=str(e))
 
+    def failed(self, e: StoreError) -> None:
+        """The event loop's connection failed: a lost one is made anew (at most once a
+        second; a database still down fails again, the next call tries again)."""
+        now = time.monotonic()
+        if not e.transient or now - self._reconnected_at < 1.0:
+            return
+        self._reconnected_at = now
+        try:
+            self.store.reconnect()
+            log.info("fleet store reconnected", store=self.store.url)
+        except StoreError as err:
+            log.warning("fleet store not reachable", store=self.store.url, error=str(err))
+
     def take_lost(self) -> set[str]:
         with self._lock:
             lost, self._lost = self._lost, set()
@@ -117,7 +131,8 @@ class Fleet:
         """Who holds `job` now, as the wire says it (empty: nobody this coordinator sees)."""
         try:
             lease = self.store.owner_of(job)
-        except StoreError:
+        except StoreError as e:
+            self.failed(e)
             lease = None
         if lease is None or lease.mine:
             return JobOwner(job=job)
@@ -258,6 +273,7 @@ class FleetCoordinator(Coordinator):
             lease = self.fleet.acquire(job)
         except StoreError as e:
             log.warning("fleet lease not checked", job=job, error=str(e))
+            self.fleet.failed(e)
             return JobOwner(job=job)
         if not lease.mine:
             return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
@@ -266,6 +282,7 @@ class FleetCoordinator(Coordinator):
             self._adopt(job, lease.epoch)
         except StoreError as e:
             log.warning("job state not loaded: lease given back", job=job, error=str(e))
+            self.fleet.failed(e)
             self.fleet.drop(job)
             return JobOwner(job=job)
         return None
@@ -331,6 +348,8 @@ class FleetCoordinator(Coordinator):
                 hi = int(part.ints("window").max())
                 self.fleet.store.add_batch(job, epoch, hi, msgspec.msgpack.encode(to_wire(part)))
             except (LeaseLost, StoreError) as e:
+                if isinstance(e, StoreError):
+                    self.fleet.failed(e)
                 self.refused_batches += 1
                 self._refused.add(job)
                 raise NotTaken(f"job {job!r}: the fleet's store did not take the batch: {e}") from e
@@ -411,6 +430,8 @@ class FleetCoordinator(Coordinator):
             )
         except (LeaseLost, StoreError) as e:
             log.warning("job state not committed: the job stops here", job=job, error=str(e))
+            if isinstance(e, StoreError):
+                self.fleet.failed(e)
             self._refused.add(job)
             return False
         return True
