@@ -73,11 +73,16 @@ class Fleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed_at = time.monotonic()  # the last renewal the database answered
+        self._renew_ok = True  # whether the last renewal reached the database
         self._reconnected_at = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="fleet-renew", daemon=True)
         self._thread.start()
+
+    def reached(self) -> bool:
+        """Whether the last renewal reached the database (straggler_store_connected)."""
+        return self._renew_ok
 
     def held(self) -> dict[str, int]:
         with self._lock:
@@ -148,10 +153,19 @@ class Fleet:
         may hold them by now, and the fenced writes would be refused anyway."""
         held = self.held()
         try:
-            lost = self._renewer.renew(held)
+            if held:
+                lost = self._renewer.renew(held)
+            else:  # nothing to renew: the database is still asked (is it there?)
+                self._renewer.now()
+                lost = set()
             self.renewed_at = time.monotonic()
+            if not self._renew_ok:
+                log.info("fleet store reached again", store=self._renewer.url)
+            self._renew_ok = True
         except StoreError as e:
-            log.warning("fleet lease renewal failed", store=self._renewer.url, error=str(e))
+            if self._renew_ok:  # logged when it starts failing, not every renew_s
+                log.warning("fleet lease renewal failed", store=self._renewer.url, error=str(e))
+            self._renew_ok = False
             with contextlib.suppress(StoreError):
                 self._renewer.reconnect()
             if time.monotonic() - self.renewed_at < self.cfg.lease_s:
