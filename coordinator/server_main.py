@@ -115,7 +115,7 @@ class CoordinatorServer(Daemon):
             limits=cfg.limits,
             # In a fleet the welcome names the coordinator by its fleet id, as a redirect
             # does: an agent tells its links to different coordinators apart by it.
-            **({"coordinator_id": cfg.fleet.id} if fleet is not None else {}),
+            coordinator_id=cfg.fleet.id if fleet is not None else "coordinator",
         )
         coord.server = server
         if fleet is None:
