@@ -102,6 +102,8 @@ counter   straggler_windows_not_taken             -                        Windo
 counter   straggler_store_writes_dropped          -                        Store writes dropped: its queue was full (the store slow or unreachable)
 gauge     straggler_store_queue_depth             -                        Store writes queued, not done
 gauge     straggler_store_connected               -                        1 while the incident store is open, 0 while it is being reached (or refused)
+# The coordinator fleet (coordinator/fleet.py): exported by a job's owner only.
+gauge     straggler_job_owner                     job                      The lease epoch of each job this coordinator owns in its fleet (absent: owned elsewhere, or by nobody)
 # The agent's uplink (agent/metrics.py serves them), by host.
 gauge     straggler_agent_uplink_up               host                     1 while connected to the coordinator
 counter   straggler_agent_uplink_outages          host                     Established connections to the coordinator that were lost
@@ -171,6 +173,7 @@ class Metrics:
         self.incident_open = declare(reg, "straggler_incident_open")
         self.incident_hours = declare(reg, "straggler_incident_gpu_hours_lost")
         self.incident_report = declare(reg, "straggler_incident_report")
+        self.job_owner = declare(reg, "straggler_job_owner")  # a fleet's only (else empty)
         self.report_dir = ""
         self._incident_labels: dict[tuple[str, str], tuple[str, ...]] = {}  # (job, id) -> open
         self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
@@ -276,6 +279,15 @@ class Metrics:
         with self._lock:
             self._child(self.dropped, job, reason).inc(rows)
 
+    def set_owner(self, job: str, epoch: int) -> None:
+        """Fleet: this coordinator owns `job` at lease `epoch` (0: the job ended here)."""
+        with self._lock:
+            self._child(self.job_owner, job).set(epoch)
+
+    def forget_owner(self, job: str) -> None:
+        with self._lock:
+            self._remove(self.job_owner, job)
+
     def forget_job(self, job: str) -> None:
         """The job ended: remove its series (and only its series)."""
         with self._lock:
@@ -330,9 +342,13 @@ def register_protocol_metrics(
     registry.register(_ProtocolCollector(server, coord))
 
 
-def register_store_metrics(registry: CollectorRegistry, sink: StoreSink) -> None:
-    """The store sink's queue (store/sink.py), read at scrape time."""
-    registry.register(_StoreCollector(sink))
+def register_store_metrics(
+    registry: CollectorRegistry, sink: StoreSink, reached: Callable[[], bool] | None = None
+) -> None:
+    """The store sink's queue (store/sink.py), read at scrape time. `reached`: another
+    user of the same store that knows it is lost sooner (a fleet's lease renewals, every
+    renew_s: the sink learns it only at its next write)."""
+    registry.register(_StoreCollector(sink, reached))
 
 
 def register_plan_metrics(registry: CollectorRegistry) -> PlanMetrics:
@@ -390,15 +406,17 @@ def _write_health(coord: Any) -> Iterator[Metric]:
 
 
 class _StoreCollector:
-    def __init__(self, sink: StoreSink) -> None:
+    def __init__(self, sink: StoreSink, reached: Callable[[], bool] | None = None) -> None:
         self.sink = sink
+        self.reached = reached
 
     def collect(self) -> Iterator[Metric]:
         sink = self.sink
         yield family("straggler_store_writes_dropped", [((), sink.dropped)])
         yield family("straggler_store_queue_depth", [((), sink.depth)])
         if sink.url is not None:  # a store configured (none with store = "off")
-            yield family("straggler_store_connected", [((), 1 if sink.connected else 0)])
+            up = sink.connected and (self.reached is None or self.reached())
+            yield family("straggler_store_connected", [((), 1 if up else 0)])
 
     def describe(self) -> list[Metric]:
         return []

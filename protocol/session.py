@@ -39,6 +39,7 @@ from artemis.protocol.codec import DEFAULT_MAX_FRAME, encode
 from artemis.protocol.messages import (
     CONTROL_ACTIONS,
     DATA_TYPES,
+    FLEET_MINOR,
     PROTOCOL_VERSION,
     Ack,
     Auth,
@@ -65,6 +66,7 @@ SESSION_CODES = (
     "identity",  # mTLS: the hello names another agent than the client certificate
     "idle",  # an authenticated connection sent nothing for the idle time-out
     "shutdown",  # the coordinator is closing
+    "not_owner",  # fleet: the job is served by another coordinator (agents before 1.3)
 )
 
 
@@ -602,6 +604,22 @@ class CoordinatorSession:
             self.state = "closed"
             return [tell, BadFrame(e), Close(e.reason, e.text)]
         return [tell, BadFrame(e)]
+
+    def redirect(self, owners: tuple[JobOwner, ...]) -> Redirect | Error:
+        """What tells this agent that `owners`' jobs are served elsewhere in the fleet: a
+        Redirect (1.3 and later), else a fatal `not_owner` error naming the owner (the
+        connection then closes; the agent reconnects and is told again)."""
+        assert self.hello is not None and owners
+        if self.hello.version[1] >= FLEET_MINOR:
+            return Redirect(seq=self._next(), jobs=owners)
+        named = "; ".join(
+            f"job {o.job} is served by coordinator {o.owner} at {o.address}"
+            if o.owner
+            else f"job {o.job} has no owner this coordinator can see"
+            for o in owners
+        )
+        text = f"{named}; connect there (protocol 1.{FLEET_MINOR} agents follow it themselves)"
+        return Error(seq=self._next(), code="not_owner", text=text[:4096], fatal=True)
 
     def confirm(self) -> Ack:
         """First Ack after auth: tells the agent what it need not resend."""
