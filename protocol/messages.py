@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
 
 import msgspec
 from artemis.protocol import columns as _columns
@@ -457,22 +457,10 @@ class Windows(Message):
 
 DATA_TYPES: tuple[type[Message], ...] = (Windows, Heartbeat, Dump, Fingerprint)
 DataMessage: TypeAlias = Windows | Heartbeat | Dump | Fingerprint
-MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c
-    for c in (
-        Hello,
-        Welcome,
-        Auth,
-        Windows,
-        Heartbeat,
-        Dump,
-        Fingerprint,
-        Control,
-        Ack,
-        Error,
-        Redirect,
-    )
-}
+# Every message type, in wire-tag order of introduction (the decoder's union below
+# is the same list with the `windows` wire form).
+_ALL = (Hello, Welcome, Auth, Windows, Heartbeat, Dump, Fingerprint, Control, Ack, Error, Redirect)
+MESSAGE_TYPES: dict[str, type[Message]] = {c.TYPE: c for c in _ALL}
 
 
 def is_data(msg: Message) -> bool:
@@ -481,19 +469,7 @@ def is_data(msg: Message) -> bool:
 
 # --------------------------------------------------------------------------- decode
 
-_WireMessage = (
-    Hello
-    | Welcome
-    | Auth
-    | _WindowsWire
-    | Heartbeat
-    | Dump
-    | Fingerprint
-    | Control
-    | Ack
-    | Error
-    | Redirect
-)
+_WireMessage = Union[tuple(_WindowsWire if c is Windows else c for c in _ALL)]  # type: ignore[valid-type]  # noqa: UP007
 _DECODER = msgspec.msgpack.Decoder(_WireMessage)
 _GENERIC = msgspec.msgpack.Decoder()
 _ENCODER = msgspec.msgpack.Encoder()
