@@ -69,6 +69,14 @@ def _cpus() -> tuple[int, list[int]]:
     return cpus[0], cpus[1:] or cpus[:1]
 
 
+def _env() -> dict[str, str]:
+    """The children's environment: this tree's root first (`bench`), then the caller's
+    PYTHONPATH, so a worktree's package links (.envrc) still come before the installed
+    tree (with the root alone, the server and agents ran the installed code)."""
+    path = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
 def _rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -144,7 +152,7 @@ class _Server:
         else:
             addr = work / "null.addr"
             cmd = [sys.executable, "-m", "bench.ingest", "null", str(addr), str(secret)]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env = _env()
         self.proc = subprocess.Popen([*pin, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env)
         end = time.monotonic() + 60
         while True:
@@ -280,7 +288,7 @@ def _play(
          "windows": windows, "window_s": window_s}
     )  # fmt: skip
     pin = ["taskset", "-c", ",".join(map(str, cpus))] if shutil.which("taskset") else []
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = _env()
     proc = subprocess.Popen(
         [*pin, sys.executable, "-m", "bench.ingest", "client", spec],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
