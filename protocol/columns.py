@@ -171,7 +171,7 @@ class WindowColumns:
         # An optional column that no part has stays one shared NaN row (`absent`):
         # concatenating the parts' NaNs would allocate and fill a fresh array per
         # such column, about half of a usual batch's numeric columns.
-        marks = [_ABSENT.get(p.n) for p in parts]
+        marks = [_shared(p.n) for p in parts]
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
             got = [p.cols[name] for p in parts]
@@ -187,7 +187,7 @@ class WindowColumns:
         """The rows at `idx`, in that order."""
         ix = np.asarray(idx, dtype=np.intp)
         il = ix.tolist()
-        mark = _ABSENT.get(self.n)  # an absent column stays the shared NaN row
+        mark = _shared(self.n)  # an absent column stays the shared NaN row
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
             v = self.cols[name]
@@ -239,20 +239,32 @@ def _empty(kind: str) -> Any:
 # per row count, shared by every absent column of every batch of that size (a fleet
 # sends batches of a few sizes: a node's ranks), so `concat` knows by identity that
 # no part has the column. Sizes past _ABSENT_ROWS, or past _ABSENT_SIZES distinct
-# sizes, get a fresh row (still NaN and read-only: only the shortcut is lost).
+# sizes, share the row of the latest such size (`_LATEST`): a window's concatenation
+# and its `take`s make one row for all of its absent columns, not one each (a
+# 100k-rank window lacking 30 columns: 24 MB).
 _ABSENT: dict[int, npt.NDArray[np.float64]] = {}
+_LATEST: dict[int, npt.NDArray[np.float64]] = {}
 _ABSENT_ROWS = 1 << 14
 _ABSENT_SIZES = 64
 
 
+def _shared(n: int) -> npt.NDArray[np.float64] | None:
+    """The shared NaN row of `n` rows, if one is kept."""
+    row = _ABSENT.get(n)
+    return _LATEST.get(n) if row is None else row
+
+
 def absent(n: int) -> npt.NDArray[np.float64]:
     """The shared read-only NaN row of an absent optional column of `n` rows."""
-    row = _ABSENT.get(n)
+    row = _shared(n)
     if row is None:
         row = np.full(n, math.nan)
         row.flags.writeable = False
         if n <= _ABSENT_ROWS and len(_ABSENT) < _ABSENT_SIZES:
             _ABSENT[n] = row
+        else:
+            _LATEST.clear()
+            _LATEST[n] = row
     return row
 
 

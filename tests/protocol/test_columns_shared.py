@@ -113,3 +113,20 @@ def test_the_journal_writes_the_batch_as_it_came() -> None:
     assert back == wc
     # Held by assembly without the frame's bytes.
     assert wc.detached().wire is None and wc.detached() == wc
+
+
+def test_a_big_windows_absent_columns_share_one_nan_row() -> None:
+    """A window past the cached sizes (here 20k rows) makes one NaN row for all of its
+    absent columns, in its concatenation and in a `take` of it."""
+    import numpy as np
+
+    part = _decoded(_recs(250))
+    absent = [k for k, kind in COLUMNS.items() if kind in ("of", "oi") and np.isnan(part[k]).all()]
+    assert len(absent) >= 2
+    window = WindowColumns.concat([part] * 80)
+    rows = {id(window[k]) for k in absent}
+    assert window.n == 20_000 and len(rows) == 1
+    row = window[absent[0]]
+    assert not row.flags.writeable and np.isnan(row).all() and row.size == 20_000
+    some = window.take(np.arange(19_999, -1, -1))
+    assert len({id(some[k]) for k in absent}) == 1 and some == window.take(range(20_000)[::-1])
