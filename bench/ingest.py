@@ -91,8 +91,11 @@ def _null_server_main(address_file: str, secret_file: str) -> None:
     """`python -m bench.ingest null ADDR_FILE SECRET_FILE`: the protocol server, null app."""
     from artemis.common.aio import run
     from artemis.protocol.auth import load_secret
+    from artemis.protocol.heap import keep_heap_compact
     from artemis.protocol.server import ProtocolServer
     from artemis.protocol.tcp import TcpTransport
+
+    keep_heap_compact()  # as the coordinator does (coordinator/server_main.py)
 
     class Null:
         async def on_message(self, peer: Any, msg: Any) -> None:

@@ -104,6 +104,9 @@ class CoordinatorServer(Daemon):
             retention=cfg.retention,
         )
         raise_open_files_limit()
+        from artemis.protocol.heap import keep_heap_compact
+
+        keep_heap_compact()  # freed frames and window arrays go back to the kernel
         server = ProtocolServer(
             transport, cfg.listen, secret, coord, settings=settings.to_dict(), limits=cfg.limits
         )
