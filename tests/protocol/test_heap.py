@@ -56,3 +56,38 @@ def test_the_environment_setting_stands() -> None:
     code = "from artemis.protocol.heap import keep_heap_compact; print(keep_heap_compact())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "False", out.stderr
+
+
+RELEASE = r"""
+import json
+from artemis.protocol.heap import keep_heap_compact, release_free
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+keep_heap_compact()
+# 48 MiB of 16 KiB blocks from the heap (under the mmap threshold), filled so their
+# pages are resident; every 64th kept, so the heap's top cannot simply shrink.
+blocks = [bytearray(b"x" * (16 << 10)) for _ in range(3072)]
+kept = blocks[::64]
+del blocks
+before = rss()
+saw = release_free()
+after = rss()
+print(json.dumps({"free": saw, "released": before - after, "kept": len(kept)}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_heap_pages_go_back_once_they_add_up() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE], capture_output=True, text=True, env=env, check=True
+    )
+    got = json.loads(out.stdout.splitlines()[-1])
+    if got["free"] == 0:
+        pytest.skip("no glibc mallinfo2 here")
+    assert got["free"] >= 40 << 20  # the freed blocks, left in the middle of the heap
+    assert got["released"] >= 32 << 20, got  # ...and their pages handed back
