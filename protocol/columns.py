@@ -16,7 +16,9 @@ with NaN for absent (exact up to 2**53; the wire refuses larger ones there).
 Strings, the `throttle` maps and `missing` are Python lists, one entry a row.
 Arrays decoded from the wire are read-only views of the frame, and an optional
 numeric column a batch lacks is a shared read-only NaN row (`absent`), which
-`concat` and `take` keep: consumers never write into a window's columns.
+`concat` and `take` keep, and a string or map column that repeats one value off the
+wire holds that one object in every row (`WireBatch`): consumers never write into a
+window's columns.
 
 Wire form (`WindowBatch`, see protocol/README.md): `n` rows; a numeric column
 is `[dtype, bin]` or, for an optional integer column, `[dtype, bin, validity]`
@@ -582,12 +584,9 @@ def _from_wire_fast(b: Any) -> dict[str, Any] | None:
 
 # A column of strings or maps off the wire (`WireBatch`): its values' decoder, and
 # the whole column's.
-_ONE = {k: msgspec.msgpack.Decoder(h) for k, h in _hints().items() if k in _OTHER_NAMES}
-_ALL = {
-    k: msgspec.msgpack.Decoder(GenericAlias(list, (h,)))
-    for k, h in _hints().items()
-    if k in _OTHER_NAMES
-}
+_LISTED = {k: h for k, h in _hints().items() if k in _OTHER_NAMES}
+_ONE = {k: msgspec.msgpack.Decoder(h) for k, h in _LISTED.items()}
+_ALL = {k: msgspec.msgpack.Decoder(GenericAlias(list, (h,))) for k, h in _LISTED.items()}
 _SHARED_MIN = 16  # rows from which a repeated value is looked for (smaller: decoded whole)
 _AT_PATH = re.compile(r"^(?P<text>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
