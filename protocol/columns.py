@@ -602,10 +602,12 @@ def _listed(name: str, v: Any, n: int) -> list[Any] | None:
             if COLUMNS[name] == "s":
                 raise ColumnError(name, "expected an array, got nil")
             return None
-        if n >= _SHARED_MIN:
-            one = _repeated(data, n)
-            if one is not None:
+        one = _repeated(data, n) if n >= _SHARED_MIN else None
+        if one is not None:
+            try:
                 return [_ONE[name].decode(one)] * n
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass  # not one whole valid value: the column is decoded (and refused) whole
         got: list[Any] = _ALL[name].decode(data)
         return got
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
@@ -615,9 +617,9 @@ def _listed(name: str, v: Any, n: int) -> list[Any] | None:
 
 
 def _repeated(data: bytes, n: int) -> bytes | None:
-    """The bytes of the one value a msgpack array of `n` values repeats, else None. (The
-    array is `n` copies when its items are `n` copies of one whole value's bytes: the
-    value is checked whole when decoded, and msgpack values are self-delimiting.)"""
+    """The bytes the items of a msgpack array of `n` values repeat, else None (when they
+    decode as one whole value, msgpack's values being self-delimiting, the array is `n`
+    copies of it)."""
     head = data[0]
     if 0x90 <= head <= 0x9F:
         count, at = head & 0x0F, 1
@@ -631,8 +633,7 @@ def _repeated(data: bytes, n: int) -> bytes | None:
     if count != n or odd or not size:
         return None
     one = data[at : at + size]
-    # (the n * size bytes after the header are the end of `data`)
-    return one if data.endswith(one * n) else None
+    return one if data.endswith(one * n) else None  # (n * size bytes end `data`)
 
 
 def _from_wire_columns(b: Any) -> dict[str, Any]:

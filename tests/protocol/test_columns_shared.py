@@ -92,12 +92,26 @@ def test_a_bad_value_repeated_by_every_row_is_refused_naming_the_column() -> Non
     body = msgpack.packb({"v": [1, 1], "t": "windows", "seq": 3, "host": "h", "cols": cols})
     with pytest.raises(ProtocolError) as ei:
         decode_frame_body(body)
-    assert ei.value.field == "windows.cols.job" and "length >= 1" in ei.value.text
+    assert ei.value.field == "windows.cols.job[0]" and "length >= 1" in ei.value.text
     cols["job"] = ["j"] * 63 + [""]
     body = msgpack.packb({"v": [1, 1], "t": "windows", "seq": 3, "host": "h", "cols": cols})
     with pytest.raises(ProtocolError) as ei:
         decode_frame_body(body)
     assert ei.value.field == "windows.cols.job[63]", ei.value.text
+
+
+def test_bytes_repeating_what_is_no_single_value_are_decoded_whole() -> None:
+    """[True, "aäa"] repeated: its bytes are one 3-byte pattern over and over, which is
+    no single value; the column is decoded item by item (here refused at its first row:
+    a bool in a column of strings), not refused for the pattern."""
+    data = msgpack.packb([True, "a\u00e4a"] * 16)
+    one = _repeated(data, 32)
+    assert one == b"\xc3\xa4a"  # (True, then the start of the string)
+    from artemis.protocol.columns import _listed
+
+    with pytest.raises(ValueError) as ei:
+        _listed("job", msgspec.Raw(data), 32)  # strings only: True refused at row 0
+    assert "job[0]" in str(ei.value)
 
 
 def _decoded_wire(n: int) -> Any:
