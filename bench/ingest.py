@@ -69,6 +69,14 @@ def _cpus() -> tuple[int, list[int]]:
     return cpus[0], cpus[1:] or cpus[:1]
 
 
+def _env() -> dict[str, str]:
+    """The children's environment: this tree's root first (`bench`), then the caller's
+    PYTHONPATH, so a worktree's package links (.envrc) still come before the installed
+    tree (with the root alone, the server and agents ran the installed code)."""
+    path = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
 def _rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -83,8 +91,11 @@ def _null_server_main(address_file: str, secret_file: str) -> None:
     """`python -m bench.ingest null ADDR_FILE SECRET_FILE`: the protocol server, null app."""
     from artemis.common.aio import run
     from artemis.protocol.auth import load_secret
+    from artemis.protocol.heap import keep_heap_compact, release_free
     from artemis.protocol.server import ProtocolServer
     from artemis.protocol.tcp import TcpTransport
+
+    keep_heap_compact()  # as the coordinator does (coordinator/server_main.py)
 
     class Null:
         async def on_message(self, peer: Any, msg: Any) -> None:
@@ -96,7 +107,9 @@ def _null_server_main(address_file: str, secret_file: str) -> None:
     async def serve() -> None:
         server = ProtocolServer(TcpTransport(), "127.0.0.1:0", load_secret(secret_file), Null())
         Path(address_file).write_text(await server.start())
-        await asyncio.Event().wait()
+        while True:  # the coordinator's tick hands freed memory back as often
+            await asyncio.sleep(0.25)
+            release_free()
 
     _quiet()
     run(serve())
@@ -144,7 +157,7 @@ class _Server:
         else:
             addr = work / "null.addr"
             cmd = [sys.executable, "-m", "bench.ingest", "null", str(addr), str(secret)]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env = _env()
         self.proc = subprocess.Popen([*pin, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env)
         end = time.monotonic() + 60
         while True:
@@ -280,7 +293,7 @@ def _play(
          "windows": windows, "window_s": window_s}
     )  # fmt: skip
     pin = ["taskset", "-c", ",".join(map(str, cpus))] if shutil.which("taskset") else []
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = _env()
     proc = subprocess.Popen(
         [*pin, sys.executable, "-m", "bench.ingest", "client", spec],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

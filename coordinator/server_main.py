@@ -30,6 +30,7 @@ from artemis.coordinator.service import Coordinator
 from artemis.coordinator.sinks import FindingsWriter, IncidentsWriter, incidents_path
 from artemis.detect.settings import Settings, SettingsError
 from artemis.protocol.auth import load_secret
+from artemis.protocol.heap import keep_heap_compact, release_free
 from artemis.protocol.rdma.transport import RdmaUnavailable
 from artemis.protocol.server import ProtocolServer
 from artemis.protocol.transport import Transport, build_transport
@@ -106,6 +107,7 @@ class CoordinatorServer(Daemon):
             retention=cfg.retention,
         )
         raise_open_files_limit()
+        keep_heap_compact()  # freed frames and window arrays go back to the kernel
         server = ProtocolServer(
             transport,
             cfg.listen,
@@ -159,6 +161,7 @@ class CoordinatorServer(Daemon):
             await self.coord.tick()
         except Exception:  # one bad tick must not stop the coordinator
             log.exception("tick failed")
+        release_free()  # protocol/heap.py: a window's freed memory back to the kernel
 
     async def shutdown(self) -> None:
         if self.coord is None:

@@ -388,7 +388,8 @@ class WindowAssembler:
             nr = cols.ints("nranks")
             groups.sort(key=lambda g: -int(nr[g[3]].max()) if g[3] is not None else 0)
         for job, comm, window, idx in groups:
-            part = cols if idx is None else cols.take(idx)
+            # Held until the window leaves: without the frame's bytes (`detached`).
+            part = cols.detached() if idx is None else cols.take(idx)
             out.extend(self._add_group(job, comm, window, part, now))
         return out
 

@@ -16,7 +16,9 @@ with NaN for absent (exact up to 2**53; the wire refuses larger ones there).
 Strings, the `throttle` maps and `missing` are Python lists, one entry a row.
 Arrays decoded from the wire are read-only views of the frame, and an optional
 numeric column a batch lacks is a shared read-only NaN row (`absent`), which
-`concat` and `take` keep: consumers never write into a window's columns.
+`concat` and `take` keep, and a string or map column that repeats one value off the
+wire holds that one object in every row (`WireBatch`): consumers never write into a
+window's columns.
 
 Wire form (`WindowBatch`, see protocol/README.md): `n` rows; a numeric column
 is `[dtype, bin]` or, for an optional integer column, `[dtype, bin, validity]`
@@ -29,11 +31,13 @@ throttle maps and missing are msgpack arrays.
 from __future__ import annotations
 
 import math
+import re
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter, is_
+from types import GenericAlias
 from typing import Any, Literal
 
 import msgspec
@@ -108,6 +112,11 @@ class WindowColumns:
     def __len__(self) -> int:
         return self.n
 
+    def detached(self) -> WindowColumns:
+        """The same columns without the wire batch they were decoded from (which holds
+        the frame's bytes): what is kept after the batch was journaled."""
+        return self if self.wire is None else WindowColumns._checked(self.n, self.cols)
+
     def __getitem__(self, name: str) -> Any:
         return self.cols[name]
 
@@ -164,7 +173,7 @@ class WindowColumns:
         # An optional column that no part has stays one shared NaN row (`absent`):
         # concatenating the parts' NaNs would allocate and fill a fresh array per
         # such column, about half of a usual batch's numeric columns.
-        marks = [_ABSENT.get(p.n) for p in parts]
+        marks = [_shared(p.n) for p in parts]
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
             got = [p.cols[name] for p in parts]
@@ -180,7 +189,7 @@ class WindowColumns:
         """The rows at `idx`, in that order."""
         ix = np.asarray(idx, dtype=np.intp)
         il = ix.tolist()
-        mark = _ABSENT.get(self.n)  # an absent column stays the shared NaN row
+        mark = _shared(self.n)  # an absent column stays the shared NaN row
         cols: dict[str, Any] = {}
         for name, kind in COLUMNS.items():
             v = self.cols[name]
@@ -232,20 +241,32 @@ def _empty(kind: str) -> Any:
 # per row count, shared by every absent column of every batch of that size (a fleet
 # sends batches of a few sizes: a node's ranks), so `concat` knows by identity that
 # no part has the column. Sizes past _ABSENT_ROWS, or past _ABSENT_SIZES distinct
-# sizes, get a fresh row (still NaN and read-only: only the shortcut is lost).
+# sizes, share the row of the latest such size (`_LATEST`): a window's concatenation
+# and its `take`s make one row for all of its absent columns, not one each (a
+# 100k-rank window lacking 30 columns: 24 MB).
 _ABSENT: dict[int, npt.NDArray[np.float64]] = {}
+_LATEST: dict[int, npt.NDArray[np.float64]] = {}
 _ABSENT_ROWS = 1 << 14
 _ABSENT_SIZES = 64
 
 
+def _shared(n: int) -> npt.NDArray[np.float64] | None:
+    """The shared NaN row of `n` rows, if one is kept."""
+    row = _ABSENT.get(n)
+    return _LATEST.get(n) if row is None else row
+
+
 def absent(n: int) -> npt.NDArray[np.float64]:
     """The shared read-only NaN row of an absent optional column of `n` rows."""
-    row = _ABSENT.get(n)
+    row = _shared(n)
     if row is None:
         row = np.full(n, math.nan)
         row.flags.writeable = False
         if n <= _ABSENT_ROWS and len(_ABSENT) < _ABSENT_SIZES:
             _ABSENT[n] = row
+        else:
+            _LATEST.clear()
+            _LATEST[n] = row
     return row
 
 
@@ -275,31 +296,46 @@ class NumCol(msgspec.Struct, frozen=True, array_like=True):
     valid: bytes | None = None
 
 
-def _wire_type(name: str, kind: str, hint: Any) -> tuple[Any, Any]:
-    """(type, default) of column `name` in the wire struct, from its schema hint."""
+def _wire_type(name: str, kind: str, hint: Any, raw: bool) -> tuple[Any, Any]:
+    """(type, default) of column `name` in the wire struct, from its schema hint; with
+    `raw`, a column of strings or maps is kept as its msgpack bytes (`_listed`)."""
     if kind in _ARRAY_KINDS:
         return (NumCol, msgspec.NODEFAULT) if kind in ("i", "f") else (NumCol | None, None)
+    if raw:
+        # (msgspec takes no union with Raw: an absent column reads as nil's bytes)
+        return (msgspec.Raw, msgspec.NODEFAULT) if kind == "s" else (msgspec.Raw, _NIL)
     if kind == "s":
         return list[hint], msgspec.NODEFAULT
     return list[hint] | None, None
 
 
-def _batch_struct() -> type[msgspec.Struct]:
+_NIL = msgspec.Raw(b"\xc0")  # msgpack's nil
+
+
+def _hints() -> dict[str, Any]:
     rw_hints = typing.get_type_hints(RankWindow, include_extras=True)
     tel_hints = typing.get_type_hints(Telemetry, include_extras=True)
+    return {n: tel_hints[n[4:]] if n.startswith("tel_") else rw_hints[n] for n in COLUMNS}
+
+
+def _batch_struct(raw: bool) -> type[msgspec.Struct]:
     flds: list[Any] = [("n", typing.Annotated[int, msgspec.Meta(ge=0, le=1 << 24)])]
-    for name, kind in COLUMNS.items():
-        hint = tel_hints[name[4:]] if name.startswith("tel_") else rw_hints[name]
-        tp, default = _wire_type(name, kind, hint)
+    for name, hint in _hints().items():
+        tp, default = _wire_type(name, COLUMNS[name], hint, raw)
         flds.append((name, tp) if default is msgspec.NODEFAULT else (name, tp, default))
     # Required columns first (a struct's fields with defaults must come last).
     flds.sort(key=lambda f: len(f) == 3)
-    return msgspec.defstruct("WindowBatch", flds, frozen=True, kw_only=True)
+    return msgspec.defstruct("WireBatch" if raw else "WindowBatch", flds, frozen=True, kw_only=True)
 
 
-# The wire struct of a columnar batch, generated from the schema: strings and
-# maps are validated by msgspec in C, numeric columns by `from_wire` below.
-WindowBatch: Any = _batch_struct()
+# The struct of a columnar batch, generated from the schema: strings and maps are
+# validated by msgspec in C, numeric columns by `from_wire` below.
+WindowBatch: Any = _batch_struct(raw=False)
+# The same batch as a `windows` message carries it (the same msgpack): the columns of
+# strings and maps are kept as their bytes and read by `from_wire` (`_listed`), which
+# takes a column of one repeated value (a node's job, host, GPU model...) as one
+# object shared by every row instead of one object a row.
+WireBatch: Any = _batch_struct(raw=True)
 
 
 class ColumnError(ValueError):
@@ -530,7 +566,7 @@ def _from_wire_fast(b: Any) -> dict[str, Any] | None:
         nan_row = absent(n)
         for name in plan.absent:
             cols[name] = nan_row
-    others = _get_other(b)
+    others: tuple[Any, ...] = tuple(map(_listed, _OTHER_NAMES, _get_other(b), repeat(n)))
     if None in others or set(map(len, others)) != {n}:
         if not others:
             return cols
@@ -546,6 +582,60 @@ def _from_wire_fast(b: Any) -> dict[str, Any] | None:
     return cols
 
 
+# A column of strings or maps off the wire (`WireBatch`): its values' decoder, and
+# the whole column's.
+_LISTED = {k: h for k, h in _hints().items() if k in _OTHER_NAMES}
+_ONE = {k: msgspec.msgpack.Decoder(h) for k, h in _LISTED.items()}
+_ALL = {k: msgspec.msgpack.Decoder(GenericAlias(list, (h,))) for k, h in _LISTED.items()}
+_SHARED_MIN = 16  # rows from which a repeated value is looked for (smaller: decoded whole)
+_AT_PATH = re.compile(r"^(?P<text>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def _listed(name: str, v: Any, n: int) -> list[Any] | None:
+    """Column `name` of a batch of `n` rows as a list (None: nil, absent); a column of
+    `WireBatch` is decoded from its bytes here. Raises ColumnError naming the row."""
+    if type(v) is not msgspec.Raw:
+        return v
+    data = bytes(v)
+    try:
+        if data == b"\xc0":
+            if COLUMNS[name] == "s":
+                raise ColumnError(name, "expected an array, got nil")
+            return None
+        one = _repeated(data, n) if n >= _SHARED_MIN else None
+        if one is not None:
+            try:
+                return [_ONE[name].decode(one)] * n
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass  # not one whole valid value: the column is decoded (and refused) whole
+        got: list[Any] = _ALL[name].decode(data)
+        return got
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        m = _AT_PATH.match(str(e))
+        assert m is not None  # the pattern matches any text
+        raise ColumnError(name + (m["path"] or ""), m["text"]) from None
+
+
+def _repeated(data: bytes, n: int) -> bytes | None:
+    """The bytes the items of a msgpack array of `n` values repeat, else None (when they
+    decode as one whole value, msgpack's values being self-delimiting, the array is `n`
+    copies of it)."""
+    head = data[0]
+    if 0x90 <= head <= 0x9F:
+        count, at = head & 0x0F, 1
+    elif head == 0xDC:
+        count, at = int.from_bytes(data[1:3], "big"), 3
+    elif head == 0xDD:
+        count, at = int.from_bytes(data[1:5], "big"), 5
+    else:
+        return None
+    size, odd = divmod(len(data) - at, n)
+    if count != n or odd or not size:
+        return None
+    one = data[at : at + size]
+    return one if data.endswith(one * n) else None  # (n * size bytes end `data`)
+
+
 def _from_wire_columns(b: Any) -> dict[str, Any]:
     n: int = b.n
     cols: dict[str, Any] = {}
@@ -559,6 +649,7 @@ def _from_wire_columns(b: Any) -> dict[str, Any]:
         elif kind in ("f", "of"):
             cols[name] = _float_column(name, v, n, spec.lo, spec.hi, kind == "of")
         else:
+            v = _listed(name, v, n)
             if v is None:
                 v = [()] * n if kind == "m" else [None] * n
             elif len(v) != n:

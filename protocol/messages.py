@@ -377,7 +377,7 @@ class _WindowsWire(_Wire, tag="windows", frozen=True, kw_only=True):
     """A ``windows`` message as it travels: columns (1.1) or one map per rank (1.0)."""
 
     host: Name
-    cols: _columns.WindowBatch | None = None
+    cols: _columns.WireBatch | None = None
     windows: Annotated[tuple[RankWindow, ...], msgspec.Meta(max_length=16384)] | None = None
 
 

@@ -512,12 +512,23 @@ class ProtocolServer:
                     await self._send(conn, Error(code="idle", text=text, fatal=True))
                 return
             self.stats.frames_total += 1
-            for item in decoder.feed(frame):
-                for eff in conn.session.receive(item):
-                    if not await self._apply(conn, eff):
-                        return
-                    if conn.superseded or self._closing:
-                        return
+            ok = await self._items(conn, decoder.feed(frame))
+            # Nothing of a frame (its bytes, its messages) is held while the next one is
+            # awaited: across the connections that would be a window's worth.
+            del frame
+            if not ok:
+                return
+
+    async def _items(self, conn: _Conn, items: list[Any]) -> bool:
+        """Apply the messages (or ProtocolErrors) of one frame; False when the connection
+        is to end."""
+        for item in items:
+            for eff in conn.session.receive(item):
+                if not await self._apply(conn, eff):
+                    return False
+                if conn.superseded or self._closing:
+                    return False
+        return True
 
     async def _apply(self, conn: _Conn, eff: Effect) -> bool:
         assert conn.peer is not None
