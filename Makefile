@@ -67,7 +67,7 @@ demo: setup
 PYTEST_WORKERS ?= 2
 SERIAL_TESTS := tests/test_partition.py tests/test_disk_full.py \
 	tests/test_plugin_hardening.py tests/test_job_autoload.py \
-	tests/test_hostile_peers.py tests/test_ring_lifetime.py
+	tests/test_hostile_peers.py tests/test_ring_lifetime.py tests/test_fleet_e2e_netns.py
 TORCH_TESTS = $(shell grep -l "mark.torch_e2e" tests/test_*.py)
 test: setup
 	bash tests/setup/install-prometheus.sh
