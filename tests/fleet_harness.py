@@ -377,6 +377,7 @@ class Outputs:
     incident_lines: list[dict[str, Any]]
     store_incidents: list[dict[str, Any]]
     store_windows: dict[str, list[int]]  # job -> its per-window rows' windows
+    incident_windows: dict[str, list[int]]  # incident id -> its per-window rows' windows
     logs: list[dict[str, Any]]
 
     @classmethod
@@ -391,12 +392,16 @@ class Outputs:
             incidents = s.incidents()
             jobs = {f["job"] for f in findings} | {i["job"] for i in incidents}
             windows = {j: [int(r["window"]) for r in s.job_windows(j)] for j in jobs}
+            rows = {
+                i["id"]: [int(r["window"]) for r in s.incident_windows(i["id"])] for i in incidents
+            }
         return cls(
             findings=findings,
             plans=tagged(lambda m: _jsonl(m.plans)),
             incident_lines=tagged(lambda m: _jsonl(m.incidents)),
             store_incidents=incidents,
             store_windows=windows,
+            incident_windows=rows,
             logs=tagged(Member.log_records),
         )
 
@@ -433,9 +438,17 @@ def check_scored_once(out: Outputs, job: str, rank: int, windows: range) -> list
     if twice:
         by = {w: [f["_by"] for f in lines if f["window"] == w] for w in twice}
         problems.append(f"{job}: windows scored more than once (window: members): {by}")
-    lost = [w for w in windows if w not in count]
+    # A window whose outputs a kill cut between its commit and its JSONL lines is still
+    # scored: its rows are in the store (the straggler's incident has a row of it).
+    rows = {
+        w
+        for i in out.store_incidents
+        if i["job"] == job and i.get("rank") == rank
+        for w in out.incident_windows.get(i["id"], [])
+    }
+    lost = [w for w in windows if w not in count and w not in rows]
     if lost:
-        problems.append(f"{job}: windows never scored (no line for rank {rank}): {lost}")
+        problems.append(f"{job}: windows never scored (no line, no row for rank {rank}): {lost}")
     problems += check_owners_apart(out, job)
     stored = set(out.store_windows.get(job, []))
     unstored = [w for w in windows if w not in stored]
