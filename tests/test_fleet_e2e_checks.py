@@ -11,14 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet_harness import (
-    Outputs,
-    check_finding_continues,
-    check_one_incident,
-    check_owners_apart,
-    check_plan_verified,
-    check_scored_once,
-)
+import fleet_harness as fh
+from fleet_harness import Outputs
 
 JOB, RANK = "j", 2
 INC = "j-r2-w3"
@@ -53,10 +47,10 @@ def _clean() -> Outputs:
 
 def _all(out: Outputs) -> list[str]:
     return [
-        *check_scored_once(out, JOB, RANK, range(1, 9)),
-        *check_finding_continues(out, JOB, RANK),
-        *check_one_incident(out, JOB, RANK),
-        *check_plan_verified(out, JOB),
+        *fh.check_scored_once(out, JOB, RANK, range(1, 9)),
+        *fh.check_finding_continues(out, JOB, RANK),
+        *fh.check_one_incident(out, JOB, RANK),
+        *fh.check_plan_verified(out, JOB),
     ]
 
 
@@ -69,7 +63,7 @@ def test_a_window_scored_by_two_owners_is_named() -> None:
     out.findings.append(_line(5, "c0"))  # the old owner went on scoring window 5
     problems = _all(out)
     assert any("more than once" in p and "5" in p for p in problems), problems
-    assert check_owners_apart(out, JOB) == [
+    assert fh.check_owners_apart(out, JOB) == [
         "j: two owners scored the same windows: {5: ['c0', 'c1']}"
     ]
 
@@ -77,17 +71,17 @@ def test_a_window_scored_by_two_owners_is_named() -> None:
 def test_a_window_scored_twice_by_one_member_is_named() -> None:
     out = _clean()
     out.findings.append(_line(6, "c1"))
-    assert check_owners_apart(out, JOB) == []
-    assert any("more than once" in p for p in check_scored_once(out, JOB, RANK, range(1, 9)))
+    assert fh.check_owners_apart(out, JOB) == []
+    assert any("more than once" in p for p in fh.check_scored_once(out, JOB, RANK, range(1, 9)))
 
 
 def test_a_lost_window_is_named_unless_the_store_has_it() -> None:
     out = _clean()
     out.findings = [f for f in out.findings if f["window"] != 4]
-    assert check_scored_once(out, JOB, RANK, range(1, 9)) == []  # its rows are stored
+    assert fh.check_scored_once(out, JOB, RANK, range(1, 9)) == []  # its rows are stored
     out.incident_windows[INC].remove(4)
     out.store_windows[JOB].remove(4)
-    problems = check_scored_once(out, JOB, RANK, range(1, 9))
+    problems = fh.check_scored_once(out, JOB, RANK, range(1, 9))
     assert any("never scored" in p and "[4]" in p for p in problems), problems
     assert any("without a row" in p for p in problems), problems
 
@@ -98,18 +92,18 @@ def test_a_restarted_finding_and_a_split_incident_are_named() -> None:
         if f["window"] >= 5:
             f["since"] = 5
     out.findings[4]["state"] = "flagged"
-    assert len(check_finding_continues(out, JOB, RANK)) == 2
+    assert len(fh.check_finding_continues(out, JOB, RANK)) == 2
     out.store_incidents = [{**out.store_incidents[0], "closed": {"window": 4}},
                            {"id": "j-r2-w5", "job": JOB, "rank": RANK, "closed": None}]  # fmt: skip
-    problems = check_one_incident(out, JOB, RANK)
+    problems = fh.check_one_incident(out, JOB, RANK)
     assert any("2 incidents" in p for p in problems) and any("closed" in p for p in problems)
 
 
 def test_a_plan_left_applied_or_acked_twice_is_named() -> None:
     out = _clean()
     out.plans.pop()  # never verified
-    assert check_plan_verified(out, JOB) == [
+    assert fh.check_plan_verified(out, JOB) == [
         "j: plans neither verified nor rolled back: {'p1': 'applied'}"
     ]
     out.plans += [out.plans[1], {"job": JOB, "id": "p1", "status": "verified", "_by": "c1"}]
-    assert any("more than once" in p for p in check_plan_verified(out, JOB))
+    assert any("more than once" in p for p in fh.check_plan_verified(out, JOB))
