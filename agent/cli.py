@@ -182,7 +182,16 @@ def run_cmd(
     config: Annotated[
         Path | None, typer.Option(help="TOML config (see deploy/agent.toml).")
     ] = None,
-    coordinator: Annotated[str | None, typer.Option(help="HOST:PORT of the coordinator.")] = None,
+    coordinator: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "HOST:PORT of the coordinator, or of a fleet's: a comma-separated list"
+                " H1:P1,H2:P2 or a name resolving to several addresses. The agent starts on"
+                " the first that answers and follows its redirects to each job's owner."
+            )
+        ),
+    ] = None,
     shm_dir: Annotated[
         Path | None, typer.Option(help="Where the plugin writes rings (default /dev/shm/artemis).")
     ] = None,

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from artemis.common.bounds import bounds_of, out_of_bounds
 from artemis.common.tomlfile import ConfigError
+from artemis.protocol.addresses import AddressListError, parse_address_list
 from artemis.protocol.transport import RdmaConfig, TlsConfig
 from msgspec import Meta
 
@@ -32,6 +33,8 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
+    # HOST:PORT, or a fleet's list "H1:P1,H2:P2" (or a name resolving to several):
+    # the agent starts on the first that answers and follows its redirects.
     coordinator: str = "127.0.0.1:7470"
     shm_dir: str = "/dev/shm/artemis"
     secret_file: str = "/etc/artemis/secret"
@@ -72,9 +75,16 @@ class AgentConfig:
         bad = out_of_bounds(self, _BOUNDS)
         if bad:
             raise ConfigError(bad)
-        if ":" not in self.coordinator:
-            raise ConfigError(f"coordinator: expected HOST:PORT, got {self.coordinator!r}")
+        try:
+            parse_address_list(self.coordinator)
+        except AddressListError as e:
+            raise ConfigError(str(e)) from None
         return self
+
+    @property
+    def coordinators(self) -> tuple[str, ...]:
+        """The ``coordinator`` list (one address, or a fleet's: "H1:P1,H2:P2")."""
+        return parse_address_list(self.coordinator)
 
     @property
     def hostname(self) -> str:

@@ -202,7 +202,15 @@ def demo(
 
 @app.command()
 def loadtest(
-    coordinator: Annotated[str, typer.Option(help="The coordinator's HOST:PORT.")],
+    coordinator: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "The coordinator's HOST:PORT, or a fleet's: H1:P1,H2:P2 or a name resolving"
+                " to several addresses (each simulated agent follows redirects)."
+            )
+        ),
+    ],
     secret_file: Annotated[Path, typer.Option(help="The shared secret (a 0600 file).")],
     ranks: Annotated[int, typer.Option(min=1, help="Ranks in the synthetic job.")],
     ranks_per_agent: Annotated[int, typer.Option(min=1, help="Ranks each simulated agent owns.")],

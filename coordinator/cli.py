@@ -62,9 +62,27 @@ def serve(
     report_dir: Annotated[
         Path | None, typer.Option(help="Write each job's HTML report here when it ends.")
     ] = None,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet",
+            help="One of a fleet of coordinators sharing the PostgreSQL --store ([fleet] enabled).",
+        ),
+    ] = False,
+    fleet_id: Annotated[
+        str | None, typer.Option(help="This coordinator's fleet id (default: hostname:port).")
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT agents are redirected to (required when --listen is a wildcard)."
+        ),
+    ] = None,
     log_json: LogJson = False,
 ) -> None:
     """Run the coordinator until SIGTERM/SIGINT (then flush every output and exit)."""
+    import functools
+
     from artemis.common.daemon_cli import run_daemon
     from artemis.coordinator.config import CoordinatorConfig
     from artemis.coordinator.server_main import main
@@ -82,7 +100,9 @@ def serve(
         "report_dir": report_dir,
         "log_json": log_json or None,
     }
-    run_daemon(CoordinatorConfig, config, flags, main)
+    # [fleet] keys given as flags: merged into the table the file gave (server_main.main).
+    fleet_flags = {"enabled": fleet or None, "id": fleet_id, "advertise": advertise}
+    run_daemon(CoordinatorConfig, config, flags, functools.partial(main, fleet=fleet_flags))
 
 
 def _ask(sock_path: Path, req: dict[str, Any]) -> dict[str, Any]:

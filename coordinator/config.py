@@ -7,11 +7,14 @@ classes, rebalance mode and bounds); they are validated by
 are where the coordinator keeps its incident store and writes reports, fixed
 for its life (store/README.md). `[retention]` bounds what the outputs keep
 on disk (rotation by size and age, dumps and store rows pruned by age).
+`[fleet]` makes the coordinator one of a fleet sharing a PostgreSQL store
+(docs/DESIGN.md "The coordinator fleet"; coordinator/fleet.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import socket
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +23,8 @@ from artemis.common.diskio import Retention
 from artemis.common.tomlfile import ConfigError
 from artemis.protocol.peers import PeerLimits
 from artemis.protocol.transport import RdmaConfig, TlsConfig
+from artemis.store.base import StoreError
+from artemis.store.fleet import check_fleet_url
 from artemis.store.sink import check_setting
 from msgspec import Meta
 
@@ -58,6 +63,52 @@ class RetentionConfig:
         if bad:
             raise ConfigError(bad)
         return self
+
+
+WILDCARDS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """``[fleet]``: this coordinator is one of the fleet that shares its PostgreSQL store.
+    Each job has one owner at a time, held as a lease of `lease_s` seconds (judged by
+    the database's clock) and renewed every `renew_s`; agents of a job it does not own
+    are redirected to `advertise` of the owner."""
+
+    enabled: bool = False
+    id: str = ""  # this coordinator's fleet id ("" = hostname:port of listen)
+    lease_s: PositiveSeconds = 10.0
+    renew_s: PositiveSeconds = 1.0
+    # HOST:PORT agents are redirected to ("" = listen, unless it is a wildcard)
+    advertise: str = ""
+
+    def resolved(self, listen: str, store: str) -> FleetConfig:
+        """Checked against `listen` and `store`, with `id` and `advertise` filled in;
+        a ConfigError naming the key otherwise."""
+        if not self.enabled:
+            return self
+        try:
+            check_fleet_url(store)
+        except StoreError as e:
+            raise ConfigError(f"[fleet] enabled (--fleet): {e}") from None
+        if self.renew_s >= self.lease_s:
+            raise ConfigError(
+                f"[fleet] renew_s ({self.renew_s:g}) must be less than lease_s ({self.lease_s:g})"
+            )
+        host, _, port = listen.rpartition(":")
+        advertise = self.advertise
+        if not advertise:
+            if host in WILDCARDS:
+                raise ConfigError(
+                    f"[fleet] advertise (--advertise HOST:PORT) is required: listen {listen!r}"
+                    " is a wildcard address, which agents cannot be redirected to"
+                )
+            advertise = listen
+        a_host, sep, a_port = advertise.rpartition(":")
+        if not sep or not a_host or a_host in WILDCARDS or not a_port.isdigit():
+            raise ConfigError(f"[fleet] advertise: expected HOST:PORT, got {advertise!r}")
+        fid = self.id or f"{socket.gethostname()}:{port}"
+        return replace(self, id=fid, advertise=advertise)
 
 
 @dataclass(frozen=True)
@@ -104,6 +155,7 @@ class CoordinatorConfig:
     limits: PeerLimits = field(default_factory=PeerLimits)
     detector: dict[str, Any] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
 
     @property
     def journal_path(self) -> Path:
@@ -125,8 +177,12 @@ class CoordinatorConfig:
         if bad is not None:
             raise ConfigError(bad)
         self.retention.validated()
-        return self
+        bad = out_of_bounds(self.fleet, _FLEET_BOUNDS, "fleet.")
+        if bad:
+            raise ConfigError(bad)
+        return replace(self, fleet=self.fleet.resolved(self.listen, self.store))
 
 
 _RETENTION_BOUNDS = bounds_of(RetentionConfig)
 _BOUNDS = bounds_of(CoordinatorConfig)
+_FLEET_BOUNDS = bounds_of(FleetConfig)

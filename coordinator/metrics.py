@@ -102,6 +102,8 @@ counter   straggler_windows_not_taken             -                        Windo
 counter   straggler_store_writes_dropped          -                        Store writes dropped: its queue was full (the store slow or unreachable)
 gauge     straggler_store_queue_depth             -                        Store writes queued, not done
 gauge     straggler_store_connected               -                        1 while the incident store is open, 0 while it is being reached (or refused)
+# The coordinator fleet (coordinator/fleet.py): exported by a job's owner only.
+gauge     straggler_job_owner                     job                      The lease epoch of each job this coordinator owns in its fleet (absent: owned elsewhere, or by nobody)
 # The agent's uplink (agent/metrics.py serves them), by host.
 gauge     straggler_agent_uplink_up               host                     1 while connected to the coordinator
 counter   straggler_agent_uplink_outages          host                     Established connections to the coordinator that were lost

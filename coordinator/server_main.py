@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -81,7 +82,8 @@ class CoordinatorServer(Daemon):
             Path(out).touch()
         metrics = self.metrics = Metrics()
         metrics.report_dir = cfg.report_dir
-        coord = self.coord = Coordinator(
+        fleet = _open_fleet(cfg)
+        coord = self.coord = (Coordinator if fleet is None else _fleet_coordinator(fleet))(
             settings,
             FindingsWriter(cfg.jsonl, cfg.retention.jsonl()),
             PlansWriter(cfg.plans_jsonl, cfg.retention.jsonl()),
@@ -108,8 +110,15 @@ class CoordinatorServer(Daemon):
             transport, cfg.listen, secret, coord, settings=settings.to_dict(), limits=cfg.limits
         )
         coord.server = server
-        # Summaries taken but not scored by an earlier life of this coordinator.
-        coord.restore(AssemblyJournal(cfg.journal_path))
+        if fleet is None:
+            # Summaries taken but not scored by an earlier life of this coordinator.
+            coord.restore(AssemblyJournal(cfg.journal_path))
+        else:
+            # A fleet's jobs are restored from the store as their leases are taken.
+            from artemis.coordinator.fleet import OwnerCollector
+
+            metrics.registry.register(OwnerCollector(fleet))
+            fleet.start()
         register_protocol_metrics(metrics.registry, server, coord)
         register_store_metrics(metrics.registry, coord.store)
         metrics.set_active(False)
@@ -126,6 +135,7 @@ class CoordinatorServer(Daemon):
             metrics_port=cfg.metrics_port,
             findings=cfg.jsonl,
             plans=cfg.plans_jsonl,
+            fleet=cfg.fleet.id if cfg.fleet.enabled else None,
             store=coord.store.url if coord.store.on else None,
             control_socket=cfg.control_socket,
         )
@@ -164,8 +174,34 @@ class CoordinatorServer(Daemon):
         log.info("coordinator stopped")
 
 
-async def main(cfg: CoordinatorConfig) -> None:
-    """The shell: signals around ``CoordinatorServer.serve``."""
+def _open_fleet(cfg: CoordinatorConfig) -> Any:
+    """The fleet's leases ([fleet] enabled), or None. Its store unreachable at start is a
+    ConfigError naming it: a fleet coordinator cannot serve without its leases."""
+    if not cfg.fleet.enabled:
+        return None
+    from artemis.coordinator.fleet import Fleet
+    from artemis.store.base import StoreError
+
+    try:
+        return Fleet(cfg.fleet, cfg.store)
+    except StoreError as e:
+        raise ConfigError(f"[fleet]: {e}") from None
+
+
+def _fleet_coordinator(fleet: Any) -> Any:
+    import functools
+
+    from artemis.coordinator.fleet import FleetCoordinator
+
+    return functools.partial(FleetCoordinator, fleet=fleet)
+
+
+async def main(cfg: CoordinatorConfig, fleet: dict[str, Any] | None = None) -> None:
+    """The shell: signals around ``CoordinatorServer.serve``. `fleet`: the `[fleet]` keys
+    given as flags (None: not given), over the file's table (ConfigError if they do not fit)."""
+    given = {k: v for k, v in (fleet or {}).items() if v is not None}
+    if given:
+        cfg = dataclasses.replace(cfg, fleet=dataclasses.replace(cfg.fleet, **given)).validated()
     server = CoordinatorServer(cfg)
     with capture_signals(server):
         await server.serve()

@@ -235,6 +235,12 @@ class WindowAssembler:
             return None
         return str(j.prim_comm[rank])
 
+    def oldest_pending(self, job: str) -> int | None:
+        """The lowest window of `job` still being assembled (None: none), for the fleet's
+        journal in the store (what is below it was scored)."""
+        j = self._jobs.get(job)
+        return min((w for _run, w in j.order), default=None) if j is not None else None
+
     def take_drops(self) -> list[Drop]:
         out, self.drops = self.drops, []
         return out

@@ -12,22 +12,47 @@ at both ends with its duration and counted (``LinkStats``: the agent's
 ``straggler_agent_uplink_*`` metrics). A refusal (other major
 version, wrong secret) is logged as one clear ERROR and retried with the same
 back-off, so a misconfigured fleet never spins against the coordinator.
+
+A link may be given several addresses (a coordinator fleet's list): it tries them in
+turn, moving on after each attempt that does not establish a session, and stays on
+one while it works. In a fleet a coordinator may answer ``Redirect`` for some of the
+hello's jobs: ``on_redirect`` decides where they go (agent/uplinks.py), taking their
+unacknowledged messages out of this link (``take_jobs``) and calling ``set_ranks``,
+which makes the link say a new hello without them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from artemis.common.aio import cancel_all
-from artemis.protocol.codec import DEFAULT_MAX_FRAME, FrameDecoder, encode
-from artemis.protocol.messages import PROTOCOL_VERSION, Control, Message, ProtocolError
+from artemis.protocol.addresses import expand
+from artemis.protocol.codec import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    FrameDecoder,
+    decode_frame_body,
+    encode,
+)
+from artemis.protocol.jobsplit import split_by_job
+from artemis.protocol.messages import (
+    DATA_TYPES,
+    PROTOCOL_VERSION,
+    Control,
+    DataMessage,
+    JobOwner,
+    Message,
+    ProtocolError,
+    RankInfo,
+)
 from artemis.protocol.session import (
     Acked,
     AgentIdentity,
@@ -39,6 +64,7 @@ from artemis.protocol.session import (
     Established,
     Outbox,
     PeerError,
+    Redirected,
     Refused,
     Send,
 )
@@ -51,6 +77,10 @@ log = structlog.get_logger("artemis.protocol.client")
 # (protocol 1.2: a correction's outcome). An exception counts as (False, repr(exc)).
 ControlResult = bool | tuple[bool, str] | tuple[bool, str, dict[str, Any] | None] | None
 ControlHandler = Callable[[Control], Awaitable[ControlResult]]
+# Called (synchronously, in the link's task) with the jobs a coordinator redirected.
+RedirectHandler = Callable[["AgentLink", tuple[JobOwner, ...]], None]
+# Called once a session is established, with the coordinator's id.
+EstablishedHandler = Callable[["AgentLink", str], None]
 
 
 @dataclass
@@ -113,7 +143,7 @@ class AgentLink:
     def __init__(
         self,
         transport: Transport,
-        address: str,
+        address: str | Sequence[str],
         secret: bytes,
         identity: AgentIdentity,
         on_control: ControlHandler | None = None,
@@ -129,11 +159,25 @@ class AgentLink:
         rng: random.Random | None = None,
         refusal_log_interval_s: float = 60.0,
         stall_s: float | None = None,
+        on_redirect: RedirectHandler | None = None,
+        on_established: EstablishedHandler | None = None,
+        resolve: bool = False,
     ) -> None:
         self.transport = transport
-        self.address = address
+        # The list tried in turn; ``resolve``: each name becomes the addresses it
+        # resolves to, once per pass (not under TLS, where the name is what we verify).
+        self._listed = (address,) if isinstance(address, str) else tuple(address)
+        if not self._listed:
+            raise ValueError("AgentLink needs at least one address")
+        self._resolve = resolve
+        self._candidates: list[str] = list(self._listed)
+        self._at = 0
         self.identity = identity
         self.on_control = on_control
+        self.on_redirect = on_redirect
+        self.on_established = on_established
+        self.coordinator_id: str | None = None  # of the session now, if any
+        self._restart = asyncio.Event()  # say a new hello (the ranks changed)
         self.version = version
         self.max_frame = max_frame
         self.handshake_timeout = handshake_timeout
@@ -174,6 +218,56 @@ class AgentLink:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def address(self) -> str:
+        """The address this link connects (or is connected) to now."""
+        return self._candidates[self._at % len(self._candidates)]
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return self._listed
+
+    @property
+    def jobs(self) -> set[str]:
+        return {r.job for r in self.identity.ranks}
+
+    def set_ranks(self, ranks: Sequence[RankInfo]) -> None:
+        """The ranks this link speaks for changed: the next session's hello names
+        ``ranks``; an established session ends now (without counting an outage)."""
+        ranks = tuple(ranks)
+        if ranks == self.identity.ranks:
+            return
+        self.identity = dataclasses.replace(self.identity, ranks=ranks)
+        self._restart.set()
+
+    def skip_address(self, address: str) -> None:
+        """Try the address after ``address`` next (it told us to try elsewhere)."""
+        if self.address == address:
+            self._at += 1
+
+    def take_jobs(self, jobs: Collection[str]) -> list[DataMessage]:
+        """Take the unacknowledged data about ``jobs`` out of this link, in order (a
+        windows batch or heartbeat of several jobs is cut in two); the rest stays
+        under its seqs. For a move to another uplink: enqueue them there."""
+        moved: list[DataMessage] = []
+
+        def cut(seq: int, frame: bytes) -> bytes | None:
+            msg = decode_frame_body(memoryview(frame)[HEADER:], version=self.version)
+            assert type(msg) in DATA_TYPES
+            data: DataMessage = msg  # type: ignore[assignment]
+            stay, move = split_by_job(data, jobs)
+            if move is not None:
+                moved.append(move)
+            if stay is data:
+                return frame
+            if stay is None:
+                return None
+            return encode(stay, seq=seq, version=self.version, max_frame=self.max_frame)
+
+        self._outbox.rewrite(cut)
+        self._acked.set()  # waiters re-check (a seq taken away is no longer theirs)
+        return moved
 
     def enqueue(self, msg: Message) -> int:
         """Queue a data message (Windows, Heartbeat, Dump, Fingerprint); returns its seq.
@@ -258,6 +352,14 @@ class AgentLink:
         while not self._stop.is_set():
             self._stats.connect_attempts += 1
             healthy = False
+            self._restart.clear()
+            established_before = self._stats.reconnects + int(self._established_once)
+            if self._resolve and self._at % len(self._candidates) == 0:
+                # Once per pass: a name's addresses may have changed.
+                self._candidates = await asyncio.to_thread(expand, self._listed) or list(
+                    self._listed
+                )
+                self._at = 0
             try:
                 ch = await self.transport.connect(self.address)
             except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
@@ -280,11 +382,19 @@ class AgentLink:
                     self._stats.connected = False
                     self._channel = None
                     await ch.close()
-                    if lost and not self._stop.is_set():
+                    self.coordinator_id = None
+                    restart = self._restart.is_set()
+                    if lost and not self._stop.is_set() and not restart:
                         self._outage_begins(self._stalled_from)
                     self._stalled_from = None
             if self._stop.is_set():
                 break
+            if self._restart.is_set():
+                # A new hello (ranks moved), not a failure: at once, same address.
+                continue
+            if self._stats.reconnects + int(self._established_once) == established_before:
+                # This address did not give us a session: the next one of the list.
+                self._at += 1
             if healthy:
                 self._backoff.reset()
             delay = self._backoff.next_delay()
@@ -321,6 +431,17 @@ class AgentLink:
         )
 
     def _refused(self, r: _Refusal) -> None:
+        if r.reason == "not_owner":
+            # A fleet coordinator, to an agent whose minor cannot follow a redirect.
+            self._stats.last_error = r.text
+            log.error(
+                "coordinator does not serve this agent's job: another coordinator of the"
+                " fleet owns it, and this protocol minor cannot follow a redirect",
+                detail=r.text,
+                address=self.address,
+                protocol=f"{self.version[0]}.{self.version[1]}",
+                retry="the next address of the list, with back-off",
+            )
         self._stats.refusals[r.reason] = self._stats.refusals.get(r.reason, 0) + 1
         self._stats.last_error = r.text
         key = (r.reason, r.text)
@@ -355,6 +476,8 @@ class AgentLink:
                         await ch.send(encode(eff.msg, version=self.version))
                     elif isinstance(eff, Refused):
                         raise _Refusal(eff.reason, eff.text)
+                    elif isinstance(eff, Redirected):
+                        self._redirected(eff)
             if decoder.poisoned:
                 raise _Refusal("protocol", "coordinator sent an oversize frame")
         return await self._established(ch, session, decoder, established)
@@ -373,6 +496,7 @@ class AgentLink:
             self._stats.reconnects += 1
         self._established_once = True
         self._stats.connected = True
+        self.coordinator_id = est.coordinator_id
         self._connected.set()
         self._acked.set()
         self._unacked_since = None
@@ -383,19 +507,30 @@ class AgentLink:
             coordinator=est.coordinator_id,
             peer_version=f"{est.peer_version[0]}.{est.peer_version[1]}",
             resend=self._outbox.buffered,
+            jobs=sorted(self.jobs),
         )
+        if self.on_established is not None:
+            self.on_established(self, est.coordinator_id)
         started = asyncio.get_running_loop().time()
         controls: asyncio.Queue[Control] = asyncio.Queue()
         sender = asyncio.create_task(self._sender(ch))
         worker = asyncio.create_task(self._control_worker(ch, session, controls))
         watchdog = asyncio.create_task(self._stall_watch())
+        restart = asyncio.create_task(self._restart.wait())
         recv: asyncio.Future[bytes] | None = None
         try:
             while True:
                 recv = asyncio.ensure_future(ch.recv())
                 done, _ = await asyncio.wait(
-                    {recv, sender, watchdog}, return_when=asyncio.FIRST_COMPLETED
+                    {recv, sender, watchdog, restart}, return_when=asyncio.FIRST_COMPLETED
                 )
+                if restart in done and recv not in done:
+                    log.info(
+                        "saying a new hello: this uplink's jobs changed",
+                        address=self.address,
+                        jobs=sorted(self.jobs),
+                    )
+                    break
                 if watchdog in done:
                     self._stats.stalls += 1
                     self._stalled_from = self._unacked_since
@@ -422,7 +557,7 @@ class AgentLink:
             self._stats.last_error = str(e) or "connection closed"
             log.warning("lost connection to coordinator", address=self.address, error=str(e))
         finally:
-            tasks: list[asyncio.Future[Any]] = [sender, worker, watchdog]
+            tasks: list[asyncio.Future[Any]] = [sender, worker, watchdog, restart]
             if recv is not None:
                 tasks.append(recv)
             await cancel_all(tasks)
@@ -455,6 +590,8 @@ class AgentLink:
             self._unacked_since = time.monotonic() if self._outbox.buffered else None
         elif isinstance(eff, ControlReceived):
             controls.put_nowait(eff.control)
+        elif isinstance(eff, Redirected):
+            self._redirected(eff)
         elif isinstance(eff, BadFrame):
             log.warning(
                 "bad frame from coordinator", reason=eff.error.reason, detail=eff.error.text
@@ -466,6 +603,21 @@ class AgentLink:
             log.warning("coordinator closed the session", reason=eff.reason, detail=eff.text)
             return False
         return True
+
+    def _redirected(self, eff: Redirected) -> None:
+        log.info(
+            "coordinator redirects jobs",
+            address=self.address,
+            jobs={j.job: j.address or "(the address list)" for j in eff.jobs},
+        )
+        if self.on_redirect is None:
+            log.warning(
+                "redirect ignored: this uplink has nowhere to move jobs",
+                address=self.address,
+                jobs=[j.job for j in eff.jobs],
+            )
+            return
+        self.on_redirect(self, eff.jobs)
 
     async def _sender(self, ch: FrameChannel) -> None:
         next_seq = self._outbox.first_seq
@@ -523,6 +675,8 @@ __all__ = [
     "Backoff",
     "ControlHandler",
     "ControlResult",
+    "EstablishedHandler",
     "LinkStats",
     "ProtocolError",
+    "RedirectHandler",
 ]

@@ -82,7 +82,10 @@ class App(Protocol):
     """What the server needs from the coordinator.
 
     Optional extras, called when present: ``on_connect(peer)`` and
-    ``on_control_ack(peer, ack)`` (each may be sync or async).
+    ``on_control_ack(peer, ack)`` (each may be sync or async), and, in a coordinator
+    fleet, ``route(peer) -> list[JobOwner]`` (sync, after auth, before ``on_connect``):
+    the hello's jobs served by another coordinator, which the agent is redirected to
+    (``ProtocolServer.redirect(owner)`` does the same mid-session).
     """
 
     async def on_message(self, peer: PeerInfo, msg: Message) -> None: ...

@@ -40,6 +40,7 @@ from artemis.protocol.messages import (
     Ack,
     DataMessage,
     Error,
+    JobOwner,
     Message,
 )
 from artemis.protocol.peers import (
@@ -381,8 +382,7 @@ class ProtocolServer:
                         self._refuse(conn, reason, eff.text)
                         return False
                     elif isinstance(eff, PeerEstablished):
-                        await self._established(conn, eff)
-                        return True
+                        return await self._established(conn, eff)
 
     def _refuse(self, conn: _Conn, reason: str, text: str) -> None:
         _bump(self.stats.refused_peers_total, reason)
@@ -405,7 +405,9 @@ class ProtocolServer:
         agent = conn.peer.agent_id if conn.peer else None
         log.warning("bad frame", peer=conn.ch.peer, agent=agent, reason=reason, detail=text)
 
-    async def _established(self, conn: _Conn, eff: PeerEstablished) -> None:
+    async def _established(self, conn: _Conn, eff: PeerEstablished) -> bool:
+        """The agent is authenticated: registered, confirmed, then routed (a fleet's app
+        says which of its jobs are served elsewhere: `route`); False when it must go."""
         hello = eff.hello
         old = self._by_agent.get(hello.agent_id)
         if old is not None and old is not conn:
@@ -449,9 +451,45 @@ class ProtocolServer:
             version=f"{hello.version[0]}.{hello.version[1]}",
             ranks=len(hello.ranks),
         )
+        route = getattr(self.app, "route", None)
+        moved: list[JobOwner] = [] if route is None else list(route(conn.peer))
+        if moved and not await self._redirect(conn, tuple(moved)):
+            return False
         on_connect = getattr(self.app, "on_connect", None)
         if on_connect is not None:
             await _maybe_await(on_connect(conn.peer))
+        return True
+
+    async def _redirect(self, conn: _Conn, owners: tuple[JobOwner, ...]) -> bool:
+        """Tell the agent of `conn` who serves `owners`' jobs: a Redirect (1.3), after
+        which the connection stays for its other jobs; else `not_owner` and the connection
+        closes (False)."""
+        assert conn.peer is not None
+        msg = conn.session.redirect(owners)
+        log.info(
+            "jobs served by another coordinator of the fleet",
+            agent=conn.peer.agent_id,
+            jobs={o.job: o.address for o in owners},
+            how=msg.TYPE,
+        )
+        with contextlib.suppress(ChannelClosed):
+            await self._send(conn, msg)
+        if isinstance(msg, Error):
+            conn.superseded = True  # ends its traffic loop: nothing more is taken from it
+            await conn.ch.close()
+            return False
+        return True
+
+    async def redirect(self, owner: JobOwner) -> int:
+        """A job this coordinator no longer serves (its lease lost mid-session): every
+        connected agent that holds ranks of it is told who does (`_redirect`). Returns
+        how many agents were told."""
+        told = 0
+        for conn in list(self._by_agent.values()):
+            if conn.peer is not None and any(r.job == owner.job for r in conn.peer.ranks):
+                await self._redirect(conn, (owner,))
+                told += 1
+        return told
 
     async def _traffic(self, conn: _Conn, decoder: FrameDecoder) -> None:
         # Stop at once when closing or superseded: frames still buffered here

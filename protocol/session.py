@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -39,6 +39,7 @@ from artemis.protocol.codec import DEFAULT_MAX_FRAME, encode
 from artemis.protocol.messages import (
     CONTROL_ACTIONS,
     DATA_TYPES,
+    FLEET_MINOR,
     PROTOCOL_VERSION,
     Ack,
     Auth,
@@ -46,9 +47,11 @@ from artemis.protocol.messages import (
     DataMessage,
     Error,
     Hello,
+    JobOwner,
     Message,
     ProtocolError,
     RankInfo,
+    Redirect,
     Welcome,
 )
 
@@ -63,6 +66,7 @@ SESSION_CODES = (
     "identity",  # mTLS: the hello names another agent than the client certificate
     "idle",  # an authenticated connection sent nothing for the idle time-out
     "shutdown",  # the coordinator is closing
+    "not_owner",  # fleet: the job is served by another coordinator (agents before 1.3)
 )
 
 
@@ -135,6 +139,15 @@ class ControlReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class Redirected:
+    """Agent side (1.3): another coordinator of the fleet serves these jobs; move their
+    ranks and unacknowledged messages to an uplink to ``JobOwner.address`` (empty:
+    back to the address list). May come before or after ``Established``."""
+
+    jobs: tuple[JobOwner, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Deliver:
     """Coordinator side: new data; hand it to the app, then call ``delivered(msg)``."""
 
@@ -163,6 +176,7 @@ Effect: TypeAlias = (
     | PeerEstablished
     | Acked
     | ControlReceived
+    | Redirected
     | Deliver
     | Duplicate
     | ControlAcked
@@ -258,10 +272,27 @@ class Outbox:
         items = self._items
         if not items:
             return iter(())
-        # Seqs in the deque are contiguous (drops and acks only remove from the
-        # left), so the start is an index, not a search.
-        start = max(0, seq - items[0][0])
+        # Seqs in the deque are increasing and contiguous unless a job moved to another
+        # uplink (``rewrite``), so the start is an index; after a move, walk back over
+        # the gaps.
+        start = min(max(0, seq - items[0][0]), len(items))
+        while start > 0 and items[start - 1][0] >= seq:
+            start -= 1
         return (items[i] for i in range(start, len(items)))
+
+    def rewrite(self, fn: Callable[[int, bytes], bytes | None]) -> None:
+        """Replace each buffered frame by ``fn(seq, frame)`` under the same seq, or drop
+        it for None (its content went to another uplink: the seqs keep their order, so
+        the coordinator's dedup is unchanged, and a gap is nothing to it)."""
+        items: deque[tuple[int, bytes]] = deque()
+        size = 0
+        for seq, frame in self._items:
+            new = fn(seq, frame)
+            if new is not None:
+                items.append((seq, new))
+                size += len(new)
+        self._items = items
+        self._bytes = size
 
 
 # --------------------------------------------------------------------------- dedup
@@ -411,6 +442,9 @@ class AgentSession:
             self.state = "auth_sent"
             p = auth.proof(self.secret, "agent", self._nonce, msg.nonce)
             return [Send(Auth(seq=self._next(), proof=p))]
+        if isinstance(msg, Redirect) and self.state in ("auth_sent", "established"):
+            # After our proof: the coordinator routes a job only once it knows who asks.
+            return [Redirected(msg.jobs)]
         if self.state == "auth_sent":
             if not isinstance(msg, Ack) or msg.upto is None:
                 return self._refuse("protocol", f"expected ack of auth, got {msg.TYPE}")
@@ -584,6 +618,22 @@ class CoordinatorSession:
 
     def ack(self, upto: int) -> Ack:
         return Ack(seq=self._next(), upto=upto)
+
+    def redirect(self, owners: tuple[JobOwner, ...]) -> Redirect | Error:
+        """What tells this agent that `owners`' jobs are served elsewhere in the fleet: a
+        Redirect (1.3 and later), else a fatal `not_owner` error naming the owner (the
+        connection then closes; the agent reconnects and is told again)."""
+        assert self.hello is not None and owners
+        if self.hello.version[1] >= FLEET_MINOR:
+            return Redirect(seq=self._next(), jobs=owners)
+        named = "; ".join(
+            f"job {o.job} is served by coordinator {o.owner} at {o.address}"
+            if o.owner
+            else f"job {o.job} has no owner this coordinator can see"
+            for o in owners
+        )
+        text = f"{named}; connect there (protocol 1.{FLEET_MINOR} agents follow it themselves)"
+        return Error(seq=self._next(), code="not_owner", text=text[:4096], fatal=True)
 
     def control(self, action: str, body: dict[str, Any] | None = None) -> Control:
         if action not in CONTROL_ACTIONS:

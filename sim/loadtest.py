@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from artemis.protocol.addresses import parse_address_list
 from artemis.protocol.client import AgentIdentity, AgentLink
 from artemis.protocol.columns import COLUMNS, WindowColumns
 from artemis.protocol.messages import PROTOCOL_VERSION, RankInfo, Windows
@@ -69,6 +70,7 @@ class LoadSpec:
     old_agents: int = 0
 
     def __post_init__(self) -> None:
+        parse_address_list(self.coordinator)  # AddressListError (a ValueError) names the entry
         if self.ranks < 1 or self.ranks_per_agent < 1 or self.windows < 1:
             raise ValueError("ranks, ranks_per_agent and windows must be >= 1")
         if not (self.window_s >= 0 and math.isfinite(self.window_s)):

@@ -33,10 +33,17 @@ software fingerprints by hash, and one baseline per (workload fingerprint,
 hardware class, software fingerprint) with its reference values in columns and
 its whole distribution as JSON; the latest of a (workload, class) is what a job
 is judged by (index on `updated`).
-v4, the current one: `artemis regress` runs (regress/README.md), one row per run
+v4: `artemis regress` runs (regress/README.md), one row per run
 keyed by its id, with the columns a baseline is selected by (node, hardware
 class, device, ranks, software fingerprint hash, healthy) and the whole run as
 JSON; its software fingerprint also goes into `fingerprints`.
+v5: actions keyed by (incident, id), plans and corrections alike; labels.
+v6, the current one: the coordinator fleet (store/fleet.py, issue 30): one lease
+row per job (owner, advertised address, epoch, expiry on the database's clock),
+each job's state (the snapshot bytes, its assembly state inside, and the last
+output marker) and its journal (batches taken but not scored). SQLite gets the
+tables too (one schema on both engines), but fleet mode refuses SQLite: a lease
+needs one clock every coordinator shares, PostgreSQL's ``clock_timestamp()``.
 """
 
 from __future__ import annotations
@@ -102,7 +109,11 @@ def _pg_sql(q: str) -> str:
     return q.replace("%", "%%").replace("?", "%s").replace("COLLATE BINARY", 'COLLATE "C"')
 
 
-_PG_TYPES = ((re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\bINTEGER\b"), "BIGINT"))
+_PG_TYPES = (
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bBLOB\b"), "BYTEA"),
+)
 _WITHOUT_ROWID = re.compile(r"\)\s*WITHOUT ROWID")
 
 
@@ -464,12 +475,43 @@ def _v5(db: Db) -> None:
         )
 
 
+def _v6(db: Db) -> None:
+    db.script(
+        """
+        CREATE TABLE fleet_leases (
+            job      TEXT PRIMARY KEY,
+            owner    TEXT NOT NULL,     -- the holder's fleet id
+            address  TEXT NOT NULL,     -- its advertised HOST:PORT
+            epoch    INTEGER NOT NULL,  -- bumped by every takeover
+            expires  REAL NOT NULL,     -- unix s on the database's clock
+            acquired REAL NOT NULL      -- unix s on the database's clock
+        );
+        CREATE TABLE fleet_state (
+            job     TEXT PRIMARY KEY,
+            epoch   INTEGER NOT NULL,   -- the lease epoch that wrote it
+            state   BLOB NOT NULL,      -- msgpack: the job's state (monitor + assembly)
+            marker  TEXT NOT NULL,      -- JSON: the last group of outputs it saw through
+            updated REAL NOT NULL
+        );
+        CREATE TABLE fleet_journal (
+            job   TEXT NOT NULL,
+            seq   INTEGER NOT NULL,     -- per job, in the order taken
+            epoch INTEGER NOT NULL,
+            hi    INTEGER NOT NULL,     -- the batch's highest window
+            batch BLOB NOT NULL,        -- msgpack: the job's rows of a windows batch (columns)
+            PRIMARY KEY (job, seq)
+        );
+        """
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incidents, job windows (median ratio)", _v1),
     Migration(2, "incident columns, actions, p10/p90 bands, incident windows", _v2),
     Migration(3, "baselines across jobs, software fingerprints", _v3),
     Migration(4, "regress runs (artemis regress)", _v4),
     Migration(5, "actions keyed by (incident, id): plans and corrections; labels", _v5),
+    Migration(6, "coordinator fleet: leases, job state, journal", _v6),
 )
 CURRENT = MIGRATIONS[-1].version
 

@@ -1,0 +1,406 @@
+"""The coordinator fleet's shell: leases held and renewed, routing, fenced state, restore.
+
+Coordinators that share one PostgreSQL store form a fleet (docs/DESIGN.md "The
+coordinator fleet"). Each job has one owner, held as a lease row in the store
+(store/fleet.py); `Fleet` holds this coordinator's leases and renews them every
+`renew_s` from a thread with its own connection (never on the event loop: a slow
+database must not stall ingest, and a stalled event loop must not keep a lease
+alive by accident). `FleetCoordinator` is the coordinator with the fleet's rules:
+
+- Routing: an agent's hello (`route`, asked by the protocol server after auth)
+  and every data message name jobs; a job whose lease nobody holds is taken
+  (its state and journal restored from the store), one held by another
+  coordinator is answered with who does (Redirect, or `not_owner` before 1.3),
+  and data of it is not taken (`NotTaken`: not acked, the agent resends).
+- Durability: a windows batch is acked only once the job's rows are in the
+  store's journal, under the lease (fenced). A group of outputs (a scored
+  window's, a plan ack's, a hang's) is held until the job's state commits in one
+  fenced transaction (`FencedSinks`); only then do the findings JSONL, metrics,
+  store rows and control go out. A commit refused (`LeaseLost`) or failed drops
+  the group and the job (monitor, assembly, controls) and redirects its agents;
+  the job is served again only after its lease is re-checked (acquired anew,
+  restoring what its owner committed meanwhile).
+- A clean stop commits each job's state and releases the leases (the next owner
+  takes them at once); it closes no incident and scores no pending window: the
+  journal keeps them for the next owner.
+
+The single coordinator (no `--fleet`) keeps its files (service.py) unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import msgpack
+import msgspec
+import numpy as np
+import structlog
+from artemis.coordinator.config import FleetConfig
+from artemis.coordinator.metrics import family
+from artemis.coordinator.service import Coordinator
+from artemis.coordinator.sinks import Sinks
+from artemis.detect.monitor import MonitorOutput
+from artemis.protocol.columns import WindowBatch, WindowColumns, from_wire, to_wire
+from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, JobOwner, Message, Windows
+from artemis.protocol.server import NotTaken, PeerInfo
+from artemis.store.base import StoreError
+from artemis.store.fleet import FleetStore, Lease, LeaseLost
+from prometheus_client.core import Metric
+
+__all__ = ["FencedSinks", "Fleet", "FleetCoordinator"]
+
+log = structlog.get_logger("artemis.coordinator.fleet")
+
+
+class Fleet:
+    """This coordinator's leases: held (job -> epoch), renewed by a thread of their own,
+    those it lost collected for the event loop (`take_lost`)."""
+
+    def __init__(self, cfg: FleetConfig, url: str) -> None:
+        self.cfg = cfg
+        self.id = cfg.id
+        self.store = FleetStore(url, cfg.id, cfg.advertise, cfg.lease_s)  # the event loop's
+        self._renewer = FleetStore(url, cfg.id, cfg.advertise, cfg.lease_s)  # the thread's
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        self._lost: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewed_at = time.monotonic()  # the last renewal the database answered
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fleet-renew", daemon=True)
+        self._thread.start()
+
+    def held(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._held)
+
+    def epoch(self, job: str) -> int | None:
+        with self._lock:
+            return self._held.get(job)
+
+    def acquire(self, job: str) -> Lease:
+        lease = self.store.acquire(job)
+        if lease.mine:
+            with self._lock:
+                self._held[job] = lease.epoch
+                self._lost.discard(job)
+        return lease
+
+    def drop(self, job: str) -> None:
+        with self._lock:
+            self._held.pop(job, None)
+
+    def take_lost(self) -> set[str]:
+        with self._lock:
+            lost, self._lost = self._lost, set()
+        return lost
+
+    def owner(self, job: str) -> JobOwner:
+        """Who holds `job` now, as the wire says it (empty: nobody this coordinator sees)."""
+        try:
+            lease = self.store.owner_of(job)
+        except StoreError:
+            lease = None
+        if lease is None or lease.mine:
+            return JobOwner(job=job)
+        return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.cfg.renew_s):
+            self.renew_once()
+
+    def renew_once(self) -> set[str]:
+        """One renewal of every lease held; returns those lost. While the database does
+        not answer for a whole lease, every lease is taken as lost: another coordinator
+        may hold them by now, and the fenced writes would be refused anyway."""
+        held = self.held()
+        try:
+            lost = self._renewer.renew(held)
+            self.renewed_at = time.monotonic()
+        except StoreError as e:
+            log.warning("fleet lease renewal failed", store=self._renewer.url, error=str(e))
+            with contextlib.suppress(StoreError):
+                self._renewer.reconnect()
+            if time.monotonic() - self.renewed_at < self.cfg.lease_s:
+                return set()
+            lost = set(held)
+        if lost:
+            with self._lock:
+                for job in lost:
+                    if self._held.get(job) == held[job]:
+                        del self._held[job]
+                        self._lost.add(job)
+            log.warning("fleet leases lost", jobs=sorted(lost))
+        return lost
+
+    def stop(self, release: bool = True) -> None:
+        """Stop renewing; `release`: hand every lease over now (a clean stop)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(max(5.0, self.cfg.renew_s * 2))
+        if release:
+            held = self.held()
+            try:
+                self.store.release(held)
+                log.info("fleet leases released", jobs=sorted(held))
+            except StoreError as e:
+                log.warning("fleet leases not released: they expire", error=str(e))
+        with self._lock:
+            self._held.clear()
+        self.store.close()
+        self._renewer.close()
+
+
+class FencedSinks:
+    """The sinks of a fleet coordinator: a group of outputs is held until the job's state
+    commits through the fenced transaction (`FleetCoordinator.commit_state`); then, and
+    only then, it goes to the record files, metrics, store rows and memory (`Sinks`).
+    A refused commit drops the group: nothing of it was said."""
+
+    def __init__(self, inner: Sinks, coord: FleetCoordinator) -> None:
+        self.inner = inner
+        self.coord = coord
+        self._held: dict[str, list[tuple[MonitorOutput, float | None]]] = {}
+
+    def write(self, job: str, out: MonitorOutput, scored_s: float | None = None) -> None:
+        self._held.setdefault(job, []).append((out, scored_s))
+
+    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
+        held = self._held.pop(job, [])
+        if not self.coord.commit_state(job, state):
+            return
+        for out, scored_s in held:
+            self.inner.write(job, out, scored_s)
+        self.inner.commit(job, state)
+
+    def discard(self, job: str) -> None:
+        self._held.pop(job, None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _jobs_of(msg: Message) -> set[str]:
+    """The jobs a data message carries something of."""
+    if isinstance(msg, Windows):
+        return {str(j) for j in set(msg.columns["job"])}
+    if isinstance(msg, Heartbeat):
+        return {p.job for p in msg.progress} | {str(a.get("job", "")) for a in msg.plan_acks}
+    if isinstance(msg, Fingerprint | Dump):
+        return {msg.job}
+    return set()
+
+
+def _by_job(cols: WindowColumns) -> Iterator[tuple[str, WindowColumns]]:
+    jobs = cols["job"]
+    names = set(jobs)
+    if len(names) == 1:
+        yield str(next(iter(names))), cols  # the batch as it came (its wire bytes kept)
+        return
+    arr = np.asarray(jobs, dtype=object)
+    for job in sorted(names):
+        yield str(job), cols.take(np.flatnonzero(arr == job))
+
+
+class FleetCoordinator(Coordinator):
+    """The coordinator as one of a fleet (module docstring). `fleet`: its leases."""
+
+    def __init__(self, *args: Any, fleet: Fleet, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.fleet = fleet
+        self.sinks: Any = FencedSinks(self.sinks, self)
+        self._refused: set[str] = set()  # jobs whose commit was refused, to drop
+
+    # ------------------------------------------------------------------ routing
+    def route(self, peer: PeerInfo) -> list[JobOwner]:
+        """The hello's jobs another coordinator serves (the server redirects the agent)."""
+        out = []
+        for job in sorted({r.job for r in peer.ranks}):
+            o = self.owner(job)
+            if o is not None:
+                out.append(o)
+        return out
+
+    def owner(self, job: str) -> JobOwner | None:
+        """None when this coordinator serves `job` (holding its lease, or taking it now:
+        its state restored), else who does (empty: nobody it can see)."""
+        if job in self._refused:
+            return self.fleet.owner(job)
+        if self.fleet.epoch(job) is not None:
+            return None
+        try:
+            lease = self.fleet.acquire(job)
+        except StoreError as e:
+            log.warning("fleet lease not checked", job=job, error=str(e))
+            return JobOwner(job=job)
+        if not lease.mine:
+            return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
+        try:
+            self._adopt(job, lease.epoch)
+        except StoreError as e:
+            log.warning("job state not loaded: lease given back", job=job, error=str(e))
+            self.fleet.drop(job)
+            return JobOwner(job=job)
+        return None
+
+    def _adopt(self, job: str, epoch: int) -> None:
+        """A lease taken: the job's state as its previous owner committed it, then the
+        batches it took but never scored (the journal), scored now. A window scored
+        before is refused by the restored monitor and assembly: none twice."""
+        saved = self.fleet.store.load(job)
+        if job in self.monitors:
+            self._forget(job)  # what this coordinator knew before may be stale
+        m = None
+        if saved.state is not None:
+            state = msgpack.unpackb(saved.state, raw=False, strict_map_key=False)
+            m = self.jobs.restore(state)
+            self.corrections.restore(job, state.get("corrections"))
+            if m is not None:
+                self.metrics.observe_restored(job, m.last_window)
+                self._emit(job, m.update_settings(self.settings))
+        parts = [from_wire(msgspec.msgpack.decode(b, type=WindowBatch)) for b in saved.journal]
+        log.info(
+            "job lease taken",
+            job=job,
+            epoch=epoch,
+            restored_window=None if m is None else m.last_window,
+            open_findings=None if m is None else m.open_findings(),
+            journal_batches=len(parts),
+        )
+        if parts:
+            self.jobs.monitor(job)
+            self._score_all(self.assembler.add(WindowColumns.concat(parts), self.clock()))
+
+    # ------------------------------------------------------------------ app hooks
+    def on_connect(self, peer: PeerInfo) -> None:
+        # Only the ranks of jobs served here join (the others were redirected).
+        mine = tuple(r for r in peer.ranks if self.fleet.epoch(r.job) is not None)
+        super().on_connect(_with_ranks(peer, mine))
+
+    async def on_message(self, peer: PeerInfo, msg: Message) -> None:
+        for job in sorted(_jobs_of(msg)):
+            o = self.owner(job)
+            if o is not None:
+                raise NotTaken(
+                    f"job {job!r} is served by coordinator {o.owner or '(none seen)'}"
+                    f" at {o.address or '?'}"
+                )
+        if isinstance(msg, Windows):
+            self._journal(msg.columns)
+        await super().on_message(peer, msg)
+
+    def _journal(self, cols: WindowColumns) -> None:
+        """Each job's rows of the batch into the store's journal, under its lease, before
+        the batch is acked; NotTaken (not acked, resent) when the store cannot take them."""
+        for job, part in _by_job(cols):
+            epoch = self.fleet.epoch(job)
+            try:
+                if epoch is None:
+                    raise LeaseLost(job, 0)
+                hi = int(part.ints("window").max())
+                self.fleet.store.add_batch(job, epoch, hi, msgspec.msgpack.encode(to_wire(part)))
+            except (LeaseLost, StoreError) as e:
+                self.refused_batches += 1
+                self._refused.add(job)
+                raise NotTaken(f"job {job!r}: the fleet's store did not take the batch: {e}") from e
+
+    async def tick(self) -> None:
+        self._refused |= self.fleet.take_lost()
+        await super().tick()
+
+    async def _flush_controls(self) -> None:
+        # Jobs whose lease was lost are dropped (with the controls they queued) before
+        # anything goes out; their agents are told who serves them now.
+        lost, self._refused = self._refused, set()
+        for job in sorted(lost):
+            self._forget(job)
+            self.fleet.drop(job)
+            self._outbox = [o for o in self._outbox if o[0] != job]
+        await super()._flush_controls()
+        for job in sorted(lost):
+            owner = self.fleet.owner(job)
+            log.warning("job lease lost: no longer served here", job=job, owner=owner.owner)
+            if self.server is not None:
+                await self.server.redirect(owner)
+
+    def _forget(self, job: str) -> None:
+        """The job is not served here any more: its monitor, assembly, series and held
+        outputs go (its incidents stay open: their owner continues them)."""
+        self.jobs.forget(job)
+        self.corrections.forget(job)
+        self.metrics.forget_job(job)
+        self.plan_metrics.forget(job)
+        self.sinks.discard(job)
+
+    # ------------------------------------------------------------------ state
+    def _save(self, job: str, stopped: bool = False) -> None:
+        state = self.jobs.state(job, stopped)
+        if state is not None:
+            state["corrections"] = self.corrections.snapshot(job)
+        self.sinks.commit(job, state)
+
+    def commit_state(self, job: str, state: Mapping[str, Any] | None) -> bool:
+        """The job's state and marker in one fenced transaction (journal rows below its
+        oldest unscored window go with it); False (the group dropped, the job to be
+        dropped) when the lease is not ours or the store failed."""
+        epoch = self.fleet.epoch(job)
+        if job in self._refused or epoch is None:
+            return False
+        if state is None:
+            return True  # nothing of the job to keep (its assembly gone: ended)
+        m = self.monitors.get(job)
+        marker = {
+            "owner": self.fleet.id,
+            "epoch": epoch,
+            "out_seq": state.get("out_seq"),
+            "window": None if m is None else m.last_window,
+        }
+        floor = [w for j, _r, w in self.jobs.unscored if j == job]
+        oldest = self.assembler.oldest_pending(job)
+        if oldest is not None:
+            floor.append(oldest)
+        below = min(floor) if floor else (m.last_window + 1 if m is not None else None)
+        try:
+            self.fleet.store.write_state(
+                job, epoch, msgpack.packb(dict(state), use_bin_type=True), marker, below
+            )
+        except (LeaseLost, StoreError) as e:
+            log.warning("job state not committed: the job stops here", job=job, error=str(e))
+            self._refused.add(job)
+            return False
+        return True
+
+    def flush(self) -> None:
+        """A clean stop: each job's state committed, then the leases released. No window
+        is scored now and no incident closed: the next owner continues from the store."""
+        for job in list(self.monitors):
+            self._save(job)
+        self.fleet.stop(release=True)
+        self.sinks.close()
+
+
+def _with_ranks(peer: PeerInfo, ranks: tuple[Any, ...]) -> PeerInfo:
+    from dataclasses import replace
+
+    return replace(peer, ranks=ranks)
+
+
+class OwnerCollector:
+    """`straggler_job_owner{job}`: the lease epoch of each job this coordinator owns."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        yield family(
+            "straggler_job_owner", (((job,), float(e)) for job, e in self.fleet.held().items())
+        )
+
+    def describe(self) -> list[Metric]:
+        return []
