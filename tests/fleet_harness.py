@@ -238,15 +238,16 @@ class Fleet:
             m.wait_up()
         return self
 
-    def addresses(self, first: int = 0) -> str:
-        """The fleet's addresses as an agent's comma list, member `first` first."""
+    def addresses(self, first: int = 0, count: int | None = None) -> str:
+        """The fleet's addresses as an agent's comma list, member `first` first (`count`
+        of them: all by default)."""
         ms = self.members[first:] + self.members[:first]
-        return ",".join(m.address for m in ms)
+        return ",".join(m.address for m in ms[:count])
 
-    def start_agent(self, shm: Path, host: str, first: int = 0) -> Daemon:
+    def start_agent(self, shm: Path, host: str, first: int = 0, count: int | None = None) -> Daemon:
         self.agents[host] = start_agent(
             self.tmp,
-            self.addresses(first),
+            self.addresses(first, count),
             shm,
             self.secret,
             host,

@@ -19,11 +19,12 @@ tests/test_fleet_e2e_netns.py (it makes namespaces and veth pairs: run alone).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from artemis.protocol.auth import load_secret
 from artemis.protocol.client import AgentIdentity, AgentLink
 from artemis.protocol.messages import FLEET_MINOR, PROTOCOL_VERSION
@@ -72,13 +73,12 @@ def _shm(fl: Fleet, n: int = 2) -> list[Path]:
     return [fl.tmp / "shm" / f"h{h}" for h in range(n)]
 
 
-def _job8(
-    fl: Fleet, plugin: Path, name: str = "fleetjob", comm: int = 0xF1EE_0000_0000_0001
-) -> FleetJob:
+def _job8(fl: Fleet, plugin: Path, count: int | None = None) -> FleetJob:
+    """The 8-rank job on two agents, given `count` of the fleet's addresses (all)."""
     shm = _shm(fl)
-    job = FleetJob(fl, plugin, name, [shm[h] for h in HOSTS_8], slow=SLOW, comm=comm)
+    job = FleetJob(fl, plugin, "fleetjob", [shm[h] for h in HOSTS_8], SLOW, 0xF1EE_0001)
     for h, d in enumerate(shm):
-        fl.start_agent(d, f"h{h}")
+        fl.start_agent(d, f"h{h}", count=count)
     return job
 
 
@@ -223,7 +223,7 @@ def test_rolling_restart_of_the_fleet_mid_job(fleet: Any, plugin_lib: Path) -> N
 def test_agent_of_the_previous_minor_gets_not_owner(fleet: Any, plugin_lib: Path) -> None:
     assert PROTOCOL_VERSION[1] >= FLEET_MINOR
     fl = fleet(2)
-    job = _job8(fl, plugin_lib)
+    job = _job8(fl, plugin_lib, count=1)  # its agents stay with the owner
     owner = fl.wait_owner(job.name)
     other = next(m for m in fl.members if m is not owner)
     ranks = tuple(RankInfo(job=job.name, comm="f1ee", rank=r, nranks=8) for r in (0, 1))
@@ -236,21 +236,28 @@ def test_agent_of_the_previous_minor_gets_not_owner(fleet: Any, plugin_lib: Path
         backoff_base=0.5,
     )
 
-    async def refused() -> tuple[dict[str, int], str | None, bool]:
+    def closing(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+        return [e for e in logs if e.get("reason") == "not_owner"]
+
+    async def told(logs: list[MutableMapping[str, Any]]) -> None:
         link.start()
         try:
-            for _ in range(400):
-                if link.stats.refusals:
-                    break
+            for _ in range(600):  # up to 30 s
+                if closing(logs) or link.stats.refusals:
+                    return
                 await asyncio.sleep(0.05)
-            return dict(link.stats.refusals), link.stats.last_error, link.connected
         finally:
             await link.close(timeout=1.0)
 
-    refusals, text, connected = asyncio.run(refused())
-    assert refusals == {"not_owner": refusals.get("not_owner", 0)} and refusals, refusals
-    assert not connected
-    assert text is not None and owner.address in text and job.name in text, text
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(told(logs))
+    # The session was closed with the fatal `not_owner` error naming the owner (its id
+    # and address): the old agent is told where its job is served, not left retrying
+    # blind; it never acknowledged anything there.
+    assert closing(logs), [e["event"] for e in logs]
+    text = closing(logs)[0].get("detail", "")
+    assert owner.address in text and f" {owner.name} " in text and job.name in text, text
+    assert link.stats.acked_upto == 0
     # The job itself went on at its owner, untouched.
     job.step()
     job.step()
