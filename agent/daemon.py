@@ -19,7 +19,6 @@ is counted twice.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import secrets
@@ -52,7 +51,7 @@ from artemis.ring import lifetime
 from artemis.ring.reader import RingError, RingHeader, RingReader, records_to_dicts
 
 if TYPE_CHECKING:
-    from artemis.protocol.client import AgentLink
+    from artemis.agent.uplinks import Uplinks
 
 log = structlog.get_logger("artemis.agent")
 
@@ -538,8 +537,8 @@ def incarnation() -> str:
 class AgentDaemon(Daemon):
     """The agent process: ``serve()`` = ``startup()``, ``main_loop()``, ``shutdown()``.
 
-    startup opens the rings present and starts the uplink (its hello names their
-    ranks); each tick (``on_tick``) rescans, reads every ring, ships completed
+    startup opens the rings present and starts the uplinks (agent/uplinks.py: one per
+    job owner of a coordinator fleet; their hellos name the ranks); each tick (``on_tick``) rescans, reads every ring, ships completed
     windows, samples telemetry and sends heartbeats and plan acks; shutdown
     ships what the rings still hold and gives the uplink up to 5 s to deliver
     it (none with ``force_exit``). The shell (``artemis.agent.run_main``) owns
@@ -559,13 +558,13 @@ class AgentDaemon(Daemon):
         self.secret = secret
         self.sources = sources
         self.agent: Agent | None = None
-        self.link: AgentLink | None = None
-        self._link_task: asyncio.Task[None] | None = None
+        self.uplinks: Uplinks | None = None
         self._last_scan = self._last_hb = self._last_tel = 0.0
         self._metrics: tuple[Any, Any] | None = None  # (server, thread) when served
 
     async def startup(self) -> None:
-        from artemis.protocol.client import AgentIdentity, AgentLink
+        from artemis.agent.uplinks import Uplinks
+        from artemis.protocol.client import AgentIdentity
 
         agent = self.agent = Agent(self.cfg, self.sources, self._send, self._acked)
         agent.scan()
@@ -576,9 +575,9 @@ class AgentDaemon(Daemon):
             ranks=tuple(agent.rank_infos()),
             incarnation=incarnation(),
         )
-        self.link = AgentLink(
+        uplinks = self.uplinks = Uplinks(
             self.transport,
-            self.cfg.coordinator,
+            self.cfg.coordinators,
             self.secret,
             identity,
             self._on_control,
@@ -586,14 +585,13 @@ class AgentDaemon(Daemon):
             backoff_cap=self.cfg.reconnect_max_s,
             stall_s=self.cfg.uplink_stall_s or None,
         )
-        self._link_task = self.link.start()
+        uplinks.start()
         if self.cfg.metrics_port:
             from artemis.agent.metrics import serve_metrics
 
-            link = self.link
             self._metrics = serve_metrics(
                 agent.host,
-                lambda: link.stats,
+                lambda: uplinks.stats,
                 lambda: agent.windows_sent,
                 self.cfg.metrics_port,
                 self.cfg.metrics_addr,
@@ -602,21 +600,23 @@ class AgentDaemon(Daemon):
         self._last_scan = self._last_hb = self._last_tel = time.monotonic()
 
     async def main_loop(self) -> None:
-        assert self.agent is not None and self._link_task is not None
+        assert self.agent is not None and self.uplinks is not None
         while not self.should_exit:
             self.on_tick(time.monotonic())
-            if self._link_task.done():
-                self._link_task.result()  # the uplink gave up: its error ends the agent
+            failed = self.uplinks.failed()
+            if failed is not None:
+                failed.result()  # an uplink gave up: its error ends the agent
                 return
             await self.wait_tick(self.agent.cfg.poll_interval_s)
 
     def on_tick(self, now: float) -> None:
-        agent, link = self.agent, self.link
+        agent, link = self.agent, self.uplinks
         assert agent is not None and link is not None
         cfg = agent.cfg  # settings controls replace it
         if now - self._last_scan >= cfg.scan_interval_s:
             agent.scan()
             self._last_scan = now
+            link.jobs_seen(agent.rank_infos())
         agent.ship(agent.tick(now))
         for fp in agent.fingerprints():
             link.enqueue(fp)
@@ -640,7 +640,7 @@ class AgentDaemon(Daemon):
             agent.cleanup()
 
     async def shutdown(self) -> None:
-        agent, link = self.agent, self.link
+        agent, link = self.agent, self.uplinks
         if agent is None:
             return
         try:
@@ -661,22 +661,22 @@ class AgentDaemon(Daemon):
     # -- uplink callbacks ---------------------------------------------------
 
     def _send(self, msg: Any) -> int:
-        assert self.link is not None
-        return int(self.link.enqueue(msg))
+        assert self.uplinks is not None
+        return self.uplinks.enqueue(msg)
 
     def _acked(self) -> int:
-        assert self.link is not None
-        return int(self.link.stats.acked_upto)
+        assert self.uplinks is not None
+        return self.uplinks.acked_upto()
 
     async def _on_control(self, msg: Control) -> tuple[bool, str, dict[str, Any] | None]:
-        assert self.agent is not None and self.link is not None
+        assert self.agent is not None and self.uplinks is not None
         ok, detail, replies = self.agent.on_control(msg)
         result = None
         for r in replies:
             if isinstance(r, AckResult):
                 result = r.result  # rides on the Ack itself (protocol 1.2)
             else:
-                self.link.enqueue(r)
+                self.uplinks.enqueue(r)
         (log.info if ok else log.warning)("control", action=msg.action, ok=ok, detail=detail)
         return ok, detail, result
 

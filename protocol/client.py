@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -43,6 +43,7 @@ from artemis.protocol.codec import (
     encode,
 )
 from artemis.protocol.jobsplit import split_by_job
+from artemis.protocol.linkstate import Backoff, LinkStats
 from artemis.protocol.messages import (
     DATA_TYPES,
     PROTOCOL_VERSION,
@@ -83,58 +84,11 @@ RedirectHandler = Callable[["AgentLink", tuple[JobOwner, ...]], None]
 EstablishedHandler = Callable[["AgentLink", str], None]
 
 
-@dataclass
-class LinkStats:
-    connected: bool = False
-    buffered: int = 0  # data messages not yet acked
-    dropped: int = 0  # data messages dropped because the outbox was full
-    reconnects: int = 0  # established connections after the first
-    connect_attempts: int = 0
-    sent_frames: int = 0
-    resent_frames: int = 0  # frames sent again after a reconnect
-    acked_upto: int = 0
-    refusals: dict[str, int] = field(default_factory=dict)
-    last_error: str | None = None
-    peer_version: tuple[int, int] | None = None
-    outages: int = 0  # established connections lost (each ends at the next one)
-    down_s: float = 0.0  # seconds of the outages that ended
-    down_since: float | None = None  # monotonic start of the outage now, if any
-    stalls: int = 0  # connections dropped for taking data without acknowledging it
-
-    def down_seconds(self, now: float | None = None) -> float:
-        """Seconds without an uplink since the first connection, the outage now included."""
-        if self.down_since is None:
-            return self.down_s
-        return self.down_s + max(0.0, (time.monotonic() if now is None else now) - self.down_since)
-
-
 class _Refusal(Exception):
     def __init__(self, reason: str, text: str) -> None:
         super().__init__(text)
         self.reason = reason
         self.text = text
-
-
-@dataclass
-class Backoff:
-    """Jittered exponential back-off: attempt n waits uniform(d/2, d), d = min(cap, base * 2**n).
-
-    The lower half-bound guarantees a minimum wait (no spinning); the jitter
-    spreads a fleet of agents reconnecting after a coordinator restart.
-    """
-
-    base: float = 0.2
-    cap: float = 30.0
-    rng: random.Random = field(default_factory=random.Random)
-    attempt: int = 0
-
-    def next_delay(self) -> float:
-        d = min(self.cap, self.base * (2.0 ** min(self.attempt, 62)))
-        self.attempt += 1
-        return self.rng.uniform(d / 2, d)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class AgentLink:
@@ -161,6 +115,7 @@ class AgentLink:
         stall_s: float | None = None,
         on_redirect: RedirectHandler | None = None,
         on_established: EstablishedHandler | None = None,
+        on_failure: Callable[[AgentLink, int], None] | None = None,
         resolve: bool = False,
     ) -> None:
         self.transport = transport
@@ -176,6 +131,9 @@ class AgentLink:
         self.on_control = on_control
         self.on_redirect = on_redirect
         self.on_established = on_established
+        # Called after each attempt that gave no session, with how many in a row.
+        self.on_failure = on_failure
+        self._failures = 0
         self.coordinator_id: str | None = None  # of the session now, if any
         self._restart = asyncio.Event()  # say a new hello (the ranks changed)
         self.version = version
@@ -246,11 +204,17 @@ class AgentLink:
         if self.address == address:
             self._at += 1
 
-    def take_jobs(self, jobs: Collection[str]) -> list[DataMessage]:
+    def rehello(self) -> None:
+        """End the session now (if any) and say a new hello, to the address next in turn
+        after ``skip_address``."""
+        self._restart.set()
+
+    def take_jobs(self, jobs: Collection[str]) -> list[tuple[int, DataMessage, bool]]:
         """Take the unacknowledged data about ``jobs`` out of this link, in order (a
         windows batch or heartbeat of several jobs is cut in two); the rest stays
-        under its seqs. For a move to another uplink: enqueue them there."""
-        moved: list[DataMessage] = []
+        under its seqs. Returns (seq, the part taken, whether the whole message went);
+        for a move to another uplink: enqueue the parts there."""
+        moved: list[tuple[int, DataMessage, bool]] = []
 
         def cut(seq: int, frame: bytes) -> bytes | None:
             msg = decode_frame_body(memoryview(frame)[HEADER:], version=self.version)
@@ -258,7 +222,7 @@ class AgentLink:
             data: DataMessage = msg  # type: ignore[assignment]
             stay, move = split_by_job(data, jobs)
             if move is not None:
-                moved.append(move)
+                moved.append((seq, move, stay is None))
             if stay is data:
                 return frame
             if stay is None:
@@ -364,7 +328,11 @@ class AgentLink:
                 ch = await self.transport.connect(self.address)
             except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
                 self._stats.last_error = f"connect to {self.address} failed: {e}"
-                log.debug("connect failed", address=self.address, error=str(e))
+                if isinstance(e, ssl.SSLCertVerificationError):
+                    # A redirect's target, like any peer, must prove who it is.
+                    self._refused(_Refusal("tls_bad_cert", self._stats.last_error))
+                else:
+                    log.debug("connect failed", address=self.address, error=str(e))
             else:
                 self._channel = ch
                 try:
@@ -395,6 +363,11 @@ class AgentLink:
             if self._stats.reconnects + int(self._established_once) == established_before:
                 # This address did not give us a session: the next one of the list.
                 self._at += 1
+                self._failures += 1
+                if self.on_failure is not None:
+                    self.on_failure(self, self._failures)
+            else:
+                self._failures = 0
             if healthy:
                 self._backoff.reset()
             delay = self._backoff.next_delay()

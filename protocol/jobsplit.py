@@ -27,7 +27,8 @@ def jobs_of(msg: Message) -> set[str]:
     if isinstance(msg, Windows):
         return set(msg.columns["job"])
     if isinstance(msg, Heartbeat):
-        return {p.job for p in msg.progress} | {str(a.get("job", "")) for a in msg.plan_acks}
+        acks = {str(a.get("job", "")) for a in msg.plan_acks}
+        return ({p.job for p in msg.progress} | acks) - {""}
     if isinstance(msg, Dump | Fingerprint):
         return {msg.job}
     return set()
