@@ -186,6 +186,12 @@ class Member:
         """The lease epoch it exports for `job` (only an owner does), or None."""
         return self.value("straggler_job_owner", job=job)
 
+    def disowns(self, job: str) -> bool:
+        """It answers /metrics, and without an owner gauge for `job` (a member that does
+        not answer says nothing either way)."""
+        got = self.samples()
+        return bool(got) and metric(got, "straggler_job_owner", job=job) is None
+
     def last_window(self, job: str) -> int:
         got = self.samples()
         if not metric_by_label(got, "straggler_windows_scored_total", "job").get(job):
