@@ -134,7 +134,9 @@ def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str]
     return took, owner.name, heir.name
 
 
-def run(kills: int, lease_s: float, renew_s: float, window_s: float, each: bool) -> int:
+def run(
+    kills: int, lease_s: float, renew_s: float, window_s: float, each: bool, keep: Path | None
+) -> int:
     _tests_on_path()
     from fleet_harness import (
         Fleet,
@@ -147,7 +149,8 @@ def run(kills: int, lease_s: float, renew_s: float, window_s: float, each: bool)
     with tempfile.TemporaryDirectory(prefix="fleet-failover-") as d, _database() as url:
         if url is None:
             return 0
-        tmp = Path(d)
+        tmp = Path(d) if keep is None else keep
+        tmp.mkdir(parents=True, exist_ok=True)
         fl = Fleet(tmp, url, 3, lease_s=lease_s, renew_s=renew_s)
         times: list[tuple[float, str, str]] = []
         loads: list[float] = [os.getloadavg()[0]]
@@ -201,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--renew-s", type=float, default=0.5, help="[fleet] renew_s (default 0.5)")
     ap.add_argument("--window-s", type=float, default=0.5, help="seconds a window (default 0.5)")
     ap.add_argument("--each", action="store_true", help="print every kill")
+    ap.add_argument("--keep", type=Path, help="run in this folder and keep it (logs, outputs)")
     a = ap.parse_args(argv if argv is not None else [])
     if a.kills < 1 or a.window_s <= 0 or a.lease_s <= 0 or a.renew_s <= 0:
         ap.error("--kills must be >= 1 and --lease-s, --renew-s, --window-s > 0")
-    return run(a.kills, a.lease_s, a.renew_s, a.window_s, a.each)
+    return run(a.kills, a.lease_s, a.renew_s, a.window_s, a.each, a.keep)
 
 
 if __name__ == "__main__":
