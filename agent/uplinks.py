@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,11 +70,14 @@ class Uplinks:
         self._list: AgentLink | None = None
         self._pending: dict[AgentLink, dict[int, int]] = {}  # link -> {seq: ticket}
         self._ticket = 0
+        self._links_made = 0
         self._retiring: set[asyncio.Task[None]] = set()
         self._tasks: dict[AgentLink, asyncio.Task[None]] = {}
         self._closed = LinkStats()  # the counters of the links closed so far
         self._started = False
+        self._stopping = False
         self.moves = 0  # jobs moved between links (redirects followed, owners lost)
+        self._moved_at: dict[str, list[float]] = {}  # job -> when redirects moved it lately
 
     # ------------------------------------------------------------------ views
 
@@ -120,6 +124,8 @@ class Uplinks:
         for link, part in self._parts(msg):
             seq = link.enqueue(part)
             self._pending.setdefault(link, {})[seq] = ticket
+        if isinstance(msg, Heartbeat):
+            self._retire_idle()  # now and then: a link whose last job's data was acked
         return ticket
 
     def _parts(self, msg: DataMessage) -> list[tuple[AgentLink, DataMessage]]:
@@ -132,7 +138,11 @@ class Uplinks:
             # Every link gets one: it is also each coordinator's sign of life. Each
             # carries the progress and plan acks of its own jobs only.
             out: list[tuple[AgentLink, DataMessage]] = []
-            for link in self.links or [self._list_link()]:
+            # (Not a link without ranks that only waits for its last acks to close.)
+            links = self.links
+            for link in (
+                [lk for lk in links if lk.identity.ranks] or links[:1] or [self._list_link()]
+            ):
                 stay = split_by_job(msg, jobs - by_link.get(link, set()))[0]
                 assert stay is not None  # a heartbeat always stays
                 out.append((link, stay))
@@ -172,7 +182,9 @@ class Uplinks:
                 link, seq = min(waits, key=lambda w: w[1])
                 # Bounded, so a move (the seq now on another link) is seen soon.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await link.wait_acked(seq, 0.5)
+                    if not await link.wait_acked(seq, 0.5):
+                        # dropped by the outbox bound (counted in stats.dropped)
+                        self._pending.get(link, {}).pop(seq, None)
             return True
 
         return await asyncio.wait_for(_wait(), timeout)
@@ -214,30 +226,41 @@ class Uplinks:
         only one: the agent keeps one uplink, as a lone agent always did)."""
         for link in self.links:
             link.set_ranks([r for r in self._ranks if self._route.get(r.job) is link])
+        self._retire_idle()
+
+    def _retire_idle(self) -> None:
+        """Close the links without ranks whose data was all acknowledged (a job whose
+        rings went keeps its link until then)."""
+        self.acked_upto()  # forgets what was acknowledged
         for link in self.links:
-            if not link.identity.ranks and len(self.links) > 1:
+            if not link.identity.ranks and not self._pending.get(link) and len(self.links) > 1:
                 self._retire(link)
 
     def _new_link(self, addresses: Sequence[str]) -> AgentLink:
+        hooks: dict[str, Any] = {
+            "on_redirect": self._on_redirect,
+            "on_established": self._on_established,
+            "on_failure": self._on_failure,
+            "on_connecting": self._on_connecting,
+        }
         link = AgentLink(
             self.transport,
             addresses,
             self.secret,
             self.identity,
             self.on_control,
-            on_redirect=self._on_redirect,
-            on_established=self._on_established,
-            on_failure=self._on_failure,
             resolve=self._resolve,
+            **hooks,
             **self._link_kw,
         )
-        link.identity = AgentIdentity(
-            agent_id=self.identity.agent_id,
-            host=self.identity.host,
-            agent_version=self.identity.agent_version,
-            ranks=(),
-            incarnation=self.identity.incarnation,
-        )
+        # Each link numbers its messages from 1 (its own outbox): its own incarnation,
+        # so a coordinator that saw another link of this agent does not take the new
+        # seqs for resends it already has.
+        inc = self.identity.incarnation
+        self._links_made += 1
+        if self._links_made > 1:
+            inc = f"{inc[:48]}.{self._links_made}"
+        link.identity = dataclasses.replace(self.identity, ranks=(), incarnation=inc)
         self._pending[link] = {}
         if self._started:
             self._tasks[link] = link.start()
@@ -286,6 +309,10 @@ class Uplinks:
                 dst_pending[new_seq] = ticket
         for job in jobs:
             self._route[job] = dst
+        if not src.jobs - jobs:
+            # What stays on src is bare heartbeats (their jobs' parts went with the
+            # jobs): nothing to wait for before it closes.
+            src_pending.clear()
         self.moves += len(jobs)
         log.info(
             "jobs moved to another uplink",
@@ -296,11 +323,24 @@ class Uplinks:
         self._sync()
 
     def _on_redirect(self, src: AgentLink, owners: tuple[JobOwner, ...]) -> None:
+        if self._stopping:
+            return
         back: set[str] = set()
         moves: dict[AgentLink, set[str]] = {}
+        now = time.monotonic()
         for jo in owners:
             if self._route.get(jo.job) is not src:
                 continue  # not (or no longer) this link's job
+            recent = [t for t in self._moved_at.get(jo.job, []) if now - t < _BOUNCE_S]
+            self._moved_at[jo.job] = [*recent, now]
+            if len(recent) >= _BOUNCES:
+                # Coordinators that disagree while a lease changes hands would bounce
+                # the job between them at connect speed: look again in a second (so at
+                # most _BOUNCES moves per _BOUNCE_S).
+                loop = asyncio.get_running_loop()
+                loop.call_later(1.0, self._on_redirect, src, (jo,))
+                self._moved_at[jo.job] = recent
+                continue
             if jo.address:
                 dst = self._owner_link(jo.address)
                 if dst is not src:
@@ -328,11 +368,25 @@ class Uplinks:
         )
         self._move(link, self._list_link(), link.jobs)
 
+    def _on_connecting(self, link: AgentLink) -> bool:
+        """The list link about to connect where an owner link is: its jobs join that
+        link instead (one agent id on two connections to one coordinator would
+        supersede itself, and two seq spaces there would defeat its dedup)."""
+        if link is not self._list:
+            return True
+        other = self._owners.get(link.address)
+        if other is None:
+            return True
+        self._move(link, other, link.jobs)
+        # Still the list link with ranks (not retired): connect after all.
+        return bool(link.identity.ranks) or self._list is link
+
     def _on_established(self, link: AgentLink, coordinator_id: str) -> None:
         """Two links to one coordinator would supersede each other (one agent id): the
-        newcomer's jobs join the other link."""
+        newcomer's jobs join the other link. Told by the address, not the coordinator
+        id (a coordinator outside a fleet calls itself "coordinator")."""
         for other in self.links:
-            if other is link or other.coordinator_id != coordinator_id:
+            if other is link or other.address != link.address:
                 continue
             # The list link folds into an owner link; else the newcomer into the other.
             fold, keep = (other, link) if other is self._list else (link, other)
@@ -357,6 +411,7 @@ class Uplinks:
     async def close(self, timeout: float = 5.0) -> None:
         """Give every link up to ``timeout`` to deliver, then close them all."""
         deadline = time.monotonic() + timeout
+        self._stopping = True
         links = self.links
         self._list = None
         self._owners.clear()
@@ -370,6 +425,10 @@ class Uplinks:
         """A link's task that ended by itself (it gave up: the agent should stop)."""
         return next((t for t in self._tasks.values() if t.done()), None)
 
+
+# A job redirected this often within this many seconds: its next redirect waits.
+_BOUNCES = 4
+_BOUNCE_S = 5.0
 
 _COUNTERS = (
     "dropped",

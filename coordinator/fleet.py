@@ -40,7 +40,6 @@ import msgspec
 import numpy as np
 import structlog
 from artemis.coordinator.config import FleetConfig
-from artemis.coordinator.metrics import family
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.sinks import Sinks
 from artemis.detect.monitor import MonitorOutput
@@ -49,11 +48,14 @@ from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, JobOwner, Me
 from artemis.protocol.server import NotTaken, PeerInfo
 from artemis.store.base import StoreError
 from artemis.store.fleet import FleetStore, Lease, LeaseLost
-from prometheus_client.core import Metric
 
 __all__ = ["FencedSinks", "Fleet", "FleetCoordinator"]
 
 log = structlog.get_logger("artemis.coordinator.fleet")
+
+# How long a job that ended here is still exported with owner 0 (ended, released), so the
+# "no owner" alert tells an end from a lost owner (deploy/prometheus/artemis-rules.yml).
+ENDED_EXPORT_S = 600.0
 
 
 class Fleet:
@@ -71,6 +73,7 @@ class Fleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed_at = time.monotonic()  # the last renewal the database answered
+        self._reconnected_at = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="fleet-renew", daemon=True)
@@ -96,6 +99,29 @@ class Fleet:
         with self._lock:
             self._held.pop(job, None)
 
+    def release(self, job: str) -> None:
+        """The job ended here: its lease goes back (taken again if it comes back)."""
+        epoch = self.epoch(job)
+        self.drop(job)
+        if epoch is not None:
+            try:
+                self.store.release({job: epoch})
+            except StoreError as e:
+                log.warning("fleet lease not released: it expires", job=job, error=str(e))
+
+    def failed(self, e: StoreError) -> None:
+        """The event loop's connection failed: a lost one is made anew (at most once a
+        second; a database still down fails again, the next call tries again)."""
+        now = time.monotonic()
+        if not e.transient or now - self._reconnected_at < 1.0:
+            return
+        self._reconnected_at = now
+        try:
+            self.store.reconnect()
+            log.info("fleet store reconnected", store=self.store.url)
+        except StoreError as err:
+            log.warning("fleet store not reachable", store=self.store.url, error=str(err))
+
     def take_lost(self) -> set[str]:
         with self._lock:
             lost, self._lost = self._lost, set()
@@ -105,7 +131,8 @@ class Fleet:
         """Who holds `job` now, as the wire says it (empty: nobody this coordinator sees)."""
         try:
             lease = self.store.owner_of(job)
-        except StoreError:
+        except StoreError as e:
+            self.failed(e)
             lease = None
         if lease is None or lease.mine:
             return JobOwner(job=job)
@@ -169,6 +196,12 @@ class FencedSinks:
         self._held: dict[str, list[tuple[MonitorOutput, float | None]]] = {}
 
     def write(self, job: str, out: MonitorOutput, scored_s: float | None = None) -> None:
+        if scored_s is None and not (
+            out.findings or out.plans or out.incidents or out.incident_rows or out.result
+        ):
+            # Nothing said (a quiet tick's output): nothing to fence, nothing to hold.
+            self.inner.write(job, out, scored_s)
+            return
         self._held.setdefault(job, []).append((out, scored_s))
 
     def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
@@ -191,7 +224,8 @@ def _jobs_of(msg: Message) -> set[str]:
     if isinstance(msg, Windows):
         return {str(j) for j in set(msg.columns["job"])}
     if isinstance(msg, Heartbeat):
-        return {p.job for p in msg.progress} | {str(a.get("job", "")) for a in msg.plan_acks}
+        jobs = {p.job for p in msg.progress} | {str(a.get("job", "")) for a in msg.plan_acks}
+        return jobs - {""}  # a plan ack without a job is refused by the monitor's shell
     if isinstance(msg, Fingerprint | Dump):
         return {msg.job}
     return set()
@@ -216,6 +250,7 @@ class FleetCoordinator(Coordinator):
         self.fleet = fleet
         self.sinks: Any = FencedSinks(self.sinks, self)
         self._refused: set[str] = set()  # jobs whose commit was refused, to drop
+        self.ended: dict[str, float] = {}  # jobs that ended here -> when (owner gauge at 0)
 
     # ------------------------------------------------------------------ routing
     def route(self, peer: PeerInfo) -> list[JobOwner]:
@@ -238,13 +273,16 @@ class FleetCoordinator(Coordinator):
             lease = self.fleet.acquire(job)
         except StoreError as e:
             log.warning("fleet lease not checked", job=job, error=str(e))
+            self.fleet.failed(e)
             return JobOwner(job=job)
         if not lease.mine:
             return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
+        self.ended.pop(job, None)
         try:
             self._adopt(job, lease.epoch)
         except StoreError as e:
             log.warning("job state not loaded: lease given back", job=job, error=str(e))
+            self.fleet.failed(e)
             self.fleet.drop(job)
             return JobOwner(job=job)
         return None
@@ -273,6 +311,7 @@ class FleetCoordinator(Coordinator):
             open_findings=None if m is None else m.open_findings(),
             journal_batches=len(parts),
         )
+        self.metrics.set_owner(job, epoch)
         if parts:
             self.jobs.monitor(job)
             self._score_all(self.assembler.add(WindowColumns.concat(parts), self.clock()))
@@ -293,6 +332,9 @@ class FleetCoordinator(Coordinator):
                 )
         if isinstance(msg, Windows):
             self._journal(msg.columns)
+            for job in _jobs_of(msg) & set(self.ended):  # an ended job runs again
+                del self.ended[job]
+                self.metrics.set_owner(job, self.fleet.epoch(job) or 0)
         await super().on_message(peer, msg)
 
     def _journal(self, cols: WindowColumns) -> None:
@@ -306,12 +348,20 @@ class FleetCoordinator(Coordinator):
                 hi = int(part.ints("window").max())
                 self.fleet.store.add_batch(job, epoch, hi, msgspec.msgpack.encode(to_wire(part)))
             except (LeaseLost, StoreError) as e:
+                if isinstance(e, StoreError):
+                    self.fleet.failed(e)
                 self.refused_batches += 1
                 self._refused.add(job)
                 raise NotTaken(f"job {job!r}: the fleet's store did not take the batch: {e}") from e
 
     async def tick(self) -> None:
         self._refused |= self.fleet.take_lost()
+        now = self.clock()
+        for job in [j for j, t in self.ended.items() if now - t >= ENDED_EXPORT_S]:
+            del self.ended[job]
+            self.metrics.forget_owner(job)
+            if job not in self.monitors:  # still over: its lease goes back
+                self.fleet.release(job)
         await super().tick()
 
     async def _flush_controls(self) -> None:
@@ -328,6 +378,14 @@ class FleetCoordinator(Coordinator):
             log.warning("job lease lost: no longer served here", job=job, owner=owner.owner)
             if self.server is not None:
                 await self.server.redirect(owner)
+
+    def _end_job(self, job: str, keep_assembly: bool = False) -> None:
+        super()._end_job(job, keep_assembly)
+        if not keep_assembly:  # not a new run of it: the job is over
+            # Its lease is kept (its agents' last heartbeats still come here) and
+            # released ENDED_EXPORT_S later; meanwhile the owner gauge says 0: ended.
+            self.ended[job] = self.clock()
+            self.metrics.set_owner(job, 0)
 
     def _forget(self, job: str) -> None:
         """The job is not served here any more: its monitor, assembly, series and held
@@ -372,6 +430,8 @@ class FleetCoordinator(Coordinator):
             )
         except (LeaseLost, StoreError) as e:
             log.warning("job state not committed: the job stops here", job=job, error=str(e))
+            if isinstance(e, StoreError):
+                self.fleet.failed(e)
             self._refused.add(job)
             return False
         return True
@@ -389,18 +449,3 @@ def _with_ranks(peer: PeerInfo, ranks: tuple[Any, ...]) -> PeerInfo:
     from dataclasses import replace
 
     return replace(peer, ranks=ranks)
-
-
-class OwnerCollector:
-    """`straggler_job_owner{job}`: the lease epoch of each job this coordinator owns."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-
-    def collect(self) -> Iterator[Metric]:
-        yield family(
-            "straggler_job_owner", (((job,), float(e)) for job, e in self.fleet.held().items())
-        )
-
-    def describe(self) -> list[Metric]:
-        return []

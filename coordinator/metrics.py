@@ -173,6 +173,7 @@ class Metrics:
         self.incident_open = declare(reg, "straggler_incident_open")
         self.incident_hours = declare(reg, "straggler_incident_gpu_hours_lost")
         self.incident_report = declare(reg, "straggler_incident_report")
+        self.job_owner = declare(reg, "straggler_job_owner")  # a fleet's only (else empty)
         self.report_dir = ""
         self._incident_labels: dict[tuple[str, str], tuple[str, ...]] = {}  # (job, id) -> open
         self._info_labels: dict[tuple[str, str, str], tuple[str, ...]] = {}
@@ -277,6 +278,15 @@ class Metrics:
     def observe_dropped(self, job: str, reason: str, rows: int) -> None:
         with self._lock:
             self._child(self.dropped, job, reason).inc(rows)
+
+    def set_owner(self, job: str, epoch: int) -> None:
+        """Fleet: this coordinator owns `job` at lease `epoch` (0: the job ended here)."""
+        with self._lock:
+            self._child(self.job_owner, job).set(epoch)
+
+    def forget_owner(self, job: str) -> None:
+        with self._lock:
+            self._remove(self.job_owner, job)
 
     def forget_job(self, job: str) -> None:
         """The job ended: remove its series (and only its series)."""

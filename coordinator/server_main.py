@@ -115,9 +115,6 @@ class CoordinatorServer(Daemon):
             coord.restore(AssemblyJournal(cfg.journal_path))
         else:
             # A fleet's jobs are restored from the store as their leases are taken.
-            from artemis.coordinator.fleet import OwnerCollector
-
-            metrics.registry.register(OwnerCollector(fleet))
             fleet.start()
         register_protocol_metrics(metrics.registry, server, coord)
         register_store_metrics(metrics.registry, coord.store)

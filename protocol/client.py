@@ -116,6 +116,7 @@ class AgentLink:
         on_redirect: RedirectHandler | None = None,
         on_established: EstablishedHandler | None = None,
         on_failure: Callable[[AgentLink, int], None] | None = None,
+        on_connecting: Callable[[AgentLink], bool] | None = None,
         resolve: bool = False,
     ) -> None:
         self.transport = transport
@@ -133,6 +134,9 @@ class AgentLink:
         self.on_established = on_established
         # Called after each attempt that gave no session, with how many in a row.
         self.on_failure = on_failure
+        # Asked before each connect to ``address``: False = do not (this link handed
+        # its jobs to another one there and is being closed).
+        self.on_connecting = on_connecting
         self._failures = 0
         self.coordinator_id: str | None = None  # of the session now, if any
         self._restart = asyncio.Event()  # say a new hello (the ranks changed)
@@ -324,6 +328,9 @@ class AgentLink:
                     self._listed
                 )
                 self._at = 0
+            if self.on_connecting is not None and not self.on_connecting(self):
+                await self._stop.wait()
+                break
             try:
                 ch = await self.transport.connect(self.address)
             except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:

@@ -1,8 +1,9 @@
 """`artemis loadtest`: many synthetic agents against a real coordinator, over the real protocol.
 
-Each simulated agent is a real `AgentLink` (TCP, the HMAC handshake with the
-given secret, the outbox, acks, resends): only the training job behind it is
-synthetic. Agent a watches ranks [a*K, (a+1)*K) of one job and, once per
+Each simulated agent is the real agent's uplinks (`agent/uplinks.py`: `AgentLink`s
+over TCP, the HMAC handshake with the given secret, the outbox, acks, resends, and a
+coordinator fleet's redirects followed to each job's owner): only the training job
+behind it is synthetic. Agent a watches ranks [a*K, (a+1)*K) of one job and, once per
 window, sends one columnar `windows` message (protocol minor 1.1) with those
 ranks' summaries of that window, built as arrays (no per-rank objects, so the
 generator is not the bottleneck). Windows are paced at one per `window_s`.
@@ -35,8 +36,9 @@ from typing import Any
 
 import numpy as np
 import structlog
+from artemis.agent.uplinks import Uplinks
 from artemis.protocol.addresses import parse_address_list
-from artemis.protocol.client import AgentIdentity, AgentLink
+from artemis.protocol.client import AgentIdentity
 from artemis.protocol.columns import COLUMNS, WindowColumns
 from artemis.protocol.messages import PROTOCOL_VERSION, RankInfo, Windows
 from artemis.protocol.tcp import TcpTransport
@@ -213,7 +215,8 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     """Connect every agent, send `spec.windows` windows paced at `window_s`, wait for the acks."""
     res = LoadResult()
     templates = [_Template(spec, a) for a in range(spec.agents)]
-    links: list[AgentLink] = []
+    links: list[Uplinks] = []
+    addresses = parse_address_list(spec.coordinator)
     for t in templates:
         ident = AgentIdentity(
             agent_id=f"loadtest-{spec.job}-{t.host}",
@@ -221,10 +224,11 @@ async def run_load(spec: LoadSpec) -> LoadResult:
             agent_version="loadtest",
             ranks=tuple(RankInfo(spec.job, spec.comm, int(r), spec.ranks) for r in t.ranks),
         )
+        # The agent's own uplinks: a fleet's redirects are followed as an agent does.
         links.append(
-            AgentLink(
+            Uplinks(
                 TcpTransport(),
-                spec.coordinator,
+                addresses,
                 spec.secret,
                 ident,
                 outbox_capacity=spec.windows + 16,

@@ -451,6 +451,7 @@ def scored_paced_job(
     *,
     window_steps: int,
     agent_extra: Sequence[str] = (),
+    listed_first: Sequence[str] = (),  # addresses the agent's --coordinator list names first
 ) -> Iterator[Coordinator]:
     """A coordinator (`tables`) scoring agent "h0" of a paced 4-rank lockstep job, its
     first windows already scored: the legitimate traffic that the attack tests keep
@@ -462,7 +463,7 @@ def scored_paced_job(
     coord = Coordinator(work, secret, deadline_s=2.0, tables=tables).start()
     agent = start_agent(
         work,
-        coord.address,
+        ",".join([*listed_first, coord.address]),
         shm,
         secret,
         "h0",

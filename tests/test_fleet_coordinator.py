@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 from artemis.coordinator.config import FleetConfig
-from artemis.coordinator.fleet import Fleet, FleetCoordinator
-from artemis.protocol.messages import Windows
+from artemis.coordinator.fleet import ENDED_EXPORT_S, Fleet, FleetCoordinator
+from artemis.protocol.messages import Heartbeat, Windows
 from artemis.protocol.peers import NotTaken, PeerInfo
-from artemis.protocol.records import RankWindow
+from artemis.protocol.records import RankProgress, RankWindow
 from service_records import file_coordinator, host_peer, rank_window
 
 JOB = "fj"
@@ -57,13 +57,17 @@ async def both_hosts(c: FleetCoordinator, windows: range) -> None:
         await c.on_message(peer("h1"), part("h1", w))
 
 
-def fleet_coordinator(tmp: Path, url: str, fid: str, now: list[float]) -> FleetCoordinator:
+def fleet_coordinator(
+    tmp: Path, url: str, fid: str, now: list[float], **kw: Any
+) -> FleetCoordinator:
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = FleetConfig(
         enabled=True, id=fid, lease_s=LEASE_S, renew_s=0.1, advertise=f"127.0.0.1:{fid}"
     )
     fleet = Fleet(cfg, url)
-    c = file_coordinator(tmp, lambda: now[0], cls=FleetCoordinator, restore=False, fleet=fleet)
+    c = file_coordinator(
+        tmp, lambda: now[0], cls=FleetCoordinator, restore=False, fleet=fleet, **kw
+    )
     fleet.start()
     return c
 
@@ -177,6 +181,50 @@ def test_a_clean_stop_hands_the_job_over_at_once(pg_url: str, tmp_path: Path) ->
             await both_hosts(b, range(4, 5))
             assert windows_scored(tmp_path / "b") == [4]
         finally:
+            b.flush()
+
+    asyncio.run(run())
+
+
+def finished(host: str) -> Heartbeat:
+    h = int(host[1:])
+    return Heartbeat(
+        progress=tuple(
+            RankProgress(JOB, "c0", r, host, 399, None, 0.0, 5.0, finished=True)
+            for r in (2 * h, 2 * h + 1)
+        )
+    )
+
+
+def owner_gauge(c: FleetCoordinator) -> float | None:
+    return c.metrics.registry.get_sample_value("straggler_job_owner", {"job": JOB})
+
+
+def test_an_ended_job_says_owner_0_then_gives_its_lease_back(pg_url: str, tmp_path: Path) -> None:
+    now = [0.0]
+
+    async def run() -> None:
+        a = fleet_coordinator(tmp_path / "a", pg_url, "a", now, job_linger_s=1.0)
+        b = fleet_coordinator(tmp_path / "b", pg_url, "b", now)
+        try:
+            assert a.route(peer("h0")) == []
+            a.on_connect(peer("h0"))
+            a.on_connect(peer("h1"))
+            await both_hosts(a, range(3))
+            assert owner_gauge(a) == 1.0
+            await a.on_message(peer("h0"), finished("h0"))
+            await a.on_message(peer("h1"), finished("h1"))
+            await a.tick()
+            now[0] = 2.0
+            await a.tick()  # every rank finished, job_linger_s passed: the job ends
+            assert JOB not in a.monitors and owner_gauge(a) == 0.0
+            assert a.fleet.epoch(JOB) == 1 and b.route(peer("h0"))[0].owner == "a"
+            now[0] = 2.0 + ENDED_EXPORT_S
+            await a.tick()
+            assert owner_gauge(a) is None and a.fleet.epoch(JOB) is None
+            assert b.route(peer("h0")) == [] and b.fleet.epoch(JOB) == 2  # at once
+        finally:
+            a.flush()
             b.flush()
 
     asyncio.run(run())
