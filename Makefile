@@ -60,8 +60,9 @@ demo: setup
 # B/A, at a load average of 2-6).
 # (2) SERIAL_TESTS, alone: they make network namespaces and veth pairs (partition,
 # disk full, plugin hardening, the fleet member cut off from PostgreSQL), time
-# `import torch` to the millisecond (autoload), or hold 10k connections / run 20 torchrun jobs against a bound (hostile peers, ring
-# lifetime: both ran past theirs beside another worker at a load average of 12).
+# `import torch` to the millisecond (autoload), or hold 10k connections / run 20
+# torchrun jobs against a bound (hostile peers, ring lifetime: both ran past theirs
+# beside another worker at a load average of 12).
 # (3) The real-PyTorch runs (torch_e2e), alone: four ranks on this machine's cores,
 # judged against each rank's own record of its CPU time (tests/rank_truth.py).
 PYTEST_WORKERS ?= 2
