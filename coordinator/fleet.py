@@ -65,6 +65,7 @@ class Fleet:
     def __init__(self, cfg: FleetConfig, url: str) -> None:
         self.cfg = cfg
         self.id = cfg.id
+        self._url = url
         self.store = FleetStore(url, cfg.id, cfg.advertise, cfg.lease_s)  # the event loop's
         self._renewer = FleetStore(url, cfg.id, cfg.advertise, cfg.lease_s)  # the thread's
         self._lock = threading.Lock()
@@ -73,11 +74,18 @@ class Fleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed_at = time.monotonic()  # the last renewal the database answered
-        self._reconnected_at = 0.0
+        self._renew_ok = True  # whether the last renewal reached the database
+        # The event loop's connection failed: not used until the renewing thread has
+        # made a new one (a connect to a database cut off waits; the loop must not).
+        self._loop_broken = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="fleet-renew", daemon=True)
         self._thread.start()
+
+    def reached(self) -> bool:
+        """Whether the last renewal reached the database (straggler_store_connected)."""
+        return self._renew_ok
 
     def held(self) -> dict[str, int]:
         with self._lock:
@@ -88,7 +96,7 @@ class Fleet:
             return self._held.get(job)
 
     def acquire(self, job: str) -> Lease:
-        lease = self.store.acquire(job)
+        lease = self.loop_store().acquire(job)
         if lease.mine:
             with self._lock:
                 self._held[job] = lease.epoch
@@ -105,22 +113,36 @@ class Fleet:
         self.drop(job)
         if epoch is not None:
             try:
-                self.store.release({job: epoch})
+                self.loop_store().release({job: epoch})
             except StoreError as e:
                 log.warning("fleet lease not released: it expires", job=job, error=str(e))
 
+    def loop_store(self) -> FleetStore:
+        """The event loop's connection; a StoreError (transient) while it is being made
+        anew after a failure (`failed`)."""
+        if self._loop_broken:
+            raise StoreError(f"{self.store.url}: reconnecting", transient=True)
+        return self.store
+
     def failed(self, e: StoreError) -> None:
-        """The event loop's connection failed: a lost one is made anew (at most once a
-        second; a database still down fails again, the next call tries again)."""
-        now = time.monotonic()
-        if not e.transient or now - self._reconnected_at < 1.0:
-            return
-        self._reconnected_at = now
+        """A call on the event loop's connection failed: a lost connection is made anew by
+        the renewing thread, off the loop (`_mend`)."""
+        if e.transient:
+            self._loop_broken = True
+
+    def _mend(self) -> None:
+        """(Renewing thread.) A new connection for the event loop, once the database
+        answers again; the old one is closed (the loop no longer uses it)."""
         try:
-            self.store.reconnect()
-            log.info("fleet store reconnected", store=self.store.url)
-        except StoreError as err:
-            log.warning("fleet store not reachable", store=self.store.url, error=str(err))
+            new = FleetStore(self._url, self.id, self.cfg.advertise, self.cfg.lease_s)
+        except (StoreError, ValueError) as e:
+            log.debug("fleet store not reachable yet", error=str(e))
+            return
+        old, self.store = self.store, new
+        self._loop_broken = False
+        with contextlib.suppress(Exception):
+            old.close()
+        log.info("fleet store reconnected", store=new.url)
 
     def take_lost(self) -> set[str]:
         with self._lock:
@@ -130,7 +152,7 @@ class Fleet:
     def owner(self, job: str) -> JobOwner:
         """Who holds `job` now, as the wire says it (empty: nobody this coordinator sees)."""
         try:
-            lease = self.store.owner_of(job)
+            lease = self.loop_store().owner_of(job)
         except StoreError as e:
             self.failed(e)
             lease = None
@@ -148,15 +170,31 @@ class Fleet:
         may hold them by now, and the fenced writes would be refused anyway."""
         held = self.held()
         try:
-            lost = self._renewer.renew(held)
+            if held:
+                lost = self._renewer.renew(held)
+            else:  # nothing to renew: the database is still asked (is it there?)
+                self._renewer.now()
+                lost = set()
             self.renewed_at = time.monotonic()
+            if not self._renew_ok:
+                log.info("fleet store reached again", store=self._renewer.url)
+            self._renew_ok = True
         except StoreError as e:
-            log.warning("fleet lease renewal failed", store=self._renewer.url, error=str(e))
+            if self._renew_ok:  # logged when it starts failing, not every renew_s
+                log.warning("fleet lease renewal failed", store=self._renewer.url, error=str(e))
+            self._renew_ok = False
+            # Judged before reconnecting (which may wait on a database cut off).
+            lost = set(held) if time.monotonic() - self.renewed_at >= self.cfg.lease_s else set()
+            self._lose(held, lost)
             with contextlib.suppress(StoreError):
                 self._renewer.reconnect()
-            if time.monotonic() - self.renewed_at < self.cfg.lease_s:
-                return set()
-            lost = set(held)
+            return lost
+        if self._loop_broken:
+            self._mend()
+        self._lose(held, lost)
+        return lost
+
+    def _lose(self, held: Mapping[str, int], lost: set[str]) -> None:
         if lost:
             with self._lock:
                 for job in lost:
@@ -164,7 +202,6 @@ class Fleet:
                         del self._held[job]
                         self._lost.add(job)
             log.warning("fleet leases lost", jobs=sorted(lost))
-        return lost
 
     def stop(self, release: bool = True) -> None:
         """Stop renewing; `release`: hand every lease over now (a clean stop)."""
@@ -291,7 +328,7 @@ class FleetCoordinator(Coordinator):
         """A lease taken: the job's state as its previous owner committed it, then the
         batches it took but never scored (the journal), scored now. A window scored
         before is refused by the restored monitor and assembly: none twice."""
-        saved = self.fleet.store.load(job)
+        saved = self.fleet.loop_store().load(job)
         if job in self.monitors:
             self._forget(job)  # what this coordinator knew before may be stale
         m = None
@@ -346,7 +383,8 @@ class FleetCoordinator(Coordinator):
                 if epoch is None:
                     raise LeaseLost(job, 0)
                 hi = int(part.ints("window").max())
-                self.fleet.store.add_batch(job, epoch, hi, msgspec.msgpack.encode(to_wire(part)))
+                store = self.fleet.loop_store()
+                store.add_batch(job, epoch, hi, msgspec.msgpack.encode(to_wire(part)))
             except (LeaseLost, StoreError) as e:
                 if isinstance(e, StoreError):
                     self.fleet.failed(e)
@@ -425,7 +463,7 @@ class FleetCoordinator(Coordinator):
             floor.append(oldest)
         below = min(floor) if floor else (m.last_window + 1 if m is not None else None)
         try:
-            self.fleet.store.write_state(
+            self.fleet.loop_store().write_state(
                 job, epoch, msgpack.packb(dict(state), use_bin_type=True), marker, below
             )
         except (LeaseLost, StoreError) as e:

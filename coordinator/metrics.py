@@ -342,9 +342,13 @@ def register_protocol_metrics(
     registry.register(_ProtocolCollector(server, coord))
 
 
-def register_store_metrics(registry: CollectorRegistry, sink: StoreSink) -> None:
-    """The store sink's queue (store/sink.py), read at scrape time."""
-    registry.register(_StoreCollector(sink))
+def register_store_metrics(
+    registry: CollectorRegistry, sink: StoreSink, reached: Callable[[], bool] | None = None
+) -> None:
+    """The store sink's queue (store/sink.py), read at scrape time. `reached`: another
+    user of the same store that knows it is lost sooner (a fleet's lease renewals, every
+    renew_s: the sink learns it only at its next write)."""
+    registry.register(_StoreCollector(sink, reached))
 
 
 def register_plan_metrics(registry: CollectorRegistry) -> PlanMetrics:
@@ -402,15 +406,17 @@ def _write_health(coord: Any) -> Iterator[Metric]:
 
 
 class _StoreCollector:
-    def __init__(self, sink: StoreSink) -> None:
+    def __init__(self, sink: StoreSink, reached: Callable[[], bool] | None = None) -> None:
         self.sink = sink
+        self.reached = reached
 
     def collect(self) -> Iterator[Metric]:
         sink = self.sink
         yield family("straggler_store_writes_dropped", [((), sink.dropped)])
         yield family("straggler_store_queue_depth", [((), sink.depth)])
         if sink.url is not None:  # a store configured (none with store = "off")
-            yield family("straggler_store_connected", [((), 1 if sink.connected else 0)])
+            up = sink.connected and (self.reached is None or self.reached())
+            yield family("straggler_store_connected", [((), 1 if up else 0)])
 
     def describe(self) -> list[Metric]:
         return []

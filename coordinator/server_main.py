@@ -107,7 +107,15 @@ class CoordinatorServer(Daemon):
         )
         raise_open_files_limit()
         server = ProtocolServer(
-            transport, cfg.listen, secret, coord, settings=settings.to_dict(), limits=cfg.limits
+            transport,
+            cfg.listen,
+            secret,
+            coord,
+            settings=settings.to_dict(),
+            limits=cfg.limits,
+            # In a fleet the welcome names the coordinator by its fleet id, as a redirect
+            # does: an agent tells its links to different coordinators apart by it.
+            coordinator_id=cfg.fleet.id if fleet is not None else "coordinator",
         )
         coord.server = server
         if fleet is None:
@@ -117,7 +125,9 @@ class CoordinatorServer(Daemon):
             # A fleet's jobs are restored from the store as their leases are taken.
             fleet.start()
         register_protocol_metrics(metrics.registry, server, coord)
-        register_store_metrics(metrics.registry, coord.store)
+        register_store_metrics(
+            metrics.registry, coord.store, None if fleet is None else fleet.reached
+        )
         metrics.set_active(False)
         if cfg.metrics_port:
             self._mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr)

@@ -34,6 +34,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from artemis.store.base import StoreError, redact
 from artemis.store.schema import Db
@@ -86,6 +87,27 @@ def check_fleet_url(url: str) -> None:
         )
 
 
+def with_timeouts(url: str, lease_s: float) -> str:
+    """`url` with libpq's socket time-outs for a lease of `lease_s`, unless it sets them:
+    a database cut off the network (packets dropped, no reset) must fail a call within
+    a fraction of a lease, not after the kernel's TCP retries (minutes), so the lease's
+    holder knows it has lost it before another takes it."""
+    ms = max(1000, int(lease_s * 1000 / 3))
+    want = {
+        "tcp_user_timeout": str(ms),  # unacknowledged data this long: the call fails
+        "keepalives": "1",
+        "keepalives_idle": str(max(1, ms // 1000)),
+        "keepalives_interval": "1",
+        "keepalives_count": "2",
+        "connect_timeout": str(max(2, int(lease_s / 2))),
+    }
+    have = {k for k, _ in parse_qsl(urlsplit(url).query)}
+    extra = "&".join(f"{k}={v}" for k, v in want.items() if k not in have)
+    if not extra:
+        return url
+    return url + ("&" if urlsplit(url).query else "?") + extra
+
+
 class FleetStore:
     """One connection to the fleet's tables, as coordinator `owner` (advertised at
     `address`) with leases of `lease_s` seconds."""
@@ -99,11 +121,11 @@ class FleetStore:
         from artemis.store.postgres import PostgresStore
 
         self.url = redact(url)
-        self._url = url
+        self._url = with_timeouts(url, lease_s)
         self.owner = owner
         self.address = address
         self.lease_s = float(lease_s)
-        self._pg = PostgresStore(url)  # connects and migrates (v6: the fleet's tables)
+        self._pg = PostgresStore(self._url)  # connects and migrates (v6: the fleet's tables)
         self.db: Db = self._pg._db
 
     # ------------------------------------------------------------------ plumbing

@@ -58,9 +58,10 @@ def identity(agent: str) -> AgentIdentity:
     )
 
 
-async def hello(address: str, secret: bytes, minor: int) -> tuple[list[Message], bool]:
+async def hello(address: str, secret: bytes, minor: int) -> tuple[list[Message], bool, str]:
     """Say hello as an agent of protocol 1.`minor` holding the job's ranks; returns what
-    the coordinator sent after auth (within 3 s) and whether it closed the connection."""
+    the coordinator sent after auth (within 3 s), whether it closed the connection and
+    the coordinator id its welcome named."""
     version = (1, minor)
     ch = await TcpTransport().connect(address)
     session = AgentSession(secret, identity(f"probe-{minor}"), version=version)
@@ -68,6 +69,7 @@ async def hello(address: str, secret: bytes, minor: int) -> tuple[list[Message],
     await ch.send(encode(session.hello(), version=version))
     got: list[Message] = []
     established = False
+    named = ""
     try:
         while True:
             frame = await asyncio.wait_for(ch.recv(), 3.0 if established else 10.0)
@@ -80,12 +82,12 @@ async def hello(address: str, secret: bytes, minor: int) -> tuple[list[Message],
                     if isinstance(eff, Send):
                         await ch.send(encode(eff.msg, version=version))
                     elif isinstance(eff, Established):
-                        established = True
+                        established, named = True, eff.coordinator_id
     except ChannelClosed:
-        return got, True
+        return got, True, named
     except asyncio.TimeoutError:
         assert established, "no handshake"
-        return got, False
+        return got, False, named
     finally:
         await ch.close()
 
@@ -131,9 +133,10 @@ def test_two_fleet_coordinators_redirect_and_fail_over(pg_url: str, tmp_path: Pa
             assert a.value("straggler_job_owner", job=JOB) == 1.0
             assert b.value("straggler_job_owner", job=JOB) is None
 
-            got, closed = await hello(b.address, key, minor=3)
+            got, closed, named = await hello(b.address, key, minor=3)
             redirects = [m for m in got if isinstance(m, Redirect)]
             assert not closed and len(redirects) == 1, got
+            assert named == "B"  # a fleet's welcome names the coordinator by its fleet id
             (owner,) = redirects[0].jobs
             assert (owner.job, owner.owner, owner.address, owner.epoch) == (
                 JOB,
@@ -141,7 +144,7 @@ def test_two_fleet_coordinators_redirect_and_fail_over(pg_url: str, tmp_path: Pa
                 a.address,
                 1,
             )
-            got, closed = await hello(b.address, key, minor=2)
+            got, closed, _ = await hello(b.address, key, minor=2)
             errors = [m for m in got if isinstance(m, Error)]
             assert closed and [e.code for e in errors] == ["not_owner"], got
             assert f"coordinator A at {a.address}" in errors[0].text

@@ -149,3 +149,18 @@ def test_sqlite_is_refused_for_fleet_mode(tmp_path: Path) -> None:
     with open_store(url) as s:
         names = {r[0] for r in s.db.execute("SELECT name FROM sqlite_master").fetchall()}  # type: ignore[attr-defined]
     assert {"fleet_leases", "fleet_state", "fleet_journal"} <= names
+
+
+def test_fleet_connections_get_socket_timeouts_of_a_third_of_a_lease() -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    from artemis.store.fleet import with_timeouts
+
+    got = parse_qs(urlsplit(with_timeouts("postgresql://u:p@h:5432/db", 9.0)).query)
+    assert got["tcp_user_timeout"] == ["3000"] and got["keepalives"] == ["1"]
+    assert got["connect_timeout"] == ["4"]
+    # What the URL says stays; the rest is added after its own parameters.
+    url = with_timeouts("postgresql://u:p@h/db?sslmode=require&tcp_user_timeout=500", 9.0)
+    got = parse_qs(urlsplit(url).query)
+    assert got["tcp_user_timeout"] == ["500"] and got["sslmode"] == ["require"]
+    assert got["keepalives_count"] == ["2"]
