@@ -15,7 +15,9 @@ killed member is started again before the next kill, so the fleet stays three.
 Printed: p50, p99 (nearest rank: of 20 kills, the largest), max, the goal, the load
 average (1 min) seen during the run, and what the fleet's outputs say of the whole run:
 windows scored twice across the fleet, windows never scored (tests/fleet_harness.py's
-checks). `python -m bench.fleet_failover --each` prints every kill too.
+checks), and each failover split in two from the members' own logs: the kill to the
+heir's `job lease taken`, and that to its first `window scored`.
+`python -m bench.fleet_failover --each` prints every kill too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,9 +113,9 @@ def _scored(m: Member) -> float:
     return metric_by_label(got, "straggler_windows_scored_total", "job").get(JOB, 0.0)
 
 
-def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str]:
+def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str, float]:
     """Kill the owner once it scored two windows in a row; seconds until another member
-    scores one; (seconds, killed, heir)."""
+    scores one; (seconds, killed, heir, the kill's wall-clock time)."""
     from daemon_harness import wait_for
 
     owner = fl.wait_owner(JOB, timeout)
@@ -120,7 +123,7 @@ def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str]
     wait_for(lambda: _scored(owner) >= base + 2 or pacer.error, timeout, "two windows scored")
     others = [m for m in fl.members if m is not owner]
     before = {m.name: _scored(m) for m in others}
-    t0 = time.monotonic()
+    t0, wall = time.monotonic(), time.time()
     owner.kill()
     heir = None
     while heir is None:
@@ -131,7 +134,28 @@ def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str]
             time.sleep(POLL_S)
     took = time.monotonic() - t0
     owner.start()
-    return took, owner.name, heir.name
+    return took, owner.name, heir.name, wall
+
+
+def _split(fl: Fleet, kills: list[float]) -> tuple[list[float], list[float]]:
+    """From the members' own logs, each failover in two: the kill to the heir's `job lease
+    taken`, and that to its first `window scored` (log times are UTC, as time.time())."""
+    events = sorted(
+        (datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp(), r["event"])
+        for m in fl.members
+        for r in m.log_records()
+        if r.get("event") in ("job lease taken", "window scored") and "timestamp" in r
+    )
+    lease, score = [], []
+    for k in kills:
+        taken = next((t for t, e in events if t > k and e == "job lease taken"), None)
+        if taken is None:
+            continue
+        first = next((t for t, e in events if t > taken and e == "window scored"), None)
+        lease.append(taken - k)
+        if first is not None:
+            score.append(first - taken)
+    return lease, score
 
 
 def run(
@@ -152,7 +176,7 @@ def run(
         tmp = Path(d) if keep is None else keep
         tmp.mkdir(parents=True, exist_ok=True)
         fl = Fleet(tmp, url, 3, lease_s=lease_s, renew_s=renew_s)
-        times: list[tuple[float, str, str]] = []
+        times: list[tuple[float, str, str, float]] = []
         loads: list[float] = [os.getloadavg()[0]]
         pacer: Pacer | None = None
         try:
@@ -164,8 +188,8 @@ def run(
             pacer = Pacer(job, window_s)
             pacer.start()
             for i in range(kills):
-                took, killed, heir = _one_kill(fl, pacer, timeout=10 * lease_s + 60)
-                times.append((took, killed, heir))
+                took, killed, heir, wall = _one_kill(fl, pacer, timeout=10 * lease_s + 60)
+                times.append((took, killed, heir, wall))
                 loads.append(os.getloadavg()[0])
                 if each:
                     print(f"kill {i + 1:>2}: {killed} -> {heir} in {took:.2f} s", flush=True)
@@ -178,8 +202,9 @@ def run(
                 pacer.stop.set()
             fl.stop()
         out = fl.outputs()
+        lease, score = _split(fl, [w for _t, _k, _h, w in times])
     problems = check_scored_once(out, JOB, SLOW, range(1, last + 1)) + check_owners_apart(out, JOB)
-    secs = sorted(t for t, _k, _h in times)
+    secs = sorted(t for t, _k, _h, _w in times)
     p99 = secs[math.ceil(0.99 * len(secs)) - 1]
     goal = lease_s + 2 * window_s
     print(
@@ -193,6 +218,12 @@ def run(
         f" {goal:>7.2f} {'yes' if p99 <= goal else 'no':>4}"
     )
     print(f"load average (1 min) during the run: {min(loads):.1f}-{max(loads):.1f}")
+    if lease and score:
+        print(
+            f"from the logs: kill -> lease taken {min(lease):.2f}-{max(lease):.2f} s"
+            f" (median {statistics.median(lease):.2f}), lease taken -> first window scored"
+            f" {min(score):.2f}-{max(score):.2f} s (median {statistics.median(score):.2f})"
+        )
     print(f"windows 0-{last}: {'scored once each' if not problems else '; '.join(problems)}")
     return 0 if p99 <= goal and not problems else 1
 
