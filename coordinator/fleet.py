@@ -41,13 +41,13 @@ import numpy as np
 import structlog
 from artemis.coordinator.config import FleetConfig
 from artemis.coordinator.service import Coordinator
-from artemis.coordinator.sinks import Sinks
+from artemis.coordinator.sinks import Sinks, StoreOutputs
 from artemis.detect.monitor import MonitorOutput
 from artemis.protocol.columns import WindowBatch, WindowColumns, from_wire, to_wire
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, JobOwner, Message, Windows
 from artemis.protocol.server import NotTaken, PeerInfo
 from artemis.store.base import StoreError
-from artemis.store.fleet import FleetStore, Lease, LeaseLost
+from artemis.store.fleet import FleetStore, Lease, LeaseLost, Outputs
 
 __all__ = ["FencedSinks", "Fleet", "FleetCoordinator"]
 
@@ -229,8 +229,12 @@ class FencedSinks:
 
     def __init__(self, inner: Sinks, coord: FleetCoordinator) -> None:
         self.inner = inner
+        # The store's rows go in the fenced commit itself (`outputs`), not in the sink's
+        # queue: the inner sinks keep the record files, metrics and memory.
+        inner.sinks = [s for s in inner.sinks if not isinstance(s, StoreOutputs)]
         self.coord = coord
         self._held: dict[str, list[tuple[MonitorOutput, float | None]]] = {}
+        self._info: dict[str, dict[str, Any]] = {}  # the job rows' keys to write
 
     def write(self, job: str, out: MonitorOutput, scored_s: float | None = None) -> None:
         if scored_s is None and not (
@@ -241,9 +245,18 @@ class FencedSinks:
             return
         self._held.setdefault(job, []).append((out, scored_s))
 
+    def write_job(self, job: str, info: Mapping[str, Any] | None) -> None:
+        """The job's row in the store: with the group's next commit."""
+        if info:
+            self._info.setdefault(job, {}).update(info)
+
     def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
         held = self._held.pop(job, [])
-        if not self.coord.commit_state(job, state):
+        outputs = Outputs(info=self._info.pop(job, {}))
+        for out, _scored in held:
+            outputs.incidents += out.incidents
+            outputs.rows += out.incident_rows
+        if not self.coord.commit_state(job, state, outputs if self.inner.store.on else None):
             return
         for out, scored_s in held:
             self.inner.write(job, out, scored_s)
@@ -251,6 +264,7 @@ class FencedSinks:
 
     def discard(self, job: str) -> None:
         self._held.pop(job, None)
+        self._info.pop(job, None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -441,20 +455,24 @@ class FleetCoordinator(Coordinator):
             state["corrections"] = self.corrections.snapshot(job)
         self.sinks.commit(job, state)
 
-    def commit_state(self, job: str, state: Mapping[str, Any] | None) -> bool:
-        """The job's state and marker in one fenced transaction (journal rows below its
-        oldest unscored window go with it); False (the group dropped, the job to be
-        dropped) when the lease is not ours or the store failed."""
+    def commit_state(
+        self, job: str, state: Mapping[str, Any] | None, outputs: Outputs | None = None
+    ) -> bool:
+        """The job's state and marker in one fenced transaction, with the group's rows for
+        the incident store (`outputs`) and the journal rows below its oldest unscored
+        window deleted; False (the group dropped, the job to be dropped) when the lease
+        is not ours or the store failed. A store that refuses the rows for good (a record
+        it cannot take) gets the state alone, the refusal logged."""
         epoch = self.fleet.epoch(job)
         if job in self._refused or epoch is None:
             return False
-        if state is None:
+        if state is None and not outputs:
             return True  # nothing of the job to keep (its assembly gone: ended)
         m = self.monitors.get(job)
         marker = {
             "owner": self.fleet.id,
             "epoch": epoch,
-            "out_seq": state.get("out_seq"),
+            "out_seq": None if state is None else state.get("out_seq"),
             "window": None if m is None else m.last_window,
         }
         floor = [w for j, _r, w in self.jobs.unscored if j == job]
@@ -462,10 +480,15 @@ class FleetCoordinator(Coordinator):
         if oldest is not None:
             floor.append(oldest)
         below = min(floor) if floor else (m.last_window + 1 if m is not None else None)
+        blob = None if state is None else msgpack.packb(dict(state), use_bin_type=True)
         try:
-            self.fleet.loop_store().write_state(
-                job, epoch, msgpack.packb(dict(state), use_bin_type=True), marker, below
-            )
+            try:
+                self.fleet.loop_store().write_state(job, epoch, blob, marker, below, outputs)
+            except StoreError as e:
+                if e.transient or not outputs:
+                    raise
+                log.error("incident store refused a job's rows: state kept", error=str(e))
+                self.fleet.loop_store().write_state(job, epoch, blob, marker, below)
         except (LeaseLost, StoreError) as e:
             log.warning("job state not committed: the job stops here", job=job, error=str(e))
             if isinstance(e, StoreError):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +39,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 from artemis.store.base import StoreError, redact
 from artemis.store.schema import Db
+from artemis.store.sink import split_rows
+from artemis.store.sql import SqlStore
 
-__all__ = ["FleetStore", "Lease", "LeaseLost", "Saved", "check_fleet_url"]
+__all__ = ["FleetStore", "Lease", "LeaseLost", "Outputs", "Saved", "check_fleet_url"]
 
 # The database's clock in unix seconds: what every expiry is judged by.
 NOW = "extract(epoch FROM clock_timestamp())"
@@ -75,6 +78,27 @@ class Saved:
     marker: dict[str, Any] = field(default_factory=dict)
     epoch: int = 0  # the epoch that wrote the state
     journal: list[bytes] = field(default_factory=list)  # batches, in the order taken
+
+
+@dataclass
+class Outputs:
+    """A group's rows for the incident store, written inside the fenced commit (in a fleet
+    they never go through the sink's queue, which drops when full)."""
+
+    info: dict[str, Any] = field(default_factory=dict)  # the job row's changed keys
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # MonitorOutput.incident_rows
+
+    def __bool__(self) -> bool:
+        return bool(self.info or self.incidents or self.rows)
+
+    def write(self, sql: SqlStore, db: Db, job: str) -> None:
+        now = time.time()
+        if self.info:
+            sql.merge_job(db, job, self.info, now)
+        sql.upsert_incidents(db, self.incidents, now)
+        if self.rows:
+            sql.upsert_rows(db, *split_rows(self.rows))
 
 
 def check_fleet_url(url: str) -> None:
@@ -258,13 +282,20 @@ class FleetStore:
         self,
         job: str,
         epoch: int,
-        state: bytes,
+        state: bytes | None,
         marker: Mapping[str, Any],
         journal_below: int | None = None,
+        outputs: Outputs | None = None,
     ) -> None:
         """The job's state and its marker, fenced; the journal's batches whose highest
-        window is below `journal_below` (scored and in the state) are deleted with it."""
+        window is below `journal_below` (scored and in the state) are deleted with it, and
+        the group's `outputs` for the incident store (job info, incident records, window
+        rows) are written with it: all of it, or nothing. `state` None: the outputs only."""
         with self.fenced(job, epoch) as db:
+            if outputs is not None:
+                outputs.write(self._pg, db, job)
+            if state is None:
+                return  # outputs only (the job has no state to keep)
             db.execute(
                 "INSERT INTO fleet_state (job, epoch, state, marker, updated)"
                 f" VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (job) DO UPDATE SET"

@@ -190,15 +190,18 @@ class SqlStore(Store):
     # ------------------------------------------------------------------ writes
     @guarded("write_job")
     def write_job(self, job: str, info: dict[str, Any]) -> None:
-        now = time.time()
         with self._tx() as db:
-            # The row locked (PostgreSQL; SQLite's transaction holds the file's lock):
-            # two coordinators merging into one job's info do not lose each other's keys.
-            row = db.execute(
-                "SELECT info FROM jobs WHERE job = ?" + db.dialect.for_update, (job,)
-            ).fetchone()
-            merged = {**(json.loads(row[0]) if row else {}), **info}
-            db.execute(UPSERT_JOB, (job, dumps(merged), now, now))
+            self.merge_job(db, job, info, time.time())
+
+    def merge_job(self, db: Db, job: str, info: dict[str, Any], now: float) -> None:
+        """`write_job` inside the caller's transaction `db` (a fleet's fenced commit)."""
+        # The row locked (PostgreSQL; SQLite's transaction holds the file's lock):
+        # two coordinators merging into one job's info do not lose each other's keys.
+        row = db.execute(
+            "SELECT info FROM jobs WHERE job = ?" + db.dialect.for_update, (job,)
+        ).fetchone()
+        merged = {**(json.loads(row[0]) if row else {}), **info}
+        db.execute(UPSERT_JOB, (job, dumps(merged), now, now))
 
     def _upsert_incident(self, db: Db, record: dict[str, Any], now: float) -> None:
         if not record.get("id") or not record.get("job"):
@@ -235,8 +238,12 @@ class SqlStore(Store):
             return
         now = time.time()
         with self._tx() as db, db.pipeline():
-            for r in records:
-                self._upsert_incident(db, r, now)
+            self.upsert_incidents(db, records, now)
+
+    def upsert_incidents(self, db: Db, records: list[dict[str, Any]], now: float) -> None:
+        """`write_incidents` inside the caller's transaction `db`."""
+        for r in records:
+            self._upsert_incident(db, r, now)
 
     @guarded("write_rows")
     def write_rows(
@@ -244,11 +251,17 @@ class SqlStore(Store):
     ) -> None:
         if not job_rows and not incident_rows:
             return
-        jobs = [_row_values("job", r, JOB_COLS) for r in job_rows]
-        incs = [_row_values("incident", r, INC_COLS) for r in incident_rows]
         with self._tx() as db, db.pipeline():
-            db.executemany(UPSERT_JOB_ROW, jobs)
-            db.executemany(UPSERT_INC_ROW, incs)
+            self.upsert_rows(db, job_rows, incident_rows)
+
+    def upsert_rows(
+        self, db: Db, job_rows: list[dict[str, Any]], incident_rows: list[dict[str, Any]]
+    ) -> None:
+        """`write_rows` inside the caller's transaction `db`."""
+        db.executemany(UPSERT_JOB_ROW, [_row_values("job", r, JOB_COLS) for r in job_rows])
+        db.executemany(
+            UPSERT_INC_ROW, [_row_values("incident", r, INC_COLS) for r in incident_rows]
+        )
 
     @guarded("prune")
     def prune(self, before: float) -> dict[str, int]:

@@ -26,6 +26,7 @@ from artemis.protocol.messages import Error, Message, RankInfo, Redirect, Window
 from artemis.protocol.session import AgentIdentity, AgentSession, Established, Send
 from artemis.protocol.tcp import TcpTransport
 from artemis.protocol.transport import ChannelClosed
+from artemis.store import open_store
 from daemon_harness import Coordinator, wait_for, write_secret
 from service_records import rank_window
 
@@ -175,6 +176,12 @@ def test_two_fleet_coordinators_redirect_and_fail_over(pg_url: str, tmp_path: Pa
         assert ia and len({r["id"] for r in ia}) == 1
         assert ib and {r["id"] for r in ib} == {ia[0]["id"]} and ib[-1]["status"] == "closed"
         assert b.value("straggler_windows_scored_total", job=JOB) == RECOVERS + 8 - 5
+        # The store has every window's row and the incident's latest record, written in
+        # each commit of the job's state (A's too, though it was killed right after).
+        with open_store(pg_url, readonly=True) as st:
+            assert [r["window"] for r in st.job_windows(JOB)] == list(range(RECOVERS + 8))
+            rec = st.incident(ia[0]["id"])
+            assert rec is not None and rec["status"] == "closed"
     finally:
         b.daemon.stop()  # type: ignore[union-attr]
         a.daemon.kill()  # type: ignore[union-attr]
