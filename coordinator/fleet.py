@@ -296,6 +296,8 @@ def _by_job(cols: WindowColumns) -> Iterator[tuple[str, WindowColumns]]:
 class FleetCoordinator(Coordinator):
     """The coordinator as one of a fleet (module docstring). `fleet`: its leases."""
 
+    _outbox: list[tuple[str, str, dict[str, Any]]]  # (job, action, body): service.py's
+
     def __init__(self, *args: Any, fleet: Fleet, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.fleet = fleet

@@ -605,20 +605,6 @@ class CoordinatorSession:
             return [tell, BadFrame(e), Close(e.reason, e.text)]
         return [tell, BadFrame(e)]
 
-    def confirm(self) -> Ack:
-        """First Ack after auth: tells the agent what it need not resend."""
-        assert self.hello is not None and self.state == "established"
-        upto = self.tracker.begin(self.hello.agent_id, self.hello.incarnation)
-        return Ack(seq=self._next(), upto=upto)
-
-    def delivered(self, msg: DataMessage) -> int:
-        """The app has ``msg``: record it; returns the new ``upto`` to ack."""
-        assert self.hello is not None
-        return self.tracker.mark(self.hello.agent_id, msg.seq)
-
-    def ack(self, upto: int) -> Ack:
-        return Ack(seq=self._next(), upto=upto)
-
     def redirect(self, owners: tuple[JobOwner, ...]) -> Redirect | Error:
         """What tells this agent that `owners`' jobs are served elsewhere in the fleet: a
         Redirect (1.3 and later), else a fatal `not_owner` error naming the owner (the
@@ -634,6 +620,20 @@ class CoordinatorSession:
         )
         text = f"{named}; connect there (protocol 1.{FLEET_MINOR} agents follow it themselves)"
         return Error(seq=self._next(), code="not_owner", text=text[:4096], fatal=True)
+
+    def confirm(self) -> Ack:
+        """First Ack after auth: tells the agent what it need not resend."""
+        assert self.hello is not None and self.state == "established"
+        upto = self.tracker.begin(self.hello.agent_id, self.hello.incarnation)
+        return Ack(seq=self._next(), upto=upto)
+
+    def delivered(self, msg: DataMessage) -> int:
+        """The app has ``msg``: record it; returns the new ``upto`` to ack."""
+        assert self.hello is not None
+        return self.tracker.mark(self.hello.agent_id, msg.seq)
+
+    def ack(self, upto: int) -> Ack:
+        return Ack(seq=self._next(), upto=upto)
 
     def control(self, action: str, body: dict[str, Any] | None = None) -> Control:
         if action not in CONTROL_ACTIONS:
