@@ -17,9 +17,10 @@ record to ``out/realjobs/runs.jsonl`` (its findings lines to ``findings.jsonl``)
   ``none``: nothing (healthy runs for the false-flag count).
 - Sizes (``SIZES``): ``sigstop``, ms stopped of every 100 ms; ``quota``, the share
   of one CPU; ``hog``, its busy share of every 10 ms; ``loader``, ms of sleep per
-  step; ``bridge``, ms added to each bridge exchange. Calibrated to the GPT job (about 5/10/20/40%), and each run still measures the slowdown it caused (its
-  fault windows against its own windows before onset), and the goals are judged by
-  that measured slowdown (bench/realjobs/grid.py).
+  step; ``bridge``, ms added to each bridge exchange. Calibrated to slow the GPT job
+  about 5/10/20/40%; each run still measures the slowdown it caused (its fault
+  windows against its own windows before onset), and the goals are judged by that
+  measured slowdown (bench/realjobs/grid.py).
 """
 
 from __future__ import annotations
