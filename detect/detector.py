@@ -135,6 +135,7 @@ class Detector:
             gpu_hours=self.ledger.gpu_hours,
             last_window=self._last_window,
             late=[ref.snapshot(w) for w, ref in self._late.items()],
+            causes=[[k, s, c, m, w] for (k, s), (c, m, w) in self.ranks.causes.items()],
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -159,6 +160,10 @@ class Detector:
         self.ledger.restore(st.tracks, st.gpu_hours, self.settings.flag_window)
         self._last_window = st.last_window
         self._late = dict(LateRef.restore(e) for e in st.late)
+        self.ranks.causes = {
+            (str(e[0]), str(e[1])): (dict(e[2]), [str(x) for x in e[3]], int(e[4]))
+            for e in st.causes
+        }
 
     # -- one window ---------------------------------------------------------
 
@@ -194,7 +199,9 @@ class Detector:
         # as a slow collective or link. Those windows do not judge them (DETECTOR.md
         # "Late summaries").
         partial = bool(missing_out)
-        findings += self.scalars.island_findings(ctx, v, self.settings, judge_transfer=not partial)
+        findings += self.scalars.island_findings(
+            ctx, v, self.settings, judge_transfer=not partial, held=active
+        )
         if not partial:
             findings += self.scalars.link_findings(ctx, v, self.settings)
         findings.sort(key=lambda f: (KINDS.index(f.kind), f.subject))

@@ -68,6 +68,9 @@ class RankRule:
         self.history = history
         self.ledger = ledger
         self.roster = roster
+        # per rank track: the cause its episode last named from a window with an excess
+        # to explain, and that window (DETECTOR.md "Diagnosis": one cause an episode)
+        self.causes: dict[tuple[str, str], tuple[dict[str, Any], list[str], int]] = {}
 
     def judge(
         self,
@@ -216,8 +219,12 @@ class RankRule:
             )
             held[i] = track.active or bool(bad[i])
             if state is not None:
-                out.append(self._finding(kind, state, i, v, sc, excess, track, ctx, s, shape))
+                out.append(
+                    self._finding(kind, state, i, v, sc, excess, track, ctx, s, shape, bool(bad[i]))
+                )
             self.ledger.forget_idle(key, track)
+            if state == "cleared" or key not in self.ledger.tracks:
+                self.causes.pop(key, None)
         return out, held
 
     def feed(
@@ -247,6 +254,7 @@ class RankRule:
         ctx: Ctx,
         s: Settings,
         shape: dict[str, Any],
+        bad: bool = True,
     ) -> Finding:
         rank = int(v.r[i])
         cause: dict[str, Any] | None = None
@@ -259,8 +267,26 @@ class RankRule:
             slow = sc.peers.ratio[i] - 1.0 if kind == "rank" else sc.history[i] - 1.0
             if kind == "rank" and sc.change_bad[i]:
                 slow = math.expm1(sc.shift[i])
-            c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
-            cause, missing = c.to_json(), list(c.missing)
+            if shape.get("shape") == "stalls" and shape.get("peers_gap_mean_ms", 0.0) > 0:
+                # stalls cost their mean (the excess above), and the host's figures are
+                # shares of the wall time, means too: the median's ratio (near 1, even
+                # below it, while a stopped process makes every peer wait) is not the
+                # slowdown they explain, and named no cause in half such windows
+                slow = shape["gap_mean_ms"] / shape["peers_gap_mean_ms"] - 1.0
+            key = (kind, str(rank))
+            known = self.causes.get(key)
+            if known is not None and not (bad and slow > 0):
+                # nothing to explain in this window (judged good: a stalled rank's
+                # window without its stalls, a job's last few steps): its episode's
+                # cause stands, so the line (and the end summary, the latest line) does
+                # not turn `unknown` on noise; `as_of_window` says where it was named
+                cause = {**known[0], "evidence": {**known[0]["evidence"], "as_of_window": known[2]}}
+                missing = list(known[1])
+            else:
+                c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
+                cause, missing = c.to_json(), list(c.missing)
+                if bad and slow > 0:
+                    self.causes[key] = (cause, missing, ctx.window)
         evidence: dict[str, Any] = {
             "gpu_hours": track.pending_hours if state == "suspect" else track.hours,
             "gap_ms": float(v.gap[i]),

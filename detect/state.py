@@ -104,6 +104,9 @@ class DetectorState(msgspec.Struct, kw_only=True):
     gpu_hours: float
     last_window: int = -1  # (older states: no late scoring, no late window kept)
     late: list[LateEntry] = []
+    # [kind, subject, cause, missing, window]: the cause each open rank episode last
+    # named (rank_rule.RankRule.causes; older states: none, each names its next)
+    causes: list[list[Any]] = []
 
 
 class VerdictState(msgspec.Struct, kw_only=True):

@@ -178,6 +178,21 @@ def test_island_drift_flags_the_island_not_its_ranks() -> None:
     assert (f.basis, f.confidence) == ("history", "baseline")
 
 
+def test_two_slow_ranks_of_four_are_rank_findings_not_an_island_drift() -> None:
+    """A CPU hog on a core that two of a 4-rank job's ranks share (issue 31's real-job
+    grid) slows both by 30%: each is slow against its peers, a `rank` finding of its
+    own. The island's median (the mean of its middle two) moved 15% with them; the
+    ranks the rank rule already named are not the island's drift, so no `island`."""
+    det = Detector(Settings(), "job1", 4)
+    rng = np.random.default_rng(11)
+    rows = 100.0 * (1 + 0.005 * rng.standard_normal((14, 4)))
+    rows[8:, [0, 2]] *= 1.3
+    res = run(det, rows)
+    assert states(res, "rank", "0")[10] == "flagged" and states(res, "rank", "2")[10] == "flagged"
+    assert not [(f.kind, f.window) for r in res for f in r.findings if f.kind == "island"]
+    assert np.median(rows[12]) / np.median(rows[2]) > Settings().drift_ratio  # what it was
+
+
 def test_collective_slowdown_uses_the_last_arrival() -> None:
     # One straggler inflates everyone else's time in collectives (they wait for
     # it); that must not read as a collective slowdown.

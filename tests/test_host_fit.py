@@ -92,6 +92,25 @@ def test_below_half_of_the_excess_is_unknown() -> None:
     assert c.kind == "unknown" and c.evidence["host_fit"]["idle"] < EXPLAIN_MIN
 
 
+def test_the_host_explains_the_sum_of_its_mechanisms() -> None:
+    # A CPU hog on the rank's core (issue 31's real-job grid): the process waits for
+    # the core, part of it seen as run delay (12% vs 2% of the wall: 43% of a 30%
+    # slowdown's excess) and part as idle gap (busy 78.5% vs 97%: 40% more). Neither
+    # explains half; the shares split one time (not running) by its reason, so the
+    # host explains their sum, named by the larger.
+    rank = replace(QUIET, run_delay_pct=12.0, gap_busy_pct=78.5, proc_cpu_pct=70.0)
+    fit = host_fit(rank, PEERS, 0.3)
+    run_wait = (12.0 - 2.0) / 100 * 1.3 / 0.3
+    not_busy = ((1 - 0.785) * 1.3 - (1 - 0.97)) / 0.3
+    assert fit.shares["runnable_wait"] == pytest.approx(run_wait, abs=0.002)
+    assert fit.shares["idle"] == pytest.approx(not_busy - run_wait, abs=0.002)
+    assert max(fit.shares.values()) < EXPLAIN_MIN
+    c = diagnose(rank, PEERS, slowdown=0.3)
+    assert c.kind == "host" and c.evidence["mechanism"] == "runnable_wait"
+    assert c.explained == pytest.approx(not_busy, abs=0.003)
+    assert "(and idle 40% of the excess)" in c.text
+
+
 def test_host_fit_replaces_the_qualitative_signals_where_figures_exist() -> None:
     # high pressure on this rank, but its gap was as busy and its run delay as
     # small as the peers': the fit says the host does not explain the slowdown

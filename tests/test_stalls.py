@@ -21,7 +21,7 @@ from artemis.agent.summary import WindowSummarizer
 from artemis.detect.findings import Finding
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
-from artemis.protocol.records import RankWindow
+from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.policy import stalls
 from artemis.ring.format import KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 from artemis.sim import inproc
@@ -260,3 +260,76 @@ def test_older_agents_without_a_mean_are_judged_as_before() -> None:
     ]
     assert flagged(run(old)) == []
     assert [f.rank for f in flagged(run(wins))] == [1]  # the same windows, with the mean
+
+
+# --------------------------------------------------------------------------- the cause
+
+
+BUSY = 0.95  # a healthy rank computes 95% of its gap (the rest: launches, the loader)
+
+
+def stopped_telemetry(
+    wins: list[tuple[int, list[RankWindow]]], stalled: int, cause: Cause, gap: float
+) -> list[tuple[int, list[RankWindow]]]:
+    """The host figures the cause makes: a stopped (or sleeping) process is neither
+    running nor runnable while stopped, so its gap is busy only for its compute,
+    `BUSY x own` of its mean `own + stall_ms / every` (`own`: its gap, `slow` off its
+    peers'); no run delay beyond its peers'."""
+    out = []
+    for w, rows in wins:
+        stopped = w in cause.during
+        new = []
+        for r in rows:
+            own = gap * (1.0 + cause.slow) if stopped and r.rank == stalled else gap
+            mean_gap = own + (cause.stall_ms / cause.every if stopped and r.rank == stalled else 0)
+            tel = Telemetry(
+                cpu_pct=55.0,
+                proc_cpu_pct=100.0 * BUSY * own / mean_gap,
+                gap_busy_pct=100.0 * BUSY * own / mean_gap,
+                run_delay_pct=3.0,
+                cg_throttled_pct=0.0,
+                cg_nr_throttled=0,
+            )
+            new.append(dataclasses.replace(r, telemetry=tel))
+        out.append((w, new))
+    return out
+
+
+def rank_lines(outs: list[MonitorOutput], rank: int) -> list[Finding]:
+    return [f for o in outs for f in o.findings if f.kind == "rank" and f.rank == rank]
+
+
+def test_a_stopped_rank_is_host_idle_in_every_line_though_its_median_did_not_move() -> None:
+    """SIGSTOP 8 ms in 1 of 4 steps of a rank 3% faster than its peers by itself
+    (issue 31's quiet grid: flag lines `unknown`). Its median gap stays below its
+    peers' (ratio under 1), so the median's slowdown left the host fit nothing to
+    explain; the stalls' cost is their mean (+17%), and the idle time the stops make
+    explains all of it, in every line."""
+    cause = Cause(stall_ms=8.0, every=4, slow=-0.03)
+    wins = stopped_telemetry(stall_windows(4, 14, 1, cause, 10.0), 1, cause, 10.0)
+    lines = [f for f in rank_lines(run(wins, rebalance="off"), 1) if f.state != "cleared"]
+    assert [f.state for f in lines].count("flagged") == 1
+    assert all(f.ratio is not None and f.ratio < 1.0 for f in lines)  # the point of the test
+    for f in lines:
+        c = f.to_json()["cause"]
+        assert c["kind"] == "host", (f.window, f.ratio, c["text"])
+        assert c["evidence"]["mechanism"] == "idle"
+        assert c["explained"] >= 0.9
+        assert "as_of_window" not in c["evidence"]  # each named from its own window
+
+
+def test_an_episode_keeps_its_cause_in_windows_with_nothing_to_explain() -> None:
+    """The stops end at window 9 with the finding still open (it clears after 3 good
+    windows): those good windows have no excess to explain, and their telemetry is
+    the peers'. Their lines keep the episode's cause (the end summary is the latest
+    line), saying which window named it, never `unknown` from noise."""
+    cause = Cause(stall_ms=8.0, every=4, slow=-0.03, during=range(ONSET, 9))
+    wins = stopped_telemetry(stall_windows(4, 14, 1, cause, 10.0), 1, cause, 10.0)
+    lines = rank_lines(run(wins, rebalance="off"), 1)
+    after = [f for f in lines if f.window >= 9]
+    assert [f.state for f in after] == ["ongoing"] * (Settings().clear_after - 1) + ["cleared"]
+    for f in after[:-1]:
+        c = f.to_json()["cause"]
+        assert c["kind"] == "host" and c["evidence"]["mechanism"] == "idle", c["text"]
+        assert c["evidence"]["as_of_window"] == 8
+    assert after[-1].to_json()["cause"] is None

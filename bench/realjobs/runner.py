@@ -207,7 +207,17 @@ def _finish(
         rec["error"] = (work / "run.log").read_text()[-2000:]
         return rec
     keep.mkdir(parents=True, exist_ok=True)
-    for src in (trace_path, out / "onset.json", summ, work / "findings.jsonl", work / "run.log"):
+    # the journal holds every window's summaries (a short job's is never compacted):
+    # enough to score the run again offline, with a changed rule
+    journal = work / "artemis-out" / f"rj-{rec['tag']}" / "state" / "journal.assembly"
+    for src in (
+        trace_path,
+        out / "onset.json",
+        summ,
+        work / "findings.jsonl",
+        work / "run.log",
+        journal,
+    ):
         if src.exists():
             shutil.copy(src, keep / src.name)
     summary = json.loads(summ.read_text())
