@@ -86,6 +86,10 @@ def cost_unit(cols: WindowColumns) -> str:
     hours are GPU-hours; an empty window or one without telemetry keeps `gpu`)."""
     if not cols.n:
         return "gpu"
+    if not any(_present(cols[f"tel_{name}"][0]) for name in HOST_FIELDS):
+        # the first row is no CPU rank, so not every rank is one: no column need be
+        # scanned (a 100k-rank window's GPU columns took 11 M instructions to say so)
+        return "gpu"
     if any(_any_present(cols, name) for name in _numeric_first(GPU_FIELDS)):
         return "gpu"
     return "cpu" if _rows_present(cols, HOST_FIELDS).all() else "gpu"

@@ -353,7 +353,12 @@ def stall_test(
     fault, is a one-off, not a stall that recurs). Per sample under a plan, like the
     gap. A group where a summary has no mean (an older agent) is not judged so.
     Adaptive mode: also NOISE_Z of the job's live noise, as the peer test."""
-    mean = v.cols.floats("gap_mean_ms")[v.row]
+    mean = v.cols.floats("gap_mean_ms")
+    if not np.isfinite(mean).any():
+        # no summary has a mean (an older agent's job): no rank's arrays to build (a
+        # 100k-rank window spent 2,400 page faults of fresh temporaries on them)
+        return np.zeros(v.r.size, dtype=bool)
+    mean = mean[v.row]
     longest = v.cols.floats("gap_max_ms")[v.row]
     steps = (v.cols.ints("step_hi") - v.cols.ints("step_lo"))[v.row].astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -363,34 +368,16 @@ def stall_test(
             trimmed = trimmed * (v.gap / v.actual)
     have = np.isfinite(trimmed)
     if not have.any():
-        return have  # no summary has a mean: an older agent's job
+        return have  # no usable summary has a mean
     judged = judged & (np.bincount(v.gid, weights=~have)[v.gid] == 0)
     x = np.where(have, trimmed, v.gap)
-    if not _may_pass(x, v.gid, judged, s.suspect_ratio):
-        return np.zeros(v.r.size, dtype=bool)
-    sc = scoring.score(x, v.gid)
+    # only the judged ranks that can reach the margin get a ratio (NaN: cannot)
+    ratio = scoring.ratio_reaching(x, v.gid, judged, s.suspect_ratio)
     with np.errstate(invalid="ignore", divide="ignore"):
-        bad = judged & (sc.ratio >= s.suspect_ratio)
+        bad = judged & (ratio >= s.suspect_ratio)
         if s.mode == "adaptive" and live is not None and math.isfinite(live):
-            bad &= np.log(sc.ratio) >= NOISE_Z * live
+            bad &= np.log(ratio) >= NOISE_Z * live
     return bad
-
-
-def _may_pass(x: F64, gid: I64, judged: npt.NDArray[np.bool_], ratio: float) -> bool:
-    """Whether any judged rank can reach `ratio` of its leave-one-out median: a bound
-    that spares the full scoring in the usual window, where none can (a few groups).
-    Leaving one value out lowers no order statistic, so every leave-one-out median
-    of a group of n is at least its sorted value at (n - 2) // 2."""
-    groups = np.unique(gid[judged])
-    if groups.size > scoring.FEW_GROUPS:
-        return bool(judged.any())
-    for g in groups.tolist():
-        vals = x[gid == g]
-        k = (vals.size - 2) // 2
-        low = float(np.partition(vals, k)[k]) if vals.size >= 2 else 0.0
-        if (x[judged & (gid == g)] >= ratio * low).any():
-            return True
-    return False
 
 
 def stall_shape(v: View, i: int) -> dict[str, Any]:
@@ -402,8 +389,10 @@ def stall_shape(v: View, i: int) -> dict[str, Any]:
     peers = grp[grp != i]
     if not peers.size:
         return {}
-    rows = v.row[[i, *peers.tolist()]]
-    scale = v.gap[[i, *peers.tolist()]] / v.actual[[i, *peers.tolist()]]
+    # (an index array, not a Python list of the group: a group can be 50k ranks)
+    at = np.concatenate((np.array([i], dtype=np.int64), peers))
+    rows = v.row[at]
+    scale = v.gap[at] / v.actual[at]
     out: dict[str, Any] = {}
     shifts = []
     for name in ("gap_q1_ms", "gap_q2_ms", "gap_mean_ms"):

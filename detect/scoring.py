@@ -215,6 +215,67 @@ def _few_groups(x: F64, g: I64, groups: int) -> tuple[F64, F64, I64]:
     return loo, mad, group_size
 
 
+def ratio_reaching(
+    values: npt.ArrayLike, gid: npt.ArrayLike, judged: npt.NDArray[np.bool_], at_least: float
+) -> F64:
+    """`score(values, gid).ratio` for every judged entry whose ratio can reach `at_least`,
+    NaN for the rest (entries not judged, and those whose ratio is provably below it):
+    the recurring-stall test's question, answered without the MAD or the unjudged ranks.
+
+    A leave-one-out median of a group of n is at least the group's order statistic
+    (n - 2) // 2 (leaving one value out lowers none), so an entry below `at_least` of
+    it, with a relative margin far beyond rounding, cannot reach `at_least`; only the
+    others get the exact median, from the same partition `score` uses (the same
+    order statistics, the same arithmetic: equal bits). As before this existed, no
+    ratio at all (all NaN) unless some judged entry reaches `at_least` of that bound.
+    Many groups, or values that are not all finite, take `score` itself."""
+    x = np.ascontiguousarray(values, dtype=np.float64)
+    g = np.ascontiguousarray(gid, dtype=np.int64)
+    out = np.full(x.size, np.nan)
+    groups = np.unique(g[judged]).tolist()
+    if not groups:
+        return out
+    fast = (
+        len(groups) <= FEW_GROUPS
+        and int(g.max()) + 1 <= FEW_GROUPS  # `score` partitions these too
+        and at_least > 0
+        and bool(np.isfinite(x).all())
+    )
+    if not fast:
+        if len(groups) > FEW_GROUPS or any(
+            (x[judged & (g == k)] >= at_least * _lower_bound(x[g == k])).any() for k in groups
+        ):
+            out[judged] = score(x, g).ratio[judged]
+        return out
+    reached = False
+    for k in groups:
+        idx = np.flatnonzero(g == k)
+        v = x[idx]
+        mine = judged[idx]
+        n = v.size
+        if n < 2:
+            reached = reached or bool((v[mine] >= 0.0).any())
+            continue  # no other rank: no ratio
+        lo, hi = (n - 2) // 2, (n - 1) // 2
+        t = np.partition(v, sorted({lo, lo + 1, hi, hi + 1}))
+        low = float(t[lo])
+        reached = reached or bool((v[mine] >= at_least * low).any())
+        may = mine if low <= 0 else mine & (v >= at_least * low * (1.0 - 1e-9))
+        vc = v[may]
+        loo = 0.5 * (_pick(vc, t, lo) + _pick(vc, t, hi))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            out[idx[may]] = np.where(loo > 0, vc / loo, np.nan)
+    if not reached:
+        out[:] = np.nan
+    return out
+
+
+def _lower_bound(vals: F64) -> float:
+    """The order statistic (n - 2) // 2 of a group: no leave-one-out median is below it."""
+    k = (vals.size - 2) // 2
+    return float(np.partition(vals, k)[k]) if vals.size >= 2 else 0.0
+
+
 def score_reference(values: npt.ArrayLike, gid: npt.ArrayLike) -> Scores:
     """The same scores by brute force (O(n^2) per group): for tests and docs only."""
     x = np.asarray(values, dtype=np.float64)
