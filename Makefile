@@ -59,15 +59,16 @@ demo: setup
 # end-to-end files took 168 s alone and 96-97 s on two workers, twice each, A/B and
 # B/A, at a load average of 2-6).
 # (2) SERIAL_TESTS, alone: they make network namespaces and veth pairs (partition,
-# disk full, plugin hardening), time `import torch` to the millisecond (autoload),
-# or hold 10k connections / run 20 torchrun jobs against a bound (hostile peers, ring
-# lifetime: both ran past theirs beside another worker at a load average of 12).
+# disk full, plugin hardening, the fleet member cut off from PostgreSQL), time
+# `import torch` to the millisecond (autoload), or hold 10k connections / run 20
+# torchrun jobs against a bound (hostile peers, ring lifetime: both ran past theirs
+# beside another worker at a load average of 12).
 # (3) The real-PyTorch runs (torch_e2e), alone: four ranks on this machine's cores,
 # judged against each rank's own record of its CPU time (tests/rank_truth.py).
 PYTEST_WORKERS ?= 2
 SERIAL_TESTS := tests/test_partition.py tests/test_disk_full.py \
 	tests/test_plugin_hardening.py tests/test_job_autoload.py \
-	tests/test_hostile_peers.py tests/test_ring_lifetime.py
+	tests/test_hostile_peers.py tests/test_ring_lifetime.py tests/test_fleet_e2e_netns.py
 TORCH_TESTS = $(shell grep -l "mark.torch_e2e" tests/test_*.py)
 test: setup
 	bash tests/setup/install-prometheus.sh
