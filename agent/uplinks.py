@@ -12,6 +12,10 @@ empty address sends the job back to the list link, which moves on past the
 address that said so. A link left without ranks closes; an owner link that
 cannot connect ``owner_retries`` times in a row hands its jobs back to the list
 (its coordinator died: another one will take the lease or name the new owner).
+When the redirect said how long the holder's lease still runs (``expires_s``),
+the jobs go back when it runs out instead: no other coordinator can take them
+before, and one will at once after (a failover costs the lease, not the lease
+plus the rounds of a back-off that polled the fleet meanwhile).
 
 Callers see one uplink: ``enqueue`` routes each message by job and returns a
 *ticket*; ``acked_upto`` is the highest ticket below which everything was
@@ -78,6 +82,10 @@ class Uplinks:
         self._stopping = False
         self.moves = 0  # jobs moved between links (redirects followed, owners lost)
         self._moved_at: dict[str, list[float]] = {}  # job -> when redirects moved it lately
+        # job -> when (monotonic) its holder's lease runs out unless renewed, as the last
+        # redirect to it said; forgotten once a link to the holder is established
+        self._expiry: dict[str, float] = {}
+        self._expiry_timers: dict[AgentLink, asyncio.TimerHandle] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -288,6 +296,9 @@ class Uplinks:
             del self._owners[addr]
         self._pending.pop(link, None)
         self._tasks.pop(link, None)
+        timer = self._expiry_timers.pop(link, None)
+        if timer is not None:
+            timer.cancel()
         _add_counters(self._closed, link.stats)
         log.info("uplink without jobs closed", address=link.address)
         task = asyncio.get_running_loop().create_task(link.close(timeout=0.0))
@@ -341,6 +352,10 @@ class Uplinks:
                 loop.call_later(1.0, self._on_redirect, src, (jo,))
                 self._moved_at[jo.job] = recent
                 continue
+            if jo.expires_s > 0:
+                self._expiry[jo.job] = now + jo.expires_s
+            else:
+                self._expiry.pop(jo.job, None)
             if jo.address:
                 dst = self._owner_link(jo.address)
                 if dst is not src:
@@ -358,7 +373,18 @@ class Uplinks:
                 self._move(src, self._list_link(), back)
 
     def _on_failure(self, link: AgentLink, failures: int) -> None:
-        if link is self._list or failures < self.owner_retries:
+        if link is self._list:
+            return
+        known = [self._expiry[j] for j in link.jobs if j in self._expiry]
+        if known:
+            # The holder's lease runs out then: back to the list at that moment.
+            if link not in self._expiry_timers:
+                wait = max(known) + _EXPIRY_MARGIN_S - time.monotonic()
+                loop = asyncio.get_running_loop()
+                timer = loop.call_later(max(0.0, wait), self._holder_expired, link)
+                self._expiry_timers[link] = timer
+            return
+        if failures < self.owner_retries:
             return
         log.warning(
             "job owner unreachable: its jobs go back to the address list",
@@ -367,6 +393,24 @@ class Uplinks:
             jobs=sorted(link.jobs),
         )
         self._move(link, self._list_link(), link.jobs)
+
+    def _holder_expired(self, link: AgentLink) -> None:
+        """The lease of an unreachable holder ran out: its jobs ask the fleet again (the
+        first member asked takes the lease); the list starts past the holder's address."""
+        self._expiry_timers.pop(link, None)
+        if self._stopping or link.connected or link not in self._owners.values():
+            return
+        jobs = link.jobs
+        for job in jobs:
+            self._expiry.pop(job, None)
+        log.warning(
+            "job owner unreachable and its lease ran out: its jobs go back to the address list",
+            address=link.address,
+            jobs=sorted(jobs),
+        )
+        lst = self._list_link()
+        self._move(link, lst, jobs)
+        lst.skip_address(link.address)
 
     def _on_connecting(self, link: AgentLink) -> bool:
         """The list link about to connect where an owner link is: its jobs join that
@@ -385,6 +429,8 @@ class Uplinks:
         """Two links to one coordinator would supersede each other (one agent id): the
         newcomer's jobs join the other link. Told by the address, not the coordinator
         id (a coordinator outside a fleet calls itself "coordinator")."""
+        for job in link.jobs:
+            self._expiry.pop(job, None)  # its holder answers: what a redirect said is old
         for other in self.links:
             if other is link or other.address != link.address:
                 continue
@@ -432,6 +478,8 @@ class Uplinks:
 # A job redirected this often within this many seconds: its next redirect waits.
 _BOUNCES = 4
 _BOUNCE_S = 5.0
+# Asked again this long after the holder's lease ran out (the database's clock rounds).
+_EXPIRY_MARGIN_S = 0.05
 
 _COUNTERS = (
     "dropped",

@@ -158,7 +158,24 @@ class Fleet:
             lease = None
         if lease is None or lease.mine:
             return JobOwner(job=job)
-        return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
+        return self.holder(lease)
+
+    def holder(self, lease: Lease) -> JobOwner:
+        """Another's `lease` as the wire says it, with how long it still runs by the
+        database's clock: an agent that cannot reach the holder (it died) comes back
+        when the lease is free instead of polling the fleet on its back-off."""
+        try:
+            left = max(0.0, lease.expires - self.loop_store().now())
+        except StoreError as e:
+            self.failed(e)
+            left = 0.0  # not known: the agent falls back on its retries
+        return JobOwner(
+            job=lease.job,
+            owner=lease.owner,
+            address=lease.address,
+            epoch=lease.epoch,
+            expires_s=min(left, 86400.0),
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.cfg.renew_s):
@@ -329,7 +346,7 @@ class FleetCoordinator(Coordinator):
             self.fleet.failed(e)
             return JobOwner(job=job)
         if not lease.mine:
-            return JobOwner(job=job, owner=lease.owner, address=lease.address, epoch=lease.epoch)
+            return self.fleet.holder(lease)
         self.ended.pop(job, None)
         try:
             self._adopt(job, lease.epoch)

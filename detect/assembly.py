@@ -124,6 +124,9 @@ class _Job:
     # released windows, ordered, bounded: the ranks each still misses (recent ones only)
     released: dict[tuple[str, int], I64 | None] = field(default_factory=dict)
     open_late: set[tuple[str, int]] = field(default_factory=set)  # those with a list
+    # Restored with its expected ranks (a restart, a fleet takeover): they are known,
+    # so the grace for late announcements does not hold its windows back.
+    settled: bool = False
 
     def grow(self, n: int) -> None:
         if n > self.prim_n.size:
@@ -161,7 +164,10 @@ class WindowAssembler:
     """`grace_s` (default: the deadline) after the first summary arrives, no window
     counts as complete: a coordinator that just (re)started knows only the ranks
     of the agents that reconnected so far, and must not call a window complete
-    before the others had a chance to announce theirs."""
+    before the others had a chance to announce theirs. A job whose state was
+    restored (`restore`) knows its ranks from it: its windows are complete as soon
+    as every one of them is in (the journal's rows and the agents' resends), which
+    is what makes a fleet takeover cost the lease and not the lease plus a grace."""
 
     def __init__(
         self,
@@ -224,6 +230,7 @@ class WindowAssembler:
         j.ended = True
         j.expected = np.zeros(0, dtype=bool)
         j.n_expected = 0
+        j.settled = False
         j.prim_n = np.zeros(0, dtype=np.int64)
         j.prim_comm = np.empty(0, dtype=object)
         j.prim_code = np.zeros(0, dtype=np.int64)
@@ -362,6 +369,7 @@ class WindowAssembler:
                 j.prim_comm = pc
             j.recode()
             j.expect(_ints(s.expected))
+            j.settled = j.n_expected > 0
             for item in s.released:
                 m = _ints(item[2]) if len(item) > 2 else None  # (older states: none kept)
                 self._mark(j, (str(item[0]), int(item[1])), m)
@@ -547,7 +555,7 @@ class WindowAssembler:
         # consecutive windows, so a complete window waits for late earlier ones.
         out: list[AssembledWindow] = []
         j = self._jobs[job]
-        settled = self._born is not None and now - self._born >= self.grace_s
+        settled = j.settled or (self._born is not None and now - self._born >= self.grace_s)
         while j.order:
             run, w = j.order[0]
             p = self._pending[(job, run, w)]

@@ -361,6 +361,11 @@ class JobOwner(msgspec.Struct, frozen=True, kw_only=True):
     owner: Annotated[str, msgspec.Meta(max_length=NAME_MAX)] = ""
     address: Annotated[str, msgspec.Meta(max_length=NAME_MAX)] = ""
     epoch: Count = 0
+    # Seconds the lease still runs unless its holder renews it, by the database's clock
+    # when this was said (0: not known). An agent that cannot reach the holder (it
+    # died) asks the fleet again then, when the lease is free, not on a blind back-off.
+    # Optional, added within 1.3: agents that do not know it ignore it.
+    expires_s: Annotated[float, msgspec.Meta(ge=0.0, le=86400.0)] = 0.0
 
 
 class Redirect(_Wire, Message, tag="redirect", frozen=True, kw_only=True):
