@@ -67,6 +67,9 @@ class CorrectionShell:
         # server-made control id -> (correction id, op), for a correction id too long
         # to be its control id (``control_id``): its ack is still matched.
         self._ctl: dict[str, tuple[str, str]] = {}
+        # Each job's policy as of its latest window: the tick times out unanswered
+        # controls by it (correction_ack_timeout_s) between windows too.
+        self._policy: dict[str, CorrectionPolicy] = {}
 
     def book(self, job: str) -> CorrectionBook:
         b = self.books.get(job)
@@ -126,6 +129,7 @@ class CorrectionShell:
         """After a scored window: the book decides on the job's incidents; its entries
         join the records of ``out`` (more lines of the same group)."""
         b = self.books.get(job)
+        policy = self._policy[job] = CorrectionPolicy.from_settings(settings)
         if settings.corrections == "off" and (b is None or not b.busy):
             return  # nothing to decide, nothing in flight: no records built
         records = m.incidents.open_incidents
@@ -139,8 +143,7 @@ class CorrectionShell:
         pol = m.policy
         plan = pol.active_plan if pol is not None and pol.verifying else None
         res = b.on_window(
-            window, [*records, *closed], out.incident_rows, facts,
-            CorrectionPolicy.from_settings(settings), wall,
+            window, [*records, *closed], out.incident_rows, facts, policy, wall,
             None if plan is None else f"plan {plan.id} {plan.status}",
         )  # fmt: skip
         self.into(job, m, res, out, closed)
@@ -254,10 +257,11 @@ class CorrectionShell:
         return None
 
     def tick(self, wall: float, now: float) -> list[tuple[str, Output]]:
-        """Approvals expire; controls not acknowledged within RESEND_S go out again."""
+        """Approvals expire, and so do controls unanswered past correction_ack_timeout_s
+        (by ``wall``: the book's clock); the others go out again after RESEND_S."""
         outs = []
         for job, b in self.books.items():
-            res = b.expire(wall)
+            res = b.expire(wall, policy=self._policy.get(job))
             if res.entries:
                 outs.append((job, res))
             for rank, body in b.unacked():
@@ -327,7 +331,7 @@ class CorrectionShell:
         unknown command, id, action or incident, or an expired id."""
         cmd = req.get("cmd")
         for job, b in list(self.books.items()):
-            res = b.expire(wall)  # past their expiry before a command reads them
+            res = b.expire(wall, policy=self._policy.get(job))  # before a command reads them
             if res.entries:
                 emit(job, res)
         if cmd == "pending":
@@ -368,6 +372,7 @@ class CorrectionShell:
 
     def forget(self, job: str) -> None:
         self.books.pop(job, None)
+        self._policy.pop(job, None)
         for key in [k for k in self._where if k[0] == job]:
             del self._where[key]
 
