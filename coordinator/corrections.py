@@ -263,9 +263,12 @@ class CorrectionShell:
         for job, b in self.books.items():
             res = b.expire(wall, policy=self._policy.get(job))
             if res.entries:
-                outs.append((job, res))
+                outs.append((job, res))  # its controls go out with it (``into``)
+            fresh = {(body["id"], body["op"]) for _r, body in res.controls}
             for rank, body in b.unacked():
                 last = self._sent.get((body["id"], body["op"]))
+                if (body["id"], body["op"]) in fresh:
+                    continue
                 if last is None or now - last >= RESEND_S:
                     self._queue(job, rank, body, resend=True)
         return outs
