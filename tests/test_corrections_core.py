@@ -430,3 +430,13 @@ def test_an_ack_timeout_of_0_waits_forever() -> None:
     cid = feed(b, 3, rec(), 100, 1.3, policy=pol, wall=1000.0).controls[0][1]["id"]
     b.expire(1e9, policy=pol)
     assert b.get(cid).status == "approved" and b.in_flight() is not None
+
+
+def test_the_ack_timeout_is_a_live_detector_key() -> None:
+    from artemis.detect.settings import Settings, SettingsError
+
+    s = Settings().set("correction_ack_timeout_s", "45")  # as `artemis-coordinator set` does
+    assert CorrectionPolicy.from_settings(s).ack_timeout_s == 45.0
+    assert CorrectionPolicy.from_settings(Settings()).ack_timeout_s == 300.0
+    with pytest.raises(SettingsError, match="correction_ack_timeout_s"):
+        Settings().set("correction_ack_timeout_s", "-1")
