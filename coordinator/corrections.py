@@ -4,7 +4,8 @@ One book per job (rebalance/corrections.py decides). This shell knows what the
 core must not: which agent serves a rank and what protocol it announced (a
 correction goes only to an agent of 1.2 or later), the rank's host, GPU index and
 power limits from the window's columns, and the wall clock (approvals expire by
-it). It turns the book's output into incident records (through the job's
+it, and controls unanswered past correction_ack_timeout_s fail by it, at each
+window and tick: the book is told the time and the job's latest policy). It turns the book's output into incident records (through the job's
 ``IncidentBook``, so every record carries the entries) and into ``correction``
 controls, which it resends until the agent acknowledges them (delivery at least
 once; the agent is idempotent by the correction's id). The books are saved in
