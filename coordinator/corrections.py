@@ -4,7 +4,8 @@ One book per job (rebalance/corrections.py decides). This shell knows what the
 core must not: which agent serves a rank and what protocol it announced (a
 correction goes only to an agent of 1.2 or later), the rank's host, GPU index and
 power limits from the window's columns, and the wall clock (approvals expire by
-it). It turns the book's output into incident records (through the job's
+it, and controls unanswered past correction_ack_timeout_s fail by it, at each
+window and tick: the book is told the time and the job's latest policy). It turns the book's output into incident records (through the job's
 ``IncidentBook``, so every record carries the entries) and into ``correction``
 controls, which it resends until the agent acknowledges them (delivery at least
 once; the agent is idempotent by the correction's id). The books are saved in
@@ -67,6 +68,9 @@ class CorrectionShell:
         # server-made control id -> (correction id, op), for a correction id too long
         # to be its control id (``control_id``): its ack is still matched.
         self._ctl: dict[str, tuple[str, str]] = {}
+        # Each job's policy as of its latest window: the tick times out unanswered
+        # controls by it (correction_ack_timeout_s) between windows too.
+        self._policy: dict[str, CorrectionPolicy] = {}
 
     def book(self, job: str) -> CorrectionBook:
         b = self.books.get(job)
@@ -126,6 +130,7 @@ class CorrectionShell:
         """After a scored window: the book decides on the job's incidents; its entries
         join the records of ``out`` (more lines of the same group)."""
         b = self.books.get(job)
+        policy = self._policy[job] = CorrectionPolicy.from_settings(settings)
         if settings.corrections == "off" and (b is None or not b.busy):
             return  # nothing to decide, nothing in flight: no records built
         records = m.incidents.open_incidents
@@ -139,8 +144,7 @@ class CorrectionShell:
         pol = m.policy
         plan = pol.active_plan if pol is not None and pol.verifying else None
         res = b.on_window(
-            window, [*records, *closed], out.incident_rows, facts,
-            CorrectionPolicy.from_settings(settings), wall,
+            window, [*records, *closed], out.incident_rows, facts, policy, wall,
             None if plan is None else f"plan {plan.id} {plan.status}",
         )  # fmt: skip
         self.into(job, m, res, out, closed)
@@ -254,14 +258,18 @@ class CorrectionShell:
         return None
 
     def tick(self, wall: float, now: float) -> list[tuple[str, Output]]:
-        """Approvals expire; controls not acknowledged within RESEND_S go out again."""
+        """Approvals expire, and so do controls unanswered past correction_ack_timeout_s
+        (by ``wall``: the book's clock); the others go out again after RESEND_S."""
         outs = []
         for job, b in self.books.items():
-            res = b.expire(wall)
+            res = b.expire(wall, policy=self._policy.get(job))
             if res.entries:
-                outs.append((job, res))
+                outs.append((job, res))  # its controls go out with it (``into``)
+            fresh = {(body["id"], body["op"]) for _r, body in res.controls}
             for rank, body in b.unacked():
                 last = self._sent.get((body["id"], body["op"]))
+                if (body["id"], body["op"]) in fresh:
+                    continue
                 if last is None or now - last >= RESEND_S:
                     self._queue(job, rank, body, resend=True)
         return outs
@@ -327,7 +335,7 @@ class CorrectionShell:
         unknown command, id, action or incident, or an expired id."""
         cmd = req.get("cmd")
         for job, b in list(self.books.items()):
-            res = b.expire(wall)  # past their expiry before a command reads them
+            res = b.expire(wall, policy=self._policy.get(job))  # before a command reads them
             if res.entries:
                 emit(job, res)
         if cmd == "pending":
@@ -368,6 +376,7 @@ class CorrectionShell:
 
     def forget(self, job: str) -> None:
         self.books.pop(job, None)
+        self._policy.pop(job, None)
         for key in [k for k in self._where if k[0] == job]:
             del self._where[key]
 

@@ -100,6 +100,8 @@ class Settings:
     corrections_min_interval_s: Seconds = 3600.0  # per GPU, between two corrections
     corrections_max_gpus_per_job: AtLeast1 = 2  # distinct GPUs of a job ever corrected
     approval_expiry_s: Seconds = 3600.0  # an unanswered approval expires after this
+    # A correction sent and not acknowledged this long fails (its agent never answered).
+    correction_ack_timeout_s: Seconds = 300.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -15,10 +15,10 @@ Life of a correction (one at a time per incident)::
     recommended                       (mode recommend, not allowed, rate-limited, old agent)
     awaiting_approval -> approved | denied | expired
     approved -> applied -> verified | rolled_back
-             -> failed                (the agent's library error, or its consent off)
+             -> failed                (the agent's library error, or its consent off,
+                                       or no answer within ack_timeout_s)
 
-What fits (``fit``): cause ``clocks`` -> reset_clocks; cause ``power`` with the
-enforced limit below the default -> restore_power_limit; ``thermal`` never.
+What fits, and whether one helped: rebalance/correction_fit.py.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 import msgspec
 from artemis.protocol.messages import CORRECTION_MINOR
 
-from .settings import CORRECTION_ACTIONS, PolicySettings
-from .verify import verdict
+from .correction_fit import RankFacts, fit, verdict_of
+from .settings import CORRECTION_ACTIONS
 
 STATUSES = (
     "recommended",
@@ -49,7 +49,6 @@ STATUSES = (
 # Nothing more happens to a correction in these states.
 FINAL = frozenset(("recommended", "denied", "expired", "failed", "verified", "rolled_back"))
 KEEP_ENDED = 256  # ended corrections of closed incidents kept per job
-POWER_SLACK = 0.01  # an enforced limit this close to the default is the default
 SNAPSHOT_VERSION = 1
 
 
@@ -67,6 +66,7 @@ class CorrectionPolicy:
     min_interval_s: float = 3600.0
     max_gpus_per_job: int = 2
     approval_expiry_s: float = 3600.0
+    ack_timeout_s: float = 300.0  # a control unanswered this long fails its correction
     verify_windows: int = 3  # whole windows after the apply ack that verification measures
     before_windows: int = 3  # windows before it that the pace and throughput are taken from
 
@@ -79,18 +79,8 @@ class CorrectionPolicy:
             min_interval_s=s.corrections_min_interval_s,
             max_gpus_per_job=s.corrections_max_gpus_per_job,
             approval_expiry_s=s.approval_expiry_s,
+            ack_timeout_s=s.correction_ack_timeout_s,
         )
-
-
-@dataclass(frozen=True)
-class RankFacts:
-    """What the shell knows of a rank: where it runs and what its agent speaks."""
-
-    host: str | None = None
-    gpu: int | None = None
-    version: tuple[int, int] | None = None  # None: no agent of it connected now
-    power_limit_w: float | None = None
-    power_limit_default_w: float | None = None
 
 
 class Correction(msgspec.Struct, kw_only=True):
@@ -111,6 +101,8 @@ class Correction(msgspec.Struct, kw_only=True):
     forced: bool = False
     expires: float | None = None  # awaiting_approval: when it expires (wall, unix s)
     pending: str | None = None  # the op sent and not acknowledged yet: apply | rollback
+    sent_at: float | None = None  # wall when ``pending`` first went out (ack_timeout_s)
+    timed_out: bool = False  # failed for want of an answer: later acks never revive it
     applied_window: int | None = None  # the latest window when its apply ack came in
     pace_before: float | None = None
     thr_before: float | None = None
@@ -169,35 +161,6 @@ class Output:
     def touch(self, c: Correction) -> None:
         self.entries = [(i, e) for i, e in self.entries if e["id"] != c.id]
         self.entries.append((c.incident, c.entry()))
-
-
-def fit(rec: Mapping[str, Any], facts: RankFacts | None = None) -> tuple[str | None, str]:
-    """(the action that fits the incident's cause, or None; why in words)."""
-    if rec.get("confirmed") is None:
-        return None, "not confirmed"
-    if rec.get("rank") is None:
-        return None, f"a {rec.get('kind')} incident has no one GPU to correct"
-    cause = rec.get("cause") or {}
-    kind = cause.get("kind")
-    if kind == "clocks":
-        throttle = (cause.get("evidence") or {}).get("throttle") or {}
-        if throttle:
-            return None, f"clocks low with throttle reasons {sorted(throttle)}: not locked clocks"
-        return "reset_clocks", "clocks below their maximum with no throttle reason"
-    if kind == "power":
-        limit = facts.power_limit_w if facts else None
-        default = facts.power_limit_default_w if facts else None
-        if limit is None or default is None:
-            return None, "the node reports no default power limit: a lowered limit is not told"
-        if limit >= default * (1.0 - POWER_SLACK):
-            return None, (
-                f"power limit {limit:.0f} W is the default ({default:.0f} W): the GPU draws "
-                "near its limit, nothing to restore"
-            )
-        return "restore_power_limit", f"power limit {limit:.0f} W below its default {default:.0f} W"
-    if kind == "thermal":
-        return None, "thermal: heat is not a setting Artemis can correct"
-    return None, f"no correction fits cause {kind!r}"
 
 
 class CorrectionBook:
@@ -287,7 +250,7 @@ class CorrectionBook:
                 keep = policy.before_windows + policy.verify_windows + 8
                 d = self._pace.setdefault(str(r["incident"]), deque(maxlen=keep))
                 d.append((window, float(r["ratio"])))
-        self.expire(wall, out)
+        self.expire(wall, out, policy)
         self._carry_over(records, out)
         for rec in records:
             iid = str(rec["id"])
@@ -333,6 +296,8 @@ class CorrectionBook:
         way (resent, or an apply's that comes after the rollback went out) is ignored."""
         out = Output()
         c = self._all.get(str(result.get("id", "")))
+        if c is not None and c.timed_out:
+            return self._late(c, result, wall, op)
         if c is None or c.pending is None or (op is not None and op != c.pending):
             return out
         status = str(result.get("status", ""))
@@ -376,13 +341,72 @@ class CorrectionBook:
         out.records.append(new)
         c.closed = None if c.status in FINAL else new
 
-    def expire(self, wall: float, out: Output | None = None) -> Output:
-        """Approvals unanswered past approval_expiry_s expire (the shell's clock)."""
+    def expire(
+        self, wall: float, out: Output | None = None, policy: CorrectionPolicy | None = None
+    ) -> Output:
+        """Approvals unanswered past approval_expiry_s expire (the shell's clock); with
+        ``policy``, so do controls unacknowledged past its ack_timeout_s (``_time_out``)."""
         out = out if out is not None else Output()
         for c in self._all.values():
             if c.status == "awaiting_approval" and c.expires is not None and wall >= c.expires:
                 c.move("expired", wall, "no approval within approval_expiry_s")
                 out.touch(c)
+            elif policy is not None and policy.ack_timeout_s > 0 and c.pending and not c.timed_out:
+                if c.sent_at is None:  # sent by a book saved before ack timeouts: from now
+                    c.sent_at = wall
+                elif wall - c.sent_at >= policy.ack_timeout_s:
+                    self._time_out(c, policy.ack_timeout_s, wall, out)
+        return out
+
+    def _time_out(self, c: Correction, limit: float, wall: float, out: Output) -> None:
+        """A control its agent never answered: the correction fails, so it holds the
+        job's rebalancing no longer (``in_flight``) and the incident goes on to
+        rebalancing, then escalation. An unanswered apply may still have been applied
+        (its ack lost): a rollback goes out instead, resent until answered, which the
+        agent runs from its journal's state before, or refuses when it never applied."""
+        why = f"no answer from the agent on {c.host or f'rank {c.rank} host'} within {limit:g} s"
+        c.timed_out = True
+        if c.pending == "apply":
+            c.pending, c.sent_at = "rollback", wall
+            out.controls.append((c.rank, c.control("rollback")))
+            why += f" ({c.action} never acknowledged; a rollback goes out in case it ran)"
+            c.move("failed", wall, f"{why}; left to rebalancing, then escalation")
+        else:
+            c.move("failed", wall, f"rollback: {why}, resent until it answers: {c.reason}")
+        out.touch(c)
+
+    def _late(
+        self, c: Correction, result: Mapping[str, Any], wall: float, op: str | None
+    ) -> Output:
+        """An ack after its correction timed out: kept in its history, never reviving it.
+        An apply that did run is rolled back with the state before it reports: not
+        verified, it must not stay. A rollback's answer ends the resends."""
+        out = Output()
+        status, error = str(result.get("status", "")), str(result.get("error") or "")
+        if op is None:  # a control id this life does not know: told by its status
+            op = "apply" if status in ("applied", "refused") else c.pending
+        words = f"{status}: {error}" if error else status
+        if op == "apply":
+            if c.applied_window is not None or any(h.get("late") == op for h in c.history):
+                return out  # its apply was answered already (a resent control's echo)
+            detail = f"late answer to apply: {words}"
+            if status == "applied":
+                c.before = dict(result.get("before") or {}) or c.before
+                c.after = dict(result.get("after") or {}) or c.after
+                c.pending, c.sent_at = "rollback", wall
+                out.controls.append((c.rank, c.control("rollback")))
+                detail = "late answer: applied after the timeout; not verified, so rolled back"
+        elif c.pending == "rollback":
+            c.pending = None
+            if status == "rolled_back":
+                c.after = dict(result.get("after") or {}) or c.after
+            detail = f"late answer to rollback: {words}"
+        else:
+            return out
+        c.history.append({"status": c.status, "t": wall, "detail": detail, "late": op})
+        out.touch(c)
+        if c.closed is not None:
+            self._after_close(c, c.closed, wall, out)
         return out
 
     # ------------------------------------------------------------------ commands
@@ -523,7 +547,7 @@ class CorrectionBook:
     def _send(self, c: Correction, wall: float, out: Output) -> None:
         self._last_at[_gpu_key(c)] = wall
         self._measure_before(c)
-        c.pending = "apply"
+        c.pending, c.sent_at = "apply", wall
         out.touch(c)
         out.controls.append((c.rank, c.control("apply")))
 
@@ -539,7 +563,7 @@ class CorrectionBook:
             return
         pace = statistics.median(after_p[: policy.verify_windows])
         thr = statistics.median(after_t[: policy.verify_windows])
-        ok, why = _verdict(c, pace, thr)
+        ok, why = verdict_of(c.pace_before, c.thr_before, pace, thr)
         if c.thr_before:
             c.gain_pct = round((thr / c.thr_before - 1.0) * 100.0, 2)
         if ok:
@@ -547,7 +571,7 @@ class CorrectionBook:
             out.touch(c)
             return
         c.reason = f"did not help: {why}; the state before restored"
-        c.pending = "rollback"
+        c.pending, c.sent_at = "rollback", wall
         out.touch(c)
         out.controls.append((c.rank, c.control("rollback")))
 
@@ -557,14 +581,16 @@ class CorrectionBook:
         # Memory stays bounded in a long job: the oldest ended corrections of closed
         # incidents go (an approve or deny of one then says "unknown correction id").
         ended = [
-            k for k, c in self._all.items() if c.status in FINAL and c.incident not in self._open
+            k
+            for k, c in self._all.items()
+            if c.status in FINAL and not c.pending and c.incident not in self._open
         ]
         for k in ended[: max(0, len(self._all) - KEEP_ENDED)]:
             del self._all[k]
         why = (rec.get("closed") or {}).get("why")
         for c in self._all.values():
-            if c.incident != iid or c.status in FINAL:
-                continue
+            if c.incident != iid or (c.status in FINAL and not c.pending):
+                continue  # (a timed-out one still sends its rollback: its ack rewrites)
             if c.status == "awaiting_approval":
                 c.move("expired", wall, "the incident closed before an approval")
                 out.touch(c)
@@ -634,20 +660,3 @@ def _old_agent(facts: RankFacts | None) -> str:
     if v is not None and v < (1, CORRECTION_MINOR):
         return f"agent speaks protocol {v[0]}.{v[1]}; corrections need 1.{CORRECTION_MINOR}"
     return ""
-
-
-def _verdict(c: Correction, pace: float, thr: float) -> tuple[bool, str]:
-    """The rank's pace and the job's throughput after against before (as plans are
-    verified: rebalance/verify.py): the pace must win back half its excess over its
-    peers (pace 1.0), and the throughput must not fall."""
-    s = PolicySettings()
-    ok_thr, moved = verdict(s, c.thr_before, thr, None, restore=False)
-    kept, _ = verdict(s, c.thr_before, thr, None, restore=True)
-    pb = c.pace_before
-    pace_ok = pb is not None and pb > 1.0 and (pace - 1.0) <= s.verify_recover_frac * (pb - 1.0)
-    words = f"pace {_r(pb)} -> {pace:.3f}, {moved}"
-    return (pace_ok and kept) or (ok_thr and pb is None), words
-
-
-def _r(v: float | None) -> str:
-    return "?" if v is None else f"{v:.3f}"

@@ -142,7 +142,8 @@ def test_failed_is_final_with_the_library_error() -> None:
 
 
 def test_rate_limits_per_gpu_and_per_job() -> None:
-    pol = CorrectionPolicy(mode="apply", min_interval_s=600.0, max_gpus_per_job=2)
+    # (the corrections stay unanswered here: no ack timeout within the test's 300 s)
+    pol = CorrectionPolicy(mode="apply", min_interval_s=600.0, max_gpus_per_job=2, ack_timeout_s=0)
     b = CorrectionBook("job")
     first = b.on_window(1, [rec("a", rank=0)], [], {0: facts(gpu=0)}, pol, 1000.0)
     assert first.controls
@@ -351,3 +352,91 @@ def test_an_incident_gone_without_a_record_hands_its_correction_on() -> None:
     alone = CorrectionBook.restore(saved)  # the restart; only another rank is slow now
     feed(alone, 9, rec(iid="job-r3-w9", rank=3), 100, 1.3, facts={3: facts(gpu=3)})
     assert c.id not in (alone.in_flight() or "") and not alone.knows_incident("job-r2-w5")
+
+
+def test_an_apply_never_answered_fails_and_releases_the_hold() -> None:
+    """The agent never answers: after ack_timeout_s the correction fails naming the
+    host and the wait, rebalancing may go on, and a rollback goes out in case the
+    apply ran and only its ack was lost."""
+    pol = CorrectionPolicy(mode="apply", ack_timeout_s=120.0)
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3, policy=pol, wall=1000.0).controls[0][1]["id"]
+    out = feed(b, 4, rec(), 100, 1.3, policy=pol, wall=1119.0)
+    assert b.get(cid).status == "approved" and b.in_flight() is not None  # not yet
+    out = b.expire(1120.0, policy=pol)  # the shell's tick, between windows
+    c = b.get(cid)
+    assert c.status == "failed" and c.timed_out
+    assert "no answer from the agent on h0 within 120 s" in c.reason
+    assert b.in_flight() is None and not b.busy
+    assert [(r, body["op"], body["id"]) for r, body in out.controls] == [(2, "rollback", cid)]
+    assert b.unacked() == [(2, c.control("rollback"))]  # resent until its agent answers
+    assert out.entries[-1][1]["status"] == "failed"
+    # left to rebalancing, then escalation: no second automatic correction
+    assert not feed(b, 5, rec(), 100, 1.3, policy=pol, wall=1130.0).controls
+    # the agent answers the rollback (it never applied: nothing to restore)
+    b.on_ack({"id": cid, "status": "failed", "error": "no state before"}, 1140.0, "rollback")
+    assert b.unacked() == [] and b.get(cid).status == "failed"
+
+
+def test_a_late_applied_ack_is_recorded_and_rolled_back_never_revived() -> None:
+    pol = CorrectionPolicy(mode="apply", ack_timeout_s=60.0)
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3, policy=pol, wall=1000.0).controls[0][1]["id"]
+    feed(b, 4, rec(), 100, 1.3, policy=pol, wall=1070.0)
+    assert b.get(cid).status == "failed"
+    res = b.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1080.0, "apply")
+    c = b.get(cid)
+    assert c.status == "failed" and b.in_flight() is None  # not revived
+    assert (
+        c.history[-1]["late"] == "apply"
+        and "applied after the timeout" in (c.history[-1]["detail"])
+    )
+    assert c.history[-1]["status"] == "failed"
+    # the GPU must not stay changed unverified: the rollback with the state before
+    assert [(r, body["op"], body["before"]) for r, body in res.controls] == [
+        (2, "rollback", {"sm_mhz": 900})
+    ]
+    # a second copy of the late ack (a resent apply's echo) changes nothing
+    assert not b.on_ack({"id": cid, "status": "applied"}, 1081.0, "apply").entries
+    # windows go on: it is never verified, whatever the pace does
+    for w in range(5, 10):
+        feed(b, w, rec(), 110, 1.0, policy=pol, wall=1090.0 + w)
+    assert b.get(cid).status == "failed"
+    done = b.on_ack({"id": cid, "status": "rolled_back", "after": {"sm_mhz": 900}}, 1200.0)
+    assert done.entries and b.unacked() == [] and b.get(cid).status == "failed"
+    assert b.get(cid).history[-1]["detail"] == "late answer to rollback: rolled_back"
+    # the timed-out state survives a restart of the coordinator
+    r = CorrectionBook.restore(b.snapshot())
+    assert r.get(cid).timed_out and r.get(cid).status == "failed"
+
+
+def test_a_rollback_never_answered_releases_the_hold_and_is_still_resent() -> None:
+    pol = CorrectionPolicy(mode="apply", ack_timeout_s=60.0)
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3, policy=pol, wall=1000.0).controls[0][1]["id"]
+    b.on_ack({"id": cid, "status": "applied", "before": {"sm_mhz": 900}}, 1001.0)
+    for w in range(4, 8):  # no gain: the rollback goes out at window 7
+        feed(b, w, rec(), 100, 1.3, policy=pol, wall=1000.0 + w)
+    assert b.get(cid).pending == "rollback" and b.in_flight() is not None
+    b.expire(1068.0, policy=pol)
+    c = b.get(cid)
+    assert c.status == "failed" and c.reason.startswith("rollback: no answer from the agent on h0")
+    assert b.in_flight() is None and b.unacked()[0][1]["op"] == "rollback"
+
+
+def test_an_ack_timeout_of_0_waits_forever() -> None:
+    pol = CorrectionPolicy(mode="apply", ack_timeout_s=0.0)
+    b = CorrectionBook("job")
+    cid = feed(b, 3, rec(), 100, 1.3, policy=pol, wall=1000.0).controls[0][1]["id"]
+    b.expire(1e9, policy=pol)
+    assert b.get(cid).status == "approved" and b.in_flight() is not None
+
+
+def test_the_ack_timeout_is_a_live_detector_key() -> None:
+    from artemis.detect.settings import Settings, SettingsError
+
+    s = Settings().set("correction_ack_timeout_s", "45")  # as `artemis-coordinator set` does
+    assert CorrectionPolicy.from_settings(s).ack_timeout_s == 45.0
+    assert CorrectionPolicy.from_settings(Settings()).ack_timeout_s == 300.0
+    with pytest.raises(SettingsError, match="correction_ack_timeout_s"):
+        Settings().set("correction_ack_timeout_s", "-1")

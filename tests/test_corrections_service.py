@@ -339,3 +339,36 @@ def test_a_graceful_stop_mid_verification_carries_the_correction_over(tmp_path: 
     (entry,) = [a for a in new["actions"] if a.get("type") == "correction"]
     assert entry["id"] == body["id"] and entry["status"] == "rolled_back", entry
     assert new["verdict"] == "escalated", new["reason"]
+
+
+def test_a_correction_never_answered_times_out_and_rebalancing_takes_over(
+    tmp_path: Path,
+) -> None:
+    """The rank's agent never answers the apply: past correction_ack_timeout_s (the
+    coordinator's tick) the correction fails naming the host and the wait, the plan
+    held back for it goes out, and a late 'applied' is rolled back, not revived."""
+    wall = [1000.0]
+    s = Settings(corrections="apply", rebalance="apply", correction_ack_timeout_s=30.0)
+    c = make(tmp_path, s, wall)
+    asyncio.run(windows(c, 0, 12, True, wall))
+    (body,) = c.server.corrections()
+    assert [b for _a, action, b in c.server.sent if action == "plan"] == []
+    wall[0] += 30.0
+    asyncio.run(c.tick())
+    rollback = c.server.corrections()[1:]
+    assert [(b["op"], b["id"]) for b in rollback] == [("rollback", body["id"])]
+    (entry,) = corrections_of(tmp_path)
+    assert entry["status"] == "failed", entry
+    assert "no answer from the agent on h1 within 30 s" in entry["reason"]
+    asyncio.run(windows(c, 12, 16, True, wall))
+    plans = [b for _a, action, b in c.server.sent if action == "plan"]
+    assert plans and plans[0]["plan"]["samples"][SLOW] < max(plans[0]["plan"]["samples"])
+    # the late ack: kept in the history, and the GPU put back as it was
+    ack(c, body, "applied", before={"vendor": "nvidia", "sm_mhz": 1200})
+    last = c.server.corrections()[-1]
+    assert last["op"] == "rollback" and last["before"] == {"vendor": "nvidia", "sm_mhz": 1200}
+    (entry,) = corrections_of(tmp_path)
+    assert entry["status"] == "failed" and entry["history"][-1]["late"] == "apply"
+    c.flush()  # the job ends: the failed correction left it to escalation
+    rec = next(r for r in incidents(tmp_path).values() if r["rank"] == SLOW)
+    assert rec["verdict"] == "escalated", rec["reason"]
