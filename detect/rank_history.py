@@ -39,6 +39,9 @@ class RankHistory:
         # per recent window: each rank's change in log gap less its group's (see NOISE_WINDOWS)
         self.live_noise: deque[F64] = deque(maxlen=NOISE_WINDOWS)
         self.dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
+        # the most steps a window of the job has had (its window size; 0: none seen): a
+        # shorter window (the job's last) has a noisier median (`step_scale`)
+        self.window_steps = 0
         # the warm-up statistics by name, each with the key it was computed at (`_warm`)
         self._cache: dict[str, tuple[tuple[int, bool], Any]] = {}
         self.samples_version = 0
@@ -155,6 +158,15 @@ class RankHistory:
         recent = list(self.live_noise)[-NOISE_RECENT:]
         return max(noise_sd(np.concatenate(self.live_noise)), noise_sd(np.concatenate(recent)))
 
+    def step_scale(self, steps: I64) -> F64:
+        """Per rank, how much noisier its window is than a whole one: a median over n of
+        the job's N steps a window errs sqrt(N / n) times as much (1 for a whole window;
+        the job's last window is often a few steps: DETECTOR.md "The combined test").
+        Takes this window's steps into the job's window size first."""
+        if steps.size:
+            self.window_steps = max(self.window_steps, int(steps.max()))
+        return np.sqrt(self.window_steps / np.clip(steps, 1, max(1, self.window_steps)))
+
     def observe_noise(self, r: I64, lg: F64, gid: I64, peers_ok: npt.NDArray[np.bool_]) -> None:
         """Feed this window's log gaps to the live noise: each rank's change since the
         last window against its group's (what every rank shares, e.g. a data-dependent
@@ -190,6 +202,7 @@ class RankHistory:
             "prev_lr": pack(self.prev_lg[:n]),
             "live_noise": [pack(d) for d in self.live_noise],
             "dcusum": pack(self.dcusum[:n]),
+            "window_steps": self.window_steps,
         }
 
     def restore(self, state: DetectorState, n: int, w: int) -> None:
@@ -210,6 +223,7 @@ class RankHistory:
             rs = unpack(state.ratio_samples, np.float64).reshape(n, -1)
             self.ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
             self.cusum[:n] = unpack(_needed(state.cusum, "cusum"), np.float64)
+        self.window_steps = state.window_steps
         self.prev_lg[:n] = np.nan
         self.live_noise.clear()
         if state.prev_lr is not None:  # snapshots from before the live noise lack it

@@ -99,6 +99,7 @@ class RankRule:
         nan = np.full(n, np.nan)
         change_bad = np.zeros(n, dtype=bool)
         shift, noise, cusum = nan, nan, nan
+        live_r: F64 | None = None  # the live noise per rank (adaptive)
         if s.mode == "adaptive":
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
@@ -118,13 +119,16 @@ class RankRule:
                     self.history.observe_noise(v.r, np.log(v.gap), v.gid, peers_ok)
                 if live is None:
                     live = self.history.noise_now()
+                # the live noise of a whole window; a shorter one's is larger
+                steps = (v.cols.ints("step_hi") - v.cols.ints("step_lo"))[v.row]
+                live_r = live * self.history.step_scale(steps)
                 if math.isfinite(live):
                     # slower than its peers, but within what every rank's ratio moves
                     # by from window to window now: noise, whatever the ratio
-                    peer_bad &= lr >= NOISE_Z * live
+                    peer_bad &= lr >= NOISE_Z * live_r
                 rbase, rsd = self.history.ratio_baseline(window, s)
                 shift = lr - rbase[v.r]
-                noise = np.fmax(rsd[v.r], live) if math.isfinite(live) else rsd[v.r]
+                noise = np.fmax(rsd[v.r], live_r) if math.isfinite(live) else rsd[v.r]
                 ref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * noise)
                 step = (shift - ref) / noise
                 ok = judging & peers_ok & np.isfinite(step)
@@ -153,7 +157,7 @@ class RankRule:
             )
         else:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
-        stall_bad = stall_test(v, s, judging & peers_ok, live)
+        stall_bad = stall_test(v, s, judging & peers_ok, live_r)
         return RankScores(
             peers=peers,
             cost=cost,
@@ -345,14 +349,15 @@ class RankRule:
 
 
 def stall_test(
-    v: View, s: Settings, judged: npt.NDArray[np.bool_], live: float | None
+    v: View, s: Settings, judged: npt.NDArray[np.bool_], live: F64 | None
 ) -> npt.NDArray[np.bool_]:
     """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
     mean per-step gap is at least `suspect_ratio` of its peers', with the window's
     longest step left out of every rank's mean (one long step, a GC pause or a page
     fault, is a one-off, not a stall that recurs). Per sample under a plan, like the
     gap. A group where a summary has no mean (an older agent) is not judged so.
-    Adaptive mode: also NOISE_Z of the job's live noise, as the peer test."""
+    Adaptive mode: also NOISE_Z of the job's live noise (per rank: scaled to its
+    window's steps), as the peer test."""
     mean = v.cols.floats("gap_mean_ms")
     if not np.isfinite(mean).any():
         # no summary has a mean (an older agent's job): no rank's arrays to build (a
@@ -375,8 +380,8 @@ def stall_test(
     ratio = scoring.ratio_reaching(x, v.gid, judged, s.suspect_ratio)
     with np.errstate(invalid="ignore", divide="ignore"):
         bad = judged & (ratio >= s.suspect_ratio)
-        if s.mode == "adaptive" and live is not None and math.isfinite(live):
-            bad &= np.log(ratio) >= NOISE_Z * live
+        if live is not None:  # (NaN: not measured yet, no gate)
+            bad &= ~(np.log(ratio) < NOISE_Z * live)
     return bad
 
 

@@ -96,6 +96,7 @@ class DetectorState(msgspec.Struct, kw_only=True):
     prev_lr: bytes | None = None
     live_noise: list[bytes] = []
     dcusum: bytes | None = None
+    window_steps: int = 0  # (older states: learnt again from the next window)
     host: list[Any]
     island_of: list[Any]
     # [kind, subject, samples, recent, tail] (older states: no recent nor tail)

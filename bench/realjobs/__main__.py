@@ -45,5 +45,20 @@ def report_cmd(
     report([rejudge(r) for r in records] if again else records)
 
 
+@app.command("rescore")
+def rescore_cmd(
+    out: Annotated[list[Path], typer.Option(help="folders of recorded runs (repeatable)")],
+) -> None:
+    """Score the runs recorded in OUT again offline, from their kept journals, with
+    today's detector (bench/realjobs/rescore.py); print the tables."""
+    from bench.realjobs.rescore import rescore_all
+
+    records = [r for o in out for r in load(o)]
+    again = rescore_all(records)
+    if not again:
+        raise typer.BadParameter(f"no run in {', '.join(map(str, out))} kept a journal")
+    report(again)
+
+
 if __name__ == "__main__":
     app()
