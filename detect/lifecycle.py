@@ -12,7 +12,8 @@ the state the window reports (DESIGN.md's finding states; None: no report):
 
 A suspicion that never reaches flagged simply fades. The intermittent rule (a
 GPU that comes and goes) confirms on flag_window bad of the last 2 x flag_window
-and then needs twice as many good windows to clear. The phase is read from the
+and then needs twice as many good windows to clear, as does an episode of recurring
+stalls (`stalls`, set by the rank rule). The phase is read from the
 track's memory (never stored), so the saved snapshot keeps its old form.
 
 `Ledger` holds every track of a job and the GPU-hours they cost: a suspect's
@@ -79,6 +80,7 @@ class Track:
         "pending_hours",
         "recent",
         "since",
+        "stalls",
     )
 
     def __init__(self, flag_window: int) -> None:
@@ -87,6 +89,9 @@ class Track:
         # makes flag_after of flag_window, but does make flag_window of these.
         self.long: deque[bool] = deque(maxlen=2 * flag_window)
         self.intermittent = False
+        # an episode whose slowness came as stalls in some steps (rank_rule.stall_shape):
+        # how many stall in a window is luck, so it clears as an intermittent one does
+        self.stalls = False
         self.active = False
         self.since: int | None = None
         self.good_run = 0
@@ -124,9 +129,11 @@ class Track:
         elif event is Event.RECOVERED:
             self.active = False
             self.intermittent = False
+            self.stalls = False
             self.recent.clear()
             self.long.clear()
         elif event is Event.FADED:
+            self.stalls = False
             self.since = None
             self.pending_hours = 0.0
         return state
@@ -136,9 +143,9 @@ class Track:
         if self.active:
             if bad:
                 return Event.BAD
-            # An intermittent fault has good runs by nature: it clears only after
-            # twice as many good windows.
-            if self.good_run >= s.clear_after * (2 if self.intermittent else 1):
+            # An intermittent fault, or recurring stalls, has good runs by nature: it
+            # clears only after twice as many good windows.
+            if self.good_run >= s.clear_after * (2 if self.intermittent or self.stalls else 1):
                 return Event.RECOVERED
             return Event.GOOD
         if bad:
@@ -164,6 +171,7 @@ class Track:
             recent=list(self.recent),
             long=list(self.long),
             intermittent=self.intermittent,
+            stalls=self.stalls,
             active=self.active,
             since=self.since,
             good_run=self.good_run,
@@ -181,6 +189,7 @@ class Track:
         t.recent.extend(s.recent)
         t.long.extend(s.recent if s.long is None else s.long)
         t.intermittent = s.intermittent
+        t.stalls = s.stalls
         t.active = s.active
         t.since = s.since
         t.good_run = s.good_run

@@ -217,6 +217,8 @@ class RankRule:
             if shape.get("shape") == "stalls" and "peers_gap_mean_ms" in shape:
                 # stalls in some of its steps: what the peers wait for them on average
                 excess = max(0.0, shape["gap_mean_ms"] - shape["peers_gap_mean_ms"])
+            if bad[i] and shape.get("shape") == "stalls":
+                track.stalls = True  # clears as an intermittent fault does (lifecycle.py)
             # the intermittent rule is for ranks (a GPU that comes and goes), not scalars
             state = self.ledger.advance(
                 track, ctx.window, bool(bad[i]), excess, ctx.hours_per_ms, s, s.mode == "adaptive"

@@ -71,6 +71,7 @@ class TrackState(msgspec.Struct, kw_only=True):
     recent: list[bool]
     long: list[bool] | None = None  # (older states: none; the recent windows stand in)
     intermittent: bool = False
+    stalls: bool = False  # (older states: False)
     active: bool
     since: int | None
     good_run: int
