@@ -173,3 +173,45 @@ def test_sigstop_duty_cycle_on_the_gpt_job_flags_the_rank_as_host(tmp_path: Path
     assert rec["expected_flagged"] == [2], rec
     assert rec["flag_cause"] == "host" and rec["cause_right_summary"], rec
     assert rec["false_flags"] == 0, rec
+
+
+def test_rescore_replays_a_kept_journal_through_todays_detector(tmp_path: Path) -> None:
+    """`bench.realjobs rescore`: a kept run (its journal, trace and onset, written here
+    as the grid writes them) is scored again offline and judged like a live run: the
+    rank slow from the fault's window is flagged at the 3-of-4 rule's fastest (no
+    telemetry: the cause is not asked), and no healthy rank is flagged."""
+    import dataclasses
+
+    from artemis.coordinator.journal import AssemblyJournal
+    from test_detector_support import make_window
+
+    from bench.realjobs.rescore import rescore
+
+    ws, colls, fault_w = 25, 2, 8
+    journal = AssemblyJournal(tmp_path / "journal.assembly")
+    journal.open([])
+    for w in range(14):
+        gaps = [20.0, 20.4, 19.8, 20.2]
+        if w >= fault_w:
+            gaps[2] = 30.0  # rank 2 50% slower from the fault's window on
+        rows = make_window(w, gaps, job="rj")
+        journal.added([dataclasses.replace(r, step_lo=w * ws, step_hi=(w + 1) * ws) for r in rows])
+    journal.close()
+    steps = [40.0] * (fault_w * ws) + [50.0] * (6 * ws)
+    (tmp_path / "trace0.json").write_text(json.dumps(_trace(steps, colls, first=0)))
+    onset = {"step": fault_w * ws, "coll_seq": fault_w * ws * colls, "t_ns": 0}
+    (tmp_path / "onset.json").write_text(json.dumps(onset))
+    rec = {
+        "tag": "t",
+        "kept": str(tmp_path),
+        "cell": {"mechanism": "sigstop", "world": 4, "window_steps": ws},
+        "expected": {"kind": "rank", "ranks": [2], "cause": None},
+        "windows_scored": 14,
+        "ranks": 4,
+    }
+    got = rescore(rec)
+    assert got is not None
+    assert got["onset_window"] == fault_w
+    assert got["flag_window"] == fault_w + 2 and got["windows_to_flag"] == 3
+    assert got["false_flags"] == 0, got["false_flag_subjects"]
+    assert rescore(rec | {"kept": str(tmp_path / "none")}) is None  # no journal kept
