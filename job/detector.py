@@ -95,9 +95,11 @@ class Detector:
         self._sources = list(telemetry)  # sampled per window (the simulator's, injected)
         self._stop = threading.Event()
         # Every 0.5 s by default; windows go out within half a second of their end. A
-        # poll with nothing to cut costs a ring read and, once a second, a host sample
-        # (~0.1 ms); at 0.1 s the detector's threads took 6-8% of a rank's CPU on the
-        # benchmark's job (bench/README.md, "The artemis backend", for today's figures).
+        # poll with nothing to cut costs a ring read (0.2 ms of CPU under load) and,
+        # once a second, a host sample (0.1 ms idle, 0.4 ms under load); each window,
+        # its summary and send. On the benchmark's job (20-step windows, a few a second)
+        # that is 0.35% of a core on a rank that summarises and sends, 1.3% on rank 0,
+        # three quarters of it scoring (bench/README.md, "The artemis backend").
         self._poll_s = poll_interval_s
         self._hostname = socket.gethostname()
         self._sum = WindowSummarizer(
@@ -157,7 +159,8 @@ class Detector:
         """Sample the host when a second passed or windows go out, then send them."""
         now = time.monotonic()
         if windows or now - self._sampled_at >= SAMPLE_S:
-            # (samples are at least a poll apart: their deltas span no less)
+            # (a poll apart at least, so their deltas span no less; but the last one,
+            # taken when the detector closes)
             self._acc.add(self._host.sample(self._target))
             self._sampled_at = now
         if windows:
