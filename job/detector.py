@@ -99,7 +99,7 @@ class Detector:
         # once a second, a host sample (0.1 ms idle, 0.4 ms under load); each window,
         # its summary and send. On the benchmark's job (20-step windows, a few a second)
         # that is 0.35% of a core on a rank that summarises and sends, 1.3% on rank 0,
-        # three quarters of it scoring (bench/README.md, "The artemis backend").
+        # three quarters of it scoring (bench/README.md, "The in-process detector's CPU").
         self._poll_s = poll_interval_s
         self._hostname = socket.gethostname()
         self._sum = WindowSummarizer(
@@ -117,7 +117,7 @@ class Detector:
         self._pid = os.getpid()
         self._target = RankTarget(rank=self.rank, pid=self._pid)
         self._sampled_at = -float("inf")  # monotonic time of the last host sample
-        # numpy 2's first np.median imports numpy.ma (7 ms of CPU here, 37 ms under load):
+        # numpy 2's first np.median imports numpy.ma (7 ms of CPU idle, ~20 under load):
         # done now, not by the detector's thread in the middle of the job, holding the GIL
         import numpy.ma  # noqa: F401
 
