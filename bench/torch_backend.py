@@ -30,12 +30,17 @@
    (``time.process_time_ns``, what the ring contract asks: process CPU time at
    each record's start and end) replaced by ``time.thread_time_ns`` and by a
    constant, interleaved in one run (an ablation: only the first keeps the contract).
-4. The in-process detector's CPU share on a real DDP job (4 gloo ranks through
-   ``artemis``, ``artemis.job.Detector`` on every rank, 20-step windows): CPU time
-   of the detector's threads (``/proc/self/task/<tid>/schedstat``) over the CPU
-   time of every thread of the rank's process, over the training loop.
+4. The in-process detector's CPU on a real DDP job (4 gloo ranks through
+   ``artemis``, ``artemis.job.Detector`` on every rank, 20-step windows, its
+   default 0.5 s poll): CPU time of the detector's threads
+   (``/proc/self/task/<tid>/schedstat``) per second of wall time (ms per s: a
+   tenth of a percent of a core each, issue 31's unit) and over the CPU time of
+   every thread of the rank's process (its share), over the training loop after
+   a warm-up of DET_WARM steps (the step period found, the first windows out:
+   one-time costs, not the poll's).
 
-Run: ``python -m bench torch_backend``. Skipped without torch.
+Run: ``python -m bench torch_backend``; ``python -m bench.torch_backend detector
+[RUNS]`` for part 4 alone. Skipped without torch.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from bench._torch_steps import mlp, print_step_times
 RUNS = 7
 CALLS = 20_000
 DET_STEPS = 400
+DET_WARM = 60  # steps before the measured ones: three 20-step windows
 DET_RUNS = 3
 
 
@@ -241,30 +247,38 @@ def _detector_worker(rank: int, init: str, out: str, world: int) -> None:
     model, opt = DDP(m), torch.optim.SGD(m.parameters(), lr=0.01)
     x, y = torch.randn(128, 64), torch.randn(128, 1)
 
-    def det_threads() -> list[int]:
-        return [
-            t.native_id
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    for _ in range(DET_WARM):
+        step()
+
+    def det_threads() -> dict[int, bool]:
+        """tid -> whether it is the summarising thread (rank 0's others receive, score)."""
+        return {
+            t.native_id: t.name.endswith("_summarise_loop")
             for t in threading.enumerate()
             if t.name.startswith("artemis-detector") and t.native_id is not None
-        ]
+        }
 
     tids = det_threads()
     d0 = {t: _task_cpu_ns(t) for t in tids}
     all0, w0 = _all_tasks_cpu_ns(), time.monotonic_ns()
     for _ in range(DET_STEPS):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    tids = det_threads()
-    det_ns = 0
-    for t in tids:
+        step()
+    det_ns = sum_ns = 0
+    for t, summarising in det_threads().items():
         with contextlib.suppress(OSError, ValueError):  # a detector thread that just ended
-            det_ns += _task_cpu_ns(t) - d0.get(t, 0)
+            ns = _task_cpu_ns(t) - d0.get(t, 0)
+            det_ns += ns
+            sum_ns += ns if summarising else 0
     all_ns, wall_ns = _all_tasks_cpu_ns() - all0, time.monotonic_ns() - w0
     det.close()
     dist.destroy_process_group()
     Path(out, f"share{rank}.json").write_text(
-        json.dumps({"det_ns": det_ns, "all_ns": all_ns, "wall_ns": wall_ns})
+        json.dumps({"det_ns": det_ns, "sum_ns": sum_ns, "all_ns": all_ns, "wall_ns": wall_ns})
     )
 
 
@@ -335,24 +349,47 @@ def main() -> int:
     print("|---|---:|")
     for name, us in abl.items():
         print(f"| {name} | {us:.2f} |")
+    detector_main()
+    return 0
+
+
+def detector_main(runs: int = DET_RUNS) -> int:
+    """Part 4: the in-process detector's CPU, ``runs`` fresh 4-rank jobs."""
     shares: list[list[float]] = [[], []]
     rates: list[list[float]] = [[], []]  # detector CPU, ms per second of wall time
-    for _ in range(DET_RUNS):
+    scoring: list[float] = []  # rank 0's receiving and scoring threads, ms per s
+    per_window: list[float] = []  # the same, ms per window scored (about DET_STEPS / 20)
+    for _ in range(runs):
         rows = _detector_share()
         for k, part in ((0, rows[:1]), (1, rows[1:])):
             shares[k] += [100.0 * r["det_ns"] / r["all_ns"] for r in part]
             rates[k] += [1e3 * r["det_ns"] / r["wall_ns"] for r in part]
+        scoring.append(1e3 * (rows[0]["det_ns"] - rows[0]["sum_ns"]) / rows[0]["wall_ns"])
+        per_window.append((rows[0]["det_ns"] - rows[0]["sum_ns"]) / 1e6 / (DET_STEPS / 20))
     print(
-        f"\nIn-process detector's CPU share, 4 ranks, {DET_STEPS} steps, 20-step windows, "
-        f"{DET_RUNS} runs (detector threads' CPU / the process's CPU):"
+        f"\nIn-process detector's CPU, 4 ranks, {DET_STEPS} steps after {DET_WARM}, "
+        f"20-step windows, 0.5 s poll, {runs} runs, load average "
+        f"{os.getloadavg()[0]:.1f} (% of a core: ms of the detector threads' CPU per s / 10; "
+        f"share: of the process's CPU):"
     )
-    print("| rank | median % | detector CPU, ms per s | runs (%) |")
-    print("|---|---:|---:|---|")
+    print("| rank | % of a core, median | share %, median | ms per s, runs | share %, runs |")
+    print("|---|---:|---:|---|---|")
     for k, who in ((0, "0 (summarises and scores)"), (1, "1-3 (summarise, send)")):
         print(
-            f"| {who} | {statistics.median(shares[k]):.2f} | {statistics.median(rates[k]):.1f} | "
+            f"| {who} | {statistics.median(rates[k]) / 10:.2f} | "
+            f"{statistics.median(shares[k]):.2f} | "
+            f"{', '.join(f'{v:.1f}' for v in rates[k])} | "
             f"{', '.join(f'{v:.2f}' for v in shares[k])} |"
         )
+    print(
+        f"| of rank 0's: receiving and scoring | {statistics.median(scoring) / 10:.2f} | | "
+        f"{', '.join(f'{v:.1f}' for v in scoring)} | |"
+    )
+    print(
+        f"\nRank 0's receiving and scoring: {statistics.median(per_window):.1f} ms of CPU per "
+        f"window of 4 ranks (runs: {', '.join(f'{v:.1f}' for v in per_window)}); this job's "
+        "windows are 20 short steps, a few a second: a job of longer windows pays it less often."
+    )
     return 0
 
 
@@ -369,4 +406,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     if args in (["ddp"], ["ddp-gpt"]):
         raise SystemExit(ddp_main("gpt" if args == ["ddp-gpt"] else "mlp"))
+    if args[:1] == ["detector"] and len(args) <= 2:
+        if len(args) == 2 and not args[1].isdigit():
+            raise SystemExit(f"detector RUNS: a number of runs, not {args[1]!r}")
+        raise SystemExit(detector_main(int(args[1]) if len(args) == 2 else DET_RUNS))
     raise SystemExit(main())

@@ -67,6 +67,16 @@ def test_detector_flags_a_stalled_data_loader_in_process(tmp_path: Path) -> None
     assert ev["gap_busy_pct"] <= 0.5 * ev["peers_gap_busy_pct"], ev
     # every window of the run was scored, the partial last one included
     assert max(f["window"] for f in found) == 300 // WINDOW_STEPS - 1
+    # the host's evidence reached every window past the first (whose samples only prime
+    # the deltas), though host samples are no longer taken at every poll: each field
+    # this machine gives, the cgroup's throttling and the process's run delay among them
+    given = _host_fields()
+    assert {"run_delay_pct", "proc_cpu_pct", "cpu_pct"} <= given, given
+    for f in found:
+        if f["window"] >= 1:
+            assert not given & set(f["missing"]), (f["window"], f["rank"], f["missing"])
+    for k in given & set(ev):
+        assert ev[k] is not None and ev.get(f"peers_{k}", 0) is not None, (k, ev)
     # one incident, confirmed (every step stalls: the whole distribution moved), open
     # to the end of the job, with the check for an input stall (docs/DESIGN.md "Incidents")
     lines = (tmp_path / "det" / "incidents.jsonl").read_text().splitlines()
@@ -78,6 +88,20 @@ def test_detector_flags_a_stalled_data_loader_in_process(tmp_path: Path) -> None
     assert inc["escalation"]["cause"] == "host" and "input stall" in inc["escalation"]["check"]
 
 
+def _host_fields() -> set[str]:
+    """The host telemetry fields this machine gives (two samples of this process)."""
+    import os
+
+    from artemis.agent.telemetry.base import RankTarget
+    from artemis.agent.telemetry.host import HostSource
+    from artemis.protocol.records import HOST_FIELDS
+
+    src, me = HostSource(), RankTarget(rank=0, pid=os.getpid())
+    src.sample(me)
+    sum(range(2_000_000))  # a tick of CPU time between the two
+    return set(src.sample(me)) & set(HOST_FIELDS)
+
+
 @pytest.mark.slow
 @pytest.mark.torch_e2e
 def test_detector_without_a_stall_flags_nothing(tmp_path: Path) -> None:
@@ -86,3 +110,28 @@ def test_detector_without_a_stall_flags_nothing(tmp_path: Path) -> None:
     # nothing, but a rank the machine itself slowed (its own record says so)
     wrong = unexplained(flags, Truth.load(tmp_path / "truth", RANKS), 1, set())
     assert not wrong, describe(wrong)
+
+
+@pytest.mark.slow
+@pytest.mark.torch_e2e
+def test_host_evidence_reaches_every_window_when_windows_are_shorter_than_a_sample(
+    tmp_path: Path,
+) -> None:
+    """Host samples are taken a second apart (the agent's cadence) and as each batch of
+    windows goes out: with 5-step windows (about half a second here) most batches after
+    the first (the step period is found after some 200 collectives) come less than a
+    second after the last sample, and each must still carry host evidence (a batch
+    between two samples would have none: its fields missing)."""
+    found = inproc_ddp_job(
+        tmp_path,
+        ["--steps", "280", "--stall-rank", "2", "--stall-from", "30", "--stall-ms", "40"],
+        window_steps=5,
+        settings=SETTINGS,
+        timeout=240,
+    )
+    given = _host_fields()
+    mine = sorted({f["window"] for f in found if f["rank"] == 2 and f["window"] >= 1})
+    assert len(mine) >= 8, [(f["window"], f["rank"], f["state"]) for f in found]
+    for f in found:
+        if f["window"] >= 1:
+            assert not given & set(f["missing"]), (f["window"], f["rank"], f["missing"])

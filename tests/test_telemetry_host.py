@@ -174,6 +174,41 @@ def test_v2_cgroup_throttled_usec(tmp_path: Path) -> None:
     assert got["run_delay_pct"] == 0.0
 
 
+def test_a_cgroup_move_and_a_removed_cgroup_are_followed(tmp_path: Path) -> None:
+    """The cpu.stat path is resolved once per /proc/<pid>/cgroup text (it is read every
+    sample): a move to another cgroup reads the new one's counters, a removed cgroup's
+    fields go missing, and one made again under the same name is found again."""
+    write_stat(tmp_path, STAT0)
+    clock = FakeClock()
+    src = HostSource(tmp_path, clock=clock)
+    stat = "nr_periods 9\nnr_throttled {n}\nthrottled_usec {t}\n"
+    a, b = (tmp_path / f"sys/fs/cgroup/job/{x}" for x in "ab")
+    for d in (a, b):
+        d.mkdir(parents=True)
+    a.joinpath("cpu.stat").write_text(stat.format(n=0, t=0))
+    b.joinpath("cpu.stat").write_text(stat.format(n=0, t=4_000_000))
+    write_sched(tmp_path, 80, 0, "0::/job/a\n", "")
+    target = RankTarget(rank=0, pid=80)
+    src.sample(target)
+    clock.t += 1.0
+    a.joinpath("cpu.stat").write_text(stat.format(n=1, t=100_000))
+    assert src.sample(target)["cg_throttled_pct"] == pytest.approx(10.0)
+    write_sched(tmp_path, 80, 0, "0::/job/b\n", "")  # moved: b's counters, a new delta
+    clock.t += 1.0
+    assert "cg_throttled_pct" not in src.sample(target)
+    clock.t += 1.0
+    b.joinpath("cpu.stat").write_text(stat.format(n=0, t=4_500_000))
+    assert src.sample(target)["cg_throttled_pct"] == pytest.approx(50.0)
+    b.joinpath("cpu.stat").unlink()  # the cgroup removed (its process not yet moved)
+    clock.t += 1.0
+    assert "cg_throttled_pct" not in src.sample(target)
+    b.joinpath("cpu.stat").write_text(stat.format(n=0, t=0))  # and made again
+    src.sample(target)
+    clock.t += 1.0
+    b.joinpath("cpu.stat").write_text(stat.format(n=0, t=200_000))
+    assert src.sample(target)["cg_throttled_pct"] == pytest.approx(20.0)
+
+
 def test_no_schedstat_or_cgroup_leaves_the_fields_missing(tmp_path: Path) -> None:
     write_stat(tmp_path, STAT0)
     write_pid_stat(tmp_path, 79, utime=1, stime=1)
