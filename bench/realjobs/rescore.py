@@ -72,7 +72,7 @@ def rescore(rec: dict[str, Any]) -> dict[str, Any] | None:
         "expected"
     ) else None
     onset = json.loads((kept / "onset.json").read_text()) if exp else None
-    latest: dict[tuple[str, Any], dict[str, Any]] = {}
+    latest: dict[tuple[Any, Any], dict[str, Any]] = {}
     for f in lines:
         latest[(f.get("kind"), f.get("rank", f.get("island")))] = f
     summary = {
