@@ -68,9 +68,11 @@ def rescore(rec: dict[str, Any]) -> dict[str, Any] | None:
     if "error" in rec or not (kept / "journal.assembly").exists():
         return None
     lines = replay(kept, rec)
-    exp = Expected(**{**rec["expected"], "ranks": tuple(rec["expected"]["ranks"])}) if rec.get(
-        "expected"
-    ) else None
+    exp = (
+        Expected(**{**rec["expected"], "ranks": tuple(rec["expected"]["ranks"])})
+        if rec.get("expected")
+        else None
+    )
     onset = json.loads((kept / "onset.json").read_text()) if exp else None
     latest: dict[tuple[Any, Any], dict[str, Any]] = {}
     for f in lines:
