@@ -158,14 +158,20 @@ class RankHistory:
         recent = list(self.live_noise)[-NOISE_RECENT:]
         return max(noise_sd(np.concatenate(self.live_noise)), noise_sd(np.concatenate(recent)))
 
-    def step_scale(self, steps: I64) -> F64:
+    def step_scale(self, steps: I64, row: I64) -> F64 | float:
         """Per rank, how much noisier its window is than a whole one: a median over n of
         the job's N steps a window errs sqrt(N / n) times as much (1 for a whole window;
         the job's last window is often a few steps: DETECTOR.md "The combined test").
-        Takes this window's steps into the job's window size first."""
-        if steps.size:
-            self.window_steps = max(self.window_steps, int(steps.max()))
-        return np.sqrt(self.window_steps / np.clip(steps, 1, max(1, self.window_steps)))
+        Takes this window's steps (per summary; `row`: each rank's) into the job's
+        window size first. 1.0 (a scalar, no array over every rank) when every
+        window is whole, the usual case."""
+        if not steps.size:
+            return 1.0
+        lo, hi = int(steps.min()), int(steps.max())
+        self.window_steps = max(self.window_steps, hi)
+        if lo >= self.window_steps:
+            return 1.0
+        return np.sqrt(self.window_steps / np.clip(steps[row], 1, self.window_steps))
 
     def observe_noise(self, r: I64, lg: F64, gid: I64, peers_ok: npt.NDArray[np.bool_]) -> None:
         """Feed this window's log gaps to the live noise: each rank's change since the

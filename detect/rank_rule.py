@@ -99,7 +99,7 @@ class RankRule:
         nan = np.full(n, np.nan)
         change_bad = np.zeros(n, dtype=bool)
         shift, noise, cusum = nan, nan, nan
-        live_r: F64 | None = None  # the live noise per rank (adaptive)
+        live_r: F64 | float | None = None  # the live noise (per rank where windows differ)
         if s.mode == "adaptive":
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
@@ -120,8 +120,8 @@ class RankRule:
                 if live is None:
                     live = self.history.noise_now()
                 # the live noise of a whole window; a shorter one's is larger
-                steps = (v.cols.ints("step_hi") - v.cols.ints("step_lo"))[v.row]
-                live_r = live * self.history.step_scale(steps)
+                steps = v.cols.ints("step_hi") - v.cols.ints("step_lo")
+                live_r = live * self.history.step_scale(steps, v.row)
                 if math.isfinite(live):
                     # slower than its peers, but within what every rank's ratio moves
                     # by from window to window now: noise, whatever the ratio
@@ -351,7 +351,7 @@ class RankRule:
 
 
 def stall_test(
-    v: View, s: Settings, judged: npt.NDArray[np.bool_], live: F64 | None
+    v: View, s: Settings, judged: npt.NDArray[np.bool_], live: F64 | float | None
 ) -> npt.NDArray[np.bool_]:
     """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
     mean per-step gap is at least `suspect_ratio` of its peers', with the window's
