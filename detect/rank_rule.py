@@ -94,6 +94,8 @@ class RankRule:
             history = np.where(base > 0, v.gap / base, np.nan)
         judging = window >= 1  # window 0 carries start-up work (compilation, warm caches)
         peers_ok = peers.group_size >= s.min_island_peers
+        # `degraded` ranks with group-mates: their history over the mates' (a veto below)
+        rel = mates_relative(history, v.gid, peers.group_size, ~peers_ok)
         peer_bad = judging & peers_ok & (peers.ratio >= s.suspect_ratio)
         n = v.r.size
         nan = np.full(n, np.nan)
@@ -150,6 +152,9 @@ class RankRule:
                 hist_bad = dok & (dc >= CUSUM_H) & (dshift >= dref)
                 # and the seed's fixed ratio, where it is at least PEER_Z of that noise
                 hist_bad |= dok & (history >= s.suspect_ratio) & (dshift >= PEER_Z * dsd)
+                # slower than its history, but its mates slowed more, beyond that same
+                # reference: it waits for them (a lockstep job), it is not the slow one
+                hist_bad &= ~(np.log(rel) <= -dref)
             w_dok = dok if only is None else dok & only
             self.history.dcusum[v.r[w_dok]] = dc[w_dok]
             shift, noise, cusum = (
@@ -157,6 +162,7 @@ class RankRule:
             )
         else:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
+            hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
         stall_bad = stall_test(v, s, judging & peers_ok, live_r)
         return RankScores(
             peers=peers,
@@ -348,6 +354,27 @@ class RankRule:
             peers = peers[np.linspace(0, peers.size - 1, DIAG_PEERS).astype(np.int64)]
         own, *others = telemetry(v.cols, [int(v.row[i]), *v.row[peers].tolist()])
         return diagnose(own, others, slowdown)
+
+
+def mates_relative(history: F64, gid: I64, size: I64, no_peers: npt.NDArray[np.bool_]) -> F64:
+    """For a rank with too few peers to be judged against them but with group-mates (a
+    2-rank job, an island of two): its gap over its own baseline (`history`) against
+    its mates' (their leave-one-out median); NaN elsewhere and in a group with a rank
+    not yet baselined. A lockstep job's healthy rank waits for the slow one: on a
+    2-rank gloo job under a SIGSTOP duty cycle both ranks' gaps rose against their
+    warm-up and both were flagged `degraded` (bench/realjobs, world 2); the one whose
+    mates slowed more is waiting, not slow (a veto only: the test stays on its own
+    history, and what all of them share still counts)."""
+    nan = np.full(history.size, np.nan)
+    m = no_peers & (size >= 2)
+    if not m.any():
+        return nan
+    have = np.isfinite(history) & (history > 0)
+    m &= np.bincount(gid, weights=(~have).astype(np.float64))[gid] == 0
+    if not m.any():
+        return nan
+    rel = scoring.score(np.where(have, history, 1.0), gid).ratio
+    return np.where(m, rel, nan)
 
 
 def stall_test(

@@ -78,3 +78,36 @@ def test_the_change_test_survives_a_restore() -> None:
         [f.to_json() for f in r.findings] for r in rb
     ]
     assert any(f.state == "flagged" for r in ra for f in r.findings)
+
+
+def test_in_a_two_rank_job_the_rank_that_waits_is_not_degraded() -> None:
+    """A 2-rank job (no peers to judge against): rank 1 stops for part of every step and
+    rank 0, which waits for it, also sees its gap rise against its warm-up (on a real
+    gloo job under a SIGSTOP duty cycle, bench/realjobs with world 2, both were flagged).
+    The rank whose mate slowed more is waiting: only rank 1 is `degraded`. Where both
+    slow alike (the host's load), each is still judged on its own history (and the job
+    as a whole, its `island`, is slower in both cases: not asked here)."""
+    rng = np.random.default_rng(5)
+    g = 20.0 * np.exp(0.01 * rng.standard_normal((20, 2)))
+    g[10:, 0] *= 1.4  # rank 0's gap takes part of the wait
+    g[10:, 1] *= 2.2  # rank 1 is stopped in its gap
+    det = Detector(Settings(), "job1", 2)
+    out = [det.score_window(w, make_window(w, row)) for w, row in enumerate(g)]
+    flagged = {
+        (f.kind, f.rank)
+        for r in out
+        for f in r.findings
+        if f.state == "flagged" and f.rank is not None
+    }
+    assert flagged == {("degraded", 1)}, flagged
+    same = 20.0 * np.exp(0.01 * rng.standard_normal((20, 2)))
+    same[10:] *= 1.4  # both alike
+    det = Detector(Settings(), "job1", 2)
+    out = [det.score_window(w, make_window(w, row)) for w, row in enumerate(same)]
+    flagged = {
+        (f.kind, f.rank)
+        for r in out
+        for f in r.findings
+        if f.state == "flagged" and f.rank is not None
+    }
+    assert flagged == {("degraded", 0), ("degraded", 1)}, flagged
