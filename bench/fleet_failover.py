@@ -159,7 +159,13 @@ def _split(fl: Fleet, kills: list[float]) -> tuple[list[float], list[float]]:
 
 
 def run(
-    kills: int, lease_s: float, renew_s: float, window_s: float, each: bool, keep: Path | None
+    kills: int,
+    lease_s: float,
+    renew_s: float,
+    window_s: float,
+    each: bool,
+    keep: Path | None,
+    snapshot_every: int = 10,
 ) -> int:
     _tests_on_path()
     from fleet_harness import (
@@ -175,7 +181,7 @@ def run(
             return 0
         tmp = Path(d) if keep is None else keep
         tmp.mkdir(parents=True, exist_ok=True)
-        fl = Fleet(tmp, url, 3, lease_s=lease_s, renew_s=renew_s)
+        fl = Fleet(tmp, url, 3, lease_s=lease_s, renew_s=renew_s, snapshot_every=snapshot_every)
         times: list[tuple[float, str, str, float]] = []
         loads: list[float] = [os.getloadavg()[0]]
         pacer: Pacer | None = None
@@ -209,7 +215,7 @@ def run(
     goal = lease_s + 2 * window_s
     print(
         f"fleet failover: 3 coordinators on one PostgreSQL, lease_s {lease_s:g}, renew_s"
-        f" {renew_s:g}, a window every {window_s:g} s, 8 ranks on 2 agents;"
+        f" {renew_s:g}, a window every {window_s:g} s, 8 ranks on 2 agents, {_mode(snapshot_every)};"
         f" {len(secs)} owner kills (SIGKILL), from the kill to the next window scored"
     )
     print(f"{'kills':>5} {'p50 s':>6} {'p99 s':>6} {'max s':>6} {'goal s':>7} {'met':>4}")
@@ -234,12 +240,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lease-s", type=float, default=3.0, help="[fleet] lease_s (default 3)")
     ap.add_argument("--renew-s", type=float, default=0.5, help="[fleet] renew_s (default 0.5)")
     ap.add_argument("--window-s", type=float, default=0.5, help="seconds a window (default 0.5)")
+    ap.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10,
+        help="[fleet] snapshot_every: the job's whole state every N windows (default 10;"
+        " 1 = every window)",
+    )
     ap.add_argument("--each", action="store_true", help="print every kill")
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it (logs, outputs)")
     a = ap.parse_args(argv if argv is not None else [])
     if a.kills < 1 or a.window_s <= 0 or a.lease_s <= 0 or a.renew_s <= 0:
         ap.error("--kills must be >= 1 and --lease-s, --renew-s, --window-s > 0")
-    return run(a.kills, a.lease_s, a.renew_s, a.window_s, a.each, a.keep)
+    if a.snapshot_every < 1:
+        ap.error(f"--snapshot-every must be >= 1, got {a.snapshot_every}")
+    return run(a.kills, a.lease_s, a.renew_s, a.window_s, a.each, a.keep, a.snapshot_every)
+
+
+def _mode(snapshot_every: int) -> str:
+    """The state mode a run measured, as its output says it."""
+    if snapshot_every == 1:
+        return "state: a full snapshot every window (snapshot_every 1)"
+    return f"state: a full snapshot every {snapshot_every} windows, the journal between"
 
 
 if __name__ == "__main__":

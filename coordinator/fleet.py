@@ -217,8 +217,6 @@ class FleetCoordinator(Coordinator):
             finally:
                 self.jobs.settings = self.settings
             self.corrections.restore(job, state.get("corrections"))
-            if m is not None:
-                self.metrics.observe_restored(job, m.last_window)
         parts = [from_wire(msgspec.msgpack.decode(b, type=WindowBatch)) for b in saved.journal]
         self.metrics.set_owner(job, epoch)
         self.snapshots.dirty(job)  # the heir's first commit is a full snapshot of its own
@@ -239,7 +237,7 @@ class FleetCoordinator(Coordinator):
             "job lease taken",
             job=job,
             epoch=epoch,
-            restored_window=None if m is None else m.last_window,
+            restored_window=None if m is None else m.last_window,  # after the replay
             replayed_windows=replay.replayed,
             unreplayed_windows=len(replay.walls),
             open_findings=None if m is None else m.open_findings(),
@@ -256,6 +254,8 @@ class FleetCoordinator(Coordinator):
         self._replays.pop(job, None)
         m = self.monitors.get(job)
         if m is not None:
+            if m.last_window >= 0:  # the last window its previous owner committed
+                self.metrics.observe_restored(job, m.last_window)
             self._emit(job, m.update_settings(self.settings))
 
     def _score(self, aw: AssembledWindow, final: bool = False) -> None:
