@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 import tempfile
@@ -30,18 +31,19 @@ from typing import Any
 
 import msgpack
 import msgspec
+import numpy as np
 import structlog
-from artemis.coordinator.config import FleetConfig
-from artemis.coordinator.fleet import Fleet, FleetCoordinator
+from artemis.coordinator.fleet import FleetCoordinator
 from artemis.protocol.columns import to_wire
 from artemis.protocol.messages import Windows
 from artemis.protocol.peers import PeerInfo
-from artemis.protocol.records import RankInfo, RankWindow
+from artemis.protocol.records import RankInfo
 
+from bench._windows import bench_window
 from bench.fleet_failover import _database, _tests_on_path
 
 PER_AGENT = 256
-LEASE_S = 1.0
+LEASE_S = 1.0  # tests/test_fleet_coordinator.py's
 
 
 def _peer(job: str, agent: int, ranks: range, n: int) -> PeerInfo:
@@ -49,50 +51,9 @@ def _peer(job: str, agent: int, ranks: range, n: int) -> PeerInfo:
     return PeerInfo(f"a{agent}", f"h{agent}", "t", "i", infos, "127.0.0.1:1", (1, 3), 0.0, agent)
 
 
-def _batch(job: str, agent: int, ranks: range, n: int, w: int) -> Windows:
-    rows = tuple(
-        RankWindow(
-            job=job,
-            comm="c0",
-            rank=r,
-            nranks=n,
-            host=f"h{agent}",
-            window=w,
-            step_lo=w * 10,
-            step_hi=w * 10 + 10,
-            coll_lo=w * 40,
-            coll_hi=(w + 1) * 40,
-            gap_ms=130.0 if r == 1 else 100.0 + (r % 7) * 0.1,
-            coll_ms=10.0,
-            step_ms=140.0,
-            collectives=40,
-            bytes=0,
-            lost=0,
-            clock="device",
-        )
-        for r in ranks
-    )
+def _batch(job: str, agent: int, ranks: range, gap: np.ndarray, w: int) -> Windows:
+    rows = tuple(dataclasses.replace(bench_window(r, w, gap), job=job) for r in ranks)
     return Windows(host=f"h{agent}", windows=rows)
-
-
-def _coordinator(tmp: Path, url: str, fid: str, every: int) -> FleetCoordinator:
-    from service_records import file_coordinator
-
-    tmp.mkdir(parents=True, exist_ok=True)
-    cfg = FleetConfig(
-        enabled=True,
-        id=fid,
-        lease_s=LEASE_S,
-        renew_s=0.1,
-        advertise=f"127.0.0.1:{fid}",
-        snapshot_every=every,
-    )
-    fleet = Fleet(cfg, url)
-    c = file_coordinator(
-        tmp, time.monotonic, cls=FleetCoordinator, restore=False, fleet=fleet, deadline_s=600.0
-    )
-    fleet.start()
-    return c
 
 
 def _state(c: FleetCoordinator, job: str) -> Any:
@@ -109,8 +70,13 @@ async def _mode(tmp: Path, url: str, n: int, windows: int, every: int) -> dict[s
         (a, range(a * PER_AGENT, min(n, (a + 1) * PER_AGENT))) for a in range(-(-n // PER_AGENT))
     ]
     peers = {a: _peer(job, a, rs, n) for a, rs in agents}
-    a = _coordinator(tmp / f"a{every}", url, f"a{every}", every)
-    b = _coordinator(tmp / f"b{every}", url, f"b{every}", every)
+    from test_fleet_coordinator import fleet_coordinator
+
+    now = [0.0]  # no window waits for a deadline here
+    a = fleet_coordinator(tmp / f"a{every}", url, f"a{every}", now, snapshot_every=every)
+    b = fleet_coordinator(tmp / f"b{every}", url, f"b{every}", now, snapshot_every=every)
+    gap = np.full(n, 100.0)
+    gap[1] = 130.0  # rank 1 is 30% slow: a finding, an incident open
     out: dict[str, Any] = {"every": every}
     try:
         assert a.route(peers[0]) == []
@@ -119,7 +85,7 @@ async def _mode(tmp: Path, url: str, n: int, windows: int, every: int) -> dict[s
         journal = 0
         busy = 0.0
         for w in range(windows):
-            msgs = [_batch(job, ag, rs, n, w) for ag, rs in agents]
+            msgs = [_batch(job, ag, rs, gap, w) for ag, rs in agents]
             journal += sum(len(msgspec.msgpack.encode(to_wire(m.columns))) for m in msgs)
             t0 = time.perf_counter()
             for ag, _rs in agents:
