@@ -37,6 +37,7 @@ from test_fleet_coordinator import (
     until,
     windows_scored,
 )
+from test_fleet_pg_restart import part as slow_part
 
 
 def state_of(c: FleetCoordinator) -> dict[str, Any]:
@@ -134,6 +135,34 @@ def test_an_heir_replays_the_windows_since_the_full_snapshot_exactly(
             later = lines(tmp_path / "b" / "incidents.jsonl")
             assert later and {r["id"] for r in later} == {opened[0]["id"]}
             assert later[-1]["status"] == "closed" and later[-1]["opened"] == opened[0]["opened"]
+        finally:
+            b.flush()
+            a.fleet.stop(release=False)
+
+    asyncio.run(run())
+
+
+def test_a_long_replay_from_an_older_snapshot_is_exact(pg_url: str, tmp_path: Path) -> None:
+    """Nine windows replayed on a snapshot ten windows old, while an incident stays open
+    (its correction book's bounded histories roll over during the replay)."""
+    now = [0.0]
+
+    async def run() -> None:
+        a = fleet_coordinator(tmp_path / "a", pg_url, "a", now, snapshot_every=10)
+        b = fleet_coordinator(tmp_path / "b", pg_url, "b", now, snapshot_every=10)
+        try:
+            take_job(a)
+            for w in range(30):
+                for h in ("h0", "h1"):
+                    await a.on_message(peer(h), slow_part(h, w, JOB))
+            saved = a.fleet.store.load(JOB)
+            assert saved.marker["full"] == 20 and len(saved.marker["delta"]) == 9
+            want = state_of(a)
+            assert want["corrections"]  # the open incident's book, with its pace history
+            die(a)
+            take_over(b)
+            assert state_of(b) == want
+            assert scored(a) == 30 and scored(b) == 0
         finally:
             b.flush()
             a.fleet.stop(release=False)
