@@ -412,6 +412,7 @@ class FleetCoordinator(Coordinator):
         """The job is not served here any more: its monitor, assembly, series and held
         outputs go (its incidents stay open: their owner continues them)."""
         self.jobs.forget(job)
+        self.assembler.drop_job(job)  # its release marks too: the store's are the truth
         self.corrections.forget(job)
         self.metrics.forget_job(job)
         self.plan_metrics.forget(job)
