@@ -137,25 +137,31 @@ def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str,
     return took, owner.name, heir.name, wall
 
 
-def _split(fl: Fleet, kills: list[float]) -> tuple[list[float], list[float]]:
+def _split(fl: Fleet, kills: list[float]) -> tuple[list[float], list[float], list[int]]:
     """From the members' own logs, each failover in two: the kill to the heir's `job lease
-    taken`, and that to its first `window scored` (log times are UTC, as time.time())."""
+    taken`, and that to its first `window scored` (log times are UTC, as time.time());
+    and the windows each heir replayed (committed since the last full snapshot)."""
     events = sorted(
-        (datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp(), r["event"])
+        (
+            datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp(),
+            r["event"],
+            int(r.get("replayed_windows") or 0),
+        )
         for m in fl.members
         for r in m.log_records()
         if r.get("event") in ("job lease taken", "window scored") and "timestamp" in r
     )
-    lease, score = [], []
+    lease, score, replayed = [], [], []
     for k in kills:
-        taken = next((t for t, e in events if t > k and e == "job lease taken"), None)
+        taken = next(((t, n) for t, e, n in events if t > k and e == "job lease taken"), None)
         if taken is None:
             continue
-        first = next((t for t, e in events if t > taken and e == "window scored"), None)
-        lease.append(taken - k)
+        first = next((t for t, e, _n in events if t > taken[0] and e == "window scored"), None)
+        lease.append(taken[0] - k)
+        replayed.append(taken[1])
         if first is not None:
-            score.append(first - taken)
-    return lease, score
+            score.append(first - taken[0])
+    return lease, score, replayed
 
 
 def run(
@@ -208,7 +214,7 @@ def run(
                 pacer.stop.set()
             fl.stop()
         out = fl.outputs()
-        lease, score = _split(fl, [w for _t, _k, _h, w in times])
+        lease, score, replayed = _split(fl, [w for _t, _k, _h, w in times])
     problems = check_scored_once(out, JOB, SLOW, range(1, last + 1)) + check_owners_apart(out, JOB)
     secs = sorted(t for t, _k, _h, _w in times)
     p99 = secs[math.ceil(0.99 * len(secs)) - 1]
@@ -228,7 +234,9 @@ def run(
         print(
             f"from the logs: kill -> lease taken {min(lease):.2f}-{max(lease):.2f} s"
             f" (median {statistics.median(lease):.2f}), lease taken -> first window scored"
-            f" {min(score):.2f}-{max(score):.2f} s (median {statistics.median(score):.2f})"
+            f" {min(score):.2f}-{max(score):.2f} s (median {statistics.median(score):.2f});"
+            f" windows replayed by the heir {min(replayed)}-{max(replayed)}"
+            f" (median {statistics.median(replayed):g})"
         )
     print(f"windows 0-{last}: {'scored once each' if not problems else '; '.join(problems)}")
     return 0 if p99 <= goal and not problems else 1
