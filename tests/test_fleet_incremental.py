@@ -23,6 +23,7 @@ import pytest
 from artemis.common.tomlfile import ConfigError
 from artemis.coordinator.config import CoordinatorConfig, FleetConfig
 from artemis.coordinator.fleet import FleetCoordinator
+from artemis.coordinator.fleet_state import Replay, SnapshotPolicy
 from artemis.protocol.messages import Heartbeat
 from artemis.store.fleet import FleetStore
 from test_fleet_coordinator import (
@@ -40,12 +41,12 @@ from test_fleet_coordinator import (
 from test_fleet_pg_restart import part as slow_part
 
 
-def state_of(c: FleetCoordinator) -> dict[str, Any]:
+def state_of(c: FleetCoordinator, job: str = JOB) -> dict[str, Any]:
     """The job's state as the coordinator would commit it whole, less the shell's own
     counter of output groups (out_seq: this process's, not the job's)."""
-    st = c.jobs.state(JOB)
+    st = c.jobs.state(job)
     assert st is not None
-    st["corrections"] = c.corrections.snapshot(JOB)
+    st["corrections"] = c.corrections.snapshot(job)
     st.pop("out_seq")
     # msgpack's round trip: what the store holds (tuples as lists)
     out: dict[str, Any] = msgpack.unpackb(
@@ -246,3 +247,54 @@ def test_snapshot_every_is_checked_and_named() -> None:
     assert FleetConfig().snapshot_every == 10
     with pytest.raises(ConfigError, match=r"fleet\.snapshot_every: expected"):
         CoordinatorConfig(fleet=FleetConfig(snapshot_every=0)).validated()
+
+
+def test_a_marker_that_cannot_be_read_is_named() -> None:
+    assert Replay({"window": 3}).walls == {}  # an older coordinator's: no deltas
+    r = Replay({"delta": [["c0", 4, 1.5], ["c0", 5, 2.5]]})
+    assert r.upto == 5 and r.take("c0", 5) == 2.5 and r.take("c0", 5) is None
+    with pytest.raises(ValueError, match=r"fleet marker: a delta entry must be \[run, window"):
+        Replay({"delta": [[4, 1.5]]})
+    with pytest.raises(ValueError, match="snapshot_every must be >= 1"):
+        SnapshotPolicy(0)
+
+
+def test_a_correction_decided_in_a_window_forces_a_full_snapshot(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A rank's clocks locked low: its incident gets a correction (recommended: the book
+    decides by the agents connected then, which an heir cannot replay). That window's
+    commit is a full snapshot; the windows after are deltas, replayed exactly."""
+    from test_corrections_service import JOB as CJ
+    from test_corrections_service import peer as cpeer
+    from test_corrections_service import windows as locked
+
+    wall = [1000.0]
+
+    async def run() -> None:
+        a = fleet_coordinator(tmp_path / "a", pg_url, "a", wall, wall=lambda: wall[0])
+        b = fleet_coordinator(tmp_path / "b", pg_url, "b", wall, wall=lambda: wall[0])
+        try:
+            assert a.route(cpeer(0)) == []
+            for h in (0, 1):
+                a.on_connect(cpeer(h))
+            decided = None
+            for w in range(20):
+                await locked(a, w, w + 1, True, wall)
+                book = a.corrections.books.get(CJ)
+                if decided is None and book is not None and book.corrections:
+                    decided = w
+                    assert a.fleet.store.load(CJ).marker["full"] == w  # at once, whole
+            assert decided is not None and decided < 17
+            saved = a.fleet.store.load(CJ)
+            assert saved.marker["delta"] and saved.marker["full"] >= decided
+            want = state_of(a, CJ)
+            assert want["corrections"]["corrections"]  # the recommended correction
+            die(a)
+            until(lambda: b.route(cpeer(1)) == [], 10 * LEASE_S, "B to take the lease")
+            assert state_of(b, CJ) == want
+        finally:
+            b.flush()
+            a.fleet.stop(release=False)
+
+    asyncio.run(run())
