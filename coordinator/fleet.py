@@ -328,13 +328,17 @@ class FleetCoordinator(Coordinator):
             return
         # A heartbeat may announce a rank or a host (expected ranks, the monitor's
         # hosts), which the journal cannot redo: the job's next commit is then full.
-        hosts = {j: m.host_count() for j, m in self.monitors.items()}
+        jobs = {p.job for p in msg.progress}
+        hosts = {j: m.host_count() for j in jobs if (m := self.monitors.get(j)) is not None}
         new = self.snapshots.announced
         changed = {p.job for p in msg.progress if p.rank not in new.get(p.job, ())}
         for p in msg.progress:
             new.setdefault(p.job, set()).add(p.rank)
         await super().on_message(peer, msg)
-        changed |= {j for j, m in self.monitors.items() if hosts.get(j) != m.host_count()}
+        for j in jobs:
+            m = self.monitors.get(j)
+            if m is not None and hosts.get(j) != m.host_count():
+                changed.add(j)
         self.snapshots.dirty(*changed)
 
     def _load_baselines(self, m: JobMonitor, now: float) -> None:
