@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.fleet_failover import _database, _tests_on_path
+from bench.fleet_failover import _database, _mode, _tests_on_path
 
 if TYPE_CHECKING:  # tests/ is put on the path when the run starts
     from fleet_harness import Fleet
@@ -131,7 +131,7 @@ def _step(fl: Fleet, secret: Path, bin_dir: Path, ranks: int, windows: int) -> S
     return st
 
 
-def run(sizes: list[int], windows: int, keep: Path | None) -> int:
+def run(sizes: list[int], windows: int, keep: Path | None, snapshot_every: int = 10) -> int:
     _tests_on_path()
     from daemon_harness import BIN
     from fleet_harness import Fleet
@@ -142,7 +142,7 @@ def run(sizes: list[int], windows: int, keep: Path | None) -> int:
             return 0
         tmp = Path(d) if keep is None else keep
         tmp.mkdir(parents=True, exist_ok=True)
-        fl = Fleet(tmp, url, 3, lease_s=10.0, renew_s=1.0)
+        fl = Fleet(tmp, url, 3, lease_s=10.0, renew_s=1.0, snapshot_every=snapshot_every)
         try:
             fl.start()
             for ranks in sizes:
@@ -167,7 +167,7 @@ def run(sizes: list[int], windows: int, keep: Path | None) -> int:
     print(
         f"fleet capacity: 3 coordinators on one PostgreSQL, {JOBS} jobs, 1 s windows,"
         f" {windows} windows a size; goal: findings within {GOAL_LATENCY_S:g} s of the last"
-        f" summary at load <= {GOAL_LOAD:g}; largest size that fits: "
+        f" summary at load <= {GOAL_LOAD:g}; {_mode(snapshot_every)}; largest size that fits: "
         + (f"{max(fit)} ranks" if fit else "none of the ladder")
         + "; largest that keeps pace at the load seen: "
         + (f"{max(pace)} ranks" if pace else "none of the ladder")
@@ -183,15 +183,21 @@ def main(argv: list[str] | None = None) -> int:
         help="ranks in all, a comma list, smallest first (default %(default)s)",
     )
     ap.add_argument("--windows", type=int, default=8, help="windows a size (default 8)")
+    ap.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10,
+        help="[fleet] snapshot_every (default 10; 1 = the whole state every window)",
+    )
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it (logs, outputs)")
     a = ap.parse_args(argv if argv is not None else [])
     try:
         sizes = [int(s) for s in a.sizes.split(",") if s.strip()]
     except ValueError:
         ap.error(f"--sizes: expected ranks as a comma list of integers, got {a.sizes!r}")
-    if not sizes or min(sizes) < JOBS or a.windows < 2:
-        ap.error(f"--sizes must be integers >= {JOBS} and --windows >= 2")
-    return run(sizes, a.windows, a.keep)
+    if not sizes or min(sizes) < JOBS or a.windows < 2 or a.snapshot_every < 1:
+        ap.error(f"--sizes must be integers >= {JOBS}, --windows >= 2, --snapshot-every >= 1")
+    return run(sizes, a.windows, a.keep, a.snapshot_every)
 
 
 if __name__ == "__main__":

@@ -137,29 +137,41 @@ def _one_kill(fl: Fleet, pacer: Pacer, timeout: float) -> tuple[float, str, str,
     return took, owner.name, heir.name, wall
 
 
-def _split(fl: Fleet, kills: list[float]) -> tuple[list[float], list[float]]:
+def _split(fl: Fleet, kills: list[float]) -> tuple[list[float], list[float], list[int]]:
     """From the members' own logs, each failover in two: the kill to the heir's `job lease
-    taken`, and that to its first `window scored` (log times are UTC, as time.time())."""
+    taken`, and that to its first `window scored` (log times are UTC, as time.time());
+    and the windows each heir replayed (committed since the last full snapshot)."""
     events = sorted(
-        (datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp(), r["event"])
+        (
+            datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp(),
+            r["event"],
+            int(r.get("replayed_windows") or 0),
+        )
         for m in fl.members
         for r in m.log_records()
         if r.get("event") in ("job lease taken", "window scored") and "timestamp" in r
     )
-    lease, score = [], []
+    lease, score, replayed = [], [], []
     for k in kills:
-        taken = next((t for t, e in events if t > k and e == "job lease taken"), None)
+        taken = next(((t, n) for t, e, n in events if t > k and e == "job lease taken"), None)
         if taken is None:
             continue
-        first = next((t for t, e in events if t > taken and e == "window scored"), None)
-        lease.append(taken - k)
+        first = next((t for t, e, _n in events if t > taken[0] and e == "window scored"), None)
+        lease.append(taken[0] - k)
+        replayed.append(taken[1])
         if first is not None:
-            score.append(first - taken)
-    return lease, score
+            score.append(first - taken[0])
+    return lease, score, replayed
 
 
 def run(
-    kills: int, lease_s: float, renew_s: float, window_s: float, each: bool, keep: Path | None
+    kills: int,
+    lease_s: float,
+    renew_s: float,
+    window_s: float,
+    each: bool,
+    keep: Path | None,
+    snapshot_every: int = 10,
 ) -> int:
     _tests_on_path()
     from fleet_harness import (
@@ -175,7 +187,7 @@ def run(
             return 0
         tmp = Path(d) if keep is None else keep
         tmp.mkdir(parents=True, exist_ok=True)
-        fl = Fleet(tmp, url, 3, lease_s=lease_s, renew_s=renew_s)
+        fl = Fleet(tmp, url, 3, lease_s=lease_s, renew_s=renew_s, snapshot_every=snapshot_every)
         times: list[tuple[float, str, str, float]] = []
         loads: list[float] = [os.getloadavg()[0]]
         pacer: Pacer | None = None
@@ -202,14 +214,14 @@ def run(
                 pacer.stop.set()
             fl.stop()
         out = fl.outputs()
-        lease, score = _split(fl, [w for _t, _k, _h, w in times])
+        lease, score, replayed = _split(fl, [w for _t, _k, _h, w in times])
     problems = check_scored_once(out, JOB, SLOW, range(1, last + 1)) + check_owners_apart(out, JOB)
     secs = sorted(t for t, _k, _h, _w in times)
     p99 = secs[math.ceil(0.99 * len(secs)) - 1]
     goal = lease_s + 2 * window_s
     print(
         f"fleet failover: 3 coordinators on one PostgreSQL, lease_s {lease_s:g}, renew_s"
-        f" {renew_s:g}, a window every {window_s:g} s, 8 ranks on 2 agents;"
+        f" {renew_s:g}, a window every {window_s:g} s, 8 ranks on 2 agents, {_mode(snapshot_every)};"
         f" {len(secs)} owner kills (SIGKILL), from the kill to the next window scored"
     )
     print(f"{'kills':>5} {'p50 s':>6} {'p99 s':>6} {'max s':>6} {'goal s':>7} {'met':>4}")
@@ -222,7 +234,9 @@ def run(
         print(
             f"from the logs: kill -> lease taken {min(lease):.2f}-{max(lease):.2f} s"
             f" (median {statistics.median(lease):.2f}), lease taken -> first window scored"
-            f" {min(score):.2f}-{max(score):.2f} s (median {statistics.median(score):.2f})"
+            f" {min(score):.2f}-{max(score):.2f} s (median {statistics.median(score):.2f});"
+            f" windows replayed by the heir {min(replayed)}-{max(replayed)}"
+            f" (median {statistics.median(replayed):g})"
         )
     print(f"windows 0-{last}: {'scored once each' if not problems else '; '.join(problems)}")
     return 0 if p99 <= goal and not problems else 1
@@ -234,12 +248,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lease-s", type=float, default=3.0, help="[fleet] lease_s (default 3)")
     ap.add_argument("--renew-s", type=float, default=0.5, help="[fleet] renew_s (default 0.5)")
     ap.add_argument("--window-s", type=float, default=0.5, help="seconds a window (default 0.5)")
+    ap.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10,
+        help="[fleet] snapshot_every: the job's whole state every N windows (default 10;"
+        " 1 = every window)",
+    )
     ap.add_argument("--each", action="store_true", help="print every kill")
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it (logs, outputs)")
     a = ap.parse_args(argv if argv is not None else [])
     if a.kills < 1 or a.window_s <= 0 or a.lease_s <= 0 or a.renew_s <= 0:
         ap.error("--kills must be >= 1 and --lease-s, --renew-s, --window-s > 0")
-    return run(a.kills, a.lease_s, a.renew_s, a.window_s, a.each, a.keep)
+    if a.snapshot_every < 1:
+        ap.error(f"--snapshot-every must be >= 1, got {a.snapshot_every}")
+    return run(a.kills, a.lease_s, a.renew_s, a.window_s, a.each, a.keep, a.snapshot_every)
+
+
+def _mode(snapshot_every: int) -> str:
+    """The state mode a run measured, as its output says it."""
+    if snapshot_every == 1:
+        return "state: a full snapshot every window (snapshot_every 1)"
+    return f"state: a full snapshot every {snapshot_every} windows, the journal between"
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ class FleetConfig:
     """``[fleet]``: this coordinator is one of the fleet that shares its PostgreSQL store.
     Each job has one owner at a time, held as a lease of `lease_s` seconds (judged by
     the database's clock) and renewed every `renew_s`; agents of a job it does not own
-    are redirected to `advertise` of the owner."""
+    are redirected to `advertise` of the owner. A job's state is written whole every
+    `snapshot_every` scored windows, the store's journal being the delta between."""
 
     enabled: bool = False
     id: str = ""  # this coordinator's fleet id ("" = hostname:port of listen)
@@ -81,6 +82,10 @@ class FleetConfig:
     renew_s: PositiveSeconds = 1.0
     # HOST:PORT agents are redirected to ("" = listen, unless it is a wildcard)
     advertise: str = ""
+    # A job's whole state is written every this many scored windows (and whenever
+    # something a replay of the journal cannot redo changed it); in between a commit
+    # writes its marker only, the journal being the delta. 1 = every window.
+    snapshot_every: Annotated[int, Meta(ge=1, le=10_000)] = 10
 
     def resolved(self, listen: str, store: str) -> FleetConfig:
         """Checked against `listen` and `store`, with `id` and `advertise` filled in;

@@ -1,11 +1,9 @@
-"""The coordinator fleet's shell: leases held and renewed, routing, fenced state, restore.
+"""The coordinator fleet's shell: routing, fenced state, incremental commits, restore.
 
 Coordinators that share one PostgreSQL store form a fleet (docs/DESIGN.md "The
 coordinator fleet"). Each job has one owner, held as a lease row in the store
-(store/fleet.py); `Fleet` holds this coordinator's leases and renews them every
-`renew_s` from a thread with its own connection (never on the event loop: a slow
-database must not stall ingest, and a stalled event loop must not keep a lease
-alive by accident). `FleetCoordinator` is the coordinator with the fleet's rules:
+(store/fleet.py); `Fleet` (coordinator/fleet_leases.py) holds this coordinator's
+leases and renews them. `FleetCoordinator` is the coordinator with the fleet's rules:
 
 - Routing: an agent's hello (`route`, asked by the protocol server after auth)
   and every data message name jobs; a job whose lease nobody holds is taken
@@ -20,17 +18,22 @@ alive by accident). `FleetCoordinator` is the coordinator with the fleet's rules
   the group and the job (monitor, assembly, controls) and redirects its agents;
   the job is served again only after its lease is re-checked (acquired anew,
   restoring what its owner committed meanwhile).
-- A clean stop commits each job's state and releases the leases (the next owner
-  takes them at once); it closes no incident and scores no pending window: the
-  journal keeps them for the next owner.
+- Incremental state (coordinator/fleet_state.py): the job's whole state is written
+  every `snapshot_every` scored windows, and whenever something a replay cannot
+  redo changed it; a window committed in between writes its marker only (the
+  journal keeps its batches). A new owner restores the last full snapshot, then
+  re-scores the windows the marker lists with their outputs suppressed
+  (`_rescore`): the state it ends with is the one its predecessor committed.
+- A clean stop commits each job's whole state and releases the leases (the next
+  owner takes them at once); it closes no incident and scores no pending window:
+  the journal keeps them for the next owner.
 
 The single coordinator (no `--fleet`) keeps its files (service.py) unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
+import json
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -39,15 +42,18 @@ import msgpack
 import msgspec
 import numpy as np
 import structlog
-from artemis.coordinator.config import FleetConfig
+from artemis.coordinator.fleet_leases import Fleet
+from artemis.coordinator.fleet_state import Delta, Replay, SnapshotPolicy
 from artemis.coordinator.service import Coordinator
 from artemis.coordinator.sinks import Sinks, StoreOutputs
-from artemis.detect.monitor import MonitorOutput
+from artemis.detect.assembly import AssembledWindow
+from artemis.detect.monitor import JobMonitor, MonitorOutput
+from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowBatch, WindowColumns, from_wire, to_wire
 from artemis.protocol.messages import Dump, Fingerprint, Heartbeat, JobOwner, Message, Windows
 from artemis.protocol.server import NotTaken, PeerInfo
 from artemis.store.base import StoreError
-from artemis.store.fleet import FleetStore, Lease, LeaseLost, Outputs
+from artemis.store.fleet import LeaseLost, Outputs
 
 __all__ = ["FencedSinks", "Fleet", "FleetCoordinator"]
 
@@ -56,186 +62,6 @@ log = structlog.get_logger("artemis.coordinator.fleet")
 # How long a job that ended here is still exported with owner 0 (ended, released), so the
 # "no owner" alert tells an end from a lost owner (deploy/prometheus/artemis-rules.yml).
 ENDED_EXPORT_S = 600.0
-
-
-class Fleet:
-    """This coordinator's leases: held (job -> epoch), renewed by a thread of their own,
-    those it lost collected for the event loop (`take_lost`)."""
-
-    def __init__(self, cfg: FleetConfig, url: str) -> None:
-        self.cfg = cfg
-        self.id = cfg.id
-        self._url = url
-        self.store = FleetStore(url, cfg.id, cfg.advertise, cfg.lease_s)  # the event loop's
-        self._renewer = FleetStore(url, cfg.id, cfg.advertise, cfg.lease_s)  # the thread's
-        self._lock = threading.Lock()
-        self._held: dict[str, int] = {}
-        self._lost: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.renewed_at = time.monotonic()  # the last renewal the database answered
-        self._renew_ok = True  # whether the last renewal reached the database
-        # The event loop's connection failed: not used until the renewing thread has
-        # made a new one (a connect to a database cut off waits; the loop must not).
-        self._loop_broken = False
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="fleet-renew", daemon=True)
-        self._thread.start()
-
-    def reached(self) -> bool:
-        """Whether the last renewal reached the database (straggler_store_connected)."""
-        return self._renew_ok
-
-    def held(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._held)
-
-    def epoch(self, job: str) -> int | None:
-        with self._lock:
-            return self._held.get(job)
-
-    def acquire(self, job: str) -> Lease:
-        lease = self.loop_store().acquire(job)
-        if lease.mine:
-            with self._lock:
-                self._held[job] = lease.epoch
-                self._lost.discard(job)
-        return lease
-
-    def drop(self, job: str) -> None:
-        with self._lock:
-            self._held.pop(job, None)
-
-    def release(self, job: str) -> None:
-        """The job ended here: its lease goes back (taken again if it comes back)."""
-        epoch = self.epoch(job)
-        self.drop(job)
-        if epoch is not None:
-            try:
-                self.loop_store().release({job: epoch})
-            except StoreError as e:
-                log.warning("fleet lease not released: it expires", job=job, error=str(e))
-
-    def loop_store(self) -> FleetStore:
-        """The event loop's connection; a StoreError (transient) while it is being made
-        anew after a failure (`failed`)."""
-        if self._loop_broken:
-            raise StoreError(f"{self.store.url}: reconnecting", transient=True)
-        return self.store
-
-    def failed(self, e: StoreError) -> None:
-        """A call on the event loop's connection failed: a lost connection is made anew by
-        the renewing thread, off the loop (`_mend`)."""
-        if e.transient:
-            self._loop_broken = True
-
-    def _mend(self) -> None:
-        """(Renewing thread.) A new connection for the event loop, once the database
-        answers again; the old one is closed (the loop no longer uses it)."""
-        try:
-            new = FleetStore(self._url, self.id, self.cfg.advertise, self.cfg.lease_s)
-        except (StoreError, ValueError) as e:
-            log.debug("fleet store not reachable yet", error=str(e))
-            return
-        old, self.store = self.store, new
-        self._loop_broken = False
-        with contextlib.suppress(Exception):
-            old.close()
-        log.info("fleet store reconnected", store=new.url)
-
-    def take_lost(self) -> set[str]:
-        with self._lock:
-            lost, self._lost = self._lost, set()
-        return lost
-
-    def owner(self, job: str) -> JobOwner:
-        """Who holds `job` now, as the wire says it (empty: nobody this coordinator sees)."""
-        try:
-            lease = self.loop_store().owner_of(job)
-        except StoreError as e:
-            self.failed(e)
-            lease = None
-        if lease is None or lease.mine:
-            return JobOwner(job=job)
-        return self.holder(lease)
-
-    def holder(self, lease: Lease) -> JobOwner:
-        """Another's `lease` as the wire says it, with how long it still runs by the
-        database's clock: an agent that cannot reach the holder (it died) comes back
-        when the lease is free instead of polling the fleet on its back-off."""
-        try:
-            left = max(0.0, lease.expires - self.loop_store().now())
-        except StoreError as e:
-            self.failed(e)
-            left = 0.0  # not known: the agent falls back on its retries
-        return JobOwner(
-            job=lease.job,
-            owner=lease.owner,
-            address=lease.address,
-            epoch=lease.epoch,
-            expires_s=min(left, 86400.0),
-        )
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.cfg.renew_s):
-            self.renew_once()
-
-    def renew_once(self) -> set[str]:
-        """One renewal of every lease held; returns those lost. While the database does
-        not answer for a whole lease, every lease is taken as lost: another coordinator
-        may hold them by now, and the fenced writes would be refused anyway."""
-        held = self.held()
-        try:
-            if held:
-                lost = self._renewer.renew(held)
-            else:  # nothing to renew: the database is still asked (is it there?)
-                self._renewer.now()
-                lost = set()
-            self.renewed_at = time.monotonic()
-            if not self._renew_ok:
-                log.info("fleet store reached again", store=self._renewer.url)
-            self._renew_ok = True
-        except StoreError as e:
-            if self._renew_ok:  # logged when it starts failing, not every renew_s
-                log.warning("fleet lease renewal failed", store=self._renewer.url, error=str(e))
-            self._renew_ok = False
-            # Judged before reconnecting (which may wait on a database cut off).
-            lost = set(held) if time.monotonic() - self.renewed_at >= self.cfg.lease_s else set()
-            self._lose(held, lost)
-            with contextlib.suppress(StoreError):
-                self._renewer.reconnect()
-            return lost
-        if self._loop_broken:
-            self._mend()
-        self._lose(held, lost)
-        return lost
-
-    def _lose(self, held: Mapping[str, int], lost: set[str]) -> None:
-        if lost:
-            with self._lock:
-                for job in lost:
-                    if self._held.get(job) == held[job]:
-                        del self._held[job]
-                        self._lost.add(job)
-            log.warning("fleet leases lost", jobs=sorted(lost))
-
-    def stop(self, release: bool = True) -> None:
-        """Stop renewing; `release`: hand every lease over now (a clean stop)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(max(5.0, self.cfg.renew_s * 2))
-        if release:
-            held = self.held()
-            try:
-                self.store.release(held)
-                log.info("fleet leases released", jobs=sorted(held))
-            except StoreError as e:
-                log.warning("fleet leases not released: they expire", error=str(e))
-        with self._lock:
-            self._held.clear()
-        self.store.close()
-        self._renewer.close()
 
 
 class FencedSinks:
@@ -267,13 +93,16 @@ class FencedSinks:
         if info:
             self._info.setdefault(job, {}).update(info)
 
-    def commit(self, job: str, state: Mapping[str, Any] | None) -> None:
+    def commit(self, job: str, state: Mapping[str, Any] | None, delta: Delta | None = None) -> None:
+        """The held group with the job's whole `state`, or (`delta`: a window committed
+        between full snapshots) with its marker only."""
         held = self._held.pop(job, [])
         outputs = Outputs(info=self._info.pop(job, {}))
         for out, _scored in held:
             outputs.incidents += out.incidents
             outputs.rows += out.incident_rows
-        if not self.coord.commit_state(job, state, outputs if self.inner.store.on else None):
+        store_outputs = outputs if self.inner.store.on else None
+        if not self.coord.commit_state(job, state, store_outputs, delta):
             return
         for out, scored_s in held:
             self.inner.write(job, out, scored_s)
@@ -321,6 +150,13 @@ class FleetCoordinator(Coordinator):
         self.sinks: Any = FencedSinks(self.sinks, self)
         self._refused: set[str] = set()  # jobs whose commit was refused, to drop
         self.ended: dict[str, float] = {}  # jobs that ended here -> when (owner gauge at 0)
+        self.snapshots = SnapshotPolicy(fleet.cfg.snapshot_every)
+        self._book_before: tuple[tuple[str, str, int], ...] = ()  # the scored window's job's
+        # Jobs being restored: the windows to re-score silently, and the settings their
+        # previous owner scored them under (saved with its full snapshot).
+        self._replays: dict[str, tuple[Replay, Settings]] = {}
+        self.state_bytes = 0  # bytes of state and marker committed (bench/fleet_capacity.py)
+        self.commits = 0
 
     # ------------------------------------------------------------------ routing
     def route(self, peer: PeerInfo) -> list[JobOwner]:
@@ -358,39 +194,121 @@ class FleetCoordinator(Coordinator):
         return None
 
     def _adopt(self, job: str, epoch: int) -> None:
-        """A lease taken: the job's state as its previous owner committed it, then the
-        batches it took but never scored (the journal), scored now. A window scored
-        before is refused by the restored monitor and assembly: none twice."""
+        """A lease taken: the job's last full snapshot as its previous owner committed it,
+        then the batches of the journal in the order taken. The windows the marker says
+        were committed since that snapshot are re-scored with their outputs suppressed
+        (`_rescore`, under the settings and wall times they were scored with), which
+        rebuilds the state its owner last committed; the rest are scored as new. A
+        window scored before is refused by the restored monitor and assembly: none twice."""
+        t0 = time.perf_counter()
         saved = self.fleet.loop_store().load(job)
         if job in self.monitors:
             self._forget(job)  # what this coordinator knew before may be stale
+        replay = Replay(saved.marker)
+        settings = self.settings
         m = None
         if saved.state is not None:
             state = msgpack.unpackb(saved.state, raw=False, strict_map_key=False)
-            m = self.jobs.restore(state)
+            if replay.walls and state.get("settings"):
+                settings = Settings.from_mapping(state["settings"])
+            self.jobs.settings = settings  # the restored monitor's, until the replay ends
+            try:
+                m = self.jobs.restore(state)
+            finally:
+                self.jobs.settings = self.settings
             self.corrections.restore(job, state.get("corrections"))
-            if m is not None:
-                self.metrics.observe_restored(job, m.last_window)
-                self._emit(job, m.update_settings(self.settings))
         parts = [from_wire(msgspec.msgpack.decode(b, type=WindowBatch)) for b in saved.journal]
+        self.metrics.set_owner(job, epoch)
+        self.snapshots.dirty(job)  # the heir's first commit is a full snapshot of its own
+        self._replays[job] = (replay, settings)
+        if parts:
+            self.jobs.monitor(job)
+            now = self.clock()
+            seen = saved.marker.get("window")
+            for p in parts:
+                released = self.assembler.add(p, now)
+                # Rows of windows the previous owner scored are not drops of this one.
+                drops = self.assembler.take_drops()
+                self.assembler.drops = [d for d in drops if seen is None or d.window > seen]
+                self._score_all(released)
+        if job in self._replays:
+            self._end_replay(job)
         log.info(
             "job lease taken",
             job=job,
             epoch=epoch,
-            restored_window=None if m is None else m.last_window,
+            restored_window=None if m is None else m.last_window,  # after the replay
+            replayed_windows=replay.replayed,
+            unreplayed_windows=len(replay.walls),
             open_findings=None if m is None else m.open_findings(),
             journal_batches=len(parts),
+            restore_s=round(time.perf_counter() - t0, 3),
         )
-        self.metrics.set_owner(job, epoch)
-        if parts:
-            self.jobs.monitor(job)
-            self._score_all(self.assembler.add(WindowColumns.concat(parts), self.clock()))
+        if replay.walls:
+            # The journal lacks batches of a window its owner committed: the state is
+            # its full snapshot's plus what could be replayed (never a window twice).
+            log.error("fleet replay incomplete", job=job, windows=sorted(replay.walls))
+
+    def _end_replay(self, job: str) -> None:
+        """The suppressed windows are done: this coordinator's settings from now on."""
+        self._replays.pop(job, None)
+        m = self.monitors.get(job)
+        if m is not None:
+            if m.last_window >= 0:  # the last window its previous owner committed
+                self.metrics.observe_restored(job, m.last_window)
+            self._emit(job, m.update_settings(self.settings))
+
+    def _score(self, aw: AssembledWindow, final: bool = False) -> None:
+        """A window scored, with what its commit may be (fleet_state.py): a delta when
+        it is a complete window of the current run scored from its batches alone. Its
+        wall time is read once, kept in the marker, and used for all of it."""
+        rp = self._replays.get(aw.job)
+        if rp is not None:
+            wall = None if aw.late else rp[0].take(aw.run, aw.window)
+            if wall is not None:
+                self._rescore(aw, wall, rp[1])
+                return
+            self._end_replay(aw.job)  # a window its previous owner never committed
+        m = self.monitors.get(aw.job)
+        wall = self.wall()
+        ok = (
+            not final
+            and aw.complete
+            and not aw.late
+            and m is not None
+            and m.run == aw.run
+            and aw.window > m.last_window
+        )
+        self.snapshots.scoring(aw.job, (aw.run, aw.window, wall) if ok else None)
+        self._book_before = self._book(aw.job)
+        clock = self.wall
+        self.wall = lambda: wall
+        try:
+            super()._score(aw, final)
+        finally:
+            self.wall = clock
+            self.snapshots.scored()
+
+    def _rescore(self, aw: AssembledWindow, wall: float, settings: Settings) -> None:
+        """A window its previous owner scored and committed as a delta, scored again for
+        its state only: no line, metric, store row or control goes out (they did)."""
+        m = self._monitor_of(aw)
+        if m is None:
+            return
+        m.resize(self.assembler.nranks(aw.job))
+        out = m.on_window(aw.window, aw.columns, aw.missing, wall=wall)
+        if out.result is not None:
+            self.corrections.on_window(aw.job, m, aw.window, aw.columns, out, settings, wall)
+            self.jobs.controls(aw.job, out.controls)  # the plan control agents get again
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
         # Only the ranks of jobs served here join (the others were redirected).
         mine = tuple(r for r in peer.ranks if self.fleet.epoch(r.job) is not None)
         super().on_connect(_with_ranks(peer, mine))
+        for r in mine:  # its ranks and hosts are announced: not in the journal
+            self.snapshots.announced.setdefault(r.job, set()).add(r.rank)
+        self.snapshots.dirty(*{r.job for r in mine})
 
     async def on_message(self, peer: PeerInfo, msg: Message) -> None:
         for job in sorted(_jobs_of(msg)):
@@ -405,7 +323,41 @@ class FleetCoordinator(Coordinator):
             for job in _jobs_of(msg) & set(self.ended):  # an ended job runs again
                 del self.ended[job]
                 self.metrics.set_owner(job, self.fleet.epoch(job) or 0)
+        if not isinstance(msg, Heartbeat):
+            await super().on_message(peer, msg)
+            return
+        # A heartbeat may announce a rank or a host (expected ranks, the monitor's
+        # hosts), which the journal cannot redo: the job's next commit is then full.
+        jobs = {p.job for p in msg.progress}
+        hosts = {j: m.host_count() for j in jobs if (m := self.monitors.get(j)) is not None}
+        new = self.snapshots.announced
+        changed = {p.job for p in msg.progress if p.rank not in new.get(p.job, ())}
+        for p in msg.progress:
+            new.setdefault(p.job, set()).add(p.rank)
         await super().on_message(peer, msg)
+        for j in jobs:
+            m = self.monitors.get(j)
+            if m is not None and hosts.get(j) != m.host_count():
+                changed.add(j)
+        self.snapshots.dirty(*changed)
+
+    def _load_baselines(self, m: JobMonitor, now: float) -> None:
+        # A baseline read (or the job's fingerprint identified for one) is not in the
+        # journal: the job's next commit is full.
+        b = m.baselines
+        before = (b.workload, id(b.software), b.wanted())
+        super()._load_baselines(m, now)
+        if (b.workload, id(b.software), b.wanted()) != before:
+            self.snapshots.dirty(m.job)
+
+    def set_setting(self, key: str, value: str) -> Settings:
+        """A live settings change: every job's whole state is committed now (what the
+        next windows are scored under is in their full snapshot)."""
+        new = super().set_setting(key, value)
+        for job in list(self.monitors):
+            self.snapshots.dirty(job)
+            self._save(job)
+        return new
 
     def _journal(self, cols: WindowColumns) -> None:
         """Each job's rows of the batch into the store's journal, under its lease, before
@@ -451,6 +403,8 @@ class FleetCoordinator(Coordinator):
                 await self.server.redirect(owner)
 
     def _end_job(self, job: str, keep_assembly: bool = False) -> None:
+        self.snapshots.dirty(job)  # its end (a new run) is no window's scoring
+        self.snapshots.announced.pop(job, None)  # its expected ranks are cleared
         super()._end_job(job, keep_assembly)
         if not keep_assembly:  # not a new run of it: the job is over
             # Its lease is kept (its agents' last heartbeats still come here) and
@@ -462,37 +416,63 @@ class FleetCoordinator(Coordinator):
         """The job is not served here any more: its monitor, assembly, series and held
         outputs go (its incidents stay open: their owner continues them)."""
         self.jobs.forget(job)
+        self.assembler.drop_job(job)  # its release marks too: the store's are the truth
         self.corrections.forget(job)
         self.metrics.forget_job(job)
         self.plan_metrics.forget(job)
         self.sinks.discard(job)
+        self.snapshots.forget(job)
+        self._replays.pop(job, None)
 
     # ------------------------------------------------------------------ state
     def _save(self, job: str, stopped: bool = False) -> None:
+        """The job's group committed: with its marker only when it is a window that may be
+        a delta (fleet_state.py), else with the whole state."""
+        delta = self.snapshots.take(job)
+        if delta is not None and self._book(job) == self._book_before:
+            # A correction decided or moved in the window is not a delta: the book
+            # decides by the agents connected then, and its controls went out.
+            self.sinks.commit(job, None, delta)
+            return
         state = self.jobs.state(job, stopped)
         if state is not None:
             state["corrections"] = self.corrections.snapshot(job)
+            # The settings its next windows are scored under (a change forces a full
+            # snapshot): an heir replays them under these, not its own.
+            state["settings"] = self.settings.to_dict()
         self.sinks.commit(job, state)
 
+    def _book(self, job: str) -> tuple[tuple[str, str, int], ...]:
+        """Where the job's corrections stand (each one's status and history)."""
+        b = self.corrections.books.get(job)
+        return () if b is None else tuple((c.id, c.status, len(c.history)) for c in b.corrections)
+
     def commit_state(
-        self, job: str, state: Mapping[str, Any] | None, outputs: Outputs | None = None
+        self,
+        job: str,
+        state: Mapping[str, Any] | None,
+        outputs: Outputs | None = None,
+        delta: Delta | None = None,
     ) -> bool:
         """The job's state and marker in one fenced transaction, with the group's rows for
         the incident store (`outputs`) and the journal rows below its oldest unscored
-        window deleted; False (the group dropped, the job to be dropped) when the lease
-        is not ours or the store failed. A store that refuses the rows for good (a record
-        it cannot take) gets the state alone, the refusal logged."""
+        window deleted; or (`delta`) the marker alone, the journal kept since the last
+        full snapshot. False (the group dropped, the job to be dropped) when the lease
+        is not ours or the store failed. A store that refuses the rows for good (a
+        record it cannot take) gets the state alone, the refusal logged."""
         epoch = self.fleet.epoch(job)
         if job in self._refused or epoch is None:
             return False
-        if state is None and not outputs:
+        if state is None and delta is None and not outputs:
             return True  # nothing of the job to keep (its assembly gone: ended)
         m = self.monitors.get(job)
+        window = None if m is None else m.last_window
         marker = {
             "owner": self.fleet.id,
             "epoch": epoch,
             "out_seq": None if state is None else state.get("out_seq"),
-            "window": None if m is None else m.last_window,
+            "window": window,
+            **self.snapshots.marker(job, delta, window),
         }
         floor = [w for j, _r, w in self.jobs.unscored if j == job]
         oldest = self.assembler.oldest_pending(job)
@@ -500,20 +480,32 @@ class FleetCoordinator(Coordinator):
             floor.append(oldest)
         below = min(floor) if floor else (m.last_window + 1 if m is not None else None)
         blob = None if state is None else msgpack.packb(dict(state), use_bin_type=True)
+        store = self.fleet.loop_store()
+
+        def write(rows: Outputs | None) -> None:
+            if delta is not None:
+                store.write_marker(job, epoch, marker, rows)
+            else:
+                store.write_state(job, epoch, blob, marker, below, rows)
+
         try:
             try:
-                self.fleet.loop_store().write_state(job, epoch, blob, marker, below, outputs)
+                write(outputs)
             except StoreError as e:
                 if e.transient or not outputs:
                     raise
                 log.error("incident store refused a job's rows: state kept", error=str(e))
-                self.fleet.loop_store().write_state(job, epoch, blob, marker, below)
+                write(None)
         except (LeaseLost, StoreError) as e:
             log.warning("job state not committed: the job stops here", job=job, error=str(e))
             if isinstance(e, StoreError):
                 self.fleet.failed(e)
             self._refused.add(job)
             return False
+        if delta is not None or blob is not None:
+            self.snapshots.committed(job, delta, window)
+            self.commits += 1
+            self.state_bytes += len(blob or b"") + len(json.dumps(marker))
         return True
 
     def flush(self) -> None:

@@ -235,6 +235,13 @@ class WindowAssembler:
         j.prim_comm = np.empty(0, dtype=object)
         j.prim_code = np.zeros(0, dtype=np.int64)
 
+    def drop_job(self, job: str) -> None:
+        """Everything of a job, its runs and released windows too: a fleet coordinator
+        that stops serving it restores what it knows of it later from the store alone
+        (a window it released but never committed must be taken from the journal)."""
+        self.forget_job(job)
+        self._jobs.pop(job, None)
+
     def primary_comm(self, job: str, rank: int) -> str | None:
         """The communicator a rank is judged on (None until it reported a window)."""
         j = self._jobs.get(job)

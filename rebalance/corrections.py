@@ -248,7 +248,11 @@ class CorrectionBook:
                 self._thr.append((window, float(r["samples_per_s"])))
             elif r.get("row") == "subject" and r.get("ratio") is not None:
                 keep = policy.before_windows + policy.verify_windows + 8
-                d = self._pace.setdefault(str(r["incident"]), deque(maxlen=keep))
+                d = self._pace.get(str(r["incident"]))
+                if d is None or d.maxlen != keep:
+                    # (a restored book's deques come back unbounded: bounded as its
+                    # owner's were, or an heir's history would outgrow its owner's)
+                    d = self._pace[str(r["incident"])] = deque(d or (), maxlen=keep)
                 d.append((window, float(r["ratio"])))
         self.expire(wall, out, policy)
         self._carry_over(records, out)

@@ -17,10 +17,11 @@ disagree (or one paused for a minute) still agree on who holds a job.
 - `fenced(job, epoch)`: a transaction that first checks, under the row lock,
   that the lease is still ours at that epoch and unexpired; otherwise
   `LeaseLost` and nothing is written. Every write of a job's state and journal
-  goes through it (`write_state`, `add_batch`), so an owner that lost its lease
+  goes through it (`write_state`, `write_marker`, `add_batch`), so an owner that lost its lease
   (paused, cut off from the database) cannot write over its successor.
-- `load(job)`: what a new owner restores: the state, its marker and the journal
-  (batches taken but not scored, in the order taken).
+- `load(job)`: what a new owner restores: the last full snapshot of the state, its
+  marker (which also lists the windows committed since, coordinator/fleet_state.py)
+  and the journal (the batches since that snapshot, in the order taken).
 
 PostgreSQL only: SQLite has the tables (one schema, store/schema.py) but fleet
 mode refuses it (`open_fleet`). One `FleetStore` is one connection; the
@@ -307,6 +308,24 @@ class FleetStore:
                 db.execute(
                     "DELETE FROM fleet_journal WHERE job = ? AND hi < ?", (job, journal_below)
                 )
+
+    def write_marker(
+        self, job: str, epoch: int, marker: Mapping[str, Any], outputs: Outputs | None = None
+    ) -> None:
+        """A commit between full snapshots: the marker alone (the state row keeps the last
+        full snapshot, the journal the batches since), with the group's `outputs`,
+        fenced: all of it, or nothing. The state row must be this epoch's (its owner
+        wrote a full snapshot first); otherwise `LeaseLost` and nothing is written."""
+        with self.fenced(job, epoch) as db:
+            if outputs is not None:
+                outputs.write(self._pg, db, job)
+            row = db.execute(
+                f"UPDATE fleet_state SET marker = ?, updated = {NOW}"
+                " WHERE job = ? AND epoch = ? RETURNING job",
+                (json.dumps(dict(marker), separators=(",", ":")), job, epoch),
+            ).fetchone()
+            if row is None:
+                raise LeaseLost(job, epoch, f"job {job!r}: no full snapshot at epoch {epoch}")
 
     def add_batch(self, job: str, epoch: int, hi: int, batch: bytes) -> int:
         """A batch of the job's summaries taken (before its ack), fenced; its sequence."""

@@ -93,6 +93,7 @@ class Member:
     detector: dict[str, Any] = field(default_factory=dict)
     netns: str | None = None  # born in this network namespace (Cutoff)
     fleet: bool = True  # False: a lone coordinator on the same store (a baseline)
+    snapshot_every: int = 10  # [fleet] snapshot_every (1: the whole state every window)
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     daemon: Daemon | None = None
@@ -125,6 +126,7 @@ class Member:
             "lease_s": self.lease_s,
             "renew_s": self.renew_s,
             "advertise": self.address,
+            "snapshot_every": self.snapshot_every,
         }
         tables = {"fleet": fleet} if self.fleet else {}
         tables["detector"] = {**DETECTOR, **self.detector}
@@ -226,6 +228,7 @@ class Fleet:
         renew_s: float = RENEW_S,
         detector: dict[str, Any] | None = None,
         fleet: bool = True,
+        snapshot_every: int = 10,
     ) -> None:
         self.tmp = tmp
         self.secret = write_secret(tmp / "secret")
@@ -234,6 +237,7 @@ class Fleet:
         ]
         for m in self.members:
             m.detector, m.fleet = dict(detector or {}), fleet
+            m.snapshot_every = snapshot_every
         self.store = store
         self.agents: dict[str, Daemon] = {}
 

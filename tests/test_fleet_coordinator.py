@@ -58,11 +58,16 @@ async def both_hosts(c: FleetCoordinator, windows: range) -> None:
 
 
 def fleet_coordinator(
-    tmp: Path, url: str, fid: str, now: list[float], **kw: Any
+    tmp: Path, url: str, fid: str, now: list[float], snapshot_every: int = 10, **kw: Any
 ) -> FleetCoordinator:
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = FleetConfig(
-        enabled=True, id=fid, lease_s=LEASE_S, renew_s=0.1, advertise=f"127.0.0.1:{fid}"
+        enabled=True,
+        id=fid,
+        lease_s=LEASE_S,
+        renew_s=0.1,
+        advertise=f"127.0.0.1:{fid}",
+        snapshot_every=snapshot_every,
     )
     fleet = Fleet(cfg, url)
     c = file_coordinator(

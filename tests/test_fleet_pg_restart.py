@@ -25,10 +25,11 @@ from service_records import file_coordinator, host_peer, rank_window
 JOB = "rs"
 
 
-def part(host: str, w: int) -> Windows:
+def part(host: str, w: int, job: str = JOB) -> Windows:
+    """Host `host`'s half of window `w` of `job`, rank 1 30% slow in every window."""
     h = int(host[1:])
     rows = tuple(
-        rank_window(JOB, r, w, gap_ms=130.0 if r == 1 else 100.0, step_ms=140.0, collectives=40)
+        rank_window(job, r, w, gap_ms=130.0 if r == 1 else 100.0, step_ms=140.0, collectives=40)
         for r in (2 * h, 2 * h + 1)
     )
     return Windows(host=host, windows=rows)
