@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -264,13 +264,13 @@ class FleetCoordinator(Coordinator):
         wall time is read once, kept in the marker, and used for all of it."""
         rp = self._replays.get(aw.job)
         if rp is not None:
-            wall = None if aw.late else rp[0].take(aw.run, aw.window)
-            if wall is not None:
-                self._rescore(aw, wall, rp[1])
+            then = None if aw.late else rp[0].take(aw.run, aw.window)
+            if then is not None:
+                self._rescore(aw, then, rp[1])
                 return
             self._end_replay(aw.job)  # a window its previous owner never committed
         m = self.monitors.get(aw.job)
-        wall = self.wall()
+        wall: float = self.wall()
         ok = (
             not final
             and aw.complete
@@ -281,12 +281,15 @@ class FleetCoordinator(Coordinator):
         )
         self.snapshots.scoring(aw.job, (aw.run, aw.window, wall) if ok else None)
         self._book_before = self._book(aw.job)
-        clock = self.wall
-        self.wall = lambda: wall
+        # the base reads `self.wall()` for this window's outputs: pinned to `wall` while
+        # it scores (swapped through the instance dict: mypy cannot type an attribute a
+        # subclass reassigns)
+        clock = self.__dict__["wall"]
+        self.__dict__["wall"] = _fixed(wall)
         try:
             super()._score(aw, final)
         finally:
-            self.wall = clock
+            self.__dict__["wall"] = clock
             self.snapshots.scored()
 
     def _rescore(self, aw: AssembledWindow, wall: float, settings: Settings) -> None:
@@ -515,6 +518,11 @@ class FleetCoordinator(Coordinator):
             self._save(job)
         self.fleet.stop(release=True)
         self.sinks.close()
+
+
+def _fixed(t: float) -> Callable[[], float]:
+    """A wall clock that reads `t`: one window's outputs all carry its scoring time."""
+    return lambda: t
 
 
 def _with_ranks(peer: PeerInfo, ranks: tuple[Any, ...]) -> PeerInfo:

@@ -124,7 +124,7 @@ class Coordinator:
             state=self.state_files,
         )
         self.clock = clock
-        self.wall = wall  # unix time, for the incident records only
+        self.wall: Callable[[], float] = wall  # unix time, for the incident records only
         self.server: Any = None  # ProtocolServer, set by serve()
         self.dumps = DumpFiles(
             Path(dumps_dir) if dumps_dir else findings.path.parent / (findings.path.stem + ".dumps")
