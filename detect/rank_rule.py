@@ -154,7 +154,8 @@ class RankRule:
                 hist_bad |= dok & (history >= s.suspect_ratio) & (dshift >= PEER_Z * dsd)
                 # slower than its history, but its mates slowed more, beyond that same
                 # reference: it waits for them (a lockstep job), it is not the slow one
-                hist_bad &= ~(np.log(rel) <= -dref)
+                if rel is not None:
+                    hist_bad &= ~(np.log(rel) <= -dref)
             w_dok = dok if only is None else dok & only
             self.history.dcusum[v.r[w_dok]] = dc[w_dok]
             shift, noise, cusum = (
@@ -162,7 +163,8 @@ class RankRule:
             )
         else:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
-            hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
+            if rel is not None:
+                hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
         stall_bad = stall_test(v, s, judging & peers_ok, live_r)
         return RankScores(
             peers=peers,
@@ -356,25 +358,26 @@ class RankRule:
         return diagnose(own, others, slowdown)
 
 
-def mates_relative(history: F64, gid: I64, size: I64, no_peers: npt.NDArray[np.bool_]) -> F64:
+def mates_relative(
+    history: F64, gid: I64, size: I64, no_peers: npt.NDArray[np.bool_]
+) -> F64 | None:
     """For a rank with too few peers to be judged against them but with group-mates (a
     2-rank job, an island of two): its gap over its own baseline (`history`) against
     its mates' (their leave-one-out median); NaN elsewhere and in a group with a rank
-    not yet baselined. A lockstep job's healthy rank waits for the slow one: on a
+    not yet baselined; None where no rank has mates (the usual job: no work a window). A lockstep job's healthy rank waits for the slow one: on a
     2-rank gloo job under a SIGSTOP duty cycle both ranks' gaps rose against their
     warm-up and both were flagged `degraded` (bench/realjobs, world 2); the one whose
     mates slowed more is waiting, not slow (a veto only: the test stays on its own
     history, and what all of them share still counts)."""
-    nan = np.full(history.size, np.nan)
     m = no_peers & (size >= 2)
     if not m.any():
-        return nan
+        return None
     have = np.isfinite(history) & (history > 0)
     m &= np.bincount(gid, weights=(~have).astype(np.float64))[gid] == 0
     if not m.any():
-        return nan
+        return None
     rel = scoring.score(np.where(have, history, 1.0), gid).ratio
-    return np.where(m, rel, nan)
+    return np.where(m, rel, np.nan)
 
 
 def stall_test(
