@@ -94,6 +94,7 @@ class RankRule:
             history = np.where(base > 0, v.gap / base, np.nan)
         judging = window >= 1  # window 0 carries start-up work (compilation, warm caches)
         peers_ok = peers.group_size >= s.min_island_peers
+        steps = v.cols.ints("step_hi") - v.cols.ints("step_lo")  # per summary (v.row)
         # `degraded` ranks with group-mates: their history over the mates' (a veto below)
         rel = mates_relative(history, v.gid, peers.group_size, ~peers_ok)
         peer_bad = judging & peers_ok & (peers.ratio >= s.suspect_ratio)
@@ -122,7 +123,6 @@ class RankRule:
                 if live is None:
                     live = self.history.noise_now()
                 # the live noise of a whole window; a shorter one's is larger
-                steps = v.cols.ints("step_hi") - v.cols.ints("step_lo")
                 live_r = live * self.history.step_scale(steps, v.row)
                 if math.isfinite(live):
                     # slower than its peers, but within what every rank's ratio moves
@@ -165,7 +165,7 @@ class RankRule:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
             if rel is not None:
                 hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
-        stall_bad = stall_test(v, s, judging & peers_ok, live_r)
+        stall_bad = stall_test(v, s, judging & peers_ok, live_r, steps)
         return RankScores(
             peers=peers,
             cost=cost,
@@ -364,11 +364,12 @@ def mates_relative(
     """For a rank with too few peers to be judged against them but with group-mates (a
     2-rank job, an island of two): its gap over its own baseline (`history`) against
     its mates' (their leave-one-out median); NaN elsewhere and in a group with a rank
-    not yet baselined; None where no rank has mates (the usual job: no work a window). A lockstep job's healthy rank waits for the slow one: on a
-    2-rank gloo job under a SIGSTOP duty cycle both ranks' gaps rose against their
-    warm-up and both were flagged `degraded` (bench/realjobs, world 2); the one whose
-    mates slowed more is waiting, not slow (a veto only: the test stays on its own
-    history, and what all of them share still counts)."""
+    not yet baselined; None where no rank has mates (the usual job: no work a window).
+    A lockstep job's healthy rank waits for the slow one: on a 2-rank gloo job under a
+    SIGSTOP duty cycle both ranks' gaps rose against their warm-up and both were
+    flagged `degraded` (bench/realjobs, world 2); the one whose mates slowed more is
+    waiting, not slow (a veto only: the test stays on its own history, and what all of
+    them share still counts)."""
     m = no_peers & (size >= 2)
     if not m.any():
         return None
@@ -381,7 +382,11 @@ def mates_relative(
 
 
 def stall_test(
-    v: View, s: Settings, judged: npt.NDArray[np.bool_], live: F64 | float | None
+    v: View,
+    s: Settings,
+    judged: npt.NDArray[np.bool_],
+    live: F64 | float | None,
+    steps: I64,
 ) -> npt.NDArray[np.bool_]:
     """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
     mean per-step gap is at least `suspect_ratio` of its peers', with the window's
@@ -389,7 +394,7 @@ def stall_test(
     fault, is a one-off, not a stall that recurs). Per sample under a plan, like the
     gap. A group where a summary has no mean (an older agent) is not judged so.
     Adaptive mode: also NOISE_Z of the job's live noise (per rank: scaled to its
-    window's steps), as the peer test."""
+    window's steps), as the peer test. `steps`: each summary's steps in the window."""
     mean = v.cols.floats("gap_mean_ms")
     if not np.isfinite(mean).any():
         # no summary has a mean (an older agent's job): no rank's arrays to build (a
@@ -397,10 +402,10 @@ def stall_test(
         return np.zeros(v.r.size, dtype=bool)
     mean = mean[v.row]
     longest = v.cols.floats("gap_max_ms")[v.row]
-    steps = (v.cols.ints("step_hi") - v.cols.ints("step_lo"))[v.row].astype(np.float64)
+    spans = steps[v.row].astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         # (the steps a window spans: one with lost records overstates it a little)
-        trimmed = np.where(steps >= 2, (mean * steps - longest) / (steps - 1), mean)
+        trimmed = np.where(spans >= 2, (mean * spans - longest) / (spans - 1), mean)
         if v.gap is not v.actual:
             trimmed = trimmed * (v.gap / v.actual)
     have = np.isfinite(trimmed)
