@@ -99,7 +99,12 @@ def _job_args(cell: Cell, out: Path) -> list[str]:
         args += ["--loader-sleep-rank", str(cell.rank), "--loader-sleep-ms", str(cell.size)]
     if cell.mechanism == "bridge":
         args += ["--islands", ISLANDS, "--bridge-delay-ms", str(cell.size)]
-    if cell.mechanism == "hog":
+    if cell.mechanism in ("hog", "quota"):
+        # Each rank on a known CPU (two a CPU here): a fixed share, as on a cluster.
+        # Unpinned, 4 ranks on 2 CPUs leave it to the scheduler's balancing: a quota'd
+        # rank in a cgroup of its own was seen to get a CPU to itself while it ran (its
+        # gap halved) and its three peers to share the other (theirs doubled), the
+        # fault showing on the wrong ranks (bench/README.md "Real jobs").
         args += ["--pin"]
     return args
 
