@@ -482,7 +482,9 @@ class WindowAssembler:
             )
             heapq.heappush(j.order, (run, window))
         elif p is None:
-            p = self._pending[key] = _Pending(now, PendingRows(n))
+            # Room for the ranks the agents announced (a window's rows), not for the
+            # communicator size a batch claims (anything up to 2**63); more rows grow it.
+            p = self._pending[key] = _Pending(now, PendingRows(max(r.size, j.n_expected)))
             heapq.heappush(j.order, (run, window))
         elif p.late is not None:
             self.late_rows[job] += r.size

@@ -63,3 +63,21 @@ def test_a_window_is_the_same_whichever_order_its_batches_came_in() -> None:
     shuffled = _released([range(8, 12), range(0, 4), range(4, 8)])
     assert in_order == shuffled == _batch(range(N))
     assert np.array_equal(in_order.ints("rank"), np.arange(N))
+
+
+def test_a_batch_claiming_a_huge_communicator_costs_its_rows_not_its_claim() -> None:
+    import tracemalloc
+
+    a = WindowAssembler(deadline_s=5, grace_s=0)
+    a.expect("j", range(4))
+    big = WindowColumns.from_records(
+        [window_record(r, 0, nranks=1 << 40, job="j") for r in range(4)]
+    )
+    tracemalloc.start()
+    try:
+        (done,) = a.add(big, 0.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert done.complete and len(done.columns) == 4
+    assert peak < 1 << 20, peak  # room for the 4 ranks announced, not for 2**40
