@@ -21,11 +21,15 @@ ack comes after the last window's findings were written. Rank-windows/s =
 ranks x windows / that time; median of RUNS runs.
 
 Memory per rank, from the paced runs (a backlog of queued frames would count
-as memory otherwise): the coordinator's RSS after the run minus its RSS
-before any agent connected, over the ranks (connections, assembly, detector
-state, metric series; Python keeps freed memory, so this is an upper bound),
-and the same for the null app in the same paced job (connections, frame
-buffers, decoded batches: the protocol's share).
+as memory otherwise), over the server's RSS before any agent connected, per rank:
+the PEAK during the run (the kernel's high-water mark, reset once that base is
+read, and a thread's reads of /proc every 10 ms, whichever is higher) and the level
+HELD between windows (the highest of the reads just before each window after the
+first is sent and the read after the run; by then the tick has handed a window's
+freed heap back, protocol/heap.py). A window's burst (every agent's batch decoded,
+journaled, assembled and scored within a few hundred ms) is live memory that a
+single read after the run sees only by chance. The same for the null app in the
+same paced job (connections, frame buffers, decoded batches: the protocol's share).
 
 Latency: 10k- and 100k-rank jobs paced at one window per second; per window, from the
 moment its last message was queued to the ack of the last of them (which
@@ -45,8 +49,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +87,83 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
-def _rss(pid: int) -> int:
+def _rss(pid: int, field: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+SAMPLE_S = 0.01  # between the sampler's reads of the server's RSS
+SETTLE_S = 0.6  # read on after the run: more than two of the coordinator's 0.25 s ticks
+
+
+class _RssSampler:
+    """A thread reading a process's RSS every SAMPLE_S: (perf_counter, bytes) pairs. The
+    kernel's own high-water mark (VmHWM) is reset at the start where /proc allows it
+    (clear_refs 5, Linux 4.0+), so `hwm()` also sees a peak shorter than a read's gap."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        try:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+            self._hwm_reset = True
+        except OSError:
+            self._hwm_reset = False
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.perf_counter(), _rss(self.pid)))
+            if self._stop.wait(SAMPLE_S):
+                return
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+    def hwm(self) -> int | None:
+        """The kernel's peak RSS since the start (None where it could not be reset)."""
+        return _rss(self.pid, "VmHWM") if self._hwm_reset else None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A server's RSS through a paced run, in bytes a rank over its RSS before any agent
+    connected: `peak` the highest at any moment (`read_peak`: the highest of the 10 ms
+    reads alone), `held` the highest level it came back to between windows (and after
+    the run), `base` that RSS before (bytes)."""
+
+    peak: float
+    read_peak: float
+    held: float
+    base: int
+    samples: int
+
+
+def _memory(
+    samples: list[tuple[float, int]], hwm: int | None, sent: list[float], base: int, ranks: int
+) -> Memory:
+    """`sent`: when each window's batches were queued (the client's perf_counter: the same
+    monotonic clock). Held: the last read before each window after the first, and the
+    last read of all (after the run and SETTLE_S)."""
+    if not samples:
+        raise RuntimeError("the RSS sampler read nothing")
+    read = max(r for _, r in samples)
+    between = [[r for t, r in samples if t < s][-1] for s in sent[1:] if samples[0][0] < s]
+    held = max([*between, samples[-1][1]])
+    peak = max(read, hwm or 0)
+    return Memory(
+        peak=(peak - base) / ranks,
+        read_peak=(read - base) / ranks,
+        held=(held - base) / ranks,
+        base=base,
+        samples=len(samples),
+    )
 
 
 # --------------------------------------------------------------------------- servers
@@ -263,20 +341,23 @@ async def _drive(p: dict[str, Any]) -> dict[str, Any]:
         out["elapsed"] = time.perf_counter() - t0
     else:
         lat = []
+        sent: list[float] = []
         start = time.perf_counter()
         for w in range(spec.windows):
             await asyncio.sleep(max(0.0, start + w * spec.window_s - time.perf_counter()))
-            seqs = [
+            sent.append(time.perf_counter())
+            last = [
                 link.enqueue(Windows(host=t.host, columns=bs[w]))
                 for t, link, bs in zip(templates, links, batches, strict=True)
             ]
             # Queued and encoded; the links write them as soon as this task yields.
             t_sent = time.perf_counter()
             await asyncio.gather(
-                *(link.wait_acked(s, 600) for link, s in zip(links, seqs, strict=True))
+                *(link.wait_acked(s, 600) for link, s in zip(links, last, strict=True))
             )
             lat.append(time.perf_counter() - t_sent)
         out["latency"] = lat
+        out["sent"] = sent
     await asyncio.gather(*(link.close(timeout=1.0) for link in links))
     return out
 
@@ -375,15 +456,28 @@ def _check_scored(path: Path, windows: int) -> None:
         raise RuntimeError(f"coordinator did not score window {windows - 1}: {lines[-3:]}")
 
 
+def paced_run(
+    ranks: int, k: int, windows: int, window_s: float, mode: str = "coordinator"
+) -> tuple[list[float], Memory]:
+    """(per-window latency bounds in s, the server's memory) of a paced job."""
+    with _server(mode, windows) as (srv, secret):
+        sampler = _RssSampler(srv.proc.pid)
+        try:
+            out = _play(srv.address, secret, ranks, k, windows, window_s)
+            time.sleep(SETTLE_S)
+            hwm = sampler.hwm()
+        finally:
+            samples = sampler.stop()
+    lat: list[float] = out["latency"]
+    return lat, _memory(samples, hwm, out["sent"], srv.rss0, ranks)
+
+
 def paced(
     ranks: int, k: int, windows: int, window_s: float, mode: str = "coordinator"
 ) -> tuple[list[float], float]:
-    """(per-window latency bounds in s, server bytes per rank) of a paced job."""
-    with _server(mode, windows) as (srv, secret):
-        out = _play(srv.address, secret, ranks, k, windows, window_s)
-        rss = srv.rss()
-    lat: list[float] = out["latency"]
-    return lat, (rss - srv.rss0) / ranks
+    """(per-window latency bounds in s, the server's PEAK bytes per rank) of a paced job."""
+    lat, mem = paced_run(ranks, k, windows, window_s, mode)
+    return lat, mem.peak
 
 
 def main() -> int:
@@ -414,17 +508,21 @@ def main() -> int:
             f" {os.getloadavg()[0]:>5.1f}",
             flush=True,
         )
-    print("paced jobs (one run each): coordinator memory per rank, last summary -> findings")
+    print(
+        "paced jobs (one run each): coordinator RSS per rank at its peak and held between"
+        " windows (null app: the protocol server alone), last summary -> findings"
+    )
     for ranks, k, windows, window_s in PACED:
-        lat, mem = paced(ranks, k, windows, window_s)
+        lat, mem = paced_run(ranks, k, windows, window_s)
         # The same paced job against the null app: what connections, frames and the
         # decoded batches alone leave in the RSS.
-        _, null_mem = paced(ranks, k, windows, window_s, mode="null")
+        _, nmem = paced_run(ranks, k, windows, window_s, mode="null")
         worst = max(lat)
         print(
             f"{ranks:>7} ranks ({k} per agent), {windows} windows of {window_s:g} s:"
-            f" {mem:,.0f} B/rank (<= {GOAL_BYTES}: {'yes' if mem <= GOAL_BYTES else 'no'};"
-            f" null app {null_mem:,.0f} B/rank);"
+            f" peak {mem.peak:,.0f} B/rank (<= {GOAL_BYTES}:"
+            f" {'yes' if mem.peak <= GOAL_BYTES else 'no'}), held {mem.held:,.0f};"
+            f" null app peak {nmem.peak:,.0f}, held {nmem.held:,.0f};"
             f" latency median {statistics.median(lat):.3f} s, worst {worst:.3f} s"
             f" (<= {GOAL_LATENCY_S:g} s: {'yes' if worst <= GOAL_LATENCY_S else 'no'});"
             f" load {os.getloadavg()[0]:.1f}",

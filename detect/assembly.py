@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from artemis.detect.pending_rows import PendingRows
 from artemis.detect.state import AssemblyState, plain, read
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
@@ -96,7 +97,8 @@ class Drop:
 @dataclass
 class _Pending:
     first_seen: float
-    parts: list[WindowColumns] = field(default_factory=list)
+    # The parts' rows, copied in as they come (each part's own arrays let go of at once).
+    rows: PendingRows = field(default_factory=lambda: PendingRows(0))
     codes: list[int] = field(default_factory=list)  # each part's communicator (_Job.code)
     seen: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # the communicator (code) of each seen rank's row: a row of another one is no duplicate
@@ -263,7 +265,7 @@ class WindowAssembler:
 
     def pending_windows(self) -> WindowColumns:
         """Every summary still being assembled (for the journal)."""
-        return WindowColumns.concat(part for p in self._pending.values() for part in p.parts)
+        return WindowColumns.concat(p.rows.columns() for p in self._pending.values())
 
     def released_marks(self) -> list[tuple[str, int, list[str], list[int]]]:
         """(job, window, communicators of its run, ranks it still misses) of the windows
@@ -475,10 +477,14 @@ class WindowAssembler:
             if not ok.all():
                 part = part.take(np.flatnonzero(ok))
                 r = r[ok]
-            p = self._pending[key] = _Pending(first_seen=now, late=left)
+            p = self._pending[key] = _Pending(
+                now, PendingRows(r.size if left is None else left.size), late=left
+            )
             heapq.heappush(j.order, (run, window))
         elif p is None:
-            p = self._pending[key] = _Pending(first_seen=now)
+            # Room for the ranks the agents announced (a window's rows), not for the
+            # communicator size a batch claims (anything up to 2**63); more rows grow it.
+            p = self._pending[key] = _Pending(now, PendingRows(max(r.size, j.n_expected)))
             heapq.heappush(j.order, (run, window))
         elif p.late is not None:
             self.late_rows[job] += r.size
@@ -513,7 +519,7 @@ class WindowAssembler:
             p.count += r.size  # a node's batch: its ranks once each, in order
         else:
             p.count += int(np.unique(r).size)
-        p.parts.append(part)
+        p.rows.append(part)
         p.codes.append(code)
         j.expect(r, top)
         # Only the job's oldest pending window can leave now, or a window that just
@@ -614,24 +620,30 @@ class WindowAssembler:
         """The window's rows, sorted by rank; in the current run only those of each
         rank's primary communicator (a communicator that lost primacy to a larger one
         after its rows came is left out)."""
-        parts, codes = p.parts, p.codes
+        rows, codes = p.rows, p.codes
         # Nodes hold disjoint rank ranges: their parts in order of first rank are
-        # usually sorted already, which saves a sort and a gather of every column.
-        order = sorted(range(len(parts)), key=lambda i: int(parts[i].cols["rank"][0]))
-        cols = WindowColumns.concat([parts[i] for i in order])
+        # usually sorted already, which saves a sort; and they usually came in that
+        # order, when the rows as they came are the window's columns (no gather).
+        order = sorted(range(len(rows.sizes)), key=rows.firsts.__getitem__)
+        arrived = cols = rows.columns(final=True)
+        if order != list(range(len(order))):
+            st, sz = rows.starts, rows.sizes
+            cols = cols.take(np.concatenate([np.arange(st[i], st[i] + sz[i]) for i in order]))
         r = cols.ints("rank")
         if run == j.run and r.size:
-            code = np.repeat(np.asarray(codes, dtype=np.int64)[order], [parts[i].n for i in order])
+            code = np.repeat(
+                np.asarray(codes, dtype=np.int64)[order], [rows.sizes[i] for i in order]
+            )
             ok = j.prim_code[r] == code
             if not ok.all():
                 cols = cols.take(np.flatnonzero(ok))
                 r = r[ok]
         if r.size > 1 and not (r[1:] > r[:-1]).all():
             # Overlapping parts: the stable sort of the rows in arrival order.
-            cols = WindowColumns.concat(parts)
+            cols = arrived
             r = cols.ints("rank")
             if run == j.run and r.size:
-                code = np.repeat(np.asarray(codes, dtype=np.int64), [q.n for q in parts])
+                code = np.repeat(np.asarray(codes, dtype=np.int64), rows.sizes)
                 ok = j.prim_code[r] == code
                 if not ok.all():
                     cols = cols.take(np.flatnonzero(ok))

@@ -2,8 +2,8 @@
 
 This is the in-memory form the coordinator core works on, and (protocol minor
 1.1) the wire form of a `windows` message: a node's batch is decoded straight
-into it (the cost is per column, not per rank), assembly concatenates
-batches, and the detector reads its arrays. There are no per-rank Python
+into it (the cost is per column, not per rank), assembly copies the
+batches into a window's, and the detector reads its arrays. There are no per-rank Python
 objects on the hot path; `rows()` and `from_records()` convert to and from
 `RankWindow` for code at the edges (tests, the simulator, tools, agents of
 the older minor).

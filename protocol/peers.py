@@ -4,7 +4,7 @@ counters the coordinator exports, and the errors the two hand each other. No I/O
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from artemis.protocol.messages import Message, RankInfo
@@ -24,6 +24,21 @@ class PeerInfo:
     version: tuple[int, int]  # the agent's protocol version
     connected_at: float  # wall-clock time.time() of the handshake
     conn_id: int  # unique per connection in this server
+
+
+_RANK_FIELDS = tuple(f.name for f in fields(RankInfo))
+
+
+def shared_ranks(ranks: tuple[RankInfo, ...]) -> tuple[RankInfo, ...]:
+    """The same ranks, equal values of theirs one object: decoded, every rank of a hello
+    has its own copy of the job's name, the communicator's and its size, and a peer's
+    ranks are held as long as it is connected (about 300 B a rank, 160 of them copies)."""
+    one: dict[tuple[type, Any], Any] = {}
+
+    def shared(v: Any) -> Any:
+        return one.setdefault((type(v), v), v)
+
+    return tuple(RankInfo(*[shared(getattr(r, n)) for n in _RANK_FIELDS]) for r in ranks)
 
 
 # Why a connection was refused or closed by the coordinator: the labels of

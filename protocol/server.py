@@ -512,22 +512,36 @@ class ProtocolServer:
                     await self._send(conn, Error(code="idle", text=text, fatal=True))
                 return
             self.stats.frames_total += 1
-            ok = await self._items(conn, decoder.feed(frame))
+            items = decoder.feed(frame)
             # Nothing of a frame (its bytes, its messages) is held while the next one is
-            # awaited: across the connections that would be a window's worth.
+            # awaited, nor while this task yields (_items): across the connections that
+            # would be a window's worth.
             del frame
-            if not ok:
+            if not await self._items(conn, items):
                 return
 
     async def _items(self, conn: _Conn, items: list[Any]) -> bool:
-        """Apply the messages (or ProtocolErrors) of one frame; False when the connection
-        is to end."""
-        for item in items:
-            for eff in conn.session.receive(item):
-                if not await self._apply(conn, eff):
-                    return False
-                if conn.superseded or self._closing:
-                    return False
+        """Apply the messages (or ProtocolErrors) of one frame, letting go of each once
+        applied; False when the connection is to end."""
+        items.reverse()
+        while items:
+            if not await self._item(conn, items.pop()):
+                return False
+            # Let the acker write: a backlog read in one chunk (an agent's resend after a
+            # partition) would otherwise be acked only once all of it is processed, and
+            # the agent, seeing no ack for that long, takes the link for stalled. The
+            # message is let go of first: every connection of a window's burst yields
+            # here in the same turn of the loop, and what each held then (its decoded
+            # batch) would add up to a window's worth of the coordinator's peak memory.
+            await asyncio.sleep(0)
+        return True
+
+    async def _item(self, conn: _Conn, item: Any) -> bool:
+        for eff in conn.session.receive(item):
+            if not await self._apply(conn, eff):
+                return False
+            if conn.superseded or self._closing:
+                return False
         return True
 
     async def _apply(self, conn: _Conn, eff: Effect) -> bool:
@@ -585,11 +599,7 @@ class ProtocolServer:
             )
         self.stats.delivered_total += 1
         conn.ack_upto = conn.session.delivered(msg)
-        conn.ack_event.set()
-        # Let the acker write: a backlog read in one chunk (an agent's resend after a
-        # partition) would otherwise be acked only once all of it is processed, and
-        # the agent, seeing no ack for that long, takes the link for stalled.
-        await asyncio.sleep(0)
+        conn.ack_event.set()  # the acker writes when _items yields
         return True
 
     async def _acker(self, conn: _Conn) -> None:

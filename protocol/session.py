@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+import msgspec
 from artemis.protocol import auth
 from artemis.protocol.codec import DEFAULT_MAX_FRAME, encode
 from artemis.protocol.messages import (
@@ -54,6 +55,7 @@ from artemis.protocol.messages import (
     Redirect,
     Welcome,
 )
+from artemis.protocol.peers import shared_ranks
 
 # Session-level codes (Error.code, Refused.reason, refused-peer counter labels),
 # next to the frame-level codes in messages.REASONS.
@@ -569,6 +571,8 @@ class CoordinatorSession:
                     "the agent's proof does not match the coordinator's shared secret",
                 )
             self.state = "established"
+            # Held as long as the peer is connected (its PeerInfo's ranks): once each.
+            self.hello = msgspec.structs.replace(self.hello, ranks=shared_ranks(self.hello.ranks))
             return [PeerEstablished(self.hello)]
         # established
         assert self.hello is not None

@@ -13,6 +13,7 @@ from artemis.protocol.messages import (
     Error,
     Message,
     ProtocolError,
+    RankInfo,
     Welcome,
 )
 from artemis.protocol.session import (
@@ -76,6 +77,19 @@ def test_handshake_establishes_both_sides() -> None:
     est = [e for e in ae if isinstance(e, Established)]
     assert est and est[0].upto == 0 and est[0].coordinator_id == "coord"
     assert c.hello is not None and c.hello.agent_id == "agent-a"
+
+
+def test_an_established_peers_ranks_hold_each_repeated_value_once() -> None:
+    # A peer's ranks are held while it is connected: decoded, every rank would carry a
+    # copy of its own of the job's name, the communicator's and its size.
+    ranks = tuple(RankInfo("job-" + "x" * 40, "comm-" + "y" * 40, r, 4096) for r in range(64))
+    ident = AgentIdentity("agent-a", "node-a", "0.1.0", ranks=ranks, incarnation="inc-1")
+    _, c, _, ce = handshake(ident=ident)
+    (est,) = [e for e in ce if isinstance(e, PeerEstablished)]
+    got = est.hello.ranks
+    assert got == ranks and c.hello is est.hello
+    for name in ("job", "comm", "nranks"):
+        assert len({id(getattr(r, name)) for r in got}) == 1, name
 
 
 def test_wrong_secret_refused_by_coordinator_side_checks() -> None:
