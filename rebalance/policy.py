@@ -577,8 +577,20 @@ class RebalancePolicy:
         if len(after_w) < s.verify_windows:
             return []
         thr_after = median_throughput(after_w[: s.verify_windows])
+        ev = p.event
+        predicted = (
+            None
+            if p.restore or not ev.speeds
+            else step_compute_ms(ev.before, ev.speeds) - step_compute_ms(ev.after, ev.speeds)
+        )
         ok, why = verdict(
-            s, p.event.throughput_before, thr_after, self._baseline(), restore=p.restore
+            s,
+            ev.throughput_before,
+            thr_after,
+            self._baseline(),
+            restore=p.restore,
+            predicted_ms=predicted,
+            batch=self.global_batch,
         )
         # What else happened in the verification windows, for the reason: the plan's
         # rank recovering by itself, or another rank slowing (both move the throughput).

@@ -48,6 +48,9 @@ class PolicySettings:
     verify_min_gain: Share = 0.02  # relative throughput gain that counts as recovered
     verify_recover_frac: Share = 0.5  # ... or this fraction of the throughput lost to the fault
     verify_noise_frac: Share = 0.005  # ... provided the gain is above this noise floor
+    # ... and it saved at least this share of the step time the plan predicted (README
+    # "Verified / rolled back": a plan made for time per sample that meets a fixed stall)
+    verify_predicted_frac: Share = 0.25
     recovered_tolerance: Tolerance = 0.05  # slow rank within this of its peers' speed = recovered
     baseline_windows: AtLeast1 = 8  # healthy windows whose median throughput is the baseline
     rollback_backoff_windows: AtLeast0 = 16  # no new plan for a rank this long after a failed one

@@ -3,8 +3,14 @@
 Pure arithmetic on measured throughputs (rebalance/README.md "Life of a plan"):
 a plan is verified when the job's throughput gained ``verify_min_gain`` of what
 it was, or won back ``verify_recover_frac`` of what the fault cost against the
-healthy baseline (above the ``verify_noise_frac`` noise floor). A restore of the
-uniform split is verified when it lost no more than ``verify_min_gain``.
+healthy baseline (above the ``verify_noise_frac`` noise floor), and, where the
+plan's prediction is known, saved at least ``verify_predicted_frac`` of the step time
+it predicted: a plan is made on the premise that the slow rank's time goes with its
+samples, and a fixed stall (an input wait, a stopped process) falsifies it, saving
+a few per cent of a step the plan promised to cut by a third. In milliseconds a step,
+not in shares: the step's communication is in the measured time and not in the
+prediction, and cancels in the difference. A restore of the uniform split is verified
+when it lost no more than ``verify_min_gain``.
 """
 
 from __future__ import annotations
@@ -19,8 +25,12 @@ def verdict(
     baseline: float | None,
     *,
     restore: bool,
+    predicted_ms: float | None = None,
+    batch: int | None = None,
 ) -> tuple[bool, str]:
-    """(verified, why in words) for a plan measured at ``thr_after`` samples/s."""
+    """(verified, why in words) for a plan measured at ``thr_after`` samples/s;
+    ``predicted_ms``: the step time the plan predicted to save, with the job's global
+    ``batch`` (samples a step) to turn the throughputs into step times."""
     if thr_after is None or thr_before is None or thr_before <= 0:
         return False, "throughput could not be measured"
     moved = (
@@ -38,6 +48,12 @@ def verdict(
     )
     if lost is not None and lost > 0:
         moved += f", {100.0 * gain / lost:.0f}% of the {lost:.1f} samples/s lost"
+    if predicted_ms is not None and predicted_ms > 0 and batch and thr_after > 0:
+        saved_ms = 1000.0 * batch / thr_before - 1000.0 * batch / thr_after
+        moved += f"; {saved_ms:.1f} ms a step saved of the {predicted_ms:.1f} ms predicted"
+        if saved_ms < s.verify_predicted_frac * predicted_ms:
+            ok = False
+            moved += " (its time does not go with its samples: a fixed stall?)"
     return ok, moved + ")"
 
 
