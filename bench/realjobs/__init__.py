@@ -10,8 +10,7 @@ record to ``out/realjobs/runs.jsonl`` (its findings lines to ``findings.jsonl``)
   batches), ``conv`` (a conv net), ``mlp``; 4 gloo ranks through ``artemis``, one
   CPU thread each, ``window_steps`` 25.
 - Mechanisms and the answer each expects (bench/realjobs/faults.py): ``sigstop``
-  (a SIGSTOP/SIGCONT duty cycle), ``quota`` (a cgroup CPU quota; ranks pinned, a CPU
-  share each), ``hog`` (a busy
+  (a SIGSTOP/SIGCONT duty cycle), ``quota`` (a cgroup CPU quota), ``hog`` (a busy
   process on the rank's CPU; the ranks are pinned, so every rank on that CPU is
   expected), ``loader`` (the rank's data loader sleeps each step): ``rank`` +
   ``host``; ``bridge`` (a slowed island bridge, ``ARTEMIS_ISLANDS``): ``link``;

@@ -99,12 +99,10 @@ def _job_args(cell: Cell, out: Path) -> list[str]:
         args += ["--loader-sleep-rank", str(cell.rank), "--loader-sleep-ms", str(cell.size)]
     if cell.mechanism == "bridge":
         args += ["--islands", ISLANDS, "--bridge-delay-ms", str(cell.size)]
-    if cell.mechanism in ("hog", "quota"):
-        # Each rank on a known CPU (two a CPU here): a fixed share, as on a cluster.
-        # Unpinned, 4 ranks on 2 CPUs leave it to the scheduler's balancing: a quota'd
-        # rank in a cgroup of its own was seen to get a CPU to itself while it ran (its
-        # gap halved) and its three peers to share the other (theirs doubled), the
-        # fault showing on the wrong ranks (bench/README.md "Real jobs").
+    if cell.mechanism == "hog":
+        # The hog's CPU must be the rank's. Not the quota's: pinned, two ranks a CPU
+        # here share its every disturbance (the grid's own processes): 20 pinned quota
+        # runs made 21 false flags, 20 unpinned ones 3 (bench/README.md "Real jobs").
         args += ["--pin"]
     return args
 

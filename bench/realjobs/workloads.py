@@ -11,7 +11,7 @@ the grid starts its external faults on seeing it. The faults that live inside a 
 start there too: ``--loader-sleep-rank R --loader-sleep-ms M`` (rank R's data loader
 sleeps M ms before each batch: an input stall) and ``--bridge-delay-ms D`` (with
 ``--islands``: every bridge exchange between the island leaders takes D ms longer).
-``--pin``: rank r runs on CPU r mod the CPUs it may use (for the CPU hog and quota).
+``--pin``: rank r runs on CPU r mod the CPUs it may use (for the CPU hog).
 """
 
 from __future__ import annotations
