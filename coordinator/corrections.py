@@ -16,7 +16,7 @@ applies a correction twice nor forgets one it sent (its controls are resent).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ class CorrectionShell:
         # The ranks are the peer's own tuple (nothing more a rank while it is connected);
         # a (job, rank) -> agent dict cost 76 B a rank for lookups made only for ranks
         # with incidents. Those go through `_index`, built at the first after a hello.
-        self._hellos: list[tuple[str, tuple[RankInfo, ...]]] = []
+        self._hellos: list[tuple[str, Sequence[RankInfo]]] = []
         self._index: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         self._where: dict[tuple[str, int], RankFacts] = {}  # from the latest columns
         self._sent: dict[tuple[str, str], float] = {}  # (id, op) -> when last sent (clock)
@@ -419,7 +419,7 @@ def _opt_float(a: Any, i: int) -> float | None:
 
 
 def _hello_index(
-    hellos: list[tuple[str, tuple[RankInfo, ...]]],
+    hellos: list[tuple[str, Sequence[RankInfo]]],
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each job's ranks named in `hellos`, sorted, with the position in `hellos` of the
     last hello naming each (12 B a rank)."""
