@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import sys
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -501,14 +500,10 @@ class ProtocolServer:
     async def _traffic(self, conn: _Conn, decoder: FrameDecoder) -> None:
         # Stop at once when closing or superseded: frames still buffered here
         # are not acked, so the agent resends them to whoever serves it next.
-        # The idle limit is a deadline on this task (asyncio.timeout), not wait_for: that
-        # ran each recv as a task of its own, and a frame read in the burst of a window
-        # then waited in the finished task for this one's turn: across the connections,
-        # a window's frames at once on top of the readers' buffers.
         idle = self.limits.idle_timeout_s or None
         while not (conn.superseded or self._closing):
             try:
-                frame = await _recv_within(conn.ch, idle)
+                frame = await asyncio.wait_for(conn.ch.recv(), idle)
             except asyncio.TimeoutError:
                 assert conn.peer is not None
                 text = f"nothing received for {idle:g} s"
@@ -651,16 +646,6 @@ class ProtocolServer:
             except Exception:
                 log.exception("app on_disconnect failed", agent=peer.agent_id)
         conn.done.set()
-
-
-async def _recv_within(ch: FrameChannel, idle: float | None) -> bytes:
-    """The channel's next frame, in this task, within `idle` s (TimeoutError after)."""
-    if idle is None:
-        return await ch.recv()
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(idle):
-            return await ch.recv()
-    return await asyncio.wait_for(ch.recv(), idle)  # 3.10: a task of its own
 
 
 def _set_frame_limit(ch: FrameChannel, n: int) -> None:
