@@ -26,6 +26,7 @@ from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.messages import Ack, RankInfo
+from artemis.protocol.peers import rank_pairs
 from artemis.protocol.records import NAME_MAX
 from artemis.protocol.server import PeerInfo
 from artemis.rebalance.corrections import (
@@ -92,11 +93,11 @@ class CorrectionShell:
         self._hellos = [h for h in self._hellos if h != hello]
         self._hellos.append(hello)
         self._index = None
-        for r in peer.ranks:
+        for job, rank in rank_pairs(peer.ranks) if self.books else ():
             # What this agent did not acknowledge goes out again at the next tick.
-            b = self.books.get(r.job)
+            b = self.books.get(job)
             for c in b.corrections if b is not None else ():
-                if c.rank == r.rank and c.pending:
+                if c.rank == rank and c.pending:
                     self._sent.pop((c.id, c.pending), None)
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -425,9 +426,9 @@ def _hello_index(
     last hello naming each (12 B a rank)."""
     named: dict[str, tuple[list[int], list[int]]] = {}
     for at, (_, ranks) in enumerate(hellos):
-        for r in ranks:
-            rk, pos = named.setdefault(r.job, ([], []))
-            rk.append(r.rank)
+        for job, rank in rank_pairs(ranks):
+            rk, pos = named.setdefault(job, ([], []))
+            rk.append(rank)
             pos.append(at)
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for job, (rk, pos) in named.items():

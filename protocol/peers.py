@@ -76,6 +76,11 @@ class HelloRanks(Sequence[RankInfo]):
         for i in range(self._n):
             yield self[i]
 
+    def values(self, name: str) -> Sequence[Any]:
+        """One field of every rank, in order, with no RankInfo built."""
+        same, v = self._cols[_RANK_FIELDS.index(name)]
+        return (v,) * self._n if same else v
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, HelloRanks):
             return self._n == other._n and self._cols == other._cols
@@ -88,6 +93,13 @@ class HelloRanks(Sequence[RankInfo]):
 
     def __repr__(self) -> str:
         return f"HelloRanks({tuple(self)!r})"
+
+
+def rank_pairs(ranks: Sequence[RankInfo]) -> Iterator[tuple[str, int]]:
+    """(job, rank) of each of `ranks` (read by field from a HelloRanks)."""
+    if isinstance(ranks, HelloRanks):
+        return zip(ranks.values("job"), map(int, ranks.values("rank")), strict=True)
+    return ((r.job, r.rank) for r in ranks)
 
 
 def shared_ranks(ranks: Sequence[RankInfo]) -> HelloRanks:

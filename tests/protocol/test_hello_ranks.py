@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from artemis.protocol.messages import RankInfo
-from artemis.protocol.peers import HelloRanks, shared_ranks
+from artemis.protocol.peers import HelloRanks, rank_pairs, shared_ranks
 
 
 def _ranks() -> tuple[RankInfo, ...]:
@@ -39,3 +39,11 @@ def test_a_value_every_rank_shares_is_held_once() -> None:
 def test_an_empty_hello() -> None:
     held = shared_ranks(())
     assert len(held) == 0 and list(held) == [] and held == ()
+
+
+def test_rank_pairs_reads_the_fields_as_the_rankinfos_have_them() -> None:
+    ranks = _ranks()
+    want = [(r.job, r.rank) for r in ranks]
+    assert list(rank_pairs(shared_ranks(ranks))) == want == list(rank_pairs(ranks))
+    one = shared_ranks(ranks[:1])  # a single rank: every field "the same for all"
+    assert list(rank_pairs(one)) == [("job", 1000)] and one.values("pid") == (4000,)
