@@ -16,7 +16,7 @@ applies a correction twice nor forgets one it sent (its controls are resent).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,8 @@ from artemis.detect.incident_state import MARKERS
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
-from artemis.protocol.messages import Ack
+from artemis.protocol.messages import Ack, RankInfo
+from artemis.protocol.peers import rank_pairs
 from artemis.protocol.records import NAME_MAX
 from artemis.protocol.server import PeerInfo
 from artemis.rebalance.corrections import (
@@ -59,9 +60,14 @@ class CorrectionShell:
         self.clock = clock
         self.books: dict[str, CorrectionBook] = {}
         self._peers: dict[str, PeerInfo] = {}  # connected agents by id
-        # (job, rank) -> agent id, from the hellos; kept past a job's end: a new run of
-        # the job is served by the same agents, which say no new hello.
-        self._agent_of: dict[tuple[str, int], str] = {}
+        # Which agent serves a rank: every hello's ranks, as (agent id, ranks) in the order
+        # they came (a later hello naming a rank wins), kept past a disconnect and a job's
+        # end: a new run of the job is served by the same agents, which say no new hello.
+        # The ranks are the peer's own tuple (nothing more a rank while it is connected);
+        # a (job, rank) -> agent dict cost 76 B a rank for lookups made only for ranks
+        # with incidents. Those go through `_index`, built at the first after a hello.
+        self._hellos: list[tuple[str, Sequence[RankInfo]]] = []
+        self._index: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         self._where: dict[tuple[str, int], RankFacts] = {}  # from the latest columns
         self._sent: dict[tuple[str, str], float] = {}  # (id, op) -> when last sent (clock)
         self._outbox: list[tuple[str, dict[str, Any]]] = []  # (agent, body)
@@ -81,12 +87,17 @@ class CorrectionShell:
     # ------------------------------------------------------------------ agents
     def on_connect(self, peer: PeerInfo) -> None:
         self._peers[peer.agent_id] = peer
-        for r in peer.ranks:
-            self._agent_of[(r.job, r.rank)] = peer.agent_id
+        # The same hello again (a reconnect): its rows name the same ranks, so only the
+        # latest is kept; a different one of the agent stays below it (ranks it alone named).
+        hello = (peer.agent_id, peer.ranks)
+        self._hellos = [h for h in self._hellos if h != hello]
+        self._hellos.append(hello)
+        self._index = None
+        for job, rank in rank_pairs(peer.ranks) if self.books else ():
             # What this agent did not acknowledge goes out again at the next tick.
-            b = self.books.get(r.job)
+            b = self.books.get(job)
             for c in b.corrections if b is not None else ():
-                if c.rank == r.rank and c.pending:
+                if c.rank == rank and c.pending:
                     self._sent.pop((c.id, c.pending), None)
 
     def on_disconnect(self, peer: PeerInfo) -> None:
@@ -98,12 +109,25 @@ class CorrectionShell:
         """The agent serving ``rank``: the one whose hello named it, else the one
         connected from the rank's host (as its windows report it): an agent that
         connected before the job's rings appeared named none of its ranks."""
-        agent = self._agent_of.get((job, rank))
+        agent = self._hello_agent(job, rank)
         if agent in self._peers:
             return agent
         host = self._where.get((job, rank), RankFacts()).host
         on_host = [p.agent_id for p in self._peers.values() if host is not None and p.host == host]
         return on_host[0] if len(on_host) == 1 else agent
+
+    def _hello_agent(self, job: str, rank: int) -> str | None:
+        """The agent whose latest hello naming (job, rank) came last, if any."""
+        if self._index is None:
+            self._index = _hello_index(self._hellos)
+        found = self._index.get(job)
+        if found is None:
+            return None
+        ranks, at = found
+        i = int(np.searchsorted(ranks, rank))
+        if i == len(ranks) or int(ranks[i]) != rank:
+            return None
+        return self._hellos[int(at[i])][0]
 
     def facts(self, job: str, rank: int) -> RankFacts:
         f = self._where.get((job, rank), RankFacts())
@@ -393,3 +417,22 @@ def _opt_float(a: Any, i: int) -> float | None:
         return None
     v = float(a[i])
     return v if np.isfinite(v) else None
+
+
+def _hello_index(
+    hellos: list[tuple[str, Sequence[RankInfo]]],
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each job's ranks named in `hellos`, sorted, with the position in `hellos` of the
+    last hello naming each (12 B a rank)."""
+    named: dict[str, tuple[list[int], list[int]]] = {}
+    for at, (_, ranks) in enumerate(hellos):
+        for job, rank in rank_pairs(ranks):
+            rk, pos = named.setdefault(job, ([], []))
+            rk.append(rank)
+            pos.append(at)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for job, (rk, pos) in named.items():
+        # Reversed, the first occurrence of a rank (what unique reports) is its last hello.
+        sorted_ranks, first = np.unique(np.asarray(rk[::-1], np.int64), return_index=True)
+        out[job] = (sorted_ranks, np.asarray(pos[::-1], np.int32)[first])
+    return out

@@ -56,6 +56,7 @@ from artemis.detect.jobs import BASELINE_RETRY_S, JobTable
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.messages import Ack, Dump, Fingerprint, Heartbeat, Message, Windows
+from artemis.protocol.peers import rank_pairs
 from artemis.protocol.server import NotConnected, NotTaken, PeerInfo
 from artemis.rebalance.corrections import Output
 from artemis.rebalance.outputs import PlansWriter
@@ -164,9 +165,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ app hooks
     def on_connect(self, peer: PeerInfo) -> None:
-        self._direct += self.jobs.connect(
-            peer.agent_id, peer.host, [(r.job, r.rank) for r in peer.ranks]
-        )
+        self._direct += self.jobs.connect(peer.agent_id, peer.host, list(rank_pairs(peer.ranks)))
         self.corrections.on_connect(peer)
         log.info("agent connected", agent=peer.agent_id, host=peer.host, ranks=len(peer.ranks))
 

@@ -4,8 +4,10 @@ counters the coordinator exports, and the errors the two hand each other. No I/O
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from artemis.protocol.messages import Message, RankInfo
 from artemis.protocol.transport import TLS_REASONS
@@ -19,7 +21,7 @@ class PeerInfo:
     host: str
     agent_version: str
     incarnation: str
-    ranks: tuple[RankInfo, ...]
+    ranks: Sequence[RankInfo]  # a HelloRanks from the server
     address: str  # transport peer address, for logs
     version: tuple[int, int]  # the agent's protocol version
     connected_at: float  # wall-clock time.time() of the handshake
@@ -29,16 +31,80 @@ class PeerInfo:
 _RANK_FIELDS = tuple(f.name for f in fields(RankInfo))
 
 
-def shared_ranks(ranks: tuple[RankInfo, ...]) -> tuple[RankInfo, ...]:
-    """The same ranks, equal values of theirs one object: decoded, every rank of a hello
-    has its own copy of the job's name, the communicator's and its size, and a peer's
-    ranks are held as long as it is connected (about 300 B a rank, 160 of them copies)."""
-    one: dict[tuple[type, Any], Any] = {}
+class HelloRanks(Sequence[RankInfo]):
+    """A hello's ranks, held by field: a field every rank has the same value of (the
+    job's name, the communicator's, its size: the usual hello) as that one value, an
+    integer field as an array of int64, any other as a tuple of its values (equal ones
+    one object). A peer's ranks are held for as long as it is connected: as RankInfo
+    objects that was about 170 B a rank (an object and its rank's int), by field 8 B
+    and a few. Each RankInfo is built when it is read (the app reads them at the
+    handshake and when a job moves); equal to the tuple of the same RankInfos."""
 
-    def shared(v: Any) -> Any:
-        return one.setdefault((type(v), v), v)
+    __slots__ = ("_cols", "_n")
 
-    return tuple(RankInfo(*[shared(getattr(r, n)) for n in _RANK_FIELDS]) for r in ranks)
+    def __init__(self, ranks: Sequence[RankInfo]) -> None:
+        one: dict[tuple[type, Any], Any] = {}
+        cols: list[tuple[bool, Any]] = []  # (the same for all, that value or the column)
+        for name in _RANK_FIELDS:
+            vals = [getattr(r, name) for r in ranks]
+            kinds = {(type(v), v) for v in vals}
+            if len(kinds) <= 1:
+                cols.append((True, vals[0] if vals else None))
+            elif all(type(v) is int for v in vals) and -(2**63) <= min(vals) <= max(vals) < 2**63:
+                cols.append((False, array("q", vals)))
+            else:
+                cols.append((False, tuple(one.setdefault((type(v), v), v) for v in vals)))
+        self._cols = tuple(cols)
+        self._n = len(ranks)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> RankInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[RankInfo, ...]: ...
+    def __getitem__(self, i: int | slice) -> RankInfo | tuple[RankInfo, ...]:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(self._n)))
+        if not -self._n <= i < self._n:
+            raise IndexError(f"rank {i} of a hello of {self._n}")
+        i %= self._n
+        return RankInfo(*[v if same else v[i] for same, v in self._cols])
+
+    def __iter__(self) -> Iterator[RankInfo]:
+        for i in range(self._n):
+            yield self[i]
+
+    def values(self, name: str) -> Sequence[Any]:
+        """One field of every rank, in order, with no RankInfo built."""
+        same, v = self._cols[_RANK_FIELDS.index(name)]
+        return (v,) * self._n if same else v
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HelloRanks):
+            return self._n == other._n and self._cols == other._cols
+        if isinstance(other, tuple | list):
+            return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"HelloRanks({tuple(self)!r})"
+
+
+def rank_pairs(ranks: Sequence[RankInfo]) -> Iterator[tuple[str, int]]:
+    """(job, rank) of each of `ranks` (read by field from a HelloRanks)."""
+    if isinstance(ranks, HelloRanks):
+        return zip(ranks.values("job"), map(int, ranks.values("rank")), strict=True)
+    return ((r.job, r.rank) for r in ranks)
+
+
+def shared_ranks(ranks: Sequence[RankInfo]) -> HelloRanks:
+    """The ranks of an established peer's hello as it keeps them (`HelloRanks`)."""
+    return HelloRanks(ranks)
 
 
 # Why a connection was refused or closed by the coordinator: the labels of
