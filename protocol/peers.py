@@ -102,11 +102,6 @@ def rank_pairs(ranks: Sequence[RankInfo]) -> Iterator[tuple[str, int]]:
     return ((r.job, r.rank) for r in ranks)
 
 
-def shared_ranks(ranks: Sequence[RankInfo]) -> HelloRanks:
-    """The ranks of an established peer's hello as it keeps them (`HelloRanks`)."""
-    return HelloRanks(ranks)
-
-
 # Why a connection was refused or closed by the coordinator: the labels of
 # straggler_protocol_refused_peers_total (exported at 0 from the start).
 REFUSAL_REASONS = (

@@ -55,7 +55,7 @@ from artemis.protocol.messages import (
     Redirect,
     Welcome,
 )
-from artemis.protocol.peers import shared_ranks
+from artemis.protocol.peers import HelloRanks
 
 # Session-level codes (Error.code, Refused.reason, refused-peer counter labels),
 # next to the frame-level codes in messages.REASONS.
@@ -572,7 +572,7 @@ class CoordinatorSession:
                 )
             self.state = "established"
             # Held as long as the peer is connected (its PeerInfo's ranks): once each.
-            self.hello = msgspec.structs.replace(self.hello, ranks=shared_ranks(self.hello.ranks))
+            self.hello = msgspec.structs.replace(self.hello, ranks=HelloRanks(self.hello.ranks))
             return [PeerEstablished(self.hello)]
         # established
         assert self.hello is not None
