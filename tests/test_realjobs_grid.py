@@ -101,6 +101,27 @@ def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
     assert healthy["false_flags"] == 3 and healthy["healthy_rank_windows"] == 80
 
 
+def test_pinned_ranks_share_a_cpu_in_blocks_and_the_hog_expects_its_cpus_ranks() -> None:
+    """Consecutive ranks share a CPU (not rank mod CPUs: that pairing made a false
+    flag in 13 of 20 hog runs before the fault); the hog's answer is every rank on
+    the hogged rank's CPU, the rank itself among them."""
+    from bench.realjobs.faults import ranks_on_cpu
+    from bench.realjobs.runner import Cell
+    from bench.realjobs.workloads import pinned_cpu
+
+    n = len(os.sched_getaffinity(0))
+    for world in (2, 4, 8):
+        cpus = [pinned_cpu(r, world) for r in range(world)]
+        assert cpus == sorted(cpus)  # blocks: never back to an earlier CPU
+        assert len(set(cpus)) == min(n, world)
+    cell = Cell("gpt", "hog", 0.3, rank=2, world=4)
+    exp = cell.expected()
+    assert exp is not None and 2 in exp.ranks
+    assert list(exp.ranks) == ranks_on_cpu(pinned_cpu(2, 4), 4)
+    if n == 2:
+        assert exp.ranks == (2, 3)
+
+
 def test_upper_bound_is_clopper_pearsons() -> None:
     for n in (10, 300, 2000):
         # no event: the bound solves (1 - p)^n = 0.05 (about 3/n, the rule of three)

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from bench.realjobs.workloads import pinned_cpu
+
 CG_V1 = Path("/sys/fs/cgroup/cpu")
 CG_V2 = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000
@@ -171,12 +173,6 @@ class CpuHog:
             self._proc.wait()
 
 
-def rank_cpu(rank: int) -> int:
-    """The CPU a ``--pin``ned workload's rank runs on (as the workload picks it)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return cpus[rank % len(cpus)]
-
-
 def ranks_on_cpu(cpu: int, world: int) -> list[int]:
     """The ranks of a ``--pin``ned workload that share CPU ``cpu``."""
-    return [r for r in range(world) if rank_cpu(r) == cpu]
+    return [r for r in range(world) if pinned_cpu(r, world) == cpu]

@@ -24,6 +24,7 @@ from typing import Any
 
 from bench.realjobs import faults
 from bench.realjobs.judge import Expected, judge
+from bench.realjobs.workloads import pinned_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTEMIS = Path(sys.executable).parent / "artemis"
@@ -77,7 +78,9 @@ class Cell:
             return Expected("link")
         if self.mechanism == "hog":
             return Expected(
-                "rank", tuple(faults.ranks_on_cpu(faults.rank_cpu(self.rank), self.world)), "host"
+                "rank",
+                tuple(faults.ranks_on_cpu(pinned_cpu(self.rank, self.world), self.world)),
+                "host",
             )
         return Expected("rank", (self.rank,), "host")
 
@@ -114,7 +117,7 @@ def _injector(cell: Cell, out: Path, tag: str) -> faults.Injector:
     if cell.mechanism == "quota":
         return faults.CpuQuota(pid, cell.size, f"artemis-realjobs-{tag}")
     if cell.mechanism == "hog":
-        return faults.CpuHog(faults.rank_cpu(cell.rank), cell.size)
+        return faults.CpuHog(pinned_cpu(cell.rank, cell.world), cell.size)
     return faults.InJob()
 
 

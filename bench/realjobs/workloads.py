@@ -11,7 +11,8 @@ the grid starts its external faults on seeing it. The faults that live inside a 
 start there too: ``--loader-sleep-rank R --loader-sleep-ms M`` (rank R's data loader
 sleeps M ms before each batch: an input stall) and ``--bridge-delay-ms D`` (with
 ``--islands``: every bridge exchange between the island leaders takes D ms longer).
-``--pin``: rank r runs on CPU r mod the CPUs it may use (for the CPU hog).
+``--pin``: rank r runs on one CPU of those it may use, in blocks (`pinned_cpu`: ranks
+0-1 on the first of 2 CPUs, 2-3 on the second), for the CPU hog.
 """
 
 from __future__ import annotations
@@ -131,6 +132,17 @@ def batches(name: str, rank: int, steps: int) -> Iterator[Any]:
             yield torch.randn(128, 64, generator=g), torch.randn(128, 1, generator=g)
 
 
+def pinned_cpu(rank: int, world: int) -> int:
+    """The CPU a ``--pin``ned rank runs on: consecutive ranks share one, as a node's
+    local ranks take its cores in blocks. Not ``rank mod CPUs``: on 2 CPUs that pairs
+    ranks 0 and 2, and that pair's median gap before any fault was 5-21% over
+    ranks 1 and 3's in 20 of 20 hog runs (median 12%), which the grid counted as
+    false flags; in blocks neither pair was slower by habit (-22% to +13%, median
+    +3%, 20 runs; bench/README.md "Real jobs")."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[rank * len(cpus) // world]
+
+
 def _write(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj))
@@ -139,8 +151,7 @@ def _write(path: Path, obj: Any) -> None:
 
 def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
     if args.pin:
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+        os.sched_setaffinity(0, {pinned_cpu(rank, args.world)})
     import artemis.job  # noqa: F401  (registers the backend)
     import torch
     import torch.distributed as dist
