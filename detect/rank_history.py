@@ -22,7 +22,13 @@ from artemis.detect import scoring
 from artemis.detect.arrays import F64, I64, pack, unpack
 from artemis.detect.settings import Settings
 from artemis.detect.state import DetectorState
-from artemis.detect.tuning import DIAG_PEERS, NOISE_RECENT, NOISE_WINDOWS, SIGMA_FLOOR
+from artemis.detect.tuning import (
+    DIAG_PEERS,
+    NOISE_RECENT,
+    NOISE_SMALL,
+    NOISE_WINDOWS,
+    SIGMA_FLOOR,
+)
 
 T = TypeVar("T")
 Ready = npt.NDArray[np.bool_]  # per rank: its baseline is in use
@@ -155,8 +161,12 @@ class RankHistory:
         """The job's live noise sd of one window's log peer ratio (NaN until measured)."""
         if not self.live_noise:
             return math.nan
-        recent = list(self.live_noise)[-NOISE_RECENT:]
-        return max(noise_sd(np.concatenate(self.live_noise)), noise_sd(np.concatenate(recent)))
+        pooled = list(self.live_noise)
+        per_window = sum(d.size for d in pooled) / len(pooled)
+        return max(
+            _widened(pooled, NOISE_WINDOWS * per_window),
+            _widened(pooled[-NOISE_RECENT:], NOISE_RECENT * per_window),
+        )
 
     def step_scale(self, steps: I64, row: I64) -> F64 | float:
         """Per rank, how much noisier its window is than a whole one: a median over n of
@@ -249,6 +259,17 @@ def noise_sd(d: F64) -> float:
     """One window's noise sd from pooled changes of log gap (robust: a rank's real
     change, a stall starting, is an outlier among them)."""
     return scoring.MAD_SCALE * float(np.median(np.abs(d))) / math.sqrt(2.0)
+
+
+def _widened(windows: list[F64], full: float) -> float:
+    """`noise_sd` of some windows' changes, widened while they are fewer than a full
+    pool of `full` values: NOISE_Z was fitted on full pools, and an sd from fewer
+    values is less sure (a MAD's relative error is about 1.16 / sqrt(n)). At a
+    job's start two ranks that share a CPU, slowed together for a few windows,
+    met a gate of 1.05 measured on 8 values (bench/README.md "Real jobs")."""
+    d = np.concatenate(windows)
+    scale = (1.0 + NOISE_SMALL / math.sqrt(d.size)) / (1.0 + NOISE_SMALL / math.sqrt(full))
+    return noise_sd(d) * max(1.0, scale)
 
 
 def _spread(x: F64) -> tuple[F64, F64]:

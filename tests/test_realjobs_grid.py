@@ -236,3 +236,22 @@ def test_rescore_replays_a_kept_journal_through_todays_detector(tmp_path: Path) 
     assert got["flag_window"] == fault_w + 2 and got["windows_to_flag"] == 3
     assert got["false_flags"] == 0, got["false_flag_subjects"]
     assert rescore(rec | {"kept": str(tmp_path / "none")}) is None  # no journal kept
+
+
+def test_a_pair_slowed_together_at_the_start_meets_a_widened_noise_gate() -> None:
+    """A kept run (the hog cell, ranks pinned rank mod 2 as the grid then did): ranks 0
+    and 2, sharing a CPU, ran 17% over their peers in windows 1-3, before any fault,
+    and the live run flagged rank 0 at window 3 against a noise gate measured on the
+    8 values of two windows (1.05). Replayed with the gate widened for so few values
+    (rank_history.noise_now, tuning.NOISE_SMALL) it is not flagged, and the hogged
+    ranks are still flagged in the fault's first whole window, cause `host`."""
+    from bench.realjobs.rescore import rescore
+
+    d = RECORDED / "gpt-hog-pair-start"
+    rec = json.loads((d / "record.json").read_text()) | {"kept": str(d)}
+    assert rec["false_flag_subjects"] == ["rank 0 w3"]  # as it ran live
+    got = rescore(rec)
+    assert got is not None
+    assert got["false_flags"] == 0, got["false_flag_subjects"]
+    assert got["flag_window"] == rec["flag_window"] == got["onset_window"]
+    assert got["cause_right_flag"]
