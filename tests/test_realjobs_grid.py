@@ -17,6 +17,7 @@ from bench.realjobs.judge import (
     binom_cdf,
     colls_per_step,
     judge,
+    onset_step,
     onset_window,
     slowdown,
     upper_bound,
@@ -59,6 +60,25 @@ def test_slowdown_is_the_faulted_windows_against_the_same_runs_earlier_windows()
     assert math.isclose(slowdown(per, onset_seq, wc) or 0, slow / base - 1, rel_tol=1e-9)
     # no window before the fault (past warm-up): nothing to compare with
     assert slowdown(per, 2 * wc, wc) is None
+
+
+def test_a_healthy_run_reads_the_slowdowns_own_noise_from_the_fault_cells_onset() -> None:
+    """A healthy run has no onset; judged from the step a fault cell's would be, its
+    `aa_slowdown` is what the arithmetic reads with no fault (here the host's drift
+    of 4 ms a step), and the goals name that blur."""
+    ws = 25
+    step = onset_step(10, ws)
+    assert step == 10 * ws + ws // 2
+    tr = _trace([40.0] * step + [44.0] * (8 * ws + 5))
+    summary = {"windows_scored": 19, "ranks": 4, "findings": []}
+    got = judge(tr, ws, None, [], summary, None, healthy_from=step)
+    assert math.isclose(got["aa_slowdown"], 0.1, rel_tol=1e-9)
+    assert "aa_slowdown" not in judge(tr, ws, None, [], summary, None)
+    rec = {"cell": {"workload": "gpt", "mechanism": "none", "size": 0.0}, "load": [1.0, 1.0]}
+    lines = grid.goal_lines([rec | got, rec | got | {"aa_slowdown": -0.02}])
+    assert any(
+        "healthy runs" in x and "[-2.0, +10.0] over 2 runs, 1 at 10% or more" in x for x in lines
+    ), lines
 
 
 def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:

@@ -105,6 +105,15 @@ def goal_lines(records: Sequence[dict[str, Any]]) -> list[str]:
         0.9,
         "cause right in the flag line and the end summary (flagged runs)",
     )
+    aa = sorted(r["aa_slowdown"] for r in done if r.get("aa_slowdown") is not None)
+    if aa:
+        # what the slowdown's arithmetic reads with no fault: the bands' own blur
+        over = sum(1 for x in aa if abs(x) >= 0.1)
+        out.append(
+            f"- the slowdown measured on the healthy runs (from a fault cell's onset step): "
+            f"median {100 * statistics.median(aa):+.1f}% [{100 * aa[0]:+.1f}, "
+            f"{100 * aa[-1]:+.1f}] over {len(aa)} runs, {over} at 10% or more either way"
+        )
     k = sum(r.get("false_flags", 0) for r in done)
     n = sum(r.get("healthy_rank_windows", 0) for r in done)
     if n:

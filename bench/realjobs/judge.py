@@ -47,6 +47,13 @@ def onset_window(onset_seq: int, window_colls: int) -> int:
     return -(-onset_seq // window_colls)
 
 
+def onset_step(before_windows: int, window_steps: int) -> int:
+    """The step a cell's fault starts at: mid-window, after its healthy windows, so
+    the onset window (the first whole one) is unambiguous. A healthy run is measured
+    from the same step (``aa_slowdown``)."""
+    return before_windows * window_steps + window_steps // 2
+
+
 def window_step_ms(
     seqs: Sequence[int], times_ns: Sequence[int], window_colls: int
 ) -> dict[int, float]:
@@ -176,15 +183,21 @@ def judge(
     summary: dict[str, Any],
     exp: Expected | None,
     seen_s: dict[int, float] | None = None,
+    healthy_from: int | None = None,
 ) -> dict[str, Any]:
     """One run's figures. ``trace``: rank 0's ``coll_seq`` and ``t_ns`` per step;
     ``onset``: the onset file (None: a healthy run); ``seen_s``: seconds from onset
-    to when the grid saw each line (by its index in ``lines``)."""
+    to when the grid saw each line (by its index in ``lines``); ``healthy_from``: for
+    a healthy run, the step its cell's fault would have started at: its
+    ``aa_slowdown`` is what the slowdown's arithmetic reads there with no fault (the
+    measure's own noise, an A/A comparison)."""
     seqs, times = trace["coll_seq"], trace["t_ns"]
     wc = window_steps * colls_per_step(seqs)
     windows = int(summary.get("windows_scored") or 0)
     ranks = int(summary.get("ranks") or 0)
     out: dict[str, Any] = {"window_colls": wc, "windows_scored": windows, "ranks": ranks}
+    if onset is None and healthy_from is not None and healthy_from < len(seqs):
+        out["aa_slowdown"] = slowdown(window_step_ms(seqs, times, wc), seqs[healthy_from], wc)
     since = 10**9
     if onset is not None and exp is not None:
         since = onset["coll_seq"] // wc

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.realjobs import faults
-from bench.realjobs.judge import Expected, judge
+from bench.realjobs.judge import Expected, judge, onset_step
 from bench.realjobs.workloads import pinned_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,11 +61,11 @@ class Cell:
     @property
     def fault_from(self) -> int:
         # mid-window, so the onset window (the first whole one) is unambiguous
-        return (
-            -1
-            if self.mechanism == "none"
-            else self.before_windows * self.window_steps + self.window_steps // 2
-        )
+        return -1 if self.mechanism == "none" else self.onset_step
+
+    @property
+    def onset_step(self) -> int:
+        return onset_step(self.before_windows, self.window_steps)
 
     @property
     def steps(self) -> int:
@@ -239,6 +239,7 @@ def _finish(
         summary,
         cell.expected(),
         seen_s,
+        healthy_from=cell.onset_step,
     )
     (keep / "record.json").write_text(json.dumps(rec, indent=1))
     return rec
