@@ -2,10 +2,12 @@
 
 Per rank: its warm-up gaps (the baseline `degraded` is judged against), its
 warm-up log peer ratios (the confirmed pace the change test starts from), the
-change test's two sums, and its last log gap. Per job: the live noise, each
-rank's change from one window to the next against its group's, over the last
-NOISE_WINDOWS windows (DETECTOR.md "The combined test"). Arrays are indexed by
-rank and grow by doubling; the medians are cached until a warm-up sample is fed.
+change test's two sums. Per job: the live noise of two statistics (`LiveNoise`),
+the log gap and the log trimmed mean gap (the stall test's), each rank's change
+from one window to the next against its group's, over the last NOISE_WINDOWS
+windows (DETECTOR.md "The combined test", "Recurring stalls"). Arrays are
+indexed by rank and grow by doubling; the medians are cached until a warm-up
+sample is fed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,62 @@ T = TypeVar("T")
 Ready = npt.NDArray[np.bool_]  # per rank: its baseline is in use
 
 
+class LiveNoise:
+    """A job's live noise of one per-rank statistic (a log gap, a log trimmed mean):
+    each rank's change since the last window against its group's, pooled over the
+    last NOISE_WINDOWS windows (DETECTOR.md "The combined test"). `prev` holds each
+    rank's last value (NaN: none), indexed by rank."""
+
+    def __init__(self) -> None:
+        self.prev: F64 = np.zeros(0)
+        self.pool: deque[F64] = deque(maxlen=NOISE_WINDOWS)
+
+    def grow(self, extra: int) -> None:
+        self.prev = np.concatenate([self.prev, np.full(extra, np.nan)])
+
+    def observe(self, r: I64, x: F64, gid: I64, ok: npt.NDArray[np.bool_]) -> None:
+        """Feed this window's values (log units): each rank's change since the last
+        window against its group's (what every rank shares, e.g. a data-dependent
+        step length, cancels)."""
+        with np.errstate(invalid="ignore"):
+            d = x - self.prev[r]
+        self.prev[r] = x
+        idx = np.flatnonzero(ok & np.isfinite(d))
+        if idx.size < 3:
+            return
+        if idx.size > 4 * DIAG_PEERS:  # an evenly spaced sample says as much, for less
+            idx = idx[np.linspace(0, idx.size - 1, 4 * DIAG_PEERS).astype(np.int64)]
+        # each rank's change against the median change of the others of its group (the
+        # leave-one-out median: in a group of four, centring on the median of all
+        # would make two of the four near zero); the sd of that difference is the
+        # rank's own times sqrt(1 + pi / (2 (n - 1))), the error of a median of n - 1
+        sc = scoring.score(np.exp(d[idx]), gid[idx])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.log(sc.ratio) / np.sqrt(1.0 + 0.5 * math.pi / np.maximum(1, sc.group_size - 1))
+        d = d[np.isfinite(d) & (sc.group_size >= 3)]
+        if d.size >= 3:
+            self.pool.append(d)
+
+    def now(self) -> float:
+        """The live noise sd of one window (NaN until measured): pooled over the last
+        NOISE_WINDOWS windows, or over the last NOISE_RECENT where that is higher."""
+        if not self.pool:
+            return math.nan
+        pooled = list(self.pool)
+        per_window = sum(d.size for d in pooled) / len(pooled)
+        return max(
+            _widened(pooled, NOISE_WINDOWS * per_window),
+            _widened(pooled[-NOISE_RECENT:], NOISE_RECENT * per_window),
+        )
+
+    def restore(self, n: int, prev: bytes | None, pool: list[bytes]) -> None:
+        self.prev[:n] = np.nan
+        self.pool.clear()
+        if prev is not None:  # snapshots from before this live noise lack it
+            self.prev[:n] = unpack(prev, np.float64)
+            self.pool.extend(unpack(d, np.float64) for d in pool)
+
+
 class RankHistory:
     def __init__(self, warmup_windows: int) -> None:
         self.rank_samples: F64 = np.full((0, warmup_windows), np.nan)
@@ -41,9 +99,10 @@ class RankHistory:
         # Adaptive mode: warm-up log peer ratios (fed with the gap samples) and the CUSUM.
         self.ratio_samples: F64 = np.full((0, warmup_windows), np.nan)
         self.cusum: F64 = np.zeros(0)
-        self.prev_lg: F64 = np.zeros(0)  # last judged window's log gap (NaN: none)
-        # per recent window: each rank's change in log gap less its group's (see NOISE_WINDOWS)
-        self.live_noise: deque[F64] = deque(maxlen=NOISE_WINDOWS)
+        # the live noise of the log gap (the peer and change tests judge in it), and of
+        # the log trimmed mean (the stall test's statistic, judged in its own)
+        self.live = LiveNoise()
+        self.live_mean = LiveNoise()
         self.dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
         # the most steps a window of the job has had (its window size; 0: none seen): a
         # shorter window (the job's last) has a noisier median (`step_scale`)
@@ -61,7 +120,8 @@ class RankHistory:
         self.rank_samples = np.vstack([self.rank_samples, np.full((extra, w), np.nan)])
         self.ratio_samples = np.vstack([self.ratio_samples, np.full((extra, w), np.nan)])
         self.cusum = np.concatenate([self.cusum, np.zeros(extra)])
-        self.prev_lg = np.concatenate([self.prev_lg, np.full(extra, np.nan)])
+        self.live.grow(extra)
+        self.live_mean.grow(extra)
         self.dcusum = np.concatenate([self.dcusum, np.zeros(extra)])
         self.rank_count = np.concatenate([self.rank_count, np.zeros(extra, dtype=np.int64)])
         self.samples_version += 1
@@ -157,16 +217,14 @@ class RankHistory:
             base[ready], sd[ready] = _spread(self.ratio_samples[ready])
         return base, sd
 
+    @property
+    def prev_lg(self) -> F64:
+        """Each rank's last judged log gap (NaN: none)."""
+        return self.live.prev
+
     def noise_now(self) -> float:
         """The job's live noise sd of one window's log peer ratio (NaN until measured)."""
-        if not self.live_noise:
-            return math.nan
-        pooled = list(self.live_noise)
-        per_window = sum(d.size for d in pooled) / len(pooled)
-        return max(
-            _widened(pooled, NOISE_WINDOWS * per_window),
-            _widened(pooled[-NOISE_RECENT:], NOISE_RECENT * per_window),
-        )
+        return self.live.now()
 
     def step_scale(self, steps: I64, row: I64) -> F64 | float:
         """Per rank, how much noisier its window is than a whole one: a median over n of
@@ -183,29 +241,6 @@ class RankHistory:
             return 1.0
         return np.sqrt(self.window_steps / np.clip(steps[row], 1, self.window_steps))
 
-    def observe_noise(self, r: I64, lg: F64, gid: I64, peers_ok: npt.NDArray[np.bool_]) -> None:
-        """Feed this window's log gaps to the live noise: each rank's change since the
-        last window against its group's (what every rank shares, e.g. a data-dependent
-        step length, cancels)."""
-        with np.errstate(invalid="ignore"):
-            d = lg - self.prev_lg[r]
-        self.prev_lg[r] = lg
-        idx = np.flatnonzero(peers_ok & np.isfinite(d))
-        if idx.size < 3:
-            return
-        if idx.size > 4 * DIAG_PEERS:  # an evenly spaced sample says as much, for less
-            idx = idx[np.linspace(0, idx.size - 1, 4 * DIAG_PEERS).astype(np.int64)]
-        # each rank's change against the median change of the others of its group (the
-        # leave-one-out median: in a group of four, centring on the median of all
-        # would make two of the four near zero); the sd of that difference is the
-        # rank's own times sqrt(1 + pi / (2 (n - 1))), the error of a median of n - 1
-        sc = scoring.score(np.exp(d[idx]), gid[idx])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            d = np.log(sc.ratio) / np.sqrt(1.0 + 0.5 * math.pi / np.maximum(1, sc.group_size - 1))
-        d = d[np.isfinite(d) & (sc.group_size >= 3)]
-        if d.size >= 3:
-            self.live_noise.append(d)
-
     # -- state ----------------------------------------------------------------
 
     def snapshot(self, n: int) -> dict[str, Any]:
@@ -215,8 +250,10 @@ class RankHistory:
             "rank_count": pack(self.rank_count[:n]),
             "ratio_samples": pack(self.ratio_samples[:n]),
             "cusum": pack(self.cusum[:n]),
-            "prev_lr": pack(self.prev_lg[:n]),
-            "live_noise": [pack(d) for d in self.live_noise],
+            "prev_lr": pack(self.live.prev[:n]),
+            "live_noise": [pack(d) for d in self.live.pool],
+            "prev_lm": pack(self.live_mean.prev[:n]),
+            "live_noise_mean": [pack(d) for d in self.live_mean.pool],
             "dcusum": pack(self.dcusum[:n]),
             "window_steps": self.window_steps,
         }
@@ -240,11 +277,8 @@ class RankHistory:
             self.ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
             self.cusum[:n] = unpack(_needed(state.cusum, "cusum"), np.float64)
         self.window_steps = state.window_steps
-        self.prev_lg[:n] = np.nan
-        self.live_noise.clear()
-        if state.prev_lr is not None:  # snapshots from before the live noise lack it
-            self.prev_lg[:n] = unpack(state.prev_lr, np.float64)
-            self.live_noise.extend(unpack(d, np.float64) for d in state.live_noise)
+        self.live.restore(n, state.prev_lr, state.live_noise)
+        self.live_mean.restore(n, state.prev_lm, state.live_noise_mean)
         self.samples_version += 1
 
 

@@ -103,6 +103,8 @@ class RankRule:
         change_bad = np.zeros(n, dtype=bool)
         shift, noise, cusum = nan, nan, nan
         live_r: F64 | float | None = None  # the live noise (per rank where windows differ)
+        live_mr: F64 | float | None = None  # the stall test's (its own statistic's)
+        trimmed = trimmed_mean(v, steps)
         if s.mode == "adaptive":
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
@@ -114,16 +116,23 @@ class RankRule:
                     & (peers.z >= PEER_Z)
                 )
                 lr = np.log(peers.ratio)
+                lt = np.log(trimmed)
                 if only is not None:
                     # a late window feeds no live noise (that is the job's now), but
-                    # the rank's last log gap is this one, as its windows come in order
-                    self.history.prev_lg[v.r[only]] = np.log(v.gap[only])
+                    # the rank's last values are this one's, as its windows come in order
+                    self.history.live.prev[v.r[only]] = np.log(v.gap[only])
+                    self.history.live_mean.prev[v.r[only]] = lt[only]
                 elif window >= 1:
-                    self.history.observe_noise(v.r, np.log(v.gap), v.gid, peers_ok)
+                    self.history.live.observe(v.r, np.log(v.gap), v.gid, peers_ok)
+                    self.history.live_mean.observe(v.r, lt, v.gid, peers_ok)
+                # the stall test's own (a late window's: its gap's, kept when judged)
+                live_m = self.history.live_mean.now() if live is None else math.nan
                 if live is None:
                     live = self.history.noise_now()
                 # the live noise of a whole window; a shorter one's is larger
-                live_r = live * self.history.step_scale(steps, v.row)
+                scale = self.history.step_scale(steps, v.row)
+                live_r = live * scale
+                live_mr = live_m * scale if math.isfinite(live_m) else live_r
                 if math.isfinite(live):
                     # slower than its peers, but within what every rank's ratio moves
                     # by from window to window now: noise, whatever the ratio
@@ -165,7 +174,7 @@ class RankRule:
             hist_bad = judging & ~peers_ok & (history >= s.suspect_ratio)
             if rel is not None:
                 hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
-        stall_bad = stall_test(v, s, judging & peers_ok, live_r, steps)
+        stall_bad = stall_test(v, s, judging & peers_ok, live_mr, trimmed)
         return RankScores(
             peers=peers,
             cost=cost,
@@ -381,25 +390,16 @@ def mates_relative(
     return np.where(m, rel, np.nan)
 
 
-def stall_test(
-    v: View,
-    s: Settings,
-    judged: npt.NDArray[np.bool_],
-    live: F64 | float | None,
-    steps: I64,
-) -> npt.NDArray[np.bool_]:
-    """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
-    mean per-step gap is at least `suspect_ratio` of its peers', with the window's
-    longest step left out of every rank's mean (one long step, a GC pause or a page
-    fault, is a one-off, not a stall that recurs). Per sample under a plan, like the
-    gap. A group where a summary has no mean (an older agent) is not judged so.
-    Adaptive mode: also NOISE_Z of the job's live noise (per rank: scaled to its
-    window's steps), as the peer test. `steps`: each summary's steps in the window."""
+def trimmed_mean(v: View, steps: I64) -> F64:
+    """Per rank, its mean per-step gap with the window's longest step left out (one
+    long step, a GC pause or a page fault, is a one-off, not a stall that recurs);
+    per sample under a plan, like the gap. NaN where a summary has no mean (an
+    older agent). `steps`: each summary's steps in the window."""
     mean = v.cols.floats("gap_mean_ms")
     if not np.isfinite(mean).any():
         # no summary has a mean (an older agent's job): no rank's arrays to build (a
         # 100k-rank window spent 2,400 page faults of fresh temporaries on them)
-        return np.zeros(v.r.size, dtype=bool)
+        return np.full(v.r.size, np.nan)
     mean = mean[v.row]
     longest = v.cols.floats("gap_max_ms")[v.row]
     spans = steps[v.row].astype(np.float64)
@@ -408,6 +408,21 @@ def stall_test(
         trimmed = np.where(spans >= 2, (mean * spans - longest) / (spans - 1), mean)
         if v.gap is not v.actual:
             trimmed = trimmed * (v.gap / v.actual)
+    return trimmed
+
+
+def stall_test(
+    v: View,
+    s: Settings,
+    judged: npt.NDArray[np.bool_],
+    live: F64 | float | None,
+    trimmed: F64,
+) -> npt.NDArray[np.bool_]:
+    """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
+    `trimmed_mean` is at least `suspect_ratio` of its peers'. A group where a summary
+    has no mean (an older agent) is not judged so. Adaptive mode: also NOISE_Z of
+    the live noise of that statistic (`live`, per rank: scaled to its window's
+    steps), as the peer test is of the gap's."""
     have = np.isfinite(trimmed)
     if not have.any():
         return have  # no usable summary has a mean

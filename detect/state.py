@@ -96,6 +96,9 @@ class DetectorState(msgspec.Struct, kw_only=True):
     cusum: bytes | None = None
     prev_lr: bytes | None = None
     live_noise: list[bytes] = []
+    # the stall test's own live noise (older states: measured afresh)
+    prev_lm: bytes | None = None
+    live_noise_mean: list[bytes] = []
     dcusum: bytes | None = None
     window_steps: int = 0  # (older states: learnt again from the next window)
     host: list[Any]

@@ -264,7 +264,8 @@ def test_a_pair_slowed_together_at_the_start_meets_a_widened_noise_gate() -> Non
     and the live run flagged rank 0 at window 3 against a noise gate measured on the
     8 values of two windows (1.05). Replayed with the gate widened for so few values
     (rank_history.noise_now, tuning.NOISE_SMALL) it is not flagged, and the hogged
-    ranks are still flagged in the fault's first whole window, cause `host`."""
+    ranks are still flagged by the fault's first whole window, the episode's cause
+    `host`."""
     from bench.realjobs.rescore import rescore
 
     d = RECORDED / "gpt-hog-pair-start"
@@ -273,5 +274,27 @@ def test_a_pair_slowed_together_at_the_start_meets_a_widened_noise_gate() -> Non
     got = rescore(rec)
     assert got is not None
     assert got["false_flags"] == 0, got["false_flag_subjects"]
-    assert got["flag_window"] == rec["flag_window"] == got["onset_window"]
-    assert got["cause_right_flag"]
+    # flagged by the fault's first whole window (it began mid-window, in the one before)
+    assert got["onset_window"] - 1 <= got["flag_window"] <= got["onset_window"]
+    # (flagged in the window the hog began in, half of it under the hog, the flag
+    # line's host figures explain less than half: `unknown`; the episode's, `host`)
+    assert got["cause_right_summary"]
+
+
+def test_recurring_stops_are_judged_in_their_own_statistics_noise() -> None:
+    """A kept run: rank 2 of the GPT job SIGSTOPped 35 ms of every 100 ms (+39%).
+    The stall test judges each rank's trimmed mean gap; live, it asked that to pass
+    the live noise of the median gap, a noisier statistic, and the rank was flagged 5
+    windows after onset. Judged in the trimmed mean's own live noise
+    (rank_history.LiveNoise, `live_mean`), it is flagged within 2, cause `host`,
+    nothing else flagged."""
+    from bench.realjobs.rescore import rescore
+
+    d = RECORDED / "gpt-sigstop-35-stalls"
+    rec = json.loads((d / "record.json").read_text()) | {"kept": str(d)}
+    assert rec["windows_to_flag"] == 5  # as it ran live
+    got = rescore(rec)
+    assert got is not None
+    assert got["windows_to_flag"] is not None and got["windows_to_flag"] <= 2, got
+    assert got["cause_right_flag"] and got["cause_right_summary"]
+    assert got["false_flags"] == 0, got["false_flag_subjects"]
