@@ -234,7 +234,7 @@ class Detector:
         if not missing or v is None or ctx is None:
             return
         idx, weight = order_sample(v.gap, v.gid, np.ones(v.r.size, dtype=np.int64))
-        live = self.history.noise_now() if self.settings.mode == "adaptive" else math.nan
+        live = self.history.live.now() if self.settings.mode == "adaptive" else math.nan
         self._late[window] = LateRef(
             ctx=ctx,
             live=live,

@@ -217,15 +217,6 @@ class RankHistory:
             base[ready], sd[ready] = _spread(self.ratio_samples[ready])
         return base, sd
 
-    @property
-    def prev_lg(self) -> F64:
-        """Each rank's last judged log gap (NaN: none)."""
-        return self.live.prev
-
-    def noise_now(self) -> float:
-        """The job's live noise sd of one window's log peer ratio (NaN until measured)."""
-        return self.live.now()
-
     def step_scale(self, steps: I64, row: I64) -> F64 | float:
         """Per rank, how much noisier its window is than a whole one: a median over n of
         the job's N steps a window errs sqrt(N / n) times as much (1 for a whole window;

@@ -116,19 +116,22 @@ class RankRule:
                     & (peers.z >= PEER_Z)
                 )
                 lr = np.log(peers.ratio)
-                lt = np.log(trimmed)
+                # (no trimmed means, an older agent's job: no stall test to judge)
+                lt = None if trimmed is None else np.log(trimmed)
                 if only is not None:
                     # a late window feeds no live noise (that is the job's now), but
                     # the rank's last values are this one's, as its windows come in order
                     self.history.live.prev[v.r[only]] = np.log(v.gap[only])
-                    self.history.live_mean.prev[v.r[only]] = lt[only]
+                    if lt is not None:
+                        self.history.live_mean.prev[v.r[only]] = lt[only]
                 elif window >= 1:
                     self.history.live.observe(v.r, np.log(v.gap), v.gid, peers_ok)
-                    self.history.live_mean.observe(v.r, lt, v.gid, peers_ok)
+                    if lt is not None:
+                        self.history.live_mean.observe(v.r, lt, v.gid, peers_ok)
                 # the stall test's own (a late window's: its gap's, kept when judged)
                 live_m = self.history.live_mean.now() if live is None else math.nan
                 if live is None:
-                    live = self.history.noise_now()
+                    live = self.history.live.now()
                 # the live noise of a whole window; a shorter one's is larger
                 scale = self.history.step_scale(steps, v.row)
                 live_r = live * scale
@@ -390,16 +393,16 @@ def mates_relative(
     return np.where(m, rel, np.nan)
 
 
-def trimmed_mean(v: View, steps: I64) -> F64:
+def trimmed_mean(v: View, steps: I64) -> F64 | None:
     """Per rank, its mean per-step gap with the window's longest step left out (one
     long step, a GC pause or a page fault, is a one-off, not a stall that recurs);
     per sample under a plan, like the gap. NaN where a summary has no mean (an
-    older agent). `steps`: each summary's steps in the window."""
+    older agent); None where none has. `steps`: each summary's steps in the window."""
     mean = v.cols.floats("gap_mean_ms")
     if not np.isfinite(mean).any():
         # no summary has a mean (an older agent's job): no rank's arrays to build (a
         # 100k-rank window spent 2,400 page faults of fresh temporaries on them)
-        return np.full(v.r.size, np.nan)
+        return None
     mean = mean[v.row]
     longest = v.cols.floats("gap_max_ms")[v.row]
     spans = steps[v.row].astype(np.float64)
@@ -416,13 +419,15 @@ def stall_test(
     s: Settings,
     judged: npt.NDArray[np.bool_],
     live: F64 | float | None,
-    trimmed: F64,
+    trimmed: F64 | None,
 ) -> npt.NDArray[np.bool_]:
     """Recurring stalls, by their cost (DETECTOR.md "Recurring stalls"): a rank whose
     `trimmed_mean` is at least `suspect_ratio` of its peers'. A group where a summary
     has no mean (an older agent) is not judged so. Adaptive mode: also NOISE_Z of
     the live noise of that statistic (`live`, per rank: scaled to its window's
     steps), as the peer test is of the gap's."""
+    if trimmed is None:
+        return np.zeros(v.r.size, dtype=bool)
     have = np.isfinite(trimmed)
     if not have.any():
         return have  # no usable summary has a mean

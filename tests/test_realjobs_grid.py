@@ -122,8 +122,8 @@ def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
 
 
 def test_pinned_ranks_share_a_cpu_in_blocks_and_the_hog_expects_its_cpus_ranks() -> None:
-    """Consecutive ranks share a CPU (not rank mod CPUs: that pairing made a false
-    flag in 13 of 20 hog runs before the fault); the hog's answer is every rank on
+    """Consecutive ranks share a CPU (not rank mod CPUs: that pairing made 13 false
+    flags in 20 hog runs before the fault); the hog's answer is every rank on
     the hogged rank's CPU, the rank itself among them."""
     from bench.realjobs.faults import ranks_on_cpu
     from bench.realjobs.runner import Cell
@@ -263,7 +263,7 @@ def test_a_pair_slowed_together_at_the_start_meets_a_widened_noise_gate() -> Non
     and 2, sharing a CPU, ran 17% over their peers in windows 1-3, before any fault,
     and the live run flagged rank 0 at window 3 against a noise gate measured on the
     8 values of two windows (1.05). Replayed with the gate widened for so few values
-    (rank_history.noise_now, tuning.NOISE_SMALL) it is not flagged, and the hogged
+    (rank_history.LiveNoise.now, tuning.NOISE_SMALL) it is not flagged, and the hogged
     ranks are still flagged by the fault's first whole window, the episode's cause
     `host`."""
     from bench.realjobs.rescore import rescore

@@ -56,7 +56,7 @@ def load(out: Path = OUT) -> list[dict[str, Any]]:
 def rejudge(rec: dict[str, Any]) -> dict[str, Any]:
     """A recorded run judged again from what it kept (its trace, onset, findings and
     summary) by today's bench/realjobs/judge.py; the seconds to flag (timed live) kept."""
-    from bench.realjobs.judge import Expected, judge, onset_step
+    from bench.realjobs.judge import Expected, healthy_onset_step, judge
 
     kept = Path(rec.get("kept", ""))
     if "error" in rec or not (kept / "trace0.json").exists():
@@ -71,7 +71,7 @@ def rejudge(rec: dict[str, Any]) -> dict[str, Any]:
         lines,
         json.loads((kept / "summary.json").read_text()),
         exp,
-        healthy_from=onset_step(rec["cell"].get("before_windows", 10), rec["cell"]["window_steps"]),
+        healthy_from=healthy_onset_step(rec["cell"]),
     )
     got["seconds_to_flag"] = (
         rec.get("seconds_to_flag") if got.get("flag_window") is not None else None

@@ -54,6 +54,14 @@ def onset_step(before_windows: int, window_steps: int) -> int:
     return before_windows * window_steps + window_steps // 2
 
 
+def healthy_onset_step(cell: dict[str, Any]) -> int | None:
+    """For a recorded healthy run, the step its cell's fault would have started at
+    (``judge``'s ``healthy_from``); None for a fault cell, or a record without it."""
+    if cell.get("mechanism") != "none" or "before_windows" not in cell:
+        return None
+    return onset_step(cell["before_windows"], cell["window_steps"])
+
+
 def window_step_ms(
     seqs: Sequence[int], times_ns: Sequence[int], window_colls: int
 ) -> dict[int, float]:

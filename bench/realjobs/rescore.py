@@ -26,7 +26,7 @@ from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowBatch, WindowColumns, from_wire
 
-from bench.realjobs.judge import Expected, judge, onset_step
+from bench.realjobs.judge import Expected, healthy_onset_step, judge
 from bench.realjobs.runner import ISLAND_SETTINGS
 
 
@@ -89,7 +89,7 @@ def rescore(rec: dict[str, Any]) -> dict[str, Any] | None:
         lines,
         summary,
         exp,
-        healthy_from=onset_step(rec["cell"].get("before_windows", 10), rec["cell"]["window_steps"]),
+        healthy_from=healthy_onset_step(rec["cell"]),
     )
     return rec | got | {"seconds_to_flag": None}
 
