@@ -224,7 +224,6 @@ class RankRule:
             key = (kind, str(int(v.r[i])))
             if key not in self.ledger.tracks and not bad[i]:
                 continue
-            track = self.ledger.track(key, s.flag_window)
             if kind == "rank":
                 excess = max(0.0, float(v.actual[i] - sc.cost.loo_median[i]))
             else:
@@ -237,16 +236,24 @@ class RankRule:
             if shape.get("shape") == "stalls" and "peers_gap_mean_ms" in shape:
                 # stalls in some of its steps: what the peers wait for them on average
                 excess = max(0.0, shape["gap_mean_ms"] - shape["peers_gap_mean_ms"])
-            if bad[i] and shape.get("shape") == "stalls":
+            # a bad window must cost something: a rank that reaches the collective
+            # before its peers' median, on its median and its mean, makes nobody wait
+            # (its change is still held out of its baseline below)
+            is_bad = bool(bad[i]) and not (kind == "rank" and costless(sc, i, shape))
+            if key not in self.ledger.tracks and not is_bad:
+                held[i] = True
+                continue
+            track = self.ledger.track(key, s.flag_window)
+            if is_bad and shape.get("shape") == "stalls":
                 track.stalls = True  # clears as an intermittent fault does (lifecycle.py)
             # the intermittent rule is for ranks (a GPU that comes and goes), not scalars
             state = self.ledger.advance(
-                track, ctx.window, bool(bad[i]), excess, ctx.hours_per_ms, s, s.mode == "adaptive"
+                track, ctx.window, is_bad, excess, ctx.hours_per_ms, s, s.mode == "adaptive"
             )
             held[i] = track.active or bool(bad[i])
             if state is not None:
                 out.append(
-                    self._finding(kind, state, i, v, sc, excess, track, ctx, s, shape, bool(bad[i]))
+                    self._finding(kind, state, i, v, sc, excess, track, ctx, s, shape, is_bad)
                 )
             self.ledger.forget_idle(key, track)
             if state == "cleared" or key not in self.ledger.tracks:
@@ -391,6 +398,16 @@ def mates_relative(
         return None
     rel = scoring.score(np.where(have, history, 1.0), gid).ratio
     return np.where(m, rel, np.nan)
+
+
+def costless(sc: RankScores, i: int, shape: dict[str, Any]) -> bool:
+    """Whether rank i, judged bad, costs its peers nothing this window: its median gap
+    is at most its peers' (its peer ratio), and so is its mean (where its summary
+    has one). A lockstep job waits for its last rank; such a rank is not it."""
+    if not sc.peers.ratio[i] <= 1.0:
+        return False
+    mean, peers = shape.get("gap_mean_ms", math.nan), shape.get("peers_gap_mean_ms", math.nan)
+    return not mean > peers
 
 
 def trimmed_mean(v: View, steps: I64) -> F64 | None:

@@ -35,13 +35,15 @@ ONSET = 3
 class Cause:
     """What the stalled rank does in the windows `during`: sleeps `stall_ms` before its
     step in every `every`-th step (or in a random `frac` of them), or computes `slow`
-    slower in every step."""
+    slower in every step. `base`: its compute's offset in every window (a faster or
+    slower part, from the start)."""
 
     stall_ms: float = 0.0
     every: int = 0
     frac: float = 0.0
     slow: float = 0.0
     during: range = range(ONSET, 1 << 30)
+    base: float = 0.0
 
 
 def stall_windows(
@@ -64,6 +66,7 @@ def stall_windows(
         for i in range(n):
             comp = gap / C * (1 + 0.01 * rng.standard_normal(nranks))
             step = w * STEPS + i // C
+            comp[stalled] *= 1.0 + cause.base
             if w in cause.during:
                 comp[stalled] *= 1.0 + cause.slow
                 every = cause.every
@@ -152,6 +155,22 @@ def test_one_off_stalls_stay_unflagged(stall: Cause, suspect: bool) -> None:
     assert not last_records(outs)
     seen = [(f.window, f.state) for o in outs for f in o.findings if f.rank == 1]
     assert seen == ([(5, "suspect")] if suspect else []), seen
+
+
+def test_a_rank_that_slows_but_still_arrives_before_its_peers_is_not_flagged() -> None:
+    """A rank 15% faster than its peers from the start slows by 9%: the change test
+    sees its pace move, but it still arrives before the others, at every step, and
+    nobody waits for it (a bad window must cost something: DETECTOR.md "The change
+    test"). The same 9% on a rank at its peers' pace is flagged (the control)."""
+    after = range(8, 1 << 30)  # after the warm-up: the change test's baseline is set
+    fast = Cause(slow=0.09, base=-0.15, during=after)
+    outs = run(stall_windows(4, 20, 1, fast, 10.0), rebalance="off")
+    seen = [(f.window, f.state, f.excess_ms) for o in outs for f in o.findings if f.rank == 1]
+    assert seen == [], seen
+    level = run(stall_windows(4, 20, 1, Cause(slow=0.09, during=after), 10.0), rebalance="off")
+    (f,) = flagged(level)
+    assert (f.rank, f.basis) == (1, "history")
+    assert f.excess_ms == pytest.approx(10.0 * 0.09 / 1.09, rel=0.15)  # against its own pace
 
 
 def test_uniformly_slower_rank_has_shape_slower() -> None:
