@@ -160,8 +160,8 @@ def test_one_off_stalls_stay_unflagged(stall: Cause, suspect: bool) -> None:
 def test_a_rank_that_slows_but_still_arrives_before_its_peers_is_not_flagged() -> None:
     """A rank 15% faster than its peers from the start slows by 9%: the change test
     sees its pace move, but it still arrives before the others, at every step, and
-    nobody waits for it (a bad window must cost something: DETECTOR.md "The change
-    test"). The same 9% on a rank at its peers' pace is flagged (the control)."""
+    nobody waits for it (DETECTOR.md "A bad window costs something", rank_rule.costless).
+    The same 9% on a rank at its peers' pace is flagged (the control)."""
     after = range(8, 1 << 30)  # after the warm-up: the change test's baseline is set
     fast = Cause(slow=0.09, base=-0.15, during=after)
     outs = run(stall_windows(4, 20, 1, fast, 10.0), rebalance="off")
