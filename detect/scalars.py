@@ -20,7 +20,13 @@ from artemis.detect.arrays import I64, pct
 from artemis.detect.findings import Finding
 from artemis.detect.lifecycle import Ledger, Track
 from artemis.detect.settings import Settings
-from artemis.detect.tuning import SCALAR_HISTORY, SCALAR_SD_FLOOR, SCALAR_SMALL, SCALAR_Z
+from artemis.detect.tuning import (
+    SCALAR_HISTORY,
+    SCALAR_LINEAR,
+    SCALAR_SD_FLOOR,
+    SCALAR_SMALL,
+    SCALAR_Z,
+)
 from artemis.detect.view import Ctx, Roster, View, nic
 
 
@@ -55,14 +61,15 @@ class ScalarBaseline:
         self.last_above = window
         return not self.needs_two or window > self.run_start
 
-    def log_sd(self, ref: float) -> float | None:
-        """Robust sd of log(value / ref) over the recent healthy values, widened for
-        their number (None with fewer than 3)."""
+    def sd(self, ref: float, linear: bool = False) -> float | None:
+        """Robust sd of log(value / ref) (`linear`: of value / ref - 1) over the recent
+        healthy values, widened for their number (None with fewer than 3)."""
         n = len(self.recent)
         if n < 3:
             return None
-        lg = np.log(np.asarray(self.recent) / ref) if ref > 0 else np.zeros(n)
-        sd = scoring.MAD_SCALE * float(np.median(np.abs(lg - np.median(lg))))
+        x = np.asarray(self.recent) / ref if ref > 0 else np.ones(n)
+        d = x - 1.0 if linear else np.log(x)
+        sd = scoring.MAD_SCALE * float(np.median(np.abs(d - np.median(d))))
         return max(SCALAR_SD_FLOOR, sd) * (1.0 + SCALAR_SMALL / math.sqrt(n))
 
     def value(self, window: int, s: Settings) -> float | None:
@@ -121,12 +128,15 @@ class ScalarRule:
             b.feed(ctx.window, value, s)
             return Step(kind, subject, value, None, None, 0.0, None)
         ratio = value / ref
-        sd = b.log_sd(ref) if s.mode == "adaptive" else None
+        linear = kind in SCALAR_LINEAR
+        sd = b.sd(ref, linear) if s.mode == "adaptive" else None
         if sd is not None:
             # A scalar that is noisy by nature (the transfer time of short windows:
             # a minimum of per-rank medians) gets a limit above its own spread; the
-            # seed's ratio stays the floor, so this never flags more.
-            ratio_limit = max(ratio_limit, math.exp(SCALAR_Z * sd))
+            # seed's ratio stays the floor, so this never flags more. (A bridge's
+            # noise adds milliseconds: judged on its linear scale, tuning.SCALAR_LINEAR.)
+            spread = 1.0 + SCALAR_Z * sd if linear else math.exp(SCALAR_Z * sd)
+            ratio_limit = max(ratio_limit, spread)
         above = ratio >= ratio_limit
         bad = b.excursion(ctx.window, above) if s.mode == "adaptive" else above
         track = self.ledger.tracks.get(key)

@@ -70,6 +70,13 @@ NOISE_SMALL = 2.3
 # (a window median of 10 steps, a third of them stalled somewhere), and five
 # samples can be tight by luck.
 SCALAR_Z = 5.0
+# ... except the kinds here, whose sd is of value / baseline - 1 and whose limit is
+# 1 + SCALAR_Z sd: a bridge exchange is a short transfer (2-3 ms on the real-job grid)
+# whose noise adds milliseconds rather than multiplying, so its low windows (0.8-1.1
+# ms) read as huge log deviations; their log sd put a 4.5x slower bridge under its
+# limit, whose windows then fed the noise: 0 of 8 flagged
+# (DETECTOR.md "The combined test", island, collective and link kinds).
+SCALAR_LINEAR = frozenset({"link"})
 # A scalar whose window went over its limit in the last SCALAR_HISTORY windows has
 # shown a tail (a 10-step window whose median landed in stalls): its next excursion
 # is bad only from its second window in a row. Such windows come at random, a real

@@ -134,3 +134,36 @@ def test_short_windows_flag_a_10_percent_straggler_within_3_under_realistic_nois
         w = res.flag_window.get(13)
         took.append(99 if w is None else w - 16 + 1)
     assert max(took) <= 4 and sum(t <= 3 for t in took) >= 7, took
+
+
+# A kept real-job run (bench/realjobs, `gpt` `bridge` 10, out/realjobs-q8): its link's
+# value (the bridge time of its two island leaders, ms) in windows 0-19, the bridge
+# slowed by 10 ms an exchange from window 10 (its first whole window: 11).
+REAL_BRIDGE_MS = [3.47, 2.76, 3.0, 1.97, 1.1, 2.38, 2.9, 2.78, 1.65, 2.06]
+REAL_BRIDGE_MS += [4.95, 12.2, 11.95, 11.55, 12.12, 12.2, 10.93, 11.3, 11.6, 11.8]
+
+
+def _link_states(values: list[float]) -> list[str | None]:
+    det = Detector(Settings(), "job1", 8, island_order=["nvidia", "amd"])
+    isl = ["nvidia"] * 4 + ["amd"] * 4
+    out: list[str | None] = []
+    for w, b in enumerate(values):
+        win = make_window(w, [14.0] * 8, islands=isl, bridge={0: (b, 1), 4: (b + 0.5, 0)})
+        hit = [f.state for f in det.score_window(w, win).findings if f.kind == "link"]
+        out.append(hit[0] if hit else None)
+    return out
+
+
+def test_a_slow_bridge_with_millisecond_noise_is_flagged_under_the_defaults() -> None:
+    # Its healthy windows spread 1.1-3.5 ms: as log deviations, the low ones made an
+    # sd of 0.47, a limit of 10.7x, and each slowed window under it fed the noise
+    # (the limit reached 4,800x): never flagged. On the linear scale (SCALAR_LINEAR)
+    # the 4.5-5x bridge is flagged in 3 windows of its onset.
+    st = _link_states(REAL_BRIDGE_MS)
+    assert st[:10] == [None] * 10, st
+    assert st[11:14] == ["suspect", "suspect", "flagged"], st
+
+
+def test_a_bridge_within_its_millisecond_noise_is_not_flagged() -> None:
+    # the same run's healthy windows, again and again: 60 windows, nothing
+    assert all(s is None for s in _link_states(REAL_BRIDGE_MS[:10] * 6))
