@@ -187,14 +187,26 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
 
 def missing_line(findings: Iterable[dict[str, Any]]) -> str | None:
     """The telemetry the job's ranks did not report, named once for the job (every
-    finding line keeps its own `missing`; the lines' cause texts do not repeat it)."""
-    names: set[str] = set()
-    for f in findings:
-        if f.get("kind") != "missing":  # a `missing` finding's list names ranks, not fields
-            names.update(str(m) for m in f.get("missing") or [])
-    if not names:
+    finding line keeps its own `missing`; the lines' cause texts do not repeat it).
+    A field missing from only some lines is named apart, with how many: a rank moved
+    into a CPU-quota cgroup misses `cg_throttled_pct` for the one window its two
+    readings straddle the move, and the cause of every later line is that figure."""
+    lines = [f for f in findings if f.get("kind") != "missing"]  # (its list names ranks)
+    counts: dict[str, int] = {}
+    for f in lines:
+        for m in set(f.get("missing") or []):
+            counts[str(m)] = counts.get(str(m), 0) + 1
+    if not counts:
         return None
-    return f"[artemis] telemetry not reported by this job's ranks: {', '.join(sorted(names))}"
+    always = sorted(m for m, n in counts.items() if n == len(lines))
+    some = sorted(m for m, n in counts.items() if n < len(lines))
+    parts = []
+    if always:
+        parts.append(f"telemetry not reported by this job's ranks: {', '.join(always)}")
+    if some:
+        said = ", ".join(f"{m} ({counts[m]} of {len(lines)})" for m in some)
+        parts.append(f"{'and ' if always else 'telemetry '}missing from some lines only: {said}")
+    return "[artemis] " + "; ".join(parts)
 
 
 def latest_incidents(path: Path, job: str) -> dict[str, dict[str, Any]]:

@@ -104,3 +104,24 @@ def test_a_cpu_jobs_missing_telemetry_is_named_once_and_its_hours_are_cpu(tmp_pa
     assert incident_lines(path, "j") == ["  incident j-r2-w4: unresolved; cost 0.012 CPU-hours"]
     path.write_text(json.dumps(rec) + "\n")  # a record from before cost.unit: a GPU job's
     assert incident_lines(path, "j") == ["  incident j-r2-w4: unresolved; cost 0.012 GPU-hours"]
+
+
+def test_a_field_missing_from_some_lines_only_is_not_said_to_be_unreported() -> None:
+    # A rank moved into a quota cgroup misses the throttled figure in one window only;
+    # the later lines' cause is that figure, so "not reported" would contradict them.
+    nic = ["nic_link_downed", "nic_symbol_errors"]
+    found = [{**_f("suspect", 3, "host"), "missing": [*nic, "cg_throttled_pct"]}]
+    found += [{**_f("flagged", 4, "host"), "missing": nic}]
+    found += [{**_f("ongoing", 5, "host"), "missing": nic}]
+    said = [s for s in summary_lines(found) if "not reported" in s or "missing from" in s]
+    assert said == [
+        "[artemis] telemetry not reported by this job's ranks: "
+        + ", ".join(nic)
+        + "; and missing from some lines only: cg_throttled_pct (1 of 3)"
+    ]
+    only_some = [found[0], {**_f("flagged", 4, "host"), "missing": []}]
+    said = [s for s in summary_lines(only_some) if "missing from" in s]
+    assert said == [
+        "[artemis] telemetry missing from some lines only: "
+        + ", ".join(f"{m} (1 of 2)" for m in sorted([*nic, "cg_throttled_pct"]))
+    ]
