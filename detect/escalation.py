@@ -170,10 +170,14 @@ def escalation(
         elif text.startswith("input stall"):
             check = (
                 f"input stall on {where}: the process was busy {_n(busy)}% of its compute "
-                f"gap vs {_n(peers_busy)}% on its peers, waiting on its input. Check the data "
-                "loader's workers (count, prefetch, pinned memory), the storage or network "
-                "filesystem it reads, and that rank's data shard"
+                f"gap vs {_n(peers_busy)}% on its peers, not running while it could have: "
+                "waiting on its input, or stopped. Check the data loader's workers (count, "
+                "prefetch, pinned memory), the storage or network filesystem it reads, and "
+                "that rank's data shard; and whether something stops the process (state T "
+                "in `ps -o stat -p <pid>`: a debugger, a job-control or cgroup freezer)"
             )
+            # (idle time cannot tell a blocked read from a stopped process: both leave
+            # the CPU free and neither is run delay; DETECTOR.md "Diagnosis", `idle`)
         else:
             check = (
                 f"host CPU contention on {where}: host CPU {_n(ce.get('cpu_pct'))}% busy vs "
