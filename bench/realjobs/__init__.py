@@ -7,8 +7,10 @@ sizes, repeats) or prints the tables of runs already recorded. Every run appends
 record to ``out/realjobs/runs.jsonl`` (its findings lines to ``findings.jsonl``).
 
 - Workloads (bench/realjobs/workloads.py): ``gpt`` (a small GPT, AdamW, token
-  batches), ``conv`` (a conv net), ``mlp``; 4 gloo ranks through ``artemis``, one
-  CPU thread each, ``window_steps`` 25.
+  batches), ``conv`` (a conv net), ``mlp``, ``lstm`` (an LSTM language model
+  written as others write one: length-bucketed batches, gradient accumulation under
+  DDP's ``no_sync``, rank 0 evaluating every 40 steps); 4 gloo ranks through
+  ``artemis``, one CPU thread each, ``window_steps`` 25.
 - Mechanisms and the answer each expects (bench/realjobs/faults.py): ``sigstop``
   (a SIGSTOP/SIGCONT duty cycle), ``quota`` (a cgroup CPU quota), ``hog`` (a busy
   process on the rank's CPU; the ranks are pinned, so every rank on that CPU is
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path("out/realjobs")
-WORKLOADS = ("gpt", "conv", "mlp")
+WORKLOADS = ("gpt", "conv", "mlp", "lstm")
 # Calibrated to slow the GPT job about 5, 10, 20 and 40% (issue 31), from the quiet
 # run's measured slowdowns (load 1.2-3.8: SIGSTOP 8/20/30/40 ms -> +1/14/30/52%; quota
 # 0.3 -> +31%; hog 0.5 -> +34%; loader 8/40 ms -> +4/121%; bridge 8 ms -> +32%),

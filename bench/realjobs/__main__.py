@@ -14,7 +14,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True)
 
 @app.command("run")
 def run_cmd(
-    workload: Annotated[list[str] | None, typer.Option(help="gpt, conv, mlp (default all)")] = None,
+    workload: Annotated[
+        list[str] | None, typer.Option(help="gpt, conv, mlp, lstm (default all)")
+    ] = None,
     mechanism: Annotated[
         list[str] | None, typer.Option(help=f"{', '.join(SIZES)} (default all)")
     ] = None,

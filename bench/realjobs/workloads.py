@@ -1,6 +1,6 @@
 """The real-job grid's workloads: DDP training scripts on the ``artemis`` backend.
 
-``python -m bench.realjobs.workloads --model gpt|conv|mlp --out DIR [options]`` spawns
+``python -m bench.realjobs.workloads --model gpt|conv|mlp|lstm --out DIR [options]`` spawns
 ``--world`` ranks (gloo through ``artemis``, one CPU thread each, a file store under
 DIR). Each rank writes ``DIR/pid<rank>`` before its first step (the grid's injectors
 act on those processes from outside), and at its end ``DIR/trace<rank>.json``: per
@@ -29,7 +29,12 @@ from typing import Any
 
 # GPT: byte vocabulary, a short context, two pre-norm transformer blocks
 GPT_VOCAB, GPT_CTX, GPT_DIM, GPT_HEADS, GPT_LAYERS, GPT_BATCH = 256, 64, 64, 4, 2, 4
-MODELS = ("gpt", "conv", "mlp")
+MODELS = ("gpt", "conv", "mlp", "lstm")
+# LSTM: a word-level language model the way others write one: batches bucketed by
+# length (each rank's lengths its own, so steps differ by rank), ACCUM micro-batches
+# a step under DDP's no_sync, and rank 0 evaluating every EVAL_EVERY steps
+LSTM_VOCAB, LSTM_DIM, LSTM_HIDDEN, LSTM_BATCH, LSTM_LEN = 1000, 64, 128, 8, (16, 64)
+ACCUM, EVAL_EVERY = 2, 40
 
 
 def gpt() -> Any:
@@ -85,6 +90,23 @@ def conv() -> Any:
     )
 
 
+def lstm() -> Any:
+    """An LSTM language model: embedding, one LSTM layer, a linear output head."""
+    from torch import nn
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(LSTM_VOCAB, LSTM_DIM)
+            self.rnn = nn.LSTM(LSTM_DIM, LSTM_HIDDEN, batch_first=True)
+            self.out = nn.Linear(LSTM_HIDDEN, LSTM_VOCAB)
+
+        def forward(self, x: Any) -> Any:
+            return self.out(self.rnn(self.emb(x))[0])
+
+    return LM()
+
+
 def model_and_loss(name: str) -> tuple[Any, Any, Any]:
     """(model, optimizer, loss of a batch) for a workload name."""
     import torch
@@ -115,6 +137,14 @@ def model_and_loss(name: str) -> tuple[Any, Any, Any]:
             torch.optim.SGD(m.parameters(), lr=0.01),
             lambda model, b: f.mse_loss(model(b[0]), b[1]),
         )
+    if name == "lstm":
+        m = lstm()
+
+        def seq_loss(model: Any, b: Any) -> Any:
+            logits = model(b[:, :-1])
+            return f.cross_entropy(logits.reshape(-1, LSTM_VOCAB), b[:, 1:].reshape(-1))
+
+        return m, torch.optim.Adam(m.parameters(), lr=1e-3), seq_loss
     raise ValueError(f"--model {name!r}: one of {', '.join(MODELS)}")
 
 
@@ -126,6 +156,11 @@ def batches(name: str, rank: int, steps: int) -> Iterator[Any]:
     for _ in range(steps):
         if name == "gpt":
             yield torch.randint(0, GPT_VOCAB, (GPT_BATCH, GPT_CTX + 1), generator=g)
+        elif name == "lstm":  # ACCUM micro-batches, each of its own bucket's length
+            yield [
+                torch.randint(0, LSTM_VOCAB, (LSTM_BATCH, n + 1), generator=g)
+                for n in torch.randint(*LSTM_LEN, (ACCUM,), generator=g).tolist()
+            ]
         elif name == "conv":
             yield torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
         else:
@@ -180,8 +215,15 @@ def _worker(rank: int, args: argparse.Namespace, init: str) -> None:
         if faulted and rank == args.loader_sleep_rank:
             time.sleep(args.loader_sleep_ms / 1e3)  # waiting on storage: idle
         opt.zero_grad()
-        loss(model, b).backward()
+        micro = b if isinstance(b, list) else [b]
+        for mb in micro[:-1]:  # accumulated without a collective, as DDP users do
+            with model.no_sync():
+                loss(model, mb).backward()
+        loss(model, micro[-1]).backward()
         opt.step()
+        if args.model == "lstm" and rank == 0 and step % EVAL_EVERY == EVAL_EVERY - 1:
+            with torch.no_grad():  # evaluation on rank 0 only: the others wait for it
+                m(micro[0][:, :-1])
     seqs.append(pg.next_coll_seq())
     times.append(time.monotonic_ns())
     _write(out / f"trace{rank}.json", {"coll_seq": seqs, "t_ns": times})
