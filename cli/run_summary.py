@@ -191,7 +191,9 @@ def missing_line(findings: Iterable[dict[str, Any]]) -> str | None:
     A field missing from only some lines is named apart, with how many: a rank moved
     into a CPU-quota cgroup misses `cg_throttled_pct` for the one window its two
     readings straddle the move, and the cause of every later line is that figure."""
-    lines = [f for f in findings if f.get("kind") != "missing"]  # (its list names ranks)
+    # the diagnosed lines: a cleared line or a scalar kind's names no cause, so its
+    # empty `missing` says nothing (and a `missing` finding's list names ranks)
+    lines = [f for f in findings if f.get("cause") and f.get("kind") != "missing"]
     counts: dict[str, int] = {}
     for f in lines:
         for m in set(f.get("missing") or []):

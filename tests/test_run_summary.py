@@ -113,6 +113,8 @@ def test_a_field_missing_from_some_lines_only_is_not_said_to_be_unreported() -> 
     found = [{**_f("suspect", 3, "host"), "missing": [*nic, "cg_throttled_pct"]}]
     found += [{**_f("flagged", 4, "host"), "missing": nic}]
     found += [{**_f("ongoing", 5, "host"), "missing": nic}]
+    # a cleared line names no cause and so no `missing`: it does not count
+    found += [{**_f("cleared", 6, None), "missing": []}]
     said = [s for s in summary_lines(found) if "not reported" in s or "missing from" in s]
     assert said == [
         "[artemis] telemetry not reported by this job's ranks: "
