@@ -27,11 +27,45 @@ def who(f: dict[str, Any]) -> str:
     return f"{f['kind']} {f.get('island') or ''}".strip()
 
 
+# The scalar kinds carry no `cause` (DESIGN "Findings"): their kind is what they say.
+# Per kind: what slowed, and its evidence's value and warm-up keys (detect/scalars.py).
+_SCALAR_WORDS = {
+    "collective": (
+        "the island's collectives slowed, every rank alike (the network or the collective library)",
+        "transfer_ms",
+        "baseline_transfer_ms",
+        "transfer",
+    ),
+    "link": ("the bridge between islands slowed", "bridge_ms", "baseline_bridge_ms", "bridge"),
+    "island": (
+        "every rank of the island slower than at warm-up",
+        "median_gap_ms",
+        "baseline_gap_ms",
+        "median gap",
+    ),
+}
+
+
+def scalar_words(f: dict[str, Any]) -> str | None:
+    """What a scalar kind's line says slowed, with its figure against its warm-up
+    (None for the rank kinds, whose `cause` says it)."""
+    words = _SCALAR_WORDS.get(str(f.get("kind")))
+    if words is None:
+        return None
+    text, key, base_key, name = words
+    e = f.get("evidence") or {}
+    if e.get(key) is not None and e.get(base_key) is not None:
+        text += f": {name} {e[key]:.1f} ms vs {e[base_key]:.1f} ms at warm-up"
+    return text
+
+
 def one_line(f: dict[str, Any]) -> str:
     """The live line of a flagged or cleared finding."""
     cost = f" loss {f['loss_pct']:.1f}%" if f.get("loss_pct") is not None else ""
     cause = f.get("cause") or {}
     why = f" cause {cause.get('kind')}: {cause.get('text')}" if cause else ""
+    if not cause and f.get("state") != "cleared" and (said := scalar_words(f)):
+        why = f": {said}"
     return f"[artemis] {f['state']} {who(f)} window {f['window']}{cost}{why}"
 
 
@@ -175,10 +209,16 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
             if live and latest and latest.get("kind") != live.get("kind")
             else ""
         )
+        said = None if cause else scalar_words(first)
         out.append(
             f"  {subject}: flagged in window {first['window']}, {last['state']} in window "
-            f"{last['window']}; cost {cost}; cause {cause.get('kind', 'none')}"
-            + (f": {cause.get('text')}" if cause.get("text") else "")
+            f"{last['window']}; cost {cost}; "
+            + (
+                f"{said}"
+                if said
+                else f"cause {cause.get('kind', 'none')}"
+                + (f": {cause.get('text')}" if cause.get("text") else "")
+            )
             + later
         )
     gaps = missing_line(findings)

@@ -12,6 +12,7 @@ from artemis.cli.run_summary import (
     latest_findings,
     metric_value,
     no_collective_lines,
+    one_line,
     short_job_line,
     summary_json,
     summary_lines,
@@ -127,3 +128,26 @@ def test_a_field_missing_from_some_lines_only_is_not_said_to_be_unreported() -> 
         "[artemis] telemetry missing from some lines only: "
         + ", ".join(f"{m} (1 of 2)" for m in sorted([*nic, "cg_throttled_pct"]))
     ]
+
+
+def test_a_collective_line_says_what_slowed_not_cause_none() -> None:
+    # A job on a bandwidth-limited network (600 Mbit/s on its loopback from step 300):
+    # the `collective` kind carries no `cause` (its kind says it); the live line and
+    # the summary said "cause none" and nothing of what slowed.
+    f = {
+        "job": "j",
+        "kind": "collective",
+        "rank": None,
+        "island": "default",
+        "state": "flagged",
+        "window": 14,
+        "loss_pct": 53.8,
+        "cause": None,
+        "evidence": {"transfer_ms": 77.94, "baseline_transfer_ms": 18.93},
+    }
+    said = "transfer 77.9 ms vs 18.9 ms at warm-up"
+    assert one_line(f).endswith(said) and "collectives slowed" in one_line(f)
+    lines = summary_lines([f, {**f, "state": "ongoing", "window": 15}])
+    assert "cause none" not in lines[1] and lines[1].endswith(said), lines
+    # a cleared line says only that it cleared
+    assert one_line({**f, "state": "cleared"}).endswith("window 14 loss 53.8%")
