@@ -298,3 +298,40 @@ def test_recurring_stops_are_judged_in_their_own_statistics_noise() -> None:
     assert got["windows_to_flag"] is not None and got["windows_to_flag"] <= 2, got
     assert got["cause_right_flag"] and got["cause_right_summary"]
     assert got["false_flags"] == 0, got["false_flag_subjects"]
+
+
+def test_the_net_fault_limits_its_own_namespaces_loopback_and_leaves_nothing() -> None:
+    """The `net` cell's fault (bench/realjobs/faults.py `NetRate`): a token bucket on
+    the loopback of the job's own network namespace, the host's untouched; undone."""
+    import shutil
+    import subprocess
+
+    from netns_harness import unavailable
+
+    from bench.realjobs import faults
+    from bench.realjobs.judge import Expected
+    from bench.realjobs.runner import Cell
+
+    assert Cell("gpt", "net", 900.0).expected() == Expected("collective")
+    why = unavailable() or (None if shutil.which("tc") else "no tc (iproute2)")
+    if why is not None:
+        pytest.skip(f"namespace test skipped: {why}")
+
+    def qdiscs(*ns: str) -> str:
+        pre = ["ip", "netns", "exec", *ns] if ns else []
+        cmd = [*pre, "tc", "qdisc", "show", "dev", "lo"]
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+    name = f"rjtest{os.getpid()}"
+    ns = faults.NetNamespace(name)
+    try:
+        rate = faults.NetRate(name, 900.0)
+        rate.start()
+        assert "tbf" in qdiscs(name) and "rate 900Mbit" in qdiscs(name), qdiscs(name)
+        assert "tbf" not in qdiscs()  # the host's loopback is not the job's
+        rate.stop()
+        assert "tbf" not in qdiscs(name)
+    finally:
+        ns.close()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert name not in listed

@@ -16,10 +16,12 @@ record to ``out/realjobs/runs.jsonl`` (its findings lines to ``findings.jsonl``)
   process on the rank's CPU; the ranks are pinned, so every rank on that CPU is
   expected), ``loader`` (the rank's data loader sleeps each step): ``rank`` +
   ``host``; ``bridge`` (a slowed island bridge, ``ARTEMIS_ISLANDS``): ``link``;
+  ``net`` (the job in a network namespace of its own, its loopback limited to a
+  rate: a link trained down or shared): ``collective``;
   ``none``: nothing (healthy runs for the false-flag count).
 - Sizes (``SIZES``): ``sigstop``, ms stopped of every 100 ms; ``quota``, the share
   of one CPU; ``hog``, its busy share of every 10 ms; ``loader``, ms of sleep per
-  step; ``bridge``, ms added to each bridge exchange. Calibrated to slow the GPT job
+  step; ``bridge``, ms added to each bridge exchange; ``net``, Mbit/s. Calibrated to slow the GPT job
   about 5/10/20/40%; each run still measures the slowdown it caused (its fault
   windows against its own windows before onset), and the goals are judged by that
   measured slowdown (bench/realjobs/grid.py).
@@ -36,8 +38,8 @@ OUT = Path("out/realjobs")
 WORKLOADS = ("gpt", "conv", "mlp", "lstm")
 # Calibrated to slow the GPT job about 5, 10, 20 and 40% (issue 31), from the quiet
 # run's measured slowdowns (load 1.2-3.8: SIGSTOP 8/20/30/40 ms -> +1/14/30/52%; quota
-# 0.3 -> +31%; hog 0.5 -> +34%; loader 8/40 ms -> +4/121%; bridge 8 ms -> +32%),
-# interpolated. The effect is not linear in the size (a rank that sleeps frees a core
+# 0.3 -> +31%; hog 0.5 -> +34%; loader 8/40 ms -> +4/121%; bridge 8 ms -> +32%; net
+# 2000/1000/500 Mbit/s -> +7/17/87%, load 1.7-3), interpolated. The effect is not linear in the size (a rank that sleeps frees a core
 # the others use) and moves with the host's load: each run still measures its own.
 SIZES: dict[str, tuple[float, ...]] = {
     "none": (0.0,),
@@ -46,6 +48,7 @@ SIZES: dict[str, tuple[float, ...]] = {
     "hog": (0.1, 0.2, 0.3, 0.55),
     "loader": (10.0, 13.0, 17.0, 25.0),
     "bridge": (1.5, 3.0, 5.0, 10.0),
+    "net": (2500.0, 1500.0, 900.0, 650.0),
 }
 REPEATS = 5
 

@@ -11,6 +11,11 @@ continued, a cgroup is emptied and removed, a hog is ended), also after a failur
 - ``CpuHog``: a busy process pinned to the rank's CPU, busy ``duty`` of every 10 ms
   period (the workload runs with ``--pin``, so the rank's CPU is known).
 
+- ``NetRate``: the job's network limited to ``mbit`` Mbit/s: it runs in a network
+  namespace of its own (``ip netns``; the runner puts it there), whose loopback
+  gets a token-bucket qdisc (``tc`` ``tbf``): a link that trained down, or one
+  shared with another job's traffic. Every rank's collectives slow alike.
+
 The data-loader sleep and the slowed island bridge live inside the job (the
 workload's ``--loader-sleep-*`` and ``--bridge-delay-ms``); ``InJob`` stands for
 them here, so that every mechanism has the same shape.
@@ -176,3 +181,57 @@ class CpuHog:
 def ranks_on_cpu(cpu: int, world: int) -> list[int]:
     """The ranks of a ``--pin``ned workload that share CPU ``cpu``."""
     return [r for r in range(world) if pinned_cpu(r, world) == cpu]
+
+
+class NetRate:
+    """Network namespace ``ns``'s loopback limited to ``mbit`` Mbit/s (``tc`` ``tbf``)."""
+
+    def __init__(self, ns: str, mbit: float) -> None:
+        if not mbit > 0:
+            raise ValueError(f"mbit={mbit}: a rate must be positive")
+        self.ns, self.mbit = ns, mbit
+
+    def _tc(self, *args: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.ns, "tc", "qdisc", *args], check=True)
+
+    def start(self) -> None:
+        # a 1 MB burst and 1 s of queue: gloo's connections reset under a 64 kB burst
+        self._tc(
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "tbf",
+            "rate",
+            f"{self.mbit:g}mbit",
+            "burst",
+            "1mb",
+            "latency",
+            "1s",
+        )
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
+            self._tc("del", "dev", "lo", "root")
+
+
+class NetNamespace:
+    """A network namespace of its own for one run, its loopback up; ``close()`` removes it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        try:
+            subprocess.run(
+                ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True
+            )
+        except subprocess.CalledProcessError:
+            self.close()
+            raise
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        # (``ip netns exec`` mounts a fresh /sys: the agent reads no cgroup or NIC there)
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)

@@ -28,7 +28,7 @@ from bench.realjobs.workloads import pinned_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTEMIS = Path(sys.executable).parent / "artemis"
-MECHANISMS = ("none", "sigstop", "quota", "hog", "loader", "bridge")
+MECHANISMS = ("none", "sigstop", "quota", "hog", "loader", "bridge", "net")
 ISLANDS = "nvidia,nvidia,amd,amd"
 # as the islands end-to-end test judges a 2-rank island (tests/test_torch_islands_e2e.py)
 ISLAND_SETTINGS: dict[str, str | float] = {
@@ -76,6 +76,8 @@ class Cell:
             return None
         if self.mechanism == "bridge":
             return Expected("link")
+        if self.mechanism == "net":
+            return Expected("collective")  # every rank's collectives, one island
         if self.mechanism == "hog":
             return Expected(
                 "rank",
@@ -110,7 +112,11 @@ def _job_args(cell: Cell, out: Path) -> list[str]:
     return args
 
 
-def _injector(cell: Cell, out: Path, tag: str) -> faults.Injector:
+def _injector(
+    cell: Cell, out: Path, tag: str, ns: faults.NetNamespace | None = None
+) -> faults.Injector:
+    if ns is not None:
+        return faults.NetRate(ns.name, cell.size)
     pid = int(json.loads((out / f"pid{cell.rank}").read_text()))
     if cell.mechanism == "sigstop":
         return faults.DutyStop(pid, cell.size)
@@ -163,21 +169,31 @@ def run(cell: Cell, keep: Path, tag: str) -> dict[str, Any]:
     inj: faults.Injector | None = None
     onset: dict[str, Any] | None = None
     log = (work / "run.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # the `net` cell's job runs in a network namespace of its own (faults.NetRate)
+    ns = faults.NetNamespace(f"rj{os.getpid()}-{int(t0)}") if cell.mechanism == "net" else None
     try:
+        proc = subprocess.Popen(
+            cmd if ns is None else ns.wrap(cmd),
+            cwd=work,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         while proc.poll() is None:
             if time.monotonic() - t0 > RUN_TIMEOUT_S:
                 proc.kill()
                 break
             if onset is None and (out / "onset.json").exists():
                 onset = json.loads((out / "onset.json").read_text())
-                inj = _injector(cell, out, tag)
+                inj = _injector(cell, out, tag, ns)
                 inj.start()
             _read_lines(jsonl, lines, seen)
             time.sleep(POLL_S)
     finally:
         if inj is not None:
             inj.stop()
+        if ns is not None:
+            ns.close()
         log.close()
     _read_lines(jsonl, lines, seen)
     load1 = os.getloadavg()[0]
