@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from artemis.detect.node_kind import unit_hours
+from artemis.detect.scalars import EVIDENCE_KEYS
 from artemis.ring.reader import RingError, RingReader
 
 
@@ -28,31 +30,26 @@ def who(f: dict[str, Any]) -> str:
 
 
 # The scalar kinds carry no `cause` (DESIGN "Findings"): their kind is what they say.
-# Per kind: what slowed, and its evidence's value and warm-up keys (detect/scalars.py).
+# Per kind: what slowed, and the name of its figure (its evidence keys:
+# detect/scalars.py EVIDENCE_KEYS).
 _SCALAR_WORDS = {
     "collective": (
         "the island's collectives slowed, every rank alike (the network or the collective library)",
-        "transfer_ms",
-        "baseline_transfer_ms",
         "transfer",
     ),
-    "link": ("the bridge between islands slowed", "bridge_ms", "baseline_bridge_ms", "bridge"),
-    "island": (
-        "every rank of the island slower than at warm-up",
-        "median_gap_ms",
-        "baseline_gap_ms",
-        "median gap",
-    ),
+    "link": ("the bridge between islands slowed", "bridge"),
+    "island": ("every rank of the island slower than at warm-up", "median gap"),
 }
 
 
 def scalar_words(f: dict[str, Any]) -> str | None:
     """What a scalar kind's line says slowed, with its figure against its warm-up
     (None for the rank kinds, whose `cause` says it)."""
-    words = _SCALAR_WORDS.get(str(f.get("kind")))
-    if words is None:
+    kind = str(f.get("kind"))
+    if kind not in _SCALAR_WORDS:
         return None
-    text, key, base_key, name = words
+    text, name = _SCALAR_WORDS[kind]
+    key, base_key = EVIDENCE_KEYS[kind]
     e = f.get("evidence") or {}
     if e.get(key) is not None and e.get(base_key) is not None:
         text += f": {name} {e[key]:.1f} ms vs {e[base_key]:.1f} ms at warm-up"
@@ -209,17 +206,14 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
             if live and latest and latest.get("kind") != live.get("kind")
             else ""
         )
-        said = None if cause else scalar_words(first)
+        why = f"cause {cause.get('kind', 'none')}" + (
+            f": {cause.get('text')}" if cause.get("text") else ""
+        )
+        if not cause:
+            why = scalar_words(first) or why
         out.append(
             f"  {subject}: flagged in window {first['window']}, {last['state']} in window "
-            f"{last['window']}; cost {cost}; "
-            + (
-                f"{said}"
-                if said
-                else f"cause {cause.get('kind', 'none')}"
-                + (f": {cause.get('text')}" if cause.get("text") else "")
-            )
-            + later
+            f"{last['window']}; cost {cost}; {why}{later}"
         )
     gaps = missing_line(findings)
     return out + ([gaps] if gaps else [])
@@ -234,10 +228,7 @@ def missing_line(findings: Iterable[dict[str, Any]]) -> str | None:
     # the diagnosed lines: a cleared line or a scalar kind's names no cause, so its
     # empty `missing` says nothing (and a `missing` finding's list names ranks)
     lines = [f for f in findings if f.get("cause") and f.get("kind") != "missing"]
-    counts: dict[str, int] = {}
-    for f in lines:
-        for m in set(f.get("missing") or []):
-            counts[str(m)] = counts.get(str(m), 0) + 1
+    counts = Counter(str(m) for f in lines for m in set(f.get("missing") or []))
     if not counts:
         return None
     always = sorted(m for m, n in counts.items() if n == len(lines))

@@ -21,8 +21,8 @@ record to ``out/realjobs/runs.jsonl`` (its findings lines to ``findings.jsonl``)
   ``none``: nothing (healthy runs for the false-flag count).
 - Sizes (``SIZES``): ``sigstop``, ms stopped of every 100 ms; ``quota``, the share
   of one CPU; ``hog``, its busy share of every 10 ms; ``loader``, ms of sleep per
-  step; ``bridge``, ms added to each bridge exchange; ``net``, Mbit/s. Calibrated to slow the GPT job
-  about 5/10/20/40%; each run still measures the slowdown it caused (its fault
+  step; ``bridge``, ms added to each bridge exchange; ``net``, Mbit/s. Calibrated to
+  slow the GPT job about 5/10/20/40%; each run still measures the slowdown it caused (its fault
   windows against its own windows before onset), and the goals are judged by that
   measured slowdown (bench/realjobs/grid.py).
 """
@@ -39,8 +39,9 @@ WORKLOADS = ("gpt", "conv", "mlp", "lstm")
 # Calibrated to slow the GPT job about 5, 10, 20 and 40% (issue 31), from the quiet
 # run's measured slowdowns (load 1.2-3.8: SIGSTOP 8/20/30/40 ms -> +1/14/30/52%; quota
 # 0.3 -> +31%; hog 0.5 -> +34%; loader 8/40 ms -> +4/121%; bridge 8 ms -> +32%; net
-# 2000/1000/500 Mbit/s -> +7/17/87%, load 1.7-3), interpolated. The effect is not linear in the size (a rank that sleeps frees a core
-# the others use) and moves with the host's load: each run still measures its own.
+# 2000/1000/500 Mbit/s -> +7/17/87%, load 1.7-3), interpolated. The effect is not
+# linear in the size (a rank that sleeps frees a core the others use) and moves with
+# the host's load: each run still measures its own.
 SIZES: dict[str, tuple[float, ...]] = {
     "none": (0.0,),
     "sigstop": (15.0, 18.0, 24.0, 35.0),
