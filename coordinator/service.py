@@ -368,6 +368,8 @@ class Coordinator:
                 window=aw.window,
                 ranks=aw.columns.n,
                 missing=len(aw.missing),
+                # present, but with no usable time (NaN or negative): scored as missing
+                unusable=len(set(out.result.missing) - set(aw.missing)),
             )
         # The job's state (which holds the window) once its outputs are written, then
         # the release mark: a crash before the state is saved cuts the outputs back and

@@ -202,6 +202,10 @@ class Outcome:
     # job (their last line stays `applied`: there is nothing left to verify).
     plans_cut_by_hang: list[str]
     rank_states: list[tuple[int, str, int]]  # the slow rank's (window, state, since)
+    # What a failure needs to explain itself (printed with the straggler's problem):
+    slow_lines: list[tuple[int, str, str]]  # the slow rank's every line: (window, kind, state)
+    scored_lines: list[tuple[int, int, int, int]]  # (window, ranks, missing, unusable)
+    run_events: list[str]  # the coordinator's events about runs, job ends and drops
     restored_open: list[tuple[int, int]]  # (last window, open findings) of each restore
     plans_end: dict[str, str]  # plan id -> its last status
     plan_reasons: dict[str, str]
@@ -245,7 +249,12 @@ class Outcome:
         # straggler against fewer peers, or as a host's: its run of findings may change.
         steady = self.missing_rank_windows == 0
         if steady and (len(sinces) != 1 or [st for _w, st, _s in states].count("flagged") != 1):
-            out.append(f"the straggler's finding did not stay open across restarts: {states}")
+            out.append(
+                f"the straggler's finding did not stay open across restarts: {states}; "
+                f"its lines (window, kind, state): {self.slow_lines}; windows scored "
+                f"(window, ranks, missing, unusable): {self.scored_lines}; "
+                f"events: {self.run_events}"
+            )
         if any(w >= FLAG_WINDOW and n < 1 for w, n in self.restored_open):
             out.append(f"a restored detector lost the open finding: {self.restored_open}")
         return out
@@ -301,7 +310,9 @@ def judge(
     late: collections.Counter[int] = collections.Counter()
     for r in log:
         if r.get("event") == "window scored" and int(r["window"]) < HANG_WINDOW - 1:
-            missing[int(r["window"])] = int(r["missing"])
+            # absent at the deadline, or present with no usable time: either way the
+            # straggler was judged without that rank
+            missing[int(r["window"])] = int(r["missing"]) + int(r.get("unusable", 0))
         elif r.get("event") == "window summaries dropped" and r.get("reason") == "late":
             late[int(r["window"])] += int(r["summaries"])
     findings = _jsonl(tmp / "findings.jsonl")
@@ -346,6 +357,21 @@ def judge(
             for f in findings
             if f["kind"] == "rank" and f["rank"] == SLOW
         ],
+        slow_lines=[
+            (f["window"], f["kind"], f["state"]) for f in findings if f.get("rank") == SLOW
+        ],
+        scored_lines=[
+            (int(r["window"]), int(r["ranks"]), int(r["missing"]), int(r.get("unusable", 0)))
+            for r in log
+            if r.get("event") == "window scored"
+        ],
+        run_events=sorted(
+            {
+                str(r["event"])
+                for r in log
+                if str(r.get("event", "")).startswith(("new run", "job ", "baseline"))
+            }
+        ),
         restored_open=[
             (int(r["last_window"]), int(r["open_findings"]))
             for r in log
