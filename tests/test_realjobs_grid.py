@@ -121,6 +121,42 @@ def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
     assert healthy["false_flags"] == 3 and healthy["healthy_rank_windows"] == 80
 
 
+def test_a_two_rank_jobs_degraded_line_names_the_rank() -> None:
+    """A 2-rank job has no peer group (min_island_peers 3): its slowed rank is judged
+    against its own history, kind `degraded`. That line names the faulted rank, as a
+    `rank` line would; the other rank's flag, or the link's, is still false."""
+    ws = 25
+    fault_step = 10 * ws + ws // 2
+    tr = _trace([40.0] * fault_step + [70.0] * (8 * ws))
+    onset = {"coll_seq": tr["coll_seq"][fault_step], "t_ns": tr["t_ns"][fault_step]}
+    start = onset_window(onset["coll_seq"], 50)
+    exp = Expected("rank", (1,), "host")
+
+    def line(kind: str, rank: int, window: int, state: str) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "rank": rank,
+            "window": window,
+            "state": state,
+            "cause": {"kind": "host"},
+        }
+
+    lines = [
+        line("degraded", 1, start, "suspect"),
+        line("degraded", 1, start + 1, "flagged"),
+        line("degraded", 0, start + 1, "flagged"),
+        line("link", 1, start + 1, "flagged"),
+    ]
+    summary = {"ranks": 2, "windows_scored": 20, "findings": [line("degraded", 1, 19, "ongoing")]}
+    got = judge(tr, ws, onset, lines, summary, exp)
+    assert got["windows_to_flag"] == 2 and got["flag_cause"] == "host"
+    assert got["cause_right_flag"] and got["cause_right_summary"]
+    assert sorted(got["false_flag_subjects"]) == [
+        f"degraded 0 w{start + 1}",
+        f"link 1 w{start + 1}",
+    ]
+
+
 def test_pinned_ranks_share_a_cpu_in_blocks_and_the_hog_expects_its_cpus_ranks() -> None:
     """Consecutive ranks share a CPU (not rank mod CPUs: that pairing made 13 false
     flags in 20 hog runs before the fault); the hog's answer is every rank on

@@ -52,6 +52,7 @@ SIZES: dict[str, tuple[float, ...]] = {
     "net": (2500.0, 1500.0, 900.0, 650.0),
 }
 REPEATS = 5
+WORLD = 4  # ranks of a job (`--world` runs other sizes)
 
 
 def load(out: Path = OUT) -> list[dict[str, Any]]:
@@ -99,6 +100,7 @@ def run_grid(
     sizes: Sequence[float] | None,
     repeats: int,
     out: Path = OUT,
+    world: int = WORLD,
 ) -> list[dict[str, Any]]:
     """Every (workload, mechanism, size) ``repeats`` times, repeats outermost (so the
     load drifts over every cell alike); each record appended as it finishes."""
@@ -113,8 +115,11 @@ def run_grid(
         for wl in workloads:
             for mech in mechanisms:
                 for size in sizes or SIZES[mech]:
-                    tag = f"{wl}-{mech}-{size:g}-{rep}-{os.getpid()}-{int(time.time())}"
-                    rec = run(Cell(wl, mech, size), out, tag)
+                    w = "" if world == WORLD else f"w{world}-"
+                    tag = f"{w}{wl}-{mech}-{size:g}-{rep}-{os.getpid()}-{int(time.time())}"
+                    # the fault's rank: 2 (not rank 0, which writes the trace), 1 of 2
+                    cell = Cell(wl, mech, size, rank=min(2, world - 1), world=world)
+                    rec = run(cell, out, tag)
                     done.append(rec)
                     with (out / "runs.jsonl").open("a") as fh:
                         fh.write(json.dumps(rec) + "\n")

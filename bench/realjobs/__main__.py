@@ -7,7 +7,17 @@ from typing import Annotated
 
 import typer
 
-from bench.realjobs import OUT, REPEATS, SIZES, WORKLOADS, load, rejudge, report, run_grid
+from bench.realjobs import (
+    OUT,
+    REPEATS,
+    SIZES,
+    WORKLOADS,
+    WORLD,
+    load,
+    rejudge,
+    report,
+    run_grid,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
 
@@ -23,16 +33,23 @@ def run_cmd(
     size: Annotated[list[float] | None, typer.Option(help="default: each mechanism's four")] = None,
     repeats: Annotated[int, typer.Option()] = REPEATS,
     out: Annotated[Path, typer.Option()] = OUT,
+    world: Annotated[
+        int, typer.Option(help="ranks of the job (the fault on rank 2, or 1 of 2)")
+    ] = WORLD,
 ) -> None:
     """Run cells (repeats outermost), append them to OUT/runs.jsonl, print their tables."""
     workload, mechanism = workload or list(WORKLOADS), mechanism or list(SIZES)
+    if world < 2:
+        raise typer.BadParameter(f"--world {world}: a job of at least 2 ranks")
+    if world != WORLD and "bridge" in mechanism:
+        raise typer.BadParameter(f"--world {world}: the bridge's islands are set for {WORLD} ranks")
     for w in workload:
         if w not in WORKLOADS:
             raise typer.BadParameter(f"workload {w!r}: one of {', '.join(WORKLOADS)}")
     for m in mechanism:
         if m not in SIZES:
             raise typer.BadParameter(f"mechanism {m!r}: one of {', '.join(SIZES)}")
-    report(run_grid(workload, mechanism, size or None, repeats, out))
+    report(run_grid(workload, mechanism, size or None, repeats, out, world))
 
 
 @app.command("report")

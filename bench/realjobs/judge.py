@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from artemis.detect.findings import RANK_KINDS
+
 WARMUP_WINDOWS = 2  # the job's first windows (DDP's bucket rebuild, cold caches): not a baseline
 
 
@@ -87,10 +89,12 @@ def slowdown(step_ms: dict[int, float], onset_seq: int, window_colls: int) -> fl
 
 
 def matches(line: dict[str, Any], exp: Expected) -> bool:
-    """Whether a finding names the fault's subject."""
-    if line.get("kind") != exp.kind:
-        return False
-    return exp.kind != "rank" or line.get("rank") in exp.ranks
+    """Whether a finding names the fault's subject. A ``rank`` is named by either rank
+    kind: ``degraded`` is the same rank judged against its own history, as a job with
+    fewer than ``min_island_peers`` ranks is (a 2-rank job; detect/DETECTOR.md)."""
+    if exp.kind == "rank":
+        return line.get("kind") in RANK_KINDS and line.get("rank") in exp.ranks
+    return line.get("kind") == exp.kind
 
 
 def first_flag(lines: Sequence[dict[str, Any]], exp: Expected, since: int) -> dict[str, Any] | None:
