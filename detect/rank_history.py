@@ -1,8 +1,8 @@
 """Each rank's own history and the noise model the rank rule judges in.
 
-Per rank: its warm-up gaps (the baseline `degraded` is judged against), its
-warm-up log peer ratios (the confirmed pace the change test starts from), the
-change test's two sums. Per job: the live noise of two statistics (`LiveNoise`),
+Per rank: its warm-up gaps and trimmed mean gaps (the baselines `degraded` is
+judged against), its warm-up log peer ratios (the confirmed pace the change test
+starts from), the change tests' sums. Per job: the live noise of two statistics (`LiveNoise`),
 the log gap and the log trimmed mean gap (the stall test's), each rank's change
 from one window to the next against its group's, over the last NOISE_WINDOWS
 windows (DETECTOR.md "The combined test", "Recurring stalls"). Arrays are
@@ -104,6 +104,8 @@ class RankHistory:
         self.live = LiveNoise()
         self.live_mean = LiveNoise()
         self.dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
+        # `degraded`'s stall test: warm-up trimmed means (NaN: the summary had none)
+        self.mean_samples: F64 = np.full((0, warmup_windows), np.nan)
         # the most steps a window of the job has had (its window size; 0: none seen): a
         # shorter window (the job's last) has a noisier median (`step_scale`)
         self.window_steps = 0
@@ -119,6 +121,7 @@ class RankHistory:
         w = self.rank_samples.shape[1]
         self.rank_samples = np.vstack([self.rank_samples, np.full((extra, w), np.nan)])
         self.ratio_samples = np.vstack([self.ratio_samples, np.full((extra, w), np.nan)])
+        self.mean_samples = np.vstack([self.mean_samples, np.full((extra, w), np.nan)])
         self.cusum = np.concatenate([self.cusum, np.zeros(extra)])
         self.live.grow(extra)
         self.live_mean.grow(extra)
@@ -137,6 +140,9 @@ class RankHistory:
         grown_r = np.full((self.rank_count.size, w), np.nan)
         grown_r[:, :keep] = self.ratio_samples[:, :keep]
         self.ratio_samples = grown_r
+        grown_m = np.full((self.rank_count.size, w), np.nan)
+        grown_m[:, :keep] = self.mean_samples[:, :keep]
+        self.mean_samples = grown_m
         self.rank_count = np.minimum(self.rank_count, w)
         self.samples_version += 1
 
@@ -148,14 +154,17 @@ class RankHistory:
         peer_ratio: F64,
         peers_ok: npt.NDArray[np.bool_],
         s: Settings,
+        trimmed: F64 | None = None,
     ) -> None:
         """Warm-up samples of the `healthy` ones of ranks `r` (arrays aligned on `r`):
-        their gaps and log peer ratios (where they have peers); a rank whose warm-up
-        is full takes no more."""
+        their gaps, trimmed means (where summaries have them) and log peer ratios
+        (where they have peers); a rank whose warm-up is full takes no more."""
         feed = healthy & (self.rank_count[r] < s.warmup_windows)
         fr = r[feed]
         if fr.size:
             self.rank_samples[fr, self.rank_count[fr]] = gap[feed]
+            if trimmed is not None:
+                self.mean_samples[fr, self.rank_count[fr]] = trimmed[feed]
             with np.errstate(divide="ignore", invalid="ignore"):
                 lr = np.log(peer_ratio[feed])
             self.ratio_samples[fr, self.rank_count[fr]] = np.where(
@@ -206,6 +215,19 @@ class RankHistory:
             sd[ready] = _spread(x)[1]
         return sd
 
+    def mean_baseline(self, window: int, s: Settings) -> F64:
+        """Per rank: the median of its warm-up trimmed means (NaN until in use, or where
+        its warm-up had none)."""
+        return self._warm("mean", window, s, self._median_mean)
+
+    def _median_mean(self, ready: Ready) -> F64:
+        out = np.full(ready.size, np.nan)
+        if ready.any():
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a row with no mean
+                out[ready] = np.nanmedian(self.mean_samples[ready], axis=1)
+        return out
+
     def ratio_baseline(self, window: int, s: Settings) -> tuple[F64, F64]:
         """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
         return self._warm("ratio", window, s, self._ratio_spread)
@@ -246,6 +268,7 @@ class RankHistory:
             "prev_lm": pack(self.live_mean.prev[:n]),
             "live_noise_mean": [pack(d) for d in self.live_mean.pool],
             "dcusum": pack(self.dcusum[:n]),
+            "mean_samples": pack(self.mean_samples[:n]),
             "window_steps": self.window_steps,
         }
 
@@ -263,6 +286,10 @@ class RankHistory:
         self.dcusum[:n] = 0.0
         if state.dcusum is not None:  # (snapshots from before the adaptive degraded rule)
             self.dcusum[:n] = unpack(state.dcusum, np.float64)
+        self.mean_samples[:n] = np.nan
+        if state.mean_samples is not None:  # (snapshots from before degraded's stall test)
+            ms = unpack(state.mean_samples, np.float64).reshape(n, -1)
+            self.mean_samples[:n, : min(w, ms.shape[1])] = ms[:, : min(w, ms.shape[1])]
         if state.ratio_samples is not None:  # snapshots from before the adaptive rule lack it
             rs = unpack(state.ratio_samples, np.float64).reshape(n, -1)
             self.ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]

@@ -57,6 +57,10 @@ class RankScores:
     cusum: F64
     # recurring stalls: bad by their cost (`stall_test`)
     stall_bad: npt.NDArray[np.bool_]
+    # each rank's trimmed mean gap (`trimmed_mean`; None: no summary has one), and for
+    # `degraded` its ratio to its own warm-up's (NaN where not judged so)
+    trimmed: F64 | None = None
+    mean_history: F64 | None = None
 
 
 class RankRule:
@@ -105,6 +109,7 @@ class RankRule:
         live_r: F64 | float | None = None  # the live noise (per rank where windows differ)
         live_mr: F64 | float | None = None  # the stall test's (its own statistic's)
         trimmed = trimmed_mean(v, steps)
+        mean_history: F64 | None = None  # `degraded`'s trimmed mean over its warm-up's
         if s.mode == "adaptive":
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
@@ -178,6 +183,16 @@ class RankRule:
             if rel is not None:
                 hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
         stall_bad = stall_test(v, s, judging & peers_ok, live_mr, trimmed)
+        if trimmed is not None and not peers_ok.all():
+            # `degraded`'s: its trimmed mean against its own warm-up's and its mates';
+            # not in a window of fewer than half the job's steps (its last: a mean of a
+            # few steps tells no stall that recurs)
+            whole = np.asarray(self.history.step_scale(steps, v.row)) <= math.sqrt(2.0)
+            mbase = self.history.mean_baseline(window, s)[v.r]
+            stalled, mean_history = degraded_stall_test(
+                v, s, judging & ~peers_ok & whole, peers.group_size, trimmed, mbase
+            )
+            hist_bad = hist_bad | stalled
         return RankScores(
             peers=peers,
             cost=cost,
@@ -191,6 +206,8 @@ class RankRule:
             noise=noise,
             cusum=cusum,
             stall_bad=stall_bad,
+            trimmed=trimmed,
+            mean_history=mean_history,
         )
 
     def findings(
@@ -228,6 +245,11 @@ class RankRule:
                 excess = max(0.0, float(v.actual[i] - sc.cost.loo_median[i]))
             else:
                 excess = max(0.0, float(v.actual[i] - sc.base[i])) if sc.base[i] > 0 else 0.0
+                mh = degraded_mean_ratio(sc, i)
+                if mh > sc.history[i] and sc.trimmed is not None:
+                    # stalls in some steps: its mean over its warm-up's is the cost
+                    measured = float(sc.trimmed[i] * v.actual[i] / v.gap[i])
+                    excess = max(excess, measured * (1.0 - 1.0 / mh))
             if kind == "rank" and sc.change_bad[i] and not sc.peer_bad[i]:
                 # slow against its own baseline but within its peers' spread: the
                 # peers' median is not the cost, its own confirmed pace is
@@ -273,7 +295,7 @@ class RankRule:
         healthy = (window >= 1) & ~sc.peer_bad & ~sc.hist_bad & ~sc.change_bad & ~held
         if only is not None:
             healthy &= only
-        self.history.feed(v.r, healthy, v.gap, sc.peers.ratio, sc.peers_ok, s)
+        self.history.feed(v.r, healthy, v.gap, sc.peers.ratio, sc.peers_ok, s, sc.trimmed)
 
     def _finding(
         self,
@@ -298,6 +320,9 @@ class RankRule:
             # the change from its own confirmed pace (a rank always 2% slow for
             # reasons its clock does not show keeps that offset out of it).
             slow = sc.peers.ratio[i] - 1.0 if kind == "rank" else sc.history[i] - 1.0
+            if kind == "degraded":
+                # its mean's rise where that is the larger: stalls (`_degraded_stalls`)
+                slow = max(slow, degraded_mean_ratio(sc, i) - 1.0)
             if kind == "rank" and sc.change_bad[i]:
                 slow = math.expm1(sc.shift[i])
             if shape.get("shape") == "stalls" and shape.get("peers_gap_mean_ms", 0.0) > 0:
@@ -400,6 +425,14 @@ def mates_relative(
     return np.where(m, rel, np.nan)
 
 
+def degraded_mean_ratio(sc: RankScores, i: int) -> float:
+    """Rank i's trimmed mean over its warm-up's (`_degraded_stalls`); -inf where not
+    judged so (a rank with peers, no mean, no mean baseline yet)."""
+    if sc.mean_history is None or not math.isfinite(sc.mean_history[i]):
+        return -math.inf
+    return float(sc.mean_history[i])
+
+
 def costless(sc: RankScores, i: int, shape: dict[str, Any]) -> bool:
     """Whether rank i, judged bad, costs its peers nothing this window: its median gap
     is at most its peers' (its peer ratio), and so is its mean (where its summary
@@ -457,6 +490,31 @@ def stall_test(
         if live is not None:  # (NaN: not measured yet, no gate)
             bad &= ~(np.log(ratio) < NOISE_Z * live)
     return bad
+
+
+def degraded_stall_test(
+    v: View,
+    s: Settings,
+    judged: npt.NDArray[np.bool_],
+    size: I64,
+    trimmed: F64,
+    base: F64,
+) -> tuple[npt.NDArray[np.bool_], F64]:
+    """Recurring stalls of a rank without peers (`degraded`: a 2-rank job, an island of
+    two; DETECTOR.md "Recurring stalls"): its `trimmed_mean` at least `suspect_ratio`
+    of its own warm-up's (`base`), and that rise at least `suspect_ratio` of its
+    group-mates' (each over its own warm-up). The stall test's margin, with the rank's
+    warm-up standing in for the peers it lacks; the mates' rise takes out what the job
+    shares (a busy host, data-dependent steps: the median test and the island judge
+    those), and a mate that rose more is the one it waits for. A rank with no
+    group-mate is not judged so. (bad, mean over its warm-up's: NaN where not judged)"""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(judged, trimmed / base, np.nan)
+        rel = mates_relative(ratio, v.gid, size, judged & np.isfinite(ratio))
+        if rel is None:
+            return np.zeros(v.r.size, dtype=bool), ratio
+        bad = judged & (ratio >= s.suspect_ratio) & (rel >= s.suspect_ratio)
+    return bad, ratio
 
 
 def stall_shape(v: View, i: int) -> dict[str, Any]:

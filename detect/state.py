@@ -86,7 +86,7 @@ LateEntry = tuple[int, list[int], float, float, float, bytes, bytes, bytes]
 
 class DetectorState(msgspec.Struct, kw_only=True):
     """The scoring state (detect/detector.py Detector); arrays as raw little-endian bytes.
-    The keys from `rank_samples` to `dcusum` are the rank history's (rank_history.py);
+    The keys from `rank_samples` to `mean_samples` are the rank history's (rank_history.py);
     states from before a rule lack its keys, and that rule starts afresh."""
 
     nranks: int
@@ -100,6 +100,9 @@ class DetectorState(msgspec.Struct, kw_only=True):
     prev_lm: bytes | None = None
     live_noise_mean: list[bytes] = []
     dcusum: bytes | None = None
+    # `degraded`'s stall test: warm-up trimmed means (older states: no mean baseline
+    # until the job's next run)
+    mean_samples: bytes | None = None
     window_steps: int = 0  # (older states: learnt again from the next window)
     host: list[Any]
     island_of: list[Any]

@@ -5,9 +5,12 @@ CUSUM on the rank's own gap against its confirmed baseline, in its own noise
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from artemis.detect.detector import Detector, WindowResult
 from artemis.detect.settings import Settings
+from artemis.protocol.records import RankWindow
 from test_detector_support import make_window
 
 ISL = ["nvidia"] * 6 + ["amd"] * 2  # amd: two ranks, fewer than min_island_peers
@@ -104,3 +107,75 @@ def test_in_a_two_rank_job_the_rank_that_waits_is_not_degraded() -> None:
     # rank 0's gap takes part of the wait, rank 1 is stopped in its gap
     assert flagged_ranks((1.4, 2.2)) == {("degraded", 1)}
     assert flagged_ranks((1.4, 1.4)) == {("degraded", 0), ("degraded", 1)}  # both alike
+
+
+def test_in_a_two_rank_job_stalls_are_seen_in_the_mean_against_its_own_history() -> None:
+    """`degraded`'s stall test (DETECTOR.md "Recurring stalls"): a 2-rank job's rank 1
+    stops in some of its steps; its median gap stays put, its trimmed mean rises 40%
+    (rank 0's 5%: it waits in the collective). Flagged `degraded` in 3 windows on the
+    mean (its own warm-up's and its mate's rise both passed by `suspect_ratio`);
+    rank 0 is not. The same rise on both ranks (the job's, a busy host) flags
+    nothing on the mean; nor does a summary without a mean (an older agent)."""
+    rng = np.random.default_rng(11)
+
+    def run(
+        rise: tuple[float, float], with_mean: bool = True, mode: str = "adaptive"
+    ) -> list[WindowResult]:
+        med = 20.0 * np.exp(0.01 * rng.standard_normal((20, 2)))
+        mean = 21.0 * np.exp(0.02 * rng.standard_normal((20, 2)))
+        mean[10:] *= rise
+        det = Detector(Settings(mode=mode), "job1", 2)
+        out = []
+        for w in range(20):
+            rows = make_window(w, med[w])
+            if with_mean:
+                rows = [
+                    dataclasses.replace(
+                        r, gap_mean_ms=float(mean[w, i]), gap_max_ms=float(1.5 * mean[w, i])
+                    )
+                    for i, r in enumerate(rows)
+                ]
+            out.append(det.score_window(w, rows))
+        return out
+
+    def flagged(res: list[WindowResult]) -> dict[int, int]:
+        first: dict[int, int] = {}
+        for w, r in enumerate(res):
+            for f in r.findings:
+                if f.state == "flagged" and f.rank is not None:
+                    first.setdefault(int(f.rank), w)
+        return first
+
+    got = flagged(run((1.05, 1.4)))
+    assert set(got) == {1} and got[1] - 10 + 1 <= 3, got
+    assert flagged(run((1.4, 1.4))) == {}
+    assert flagged(run((1.05, 1.4), with_mean=False)) == {}
+    # the seed rule has it too, as it has the stall test with peers
+    got = flagged(run((1.05, 1.4), mode="seed"))
+    assert set(got) == {1} and got[1] - 10 + 1 <= 3, got
+
+
+def test_the_mean_test_survives_a_restore() -> None:
+    """Its warm-up means and its sum are in the snapshot (`mean_samples`, `mcusum`)."""
+    rng = np.random.default_rng(12)
+    med = 20.0 * np.exp(0.01 * rng.standard_normal((16, 2)))
+    mean = 21.0 * np.exp(0.02 * rng.standard_normal((16, 2)))
+    mean[9:, 1] *= 1.4
+
+    def rows(w: int) -> list[RankWindow]:
+        return [
+            dataclasses.replace(r, gap_mean_ms=float(mean[w, i]), gap_max_ms=float(mean[w, i]))
+            for i, r in enumerate(make_window(w, med[w]))
+        ]
+
+    a = Detector(Settings(), "job1", 2)
+    for w in range(10):
+        a.score_window(w, rows(w))
+    b = Detector(Settings(), "job1", 2)
+    b.restore_state(a.snapshot())
+    ra = [a.score_window(w, rows(w)) for w in range(10, 16)]
+    rb = [b.score_window(w, rows(w)) for w in range(10, 16)]
+    assert [[f.to_json() for f in r.findings] for r in ra] == [
+        [f.to_json() for f in r.findings] for r in rb
+    ]
+    assert any(f.state == "flagged" and f.rank == 1 for r in ra for f in r.findings)
