@@ -321,7 +321,7 @@ class RankRule:
             # reasons its clock does not show keeps that offset out of it).
             slow = sc.peers.ratio[i] - 1.0 if kind == "rank" else sc.history[i] - 1.0
             if kind == "degraded":
-                # its mean's rise where that is the larger: stalls (`_degraded_stalls`)
+                # its mean's rise where that is the larger: stalls (`degraded_stall_test`)
                 slow = max(slow, degraded_mean_ratio(sc, i) - 1.0)
             if kind == "rank" and sc.change_bad[i]:
                 slow = math.expm1(sc.shift[i])
@@ -426,7 +426,7 @@ def mates_relative(
 
 
 def degraded_mean_ratio(sc: RankScores, i: int) -> float:
-    """Rank i's trimmed mean over its warm-up's (`_degraded_stalls`); -inf where not
+    """Rank i's trimmed mean over its warm-up's (`degraded_stall_test`); -inf where not
     judged so (a rank with peers, no mean, no mean baseline yet)."""
     if sc.mean_history is None or not math.isfinite(sc.mean_history[i]):
         return -math.inf
