@@ -28,6 +28,11 @@ RECORDED = Path(__file__).parent / "data" / "realjobs"
 HOST_RANK2 = Expected("rank", (2,), "host")
 
 
+def line(kind: str, rank: int, window: int, state: str, cause: str = "host") -> dict[str, Any]:
+    """A findings line, as the grid reads it."""
+    return {"kind": kind, "rank": rank, "window": window, "state": state, "cause": {"kind": cause}}
+
+
 def _trace(step_ms: list[float], colls: int = 2, first: int = 4) -> dict[str, Any]:
     """A rank's trace: ``first`` start-up collectives, then ``colls`` per step."""
     t, seqs, times = 0, [], []
@@ -88,15 +93,6 @@ def test_windows_to_flag_and_the_cause_in_the_line_and_the_summary() -> None:
     onset = {"coll_seq": tr["coll_seq"][fault_step], "t_ns": tr["t_ns"][fault_step]}
     start = onset_window(onset["coll_seq"], 50)
 
-    def line(kind: str, rank: int, window: int, state: str, cause: str) -> dict[str, Any]:
-        return {
-            "kind": kind,
-            "rank": rank,
-            "window": window,
-            "state": state,
-            "cause": {"kind": cause},
-        }
-
     lines = [
         line("rank", 1, 3, "flagged", "unknown"),  # before the fault, another rank: false
         line("rank", 2, 5, "flagged", "host"),  # the subject, before the fault: false
@@ -131,15 +127,6 @@ def test_a_two_rank_jobs_degraded_line_names_the_rank() -> None:
     onset = {"coll_seq": tr["coll_seq"][fault_step], "t_ns": tr["t_ns"][fault_step]}
     start = onset_window(onset["coll_seq"], 50)
     exp = Expected("rank", (1,), "host")
-
-    def line(kind: str, rank: int, window: int, state: str) -> dict[str, Any]:
-        return {
-            "kind": kind,
-            "rank": rank,
-            "window": window,
-            "state": state,
-            "cause": {"kind": "host"},
-        }
 
     lines = [
         line("degraded", 1, start, "suspect"),
