@@ -3,11 +3,11 @@
 Per rank: its warm-up gaps and trimmed mean gaps (the baselines `degraded` is
 judged against), its warm-up log peer ratios (the confirmed pace the change test
 starts from), the change test's two sums. Per job: the live noise of two
-statistics (`LiveNoise`), the log gap and the log trimmed mean gap (the stall test's), each rank's change
-from one window to the next against its group's, over the last NOISE_WINDOWS
-windows (DETECTOR.md "The combined test", "Recurring stalls"). Arrays are
-indexed by rank and grow by doubling; the medians are cached until a warm-up
-sample is fed.
+statistics (`LiveNoise`), the log gap and the log trimmed mean gap (the stall
+test's), each rank's change from one window to the next against its group's,
+over the last NOISE_WINDOWS windows (DETECTOR.md "The combined test",
+"Recurring stalls"). Arrays are indexed by rank and grow by doubling; the
+medians are cached until a warm-up sample is fed.
 """
 
 from __future__ import annotations
