@@ -369,7 +369,8 @@ class Coordinator:
                 ranks=aw.columns.n,
                 missing=len(aw.missing),
                 # present, but with no usable time (NaN or negative): scored as missing
-                unusable=len(set(out.result.missing) - set(aw.missing)),
+                # (the result's missing are the absent ones and these)
+                unusable=len(out.result.missing) - len(aw.missing),
             )
         # The job's state (which holds the window) once its outputs are written, then
         # the release mark: a crash before the state is saved cuts the outputs back and

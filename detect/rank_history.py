@@ -133,16 +133,10 @@ class RankHistory:
         """A new warm-up length: samples beyond it are dropped, room made for more."""
         if w == self.rank_samples.shape[1]:
             return
-        grown = np.full((self.rank_count.size, w), np.nan)
-        keep = min(w, self.rank_samples.shape[1])
-        grown[:, :keep] = self.rank_samples[:, :keep]
-        self.rank_samples = grown
-        grown_r = np.full((self.rank_count.size, w), np.nan)
-        grown_r[:, :keep] = self.ratio_samples[:, :keep]
-        self.ratio_samples = grown_r
-        grown_m = np.full((self.rank_count.size, w), np.nan)
-        grown_m[:, :keep] = self.mean_samples[:, :keep]
-        self.mean_samples = grown_m
+        n = self.rank_count.size
+        self.rank_samples = _fit(self.rank_samples, n, w)
+        self.ratio_samples = _fit(self.ratio_samples, n, w)
+        self.mean_samples = _fit(self.mean_samples, n, w)
         self.rank_count = np.minimum(self.rank_count, w)
         self.samples_version += 1
 
@@ -191,15 +185,7 @@ class RankHistory:
 
     def baseline(self, window: int, s: Settings) -> F64:
         """Per rank: the median of its warm-up gaps (NaN until in use)."""
-        return self._warm("baseline", window, s, self._median_gap)
-
-    def _median_gap(self, ready: Ready) -> F64:
-        out = np.full(ready.size, np.nan)
-        if ready.any():
-            with np.errstate(all="ignore"):
-                med = np.nanmedian(self.rank_samples[ready], axis=1)
-            out[ready] = med
-        return out
+        return self._warm("baseline", window, s, lambda ready: _medians(self.rank_samples, ready))
 
     def gap_noise(self, window: int, s: Settings) -> F64:
         """Per rank: the robust sd of its warm-up log gaps around their median, no less
@@ -218,15 +204,7 @@ class RankHistory:
     def mean_baseline(self, window: int, s: Settings) -> F64:
         """Per rank: the median of its warm-up trimmed means (NaN until in use, or where
         its warm-up had none)."""
-        return self._warm("mean", window, s, self._median_mean)
-
-    def _median_mean(self, ready: Ready) -> F64:
-        out = np.full(ready.size, np.nan)
-        if ready.any():
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a row with no mean
-                out[ready] = np.nanmedian(self.mean_samples[ready], axis=1)
-        return out
+        return self._warm("mean", window, s, lambda ready: _medians(self.mean_samples, ready))
 
     def ratio_baseline(self, window: int, s: Settings) -> tuple[F64, F64]:
         """Per rank: the confirmed log peer ratio (median of its warm-up) and its noise sd."""
@@ -275,12 +253,8 @@ class RankHistory:
     def restore(self, state: DetectorState, n: int, w: int) -> None:
         """Take back `snapshot(n)`'s keys (already grown to `n` ranks), for warm-up `w`.
         Older snapshots lack the keys of later rules: those start afresh."""
-        samples = unpack(state.rank_samples, np.float64).reshape(n, -1)
-        count = unpack(state.rank_count, np.int64)
-        self.rank_samples[:n] = np.nan
-        keep = min(w, samples.shape[1])
-        self.rank_samples[:n, :keep] = samples[:, :keep]
-        self.rank_count[:n] = np.minimum(count, w)
+        self.rank_samples[:n] = _fit(unpack(state.rank_samples, np.float64), n, w)
+        self.rank_count[:n] = np.minimum(unpack(state.rank_count, np.int64), w)
         self.ratio_samples[:n] = np.nan
         self.cusum[:n] = 0.0
         self.dcusum[:n] = 0.0
@@ -288,16 +262,35 @@ class RankHistory:
             self.dcusum[:n] = unpack(state.dcusum, np.float64)
         self.mean_samples[:n] = np.nan
         if state.mean_samples is not None:  # (snapshots from before degraded's stall test)
-            ms = unpack(state.mean_samples, np.float64).reshape(n, -1)
-            self.mean_samples[:n, : min(w, ms.shape[1])] = ms[:, : min(w, ms.shape[1])]
+            self.mean_samples[:n] = _fit(unpack(state.mean_samples, np.float64), n, w)
         if state.ratio_samples is not None:  # snapshots from before the adaptive rule lack it
-            rs = unpack(state.ratio_samples, np.float64).reshape(n, -1)
-            self.ratio_samples[:n, : min(w, rs.shape[1])] = rs[:, : min(w, rs.shape[1])]
+            self.ratio_samples[:n] = _fit(unpack(state.ratio_samples, np.float64), n, w)
             self.cusum[:n] = unpack(_needed(state.cusum, "cusum"), np.float64)
         self.window_steps = state.window_steps
         self.live.restore(n, state.prev_lr, state.live_noise)
         self.live_mean.restore(n, state.prev_lm, state.live_noise_mean)
         self.samples_version += 1
+
+
+def _fit(samples: F64, n: int, w: int) -> F64:
+    """`n` ranks' warm-up samples (rows; a flat array is reshaped) in `w` columns:
+    those beyond `w` dropped, NaN where there were fewer."""
+    rows = samples.reshape(n, -1)
+    out = np.full((n, w), np.nan)
+    keep = min(w, rows.shape[1])
+    out[:, :keep] = rows[:, :keep]
+    return out
+
+
+def _medians(samples: F64, ready: Ready) -> F64:
+    """Per rank: the median of its warm-up row where `ready` (NaN elsewhere, and for a
+    row with no sample)."""
+    out = np.full(ready.size, np.nan)
+    if ready.any():
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # nanmedian of an all-NaN row
+            out[ready] = np.nanmedian(samples[ready], axis=1)
+    return out
 
 
 def _needed(value: bytes | None, key: str) -> bytes:

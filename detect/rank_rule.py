@@ -110,6 +110,8 @@ class RankRule:
         live_mr: F64 | float | None = None  # the stall test's (its own statistic's)
         trimmed = trimmed_mean(v, steps)
         mean_history: F64 | None = None  # `degraded`'s trimmed mean over its warm-up's
+        # how much noisier than a whole window each rank's is (1.0: all whole)
+        scale = self.history.step_scale(steps, v.row)
         if s.mode == "adaptive":
             with np.errstate(invalid="ignore", divide="ignore"):
                 # noise-scaled peer test: a tight group is judged more finely
@@ -138,7 +140,6 @@ class RankRule:
                 if live is None:
                     live = self.history.live.now()
                 # the live noise of a whole window; a shorter one's is larger
-                scale = self.history.step_scale(steps, v.row)
                 live_r = live * scale
                 live_mr = live_m * scale if math.isfinite(live_m) else live_r
                 if math.isfinite(live):
@@ -187,7 +188,7 @@ class RankRule:
             # `degraded`'s: its trimmed mean against its own warm-up's and its mates';
             # not in a window of fewer than half the job's steps (its last: a mean of a
             # few steps tells no stall that recurs)
-            whole = np.asarray(self.history.step_scale(steps, v.row)) <= math.sqrt(2.0)
+            whole = np.asarray(scale) <= math.sqrt(2.0)
             mbase = self.history.mean_baseline(window, s)[v.r]
             stalled, mean_history = degraded_stall_test(
                 v, s, judging & ~peers_ok & whole, peers.group_size, trimmed, mbase
