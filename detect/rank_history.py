@@ -42,9 +42,13 @@ class LiveNoise:
     last NOISE_WINDOWS windows (DETECTOR.md "The combined test"). `prev` holds each
     rank's last value (NaN: none), indexed by rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, alone: bool = False) -> None:
         self.prev: F64 = np.zeros(0)
         self.pool: deque[F64] = deque(maxlen=NOISE_WINDOWS)
+        # (`alone`) the ranks without a group of peers (`degraded`): each one's own
+        # change, the job's shared jitter in it (nothing to take it out against)
+        self.alone = alone
+        self.own: deque[F64] = deque(maxlen=NOISE_WINDOWS)
 
     def grow(self, extra: int) -> None:
         self.prev = np.concatenate([self.prev, np.full(extra, np.nan)])
@@ -56,6 +60,9 @@ class LiveNoise:
         with np.errstate(invalid="ignore"):
             d = x - self.prev[r]
         self.prev[r] = x
+        alone = d[~ok & np.isfinite(d)] if self.alone else d[:0]
+        if alone.size:
+            self.own.append(alone)
         idx = np.flatnonzero(ok & np.isfinite(d))
         if idx.size < 3:
             return
@@ -75,21 +82,25 @@ class LiveNoise:
     def now(self) -> float:
         """The live noise sd of one window (NaN until measured): pooled over the last
         NOISE_WINDOWS windows, or over the last NOISE_RECENT where that is higher."""
-        if not self.pool:
-            return math.nan
-        pooled = list(self.pool)
-        per_window = sum(d.size for d in pooled) / len(pooled)
-        return max(
-            _widened(pooled, NOISE_WINDOWS * per_window),
-            _widened(pooled[-NOISE_RECENT:], NOISE_RECENT * per_window),
-        )
+        return _pooled_sd(self.pool, recent=True)
 
-    def restore(self, n: int, prev: bytes | None, pool: list[bytes]) -> None:
+    def own_now(self) -> float:
+        """The same of the ranks without peers, over the last NOISE_WINDOWS windows
+        only (a job has few such ranks: the last NOISE_RECENT windows of a pair gave
+        6 changes, whose MAD swung 2-3x): `degraded`'s change test judges in it, as
+        the peer tests do in `now()` (DETECTOR.md "Kinds")."""
+        return _pooled_sd(self.own, recent=False)
+
+    def restore(
+        self, n: int, prev: bytes | None, pool: list[bytes], own: list[bytes] | None = None
+    ) -> None:
         self.prev[:n] = np.nan
         self.pool.clear()
+        self.own.clear()
         if prev is not None:  # snapshots from before this live noise lack it
             self.prev[:n] = unpack(prev, np.float64)
             self.pool.extend(unpack(d, np.float64) for d in pool)
+            self.own.extend(unpack(d, np.float64) for d in own or [])
 
 
 class RankHistory:
@@ -101,7 +112,7 @@ class RankHistory:
         self.cusum: F64 = np.zeros(0)
         # the live noise of the log gap (the peer and change tests judge in it), and of
         # the log trimmed mean (the stall test's statistic, judged in its own)
-        self.live = LiveNoise()
+        self.live = LiveNoise(alone=True)
         self.live_mean = LiveNoise()
         self.dcusum: F64 = np.zeros(0)  # the same test for `degraded` (own gap history)
         # `degraded`'s stall test: warm-up trimmed means (NaN: the summary had none)
@@ -243,6 +254,7 @@ class RankHistory:
             "cusum": pack(self.cusum[:n]),
             "prev_lr": pack(self.live.prev[:n]),
             "live_noise": [pack(d) for d in self.live.pool],
+            "live_noise_own": [pack(d) for d in self.live.own],
             "prev_lm": pack(self.live_mean.prev[:n]),
             "live_noise_mean": [pack(d) for d in self.live_mean.pool],
             "dcusum": pack(self.dcusum[:n]),
@@ -267,7 +279,7 @@ class RankHistory:
             self.ratio_samples[:n] = _fit(unpack(state.ratio_samples, np.float64), n, w)
             self.cusum[:n] = unpack(_needed(state.cusum, "cusum"), np.float64)
         self.window_steps = state.window_steps
-        self.live.restore(n, state.prev_lr, state.live_noise)
+        self.live.restore(n, state.prev_lr, state.live_noise, state.live_noise_own)
         self.live_mean.restore(n, state.prev_lm, state.live_noise_mean)
         self.samples_version += 1
 
@@ -304,6 +316,19 @@ def noise_sd(d: F64) -> float:
     """One window's noise sd from pooled changes of log gap (robust: a rank's real
     change, a stall starting, is an outlier among them)."""
     return scoring.MAD_SCALE * float(np.median(np.abs(d))) / math.sqrt(2.0)
+
+
+def _pooled_sd(pool: deque[F64], recent: bool) -> float:
+    """A live noise sd of one window (NaN until measured): pooled over the last
+    NOISE_WINDOWS windows, or (`recent`) over the last NOISE_RECENT where higher."""
+    if not pool:
+        return math.nan
+    pooled = list(pool)
+    per_window = sum(d.size for d in pooled) / len(pooled)
+    sd = _widened(pooled, NOISE_WINDOWS * per_window)
+    if recent:
+        sd = max(sd, _widened(pooled[-NOISE_RECENT:], NOISE_RECENT * per_window))
+    return sd
 
 
 def _widened(windows: list[F64], full: float) -> float:

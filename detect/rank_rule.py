@@ -162,6 +162,9 @@ class RankRule:
             no_peers = judging & ~peers_ok
             with np.errstate(invalid="ignore", divide="ignore"):
                 dsd = self.history.gap_noise(window, s)[v.r] if no_peers.any() else nan
+                # in the larger of its warm-up's noise and the job's live noise now (a
+                # quiet warm-up's 1-2% held a healthy rank's drift of 8% as a change)
+                dsd = np.fmax(dsd, self.history.live.own_now() * scale)
                 dshift = np.log(history)
                 dref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * dsd)
                 dstep = (dshift - dref) / dsd

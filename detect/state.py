@@ -96,6 +96,8 @@ class DetectorState(msgspec.Struct, kw_only=True):
     cusum: bytes | None = None
     prev_lr: bytes | None = None
     live_noise: list[bytes] = []
+    # `degraded`'s: the peerless ranks' own (older states: measured afresh)
+    live_noise_own: list[bytes] = []
     # the stall test's own live noise (older states: measured afresh)
     prev_lm: bytes | None = None
     live_noise_mean: list[bytes] = []
