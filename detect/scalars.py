@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from artemis.detect import findings as F
 from artemis.detect import scoring
-from artemis.detect.arrays import I64, pct
+from artemis.detect.arrays import F64, I64, pct
 from artemis.detect.findings import Finding
 from artemis.detect.lifecycle import Ledger, Track
 from artemis.detect.settings import Settings
@@ -118,15 +118,25 @@ class ScalarRule:
         self.baselines: dict[tuple[str, str], ScalarBaseline] = {}
 
     def step(
-        self, kind: str, subject: str, value: float, ratio_limit: float, ctx: Ctx, s: Settings
+        self,
+        kind: str,
+        subject: str,
+        value: float,
+        ratio_limit: float,
+        ctx: Ctx,
+        s: Settings,
+        hidden_ms: float | None = None,
     ) -> Step:
-        """Judge a scalar against its warm-up baseline."""
+        """Judge a scalar against its warm-up baseline. `hidden_ms`: how much of its
+        excess costs nothing now (an island's own ranks' wait for its held ones): an
+        excess within it is not bad, and no healthy sample either."""
         b = self.baselines.setdefault((kind, subject), ScalarBaseline())
         ref = b.value(ctx.window, s)
         key = (kind, subject)
         if ref is None or not ref > 0:
             b.feed(ctx.window, value, s)
             return Step(kind, subject, value, None, None, 0.0, None)
+        hidden = hidden_ms is not None and value - ref <= hidden_ms
         ratio = value / ref
         linear = kind in SCALAR_LINEAR
         sd = b.sd(ref, linear) if s.mode == "adaptive" else None
@@ -137,17 +147,19 @@ class ScalarRule:
             # noise adds milliseconds: judged on its linear scale, tuning.SCALAR_LINEAR.)
             spread = 1.0 + SCALAR_Z * sd if linear else math.exp(SCALAR_Z * sd)
             ratio_limit = max(ratio_limit, spread)
-        above = ratio >= ratio_limit
+        above = ratio >= ratio_limit and not hidden
         bad = b.excursion(ctx.window, above) if s.mode == "adaptive" else above
         track = self.ledger.tracks.get(key)
         if track is None and not bad:
-            if not above:  # (an excursion the tail rule let pass is no healthy sample)
+            if (
+                not above and not hidden
+            ):  # (an excursion the tail rule let pass is no healthy sample)
                 b.feed(ctx.window, value, s)
             return Step(kind, subject, value, None, ratio, 0.0, None)
         track = self.ledger.track(key, s.flag_window)
         excess = max(0.0, value - ref)
         state = self.ledger.advance(track, ctx.window, bad, excess, ctx.hours_per_ms, s)
-        if not above and not track.active:
+        if not above and not hidden and not track.active:
             b.feed(ctx.window, value, s)
         self.ledger.forget_idle(key, track)
         return Step(kind, subject, value, state, ratio, excess, track)
@@ -229,7 +241,17 @@ class ScalarRule:
         for k in range(n_isl):
             name = str(v.isl_names[k])
             members = v.isl_id == k
-            drifts.append(self.step("island", name, float(medians[k]), s.drift_ratio, ctx, s))
+            drifts.append(
+                self.step(
+                    "island",
+                    name,
+                    float(medians[k]),
+                    s.drift_ratio,
+                    ctx,
+                    s,
+                    _hidden(members, held, coll),
+                )
+            )
             if not judge_transfer:
                 continue
             # Transfer time of the island: the last rank to arrive waits least, so
@@ -270,6 +292,21 @@ class ScalarRule:
             st = self.step("link", name, value, s.link_ratio, ctx, s)
             out += self._report(st, members, v, ctx, s, st.ratio)
         return out
+
+
+def _hidden(
+    members: npt.NDArray[np.bool_], held: npt.NDArray[np.bool_] | None, coll: F64
+) -> float | None:
+    """How long an island's own ranks (less the held ones) wait a step for the rest:
+    their median time in collectives over the last arrival's (the transfer). While
+    its held ranks are slower, the island's drift is hidden inside that wait and
+    costs the job nothing (None: no rank of it held, or all of them)."""
+    if held is None:
+        return None
+    rest = members & ~held
+    if not rest.any() or not (members & held).any():
+        return None
+    return float(np.median(coll[rest]) - coll[members].min())
 
 
 def _own(
