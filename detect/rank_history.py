@@ -60,9 +60,10 @@ class LiveNoise:
         with np.errstate(invalid="ignore"):
             d = x - self.prev[r]
         self.prev[r] = x
-        alone = d[~ok & np.isfinite(d)] if self.alone else d[:0]
-        if alone.size:
-            self.own.append(alone)
+        if self.alone and not ok.all():  # (most jobs: every rank has peers)
+            alone = d[~ok & np.isfinite(d)]
+            if alone.size:
+                self.own.append(alone)
         idx = np.flatnonzero(ok & np.isfinite(d))
         if idx.size < 3:
             return

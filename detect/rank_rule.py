@@ -161,10 +161,12 @@ class RankRule:
             # taken out here (no peers), so that noise includes the job's jitter.
             no_peers = judging & ~peers_ok
             with np.errstate(invalid="ignore", divide="ignore"):
-                dsd = self.history.gap_noise(window, s)[v.r] if no_peers.any() else nan
-                # in the larger of its warm-up's noise and the job's live noise now (a
-                # quiet warm-up's 1-2% held a healthy rank's drift of 8% as a change)
-                dsd = np.fmax(dsd, self.history.live.own_now() * scale)
+                dsd = nan
+                if no_peers.any():
+                    # in the larger of its warm-up's noise and the job's live noise now
+                    # (a quiet warm-up's 1-2% held a healthy rank's 8% drift as a change)
+                    own = self.history.live.own_now() * scale
+                    dsd = np.fmax(self.history.gap_noise(window, s)[v.r], own)
                 dshift = np.log(history)
                 dref = np.fmax(MIN_SHIFT / 2, CHANGE_Z * dsd)
                 dstep = (dshift - dref) / dsd

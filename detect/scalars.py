@@ -151,9 +151,8 @@ class ScalarRule:
         bad = b.excursion(ctx.window, above) if s.mode == "adaptive" else above
         track = self.ledger.tracks.get(key)
         if track is None and not bad:
-            if (
-                not above and not hidden
-            ):  # (an excursion the tail rule let pass is no healthy sample)
+            # (an excursion the tail rule let pass is no healthy sample)
+            if not above and not hidden:
                 b.feed(ctx.window, value, s)
             return Step(kind, subject, value, None, ratio, 0.0, None)
         track = self.ledger.track(key, s.flag_window)
@@ -224,7 +223,6 @@ class ScalarRule:
         # (all of them where every rank is held). Its median is robust to one straggler,
         # not to two of four (a CPU hog on a core two ranks share: the quiet real-job
         # grid's `island` false flag) nor to any share a rule already named.
-        medians = np.array([np.median(gap[_own(v.isl_id == k, held)]) for k in range(n_isl)])
         maxgap = np.array([gap[v.isl_id == k].max() for k in range(n_isl)])
         # Islands on separate communicators meet at a bridge between their leaders;
         # every rank of an island waits inside a collective while its leader is on
@@ -241,17 +239,10 @@ class ScalarRule:
         for k in range(n_isl):
             name = str(v.isl_names[k])
             members = v.isl_id == k
-            drifts.append(
-                self.step(
-                    "island",
-                    name,
-                    float(medians[k]),
-                    s.drift_ratio,
-                    ctx,
-                    s,
-                    _hidden(members, held, coll),
-                )
-            )
+            own = _own(members, held)
+            drift = float(np.median(gap[own]))
+            hidden = _hidden(members, own, coll)
+            drifts.append(self.step("island", name, drift, s.drift_ratio, ctx, s, hidden))
             if not judge_transfer:
                 continue
             # Transfer time of the island: the last rank to arrive waits least, so
@@ -294,19 +285,14 @@ class ScalarRule:
         return out
 
 
-def _hidden(
-    members: npt.NDArray[np.bool_], held: npt.NDArray[np.bool_] | None, coll: F64
-) -> float | None:
-    """How long an island's own ranks (less the held ones) wait a step for the rest:
-    their median time in collectives over the last arrival's (the transfer). While
-    its held ranks are slower, the island's drift is hidden inside that wait and
-    costs the job nothing (None: no rank of it held, or all of them)."""
-    if held is None:
+def _hidden(members: npt.NDArray[np.bool_], own: npt.NDArray[np.bool_], coll: F64) -> float | None:
+    """How long an island's own ranks (`_own`: less the held ones) wait a step for the
+    rest: their median time in collectives over the last arrival's (the transfer).
+    While its held ranks are slower, the island's drift is hidden inside that wait
+    and costs the job nothing (None: no rank of it held, or all of them)."""
+    if own is members or np.array_equal(own, members):
         return None
-    rest = members & ~held
-    if not rest.any() or not (members & held).any():
-        return None
-    return float(np.median(coll[rest]) - coll[members].min())
+    return float(np.median(coll[own]) - coll[members].min())
 
 
 def _own(
