@@ -16,7 +16,10 @@ longer holds more of it.
 
 ``flag_deadline`` gives a fault's first flag a window more for each window in which
 the machine slowed another rank about as much as the fault (that window's noise).
-``unexplained`` holds every flag of a rank nothing was injected into to that record:
+``unexplained`` holds every flag of a rank nothing was injected into to that record
+(and a job's `island` line, where nothing was injected, to its ranks' records
+against their own gaps before the drift began, as the detector judges it against
+its warm-up):
 in the flagged window, the rank's median gap (its length, or its threads' time on a
 core or waiting for one in it, whichever is longer; the detector's statistic is a
 median over steps too) over its peers' median has to account for at least half of
@@ -150,6 +153,20 @@ class Truth:
                 best = x if best is None else max(best, x)
         return best
 
+    def drift_ms(
+        self, ranks: list[int], now: tuple[int, int], before: tuple[int, int]
+    ) -> float | None:
+        """How much longer the median of `ranks`' gaps was in collectives `now` than in
+        `before`, by the larger of the two measures (as `extra_ms`)."""
+        best = None
+        for wall in (True, False):
+            a = [x for r in ranks if (x := self.gap_ms(r, *now, wall)) is not None]
+            b = [x for r in ranks if (x := self.gap_ms(r, *before, wall)) is not None]
+            if a and b:
+                x = statistics.median(a) - statistics.median(b)
+                best = x if best is None else max(best, x)
+        return best
+
 
 def flag_deadline(
     truth: Truth, onset: int, within: int, colls_per_window: int, rank: int, size_ms: float
@@ -182,6 +199,16 @@ def unexplained(
     bad = []
     for f in flags:
         if f["kind"] == "rank" and f["rank"] in injected:
+            continue
+        if f["kind"] == "island" and not injected:
+            # the whole job's gap over its own before: borne out when its ranks' own
+            # gaps were longer than before the drift began by that share of the excess
+            lo, hi = (s * colls_per_step for s in f["steps"])
+            before = (hi - lo, (hi - lo) * f["since"])  # windows 1 to the drift's onset
+            extra = truth.drift_ms(f["ranks"], (lo, hi), before)
+            excess = f.get("excess_ms")
+            if extra is None or excess is None or extra < EXPLAINED_SHARE * excess:
+                bad.append({**f, "truth_extra_ms": extra})
             continue
         if f["kind"] != "rank" or f["rank"] is None:
             bad.append(f)  # not a slower rank: nothing here explains it
