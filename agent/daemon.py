@@ -43,6 +43,8 @@ from artemis.agent.telemetry.base import (
     merge,
 )
 from artemis.common.lifecycle import Daemon
+from artemis.common.ports import cannot_listen
+from artemis.common.tomlfile import ConfigError
 from artemis.protocol.messages import Control, Dump, Fingerprint, Heartbeat, RankInfo, Windows
 from artemis.protocol.records import RankProgress, RankWindow, Software
 from artemis.protocol.transport import Transport
@@ -589,13 +591,17 @@ class AgentDaemon(Daemon):
         if self.cfg.metrics_port:
             from artemis.agent.metrics import serve_metrics
 
-            self._metrics = serve_metrics(
-                agent.host,
-                lambda: uplinks.stats,
-                lambda: agent.windows_sent,
-                self.cfg.metrics_port,
-                self.cfg.metrics_addr,
-            )
+            try:
+                self._metrics = serve_metrics(
+                    agent.host,
+                    lambda: uplinks.stats,
+                    lambda: agent.windows_sent,
+                    self.cfg.metrics_port,
+                    self.cfg.metrics_addr,
+                )
+            except OSError as e:  # one line naming the port, not a traceback
+                where = f"{self.cfg.metrics_addr}:{self.cfg.metrics_port}"
+                raise ConfigError(cannot_listen("metrics_port", where, e)) from None
             log.info("agent metrics served", addr=self.cfg.metrics_addr, port=self.cfg.metrics_port)
         self._last_scan = self._last_hb = self._last_tel = time.monotonic()
 

@@ -25,7 +25,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from artemis.cli.run_summary import (
     summary_lines,
     watched_line,
 )
+from artemis.common.ports import PortTaken, error_line, on_free_ports, port_taken
 from artemis.common.tomlfile import ConfigError, toml_value
 
 REBALANCE_MODES = ("off", "recommend", "apply")
@@ -77,12 +77,6 @@ class RunOptions:
     keep_workdir: bool = False
     summary_json: Path | None = None
     out_root: Path = Path("artemis-out")  # the kept outputs: <out_root>/<job>/
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _toml_value(v: Any) -> str:
@@ -172,11 +166,18 @@ class _Follower:
         self._read()
 
 
-def _wait_metrics(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _start_error(log: Path, rc: int | None) -> Exception:
+    """Why the coordinator exited at start: its own `error:` line from ``log``."""
+    why = error_line(log)
+    msg = f"the coordinator exited with code {rc} at start" + (f": {why}" if why else "")
+    return port_taken(why) or RunError(msg if why else f"{msg} (its log: {log})")
+
+
+def _wait_metrics(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RunError(f"the coordinator exited with code {proc.returncode} at start")
+            raise _start_error(log, proc.returncode)
         try:
             with urllib.request.urlopen(url, timeout=1.0) as r:
                 if b"straggler_detector_active" in r.read():
@@ -299,7 +300,6 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
     incidents = jsonl.parent / "incidents.jsonl"  # the coordinator writes it there
     plans = (opts.plans_jsonl or out_dir / "plans.jsonl").absolute()
     store = str(user_cfg.get("store", f"sqlite:///{state / 'artemis.db'}"))
-    port, mport = _free_port(), opts.metrics_port or _free_port()
     (work / "coordinator.toml").write_text(
         _coordinator_toml(user_cfg, work, opts.rebalance, state, opts.corrections)
     )
@@ -335,29 +335,41 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
 
     code = 1
     follower: _Follower | None = None
-    metrics_url = f"http://127.0.0.1:{mport}/metrics"
     try:
-        coord = start(
-            [
-                *_cli("artemis-coordinator", "artemis.coordinator.cli"),
-                "serve",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--metrics-port",
-                str(mport),
-                "--jsonl",
-                str(jsonl),
-                "--plans-jsonl",
-                str(plans),
-                "--secret-file",
-                str(secret),
-                "--config",
-                str(work / "coordinator.toml"),
-                "--log-json",
-            ],
-            "coordinator.log",
-        )
-        _wait_metrics(metrics_url, coord, 30.0)
+
+        def coordinator(port: int, mport: int) -> tuple[subprocess.Popen[bytes], int, str]:
+            url = f"http://127.0.0.1:{mport}/metrics"
+            proc = start(
+                [
+                    *_cli("artemis-coordinator", "artemis.coordinator.cli"),
+                    "serve",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--metrics-port",
+                    str(mport),
+                    "--jsonl",
+                    str(jsonl),
+                    "--plans-jsonl",
+                    str(plans),
+                    "--secret-file",
+                    str(secret),
+                    "--config",
+                    str(work / "coordinator.toml"),
+                    "--log-json",
+                ],
+                "coordinator.log",
+            )
+            try:
+                _wait_metrics(url, proc, 30.0, work / "coordinator.log")
+            except PortTaken:
+                daemons.remove(proc)  # it exited
+                raise
+            return proc, port, url
+
+        try:
+            coord, port, metrics_url = on_free_ports(coordinator, opts.metrics_port)
+        except PortTaken as e:
+            raise RunError(f"the coordinator could not start: {e}") from None
         start(
             [
                 *_cli("artemis-agent", "artemis.agent.cli"),

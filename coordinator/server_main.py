@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 from artemis.common.lifecycle import Daemon, capture_signals
+from artemis.common.ports import cannot_listen
 from artemis.common.tomlfile import ConfigError
 from artemis.coordinator.cli import prepare_socket_path
 from artemis.coordinator.config import CoordinatorConfig
@@ -131,9 +132,18 @@ class CoordinatorServer(Daemon):
             metrics.registry, coord.store, None if fleet is None else fleet.reached
         )
         metrics.set_active(False)
+        # A port another process holds is the operator's to fix: one line naming it,
+        # not a traceback (`artemis run` reads it to pick other ports).
         if cfg.metrics_port:
-            self._mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr)
-        self.address = await server.start()
+            try:
+                self._mserver = metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+            except OSError as e:
+                where = f"{cfg.metrics_addr}:{cfg.metrics_port}"
+                raise ConfigError(cannot_listen("metrics_port", where, e)) from None
+        try:
+            self.address = await server.start()
+        except OSError as e:
+            raise ConfigError(cannot_listen("listen", cfg.listen, e)) from None
         self.server = server
         metrics.set_active(True)
         self._ctl = await _control_server(cfg.control_socket, coord)

@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import Any
 
 import structlog
 from artemis.agent.plans import FAILPOINT_ENV, FAILPOINT_EXIT
+from artemis.common.ports import error_line, on_free_ports, port_taken
 from artemis.common.tomlfile import toml_value
 from artemis.sim.gpustate import write_initial
 from artemis.sim.hostproc import metric_value
@@ -43,12 +43,6 @@ log = structlog.get_logger("artemis.sim")
 # in virtual time the run is much shorter than the job it simulates, so hangs
 # are judged with a short floor.
 SIM_DETECTOR_DEFAULTS: dict[str, Any] = {"hang_floor_s": 2.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _bin(name: str) -> str:
@@ -150,8 +144,6 @@ class SimCluster:
                 d.mkdir(parents=True, exist_ok=True)
             plan = write_telemetry(sc, self.job, shm)
 
-            port = free_port()
-            mport = opts.metrics_port or free_port()
             det = {**SIM_DETECTOR_DEFAULTS, **sc.detector}
             if opts.rebalance is not None:
                 det["rebalance"] = opts.rebalance
@@ -179,29 +171,36 @@ class SimCluster:
                 if p is not None and p.exists():
                     p.unlink()
             plans = opts.plans_jsonl or work / "plans.jsonl"
-            procs["coordinator"] = self._spawn(
-                "coordinator",
-                [
-                    _bin("artemis-coordinator"),
-                    "serve",
-                    "--listen",
-                    f"{opts.listen}:{port}",
-                    "--metrics-port",
-                    str(mport),
-                    "--jsonl",
-                    str(opts.jsonl),
-                    "--plans-jsonl",
-                    str(plans),
-                    "--secret-file",
-                    str(secret),
-                    "--config",
-                    str(ccfg),
-                    "--log-json",
-                ],
-                logs / "coordinator.log",
-            )
-            murl = f"http://127.0.0.1:{mport}/metrics"
-            self._wait_metrics(murl, procs["coordinator"])
+
+            def coordinator(port: int, mport: int) -> tuple[int, str]:
+                procs["coordinator"] = self._spawn(
+                    "coordinator",
+                    [
+                        _bin("artemis-coordinator"),
+                        "serve",
+                        "--listen",
+                        f"{opts.listen}:{port}",
+                        "--metrics-port",
+                        str(mport),
+                        "--jsonl",
+                        str(opts.jsonl),
+                        "--plans-jsonl",
+                        str(plans),
+                        "--secret-file",
+                        str(secret),
+                        "--config",
+                        str(ccfg),
+                        "--log-json",
+                    ],
+                    logs / "coordinator.log",
+                )
+                murl = f"http://127.0.0.1:{mport}/metrics"
+                self._wait_metrics(murl, procs["coordinator"], logs / "coordinator.log")
+                return port, murl
+
+            # ports picked free can be taken before the coordinator binds them
+            # (common/ports.py): it is started again on others
+            port, murl = on_free_ports(coordinator, opts.metrics_port)
 
             agent_keys: dict[str, Any] = {
                 "telemetry": ["simulated"],
@@ -335,11 +334,15 @@ class SimCluster:
             for n in names:
                 ctx.procs[n] = self._spawn(n, append=True)
 
-    def _wait_metrics(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+    def _wait_metrics(self, url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
         end = time.monotonic() + 30
         while time.monotonic() < end:
             if proc.poll() is not None:
-                raise RuntimeError(f"coordinator exited early with code {proc.returncode}")
+                why = error_line(log)
+                raise port_taken(why) or RuntimeError(
+                    f"coordinator exited early with code {proc.returncode}"
+                    + (f": {why}" if why else f" (its log: {log})")
+                )
             if metric_value(url, "straggler_detector_active") is not None:
                 return
             time.sleep(0.05)

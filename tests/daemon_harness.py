@@ -21,7 +21,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,15 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artemis.common.ports import START_TRIES, error_line, free_port, port_taken
+
 BIN = Path(sys.executable).parent
 JOB = "e2ejob"
 COMM_HASH = 0xE2E0_0000_0000_0001
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_secret(path: Path, value: str | None = None) -> Path:
@@ -235,27 +230,35 @@ class Coordinator:
         ]
         cfg.write_text("\n".join(lines) + "\n")
         self.lives += 1
-        self.daemon = Daemon(
-            "coordinator",
-            serve_argv(
-                self.port,
-                self.metrics_port,
-                self.jsonl,
-                self.work / "plans.jsonl",
-                self.secret,
-                cfg,
-            ),
-            self.work / "coordinator.log",
-        ).start()
-        wait_for(
-            lambda: (
-                not self.daemon.alive()  # type: ignore[union-attr]
-                or metric(scrape(self.url), "straggler_detector_active") is not None
-            ),
-            30,
-            "coordinator metrics endpoint",
-        )
-        assert self.daemon.alive(), f"coordinator exited:\n{self.daemon.log_text()[-3000:]}"
+        for left in range(START_TRIES - 1, -1, -1):
+            d = self.daemon = Daemon(
+                "coordinator",
+                serve_argv(
+                    self.port,
+                    self.metrics_port,
+                    self.jsonl,
+                    self.work / "plans.jsonl",
+                    self.secret,
+                    cfg,
+                ),
+                self.work / "coordinator.log",
+            ).start()
+            wait_for(
+                lambda: (
+                    not d.alive()  # noqa: B023 - waited on within this iteration
+                    or metric(scrape(self.url), "straggler_detector_active") is not None
+                ),
+                30,
+                "coordinator metrics endpoint",
+            )
+            # A first life's ports, picked free, can be taken before it binds them
+            # (common/ports.py): it starts on others, as `artemis run` does.
+            if d.alive() or self.lives > 1 or not left:
+                break
+            if port_taken(error_line(d.log)) is None:
+                break
+            self.port, self.metrics_port = free_port(), free_port()
+        assert d.alive(), f"coordinator exited:\n{d.log_text()[-3000:]}"
         return self
 
     @property
