@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artemis.common.ports import START_TRIES, error_line, port_taken
 from artemis.common.tomlfile import toml_value
 from artemis.rebalance.files import (
     ack_path,
@@ -136,6 +137,30 @@ class Member:
         return "\n".join(lines) + "\n"
 
     def start(self, wait: bool = True) -> Member:
+        first = self.lives == 0
+        for left in range(START_TRIES - 1, -1, -1):
+            self._spawn()
+            if not wait:
+                return self
+            d = self.daemon
+            assert d is not None
+            wait_for(
+                lambda: (
+                    not d.alive()  # noqa: B023 - waited on within this iteration
+                    or self.value("straggler_detector_active") is not None
+                ),
+                30,
+                f"{self.name}: metrics endpoint",
+            )
+            # A first life's ports, picked free, can be taken before it binds them
+            # (common/ports.py): it starts on others, before anyone learnt its address.
+            if d.alive() or not first or not left or not port_taken(error_line(d.log)):
+                break
+            self.port, self.metrics_port = free_port(), free_port()
+        self.wait_up()
+        return self
+
+    def _spawn(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         cfg = self.work / "coordinator.toml"
         cfg.write_text(self.config_text())
@@ -153,9 +178,6 @@ class Member:
         if self.netns is not None:
             argv = ["ip", "netns", "exec", self.netns, *argv]
         self.daemon = Daemon(self.name, argv, log).start()
-        if wait:
-            self.wait_up()
-        return self
 
     def wait_up(self) -> None:
         d = self.daemon
