@@ -12,7 +12,10 @@ A training step issues the same sequence of collectives on a communicator every
 time (the same bucket sizes in the same order), and every rank issues the same
 sequence, because collectives must match. So the number of collectives per step
 ``C`` is the period of the (function, bytes) sequence, inferred by
-``infer_period`` (or set by config, ``colls_per_step``). Window ``w`` covers
+``infer_period`` (or set by config, ``colls_per_step``), the script's own rare
+small collectives (a loss logged every few steps, a barrier) left out of it; they
+still take collective indices, so a step's span shifts by one where one falls,
+on every rank alike. Window ``w`` covers
 collective indices ``[w*W*C, (w+1)*W*C)`` with ``W`` = window_steps; step ``k``
 covers ``[k*C, (k+1)*C)``. Every rank numbers the same collectives the same way
 with no shared clock: all timings below are differences on the rank's own clock.
@@ -103,6 +106,15 @@ _NESTED_DT = np.dtype([("clock", "u1"), ("start", "<u8"), ("end", "<u8")])
 _INFER_CAP = 16384
 
 
+# A collective of at most this many bytes that is rare (below a quarter of the most
+# common collective's count: a one-bucket job's loss logged every 4 steps or fewer) is
+# a control one: a logged loss or metric all-reduced every few steps, a barrier at a
+# checkpoint. It is not part of the step's pattern. (A step's own small reduction,
+# every step or every other, stays in it: its count is at least the quarter.)
+CONTROL_BYTES = 256
+_RARE = 0.25
+
+
 def infer_period(
     funcs: np.ndarray,
     sizes: np.ndarray,
@@ -110,10 +122,53 @@ def infer_period(
     min_periods: int = 3,
     tolerance: float | None = None,
 ) -> int | None:
-    """Collectives per step: the smallest period of the (func, bytes) sequence.
+    """Collectives per step: the smallest period of the (func, bytes) sequence, its
+    control collectives (``CONTROL_BYTES``) left out where it has some.
 
-    ``funcs[i]``/``sizes[i]`` describe the collective with index ``first + i``;
-    an entry with ``funcs[i] < 0`` is unknown (lost) and takes part in no
+    A training script's own reductions (a loss all-reduced every 10 steps, a barrier
+    every 100) break the gradient buckets' period, or stretch it to ten steps: a job
+    of one bucket a step, a loss every 10 and a barrier every 100 had no period of at
+    most 64 and was never scored (docs/DESIGN.md "Ring"). Its steps are its buckets'
+    pattern: the period of the sequence without them, where there is one. Every rank
+    issues the same collectives, so the windows (cut by collective index, the control
+    ones inside) stay the same collectives on every rank.
+    """
+    f = np.asarray(funcs, dtype=np.int64)
+    s = np.asarray(sizes, dtype=np.int64)
+    if f.shape != s.shape or f.ndim != 1:
+        raise ValueError("funcs and sizes must be 1-d arrays of the same length")
+    if max_period < 1 or min_periods < 2:
+        raise ValueError("max_period must be >= 1 and min_periods >= 2")
+    control = _control(f, s)
+    if control.any():
+        p = _period(f[~control], s[~control], max_period, min_periods, tolerance)
+        if p != 0:
+            return p  # found, or not yet enough data without them: not the coarser one
+    return _period(f, s, max_period, min_periods, tolerance) or None
+
+
+def _control(f: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Which entries are control collectives: small and rare (see CONTROL_BYTES)."""
+    valid = f >= 0
+    if not valid.any():
+        return np.zeros(f.size, dtype=bool)
+    keys = f * (1 << 40) + np.minimum(s, (1 << 40) - 1)
+    uniq, inverse, counts = np.unique(keys[valid], return_inverse=True, return_counts=True)
+    rare = (counts < _RARE * counts.max()) & (uniq % (1 << 40) <= CONTROL_BYTES)
+    out = np.zeros(f.size, dtype=bool)
+    out[np.flatnonzero(valid)] = rare[inverse]
+    return out
+
+
+def _period(
+    f: np.ndarray, s: np.ndarray, max_period: int, min_periods: int, tolerance: float | None
+) -> int | None:
+    """The smallest period of the whole sequence (``infer_period`` without its filter);
+    None while there is too little data to tell, 0 when no period up to ``max_period``
+    explains it.
+
+    ``f[i]``/``s[i]`` describe the collective with index ``first + i``;
+    an entry with ``f[i] < 0`` is unknown (lost) and takes part in no
     comparison. Period ``p`` explains the sequence when at most ``tolerance``
     of the comparisons ``x[i]`` vs ``x[i-p]`` disagree (default
     ``0.5 / max_period``: any wrong period below a true one of at most
@@ -124,12 +179,6 @@ def infer_period(
     A stream of identical collectives has period 1 (each collective is taken as
     a step) unless the caller configures ``colls_per_step``.
     """
-    f = np.asarray(funcs, dtype=np.int64)
-    s = np.asarray(sizes, dtype=np.int64)
-    if f.shape != s.shape or f.ndim != 1:
-        raise ValueError("funcs and sizes must be 1-d arrays of the same length")
-    if max_period < 1 or min_periods < 2:
-        raise ValueError("max_period must be >= 1 and min_periods >= 2")
     tol = 0.5 / max_period if tolerance is None else tolerance
     n = f.size
     valid = f >= 0
@@ -143,7 +192,7 @@ def infer_period(
         differ = both & ((f[p:] != f[:-p]) | (s[p:] != s[:-p]))
         if int(differ.sum()) <= tol * m:
             return p
-    return None
+    return 0
 
 
 def _clock_kind(kind: int | str | None, tick_hz: float | None) -> int:

@@ -44,6 +44,7 @@ from artemis.cli.run_summary import (
     latest_incidents,
     metric_value,
     no_collective_lines,
+    no_window_line,
     one_line,
     short_job_line,
     summary_json,
@@ -458,6 +459,8 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
             seen, opts.window_steps, opts.colls_per_step
         ):
             lines.append(short_job_line(seen, opts.window_steps, opts.colls_per_step))
+        elif windows == 0:
+            lines.append(no_window_line(seen, opts.window_steps))
         lines += summary_lines(mine)
         # the coordinator writes incidents.jsonl next to the findings (DESIGN "Incidents")
         lines += incident_lines(incidents, job)

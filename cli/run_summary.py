@@ -129,6 +129,16 @@ def short_job_line(c: RingCensus, window_steps: int, colls_per_step: int) -> str
     )
 
 
+def no_window_line(c: RingCensus, window_steps: int) -> str:
+    """Why a job whose rings hold a window's worth of collectives had none scored."""
+    return (
+        f"[artemis] no window was scored although a ring holds {c.records} collectives: "
+        f"the agent found no repeating step in them (at most 64 collectives a step), or a "
+        f"step holds more than {c.records // window_steps} of them; --colls-per-step "
+        f"sets the collectives a step"
+    )
+
+
 def no_collective_lines(c: RingCensus, plugin: bool) -> list[str]:
     """Why nothing was seen: the job ran no collective Artemis could observe."""
     out = ["[artemis] no collective seen from the job: nothing below is about it. Likely why:"]

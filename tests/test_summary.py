@@ -187,10 +187,50 @@ def test_no_period_in_noise() -> None:
     extra=st.integers(0, 30),
 )
 def test_period_property(pat: list[tuple[int, int]], phase: int, extra: int) -> None:
+    # sizes of gradient buckets, above CONTROL_BYTES (the filter's own test is below)
+    pat = [(f, b * 1024) for f, b in pat]
     max_period = 16
     n = len(pat) + 2 * max_period + extra + 3 * len(pat)
     f, b = _seq(pat, n, phase)
     assert infer_period(f, b, max_period=max_period) == _minimal_cyclic_period(pat)
+
+
+def _with_control(
+    pattern: list[tuple[int, int]], steps: int, every: dict[int, tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``steps`` repeats of ``pattern``, with control collective ``every[k]`` after each
+    k-th step (a loss all-reduced every k steps, a barrier every 100)."""
+    items: list[tuple[int, int]] = []
+    for step in range(steps):
+        items += pattern
+        items += [c for k, c in sorted(every.items()) if step % k == k - 1]
+    return np.array([f for f, _ in items]), np.array([b for _, b in items])
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [[(AR, 4 * MB)], [(AR, 25 * MB), (AR, 25 * MB), (AR, 3 * MB)], [(RS, 8 * MB), (AG, 8 * MB)]],
+)
+def test_a_script_s_own_reductions_leave_the_step_s_period(pattern: list[tuple[int, int]]) -> None:
+    """A loss all-reduced every 10 steps and a barrier every 100: the buckets' period.
+    Before, a one-bucket job's stream had none (every 10 steps: period 11, broken at
+    each barrier) and it was never scored."""
+    f, b = _with_control(pattern, 400, {10: (AR, 4), 100: (AR, 0)})
+    assert infer_period(f, b) == _minimal_cyclic_period(pattern)
+    # its start-up's broadcasts and a metric every 7 steps, beside the loss
+    f, b = _with_control(pattern, 400, {7: (AR, 16), 10: (AR, 4)})
+    assert infer_period(f, b) == _minimal_cyclic_period(pattern)
+
+
+def test_a_small_reduction_every_step_or_every_other_stays_in_the_step() -> None:
+    # a loss all-reduced every step is part of the step; every other step, of two
+    f, b = _with_control([(AR, 4 * MB)], 300, {1: (AR, 4)})
+    assert infer_period(f, b) == 2
+    f, b = _with_control([(AR, 4 * MB)], 300, {2: (AR, 4)})
+    assert infer_period(f, b) == 3
+    # a rare collective that is not small is the step's (a bucket in every 5th step)
+    f, b = _with_control([(AR, 4 * MB)], 400, {5: (AR, 2 * MB)})
+    assert infer_period(f, b) == 6
 
 
 # ---------------------------------------------------------------------------
