@@ -84,6 +84,7 @@ class Tracked:
     software: Software | None = None
     step_signature: tuple[tuple[int, int], ...] | None = None  # the one `workload` hashes
     workload: str | None = None
+    warned_patternless: bool = False  # logged once that its collectives have no period
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,14 @@ class Agent:
             if t.summarizer is not None:
                 ws = t.summarizer.take_windows(final=t.drained)
                 if not ws:
+                    if not t.warned_patternless and t.summarizer.patternless:
+                        t.warned_patternless = True
+                        log.warning(
+                            "no repeating step in the ring's collectives: it gets no window "
+                            "(colls_per_step sets the collectives a step)",
+                            ring=t.path.name,
+                            collectives=t.summarizer.seen,
+                        )
                     continue
                 if t.header.nranks < live.get((t.header.job, t.grank), 0):
                     # A rank's larger communicator's windows are shipped, not these

@@ -312,6 +312,17 @@ class WindowSummarizer:
         self.step_signature: tuple[tuple[int, int], ...] | None = None
 
     @property
+    def seen(self) -> int:
+        """Distinct collectives taken so far."""
+        return self._n_seen
+
+    @property
+    def patternless(self) -> bool:
+        """No period found in many more collectives than any step of at most
+        ``max_period`` needs (16 x): the ring gets no window unless configured."""
+        return self.colls_per_step is None and self._n_seen >= 16 * self.max_period
+
+    @property
     def colls_per_step(self) -> int | None:
         """Collectives per step: configured, inferred from what was fed, or None yet."""
         self._infer()
