@@ -113,7 +113,7 @@ test-torch-repeat: setup
 		-m torch_e2e $(TORCH_TESTS) $(PYTEST_ARGS)
 
 # Coverage-guided fuzzing (atheris), long form: FUZZ_SECONDS per target (`make test`
-# runs 10 s each). A crash stops it; the input is kept as out/fuzz/TARGET-crash-*:
+# runs 6 s each). A crash stops it; the input is kept as out/fuzz/TARGET-crash-*:
 # fix it and add it to tests/fuzz/corpus/TARGET/ (docs/RELIABILITY.md "6. Fuzzing").
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := frame ring scenario config store_url

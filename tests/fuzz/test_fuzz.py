@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing (atheris) of every parser that reads untrusted bytes.
 
-``test_fuzz_target`` runs each harness of tests/fuzz/ for 10 s in a subprocess
+``test_fuzz_target`` runs each harness of tests/fuzz/ for 6 s in a subprocess
 (libFuzzer's ``-max_total_time``) from the generated seeds and the kept inputs;
 any exception other than the target's documented refusal is a crash, and the
 test fails showing it (libFuzzer keeps the input under the test's tmp dir: add
@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 import fuzz_targets  # noqa: E402
 
-FUZZ_SECONDS = int(os.environ.get("ARTEMIS_FUZZ_SECONDS", "10"))
+FUZZ_SECONDS = int(os.environ.get("ARTEMIS_FUZZ_SECONDS", "6"))
 # A fixed libFuzzer seed in the suite: the same inputs come in the same order on
 # every run (how many fit in the budget still varies), so what the suite finds, a
 # rerun finds again; `make fuzz` draws a new seed each time and goes further.
