@@ -15,7 +15,8 @@ sequence, because collectives must match. So the number of collectives per step
 ``infer_period`` (or set by config, ``colls_per_step``), the script's own rare
 small collectives (a loss logged every few steps, a barrier) left out of it; they
 still take collective indices, so a step's span shifts by one where one falls,
-on every rank alike. Window ``w`` covers
+on every rank alike; steps longer than ``max_period`` are looked for, up to
+``LONG_STEPS`` times it, where no shorter one fits. Window ``w`` covers
 collective indices ``[w*W*C, (w+1)*W*C)`` with ``W`` = window_steps; step ``k``
 covers ``[k*C, (k+1)*C)``. Every rank numbers the same collectives the same way
 with no shared clock: all timings below are differences on the rank's own clock.
@@ -113,6 +114,8 @@ _INFER_CAP = 16384
 # every step or every other, stays in it: its count is at least the quarter.)
 CONTROL_BYTES = 256
 _RARE = 0.25
+# Steps longer than the summariser's max_period are looked for up to this many times it.
+LONG_STEPS = 8
 
 
 def infer_period(
@@ -318,9 +321,9 @@ class WindowSummarizer:
 
     @property
     def patternless(self) -> bool:
-        """No period found in many more collectives than any step of at most
-        ``max_period`` needs (16 x): the ring gets no window unless configured."""
-        return self.colls_per_step is None and self._n_seen >= 16 * self.max_period
+        """No period found in more collectives than any step of at most LONG_STEPS x
+        ``max_period`` needs (4 x that): the ring gets no window unless configured."""
+        return self.colls_per_step is None and self._n_seen >= 4 * LONG_STEPS * self.max_period
 
     @property
     def colls_per_step(self) -> int | None:
@@ -418,12 +421,17 @@ class WindowSummarizer:
         idx = self._recs["coll_seq"] - first
         funcs[idx] = self._recs["func"]
         sizes[idx] = self._recs["bytes"].astype(np.int64)
-        self._c = infer_period(funcs, sizes, self.max_period)
-        if self._c is None and n > self.max_period:
-            # A real job's start-up collectives (DDP's parameter broadcast and
-            # checks) precede the steady pattern: retry without them.
-            skip = self.max_period
-            self._c = infer_period(funcs[skip:], sizes[skip:], self.max_period)
+        # Steps of up to max_period collectives are found within 3 x max_period of them;
+        # longer ones (FSDP over many layers: an all-gather and a reduce-scatter a layer,
+        # 144 a step for 48 layers) only where none of those fits, with 8 x the data.
+        for mp in (self.max_period, LONG_STEPS * self.max_period):
+            self._c = infer_period(funcs, sizes, mp)
+            if self._c is None and n > mp:
+                # A real job's start-up collectives (DDP's parameter broadcast and
+                # checks) precede the steady pattern: retry without them.
+                self._c = infer_period(funcs[mp:], sizes[mp:], mp)
+            if self._c is not None or n < 3 * mp:
+                return
 
     def take_windows(self, final: bool = False) -> list[RankWindow]:
         """Windows complete since the last call; with ``final`` also the partial last one."""

@@ -133,7 +133,7 @@ def no_window_line(c: RingCensus, window_steps: int) -> str:
     """Why a job whose rings hold a window's worth of collectives had none scored."""
     return (
         f"[artemis] no window was scored although a ring holds {c.records} collectives: "
-        f"the agent found no repeating step in them (at most 64 collectives a step), or a "
+        f"the agent found no repeating step in them (at most 512 collectives a step), or a "
         f"step holds more than {c.records // window_steps} of them; --colls-per-step "
         f"sets the collectives a step"
     )

@@ -532,3 +532,48 @@ def test_progress_tracker_changed_flag_and_current() -> None:
     p = t.observe(14.0, None, 5, changed=True)  # e.g. p2p records polled
     assert (p.inflight_s, p.idle_s) == (4.0, 0.0)
     assert t.current() == p
+
+
+def test_a_step_longer_than_max_period_is_found_with_more_data() -> None:
+    """FSDP over 48 layers: an all-gather a layer forward, an all-gather and a
+    reduce-scatter a layer backward, around the embedding's: 146 collectives a step,
+    past max_period (64). The summariser finds them once 146 + 2 x 8 x 64 are in (what
+    rules out every longer step up to 8 x 64), and cuts windows of 146 x window_steps;
+    a one-bucket job is still found within 3 x 64."""
+    layer = 6 * MB
+    pattern = [(AG, 40 * MB)] + [(AG, layer)] * 48
+    pattern += [c for _ in range(48) for c in ((AG, layer), (RS, layer))] + [(RS, 40 * MB)]
+    assert len(pattern) == 146 and _minimal_cyclic_period(pattern) == 146
+    steps = 40
+    rng = np.random.default_rng(3)
+    compute = rng.integers(100_000, 200_000, (1, steps, len(pattern)))
+    transfer = rng.integers(50_000, 100_000, (steps, len(pattern)))
+    (rec,) = simulate(steps, pattern, compute, transfer, [0])
+    need = 146 + 2 * 8 * 64
+    s = summarizer(window_steps=10)
+    wins = feed_in_polls(s, rec[: need - 30], 10)
+    assert wins == [] and s.colls_per_step is None  # the short steps ruled out, not yet
+    wins += feed_in_polls(s, rec[need - 30 :], 10)
+    assert s.colls_per_step == 146 and len(wins) >= 2, (s.colls_per_step, len(wins))
+    assert all(w.step_hi - w.step_lo == 10 for w in wins[:-1])
+    assert not s.patternless
+    # a stream of one size a step (DDP, one bucket) is found at once
+    one = summarizer(window_steps=10)
+    c1 = rng.integers(100_000, 200_000, (1, 300, 1))
+    (rec1,) = simulate(300, [(AR, 4 * MB)], c1, rng.integers(50_000, 100_000, (300, 1)), [0])
+    feed_in_polls(one, rec1[: 3 * 64 + 2], 16)
+    assert one.colls_per_step == 1
+
+
+def test_a_stream_with_no_step_is_called_patternless_after_the_long_search() -> None:
+    rng = np.random.default_rng(5)
+    n = 4 * 8 * 64 + 64
+    pattern = [(AR, int(b)) for b in rng.integers(1, 64, n) * MB]  # a new size each time
+    (rec,) = simulate(
+        1, pattern, rng.integers(1, 9, (1, 1, n)) * 100_000, np.full((1, n), 50_000), [0]
+    )
+    s = summarizer()
+    feed_in_polls(s, rec[: 4 * 8 * 64 - 64], 64)
+    assert s.colls_per_step is None and not s.patternless
+    feed_in_polls(s, rec[4 * 8 * 64 - 64 :], 64)
+    assert s.colls_per_step is None and s.patternless
