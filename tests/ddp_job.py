@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import os
 import sys
-import tempfile
 import time
 from typing import Any
 
 from rank_truth import StepTruth
 from torch_exit import exit_when_done
-from torch_rank import detector_from_args, join_artemis_group, tanh_mlp
+from torch_rank import detector_from_args, join_artemis_group, spawn_ranks, tanh_mlp
 
 
 def _loader(rank: int, args: argparse.Namespace) -> Any:
@@ -86,10 +84,7 @@ def main() -> int:
     p.add_argument("--truth", default="", help="folder: each rank's own record of its gaps")
     p.add_argument("--exit-code", type=int, default=0)
     args = p.parse_args()
-    import torch.multiprocessing as mp
-
-    init = os.path.join(tempfile.mkdtemp(prefix="ddp-job-"), "store")
-    mp.start_processes(_worker, args=(args, init), nprocs=args.world, start_method="spawn")
+    spawn_ranks(_worker, args, args.world, "ddp-job-")
     return args.exit_code
 
 

@@ -28,12 +28,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any
 
 from torch_exit import exit_when_done
-from torch_rank import detector_from_args, join_artemis_group, tanh_mlp
+from torch_rank import detector_from_args, join_artemis_group, spawn_ranks, tanh_mlp
 
 
 def _islands(rank: int, args: argparse.Namespace, dist: Any) -> None:
@@ -131,10 +130,7 @@ def main() -> int:
     args = p.parse_args()
     if args.islands:
         os.environ["ARTEMIS_ISLANDS"] = args.islands  # the spawned ranks inherit it
-    import torch.multiprocessing as mp
-
-    init = os.path.join(tempfile.mkdtemp(prefix="islands-job-"), "store")
-    mp.start_processes(_worker, args=(args, init), nprocs=4, start_method="spawn")
+    spawn_ranks(_worker, args, 4, "islands-job-")
     return args.exit_code
 
 

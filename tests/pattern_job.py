@@ -10,12 +10,10 @@ tensor of a new size, so the collectives repeat in no pattern at all.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 
 from torch_exit import exit_when_done
-from torch_rank import join_artemis_group, tanh_mlp
+from torch_rank import join_artemis_group, spawn_ranks, tanh_mlp
 
 
 @exit_when_done
@@ -51,10 +49,7 @@ def main() -> int:
     p.add_argument("--barrier-every", type=int, default=0)
     p.add_argument("--varying", action="store_true")
     args = p.parse_args()
-    import torch.multiprocessing as mp
-
-    init = os.path.join(tempfile.mkdtemp(prefix="pattern-job-"), "store")
-    mp.start_processes(_worker, args=(args, init), nprocs=args.world, start_method="spawn")
+    spawn_ranks(_worker, args, args.world, "pattern-job-")
     return 0
 
 

@@ -12,7 +12,18 @@ import argparse
 import itertools
 import json
 import os
+import tempfile
+from collections.abc import Callable
 from typing import Any
+
+
+def spawn_ranks(worker: Callable[..., None], args: Any, world: int, prefix: str) -> None:
+    """``worker(rank, args, init)`` in ``world`` spawned processes, joined; ``init`` is
+    a fresh file store's path (a new folder named ``prefix``)."""
+    import torch.multiprocessing as mp
+
+    init = os.path.join(tempfile.mkdtemp(prefix=prefix), "store")
+    mp.start_processes(worker, args=(args, init), nprocs=world, start_method="spawn")
 
 
 def join_artemis_group(init_file: str, rank: int, world: int) -> Any:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from typing import Any
 
 from torch_exit import exit_when_done
+from torch_rank import spawn_ranks
 
 
 @exit_when_done
@@ -89,10 +88,7 @@ def main() -> int:
     p.add_argument("--slow-from", type=int, default=0, help="first step of the slowdown")
     p.add_argument("--out", default="", help="JSON file: rank 0's steps")
     args = p.parse_args()
-    import torch.multiprocessing as mp
-
-    init = os.path.join(tempfile.mkdtemp(prefix="rebalance-job-"), "store")
-    mp.start_processes(_worker, args=(args, init), nprocs=args.world, start_method="spawn")
+    spawn_ranks(_worker, args, args.world, "rebalance-job-")
     return 0
 
 
