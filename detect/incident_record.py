@@ -45,9 +45,29 @@ TELEMETRY_MEANS = (
 )
 
 
-def judge(inc: Incident, window: int, why: str, view: WindowView | None) -> None:
+def no_action(policy: Any) -> str:
+    """Why an unresolved incident had no rebalancing action, as its reason says it: the
+    job's policy (rebalance/policy.py; None: not made yet) is off, has no sample counts
+    to split (the job reports none), or made no plan."""
+    if policy is None or policy.mode == "off":
+        return "no action: rebalancing is off"
+    if policy.global_batch is None:
+        return (
+            "no action: rebalancing is on but the job reports no sample counts, which a "
+            "plan splits (the job's rebalance client, job/README.md)"
+        )
+    return "no action: the rebalance policy made no plan for it"
+
+
+def judge(
+    inc: Incident,
+    window: int,
+    why: str,
+    view: WindowView | None,
+    no_action: str = "no action: rebalancing is off",
+) -> None:
     """The verdict and its reason for an incident just closed (by ``why``) at ``window``:
-    docs/DESIGN.md "Incidents"."""
+    docs/DESIGN.md "Incidents". ``no_action``: why no plan, where none was made."""
     if inc.state is IncidentState.DISMISSED:
         # (dismissed by the wait: the book wrote the reason, with its last test's numbers)
         if why != "dismissed":
@@ -123,7 +143,7 @@ def judge(inc: Incident, window: int, why: str, view: WindowView | None) -> None
         else:
             inc.verdict = "unresolved"
             inc.reason = "still slow at the end of the job" + (
-                ", no rebalancing action allowed" if not inc.actions else ""
+                f", {no_action}" if not inc.actions else ""
             )
 
 

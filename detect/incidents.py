@@ -50,6 +50,7 @@ from artemis.detect.incident_record import (
     OnsetRows,
     job_row,
     judge,
+    no_action,
     record,
     subject_row,
 )
@@ -131,6 +132,7 @@ class IncidentBook:
         # it): key -> [(window, passed)], kept for the last 2 x flag_window windows.
         self._pre: dict[tuple[str, str], list[tuple[int, bool]]] = {}
         self._onset = OnsetRows()  # the suspect windows' rows: the pace from onset
+        self.policy: Any = None  # the job's rebalance policy (the monitor's), or None
 
     # ------------------------------------------------------------------ queries
 
@@ -468,7 +470,7 @@ class IncidentBook:
         self, inc: Incident, window: int, t: float | None, why: str, view: WindowView | None
     ) -> None:
         inc.move(why, window, t)
-        judge(inc, window, why, view)
+        judge(inc, window, why, view, no_action(self.policy))
         inc.change("closed")
         self._touch(inc)
         self._open.pop(inc.key, None)

@@ -240,7 +240,7 @@ class JobMonitor:
         self.resize(top + 1)
         if self.policy is None and cols.n:
             self.window_steps = max(1, int(np.median(cols.ints("step_hi") - cols.ints("step_lo"))))
-            self.policy = self._new_policy(self.nranks)
+            self.policy = self.incidents.policy = self._new_policy(self.nranks)
         res = self.detector.score_window(window, cols, missing)
         out = MonitorOutput(findings=list(res.findings), result=res, clock=clock)
         if self._resized:
@@ -677,14 +677,14 @@ class JobMonitor:
         m.hosts = st.hosts
         if st.incidents is not None:
             m.incidents = IncidentBook.restore(st.incidents, flag_window=settings.flag_window)
-        if st.fingerprints:
-            fps = st.fingerprints
-            for r, i, wl in fps.ranks:
-                m.on_fingerprint(r, fps.software[i], wl)
+        for r, i, wl in st.fingerprints.ranks if st.fingerprints else ():
+            m.on_fingerprint(r, st.fingerprints.software[i], wl)
         if st.baselines is not None:
             m.baselines = BaselineBook.restore(st.baselines, settings)
         if st.policy is not None:
-            m.policy = RebalancePolicy.restore(st.policy, m._policy_settings(m.settings))
+            m.policy = m.incidents.policy = RebalancePolicy.restore(
+                st.policy, m._policy_settings(m.settings)
+            )
         h = st.hang
         if h is not None:
             verdict = HangVerdict(**msgspec.structs.asdict(h.verdict))

@@ -24,12 +24,13 @@ from artemis.agent.telemetry.simulated import overlay
 from artemis.coordinator.metrics import Metrics
 from artemis.coordinator.sinks import IncidentsWriter, incidents_path
 from artemis.detect import findings as F
+from artemis.detect.incident_record import no_action
 from artemis.detect.incidents import MARKERS, IncidentBook, WindowView
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.columns import WindowColumns
 from artemis.protocol.records import RankWindow
-from artemis.rebalance.policy import PlanEvent
+from artemis.rebalance.policy import PlanEvent, PolicySettings, RebalancePolicy
 from artemis.ring.format import CLOCK_DEVICE_NS
 from artemis.sim.inproc import summarised
 from artemis.sim.scenario import Scenario, load_scenario
@@ -529,3 +530,23 @@ def test_subject_rows_start_at_onset() -> None:
     assert [r["gap_ms"] for r in rows] == [115.0, None, 115.0, 115.0, 115.0]
     # a suspect window's cost is not yet the incident's
     assert [r["gpu_hours"] is None for r in rows] == [True, True, True, False, False]
+
+
+def test_an_unresolved_incident_says_why_no_plan_was_made(flagship: Scenario) -> None:
+    """The reason names why the incident had no rebalancing action: the policy off; on,
+    but the job reports no sample counts (a script without the rebalance client: the
+    reason once said "no rebalancing action allowed" under `--rebalance apply`); on
+    with samples, and no plan made."""
+    m = JobMonitor("flagship", Settings(), nranks=flagship.ranks)
+    outs = drive(m, sim_windows(flagship))
+    outs.append(m.finish(wall=T0 + 1000))
+    (lines,) = records(outs).values()
+    assert lines[-1]["reason"] == "still slow at the end of the job, no action: rebalancing is off"
+    settings = PolicySettings.from_settings(Settings(rebalance="apply"), window_steps=50)
+    assert "no sample counts" in no_action(RebalancePolicy(settings, 4, None))
+    assert no_action(RebalancePolicy(settings, 4, 64)) == (
+        "no action: the rebalance policy made no plan for it"
+    )
+    off = PolicySettings.from_settings(Settings(), window_steps=50)
+    assert no_action(RebalancePolicy(off, 4, 64)) == "no action: rebalancing is off"
+    assert no_action(None) == "no action: rebalancing is off"
