@@ -450,20 +450,26 @@ def diagnose(
         kind, text = ranked[0], fits[ranked[0]]
         explained = fit_of(kind)
         if explained is not None and slowdown is not None:
-            text += f"; explains {explained:.0%} of the {slowdown:.1%} slowdown"
+            text += f"; explains {explained:.0%} of {_its(slowdown)}"
         if clocks_low is None and not cpu:
             text += " (clocks could not be compared: SM clock or a reference missing)"
         alts = [{"kind": k, "text": fits[k], "explained": fit_of(k)} for k in ranked[1:]]
         return Cause(kind, text, evidence, missing, explained, alts)
     why = _why_unknown(t, clocks_low, clk, slowing, cpu)
     if slowdown is not None and clock_fit is not None:
-        why += f"; the clock explains {clock_fit:.0%} of the {slowdown:.1%} slowdown"
+        why += f"; the clock explains {clock_fit:.0%} of {_its(slowdown)}"
     if slowdown is not None and hfit.mechanism is not None and hfit.explained is not None:
         why += (
             f"; the host explains {hfit.explained:.0%} ({hfit.mechanism.replace('_', ' ')})"
-            f" of the {slowdown:.1%} slowdown"
+            f" of {_its(slowdown)}"
         )
     return Cause("unknown", why, evidence, missing)
+
+
+def _its(slowdown: float) -> str:
+    """The slowdown a fit explains, named as what it is: the rank's compute gap over its
+    reference (its peers', or its own pace), not the job's loss (the line's `loss`)."""
+    return f"its slowdown (compute gap {slowdown:+.1%})"
 
 
 def _why_unknown(

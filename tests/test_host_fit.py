@@ -32,7 +32,7 @@ def test_a_data_loader_sleep_at_60_percent_busy_is_an_idle_host_fit() -> None:
     assert c.kind == "host" and c.evidence["mechanism"] == "idle"
     assert c.explained == pytest.approx(1.0, abs=0.03)
     assert c.text.startswith("input stall: the process was idle for 40%")
-    assert "explains 9" in c.text and "of the 63.1% slowdown" in c.text
+    assert "explains 9" in c.text and "of its slowdown (compute gap +63.1%)" in c.text
     assert c.to_json()["explained"] == c.explained
     # the same figures, worked by hand: (0.4 x 29.2 - 0.03 x 17.9) / 11.3 ms
     assert c.explained == pytest.approx(min(1.0, (0.4 * 29.2 - 0.03 * 17.9) / 11.3), abs=0.01)
@@ -86,7 +86,7 @@ def test_below_half_of_the_excess_is_unknown() -> None:
     assert fit.explained < EXPLAIN_MIN
     c = diagnose(rank, PEERS, slowdown=0.3)
     assert c.kind == "unknown"
-    assert "the host explains 13% (runnable wait) of the 30.0% slowdown" in c.text
+    assert "the host explains 13% (runnable wait) of its slowdown (compute gap +30.0%)" in c.text
     # a little idle time too, still short of half: unknown
     c = diagnose(replace(rank, gap_busy_pct=90.0), PEERS, slowdown=0.3)
     assert c.kind == "unknown" and c.evidence["host_fit"]["idle"] < EXPLAIN_MIN
