@@ -116,12 +116,13 @@ CONTROL_BYTES = 256
 _RARE = 0.25
 # Steps longer than the summariser's max_period are looked for up to this many times it.
 LONG_STEPS = 8
+MAX_PERIOD = 64  # the summariser's default max_period
 
 
 def infer_period(
     funcs: np.ndarray,
     sizes: np.ndarray,
-    max_period: int = 64,
+    max_period: int = MAX_PERIOD,
     min_periods: int = 3,
     tolerance: float | None = None,
 ) -> int | None:
@@ -279,7 +280,7 @@ class WindowSummarizer:
         *,
         clock_kind: int | str | None = None,
         tick_hz: float | None = None,
-        max_period: int = 64,
+        max_period: int = MAX_PERIOD,
         settle: int | None = None,
         island: str | None = None,
         hw_class: str | None = None,

@@ -167,18 +167,21 @@ class _Follower:
         self._read()
 
 
-def _start_error(log: Path, rc: int | None) -> Exception:
-    """Why the coordinator exited at start: its own `error:` line from ``log``."""
-    why = error_line(log)
+def _start_error(log: Path, rc: int | None, since: int) -> Exception:
+    """Why the coordinator exited at start: its own `error:` line from ``log`` (written
+    after byte ``since``: this life's)."""
+    why = error_line(log, since)
     msg = f"the coordinator exited with code {rc} at start" + (f": {why}" if why else "")
     return port_taken(why) or RunError(msg if why else f"{msg} (its log: {log})")
 
 
-def _wait_metrics(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+def _wait_metrics(
+    url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path, since: int
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise _start_error(log, proc.returncode)
+            raise _start_error(log, proc.returncode, since)
         try:
             with urllib.request.urlopen(url, timeout=1.0) as r:
                 if b"straggler_detector_active" in r.read():
@@ -340,6 +343,8 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
 
         def coordinator(port: int, mport: int) -> tuple[subprocess.Popen[bytes], int, str]:
             url = f"http://127.0.0.1:{mport}/metrics"
+            log = work / "coordinator.log"
+            since = log.stat().st_size if log.exists() else 0  # earlier tries' lines
             proc = start(
                 [
                     *_cli("artemis-coordinator", "artemis.coordinator.cli"),
@@ -361,7 +366,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout) -> int:
                 "coordinator.log",
             )
             try:
-                _wait_metrics(url, proc, 30.0, work / "coordinator.log")
+                _wait_metrics(url, proc, 30.0, log, since)
             except PortTaken:
                 daemons.remove(proc)  # it exited
                 raise

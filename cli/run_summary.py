@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artemis.agent.summary import LONG_STEPS, MAX_PERIOD
 from artemis.detect.node_kind import unit_hours
 from artemis.detect.scalars import EVIDENCE_KEYS
 from artemis.ring.reader import RingError, RingReader
@@ -133,7 +134,8 @@ def no_window_line(c: RingCensus, window_steps: int) -> str:
     """Why a job whose rings hold a window's worth of collectives had none scored."""
     return (
         f"[artemis] no window was scored although a ring holds {c.records} collectives: "
-        f"the agent found no repeating step in them (at most 512 collectives a step), or a "
+        f"the agent found no repeating step in them (at most {LONG_STEPS * MAX_PERIOD} "
+        f"collectives a step), or a "
         f"step holds more than {c.records // window_steps} of them; --colls-per-step "
         f"sets the collectives a step"
     )

@@ -42,10 +42,14 @@ def cannot_listen(key: str, where: str, e: OSError) -> str:
     return f"{key}: cannot listen on {where}: {why}"
 
 
-def error_line(log: Path) -> str:
-    """A daemon's last ``error: ...`` line in its log (what it said as it exited), or ""."""
+def error_line(log: Path, since: int = 0) -> str:
+    """A daemon's last ``error: ...`` line in its log (what it said as it exited), or "";
+    ``since``: the byte the log ended at when this life started (a log appended to by
+    earlier lives holds their lines too)."""
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        with open(log, "rb") as fh:
+            fh.seek(since)
+            lines = fh.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
     return next((ln[len("error: ") :] for ln in reversed(lines) if ln.startswith("error: ")), "")

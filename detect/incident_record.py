@@ -64,10 +64,11 @@ def judge(
     window: int,
     why: str,
     view: WindowView | None,
-    no_action: str = "no action: rebalancing is off",
+    no_plan: str = "",
 ) -> None:
     """The verdict and its reason for an incident just closed (by ``why``) at ``window``:
-    docs/DESIGN.md "Incidents". ``no_action``: why no plan, where none was made."""
+    docs/DESIGN.md "Incidents". ``no_plan``: why no plan (`no_action`), for one that
+    ends unresolved at the job's end without an action."""
     if inc.state is IncidentState.DISMISSED:
         # (dismissed by the wait: the book wrote the reason, with its last test's numbers)
         if why != "dismissed":
@@ -143,7 +144,7 @@ def judge(
         else:
             inc.verdict = "unresolved"
             inc.reason = "still slow at the end of the job" + (
-                f", {no_action}" if not inc.actions else ""
+                f", {no_plan or no_action(None)}" if not inc.actions else ""
             )
 
 

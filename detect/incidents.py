@@ -50,7 +50,6 @@ from artemis.detect.incident_record import (
     OnsetRows,
     job_row,
     judge,
-    no_action,
     record,
     subject_row,
 )
@@ -132,7 +131,6 @@ class IncidentBook:
         # it): key -> [(window, passed)], kept for the last 2 x flag_window windows.
         self._pre: dict[tuple[str, str], list[tuple[int, bool]]] = {}
         self._onset = OnsetRows()  # the suspect windows' rows: the pace from onset
-        self.policy: Any = None  # the job's rebalance policy (the monitor's), or None
 
     # ------------------------------------------------------------------ queries
 
@@ -311,12 +309,15 @@ class IncidentBook:
             inc.change("action")
             self._touch(inc)
 
-    def close_all(self, window: int | None = None, time: float | None = None) -> None:
-        """The job ended: every open incident closes (`job_end`) with its verdict."""
+    def close_all(
+        self, window: int | None = None, time: float | None = None, no_plan: str = ""
+    ) -> None:
+        """The job ended: every open incident closes (`job_end`) with its verdict;
+        ``no_plan``: why one without an action had no plan (`no_action`)."""
         w = self._last[0] if window is None else window
         t = self._last[1] if time is None else time
         for inc in list(self._open.values()):
-            self._close(inc, w, t, "job_end", None)
+            self._close(inc, w, t, "job_end", None, no_plan)
         self._ignored.clear()
 
     def take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -467,10 +468,16 @@ class IncidentBook:
         self._touch(inc)
 
     def _close(
-        self, inc: Incident, window: int, t: float | None, why: str, view: WindowView | None
+        self,
+        inc: Incident,
+        window: int,
+        t: float | None,
+        why: str,
+        view: WindowView | None,
+        no_plan: str = "",
     ) -> None:
         inc.move(why, window, t)
-        judge(inc, window, why, view, no_action(self.policy))
+        judge(inc, window, why, view, no_plan)
         inc.change("closed")
         self._touch(inc)
         self._open.pop(inc.key, None)

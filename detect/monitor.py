@@ -33,6 +33,7 @@ from artemis.detect.detector import Detector, LateResult, WindowResult
 from artemis.detect.findings import Finding
 from artemis.detect.fingerprint import JobFingerprint
 from artemis.detect.hang import HangVerdict, check_hang
+from artemis.detect.incident_record import no_action
 from artemis.detect.incidents import IncidentBook, WindowView
 from artemis.detect.settings import Settings
 from artemis.detect.state import (
@@ -240,7 +241,7 @@ class JobMonitor:
         self.resize(top + 1)
         if self.policy is None and cols.n:
             self.window_steps = max(1, int(np.median(cols.ints("step_hi") - cols.ints("step_lo"))))
-            self.policy = self.incidents.policy = self._new_policy(self.nranks)
+            self.policy = self._new_policy(self.nranks)
         res = self.detector.score_window(window, cols, missing)
         out = MonitorOutput(findings=list(res.findings), result=res, clock=clock)
         if self._resized:
@@ -431,7 +432,7 @@ class JobMonitor:
             f = self._hang_finding()
             out.findings.append(f)
             self.incidents.on_finding(f)
-        self.incidents.close_all(self.last_window, wall)
+        self.incidents.close_all(self.last_window, wall, no_action(self.policy))
         return self._incidents_out(out)
 
     def update_settings(self, settings: Settings) -> MonitorOutput:
@@ -682,9 +683,7 @@ class JobMonitor:
         if st.baselines is not None:
             m.baselines = BaselineBook.restore(st.baselines, settings)
         if st.policy is not None:
-            m.policy = m.incidents.policy = RebalancePolicy.restore(
-                st.policy, m._policy_settings(m.settings)
-            )
+            m.policy = RebalancePolicy.restore(st.policy, m._policy_settings(m.settings))
         h = st.hang
         if h is not None:
             verdict = HangVerdict(**msgspec.structs.asdict(h.verdict))

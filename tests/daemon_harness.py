@@ -231,6 +231,8 @@ class Coordinator:
         cfg.write_text("\n".join(lines) + "\n")
         self.lives += 1
         for left in range(START_TRIES - 1, -1, -1):
+            log = self.work / "coordinator.log"
+            since = log.stat().st_size if log.exists() else 0  # earlier lives' lines
             d = self.daemon = Daemon(
                 "coordinator",
                 serve_argv(
@@ -241,7 +243,7 @@ class Coordinator:
                     self.secret,
                     cfg,
                 ),
-                self.work / "coordinator.log",
+                log,
             ).start()
             wait_for(
                 lambda: (
@@ -255,7 +257,7 @@ class Coordinator:
             # (common/ports.py): it starts on others, as `artemis run` does.
             if d.alive() or self.lives > 1 or not left:
                 break
-            if port_taken(error_line(d.log)) is None:
+            if port_taken(error_line(d.log, since)) is None:
                 break
             self.port, self.metrics_port = free_port(), free_port()
         assert d.alive(), f"coordinator exited:\n{d.log_text()[-3000:]}"
