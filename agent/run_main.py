@@ -32,8 +32,9 @@ def make_sources(cfg: AgentConfig) -> list[TelemetrySource]:
             out.append(SimulatedSource(cfg.shm_dir))
         elif name == "host":
             from artemis.agent.telemetry.host import HostSource
+            from artemis.agent.telemetry.procstate import StateSampler
 
-            out.append(HostSource(cfg.proc_root))
+            out.append(HostSource(cfg.proc_root, states=StateSampler(cfg.proc_root)))
         elif name in ("nvml", "amdsmi"):
             gpu, label = _gpu_source(name, cfg.proc_root)
             ok, why = gpu.available()

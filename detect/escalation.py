@@ -167,6 +167,14 @@ def escalation(
                 "process's cgroup (/proc/<pid>/cgroup; cpu.cfs_quota_us on cgroup v1, cpu.max "
                 "on v2) against its peers'"
             )
+        elif ce.get("mechanism") == "stopped":
+            check = (
+                f"stopped process on {where}: it was stopped (state T) "
+                f"{_n(ce.get('stopped_pct'))}% of the time vs {_n(ce.get('peers_stopped_pct'))}% "
+                "on its peers. Find what stops it: a job scheduler's suspend or preemption, a "
+                "debugger or profiler attached (`ps -o stat,pid,cmd -p <pid>`, its parent, "
+                "`cat /proc/<pid>/status` TracerPid), a cgroup freezer"
+            )
         elif text.startswith("input stall"):
             check = (
                 f"input stall on {where}: the process was busy {_n(busy)}% of its compute "

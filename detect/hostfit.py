@@ -16,10 +16,13 @@ confirmed pace; the peers' figures then stand for its healthy self.)
   runnable wait is what run delay adds beyond the throttling. A cgroup that
   every rank shares (a pod, a Slurm job) shows the same figure on the peers,
   and its extra is nil: it counts only where it differs from the peers'.
+- `stopped`: the process was stopped (state T: SIGSTOP, a scheduler's suspend,
+  a debugger), `stopped_pct` of the wall time (the agent samples the state),
+  the same way. A stopped task is neither runnable nor throttled.
 - `idle`: not running although it could have run: an input stall or a stopped
   process. Not-busy time in the gap (`gap_busy_pct`, per record CPU times)
   over the peers', (1 - b)(1 + s) - (1 - b_peers), in units of P, less the
-  waits above.
+  waits and the stop above.
 
 The shares split one quantity (the rank's extra time not running in its gap)
 by its reason, so the host's `explained` is their sum (clipped to 1), its
@@ -37,10 +40,15 @@ from typing import Any
 
 from artemis.protocol.records import Telemetry
 
-MECHANISMS = ("idle", "runnable_wait", "cgroup_throttled")
+MECHANISMS = ("stopped", "idle", "runnable_wait", "cgroup_throttled")
 # A mechanism's share that the text names beside the best one's.
 MINOR_SHARE = 0.1
-_NAMES = {"idle": "idle", "runnable_wait": "runnable wait", "cgroup_throttled": "throttled"}
+_NAMES = {
+    "stopped": "stopped",
+    "idle": "idle",
+    "runnable_wait": "runnable wait",
+    "cgroup_throttled": "throttled",
+}
 
 
 @dataclass(frozen=True)
@@ -74,12 +82,15 @@ def host_fit(t: Telemetry, peer_tels: Sequence[Telemetry], slowdown: float) -> H
     peers_delay = _median([p.run_delay_pct for p in peer_tels])
     peers_thr = _median([p.cg_throttled_pct for p in peer_tels])
     peers_busy = _median([p.gap_busy_pct for p in peer_tels])
+    peers_stop = _median([p.stopped_pct for p in peer_tels])
     evidence: dict[str, Any] = {
         "run_delay_pct": _pct(t.run_delay_pct),
         "peers_run_delay_pct": _pct(peers_delay),
         "cg_throttled_pct": _pct(t.cg_throttled_pct),
         "peers_cg_throttled_pct": _pct(peers_thr),
         "cg_nr_throttled": t.cg_nr_throttled,
+        "stopped_pct": _pct(t.stopped_pct),
+        "peers_stopped_pct": _pct(peers_stop),
     }
     shares: dict[str, float] = {}
     throttled = 0.0  # extra time throttled, in units of the excess
@@ -93,14 +104,18 @@ def host_fit(t: Telemetry, peer_tels: Sequence[Telemetry], slowdown: float) -> H
         delayed = max(0.0, (t.run_delay_pct - peers_delay) / 100.0 * scale)
         shares["runnable_wait"] = _clip(delayed - throttled)
         waits = max(waits, delayed)
+    stopped = 0.0
+    if t.stopped_pct is not None and peers_stop is not None:
+        stopped = max(0.0, (t.stopped_pct - peers_stop) / 100.0 * scale)
+        shares["stopped"] = _clip(stopped)
     if t.gap_busy_pct is not None and peers_busy is not None:
         not_busy = ((1 - t.gap_busy_pct / 100.0) * (1 + s) - (1 - peers_busy / 100.0)) / s
-        shares["idle"] = _clip(not_busy - waits)
+        shares["idle"] = _clip(not_busy - waits - stopped)
     evidence["host_fit"] = dict(shares)
     if not shares:
         return HostFit(evidence=evidence)
     best = max(MECHANISMS, key=lambda m: (shares.get(m, -1.0), -MECHANISMS.index(m)))
-    text = _words(best, t, peers_delay, peers_thr, peers_busy)
+    text = _words(best, t, peers_delay, peers_thr, peers_busy, peers_stop)
     # The shares split one quantity, the rank's extra time not running in its gap, by
     # its reason (each less the ones before it), so the host explains their sum. A hog
     # on the rank's core showed 45% as run delay and 48% as idle (the waits a sampled
@@ -119,7 +134,14 @@ def _words(
     peers_delay: float | None,
     peers_thr: float | None,
     peers_busy: float | None,
+    peers_stop: float | None,
 ) -> str:
+    if mechanism == "stopped":
+        return (
+            f"stopped: the process was stopped (SIGSTOP, a scheduler's suspend or a "
+            f"debugger) {t.stopped_pct or 0.0:.0f}% of the time vs {peers_stop or 0.0:.0f}% on "
+            f"its peers, and every rank waited for it"
+        )
     if mechanism == "cgroup_throttled":
         n = f", {t.cg_nr_throttled} periods" if t.cg_nr_throttled is not None else ""
         return (

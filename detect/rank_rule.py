@@ -21,6 +21,7 @@ from artemis.detect import scoring
 from artemis.detect.arrays import F64, I64, finite_or_none, pct
 from artemis.detect.diagnosis import diagnose
 from artemis.detect.findings import RANK_KINDS, Finding
+from artemis.detect.host_lost import host_test
 from artemis.detect.incident_confirm import shape_of
 from artemis.detect.lifecycle import Ledger, Track
 from artemis.detect.rank_history import RankHistory
@@ -61,6 +62,10 @@ class RankScores:
     # `degraded` its ratio to its own warm-up's (NaN where not judged so)
     trimmed: F64 | None = None
     mean_history: F64 | None = None
+    # the host's evidence (`host_lost.host_test`): bad by it, and the wait each rank
+    # causes its peers in ms (None: no rank lost time to its host this window)
+    host_bad: npt.NDArray[np.bool_] | None = None
+    wait: F64 | None = None
 
 
 class RankRule:
@@ -189,6 +194,7 @@ class RankRule:
             if rel is not None:
                 hist_bad &= ~(rel * s.suspect_ratio <= 1.0)  # its mates slowed more: it waits
         stall_bad = stall_test(v, s, judging & peers_ok, live_mr, trimmed)
+        host_bad, wait = host_test(v, s, judging)
         if trimmed is not None and not peers_ok.all():
             # `degraded`'s: its trimmed mean against its own warm-up's and its mates';
             # not in a window of fewer than half the job's steps (its last: a mean of a
@@ -214,6 +220,8 @@ class RankRule:
             stall_bad=stall_bad,
             trimmed=trimmed,
             mean_history=mean_history,
+            host_bad=host_bad,
+            wait=wait,
         )
 
     def findings(
@@ -227,6 +235,8 @@ class RankRule:
         """Advance the track of every bad or tracked rank (of `only`, where given);
         (findings, ranks held out of their baseline because they are bad or flagged)."""
         bad = sc.peer_bad | sc.hist_bad | sc.change_bad | sc.stall_bad
+        if sc.host_bad is not None:
+            bad = bad | sc.host_bad
         if only is not None:
             bad = bad & only
         todo = set(np.flatnonzero(bad).tolist())
@@ -264,10 +274,18 @@ class RankRule:
             if shape.get("shape") == "stalls" and "peers_gap_mean_ms" in shape:
                 # stalls in some of its steps: what the peers wait for them on average
                 excess = max(0.0, shape["gap_mean_ms"] - shape["peers_gap_mean_ms"])
+            waits = host_wait(sc, i)
+            if waits is not None:
+                # lost to its host, partly inside the collectives: what its peers wait
+                excess = max(excess, waits)
+                shape = {**shape, "wait_ms": round(waits, 3)}
             # a bad window must cost something: a rank that reaches the collective
             # before its peers' median, on its median and its mean, makes nobody wait
-            # (its change is still held out of its baseline below)
-            is_bad = bool(bad[i]) and not (kind == "rank" and costless(sc, i, shape))
+            # (its change is still held out of its baseline below); the host's
+            # evidence measured the wait it causes itself
+            is_bad = bool(bad[i]) and (
+                waits is not None or not (kind == "rank" and costless(sc, i, shape))
+            )
             if key not in self.ledger.tracks and not is_bad:
                 held[i] = True
                 continue
@@ -337,6 +355,10 @@ class RankRule:
                 # below it, while a stopped process makes every peer wait) is not the
                 # slowdown they explain, and named no cause in half such windows
                 slow = shape["gap_mean_ms"] / shape["peers_gap_mean_ms"] - 1.0
+            peers_gap = float(sc.peers.loo_median[i])
+            if "wait_ms" in shape and peers_gap > 0:
+                # the host's evidence: the wait it causes, over its peers' gap
+                slow = max(slow, shape["wait_ms"] / peers_gap)
             key = (kind, str(rank))
             known = self.causes.get(key)
             if known is not None and not (bad and slow > 0):
@@ -429,6 +451,14 @@ def mates_relative(
         return None
     rel = scoring.score(np.where(have, history, 1.0), gid).ratio
     return np.where(m, rel, np.nan)
+
+
+def host_wait(sc: RankScores, i: int) -> float | None:
+    """The wait rank i causes its peers (ms a step) where the host's evidence judged it
+    bad this window (`host_lost.host_test`), else None."""
+    if sc.host_bad is None or sc.wait is None or not sc.host_bad[i]:
+        return None
+    return max(0.0, float(sc.wait[i]))
 
 
 def degraded_mean_ratio(sc: RankScores, i: int) -> float:

@@ -130,6 +130,9 @@ class Telemetry:
     # time (summed over CPUs, so it may pass 100), and the periods throttled
     cg_throttled_pct: Annotated[Percent | None, HOST, DIAG] = None
     cg_nr_throttled: Annotated[Count | None, HOST, DIAG] = None
+    # Time the rank's process was stopped (state T: SIGSTOP, a scheduler's suspend),
+    # % of the window's wall time, sampled every ~10 ms by the agent
+    stopped_pct: Annotated[Percent | None, HOST, DIAG] = None
     # GPU identity, for an RMA ticket (agent/telemetry/nvml.py, amd.py)
     gpu_uuid: Annotated[Name | None, GPU, IDENT] = None
     gpu_serial: Annotated[Name | None, GPU, IDENT] = None

@@ -85,6 +85,7 @@ def base_reading(sc: Scenario, rank: int, rng: np.random.Generator) -> dict[str,
         "run_delay_pct": round(float(delay_rng.uniform(0.3, 1.5)), 2),
         "cg_throttled_pct": 0.0,
         "cg_nr_throttled": 0,
+        "stopped_pct": 0.0,
     }
 
 

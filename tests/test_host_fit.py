@@ -171,3 +171,26 @@ def test_a_cgroup_quota_escalates_to_the_quota_check() -> None:
     cause = diagnose(replace(QUIET, gap_busy_pct=60.0), PEERS, slowdown=0.6).to_json()
     esc = escalation("rank", cause, {}, rank=3, hosts=["node-a"], subject="3")
     assert esc["check"].startswith("input stall on")
+
+
+def test_a_sampled_stop_is_stopped_and_not_counted_again_as_idle() -> None:
+    # SIGSTOP 25 ms of every 100 (the agent samples the state: 25% stopped); the
+    # stops in its gap also show there as idle time, which is the same time
+    peers = [replace(p, stopped_pct=0.0) for p in PEERS]
+    rank = replace(QUIET, stopped_pct=25.0, gap_busy_pct=70.0)
+    c = diagnose(rank, peers, slowdown=0.4)
+    assert c.kind == "host" and c.evidence["mechanism"] == "stopped"
+    shares = c.evidence["host_fit"]
+    assert shares["stopped"] == pytest.approx(0.25 * 1.4 / 0.4, abs=0.01)
+    assert shares["idle"] < 0.3  # the idle time less the stop, not counted twice
+    assert c.text.startswith("stopped: the process was stopped (SIGSTOP")
+    assert "25% of the time vs 0% on its peers" in c.text
+    assert c.evidence["stopped_pct"] == 25.0 and c.evidence["peers_stopped_pct"] == 0.0
+
+
+def test_without_the_sampled_state_a_stop_is_still_idle() -> None:
+    # the in-process Detector cannot watch its own process stopped: stopped_pct is
+    # absent there, and the stop reads as idle time in the gap, as before
+    rank = replace(QUIET, gap_busy_pct=58.0, proc_cpu_pct=60.0)
+    c = diagnose(rank, PEERS, slowdown=0.6)
+    assert c.evidence["mechanism"] == "idle" and "stopped" not in c.evidence["host_fit"]

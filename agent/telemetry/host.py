@@ -31,6 +31,11 @@
   sample over the elapsed time, in % (summed over CPUs, so it may pass 100);
   ``nr_throttled`` as a running total (the window gets its increase). A cgroup
   without a quota reports 0.
+* ``stopped_pct``: the share of the time the rank process was stopped (state T
+  or t: SIGSTOP, a scheduler's suspend), sampled about every 10 ms on a thread
+  (``procstate.StateSampler``), since the previous sample. Only where the
+  source is built with ``states`` (the agent): a process cannot watch itself
+  stopped, so the in-process Detector reports it missing.
 
 * ``nic_symbol_errors``, ``nic_link_downed``, ``nic_rcv_errors``,
   ``nic_xmit_wait``: the host's InfiniBand/RoCE port error counters under
@@ -50,6 +55,7 @@ from typing import Any
 
 from artemis.agent.telemetry.base import RankTarget, RunningTotals
 from artemis.agent.telemetry.nic import NicCounters
+from artemis.agent.telemetry.procstate import StateSampler
 
 
 def _read(path: str | Path) -> str | None:
@@ -175,8 +181,10 @@ class HostSource:
         root: str | os.PathLike[str] = "/",
         clock: Callable[[], float] = time.monotonic,
         clk_tck: int | None = None,
+        states: StateSampler | None = None,
     ) -> None:
         self.root = Path(root)
+        self.states = states
         self._clock = clock
         self._clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
         self._prev_stat: list[int] | None = None
@@ -226,6 +234,8 @@ class HostSource:
             if pct is not None:
                 out["proc_cpu_pct"] = pct
             out.update(self._sched(target.pid))
+            if self.states is not None and (st := self.states.take(target.pid)) is not None:
+                out["stopped_pct"] = st
         out.update(self._nic.sample())
         return out
 
