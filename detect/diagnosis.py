@@ -5,7 +5,7 @@ slowdown, a cause is named when its evidence explains it. The SM clock has a
 quantitative model: compute is CLOCK_BOUND clock-bound, so a clock at c of
 its peers' makes the rank CLOCK_BOUND x (1/c - 1) slower, and
 `explained` = that / the measured slowdown (capped at 1). The host has one
-too (`hostfit.py`): the extra time its mechanism (`idle`, `runnable_wait`,
+too (`hostfit.py`): the extra time its mechanism (`stopped`, `idle`, `runnable_wait`,
 `cgroup_throttled`) took in the rank's gap over the peers', / the excess.
 PCIe and hardware evidence, and host signals without those figures (steal,
 pressure, load), fit qualitatively, when present on this rank and absent on
@@ -199,12 +199,12 @@ def _measured_by(words: str, shares: dict[str, float]) -> bool:
     """Whether a qualitative host signal is one a measured host mechanism already
     weighed (then its fit, not the signal, decides). Pressure, load and a busy
     host mean waits for a CPU: run delay measures them; a starved process is
-    either that or idle. Steal is neither (the guest sees its task running)."""
+    either that, idle or stopped. Steal is neither (the guest sees its task running)."""
     key = _signal_key(words)
     if key == "CPU steal":
         return False
     if key == "the rank's":
-        return "runnable_wait" in shares or "idle" in shares
+        return bool({"runnable_wait", "idle", "stopped"} & shares.keys())
     return "runnable_wait" in shares
 
 

@@ -44,6 +44,13 @@ from artemis.detect.view import View
 WAIT_MIN = 0.3
 
 
+def lost_margin(s: Settings) -> float:
+    """The lost share (points of the wall time over the others') that judges a rank:
+    `1 - 1/suspect_ratio`, what makes a step `suspect_ratio` slower on the critical
+    path. (PEER_MIN's 5%, 4.8 points, was tried: the same on every kept run.)"""
+    return 100.0 * (1.0 - 1.0 / s.suspect_ratio)
+
+
 def lost_share(v: View, at_least: float) -> F64 | None:
     """Per rank, the % of the wall time its host kept it off its CPU for a reason
     outside it (stopped + throttled, each capped at 100); NaN where neither figure is
@@ -68,7 +75,7 @@ def host_test(
     any time). Against the others of its group (the leave-one-out median), so a
     rank with one mate (`degraded`: a 2-rank job) is judged against that mate."""
     n = v.r.size
-    margin = 100.0 * (1.0 - 1.0 / s.suspect_ratio)
+    margin = lost_margin(s)
     lost = lost_share(v, margin)
     if lost is None:
         return np.zeros(n, dtype=bool), None

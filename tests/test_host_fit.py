@@ -194,3 +194,15 @@ def test_without_the_sampled_state_a_stop_is_still_idle() -> None:
     rank = replace(QUIET, gap_busy_pct=58.0, proc_cpu_pct=60.0)
     c = diagnose(rank, PEERS, slowdown=0.6)
     assert c.evidence["mechanism"] == "idle" and "stopped" not in c.evidence["host_fit"]
+
+
+def test_a_stopped_process_escalates_to_the_stop_check() -> None:
+    from artemis.detect.escalation import escalation
+
+    peers = [replace(p, stopped_pct=0.0) for p in PEERS]
+    cause = diagnose(replace(QUIET, stopped_pct=25.0), peers, slowdown=0.4).to_json()
+    esc = escalation("rank", cause, {}, rank=2, hosts=["node-b"], subject="2")
+    assert esc["check"].startswith(
+        "stopped process on rank 2 on node-b: it was stopped (state T) 25% of the time vs 0%"
+    )
+    assert "TracerPid" in esc["check"]

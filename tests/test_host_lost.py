@@ -170,7 +170,6 @@ def test_a_loss_below_the_margin_is_not_judged() -> None:
     assert first_flag(fs) is None
 
 
-
 def test_a_two_rank_job_judges_the_stopped_rank_against_its_mate() -> None:
     # no peers to judge it against (`degraded`): its figures and the wait it causes
     # against its one mate's

@@ -38,8 +38,12 @@ def test_the_share_of_samples_stopped_since_the_last_take(tmp_path: Path) -> Non
         st.poll()
     assert st.take(7) == pytest.approx(25.0)
     for _ in range(MIN_SAMPLES - 1):
+        _fake_proc(tmp_path, 7, "T")
         st.poll()
-    assert st.take(7) is None  # too few samples since the last take: no figure
+    assert st.take(7) is None  # too few samples since the last take: no figure yet,
+    _fake_proc(tmp_path, 7, "S")
+    st.poll()  # and they count into the next
+    assert st.take(7) == pytest.approx(100.0 * (MIN_SAMPLES - 1) / MIN_SAMPLES)
 
 
 def test_a_process_gone_is_dropped(tmp_path: Path) -> None:

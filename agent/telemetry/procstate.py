@@ -11,7 +11,7 @@ watched process's state about every INTERVAL_S (20 ms), at a jittered interval
 so that a stop with a round period (100 ms) is not aliased, and ``take(pid)``
 is the share of samples in a stopped state since the last take, in %: about
 50 samples a second, so a 1-s telemetry sample's binomial error is at most 7
-points, and a window's mean of several less.
+points.
 
 A process's state is its main thread's (the ``/proc/<pid>/stat`` of the thread
 group leader). Measured on the 2-core development machine: 0.7% of a core
@@ -30,7 +30,11 @@ from pathlib import Path
 
 INTERVAL_S = 0.02  # mean time between two passes
 JITTER = 0.5  # each interval drawn from INTERVAL_S x [1 - JITTER, 1 + JITTER]
-MIN_SAMPLES = 20  # fewer since the last take: no figure (its error would pass 10 points)
+# Fewer since the last take: no figure yet, and they count into the next. A healthy
+# process reads exactly 0 (no error to guard against); a stopped one's error at 10
+# samples is at most 16 points (p = 0.5), and windows of 0.4 s (the MLP job's) with
+# no 1-s telemetry sample of their own still get one (the agent samples at their end).
+MIN_SAMPLES = 10
 FORGET_S = 10.0  # a pid not asked for in this long is no longer sampled
 STOPPED = frozenset("Tt")
 
@@ -76,8 +80,8 @@ class StateSampler:
         self._rng = random.Random()
 
     def take(self, pid: int) -> float | None:
-        """% of samples with the process stopped since the last take (None: too few, or
-        the first call for this pid, which starts sampling it)."""
+        """% of samples with the process stopped since the last take that gave one (None:
+        too few yet, or the first call for this pid, which starts sampling it)."""
         now = self._clock()
         with self._lock:
             c = self._counts.get(pid)
@@ -85,9 +89,12 @@ class StateSampler:
                 self._counts[pid] = [0, 0, now]
                 self._ensure_thread()
                 return None
+            c[2] = now
             n, stopped = c[0], c[1]
-            self._counts[pid] = [0, 0, now]
-        return 100.0 * stopped / n if n >= MIN_SAMPLES else None
+            if n < MIN_SAMPLES:
+                return None
+            c[0] = c[1] = 0
+        return 100.0 * stopped / n
 
     def poll(self) -> None:
         """One pass: every watched pid's state; a pid gone or long unasked is dropped."""
