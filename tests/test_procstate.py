@@ -100,3 +100,12 @@ def test_the_in_process_host_source_reports_no_stop() -> None:
     src.sample(RankTarget(rank=0, pid=os.getpid()))
     time.sleep(0.05)
     assert "stopped_pct" not in src.sample(RankTarget(rank=0, pid=os.getpid()))
+
+
+def test_the_agent_builds_its_host_source_with_the_sampler() -> None:
+    # the agent's process is not the rank's: it can watch it stopped
+    from artemis.agent.config import AgentConfig
+    from artemis.agent.run_main import make_sources
+
+    (src,) = [s for s in make_sources(AgentConfig(telemetry=["host"])) if s.name == "host"]
+    assert isinstance(src, HostSource) and isinstance(src.states, StateSampler)
