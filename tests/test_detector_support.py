@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from artemis.protocol.records import RankWindow, Telemetry
@@ -61,3 +62,18 @@ def make_window(
             )
         )
     return out
+
+
+def put_collectives(recs: Any, i: int, seq: int, arrive: Any, end: float) -> None:
+    """Record `i` of every rank's ring records (`recs[rank, i]`): a done 1 MiB
+    collective `seq` each rank entered at its `arrive` (ms) and all left at `end`
+    (ms): a lockstep job's (tests/test_stalls.py, tests/test_host_lost.py)."""
+    from artemis.ring.format import KIND_COLL, REC_DEVICE, STATE_DONE
+
+    for r in range(recs.shape[0]):
+        rec = recs[r, i]
+        rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
+        rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
+        rec["seq"] = rec["coll_seq"] = seq
+        rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
+        rec["end"] = int(end * 1e6) + 1_000_000_000

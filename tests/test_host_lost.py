@@ -17,7 +17,8 @@ from artemis.detect.findings import Finding
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow, Telemetry
-from artemis.ring.format import KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.ring.format import SLOT_DTYPE
+from test_detector_support import put_collectives
 
 STEPS, C, N, WINDOWS, ONSET, SLOW = 40, 2, 4, 14, 4, 2
 GAP, COLL = 50.0, 10.0  # ms a step
@@ -52,13 +53,7 @@ def job(
             comp[slow] += stop * in_gap
             arrive = clock + comp
             end = arrive.max() + COLL + stop * (1.0 - in_gap)
-            for r in range(n):
-                rec = recs[r, i]
-                rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
-                rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
-                rec["seq"] = rec["coll_seq"] = seq
-                rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
-                rec["end"] = int(end * 1e6) + 1_000_000_000
+            put_collectives(recs, i, seq, arrive, end)
             clock[:] = end
             seq += 1
         for r, s in enumerate(summ):

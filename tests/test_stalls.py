@@ -23,9 +23,10 @@ from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.policy import stalls
-from artemis.ring.format import KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
+from artemis.ring.format import SLOT_DTYPE
 from artemis.sim import inproc
 from artemis.sim.scenario import Scenario, ScenarioError, parse_scenario
+from test_detector_support import put_collectives
 
 STEPS, C = 40, 2  # steps per window, collectives per step
 ONSET = 3
@@ -75,13 +76,7 @@ def stall_windows(
                     comp[stalled] += cause.stall_ms  # the stall: the rank sleeps, its peers wait
             arrive = clock + comp
             end = arrive.max() + coll
-            for r in range(nranks):
-                rec = recs[r, i]
-                rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
-                rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
-                rec["seq"] = rec["coll_seq"] = seq
-                rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
-                rec["end"] = int(end * 1e6) + 1_000_000_000
+            put_collectives(recs, i, seq, arrive, end)
             clock[:] = end
             seq += 1
         for r, s in enumerate(summ):
