@@ -31,7 +31,11 @@ pytestmark = pytest.mark.slow
 
 HOSTILE = Path(__file__).resolve().parents[1] / "hostile_peer.py"
 W_STEPS = 10
-HANDSHAKE_S = 3.0  # TLS + hello + auth: the silent peers are cut off here
+# TLS + hello + auth: the silent peers are cut off here. 6 s, not 3: in a fresh-clone
+# `make test` (2 workers beside the daemons) one of 120 non-TLS peers was counted as
+# `tls_timeout`, not `tls_not_tls`: its bytes were not read within a 3-s limit on the
+# busy machine, which is the load's doing, not what the test asks about
+HANDSHAKE_S = 6.0
 N = 40  # failed handshakes of each kind
 SILENT = 8
 
