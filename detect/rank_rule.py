@@ -58,14 +58,14 @@ class RankScores:
     cusum: F64
     # recurring stalls: bad by their cost (`stall_test`)
     stall_bad: npt.NDArray[np.bool_]
+    # the host's evidence (`host_lost.host_test`): bad by it, and the wait each rank
+    # causes its peers in ms (None: no rank lost time to its host this window)
+    host_bad: npt.NDArray[np.bool_]
+    wait: F64 | None
     # each rank's trimmed mean gap (`trimmed_mean`; None: no summary has one), and for
     # `degraded` its ratio to its own warm-up's (NaN where not judged so)
     trimmed: F64 | None = None
     mean_history: F64 | None = None
-    # the host's evidence (`host_lost.host_test`): bad by it, and the wait each rank
-    # causes its peers in ms (None: no rank lost time to its host this window)
-    host_bad: npt.NDArray[np.bool_] | None = None
-    wait: F64 | None = None
 
 
 class RankRule:
@@ -218,10 +218,10 @@ class RankRule:
             noise=noise,
             cusum=cusum,
             stall_bad=stall_bad,
-            trimmed=trimmed,
-            mean_history=mean_history,
             host_bad=host_bad,
             wait=wait,
+            trimmed=trimmed,
+            mean_history=mean_history,
         )
 
     def findings(
@@ -234,9 +234,7 @@ class RankRule:
     ) -> tuple[list[Finding], npt.NDArray[np.bool_]]:
         """Advance the track of every bad or tracked rank (of `only`, where given);
         (findings, ranks held out of their baseline because they are bad or flagged)."""
-        bad = sc.peer_bad | sc.hist_bad | sc.change_bad | sc.stall_bad
-        if sc.host_bad is not None:
-            bad = bad | sc.host_bad
+        bad = sc.peer_bad | sc.hist_bad | sc.change_bad | sc.stall_bad | sc.host_bad
         if only is not None:
             bad = bad & only
         todo = set(np.flatnonzero(bad).tolist())
@@ -456,9 +454,9 @@ def mates_relative(
 def host_wait(sc: RankScores, i: int) -> float | None:
     """The wait rank i causes its peers (ms a step) where the host's evidence judged it
     bad this window (`host_lost.host_test`), else None."""
-    if sc.host_bad is None or sc.wait is None or not sc.host_bad[i]:
+    if sc.wait is None or not sc.host_bad[i]:
         return None
-    return max(0.0, float(sc.wait[i]))
+    return float(sc.wait[i])  # (judged bad: at least its margin, above 0)
 
 
 def degraded_mean_ratio(sc: RankScores, i: int) -> float:

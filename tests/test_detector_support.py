@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,16 +64,45 @@ def make_window(
     return out
 
 
-def put_collectives(recs: Any, i: int, seq: int, arrive: Any, end: float) -> None:
-    """Record `i` of every rank's ring records (`recs[rank, i]`): a done 1 MiB
-    collective `seq` each rank entered at its `arrive` (ms) and all left at `end`
-    (ms): a lockstep job's (tests/test_stalls.py, tests/test_host_lost.py)."""
-    from artemis.ring.format import KIND_COLL, REC_DEVICE, STATE_DONE
+def lockstep_windows(
+    n: int,
+    windows: int,
+    steps: int,
+    colls: int,
+    timing: Callable[[int, int], tuple[Any, float]],
+    comm: str = "c0ffee0000000001",
+) -> list[tuple[int, list[RankWindow]]]:
+    """A lockstep job's ring records, summarised by the agent's own summariser
+    (tests/test_stalls.py, tests/test_host_lost.py): `n` ranks, `windows` windows of
+    `steps` steps of `colls` 1 MiB collectives. `timing(w, i)` gives collective `i`
+    of window `w`: each rank's compute before it (ms, an array) and the time the
+    collective takes once the last rank arrives (ms); every rank leaves it together."""
+    from artemis.agent.summary import WindowSummarizer
+    from artemis.ring.format import KIND_COLL, REC_DEVICE, SLOT_DTYPE, STATE_DONE
 
-    for r in range(recs.shape[0]):
-        rec = recs[r, i]
-        rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
-        rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
-        rec["seq"] = rec["coll_seq"] = seq
-        rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
-        rec["end"] = int(end * 1e6) + 1_000_000_000
+    summ = [
+        WindowSummarizer("job", comm, r, n, "h0", steps, colls_per_step=colls) for r in range(n)
+    ]
+    out: dict[int, list[RankWindow]] = {}
+    clock = np.zeros(n)
+    seq = 0
+    for w in range(windows):
+        recs = np.zeros((n, steps * colls), dtype=SLOT_DTYPE)
+        for i in range(steps * colls):
+            comp, coll = timing(w, i)
+            arrive = clock + comp
+            end = arrive.max() + coll
+            for r in range(n):
+                rec = recs[r, i]
+                rec["kind"], rec["state"], rec["clock"] = KIND_COLL, STATE_DONE, REC_DEVICE
+                rec["func"], rec["bytes"], rec["peer"] = 1, 1 << 20, -1
+                rec["seq"] = rec["coll_seq"] = seq
+                rec["start"] = int(arrive[r] * 1e6) + 1_000_000_000
+                rec["end"] = int(end * 1e6) + 1_000_000_000
+            clock[:] = end
+            seq += 1
+        for r, sm in enumerate(summ):
+            sm.feed(recs[r])
+            for rw in sm.take_windows(final=w == windows - 1):
+                out.setdefault(rw.window, []).append(rw)
+    return sorted(out.items())

@@ -10,15 +10,14 @@ below is lockstep ring records through the agent's own summariser."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
-from artemis.agent.summary import WindowSummarizer
 from artemis.detect.findings import Finding
 from artemis.detect.monitor import JobMonitor
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow, Telemetry
-from artemis.ring.format import SLOT_DTYPE
-from test_detector_support import put_collectives
+from test_detector_support import lockstep_windows
 
 STEPS, C, N, WINDOWS, ONSET, SLOW = 40, 2, 4, 14, 4, 2
 GAP, COLL = 50.0, 10.0  # ms a step
@@ -37,30 +36,18 @@ def job(
     collective (every rank's collective ends later). Each rank's compute moves by
     `noise` (sd) from window to window, as a shared host's does."""
     rng = np.random.default_rng(seed)
-    summ = [
-        WindowSummarizer("job", "c0ffee0000000002", r, n, "h0", STEPS, colls_per_step=C)
-        for r in range(n)
-    ]
-    out: dict[int, list[RankWindow]] = {}
-    clock = np.zeros(n)
-    seq = 0
-    for w in range(WINDOWS):
-        speed = 1.0 + noise * rng.standard_normal(n)
-        recs = np.zeros((n, STEPS * C), dtype=SLOT_DTYPE)
-        for i in range(STEPS * C):
-            comp = GAP / C * speed * (1 + 0.01 * rng.standard_normal(n))
-            stop = stop_ms if w >= ONSET and i % C == 0 else 0.0
-            comp[slow] += stop * in_gap
-            arrive = clock + comp
-            end = arrive.max() + COLL + stop * (1.0 - in_gap)
-            put_collectives(recs, i, seq, arrive, end)
-            clock[:] = end
-            seq += 1
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=w == WINDOWS - 1):
-                out.setdefault(rw.window, []).append(rw)
-    return sorted(out.items())
+    speed = np.ones(n)
+
+    def timing(w: int, i: int) -> tuple[Any, float]:
+        nonlocal speed
+        if i == 0:
+            speed = 1.0 + noise * rng.standard_normal(n)
+        comp = GAP / C * speed * (1 + 0.01 * rng.standard_normal(n))
+        stop = stop_ms if w >= ONSET and i % C == 0 else 0.0
+        comp[slow] += stop * in_gap
+        return comp, COLL + stop * (1.0 - in_gap)
+
+    return lockstep_windows(n, WINDOWS, STEPS, C, timing, comm="c0ffee0000000002")
 
 
 def with_host(

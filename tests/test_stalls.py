@@ -17,16 +17,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from artemis.agent.summary import WindowSummarizer
 from artemis.detect.findings import Finding
 from artemis.detect.monitor import JobMonitor, MonitorOutput
 from artemis.detect.settings import Settings
 from artemis.protocol.records import RankWindow, Telemetry
 from artemis.rebalance.policy import stalls
-from artemis.ring.format import SLOT_DTYPE
 from artemis.sim import inproc
 from artemis.sim.scenario import Scenario, ScenarioError, parse_scenario
-from test_detector_support import put_collectives
+from test_detector_support import lockstep_windows
 
 STEPS, C = 40, 2  # steps per window, collectives per step
 ONSET = 3
@@ -52,38 +50,22 @@ def stall_windows(
 ) -> list[tuple[int, list[RankWindow]]]:
     """Ring records of a lockstep job whose rank `stalled` follows `cause`, on a compute
     gap of `gap` ms a step; summarised by the agent's summariser (64 samples a rank)."""
-    coll = 10.0
     rng = np.random.default_rng(7)
-    summ = [
-        WindowSummarizer("job", "c0ffee0000000001", r, nranks, "h0", STEPS, colls_per_step=C)
-        for r in range(nranks)
-    ]
-    out: dict[int, list[RankWindow]] = {}
-    clock = np.zeros(nranks)
-    seq = 0
-    for w in range(windows):
-        n = STEPS * C
-        recs = np.zeros((nranks, n), dtype=SLOT_DTYPE)
-        for i in range(n):
-            comp = gap / C * (1 + 0.01 * rng.standard_normal(nranks))
-            step = w * STEPS + i // C
-            comp[stalled] *= 1.0 + cause.base
-            if w in cause.during:
-                comp[stalled] *= 1.0 + cause.slow
-                every = cause.every
-                hit = step % every == 0 if every else rng.random() < cause.frac
-                if i % C == 0 and hit:
-                    comp[stalled] += cause.stall_ms  # the stall: the rank sleeps, its peers wait
-            arrive = clock + comp
-            end = arrive.max() + coll
-            put_collectives(recs, i, seq, arrive, end)
-            clock[:] = end
-            seq += 1
-        for r, s in enumerate(summ):
-            s.feed(recs[r])
-            for rw in s.take_windows(final=w == windows - 1):
-                out.setdefault(rw.window, []).append(dataclasses.replace(rw, samples=64))
-    return sorted(out.items())
+
+    def timing(w: int, i: int) -> tuple[Any, float]:
+        comp = gap / C * (1 + 0.01 * rng.standard_normal(nranks))
+        step = w * STEPS + i // C
+        comp[stalled] *= 1.0 + cause.base
+        if w in cause.during:
+            comp[stalled] *= 1.0 + cause.slow
+            every = cause.every
+            hit = step % every == 0 if every else rng.random() < cause.frac
+            if i % C == 0 and hit:
+                comp[stalled] += cause.stall_ms  # the stall: the rank sleeps, its peers wait
+        return comp, 10.0
+
+    wins = lockstep_windows(nranks, windows, STEPS, C, timing)
+    return [(w, [dataclasses.replace(rw, samples=64) for rw in rows]) for w, rows in wins]
 
 
 def run(

@@ -32,7 +32,7 @@
   ``nr_throttled`` as a running total (the window gets its increase). A cgroup
   without a quota reports 0.
 * ``stopped_pct``: the share of the time the rank process was stopped (state T
-  or t: SIGSTOP, a scheduler's suspend), sampled about every 10 ms on a thread
+  or t: SIGSTOP, a scheduler's suspend), sampled about every 20 ms on a thread
   (``procstate.StateSampler``), since the previous sample. Only where the
   source is built with ``states`` (the agent): a process cannot watch itself
   stopped, so the in-process Detector reports it missing.
