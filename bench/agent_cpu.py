@@ -136,7 +136,7 @@ def run_once(busy: bool) -> tuple[float, float, int]:
         agent = None
         try:
             end = time.monotonic() + 30
-            while _metric(url, "straggler_detector_active") is None:
+            while _metric(url, "straggler_detector_active") != 1:
                 if time.monotonic() > end or coord.poll() is not None:
                     raise RuntimeError("coordinator did not come up")
                 time.sleep(0.05)

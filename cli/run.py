@@ -175,6 +175,13 @@ def _start_error(log: Path, rc: int | None, since: int) -> Exception:
     return port_taken(why) or RunError(msg if why else f"{msg} (its log: {log})")
 
 
+def _serving(metrics: bytes) -> bool:
+    """Whether a coordinator's metrics say it serves: `straggler_detector_active` is 0
+    until the agents' port is bound as well (coordinator/server_main.py). An endpoint
+    that merely answers could still exit on a taken port (stop 41's CI)."""
+    return re.search(rb"^straggler_detector_active 1(\.0)?$", metrics, re.M) is not None
+
+
 def _wait_metrics(
     url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path, since: int
 ) -> None:
@@ -184,7 +191,7 @@ def _wait_metrics(
             raise _start_error(log, proc.returncode, since)
         try:
             with urllib.request.urlopen(url, timeout=1.0) as r:
-                if b"straggler_detector_active" in r.read():
+                if _serving(r.read()):
                     return
         except OSError:
             pass

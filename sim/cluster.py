@@ -343,7 +343,8 @@ class SimCluster:
                     f"coordinator exited early with code {proc.returncode}"
                     + (f": {why}" if why else f" (its log: {log})")
                 )
-            if metric_value(url, "straggler_detector_active") is not None:
+            # 0 until the agents' port is bound too (coordinator/server_main.py)
+            if metric_value(url, "straggler_detector_active") == 1:
                 return
             time.sleep(0.05)
         raise RuntimeError("coordinator metrics did not come up within 30 s")

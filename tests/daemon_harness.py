@@ -248,7 +248,7 @@ class Coordinator:
             wait_for(
                 lambda: (
                     not d.alive()  # noqa: B023 - waited on within this iteration
-                    or metric(scrape(self.url), "straggler_detector_active") is not None
+                    or metric(scrape(self.url), "straggler_detector_active") == 1
                 ),
                 30,
                 "coordinator metrics endpoint",

@@ -147,7 +147,7 @@ class Member:
             wait_for(
                 lambda: (
                     not d.alive()  # noqa: B023 - waited on within this iteration
-                    or self.value("straggler_detector_active") is not None
+                    or self.value("straggler_detector_active") == 1
                 ),
                 30,
                 f"{self.name}: metrics endpoint",
@@ -183,7 +183,7 @@ class Member:
         d = self.daemon
         assert d is not None
         wait_for(
-            lambda: not d.alive() or self.value("straggler_detector_active") is not None,
+            lambda: not d.alive() or self.value("straggler_detector_active") == 1,
             30,
             f"{self.name}: metrics endpoint",
         )

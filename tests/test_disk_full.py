@@ -180,7 +180,7 @@ def _inside(tmp: Path, plugin: Path) -> None:
     ).start()
     agents: list[Daemon] = []
     try:
-        wait_for(lambda: metric(scrape(url), "straggler_detector_active") is not None, 30, "up")
+        wait_for(lambda: metric(scrape(url), "straggler_detector_active") == 1, 30, "up")
         for h in range(2):
             agents.append(
                 start_agent(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,8 +66,7 @@ def test_a_start_on_a_taken_port_is_tried_again_on_other_ports(tmp_path: Path) -
             url = f"http://127.0.0.1:{mport}/metrics"
             wait_for(
                 lambda: (
-                    proc.poll() is not None
-                    or metric(scrape(url), "straggler_detector_active") is not None
+                    proc.poll() is not None or metric(scrape(url), "straggler_detector_active") == 1
                 ),
                 30,
                 "the coordinator up or gone",
@@ -118,3 +118,38 @@ def test_an_agent_whose_metrics_port_is_taken_says_so_in_one_line(tmp_path: Path
     assert error_line(agent.log) == (
         f"metrics_port: cannot listen on 127.0.0.1:{taken}: address already in use"
     )
+
+
+def test_a_coordinator_is_up_only_once_it_says_it_serves() -> None:
+    # Metrics bind before the agents' port (coordinator/server_main.py): `artemis run`
+    # took an answering endpoint for a started coordinator and missed its exit on a
+    # taken port (stop 41's CI). Real metrics, over HTTP, before and after.
+    from artemis.cli.run import _serving
+    from artemis.coordinator.metrics import Metrics
+
+    m = Metrics()
+    m.set_active(False)
+    stop = m.serve(0, addr="127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{stop.port}/metrics"
+        assert metric(scrape(url), "straggler_detector_active") == 0
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert not _serving(r.read())
+        m.set_active(True)
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert _serving(r.read())
+    finally:
+        stop()
+
+
+def test_a_start_on_a_taken_agents_port_is_seen_by_the_wait(tmp_path: Path) -> None:
+    from artemis.cli.run import _wait_metrics
+
+    with held_port() as taken:
+        mport = free_port()
+        proc = serve(tmp_path, taken, mport)
+        with pytest.raises(PortTaken) as e:
+            url = f"http://127.0.0.1:{mport}/metrics"
+            _wait_metrics(url, proc, 30.0, tmp_path / "coordinator.log", 0)
+        assert e.value.key == "listen"
+        assert proc.wait(30) == 2
