@@ -22,8 +22,9 @@ def spawn_ranks(worker: Callable[..., None], args: Any, world: int, prefix: str)
     a fresh file store's path (a new folder named ``prefix``)."""
     import torch.multiprocessing as mp
 
-    init = os.path.join(tempfile.mkdtemp(prefix=prefix), "store")
-    mp.start_processes(worker, args=(args, init), nprocs=world, start_method="spawn")
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        init = os.path.join(d, "store")
+        mp.start_processes(worker, args=(args, init), nprocs=world, start_method="spawn")
 
 
 def join_artemis_group(init_file: str, rank: int, world: int) -> Any:

@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.islands:
         os.environ["ARTEMIS_ISLANDS"] = args.islands  # the spawned ranks inherit it
-    init = os.path.join(tempfile.mkdtemp(prefix="realjob-"), "store")
-    mp.start_processes(_worker, args=(args, init), nprocs=args.world, start_method="spawn")
+    with tempfile.TemporaryDirectory(prefix="realjob-") as d:
+        init = os.path.join(d, "store")
+        mp.start_processes(_worker, args=(args, init), nprocs=args.world, start_method="spawn")
     return 0
 
 

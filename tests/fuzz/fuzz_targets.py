@@ -11,7 +11,9 @@ the kept crashers in tests/fuzz/test_fuzz.py, without atheris.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -70,6 +72,8 @@ def frame(data: bytes) -> None:
 
 _RING_TEMPLATE: bytes | None = None
 _RING_DIR = Path(tempfile.mkdtemp(prefix="artemis-fuzz-ring-"))
+# made at import (each pytest worker, each fuzzer) and gone with the process
+atexit.register(shutil.rmtree, _RING_DIR, True)
 
 
 def _ring_template() -> bytes:

@@ -35,6 +35,7 @@ FUZZ_SEED = int(os.environ.get("ARTEMIS_FUZZ_SEED", "1"))
 def test_fuzz_target(target: str, tmp_path: Path) -> None:
     pytest.importorskip("atheris", reason="atheris is in the dev extra (pip install -e .[dev])")
     corpus = tmp_path / "corpus"
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.run(
         [
             sys.executable,
@@ -51,6 +52,8 @@ def test_fuzz_target(target: str, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=FUZZ_SECONDS + 120,
+        # libFuzzer exits without Python's atexit: its scratch folders stay in tmp_path
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
     )
     out = proc.stdout + proc.stderr
     crashes = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
