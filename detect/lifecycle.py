@@ -10,6 +10,9 @@ the state the window reports (DESIGN.md's finding states; None: no report):
       │              └──(good, none left: it fades)──> QUIET         clear_after good)
       └──(flag_after = 1)──────────────────────────────> ACTIVE
 
+A rank bad by a measurement (the host's evidence) in MEASURED_FLAG_AFTER windows in
+a row confirms as flag_after of flag_window do (`measured`: tuning.py says why).
+
 A suspicion that never reaches flagged simply fades. The intermittent rule (a
 GPU that comes and goes) confirms on flag_window bad of the last 2 x flag_window
 and then needs twice as many good windows to clear, as does an episode of recurring
@@ -29,6 +32,7 @@ from typing import Any
 
 from artemis.detect.settings import Settings
 from artemis.detect.state import TrackState, plain, read
+from artemis.detect.tuning import MEASURED_FLAG_AFTER
 
 
 class Phase(str, enum.Enum):
@@ -77,6 +81,7 @@ class Track:
         "hours",
         "intermittent",
         "long",
+        "measured",
         "pending_hours",
         "recent",
         "since",
@@ -92,6 +97,8 @@ class Track:
         # an episode whose slowness came as stalls in some steps (rank_rule.stall_shape):
         # how many stall in a window is luck, so it clears as an intermittent one does
         self.stalls = False
+        # windows in a row bad by a measurement (the host's evidence) while not active
+        self.measured = 0
         self.active = False
         self.since: int | None = None
         self.good_run = 0
@@ -107,15 +114,22 @@ class Track:
         return Phase.QUIET
 
     def observe(
-        self, window: int, bad: bool, s: Settings, intermittent_rule: bool = False
+        self,
+        window: int,
+        bad: bool,
+        s: Settings,
+        intermittent_rule: bool = False,
+        measured: bool = False,
     ) -> str | None:
-        """Take one window's verdict; the state it reports (None: nothing to report)."""
+        """Take one window's verdict (``measured``: bad by a measurement, not by timing);
+        the state it reports (None: nothing to report)."""
         phase = self.phase(intermittent_rule)
         self.long.append(bad)
         if self.active:
             self.good_run = 0 if bad else self.good_run + 1
         else:
             self.recent.append(bad)
+            self.measured = self.measured + 1 if bad and measured else 0
         event = self._event(bad, s, intermittent_rule)
         nxt, state = TRANSITIONS[(phase, event)]
         if phase is Phase.QUIET and event in _STARTS:
@@ -130,6 +144,7 @@ class Track:
             self.active = False
             self.intermittent = False
             self.stalls = False
+            self.measured = 0
             self.recent.clear()
             self.long.clear()
         elif event is Event.FADED:
@@ -149,7 +164,9 @@ class Track:
                 return Event.RECOVERED
             return Event.GOOD
         if bad:
-            if sum(self.recent) >= s.flag_after:
+            if sum(self.recent) >= s.flag_after or self.measured >= min(
+                MEASURED_FLAG_AFTER, s.flag_after
+            ):
                 return Event.CONFIRMED
             if intermittent_rule and sum(self.long) >= s.flag_window:
                 return Event.INTERMITTENT
@@ -172,6 +189,7 @@ class Track:
             long=list(self.long),
             intermittent=self.intermittent,
             stalls=self.stalls,
+            measured=self.measured,
             active=self.active,
             since=self.since,
             good_run=self.good_run,
@@ -190,6 +208,7 @@ class Track:
         t.long.extend(s.recent if s.long is None else s.long)
         t.intermittent = s.intermittent
         t.stalls = s.stalls
+        t.measured = s.measured
         t.active = s.active
         t.since = s.since
         t.good_run = s.good_run
@@ -221,9 +240,11 @@ class Ledger:
         hours_per_ms: float,
         s: Settings,
         intermittent_rule: bool = False,
+        measured: bool = False,
     ) -> str | None:
-        """One window's verdict on a track, and what it cost (excess ms per step)."""
-        state = track.observe(window, bad, s, intermittent_rule)
+        """One window's verdict on a track (``measured``: bad by a measurement), and
+        what it cost (excess ms per step)."""
+        state = track.observe(window, bad, s, intermittent_rule, measured)
         hours = excess * hours_per_ms
         if state == "suspect":
             track.pending_hours += hours

@@ -291,8 +291,17 @@ class RankRule:
             if is_bad and shape.get("shape") == "stalls":
                 track.stalls = True  # clears as an intermittent fault does (lifecycle.py)
             # the intermittent rule is for ranks (a GPU that comes and goes), not scalars
+            # bad by the host's evidence: measured, confirmed sooner (lifecycle.py)
+            measured = is_bad and bool(sc.host_bad[i])
             state = self.ledger.advance(
-                track, ctx.window, is_bad, excess, ctx.hours_per_ms, s, s.mode == "adaptive"
+                track,
+                ctx.window,
+                is_bad,
+                excess,
+                ctx.hours_per_ms,
+                s,
+                s.mode == "adaptive",
+                measured,
             )
             held[i] = track.active or bool(bad[i])
             if state is not None:
@@ -355,8 +364,10 @@ class RankRule:
                 slow = shape["gap_mean_ms"] / shape["peers_gap_mean_ms"] - 1.0
             peers_gap = float(sc.peers.loo_median[i])
             if "wait_ms" in shape and peers_gap > 0:
-                # the host's evidence: the wait it causes, over its peers' gap
-                slow = max(slow, shape["wait_ms"] / peers_gap)
+                # the host's evidence: the wait it causes, over its peers' gap (also
+                # where its own history has no baseline yet: NaN, which max keeps)
+                waited = shape["wait_ms"] / peers_gap
+                slow = waited if not slow >= waited else slow
             key = (kind, str(rank))
             known = self.causes.get(key)
             if known is not None and not (bad and slow > 0):

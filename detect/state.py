@@ -72,6 +72,7 @@ class TrackState(msgspec.Struct, kw_only=True):
     long: list[bool] | None = None  # (older states: none; the recent windows stand in)
     intermittent: bool = False
     stalls: bool = False  # (older states: False)
+    measured: int = 0  # windows in a row bad by a measurement (older states: 0)
     active: bool
     since: int | None
     good_run: int

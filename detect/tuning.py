@@ -98,3 +98,11 @@ LATE_WINDOWS = 256
 # of its judged gap (every row in smaller groups), each standing for the ranks around
 # it: enough for a median's error well under the rules' thresholds, bounded memory.
 LATE_PEERS = 128
+
+# A rank bad by the host's evidence (host_lost.host_test: its process measured stopped
+# or throttled, and its peers measured waiting for it) in this many windows in a row
+# is confirmed without the 3 of 4 that noisy timing needs: the evidence is a
+# measurement, 0 on a healthy peer, not a ratio in the job's noise. Two, not one: a
+# debugger's attach or one throttled period is not an episode (DETECTOR.md "The
+# host's evidence").
+MEASURED_FLAG_AFTER = 2

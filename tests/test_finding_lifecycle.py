@@ -55,6 +55,37 @@ def test_intermittent_rule_flags_and_clears_after_twice_the_good_windows() -> No
     assert not t.intermittent
 
 
+def measured_run(track: Track, verdicts: str, s: Settings = S, start: int = 1) -> list[str | None]:
+    """``M``: bad by a measurement (the host's evidence), ``B``: by timing, ``G``: good."""
+    return [
+        track.observe(start + i, v != "G", s, measured=v == "M") for i, v in enumerate(verdicts)
+    ]
+
+
+def test_a_measured_rank_is_confirmed_in_two_windows_in_a_row() -> None:
+    assert measured_run(Track(S.flag_window), "MM") == ["suspect", "flagged"]
+    # timing after a measurement, or a measurement after timing: 3 of 4 as ever
+    assert measured_run(Track(S.flag_window), "BM") == ["suspect", "suspect"]
+    assert measured_run(Track(S.flag_window), "MBM") == ["suspect", "suspect", "flagged"]
+    # not in a row: a debugger's attach, then one throttled period later
+    assert measured_run(Track(S.flag_window), "MGM") == ["suspect", None, "suspect"]
+    # an operator's flag_after of 1 is still 1
+    one = Settings(flag_after=1)
+    assert measured_run(Track(one.flag_window), "M", one) == ["flagged"]
+
+
+def test_a_measured_run_survives_a_snapshot_and_restarts_after_clearing() -> None:
+    t = Track(S.flag_window)
+    assert measured_run(t, "M") == ["suspect"]
+    again = Track.restore(t.snapshot(), S.flag_window)
+    assert measured_run(again, "M", start=2) == ["flagged"]
+    assert measured_run(again, "GGG", start=3) == ["ongoing", "ongoing", "cleared"]
+    assert again.measured == 0 and measured_run(again, "M", start=6) == ["suspect"]
+    # an older snapshot (no `measured`) restores as none counted
+    old = {k: v for k, v in t.snapshot().items() if k != "measured"}
+    assert Track.restore(old, S.flag_window).measured == 0
+
+
 def test_the_ledger_counts_a_suspects_cost_once_confirmed() -> None:
     led = Ledger()
     t = led.track(("rank", "3"), S.flag_window)

@@ -103,18 +103,20 @@ def flags(stopped: float = 0.0, throttled: float = 0.0, **kw: bool) -> list[int 
     ]
 
 
-def soon(firsts: list[int | None]) -> int:
-    """How many were flagged within 3 windows of the onset (the grid's goal)."""
-    return sum(f is not None and f <= ONSET + 2 for f in firsts)
+def soon(firsts: list[int | None], within: int = 3) -> int:
+    """How many were flagged within ``within`` windows of the onset (the grid's goals:
+    3 for a 10% slowdown, 2 for 20%)."""
+    return sum(f is not None and f <= ONSET + within - 1 for f in firsts)
 
 
 def test_a_stopped_rank_is_flagged_from_its_first_windows_by_the_host_figures() -> None:
-    assert soon(flags(stopped=SHARE)) >= 6
+    # measured in two windows in a row: confirmed without the 3 of 4 (lifecycle.py)
+    assert soon(flags(stopped=SHARE), within=2) >= 6
     # and the same windows with the figures absent (the in-process Detector): the
     # timing tests alone judge it in the live noise, later if at all
     assert soon(flags(present=False)) <= 1
     fs = lines(with_host(job(STOP, IN_GAP, 0), stopped=SHARE))
-    assert first_flag(fs) == ONSET + 2  # bad in each of its first 3 windows
+    assert first_flag(fs) == ONSET + 1  # bad by its figures in its first 2 windows
     assert not [f for f in fs if f.rank != SLOW or f.window < ONSET]
     flag = next(f for f in fs if f.state == "flagged")
     js = flag.to_json()
@@ -128,7 +130,7 @@ def test_a_stopped_rank_is_flagged_from_its_first_windows_by_the_host_figures() 
 
 def test_a_throttled_cgroup_is_judged_the_same_way() -> None:
     fs = lines(with_host(job(STOP, IN_GAP, 0), throttled=SHARE))
-    assert first_flag(fs) == ONSET + 2
+    assert first_flag(fs) == ONSET + 1
     flag = next(f for f in fs if f.state == "flagged")
     assert flag.to_json()["cause"]["evidence"]["mechanism"] == "cgroup_throttled"
 
@@ -162,8 +164,11 @@ def test_a_two_rank_job_judges_the_stopped_rank_against_its_mate() -> None:
         assert not [f for f in fs if f.rank == 0 and f.state == "flagged"], seed
         firsts.append(first_flag(fs, rank=1))
         timing.append(first_flag(lines(with_host(two, present=False, slow=1), n=2), rank=1))
-    assert soon(firsts) >= 6
+    assert soon(firsts, within=2) >= 6
     assert soon(timing) <= 1  # its own history's test, in the job's noise: later
     flag = next(f for f in fs if f.state == "flagged")
     assert flag.kind == "degraded"
-    assert flag.to_json()["cause"]["evidence"]["mechanism"] == "stopped"
+    # named from the first window, before its own history has a baseline to say how
+    # much slower it is: the wait it causes says it
+    for f in fs:
+        assert f.to_json()["cause"]["evidence"]["mechanism"] == "stopped", f.window
