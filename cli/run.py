@@ -179,7 +179,7 @@ def _serving(metrics: bytes) -> bool:
     """Whether a coordinator's metrics say it serves: `straggler_detector_active` is 0
     until the agents' port is bound as well (coordinator/server_main.py). An endpoint
     that merely answers could still exit on a taken port (stop 41's CI)."""
-    return re.search(rb"^straggler_detector_active 1(\.0)?$", metrics, re.M) is not None
+    return metric_value(metrics.decode(errors="replace"), "straggler_detector_active") == 1
 
 
 def _wait_metrics(

@@ -163,15 +163,19 @@ def no_collective_lines(c: RingCensus, plugin: bool) -> list[str]:
     return out
 
 
-_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)")
+_SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})?\s+(\S+)")
 
 
-def metric_value(text: str, name: str, job: str) -> float | None:
-    """One job's sample of a Prometheus family in exposition text (None: no sample)."""
-    want = f'job="{job}"'
+def metric_value(text: str, name: str, job: str | None = None) -> float | None:
+    """One job's sample of a Prometheus family in exposition text, or (``job`` None) its
+    one unlabelled sample; None: no such sample."""
+    want = None if job is None else f'job="{job}"'
     for line in text.splitlines():
         m = _SAMPLE.match(line)
-        if m and m.group(1) == name and want in m.group(2).split(","):
+        if not m or m.group(1) != name:
+            continue
+        labels = m.group(2).split(",") if m.group(2) else []
+        if (want in labels) if want is not None else not labels:
             try:
                 return float(m.group(3))
             except ValueError:

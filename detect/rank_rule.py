@@ -367,7 +367,8 @@ class RankRule:
                 # the host's evidence: the wait it causes, over its peers' gap (also
                 # where its own history has no baseline yet: NaN, which max keeps)
                 waited = shape["wait_ms"] / peers_gap
-                slow = waited if not slow >= waited else slow
+                if not slow >= waited:
+                    slow = waited
             key = (kind, str(rank))
             known = self.causes.get(key)
             if known is not None and not (bad and slow > 0):
