@@ -216,6 +216,66 @@ def test_a_cgroup_move_and_a_removed_cgroup_are_followed(tmp_path: Path) -> None
     assert src.sample(target)["cg_throttled_pct"] == pytest.approx(20.0)
 
 
+def test_a_move_into_a_fresh_cgroup_with_a_quota_reads_at_once(tmp_path: Path) -> None:
+    """A process moved since its last sample into a cgroup whose counters all began
+    since then (nr_periods x the period within that span) gets the share of that
+    cgroup's life at the first read, not a primed delta: the quota held from the
+    move on. A cgroup older than the last sample, or one without a quota, still
+    only primes (when its counters began is not known)."""
+    write_stat(tmp_path, STAT0)
+    clock = FakeClock()
+    src = HostSource(tmp_path, clock=clock)
+    stat = "nr_periods {p}\nnr_throttled {n}\nthrottled_usec {t}\n"
+    home, fresh, old, free = (tmp_path / f"sys/fs/cgroup/job/{x}" for x in ("home", "q", "o", "f"))
+    for d in (home, fresh, old, free):
+        d.mkdir(parents=True)
+    home.joinpath("cpu.stat").write_text(stat.format(p=0, n=0, t=0))
+    write_sched(tmp_path, 81, 0, "0::/job/home\n", "")
+    target = RankTarget(rank=0, pid=81)
+    assert "cg_throttled_pct" not in src.sample(target)  # first sight: primes
+    # moved 0.8 s ago into q (35% of a CPU a 100 ms period): 8 periods, 0.2 s throttled
+    clock.t += 1.0
+    fresh.joinpath("cpu.max").write_text("35000 100000\n")
+    fresh.joinpath("cpu.stat").write_text(stat.format(p=8, n=6, t=200_000))
+    write_sched(tmp_path, 81, 0, "0::/job/q\n", "")
+    got = src.sample(target)
+    assert got["cg_throttled_pct"] == pytest.approx(100 * 0.2 / 0.8)
+    # then deltas as before
+    clock.t += 1.0
+    fresh.joinpath("cpu.stat").write_text(stat.format(p=18, n=14, t=450_000))
+    assert src.sample(target)["cg_throttled_pct"] == pytest.approx(25.0)
+    # o's counters span 50 periods (5 s) against 1 s since the last read: not known
+    clock.t += 1.0
+    old.joinpath("cpu.max").write_text("35000 100000\n")
+    old.joinpath("cpu.stat").write_text(stat.format(p=50, n=40, t=1_000_000))
+    write_sched(tmp_path, 81, 0, "0::/job/o\n", "")
+    assert "cg_throttled_pct" not in src.sample(target)
+    # f has no quota ("max"): no period to span its life with
+    clock.t += 1.0
+    free.joinpath("cpu.max").write_text("max 100000\n")
+    free.joinpath("cpu.stat").write_text(stat.format(p=3, n=0, t=0))
+    write_sched(tmp_path, 81, 0, "0::/job/f\n", "")
+    assert "cg_throttled_pct" not in src.sample(target)
+
+
+def test_the_cfs_period_of_v1_and_v2_quotas(tmp_path: Path) -> None:
+    from artemis.agent.telemetry.host import read_cfs_period_ns
+
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir()
+    v2.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert read_cfs_period_ns(v1) is None  # no quota
+    (v1 / "cpu.cfs_quota_us").write_text("35000\n")
+    assert read_cfs_period_ns(v1) == 100_000_000
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert read_cfs_period_ns(v2) is None
+    (v2 / "cpu.max").write_text("20000 50000\n")
+    assert read_cfs_period_ns(v2) == 50_000_000
+    assert read_cfs_period_ns(tmp_path) is None  # neither file
+
+
 def test_no_schedstat_or_cgroup_leaves_the_fields_missing(tmp_path: Path) -> None:
     write_stat(tmp_path, STAT0)
     write_pid_stat(tmp_path, 79, utime=1, stime=1)
@@ -240,7 +300,8 @@ CG_V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 def test_on_the_real_host_run_delay_and_a_cgroup_quota_throttle() -> None:
     """A real busy child process: its schedstat run delay is read, and a child
-    cgroup with a 5% CPU quota (cgroup v1) throttles it."""
+    cgroup with a 5% CPU quota (cgroup v1) it is moved into throttles it, read from
+    the first sample after the move."""
     import os
     import subprocess
     import sys
@@ -267,8 +328,11 @@ def test_on_the_real_host_run_delay_and_a_cgroup_quota_throttle() -> None:
             (cg / "cpu.cfs_period_us").write_text("100000")
             (cg / "cpu.cfs_quota_us").write_text("5000")
             (cg / "cgroup.procs").write_text(str(busy.pid))
-            first = src.sample(target)  # a new cgroup: primes its delta
-            assert "cg_throttled_pct" not in first
+            time.sleep(0.6)
+            # moved since the last sample into a cgroup whose periods all came since:
+            # its figure at once (the share of its life), then deltas
+            first = src.sample(target)
+            assert float(first["cg_throttled_pct"]) > 30.0, first
             time.sleep(1.5)
             got = src.sample(target)
             # 5 ms per 100 ms period: throttled most of the time

@@ -30,7 +30,10 @@
   ``throttled_time`` (v1, ns) or ``throttled_usec`` (v2) since the previous
   sample over the elapsed time, in % (summed over CPUs, so it may pass 100);
   ``nr_throttled`` as a running total (the window gets its increase). A cgroup
-  without a quota reports 0.
+  without a quota reports 0. The first read of a cgroup the process moved into
+  since its last sample, where that cgroup has a quota and its counters all began
+  since then (``nr_periods`` x the period), gives the share of its whole life
+  (``_fresh_share``); any other first read only primes the delta.
 * ``stopped_pct``: the share of the time the rank process was stopped (state T
   or t: SIGSTOP, a scheduler's suspend), sampled about every 20 ms on a thread
   (``procstate.StateSampler``), since the previous sample. Only where the
@@ -149,8 +152,9 @@ def parse_cgroup_paths(text: str) -> tuple[str | None, str | None]:
     return v1, v2
 
 
-def parse_cpu_stat(text: str) -> tuple[int, int] | None:
-    """(nr_throttled, throttled ns) from a cgroup's cpu.stat (v1 ns, v2 usec)."""
+def parse_cpu_stat(text: str) -> tuple[int, int, int | None] | None:
+    """(nr_throttled, throttled ns, nr_periods or None) from a cgroup's cpu.stat (v1 ns,
+    v2 usec)."""
     kv: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
@@ -159,10 +163,29 @@ def parse_cpu_stat(text: str) -> tuple[int, int] | None:
     if "nr_throttled" not in kv:
         return None
     if "throttled_time" in kv:
-        return kv["nr_throttled"], kv["throttled_time"]
+        return kv["nr_throttled"], kv["throttled_time"], kv.get("nr_periods")
     if "throttled_usec" in kv:
-        return kv["nr_throttled"], kv["throttled_usec"] * 1000
+        return kv["nr_throttled"], kv["throttled_usec"] * 1000, kv.get("nr_periods")
     return None
+
+
+def read_cfs_period_ns(folder: Path) -> int | None:
+    """The CFS period of a cgroup with a CPU quota, in ns: v1 ``cpu.cfs_period_us``
+    (where ``cpu.cfs_quota_us`` is not -1), v2 the second field of ``cpu.max`` (where
+    the first is not ``max``); None without a quota or the files."""
+    quota = _read(folder / "cpu.cfs_quota_us")
+    if quota is not None:
+        period = _read(folder / "cpu.cfs_period_us")
+        if quota.strip() == "-1" or period is None or not period.strip().isdigit():
+            return None
+        return int(period) * 1000
+    cpu_max = _read(folder / "cpu.max")
+    if cpu_max is None:
+        return None
+    parts = cpu_max.split()
+    if len(parts) != 2 or parts[0] == "max" or not parts[1].isdigit():
+        return None
+    return int(parts[1]) * 1000
 
 
 # Where cgroup v1 mounts the cpu controller (distributions differ).
@@ -198,6 +221,7 @@ class HostSource:
         # pid -> (its /proc/<pid>/cgroup text, the cpu.stat path that text resolved to):
         # resolving stats up to four paths; the text, read every sample, says a move
         self._cg_where: dict[int, tuple[str, Path]] = {}
+        self._cg_seen: dict[int, float] = {}  # pid -> when its cgroup was last read
         self._proc = str(self.root / "proc")
         text = _read(f"{self._proc}/stat")
         if text is not None:
@@ -276,17 +300,45 @@ class HostSource:
         stat_path = self._cpu_stat_path(pid)
         text = _read(stat_path) if stat_path is not None else None
         cg = parse_cpu_stat(text) if text is not None else None
+        # (when this pid's cgroup was last read, whichever it was: a move's bound)
+        seen = self._cg_seen.pop(pid, None)
         if stat_path is None or cg is None:
             self._cg_where.pop(pid, None)  # resolved afresh next time (a cgroup removed)
             for k in [k for k in self._prev_cg if k[0] == pid]:
                 del self._prev_cg[k]
             return out
+        self._cg_seen[pid] = self._clock()
         total = self._cg_totals.add(stat_path, "nr_throttled", cg[0], scope=pid)
         if total is not None:
             out["cg_nr_throttled"] = total
-        if (pct := self._rate(self._prev_cg, (pid, stat_path), cg[1])) is not None:
+        key = (pid, stat_path)
+        fresh = None if key in self._prev_cg else self._fresh_share(seen, stat_path, cg)
+        if (pct := self._rate(self._prev_cg, key, cg[1])) is not None:
             out["cg_throttled_pct"] = pct
+        elif fresh is not None:
+            out["cg_throttled_pct"] = fresh
         return out
+
+    def _fresh_share(
+        self, last: float | None, stat_path: Path, cg: tuple[int, int, int | None]
+    ) -> float | None:
+        """A process just moved into a cgroup with a quota: the throttled % of that
+        cgroup's whole life, where its counters all began since this process's last
+        sample (its periods, `nr_periods` x the period, span no more than that). The
+        quota then held from the move on; without this the first sample after it
+        only primed a delta, and a window or two (the agent samples each second)
+        went without the figure (the real-job grid's quota cell, DETECTOR.md "The
+        host's evidence"). Otherwise None: when the counters began is not known."""
+        periods = cg[2]
+        if last is None or not periods:
+            return None
+        period = read_cfs_period_ns(stat_path.parent)
+        if period is None:
+            return None
+        life = periods * period
+        if life > (self._clock() - last) * 1e9 + period:
+            return None
+        return 100.0 * cg[1] / life
 
     def _cpu_stat_path(self, pid: int) -> Path | None:
         text = _read(f"{self._proc}/{pid}/cgroup")
