@@ -291,7 +291,7 @@ class Agent:
                     self.secondary_windows += len(ws)
                     t.telemetry.reset()
                     continue
-                out.extend(self._with_telemetry(t, ws))
+                out.extend(self._with_telemetry(t, ws, now))
         return out
 
     def _largest_live(self) -> dict[tuple[str, int], int]:
@@ -308,19 +308,19 @@ class Agent:
             largest[key] = max(largest.get(key, 0), o.header.nranks)
         return largest
 
-    def sample_telemetry(self) -> None:
-        """Sample the live sources (GPU, host) for every rank; averaged per window."""
+    def sample_telemetry(self, now: float) -> None:
+        """Sample the live sources (GPU, host) for every rank; averaged per window. A
+        rank sampled in the last half interval (at a window's close) waits for the next."""
         live = [s for s in self.sources if s.name != "simulated"]
-        if not live:
-            return
+        half = self.cfg.telemetry_interval_s / 2
         # per rank, into its main ring's window (the only one shipped)
-        for t in self._mains().values():
-            if t.summarizer is None:
+        for t in self._mains().values() if live else ():
+            if t.summarizer is None or t.telemetry.sampled_within(now, half):
                 continue
             target = RankTarget(rank=t.grank, pid=t.header.pid, job=t.header.job)
-            t.telemetry.add(collect(live, target))
+            t.telemetry.add(collect(live, target), at=now)
 
-    def _with_telemetry(self, t: Tracked, ws: list[RankWindow]) -> list[RankWindow]:
+    def _with_telemetry(self, t: Tracked, ws: list[RankWindow], now: float) -> list[RankWindow]:
         # The simulator's source is keyed by window; live sources were averaged
         # over the window by sample_telemetry (or are sampled now if they never were).
         sim = [s for s in self.sources if s.name == "simulated"]
@@ -341,7 +341,7 @@ class Agent:
             elif live:
                 # Through the ring's accumulator: error counts are running totals
                 # until it turns them into the window's increase (telemetry/base.py).
-                t.telemetry.add(collect(live, target))
+                t.telemetry.add(collect(live, target), at=now)
                 parts.append(t.telemetry.result().to_dict())
                 t.telemetry.reset()
             tel = merge(parts)
@@ -636,7 +636,7 @@ class AgentDaemon(Daemon):
         for fp in agent.fingerprints():
             link.enqueue(fp)
         if now - self._last_tel >= cfg.telemetry_interval_s:
-            agent.sample_telemetry()
+            agent.sample_telemetry(now)
             self._last_tel = now
         # A job's plan acks go out at once: the coordinator waits a bounded
         # number of windows for them before it withdraws the plan.

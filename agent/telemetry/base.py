@@ -252,7 +252,17 @@ class TelemetryAccumulator:
     def __init__(self, expected: Iterable[str] = ALL_FIELDS) -> None:
         self.expected = tuple(expected)
         self._totals = CounterDeltas()  # kept across windows: the last total seen
+        self.last_at: float | None = None  # when the last sample was added (any window)
         self.reset()
+
+    def sampled_within(self, now: float, span: float) -> bool:
+        """Whether a sample was added less than `span` s before `now`. The rates a
+        sample holds (run delay, stopped, throttled, CPU shares) cover the time since
+        the one before it: a sample due soon after the one taken at a window's close
+        would cover a sliver, and be its next window's only one (the real-job grid:
+        a 0.1 s run delay of 189%, and no stopped figure at all, under the process
+        state sampler's 10 samples, in about one window in seven)."""
+        return self.last_at is not None and now - self.last_at < span
 
     def reset(self) -> None:
         self.count = 0
@@ -263,9 +273,10 @@ class TelemetryAccumulator:
         self._count: dict[str, int] = {}
         self._throttle: dict[str, bool] | None = None
 
-    def add(self, sample: Telemetry | Mapping[str, object]) -> None:
+    def add(self, sample: Telemetry | Mapping[str, object], at: float | None = None) -> None:
         d = sample.to_dict() if isinstance(sample, Telemetry) else sample
         self.count += 1
+        self.last_at = at if at is not None else self.last_at
         for k, v in clean(d).items():
             if k == "throttle":
                 acc = self._throttle if self._throttle is not None else {}
