@@ -178,7 +178,10 @@ def test_twenty_torchrun_jobs_leave_no_ring(tmp_path: Path) -> None:
     def lane(k: int) -> list[str]:
         shm = tmp_path / f"shm{k}"
         env = {x: v for x, v in os.environ.items() if x != lifetime.KEEP_ENV}
-        env.update(ARTEMIS_SHM_DIR=str(shm), OMP_NUM_THREADS="1")
+        # (TMPDIR: torchrun makes a log folder, torchelastic_*, there and leaves it)
+        tmp = tmp_path / f"tmp{k}"
+        tmp.mkdir()
+        env.update(ARTEMIS_SHM_DIR=str(shm), OMP_NUM_THREADS="1", TMPDIR=str(tmp))
         env.pop("ARTEMIS_JOB", None)
         problems = []
         for i in range(10):
