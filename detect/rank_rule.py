@@ -381,7 +381,13 @@ class RankRule:
             else:
                 c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
                 cause, missing = c.to_json(), list(c.missing)
-                if bad and slow > 0:
+                if known is not None and c.kind == "unknown" and set(missing) - set(known[1]):
+                    # fewer of its figures than its episode's cause was named from (a job's
+                    # last window, sampled as its processes end): an absence, not a
+                    # contradiction, and the episode's cause stands ("One cause an episode")
+                    ev = {**known[0]["evidence"], "as_of_window": known[2]}
+                    cause, missing = {**known[0], "evidence": ev}, list(known[1])
+                elif bad and slow > 0:
                     self.causes[key] = (cause, missing, ctx.window)
         evidence: dict[str, Any] = {
             "gpu_hours": track.pending_hours if state == "suspect" else track.hours,

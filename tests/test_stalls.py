@@ -331,3 +331,24 @@ def test_an_episode_keeps_its_cause_in_windows_with_nothing_to_explain() -> None
         assert c["kind"] == "host" and c["evidence"]["mechanism"] == "idle", c["text"]
         assert c["evidence"]["as_of_window"] == 8
     assert after[-1].to_json()["cause"] is None
+
+
+def test_a_window_with_fewer_of_its_figures_does_not_overturn_the_episodes_cause() -> None:
+    """The job's last window is sampled as its processes end: the stopped rank's host
+    figures are gone while its window is still bad. `unknown` from that absence would
+    be the end summary's cause (the latest line); the episode's `host` stands, with the
+    window that named it. (The 2-rank hog of bench/README.md "The GPT grid": its last
+    3-step window had no stopped figure and said `unknown` over 7 windows of `host`.)"""
+    cause = Cause(stall_ms=8.0, every=4, slow=-0.03)
+    wins = stopped_telemetry(stall_windows(4, 14, 1, cause, 10.0), 1, cause, 10.0)
+    last_w, last = wins[-1]
+    gone = [
+        dataclasses.replace(r, telemetry=Telemetry(cpu_pct=55.0)) if r.rank == 1 else r
+        for r in last
+    ]
+    wins[-1] = (last_w, gone)
+    lines = [f for f in rank_lines(run(wins, rebalance="off"), 1) if f.state != "cleared"]
+    end = lines[-1].to_json()
+    assert end["window"] == last_w and end["state"] == "ongoing", end
+    assert end["cause"]["kind"] == "host", end["cause"]["text"]
+    assert end["cause"]["evidence"]["as_of_window"] == last_w - 1
