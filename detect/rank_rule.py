@@ -371,24 +371,24 @@ class RankRule:
                     slow = waited
             key = (kind, str(rank))
             known = self.causes.get(key)
-            if known is not None and not (bad and slow > 0):
-                # nothing to explain in this window (judged good: a stalled rank's
-                # window without its stalls, a job's last few steps): its episode's
-                # cause stands, so the line (and the end summary, the latest line) does
-                # not turn `unknown` on noise; `as_of_window` says where it was named
-                cause = {**known[0], "evidence": {**known[0]["evidence"], "as_of_window": known[2]}}
-                missing = list(known[1])
-            else:
+            # Its episode's cause stands, so the line (and the end summary, the latest
+            # line) does not turn `unknown` on noise, where this window has nothing to
+            # explain (judged good: a stalled rank's window without its stalls, a job's
+            # last few steps) or names nothing from fewer of its figures than that cause
+            # was named from (a job's last window, sampled as its processes end: an
+            # absence, not a contradiction); `as_of_window` says where it was named.
+            keep = known is not None and not (bad and slow > 0)
+            if not keep:
                 c = self._diagnose(kind, i, v, float(slow) if math.isfinite(slow) else None)
                 cause, missing = c.to_json(), list(c.missing)
-                if known is not None and c.kind == "unknown" and set(missing) - set(known[1]):
-                    # fewer of its figures than its episode's cause was named from (a job's
-                    # last window, sampled as its processes end): an absence, not a
-                    # contradiction, and the episode's cause stands ("One cause an episode")
-                    ev = {**known[0]["evidence"], "as_of_window": known[2]}
-                    cause, missing = {**known[0], "evidence": ev}, list(known[1])
-                elif bad and slow > 0:
+                keep = (
+                    known is not None and c.kind == "unknown" and bool(set(missing) - set(known[1]))
+                )
+                if not keep and bad and slow > 0:
                     self.causes[key] = (cause, missing, ctx.window)
+            if keep and known is not None:
+                cause = {**known[0], "evidence": {**known[0]["evidence"], "as_of_window": known[2]}}
+                missing = list(known[1])
         evidence: dict[str, Any] = {
             "gpu_hours": track.pending_hours if state == "suspect" else track.hours,
             "gap_ms": float(v.gap[i]),

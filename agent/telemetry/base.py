@@ -276,7 +276,8 @@ class TelemetryAccumulator:
     def add(self, sample: Telemetry | Mapping[str, object], at: float | None = None) -> None:
         d = sample.to_dict() if isinstance(sample, Telemetry) else sample
         self.count += 1
-        self.last_at = at if at is not None else self.last_at
+        if at is not None:
+            self.last_at = at
         for k, v in clean(d).items():
             if k == "throttle":
                 acc = self._throttle if self._throttle is not None else {}

@@ -221,7 +221,6 @@ class HostSource:
         # pid -> (its /proc/<pid>/cgroup text, the cpu.stat path that text resolved to):
         # resolving stats up to four paths; the text, read every sample, says a move
         self._cg_where: dict[int, tuple[str, Path]] = {}
-        self._cg_seen: dict[int, float] = {}  # pid -> when its cgroup was last read
         self._proc = str(self.root / "proc")
         text = _read(f"{self._proc}/stat")
         if text is not None:
@@ -300,19 +299,16 @@ class HostSource:
         stat_path = self._cpu_stat_path(pid)
         text = _read(stat_path) if stat_path is not None else None
         cg = parse_cpu_stat(text) if text is not None else None
-        # (when this pid's cgroup was last read, whichever it was: a move's bound)
-        seen = self._cg_seen.pop(pid, None)
         if stat_path is None or cg is None:
             self._cg_where.pop(pid, None)  # resolved afresh next time (a cgroup removed)
             for k in [k for k in self._prev_cg if k[0] == pid]:
                 del self._prev_cg[k]
             return out
-        self._cg_seen[pid] = self._clock()
         total = self._cg_totals.add(stat_path, "nr_throttled", cg[0], scope=pid)
         if total is not None:
             out["cg_nr_throttled"] = total
         key = (pid, stat_path)
-        fresh = None if key in self._prev_cg else self._fresh_share(seen, stat_path, cg)
+        fresh = None if key in self._prev_cg else self._fresh_share(pid, stat_path, cg)
         if (pct := self._rate(self._prev_cg, key, cg[1])) is not None:
             out["cg_throttled_pct"] = pct
         elif fresh is not None:
@@ -320,7 +316,7 @@ class HostSource:
         return out
 
     def _fresh_share(
-        self, last: float | None, stat_path: Path, cg: tuple[int, int, int | None]
+        self, pid: int, stat_path: Path, cg: tuple[int, int, int | None]
     ) -> float | None:
         """A process just moved into a cgroup with a quota: the throttled % of that
         cgroup's whole life, where its counters all began since this process's last
@@ -328,7 +324,10 @@ class HostSource:
         quota then held from the move on; without this the first sample after it
         only primed a delta, and a window or two (the agent samples each second)
         went without the figure (the real-job grid's quota cell, DETECTOR.md "The
-        host's evidence"). Otherwise None: when the counters began is not known."""
+        host's evidence"). Otherwise None: when the counters began is not known.
+        The last sample is the one of the cgroup it left (its delta's key, dropped here)."""
+        left = [k for k in self._prev_cg if k[0] == pid]
+        last = max((self._prev_cg.pop(k)[0] for k in left), default=None)
         periods = cg[2]
         if last is None or not periods:
             return None
